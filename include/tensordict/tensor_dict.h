@@ -1,0 +1,193 @@
+#pragma once
+// TensorDict: an insertion-ordered, nested dictionary of tensors that share leading batch
+// dimensions.
+
+#include <ATen/core/Tensor.h>
+#include <ATen/TensorIndexing.h>
+#include <c10/core/Device.h>
+#include <c10/core/Scalar.h>
+#include <c10/core/ScalarType.h>
+
+#include <functional>
+#include <memory>
+#include <optional>
+#include <ostream>
+#include <string>
+#include <utility>
+#include <variant>
+#include <vector>
+
+#include "tensordict/errors.h"
+#include "tensordict/nested_key.h"
+
+namespace tensordict {
+
+class Value;
+struct ConsolidatedState;
+
+namespace detail {
+struct TensorDictImpl;
+}  // namespace detail
+
+/// Options of keys(), values() and items(), named like the reference's keywords.
+struct KeysOptions {
+  bool include_nested = false;  // also yield the entries of nested levels, as paths
+  bool leaves_only = false;     // skip the nested TensorDicts themselves
+};
+
+/// Options of update().
+struct UpdateOptions {
+  bool clone = false;    // store clones of the other TensorDict's tensors
+  bool inplace = false;  // copy into existing tensors (shapes and dtypes must match)
+};
+
+/// A TensorDict is a handle: copying it copies a reference to the same dictionary, as a Python
+/// variable does (and as at::Tensor does). clone() makes an independent copy. Entries keep
+/// insertion order; each is a tensor (a leaf) or a nested TensorDict, and each starts with
+/// batch_size. A handle is not thread-safe for concurrent mutation; concurrent reads are fine.
+class TensorDict {
+ public:
+  using Entry = std::pair<std::string, Value>;
+
+  /// An empty TensorDict with batch_size [] and no device.
+  TensorDict();
+  /// From entries in the given order. Each value must start with batch_size (ValueError
+  /// naming the key otherwise). With a device, every leaf is moved there, as the reference
+  /// does. Duplicate keys: the last value wins, at the first key's position.
+  TensorDict(std::vector<Entry> entries, at::IntArrayRef batch_size = {},
+             std::optional<at::Device> device = std::nullopt);
+  /// From any map-like container of key -> Value (std::map, std::unordered_map, ...), in the
+  /// container's iteration order.
+  template <typename Map, typename = typename Map::mapped_type>
+  explicit TensorDict(const Map& map, at::IntArrayRef batch_size = {},
+                      std::optional<at::Device> device = std::nullopt)
+      : TensorDict(std::vector<Entry>(map.begin(), map.end()), batch_size, device) {}
+
+  // ---- identity and shape ------------------------------------------------------------------
+  /// True when both handles refer to the same dictionary.
+  bool is_same(const TensorDict& other) const { return impl_ == other.impl_; }
+  at::IntArrayRef batch_size() const;
+  /// Changes the batch size; every entry must start with it (ValueError naming the key).
+  TensorDict& set_batch_size(at::IntArrayRef batch_size);
+  int64_t batch_dims() const;
+  /// Product of the batch dims (1 for batch_size []).
+  int64_t numel() const;
+  std::optional<at::Device> device() const;
+
+  // ---- entries -----------------------------------------------------------------------------
+  bool contains(const NestedKey& key) const;
+  /// The entry at `key`; KeyError naming the missing level otherwise.
+  Value get(const NestedKey& key) const;
+  /// The entry at `key`, or `default_value` when any level is missing.
+  Value get(const NestedKey& key, const Value& default_value) const;
+  /// Sets `key`, creating missing intermediate levels (TensorDicts with this batch size and
+  /// device). Replaces an existing entry in place (keeping its position). ValueError when the
+  /// value's shape does not start with the batch size; RuntimeError when locked.
+  TensorDict& set(const NestedKey& key, const Value& value);
+  /// Copies `tensor` into the existing leaf at `key` (works on locked TensorDicts).
+  TensorDict& set_(const NestedKey& key, const at::Tensor& tensor);
+  /// Removes the entry (KeyError if absent; RuntimeError when locked).
+  TensorDict& erase(const NestedKey& key);
+  /// Removes the entry and returns it.
+  Value pop(const NestedKey& key);
+
+  /// Direct entries in insertion order, without copying.
+  const std::vector<Entry>& entries() const;
+  std::vector<NestedKey> keys(KeysOptions options = {}) const;
+  std::vector<Value> values(KeysOptions options = {}) const;
+  std::vector<std::pair<NestedKey, Value>> items(KeysOptions options = {}) const;
+  /// The direct keys sorted by Unicode code point (byte order of UTF-8), the order in which
+  /// per-leaf transfers visit a level.
+  std::vector<std::string> sorted_keys() const;
+  /// True when no leaf exists at any level.
+  bool is_empty() const;
+
+  // ---- locking -----------------------------------------------------------------------------
+  bool is_locked() const;
+  /// Locks this level and every nested level: set / erase raise until unlock_().
+  TensorDict& lock_();
+  TensorDict& unlock_();
+
+  // ---- batch operations --------------------------------------------------------------------
+  /// Indexes the batch dims like a tensor: integers, slices, None, Ellipsis, boolean masks and
+  /// index tensors. Leaves are views wherever torch returns views.
+  TensorDict index(at::ArrayRef<at::indexing::TensorIndex> indices) const;
+  std::vector<TensorDict> unbind(int64_t dim = 0) const;
+  TensorDict reshape(at::IntArrayRef shape) const;
+  TensorDict view(at::IntArrayRef shape) const;
+  TensorDict expand(at::IntArrayRef shape) const;
+  TensorDict unsqueeze(int64_t dim) const;
+  /// Removes every batch dim of size 1 (no dim) or the given one if it has size 1.
+  TensorDict squeeze(std::optional<int64_t> dim = std::nullopt) const;
+  std::vector<TensorDict> split(int64_t split_size, int64_t dim = 0) const;
+  std::vector<TensorDict> split(at::IntArrayRef split_sizes, int64_t dim = 0) const;
+
+  // ---- tensor-like operations --------------------------------------------------------------
+  TensorDict clone() const;
+  TensorDict to(at::Device device) const;
+  TensorDict to(at::ScalarType dtype) const;
+  TensorDict contiguous() const;
+  /// A new TensorDict with fn applied to every leaf (nested levels kept). A leaf for which fn
+  /// returns an undefined tensor is left out.
+  TensorDict apply(const std::function<at::Tensor(const at::Tensor&)>& fn) const;
+  /// fn(leaf, other's leaf at the same key) for every leaf; other needs every key of this.
+  TensorDict apply(const std::function<at::Tensor(const at::Tensor&, const at::Tensor&)>& fn,
+                   const TensorDict& other) const;
+  /// Sets every entry of `other` here (nested levels merged key by key).
+  TensorDict& update(const TensorDict& other, UpdateOptions options = {});
+  TensorDict& zero_();
+  /// Fills the leaf (or every leaf of the nested TensorDict) at key with value.
+  TensorDict& fill_(const NestedKey& key, const at::Scalar& value);
+  /// Elementwise comparison: a TensorDict of bool tensors with the same structure.
+  TensorDict operator==(const TensorDict& other) const;
+  TensorDict operator!=(const TensorDict& other) const;
+  TensorDict operator==(const at::Scalar& other) const;
+  TensorDict operator!=(const at::Scalar& other) const;
+  /// True when every element of every leaf is true (an empty TensorDict: true).
+  bool all() const;
+  /// True when any element of any leaf is true.
+  bool any() const;
+  bool allclose(const TensorDict& other, double rtol = 1e-5, double atol = 1e-8,
+                bool equal_nan = false) const;
+
+  /// The reference's detailed repr: TensorDict(fields={...}, batch_size=..., device=...,
+  /// is_shared=...).
+  std::string repr() const;
+
+  // ---- consolidation (consolidate.h uses these) ---------------------------------------------
+  /// The flat storage state when this TensorDict was produced by consolidate() or a rebuild;
+  /// nullptr otherwise.
+  std::shared_ptr<const ConsolidatedState> consolidated_state() const;
+  void set_consolidated_state(std::shared_ptr<const ConsolidatedState> state);
+
+ private:
+  explicit TensorDict(std::shared_ptr<detail::TensorDictImpl> impl) : impl_(std::move(impl)) {}
+  friend struct detail::TensorDictImpl;
+  std::shared_ptr<detail::TensorDictImpl> impl_;
+};
+
+/// One entry of a TensorDict: a tensor leaf or a nested TensorDict.
+class Value {
+ public:
+  Value(at::Tensor tensor) : v_(std::move(tensor)) {}   // NOLINT: implicit on purpose
+  Value(TensorDict td) : v_(std::move(td)) {}           // NOLINT
+
+  bool is_tensor() const { return v_.index() == 0; }
+  bool is_tensordict() const { return v_.index() == 1; }
+  /// The tensor; TypeError when this is a TensorDict.
+  const at::Tensor& tensor() const;
+  /// The TensorDict; TypeError when this is a tensor.
+  const TensorDict& tensordict() const;
+
+ private:
+  std::variant<at::Tensor, TensorDict> v_;
+};
+
+/// Stacks TensorDicts with the same keys and batch size along a new batch dim.
+TensorDict stack(at::ArrayRef<TensorDict> tds, int64_t dim = 0);
+/// Concatenates TensorDicts with the same keys along an existing batch dim.
+TensorDict cat(at::ArrayRef<TensorDict> tds, int64_t dim = 0);
+
+std::ostream& operator<<(std::ostream& os, const TensorDict& td);
+
+}  // namespace tensordict

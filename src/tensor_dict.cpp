@@ -1,0 +1,279 @@
+#include "tensordict/tensor_dict.h"
+
+#include <algorithm>
+
+#include "tensor_dict_impl.h"
+
+namespace tensordict {
+
+using detail::TensorDictImpl;
+
+namespace detail {
+
+void check_batch_prefix(const NestedKey& key, at::IntArrayRef shape, at::IntArrayRef batch_size) {
+  const bool ok = shape.size() >= batch_size.size() &&
+                  std::equal(batch_size.begin(), batch_size.end(), shape.begin());
+  TORCH_CHECK_VALUE(ok, "batch size mismatch: key ", key.str(), " has shape ", shape,
+                    ", which does not start with ", batch_size);
+}
+
+}  // namespace detail
+
+namespace {
+
+constexpr const char* kLockedMessage =
+    "Cannot modify locked TensorDict. For in-place modification, consider using the `set_()` "
+    "method and make sure the key is present.";
+
+std::string key_list(const TensorDictImpl& impl) {
+  std::vector<std::string> keys;
+  keys.reserve(impl.entries.size());
+  for (const auto& e : impl.entries) keys.push_back(e.first);
+  std::sort(keys.begin(), keys.end());
+  std::string out = "[";
+  for (size_t i = 0; i < keys.size(); ++i) out += (i ? ", " : "") + quote_key(keys[i]);
+  return out + "]";
+}
+
+// Brings a value into a level: checks the batch prefix and moves it to the level's device, as
+// the reference does on set.
+Value admit(const TensorDictImpl& level, const NestedKey& full_key, const Value& value) {
+  TORCH_CHECK_TYPE(value.is_tensordict() || value.tensor().defined(), "cannot set key ",
+                   full_key.str(), " to an undefined tensor");
+  detail::check_batch_prefix(full_key, detail::entry_shape(value), level.batch_size);
+  if (value.is_tensor()) {
+    const at::Tensor& t = value.tensor();
+    if (level.device && t.device() != *level.device) return t.to(*level.device);
+    return value;
+  }
+  const TensorDict& td = value.tensordict();
+  if (level.device && td.device() != level.device) return td.to(*level.device);
+  return value;
+}
+
+// The level holding `key`'s last part, walking through nested TensorDicts. With `create`,
+// missing levels are made (clearing consolidated state on the way, since the layout changes).
+// Returns nullptr when a level is missing and `create` is false.
+TensorDictImpl* walk(TensorDictImpl* level, const NestedKey& key, bool create, bool for_write) {
+  for (size_t i = 0; i + 1 < key.size(); ++i) {
+    if (for_write) {
+      TORCH_CHECK(!level->locked, kLockedMessage);
+      level->consolidated.reset();
+    }
+    const Value* v = level->find(key[i]);
+    if (v == nullptr) {
+      if (!create) return nullptr;
+      TensorDict child = TensorDictImpl::make(level->batch_size, level->device);
+      level->put(key[i], child);
+      v = level->find(key[i]);
+    }
+    if (!v->is_tensordict()) {
+      TD_CHECK_KEY(!for_write && !create, "cannot reach key ", key.str(), ": ",
+                   quote_key(key[i]), " is a tensor, not a TensorDict");
+      return nullptr;
+    }
+    level = &TensorDictImpl::of(v->tensordict());
+  }
+  return level;
+}
+
+void collect(const TensorDict& td, const KeysOptions& opts, const std::vector<std::string>& prefix,
+             std::vector<std::pair<NestedKey, Value>>& out) {
+  for (const auto& [key, value] : td.entries()) {
+    std::vector<std::string> path = prefix;
+    path.push_back(key);
+    if (value.is_tensordict()) {
+      // The reference yields a nested level's keys before the level itself.
+      if (opts.include_nested) collect(value.tensordict(), opts, path, out);
+      if (!opts.leaves_only) out.emplace_back(NestedKey(std::move(path)), value);
+    } else {
+      out.emplace_back(NestedKey(std::move(path)), value);
+    }
+  }
+}
+
+}  // namespace
+
+// ---- Value ---------------------------------------------------------------------------------
+
+const at::Tensor& Value::tensor() const {
+  TORCH_CHECK_TYPE(is_tensor(), "expected a tensor entry, got a TensorDict");
+  return std::get<0>(v_);
+}
+
+const TensorDict& Value::tensordict() const {
+  TORCH_CHECK_TYPE(is_tensordict(), "expected a TensorDict entry, got a tensor");
+  return std::get<1>(v_);
+}
+
+// ---- construction and shape ------------------------------------------------------------------
+
+TensorDict::TensorDict() : TensorDict(std::make_shared<TensorDictImpl>()) {}
+
+TensorDict::TensorDict(std::vector<Entry> entries, at::IntArrayRef batch_size,
+                       std::optional<at::Device> device)
+    : TensorDict(std::make_shared<TensorDictImpl>()) {
+  for (int64_t d : batch_size) {
+    TORCH_CHECK_VALUE(d >= 0, "batch_size ", batch_size, " has a negative dimension");
+  }
+  impl_->batch_size = batch_size.vec();
+  impl_->device = device;
+  impl_->entries.reserve(entries.size());
+  for (auto& [key, value] : entries) impl_->put(key, admit(*impl_, NestedKey(key), value));
+}
+
+at::IntArrayRef TensorDict::batch_size() const { return impl_->batch_size; }
+
+TensorDict& TensorDict::set_batch_size(at::IntArrayRef batch_size) {
+  for (int64_t d : batch_size) {
+    TORCH_CHECK_VALUE(d >= 0, "batch_size ", batch_size, " has a negative dimension");
+  }
+  for (const auto& [key, value] : impl_->entries) {
+    detail::check_batch_prefix(NestedKey(key), detail::entry_shape(value), batch_size);
+  }
+  impl_->batch_size = batch_size.vec();
+  return *this;
+}
+
+int64_t TensorDict::batch_dims() const { return static_cast<int64_t>(impl_->batch_size.size()); }
+
+int64_t TensorDict::numel() const { return c10::multiply_integers(impl_->batch_size); }
+
+std::optional<at::Device> TensorDict::device() const { return impl_->device; }
+
+// ---- entries -----------------------------------------------------------------------------------
+
+bool TensorDict::contains(const NestedKey& key) const {
+  const TensorDictImpl* level = walk(impl_.get(), key, false, false);
+  return level != nullptr && level->find(key.back()) != nullptr;
+}
+
+Value TensorDict::get(const NestedKey& key) const {
+  const TensorDictImpl* level = impl_.get();
+  for (size_t i = 0; i < key.size(); ++i) {
+    const Value* v = level->find(key[i]);
+    TD_CHECK_KEY(v != nullptr, "key ", key.str(), " not found in TensorDict with keys ",
+                 key_list(*level));
+    if (i + 1 == key.size()) return *v;
+    TD_CHECK_KEY(v->is_tensordict(), "key ", key.str(), " not found: ", quote_key(key[i]),
+                 " is a tensor, not a TensorDict");
+    level = &TensorDictImpl::of(v->tensordict());
+  }
+  TORCH_INTERNAL_ASSERT(false);
+}
+
+Value TensorDict::get(const NestedKey& key, const Value& default_value) const {
+  const TensorDictImpl* level = walk(impl_.get(), key, false, false);
+  const Value* v = level ? level->find(key.back()) : nullptr;
+  return v ? *v : default_value;
+}
+
+TensorDict& TensorDict::set(const NestedKey& key, const Value& value) {
+  TensorDictImpl* level = walk(impl_.get(), key, true, true);
+  TORCH_CHECK(!level->locked, kLockedMessage);
+  Value admitted = admit(*level, key, value);
+  level->consolidated.reset();
+  level->put(key.back(), std::move(admitted));
+  return *this;
+}
+
+TensorDict& TensorDict::set_(const NestedKey& key, const at::Tensor& tensor) {
+  const Value current = get(key);
+  TORCH_CHECK_TYPE(current.is_tensor(), "set_: key ", key.str(),
+                   " holds a TensorDict; set_ writes into an existing tensor");
+  const at::Tensor& dst = current.tensor();
+  TORCH_CHECK_VALUE(tensor.sizes() == dst.sizes() || at::is_expandable_to(tensor.sizes(), dst.sizes()),
+                    "set_: key ", key.str(), " has shape ", dst.sizes(),
+                    " but the new value has shape ", tensor.sizes());
+  dst.copy_(tensor);
+  return *this;
+}
+
+TensorDict& TensorDict::erase(const NestedKey& key) {
+  pop(key);
+  return *this;
+}
+
+Value TensorDict::pop(const NestedKey& key) {
+  TensorDictImpl* level = walk(impl_.get(), key, false, true);
+  TD_CHECK_KEY(level != nullptr && level->find(key.back()) != nullptr, "key ", key.str(),
+               " not found in TensorDict with keys ", key_list(level ? *level : *impl_));
+  TORCH_CHECK(!level->locked, kLockedMessage);
+  const size_t pos = level->index.at(key.back());
+  Value out = level->entries[pos].second;
+  level->entries.erase(level->entries.begin() + static_cast<std::ptrdiff_t>(pos));
+  level->index.erase(key.back());
+  for (auto& [k, i] : level->index) {
+    if (i > pos) --i;
+  }
+  level->consolidated.reset();
+  return out;
+}
+
+const std::vector<TensorDict::Entry>& TensorDict::entries() const { return impl_->entries; }
+
+std::vector<std::pair<NestedKey, Value>> TensorDict::items(KeysOptions options) const {
+  std::vector<std::pair<NestedKey, Value>> out;
+  collect(*this, options, {}, out);
+  return out;
+}
+
+std::vector<NestedKey> TensorDict::keys(KeysOptions options) const {
+  std::vector<NestedKey> out;
+  for (auto& [k, v] : items(options)) out.push_back(std::move(k));
+  return out;
+}
+
+std::vector<Value> TensorDict::values(KeysOptions options) const {
+  std::vector<Value> out;
+  for (auto& [k, v] : items(options)) out.push_back(std::move(v));
+  return out;
+}
+
+std::vector<std::string> TensorDict::sorted_keys() const {
+  std::vector<std::string> keys;
+  keys.reserve(impl_->entries.size());
+  for (const auto& e : impl_->entries) keys.push_back(e.first);
+  // std::string compares bytes; for UTF-8 that is Python's code point order.
+  std::sort(keys.begin(), keys.end());
+  return keys;
+}
+
+bool TensorDict::is_empty() const {
+  for (const auto& [key, value] : impl_->entries) {
+    if (value.is_tensor() || !value.tensordict().is_empty()) return false;
+  }
+  return true;
+}
+
+// ---- locking ---------------------------------------------------------------------------------
+
+bool TensorDict::is_locked() const { return impl_->locked; }
+
+TensorDict& TensorDict::lock_() {
+  impl_->locked = true;
+  for (auto& [key, value] : impl_->entries) {
+    if (value.is_tensordict()) TensorDict(value.tensordict()).lock_();
+  }
+  return *this;
+}
+
+TensorDict& TensorDict::unlock_() {
+  impl_->locked = false;
+  for (auto& [key, value] : impl_->entries) {
+    if (value.is_tensordict()) TensorDict(value.tensordict()).unlock_();
+  }
+  return *this;
+}
+
+// ---- consolidation state ------------------------------------------------------------------------
+
+std::shared_ptr<const ConsolidatedState> TensorDict::consolidated_state() const {
+  return impl_->consolidated;
+}
+
+void TensorDict::set_consolidated_state(std::shared_ptr<const ConsolidatedState> state) {
+  impl_->consolidated = std::move(state);
+}
+
+}  // namespace tensordict

@@ -1,0 +1,55 @@
+#pragma once
+// Private: the state behind a TensorDict handle, shared by the sources of the core.
+
+#include <ATen/ATen.h>
+#include <ATen/ExpandUtils.h>
+
+#include <string>
+#include <unordered_map>
+#include <vector>
+
+#include "tensordict/tensor_dict.h"
+
+namespace tensordict::detail {
+
+struct TensorDictImpl {
+  std::vector<TensorDict::Entry> entries;
+  std::unordered_map<std::string, size_t> index;  // key -> position in entries
+  std::vector<int64_t> batch_size;
+  std::optional<at::Device> device;
+  bool locked = false;
+  std::shared_ptr<const ConsolidatedState> consolidated;
+
+  static TensorDict make(std::vector<int64_t> batch_size, std::optional<at::Device> device) {
+    auto impl = std::make_shared<TensorDictImpl>();
+    impl->batch_size = std::move(batch_size);
+    impl->device = device;
+    return TensorDict(std::move(impl));
+  }
+  static TensorDictImpl& of(const TensorDict& td) { return *td.impl_; }
+
+  /// Appends or replaces an entry without validation (callers validated it).
+  void put(const std::string& key, Value value) {
+    auto it = index.find(key);
+    if (it == index.end()) {
+      index.emplace(key, entries.size());
+      entries.emplace_back(key, std::move(value));
+    } else {
+      entries[it->second].second = std::move(value);
+    }
+  }
+  const Value* find(const std::string& key) const {
+    auto it = index.find(key);
+    return it == index.end() ? nullptr : &entries[it->second].second;
+  }
+};
+
+/// The shape an entry contributes to batch checks: a leaf's sizes or a TensorDict's batch size.
+inline at::IntArrayRef entry_shape(const Value& v) {
+  return v.is_tensor() ? v.tensor().sizes() : v.tensordict().batch_size();
+}
+
+/// ValueError unless `shape` starts with `batch_size`, naming the key and both shapes.
+void check_batch_prefix(const NestedKey& key, at::IntArrayRef shape, at::IntArrayRef batch_size);
+
+}  // namespace tensordict::detail

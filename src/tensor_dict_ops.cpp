@@ -1,0 +1,482 @@
+// Batch and tensor-like operations: each walks the entries and rebuilds a TensorDict.
+
+#include <ATen/ATen.h>
+#include <c10/core/WrapDimMinimal.h>
+
+#include <algorithm>
+#include <set>
+
+#include "tensor_dict_impl.h"
+
+namespace tensordict {
+
+using detail::TensorDictImpl;
+
+namespace {
+
+using LeafFn = std::function<std::vector<at::Tensor>(const at::Tensor&)>;
+
+std::vector<int64_t> concat(at::IntArrayRef head, at::IntArrayRef tail) {
+  std::vector<int64_t> out(head.begin(), head.end());
+  out.insert(out.end(), tail.begin(), tail.end());
+  return out;
+}
+
+// The core of every batch operation. `fn` maps a tensor to its results (one per output
+// TensorDict) by acting on its first `old_dims` dims only, so the same fn serves leaves and the
+// leaves of nested levels (whose batch sizes start with ours). Output i gets batch size
+// new_batches[i]; a nested level keeps its extra batch dims after them.
+std::vector<TensorDict> map_batch(const TensorDict& td, size_t old_dims,
+                                  const std::vector<std::vector<int64_t>>& new_batches,
+                                  const LeafFn& fn) {
+  std::vector<TensorDict> out;
+  out.reserve(new_batches.size());
+  for (const auto& b : new_batches) out.push_back(TensorDictImpl::make(b, td.device()));
+  for (const auto& [key, value] : td.entries()) {
+    if (value.is_tensor()) {
+      std::vector<at::Tensor> parts = fn(value.tensor());
+      TORCH_INTERNAL_ASSERT(parts.size() == out.size());
+      for (size_t i = 0; i < out.size(); ++i) TensorDictImpl::of(out[i]).put(key, parts[i]);
+    } else {
+      const TensorDict& child = value.tensordict();
+      const auto extra = child.batch_size().slice(old_dims);
+      std::vector<std::vector<int64_t>> child_batches;
+      for (const auto& b : new_batches) child_batches.push_back(concat(b, extra));
+      auto parts = map_batch(child, old_dims, child_batches, fn);
+      for (size_t i = 0; i < out.size(); ++i) TensorDictImpl::of(out[i]).put(key, parts[i]);
+    }
+  }
+  return out;
+}
+
+TensorDict map_one(const TensorDict& td, std::vector<int64_t> new_batch,
+                   const std::function<at::Tensor(const at::Tensor&)>& fn) {
+  return map_batch(td, td.batch_size().size(), {std::move(new_batch)},
+                   [&](const at::Tensor& t) { return std::vector<at::Tensor>{fn(t)}; })[0];
+}
+
+// Same structure and batch size, each leaf replaced; used by clone, to, contiguous, ==.
+TensorDict map_leaves(const TensorDict& td, const std::function<at::Tensor(const at::Tensor&)>& fn,
+                      std::optional<at::Device> device) {
+  TensorDict out = TensorDictImpl::make(td.batch_size().vec(), device);
+  for (const auto& [key, value] : td.entries()) {
+    if (value.is_tensor()) {
+      TensorDictImpl::of(out).put(key, fn(value.tensor()));
+    } else {
+      const TensorDict& child = value.tensordict();
+      TensorDictImpl::of(out).put(
+          key, map_leaves(child, fn, device.has_value() ? device : child.device()));
+    }
+  }
+  return out;
+}
+
+int64_t wrap(int64_t dim, int64_t ndims) { return c10::maybe_wrap_dim(dim, ndims); }
+
+std::vector<int64_t> shape_after(const TensorDict& td,
+                                 const std::function<at::Tensor(const at::Tensor&)>& fn) {
+  // A stride-0 dummy with the batch shape tells the result's batch size without touching data.
+  at::Tensor dummy = at::zeros({}, at::kByte).expand(td.batch_size());
+  return fn(dummy).sizes().vec();
+}
+
+// Leaves of `a` and `b` paired by key; KeyError naming the keys only one side has.
+void check_same_keys(const TensorDict& a, const TensorDict& b, const char* what) {
+  std::set<std::string> ka, kb;
+  for (const auto& e : a.entries()) ka.insert(e.first);
+  for (const auto& e : b.entries()) kb.insert(e.first);
+  if (ka == kb) return;
+  std::string only_a, only_b;
+  for (const auto& k : ka) {
+    if (!kb.count(k)) only_a += (only_a.empty() ? "" : ", ") + quote_key(k);
+  }
+  for (const auto& k : kb) {
+    if (!ka.count(k)) only_b += (only_b.empty() ? "" : ", ") + quote_key(k);
+  }
+  TD_CHECK_KEY(false, what, ": keys mismatch; only in the first: [", only_a,
+               "], only in the second: [", only_b, "]");
+}
+
+std::vector<at::indexing::TensorIndex> expand_ellipsis(at::ArrayRef<at::indexing::TensorIndex> idx,
+                                                       int64_t batch_dims) {
+  int64_t consumed = 0;
+  int64_t ellipses = 0;
+  for (const auto& i : idx) {
+    if (i.is_ellipsis()) {
+      ++ellipses;
+    } else if (i.is_tensor()) {
+      consumed += i.tensor().scalar_type() == at::kBool ? std::max<int64_t>(i.tensor().dim(), 1) : 1;
+    } else if (i.is_integer() || i.is_slice()) {
+      ++consumed;
+    }
+  }
+  TORCH_CHECK_VALUE(ellipses <= 1, "an index can only have a single ellipsis ('...')");
+  TORCH_CHECK_INDEX(consumed <= batch_dims, "too many indices for a TensorDict with ",
+                    batch_dims, " batch dims: ", consumed, " were indexed");
+  std::vector<at::indexing::TensorIndex> out;
+  for (const auto& i : idx) {
+    if (i.is_ellipsis()) {
+      // Only the batch dims may be covered: the feature dims of leaves are never indexed.
+      for (int64_t k = 0; k < batch_dims - consumed; ++k) out.emplace_back(at::indexing::Slice());
+    } else {
+      out.push_back(i);
+    }
+  }
+  return out;
+}
+
+}  // namespace
+
+// ---- batch operations ----------------------------------------------------------------------------
+
+TensorDict TensorDict::index(at::ArrayRef<at::indexing::TensorIndex> indices) const {
+  const auto idx = expand_ellipsis(indices, batch_dims());
+  auto fn = [&](const at::Tensor& t) { return t.index(idx); };
+  return map_one(*this, shape_after(*this, fn), fn);
+}
+
+std::vector<TensorDict> TensorDict::unbind(int64_t dim) const {
+  const int64_t d = wrap(dim, batch_dims());
+  std::vector<int64_t> b = batch_size().vec();
+  const int64_t n = b[d];
+  b.erase(b.begin() + d);
+  return map_batch(*this, batch_size().size(), std::vector<std::vector<int64_t>>(n, b),
+                   [d](const at::Tensor& t) { return t.unbind(d); });
+}
+
+namespace {
+
+std::vector<int64_t> infer_batch(const TensorDict& td, at::IntArrayRef shape, const char* op) {
+  std::vector<int64_t> out = shape.vec();
+  int64_t known = 1;
+  int64_t infer = -1;
+  for (size_t i = 0; i < out.size(); ++i) {
+    if (out[i] == -1) {
+      TORCH_CHECK_VALUE(infer < 0, op, ": only one dimension can be inferred, got ", shape);
+      infer = static_cast<int64_t>(i);
+    } else {
+      TORCH_CHECK_VALUE(out[i] >= 0, op, ": invalid shape ", shape);
+      known *= out[i];
+    }
+  }
+  const int64_t numel = td.numel();
+  if (infer >= 0 && known != 0 && numel % known == 0) out[infer] = numel / known;
+  TORCH_CHECK_VALUE(c10::multiply_integers(out) == numel && (infer < 0 || known != 0), op,
+                    ": invalid shape ", shape, " for a batch of ", numel, " elements (batch_size ",
+                    td.batch_size(), ")");
+  return out;
+}
+
+}  // namespace
+
+TensorDict TensorDict::reshape(at::IntArrayRef shape) const {
+  const auto nb = infer_batch(*this, shape, "reshape");
+  const size_t old = batch_size().size();
+  return map_one(*this, nb,
+                 [&](const at::Tensor& t) { return t.reshape(concat(nb, t.sizes().slice(old))); });
+}
+
+TensorDict TensorDict::view(at::IntArrayRef shape) const {
+  const auto nb = infer_batch(*this, shape, "view");
+  const size_t old = batch_size().size();
+  return map_one(*this, nb,
+                 [&](const at::Tensor& t) { return t.view(concat(nb, t.sizes().slice(old))); });
+}
+
+TensorDict TensorDict::expand(at::IntArrayRef shape) const {
+  const auto b = batch_size();
+  TORCH_CHECK_VALUE(shape.size() >= b.size(), "expand: the new shape ", shape,
+                    " has fewer dims than the batch size ", b);
+  std::vector<int64_t> nb = shape.vec();
+  const size_t lead = shape.size() - b.size();
+  for (size_t i = 0; i < nb.size(); ++i) {
+    if (i >= lead) {
+      const int64_t cur = b[i - lead];
+      if (nb[i] == -1) nb[i] = cur;
+      TORCH_CHECK_VALUE(nb[i] == cur || cur == 1, "expand: batch_size ", b,
+                        " cannot be expanded to ", shape);
+    } else {
+      TORCH_CHECK_VALUE(nb[i] >= 0, "expand: invalid new leading size in ", shape);
+    }
+  }
+  const size_t old = b.size();
+  return map_one(*this, nb, [&](const at::Tensor& t) {
+    std::vector<int64_t> target = concat(nb, t.sizes().slice(old));
+    return t.expand(target);
+  });
+}
+
+TensorDict TensorDict::unsqueeze(int64_t dim) const {
+  const int64_t d = wrap(dim, batch_dims() + 1);
+  std::vector<int64_t> nb = batch_size().vec();
+  nb.insert(nb.begin() + d, 1);
+  return map_one(*this, nb, [d](const at::Tensor& t) { return t.unsqueeze(d); });
+}
+
+TensorDict TensorDict::squeeze(std::optional<int64_t> dim) const {
+  std::vector<int64_t> dims;  // batch dims to drop, descending so that indices stay valid
+  if (dim.has_value()) {
+    const int64_t d = wrap(*dim, batch_dims());
+    if (batch_size()[d] == 1) dims.push_back(d);
+  } else {
+    for (int64_t d = batch_dims() - 1; d >= 0; --d) {
+      if (batch_size()[d] == 1) dims.push_back(d);
+    }
+  }
+  std::vector<int64_t> nb = batch_size().vec();
+  for (int64_t d : dims) nb.erase(nb.begin() + d);
+  return map_one(*this, nb, [&](const at::Tensor& t) {
+    at::Tensor r = t;
+    for (int64_t d : dims) r = r.squeeze(d);
+    return r;
+  });
+}
+
+std::vector<TensorDict> TensorDict::split(int64_t split_size, int64_t dim) const {
+  TORCH_CHECK_VALUE(split_size > 0, "split: split_size must be positive, got ", split_size);
+  const int64_t d = wrap(dim, batch_dims());
+  const int64_t n = batch_size()[d];
+  std::vector<int64_t> sizes;
+  for (int64_t start = 0; start < n; start += split_size) sizes.push_back(std::min(split_size, n - start));
+  if (sizes.empty()) sizes.push_back(0);
+  return split(sizes, dim);
+}
+
+std::vector<TensorDict> TensorDict::split(at::IntArrayRef split_sizes, int64_t dim) const {
+  const int64_t d = wrap(dim, batch_dims());
+  int64_t total = 0;
+  for (int64_t s : split_sizes) {
+    TORCH_CHECK_VALUE(s >= 0, "split: negative size in ", split_sizes);
+    total += s;
+  }
+  TORCH_CHECK_VALUE(total == batch_size()[d], "split: sizes ", split_sizes, " sum to ", total,
+                    " but batch dim ", d, " has size ", batch_size()[d]);
+  std::vector<std::vector<int64_t>> nbs;
+  for (int64_t s : split_sizes) {
+    std::vector<int64_t> b = batch_size().vec();
+    b[d] = s;
+    nbs.push_back(std::move(b));
+  }
+  const std::vector<int64_t> sizes = split_sizes.vec();
+  return map_batch(*this, batch_size().size(), nbs,
+                   [&](const at::Tensor& t) { return t.split_with_sizes(sizes, d); });
+}
+
+TensorDict stack(at::ArrayRef<TensorDict> tds, int64_t dim) {
+  TORCH_CHECK_VALUE(!tds.empty(), "stack: expected a non-empty list of TensorDicts");
+  const TensorDict& first = tds[0];
+  const int64_t d = c10::maybe_wrap_dim(dim, first.batch_dims() + 1);
+  std::optional<at::Device> device = first.device();
+  for (size_t i = 1; i < tds.size(); ++i) {
+    TORCH_CHECK_VALUE(tds[i].batch_size() == first.batch_size(), "stack: tensordict ", i,
+                      " has batch_size ", tds[i].batch_size(), " but tensordict 0 has ",
+                      first.batch_size());
+    check_same_keys(first, tds[i], "stack");
+    if (tds[i].device() != device) device = std::nullopt;
+  }
+  std::vector<int64_t> nb = first.batch_size().vec();
+  nb.insert(nb.begin() + d, static_cast<int64_t>(tds.size()));
+  TensorDict out = TensorDictImpl::make(nb, device);
+  for (const auto& [key, value] : first.entries()) {
+    if (value.is_tensor()) {
+      std::vector<at::Tensor> parts;
+      for (const auto& td : tds) {
+        const Value v = td.get(key);
+        TORCH_CHECK_TYPE(v.is_tensor(), "stack: key ", quote_key(key),
+                         " is a tensor in tensordict 0 but a TensorDict in another");
+        parts.push_back(v.tensor());
+      }
+      TensorDictImpl::of(out).put(key, at::stack(parts, d));
+    } else {
+      std::vector<TensorDict> parts;
+      for (const auto& td : tds) {
+        const Value v = td.get(key);
+        TORCH_CHECK_TYPE(v.is_tensordict(), "stack: key ", quote_key(key),
+                         " is a TensorDict in tensordict 0 but a tensor in another");
+        parts.push_back(v.tensordict());
+      }
+      TensorDictImpl::of(out).put(key, stack(parts, d));
+    }
+  }
+  return out;
+}
+
+TensorDict cat(at::ArrayRef<TensorDict> tds, int64_t dim) {
+  TORCH_CHECK_VALUE(!tds.empty(), "cat: expected a non-empty list of TensorDicts");
+  const TensorDict& first = tds[0];
+  TORCH_CHECK_VALUE(first.batch_dims() > 0, "cat: TensorDicts with batch_size [] cannot be concatenated");
+  const int64_t d = c10::maybe_wrap_dim(dim, first.batch_dims());
+  std::vector<int64_t> nb = first.batch_size().vec();
+  std::optional<at::Device> device = first.device();
+  for (size_t i = 1; i < tds.size(); ++i) {
+    auto b = tds[i].batch_size();
+    bool ok = b.size() == nb.size();
+    for (size_t k = 0; ok && k < b.size(); ++k) ok = (static_cast<int64_t>(k) == d) || b[k] == nb[k];
+    TORCH_CHECK_VALUE(ok, "cat: tensordict ", i, " has batch_size ", b,
+                      ", which differs from tensordict 0's ", first.batch_size(),
+                      " outside dim ", d);
+    nb[d] += b[d];
+    check_same_keys(first, tds[i], "cat");
+    if (tds[i].device() != device) device = std::nullopt;
+  }
+  TensorDict out = TensorDictImpl::make(nb, device);
+  for (const auto& [key, value] : first.entries()) {
+    if (value.is_tensor()) {
+      std::vector<at::Tensor> parts;
+      for (const auto& td : tds) parts.push_back(td.get(key).tensor());
+      TensorDictImpl::of(out).put(key, at::cat(parts, d));
+    } else {
+      std::vector<TensorDict> parts;
+      for (const auto& td : tds) parts.push_back(td.get(key).tensordict());
+      TensorDictImpl::of(out).put(key, cat(parts, d));
+    }
+  }
+  return out;
+}
+
+// ---- tensor-like operations ---------------------------------------------------------------------
+
+TensorDict TensorDict::clone() const {
+  return map_leaves(*this, [](const at::Tensor& t) { return t.clone(); }, device());
+}
+
+TensorDict TensorDict::to(at::Device device) const {
+  return map_leaves(*this, [&](const at::Tensor& t) { return t.to(device); }, device);
+}
+
+TensorDict TensorDict::to(at::ScalarType dtype) const {
+  return map_leaves(*this, [&](const at::Tensor& t) { return t.to(dtype); }, device());
+}
+
+TensorDict TensorDict::contiguous() const {
+  return map_leaves(*this, [](const at::Tensor& t) { return t.contiguous(); }, device());
+}
+
+TensorDict TensorDict::apply(const std::function<at::Tensor(const at::Tensor&)>& fn) const {
+  TensorDict out = TensorDictImpl::make(batch_size().vec(), device());
+  for (const auto& [key, value] : entries()) {
+    if (value.is_tensor()) {
+      at::Tensor r = fn(value.tensor());
+      if (r.defined()) out.set(key, r);
+    } else {
+      out.set(key, value.tensordict().apply(fn));
+    }
+  }
+  return out;
+}
+
+TensorDict TensorDict::apply(
+    const std::function<at::Tensor(const at::Tensor&, const at::Tensor&)>& fn,
+    const TensorDict& other) const {
+  TensorDict out = TensorDictImpl::make(batch_size().vec(), device());
+  for (const auto& [key, value] : entries()) {
+    const Value o = other.get(key);
+    if (value.is_tensor()) {
+      TORCH_CHECK_TYPE(o.is_tensor(), "apply: key ", quote_key(key),
+                       " is a tensor here but a TensorDict in the other TensorDict");
+      at::Tensor r = fn(value.tensor(), o.tensor());
+      if (r.defined()) out.set(key, r);
+    } else {
+      TORCH_CHECK_TYPE(o.is_tensordict(), "apply: key ", quote_key(key),
+                       " is a TensorDict here but a tensor in the other TensorDict");
+      out.set(key, value.tensordict().apply(fn, o.tensordict()));
+    }
+  }
+  return out;
+}
+
+TensorDict& TensorDict::update(const TensorDict& other, UpdateOptions options) {
+  for (const auto& [key, value] : other.entries()) {
+    const Value mine = get(key, at::Tensor());
+    const bool have = mine.is_tensordict() || mine.tensor().defined();
+    if (value.is_tensordict()) {
+      if (have && mine.is_tensordict()) {
+        TensorDict(mine.tensordict()).update(value.tensordict(), options);
+      } else {
+        set(key, options.clone ? value.tensordict().clone() : value.tensordict());
+      }
+    } else if (options.inplace && have && mine.is_tensor()) {
+      set_(key, value.tensor());
+    } else {
+      set(key, options.clone ? value.tensor().clone() : value.tensor());
+    }
+  }
+  return *this;
+}
+
+TensorDict& TensorDict::zero_() {
+  for (const auto& [key, value] : entries()) {
+    if (value.is_tensor()) {
+      at::Tensor(value.tensor()).zero_();
+    } else {
+      TensorDict(value.tensordict()).zero_();
+    }
+  }
+  return *this;
+}
+
+TensorDict& TensorDict::fill_(const NestedKey& key, const at::Scalar& value) {
+  const Value v = get(key);
+  if (v.is_tensor()) {
+    at::Tensor(v.tensor()).fill_(value);
+  } else {
+    for (const auto& leaf : v.tensordict().values({.include_nested = true, .leaves_only = true})) {
+      at::Tensor(leaf.tensor()).fill_(value);
+    }
+  }
+  return *this;
+}
+
+TensorDict TensorDict::operator==(const TensorDict& other) const {
+  check_same_keys(*this, other, "==");
+  return apply([](const at::Tensor& a, const at::Tensor& b) { return at::eq(a, b); }, other);
+}
+
+TensorDict TensorDict::operator!=(const TensorDict& other) const {
+  check_same_keys(*this, other, "!=");
+  return apply([](const at::Tensor& a, const at::Tensor& b) { return at::ne(a, b); }, other);
+}
+
+TensorDict TensorDict::operator==(const at::Scalar& other) const {
+  return map_leaves(*this, [&](const at::Tensor& t) { return at::eq(t, other); }, device());
+}
+
+TensorDict TensorDict::operator!=(const at::Scalar& other) const {
+  return map_leaves(*this, [&](const at::Tensor& t) { return at::ne(t, other); }, device());
+}
+
+bool TensorDict::all() const {
+  for (const auto& v : values({.include_nested = true, .leaves_only = true})) {
+    if (!v.tensor().all().item<bool>()) return false;
+  }
+  return true;
+}
+
+bool TensorDict::any() const {
+  for (const auto& v : values({.include_nested = true, .leaves_only = true})) {
+    if (v.tensor().any().item<bool>()) return true;
+  }
+  return false;
+}
+
+bool TensorDict::allclose(const TensorDict& other, double rtol, double atol, bool equal_nan) const {
+  const auto mine = items({.include_nested = true, .leaves_only = true});
+  const auto theirs = other.items({.include_nested = true, .leaves_only = true});
+  if (mine.size() != theirs.size()) return false;
+  for (const auto& [key, value] : mine) {
+    if (!other.contains(key)) return false;
+    const Value o = other.get(key);
+    if (!o.is_tensor()) return false;
+    const at::Tensor& a = value.tensor();
+    const at::Tensor& b = o.tensor();
+    if (a.sizes() != b.sizes() || a.scalar_type() != b.scalar_type()) return false;
+    if (a.scalar_type() == at::kBool || c10::isIntegralType(a.scalar_type(), false)) {
+      if (!at::equal(a, b)) return false;
+    } else if (!at::allclose(a, b, rtol, atol, equal_nan)) {
+      return false;
+    }
+  }
+  return true;
+}
+
+}  // namespace tensordict
