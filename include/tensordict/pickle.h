@@ -1,0 +1,79 @@
+#pragma once
+// A restricted pickle reader and writer for the data the reference's object collectives carry:
+// dicts with str keys, lists, tuples, str, int, float, bool and None. Nothing here imports or
+// calls anything: pickles that name a class or a function are refused, so bytes from a peer
+// can be read safely.
+
+#include <cstdint>
+#include <string>
+#include <string_view>
+#include <utility>
+#include <vector>
+
+namespace tensordict::pickle {
+
+/// One value of the subset. Dicts keep insertion order (as Python's do) and have str keys.
+class Value {
+ public:
+  enum class Kind { None, Bool, Int, Float, Str, List, Tuple, Dict };
+
+  Value() = default;  // None
+  static Value from_bool(bool v);
+  static Value from_int(int64_t v);
+  static Value from_float(double v);
+  static Value from_str(std::string v);
+  static Value list(std::vector<Value> items = {});
+  static Value tuple(std::vector<Value> items = {});
+  static Value dict();
+
+  Kind kind() const { return kind_; }
+  bool is_none() const { return kind_ == Kind::None; }
+  /// Accessors; each throws ValueError naming the expected and the actual kind.
+  bool as_bool() const;
+  int64_t as_int() const;
+  double as_float() const;  // ints convert, as in Python
+  const std::string& as_str() const;
+  /// The elements of a list or a tuple.
+  const std::vector<Value>& items() const;
+  std::vector<Value>& items();
+  /// Dict entries in insertion order.
+  const std::vector<std::string>& keys() const;
+  const std::vector<Value>& values() const;
+  /// Dict lookup; nullptr when absent.
+  const Value* find(std::string_view key) const;
+  /// Sets a dict entry (replacing an existing key in place, as Python does).
+  Value& set(std::string key, Value value);
+  /// Removes a dict entry if present; returns whether it was.
+  bool erase(std::string_view key);
+
+  /// Python's name of the kind: "dict", "str", ...
+  static const char* kind_name(Kind kind);
+
+  friend bool operator==(const Value& a, const Value& b);
+
+ private:
+  Kind kind_ = Kind::None;
+  bool b_ = false;
+  int64_t i_ = 0;
+  double f_ = 0;
+  std::string s_;
+  std::vector<Value> items_;     // list / tuple elements, or dict values
+  std::vector<std::string> keys_;  // dict keys
+};
+
+/// Bounds applied while reading untrusted bytes.
+struct Limits {
+  size_t max_depth = 64;         // nesting of containers
+  size_t max_elements = 1 << 20;  // values created, counting each memo reference again
+};
+
+/// Serialises `value` as a protocol-4 pickle that Python's pickle.loads reads back equal.
+std::string dumps(const Value& value);
+
+/// Reads a pickle of the subset (protocols 2 to 5, as Python writes them: memo, frames).
+/// Throws ValueError on anything else: an opcode outside the subset (classes, calls, bytes,
+/// persistent ids), truncated or trailing data, a non-str dict key, an int beyond int64, or a
+/// bound of `limits` exceeded.
+Value loads(std::string_view data, const Limits& limits = {});
+
+}  // namespace tensordict::pickle

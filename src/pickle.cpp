@@ -1,0 +1,509 @@
+#include "tensordict/pickle.h"
+
+#include <c10/util/Exception.h>
+
+#include <algorithm>
+#include <bit>
+#include <cstring>
+#include <memory>
+#include <unordered_map>
+
+namespace tensordict::pickle {
+
+// ---- Value ---------------------------------------------------------------------------------
+
+namespace {
+
+[[noreturn]] void wrong_kind(Value::Kind want, Value::Kind got) {
+  TORCH_CHECK_VALUE(false, "pickle: expected a ", Value::kind_name(want), ", got a ",
+                    Value::kind_name(got));
+}
+
+}  // namespace
+
+const char* Value::kind_name(Kind kind) {
+  switch (kind) {
+    case Kind::None: return "None";
+    case Kind::Bool: return "bool";
+    case Kind::Int: return "int";
+    case Kind::Float: return "float";
+    case Kind::Str: return "str";
+    case Kind::List: return "list";
+    case Kind::Tuple: return "tuple";
+    case Kind::Dict: return "dict";
+  }
+  return "?";
+}
+
+Value Value::from_bool(bool v) { Value r; r.kind_ = Kind::Bool; r.b_ = v; return r; }
+Value Value::from_int(int64_t v) { Value r; r.kind_ = Kind::Int; r.i_ = v; return r; }
+Value Value::from_float(double v) { Value r; r.kind_ = Kind::Float; r.f_ = v; return r; }
+Value Value::from_str(std::string v) { Value r; r.kind_ = Kind::Str; r.s_ = std::move(v); return r; }
+Value Value::list(std::vector<Value> items) {
+  Value r; r.kind_ = Kind::List; r.items_ = std::move(items); return r;
+}
+Value Value::tuple(std::vector<Value> items) {
+  Value r; r.kind_ = Kind::Tuple; r.items_ = std::move(items); return r;
+}
+Value Value::dict() { Value r; r.kind_ = Kind::Dict; return r; }
+
+bool Value::as_bool() const {
+  if (kind_ != Kind::Bool) wrong_kind(Kind::Bool, kind_);
+  return b_;
+}
+int64_t Value::as_int() const {
+  if (kind_ != Kind::Int) wrong_kind(Kind::Int, kind_);
+  return i_;
+}
+double Value::as_float() const {
+  if (kind_ == Kind::Int) return static_cast<double>(i_);
+  if (kind_ != Kind::Float) wrong_kind(Kind::Float, kind_);
+  return f_;
+}
+const std::string& Value::as_str() const {
+  if (kind_ != Kind::Str) wrong_kind(Kind::Str, kind_);
+  return s_;
+}
+const std::vector<Value>& Value::items() const {
+  if (kind_ != Kind::List && kind_ != Kind::Tuple) wrong_kind(Kind::List, kind_);
+  return items_;
+}
+std::vector<Value>& Value::items() {
+  if (kind_ != Kind::List && kind_ != Kind::Tuple) wrong_kind(Kind::List, kind_);
+  return items_;
+}
+const std::vector<std::string>& Value::keys() const {
+  if (kind_ != Kind::Dict) wrong_kind(Kind::Dict, kind_);
+  return keys_;
+}
+const std::vector<Value>& Value::values() const {
+  if (kind_ != Kind::Dict) wrong_kind(Kind::Dict, kind_);
+  return items_;
+}
+const Value* Value::find(std::string_view key) const {
+  if (kind_ != Kind::Dict) wrong_kind(Kind::Dict, kind_);
+  auto it = std::find(keys_.begin(), keys_.end(), key);
+  return it == keys_.end() ? nullptr : &items_[static_cast<size_t>(it - keys_.begin())];
+}
+Value& Value::set(std::string key, Value value) {
+  if (kind_ != Kind::Dict) wrong_kind(Kind::Dict, kind_);
+  auto it = std::find(keys_.begin(), keys_.end(), key);
+  if (it != keys_.end()) {
+    Value& slot = items_[static_cast<size_t>(it - keys_.begin())];
+    slot = std::move(value);
+    return slot;
+  }
+  keys_.push_back(std::move(key));
+  items_.push_back(std::move(value));
+  return items_.back();
+}
+bool Value::erase(std::string_view key) {
+  if (kind_ != Kind::Dict) wrong_kind(Kind::Dict, kind_);
+  auto it = std::find(keys_.begin(), keys_.end(), key);
+  if (it == keys_.end()) return false;
+  const auto pos = it - keys_.begin();
+  keys_.erase(it);
+  items_.erase(items_.begin() + pos);
+  return true;
+}
+
+bool operator==(const Value& a, const Value& b) {
+  if (a.kind_ != b.kind_) return false;
+  switch (a.kind_) {
+    case Value::Kind::None: return true;
+    case Value::Kind::Bool: return a.b_ == b.b_;
+    case Value::Kind::Int: return a.i_ == b.i_;
+    case Value::Kind::Float: return a.f_ == b.f_;
+    case Value::Kind::Str: return a.s_ == b.s_;
+    case Value::Kind::List:
+    case Value::Kind::Tuple: return a.items_ == b.items_;
+    case Value::Kind::Dict: return a.keys_ == b.keys_ && a.items_ == b.items_;
+  }
+  return false;
+}
+
+// ---- opcodes ----------------------------------------------------------------------------------
+
+namespace {
+
+namespace op {
+constexpr uint8_t MARK = '(', STOP = '.', BININT = 'J', BININT1 = 'K', BININT2 = 'M',
+                  NONE = 'N', BINUNICODE = 'X', APPEND = 'a', EMPTY_DICT = '}', APPENDS = 'e',
+                  BINGET = 'h', LONG_BINGET = 'j', LIST = 'l', DICT = 'd', EMPTY_LIST = ']',
+                  BINPUT = 'q', LONG_BINPUT = 'r', SETITEM = 's', TUPLE = 't', EMPTY_TUPLE = ')',
+                  SETITEMS = 'u', BINFLOAT = 'G', PROTO = 0x80, TUPLE1 = 0x85, TUPLE2 = 0x86,
+                  TUPLE3 = 0x87, NEWTRUE = 0x88, NEWFALSE = 0x89, LONG1 = 0x8a,
+                  SHORT_BINUNICODE = 0x8c, BINUNICODE8 = 0x8d, MEMOIZE = 0x94, FRAME = 0x95;
+}  // namespace op
+
+// Opcodes that would build objects of arbitrary classes or call functions.
+const char* dangerous_name(uint8_t code) {
+  switch (code) {
+    case 'c': return "GLOBAL";
+    case 0x93: return "STACK_GLOBAL";
+    case 'R': return "REDUCE";
+    case 'b': return "BUILD";
+    case 'i': return "INST";
+    case 'o': return "OBJ";
+    case 0x81: return "NEWOBJ";
+    case 0x92: return "NEWOBJ_EX";
+    case 'P': return "PERSID";
+    case 'Q': return "BINPERSID";
+    case 0x82: case 0x83: case 0x84: return "EXT";
+    default: return nullptr;
+  }
+}
+
+// ---- writer -----------------------------------------------------------------------------------
+
+void put_le(std::string& out, uint64_t v, int bytes) {
+  for (int i = 0; i < bytes; ++i) out.push_back(static_cast<char>((v >> (8 * i)) & 0xff));
+}
+
+void write_str(std::string& out, const std::string& s) {
+  if (s.size() < 256) {
+    out.push_back(static_cast<char>(op::SHORT_BINUNICODE));
+    put_le(out, s.size(), 1);
+  } else if (s.size() <= 0xffffffffu) {
+    out.push_back(static_cast<char>(op::BINUNICODE));
+    put_le(out, s.size(), 4);
+  } else {
+    out.push_back(static_cast<char>(op::BINUNICODE8));
+    put_le(out, s.size(), 8);
+  }
+  out += s;
+}
+
+void write_int(std::string& out, int64_t v) {
+  // The shortest form Python's pickler picks for each range.
+  if (v >= 0 && v <= 0xff) {
+    out.push_back(static_cast<char>(op::BININT1));
+    put_le(out, static_cast<uint64_t>(v), 1);
+  } else if (v >= 0 && v <= 0xffff) {
+    out.push_back(static_cast<char>(op::BININT2));
+    put_le(out, static_cast<uint64_t>(v), 2);
+  } else if (v >= INT32_MIN && v <= INT32_MAX) {
+    out.push_back(static_cast<char>(op::BININT));
+    put_le(out, static_cast<uint64_t>(static_cast<uint32_t>(static_cast<int32_t>(v))), 4);
+  } else {
+    // LONG1: minimal little-endian two's complement.
+    std::string bytes;
+    uint64_t u = static_cast<uint64_t>(v);
+    put_le(bytes, u, 8);
+    while (bytes.size() > 1) {
+      const auto last = static_cast<uint8_t>(bytes.back());
+      const auto prev = static_cast<uint8_t>(bytes[bytes.size() - 2]);
+      if ((last == 0x00 && !(prev & 0x80)) || (last == 0xff && (prev & 0x80))) {
+        bytes.pop_back();
+      } else {
+        break;
+      }
+    }
+    out.push_back(static_cast<char>(op::LONG1));
+    out.push_back(static_cast<char>(bytes.size()));
+    out += bytes;
+  }
+}
+
+void write_value(std::string& out, const Value& v) {
+  switch (v.kind()) {
+    case Value::Kind::None: out.push_back(static_cast<char>(op::NONE)); return;
+    case Value::Kind::Bool:
+      out.push_back(static_cast<char>(v.as_bool() ? op::NEWTRUE : op::NEWFALSE));
+      return;
+    case Value::Kind::Int: write_int(out, v.as_int()); return;
+    case Value::Kind::Float: {
+      out.push_back(static_cast<char>(op::BINFLOAT));
+      const auto bits = std::bit_cast<uint64_t>(v.as_float());
+      for (int i = 7; i >= 0; --i) out.push_back(static_cast<char>((bits >> (8 * i)) & 0xff));
+      return;
+    }
+    case Value::Kind::Str: write_str(out, v.as_str()); return;
+    case Value::Kind::List:
+      out.push_back(static_cast<char>(op::EMPTY_LIST));
+      if (!v.items().empty()) {
+        out.push_back(static_cast<char>(op::MARK));
+        for (const auto& item : v.items()) write_value(out, item);
+        out.push_back(static_cast<char>(op::APPENDS));
+      }
+      return;
+    case Value::Kind::Tuple: {
+      const auto& items = v.items();
+      if (items.empty()) {
+        out.push_back(static_cast<char>(op::EMPTY_TUPLE));
+        return;
+      }
+      if (items.size() > 3) out.push_back(static_cast<char>(op::MARK));
+      for (const auto& item : items) write_value(out, item);
+      static constexpr uint8_t kSmall[] = {0, op::TUPLE1, op::TUPLE2, op::TUPLE3};
+      out.push_back(static_cast<char>(items.size() > 3 ? op::TUPLE : kSmall[items.size()]));
+      return;
+    }
+    case Value::Kind::Dict:
+      out.push_back(static_cast<char>(op::EMPTY_DICT));
+      if (!v.keys().empty()) {
+        out.push_back(static_cast<char>(op::MARK));
+        for (size_t i = 0; i < v.keys().size(); ++i) {
+          write_str(out, v.keys()[i]);
+          write_value(out, v.values()[i]);
+        }
+        out.push_back(static_cast<char>(op::SETITEMS));
+      }
+      return;
+  }
+}
+
+// ---- reader -----------------------------------------------------------------------------------
+
+bool valid_utf8(std::string_view s) {
+  size_t i = 0;
+  while (i < s.size()) {
+    const auto c = static_cast<uint8_t>(s[i]);
+    size_t n = c < 0x80 ? 1 : (c >> 5) == 0x6 ? 2 : (c >> 4) == 0xe ? 3 : (c >> 3) == 0x1e ? 4 : 0;
+    if (n == 0 || i + n > s.size()) return false;
+    for (size_t k = 1; k < n; ++k) {
+      if ((static_cast<uint8_t>(s[i + k]) & 0xc0) != 0x80) return false;
+    }
+    i += n;
+  }
+  return true;
+}
+
+// A value on the stack plus the bookkeeping that bounds what a reader may build. Shared with
+// the memo, which must see a container filled after it was memoized.
+struct Node {
+  Value value;
+  size_t depth = 0;  // container nesting, 0 for scalars
+  size_t nodes = 1;  // values inside, itself included
+};
+using Slot = std::shared_ptr<Node>;
+
+class Reader {
+ public:
+  Reader(std::string_view data, const Limits& limits) : data_(data), limits_(limits) {}
+
+  Value run() {
+    while (true) {
+      const size_t at = pos_;
+      const uint8_t code = u8();
+      switch (code) {
+        case op::PROTO: {
+          const uint8_t v = u8();
+          fail_if(v < 2 || v > 5, at, "unsupported protocol ", int(v));
+          break;
+        }
+        case op::FRAME: {
+          const uint64_t n = le(8);
+          fail_if(n > data_.size() - pos_, at, "truncated pickle: frame of ", n,
+                  " bytes runs past the end");
+          break;
+        }
+        case op::STOP: {
+          fail_if(stack_.size() != 1 || !marks_.empty(), at, "STOP with ", stack_.size(),
+                  " values on the stack");
+          fail_if(pos_ != data_.size(), at, data_.size() - pos_, " bytes after STOP");
+          return stack_.back()->value;
+        }
+        case op::NONE: push(Value()); break;
+        case op::NEWTRUE: push(Value::from_bool(true)); break;
+        case op::NEWFALSE: push(Value::from_bool(false)); break;
+        case op::BININT1: push(Value::from_int(static_cast<int64_t>(le(1)))); break;
+        case op::BININT2: push(Value::from_int(static_cast<int64_t>(le(2)))); break;
+        case op::BININT:
+          push(Value::from_int(static_cast<int32_t>(static_cast<uint32_t>(le(4)))));
+          break;
+        case op::LONG1: {
+          const uint8_t n = u8();
+          fail_if(n > 8, at, "integer of ", int(n), " bytes exceeds int64");
+          uint64_t u = n ? le(n) : 0;
+          if (n && n < 8 && (u >> (8 * n - 1)) & 1) u |= ~uint64_t{0} << (8 * n);  // sign
+          push(Value::from_int(static_cast<int64_t>(u)));
+          break;
+        }
+        case op::BINFLOAT: {
+          uint64_t bits = 0;
+          for (int i = 0; i < 8; ++i) bits = (bits << 8) | u8();
+          push(Value::from_float(std::bit_cast<double>(bits)));
+          break;
+        }
+        case op::SHORT_BINUNICODE: push_str(at, le(1)); break;
+        case op::BINUNICODE: push_str(at, le(4)); break;
+        case op::BINUNICODE8: push_str(at, le(8)); break;
+        case op::EMPTY_LIST: push(Value::list()); break;
+        case op::EMPTY_DICT: push(Value::dict()); break;
+        case op::EMPTY_TUPLE: push(Value::tuple()); break;
+        case op::MARK:
+          fail_if(marks_.size() >= limits_.max_depth * 4, at, "too many nested marks");
+          marks_.push_back(stack_.size());
+          break;
+        case op::LIST: push_container(Value::list(), pop_mark(at), at); break;
+        case op::TUPLE: push_container(Value::tuple(), pop_mark(at), at); break;
+        case op::TUPLE1: case op::TUPLE2: case op::TUPLE3: {
+          const size_t n = code - op::TUPLE1 + 1;
+          fail_if(stack_.size() < n + floor(), at, "TUPLE", n, " on a short stack");
+          std::vector<Slot> items(stack_.end() - static_cast<std::ptrdiff_t>(n), stack_.end());
+          stack_.resize(stack_.size() - n);
+          push_container(Value::tuple(), std::move(items), at);
+          break;
+        }
+        case op::DICT: {
+          Slot d = make(Value::dict());
+          fill_dict(d, pop_mark(at), at);
+          stack_.push_back(std::move(d));
+          break;
+        }
+        case op::APPEND: {
+          fail_if(stack_.size() < 2 + floor(), at, "APPEND on a short stack");
+          std::vector<Slot> one{stack_.back()};
+          stack_.pop_back();
+          extend(top(at, Value::Kind::List), std::move(one), at);
+          break;
+        }
+        case op::APPENDS: {
+          auto items = pop_mark(at);
+          extend(top(at, Value::Kind::List), std::move(items), at);
+          break;
+        }
+        case op::SETITEM: {
+          fail_if(stack_.size() < 3 + floor(), at, "SETITEM on a short stack");
+          std::vector<Slot> kv(stack_.end() - 2, stack_.end());
+          stack_.resize(stack_.size() - 2);
+          fill_dict(top(at, Value::Kind::Dict), std::move(kv), at);
+          break;
+        }
+        case op::SETITEMS: {
+          auto kv = pop_mark(at);
+          fill_dict(top(at, Value::Kind::Dict), std::move(kv), at);
+          break;
+        }
+        case op::MEMOIZE: memo_put(at, memo_.size()); break;
+        case op::BINPUT: memo_put(at, le(1)); break;
+        case op::LONG_BINPUT: memo_put(at, le(4)); break;
+        case op::BINGET: memo_get(at, le(1)); break;
+        case op::LONG_BINGET: memo_get(at, le(4)); break;
+        default: {
+          const char* name = dangerous_name(code);
+          fail_if(name != nullptr, at, "refused opcode ", name,
+                  ": it would import or call code, which a metadata pickle never needs");
+          fail_if(true, at, "opcode 0x", hex(code), " is outside the supported subset");
+        }
+      }
+    }
+  }
+
+ private:
+  template <typename... Args>
+  void fail_if(bool cond, size_t at, const Args&... args) {
+    TORCH_CHECK_VALUE(!cond, "pickle: ", c10::str(args...), " (at byte ", at, " of ",
+                      data_.size(), ")");
+  }
+  static std::string hex(uint8_t c) {
+    static constexpr char kDigits[] = "0123456789abcdef";
+    return {kDigits[c >> 4], kDigits[c & 15]};
+  }
+  uint8_t u8() {
+    fail_if(pos_ >= data_.size(), pos_, "truncated pickle");
+    return static_cast<uint8_t>(data_[pos_++]);
+  }
+  uint64_t le(size_t n) {
+    fail_if(data_.size() - pos_ < n, pos_, "truncated pickle");
+    uint64_t v = 0;
+    for (size_t i = 0; i < n; ++i) v |= uint64_t{static_cast<uint8_t>(data_[pos_ + i])} << (8 * i);
+    pos_ += n;
+    return v;
+  }
+  size_t floor() const { return marks_.empty() ? 0 : marks_.back(); }
+
+  Slot make(Value v) {
+    count(1);
+    return std::make_shared<Node>(Node{std::move(v), 0, 1});
+  }
+  void count(size_t n) {
+    elements_ += n;
+    TORCH_CHECK_VALUE(elements_ <= limits_.max_elements, "pickle: more than ",
+                      limits_.max_elements, " values");
+  }
+  void push(Value v) { stack_.push_back(make(std::move(v))); }
+  void push_str(size_t at, uint64_t n) {
+    fail_if(n > data_.size() - pos_, at, "string of ", n, " bytes runs past the end");
+    std::string_view s = data_.substr(pos_, n);
+    fail_if(!valid_utf8(s), at, "string is not valid UTF-8");
+    pos_ += n;
+    push(Value::from_str(std::string(s)));
+  }
+  std::vector<Slot> pop_mark(size_t at) {
+    fail_if(marks_.empty(), at, "no MARK on the stack");
+    const size_t m = marks_.back();
+    marks_.pop_back();
+    std::vector<Slot> items(stack_.begin() + static_cast<std::ptrdiff_t>(m), stack_.end());
+    stack_.resize(m);
+    return items;
+  }
+  Slot& top(size_t at, Value::Kind kind) {
+    fail_if(stack_.size() <= floor(), at, "empty stack");
+    Slot& s = stack_.back();
+    fail_if(s->value.kind() != kind, at, "expected a ", Value::kind_name(kind),
+            " on the stack, got a ", Value::kind_name(s->value.kind()));
+    return s;
+  }
+  void adopt(Slot& parent, const Slot& child, size_t at) {
+    parent->depth = std::max(parent->depth, child->depth + 1);
+    parent->nodes += child->nodes;
+    fail_if(parent->depth > limits_.max_depth, at, "nesting deeper than ", limits_.max_depth);
+  }
+  void extend(Slot& list, std::vector<Slot> items, size_t at) {
+    for (auto& item : items) {
+      adopt(list, item, at);
+      list->value.items().push_back(item->value);
+    }
+  }
+  void push_container(Value v, std::vector<Slot> items, size_t at) {
+    Slot s = make(std::move(v));
+    extend(s, std::move(items), at);
+    stack_.push_back(std::move(s));
+  }
+  void fill_dict(Slot& d, std::vector<Slot> kv, size_t at) {
+    fail_if(kv.size() % 2 != 0, at, "odd number of items for a dict");
+    for (size_t i = 0; i < kv.size(); i += 2) {
+      fail_if(kv[i]->value.kind() != Value::Kind::Str, at, "dict key is a ",
+              Value::kind_name(kv[i]->value.kind()), "; only str keys are supported");
+      adopt(d, kv[i + 1], at);
+      d->value.set(kv[i]->value.as_str(), kv[i + 1]->value);
+    }
+  }
+  void memo_put(size_t at, uint64_t index) {
+    fail_if(stack_.size() <= floor(), at, "memo store from an empty stack");
+    fail_if(memo_.size() >= limits_.max_elements, at, "memo too large");
+    memo_[index] = stack_.back();
+  }
+  void memo_get(size_t at, uint64_t index) {
+    auto it = memo_.find(index);
+    fail_if(it == memo_.end(), at, "memo entry ", index, " is undefined");
+    // A reference is read again as a copy: count it whole, so shared references cannot blow up.
+    count(it->second->nodes);
+    stack_.push_back(std::make_shared<Node>(*it->second));
+  }
+
+  std::string_view data_;
+  Limits limits_;
+  size_t pos_ = 0;
+  size_t elements_ = 0;
+  std::vector<Slot> stack_;
+  std::vector<size_t> marks_;
+  std::unordered_map<uint64_t, Slot> memo_;
+};
+
+}  // namespace
+
+std::string dumps(const Value& value) {
+  std::string out;
+  out.push_back(static_cast<char>(op::PROTO));
+  out.push_back(4);
+  write_value(out, value);
+  out.push_back(static_cast<char>(op::STOP));
+  return out;
+}
+
+Value loads(std::string_view data, const Limits& limits) { return Reader(data, limits).run(); }
+
+}  // namespace tensordict::pickle
