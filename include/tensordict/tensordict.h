@@ -1,6 +1,7 @@
 #pragma once
 // Umbrella include for the core library (no transport).
 
+#include "tensordict/consolidate.h"
 #include "tensordict/dtypes.h"
 #include "tensordict/errors.h"
 #include "tensordict/nested_key.h"

@@ -1,0 +1,138 @@
+#pragma once
+// consolidate(): every leaf of a TensorDict copied into one flat uint8 storage, in the byte
+// layout of the reference tensordict (wire-format.md §3); the metadata that describes the
+// layout, as a value and as JSON text; and rebuild(), which turns (metadata, storage) back into
+// a TensorDict of views. No transport here: the transports move the storage and the metadata.
+
+#include <ATen/core/Tensor.h>
+#include <c10/core/Device.h>
+#include <c10/core/ScalarType.h>
+
+#include <cstddef>
+#include <cstdint>
+#include <memory>
+#include <optional>
+#include <string>
+#include <string_view>
+#include <utility>
+#include <variant>
+#include <vector>
+
+#include "tensordict/tensor_dict.h"
+
+namespace tensordict {
+
+/// Options of consolidate(), named like the reference's keywords.
+struct ConsolidateOptions {
+  bool metadata = true;              // kept for parity: the reference always builds the metadata
+  std::optional<at::Device> device{};  // storage device; default: the TensorDict's, else the CPU
+  bool pin_memory = false;           // page-locked CPU storage (needs an accelerator backend)
+  bool share_memory = false;         // CPU storage in POSIX shared memory (torch's fd strategy)
+  int num_threads = 1;               // > 1: CPU leaves are copied by that many threads (0 = 1)
+};
+
+/// One entry of a node's "leaves": [dtype, shape, start, stop, pad]. start and stop are byte
+/// offsets into the whole storage (absolute at every level), stop - start = nbytes + pad.
+struct LeafMetadata {
+  at::ScalarType dtype = at::kFloat;
+  std::vector<int64_t> shape;
+  int64_t start = 0;
+  int64_t stop = 0;
+  int64_t pad = 0;
+  bool operator==(const LeafMetadata&) const = default;
+};
+
+/// One entry of a node's "non_tensors": [data, batch_size, device]. Non-tensor entries are not
+/// TensorDict values yet: the field is parsed and re-serialised, but rebuild() refuses it.
+struct NonTensorMetadata {
+  std::string data_json = "null";  // the data as JSON text
+  std::vector<int64_t> batch_size;
+  std::optional<std::string> device;
+  bool operator==(const NonTensorMetadata&) const = default;
+};
+
+/// A node's "cls_metadata".
+struct ClsMetadata {
+  std::optional<std::string> device;             // str(device) or null
+  std::vector<std::optional<std::string>> names;  // one per batch dim; null when unnamed
+  std::vector<int64_t> batch_size;
+  bool is_locked = false;  // as it was before consolidate() locked its result
+  bool operator==(const ClsMetadata&) const = default;
+};
+
+/// The metadata of one collection node, root or nested, in the reference's structure and
+/// order: cls, non_tensors, leaves, cls_metadata, then the nested nodes by local key.
+struct Metadata {
+  std::string cls = "TensorDict";
+  std::vector<std::pair<std::string, NonTensorMetadata>> non_tensors;
+  std::vector<std::pair<std::string, LeafMetadata>> leaves;
+  ClsMetadata cls_metadata;
+  std::vector<std::pair<std::string, Metadata>> children;
+  bool operator==(const Metadata&) const = default;
+};
+
+/// What a consolidated TensorDict level carries (TensorDict::consolidated_state()).
+struct ConsolidatedState {
+  at::Tensor storage;                        // the whole flat uint8 storage
+  std::shared_ptr<const Metadata> metadata;  // this level's node (offsets absolute in storage)
+};
+
+/// A scalar JSON value, for the transport fields ("_total_bytes", "_device", ...) that
+/// transports add at the top level of the metadata.
+using JsonScalar = std::variant<std::nullptr_t, bool, int64_t, std::string>;
+using TransportFields = std::vector<std::pair<std::string, JsonScalar>>;
+
+/// Bounds on metadata from a peer.
+inline constexpr int kMaxMetadataDepth = 64;                 // nested levels below the root
+inline constexpr int64_t kMaxMetadataEntries = 1 << 20;      // leaves + nodes + non-tensors
+inline constexpr size_t kMaxMetadataJsonBytes = size_t{256} << 20;
+
+/// A consolidated copy of `td`: one uint8 storage holding every leaf in depth-first insertion
+/// order, each C-contiguous and followed by zero bytes up to a multiple of 8; the result's
+/// leaves (nested levels included) are views of it. The result is locked and carries the state
+/// at its root, as the reference's does. Returns `td` itself when it is already consolidated.
+/// Throws ValueError for a dtype the wire cannot name (float8, quantized, ...), a leaf whose
+/// offset cannot be viewed as its dtype (a complex128 starting at 8 mod 16: the reference
+/// raises too), a nested key that collides with the metadata's own names, or bad options;
+/// TypeError for a sparse or nested-tensor leaf. Blocks until every copy is done.
+TensorDict consolidate(const TensorDict& td, const ConsolidateOptions& options = {});
+
+/// True when `td` carries a consolidated state (see TensorDict::consolidated_state()) and its
+/// entries are still the views that state describes (O(leaves); a nested level changed
+/// through its own handle makes its parents unconsolidated too).
+bool is_consolidated(const TensorDict& td);
+
+/// The flat storage of a consolidated TensorDict (RuntimeError otherwise).
+at::Tensor consolidated_storage(const TensorDict& td);
+/// The metadata of a consolidated TensorDict's level (RuntimeError otherwise).
+std::shared_ptr<const Metadata> consolidated_metadata(const TensorDict& td);
+
+/// The metadata consolidate(td) would record, without copying anything.
+Metadata metadata_of(const TensorDict& td);
+
+/// Validates `metadata` (dtypes, shapes, ranges, alignment, overlaps, keys, bounds; ValueError
+/// naming the key path otherwise) and returns the storage size it needs: the largest stop.
+int64_t metadata_storage_bytes(const Metadata& metadata);
+
+/// The metadata as Python's json.dumps(metadata, sort_keys=sort_keys) writes it, byte for byte
+/// (", " and ": " separators, ASCII only). `transport` fields are added at the top level (after
+/// the nodes when unsorted, as the reference inserts them). ValueError for keys that are not
+/// valid UTF-8.
+std::string metadata_to_json(const Metadata& metadata, bool sort_keys = false,
+                             const TransportFields& transport = {});
+
+/// Parses metadata JSON from an untrusted peer and validates it as metadata_storage_bytes
+/// does; ValueError on any fault. Top-level keys that start with "_" and do not hold an object
+/// are transport fields: they are returned in `transport` (if given; a float, list or object
+/// value comes back as null), never read as nodes. Any other key holding a non-object is an
+/// error, except "size" (the file variant's), which is ignored as the reference ignores it.
+Metadata metadata_from_json(std::string_view text, TransportFields* transport = nullptr);
+
+/// A TensorDict whose leaves are views of `storage` (a 1-D contiguous uint8 tensor), laid out
+/// as `metadata` says. The metadata is validated against the storage first (ValueError on any
+/// fault; nothing is read out of bounds). Every level carries the state {storage, its own
+/// node}, as the reference's rebuild does. A node with a device gets the storage's device.
+/// Levels with is_locked are locked. Non-null names are kept in the metadata only.
+TensorDict rebuild(Metadata metadata, const at::Tensor& storage);
+
+}  // namespace tensordict

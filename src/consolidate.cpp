@@ -1,0 +1,566 @@
+#include "tensordict/consolidate.h"
+
+#include <ATen/ATen.h>
+#include <ATen/DeviceAccelerator.h>
+#include <ATen/MapAllocator.h>
+#include <c10/core/TensorImpl.h>
+#include <c10/util/safe_numerics.h>
+
+#include <algorithm>
+#include <array>
+#include <cstring>
+#include <thread>
+#include <unordered_set>
+
+#ifdef __linux__
+#include <sys/mman.h>
+#endif
+
+#include "tensor_dict_impl.h"
+#include "tensordict/dtypes.h"
+
+namespace tensordict {
+namespace {
+
+using detail::TensorDictImpl;
+
+constexpr int64_t kAlign = 8;
+// Below this many bytes per thread, starting a thread costs more than the copy it saves.
+constexpr int64_t kMinBytesPerThread = int64_t{1} << 20;
+
+// The reference's utils._TORCH_DTYPES: the dtypes whose names the metadata may carry.
+constexpr std::array kWireDtypes{
+    at::kBFloat16,     at::kBool,      at::kComplexDouble, at::kComplexHalf, at::kComplexFloat,
+    at::kHalf,         at::kFloat,     at::kDouble,        at::kShort,       at::kInt,
+    at::kLong,         at::kChar,      at::kQInt32,        at::kQInt8,       at::kQUInt4x2,
+    at::kQUInt8,       at::kByte,      at::kUInt16,        at::kUInt32,      at::kUInt64,
+};
+
+bool is_wire_dtype(at::ScalarType t) {
+  return std::find(kWireDtypes.begin(), kWireDtypes.end(), t) != kWireDtypes.end();
+}
+
+// Quantized tensors cannot be viewed out of bytes, and the reference crashes on them.
+// `where` names the leaf; it is called only to report a fault.
+template <typename Where>
+void check_leaf_dtype(at::ScalarType t, const char* who, const Where& where) {
+  TORCH_CHECK_VALUE(is_wire_dtype(t), who, ": leaf ", where(), " has dtype ", dtype_name(t),
+                    ", which the consolidated format cannot carry");
+  TORCH_CHECK_VALUE(!c10::isQIntType(t), who, ": leaf ", where(), " has the quantized dtype ",
+                    dtype_name(t), ", which consolidate does not support");
+}
+
+bool is_reserved_node_key(std::string_view key) {
+  return key == "cls" || key == "non_tensors" || key == "leaves" || key == "cls_metadata";
+}
+
+std::string path_str(std::vector<std::string> path, const std::string& key) {
+  path.push_back(key);
+  return NestedKey(std::move(path)).str();
+}
+
+std::string node_str(const std::vector<std::string>& path) {
+  return path.empty() ? std::string("the root") : NestedKey(path).str();
+}
+
+bool starts_with(at::IntArrayRef shape, at::IntArrayRef prefix) {
+  return shape.size() >= prefix.size() && std::equal(prefix.begin(), prefix.end(), shape.begin());
+}
+
+// A tensor of `dtype` and `shape` over the bytes [start, ...) of `storage`. Built directly on
+// the storage, which is what narrow().view(dtype).view(shape) yields, without three dispatches
+// per leaf (1000-leaf TensorDicts are the common case on the wire).
+at::Tensor leaf_view(const at::Tensor& storage, int64_t start, at::ScalarType dtype,
+                     at::IntArrayRef shape) {
+  const int64_t esize = static_cast<int64_t>(c10::elementSize(dtype));
+  auto impl = c10::make_intrusive<c10::TensorImpl>(
+      c10::Storage(storage.storage()), storage.key_set(), c10::scalarTypeToTypeMeta(dtype));
+  impl->set_sizes_contiguous(shape);
+  // Validation guarantees alignment whenever there are elements; an empty leaf may sit at any
+  // multiple of 8, so its offset is rounded down.
+  impl->set_storage_offset((storage.storage_offset() + start) / esize);
+  return at::Tensor(std::move(impl));
+}
+
+at::Tensor leaf_view(const at::Tensor& storage, const LeafMetadata& leaf) {
+  return leaf_view(storage, leaf.start, leaf.dtype, leaf.shape);
+}
+
+ClsMetadata cls_metadata_of(const TensorDict& td) {
+  const auto bs = td.batch_size();
+  const auto device = td.device();
+  return ClsMetadata{device ? std::optional<std::string>(device->str()) : std::nullopt,
+                     std::vector<std::optional<std::string>>(bs.size()),
+                     std::vector<int64_t>(bs.begin(), bs.end()), td.is_locked()};
+}
+
+// ---- validation ---------------------------------------------------------------------------
+
+std::string nth_leaf_path(const Metadata& m, int64_t& n, std::vector<std::string>& path) {
+  if (n < static_cast<int64_t>(m.leaves.size())) return path_str(path, m.leaves[n].first);
+  n -= static_cast<int64_t>(m.leaves.size());
+  for (const auto& [key, child] : m.children) {
+    path.push_back(key);
+    auto found = nth_leaf_path(child, n, path);
+    path.pop_back();
+    if (!found.empty()) return found;
+  }
+  return {};
+}
+
+struct Validator {
+  const Metadata& root;
+  std::optional<int64_t> storage_bytes;
+  int64_t storage_offset = 0;
+  int64_t entries = 0;
+  int64_t max_stop = 0;
+  int64_t leaf_index = 0;
+  struct Range { int64_t start, stop, leaf; };
+  std::vector<Range> ranges{};
+  std::vector<std::string> path{};
+
+  void node(const Metadata& m, at::IntArrayRef parent_batch, int depth) {
+    const auto here = [&] { return node_str(path); };
+    TORCH_CHECK_VALUE(depth <= kMaxMetadataDepth, "metadata: node ", here(), " is nested deeper than ",
+                      kMaxMetadataDepth, " levels");
+    TORCH_CHECK_VALUE(m.cls == "TensorDict", "metadata: node ", here(), " has cls '", m.cls,
+                      "'; only TensorDict nodes are supported");
+    entries += 1 + static_cast<int64_t>(m.leaves.size() + m.non_tensors.size());
+    TORCH_CHECK_VALUE(entries <= kMaxMetadataEntries, "metadata: more than ", kMaxMetadataEntries,
+                      " entries");
+    const auto& cm = m.cls_metadata;
+    const at::IntArrayRef batch(cm.batch_size);
+    for (int64_t d : batch) {
+      TORCH_CHECK_VALUE(d >= 0, "metadata: node ", here(), " has a negative batch dim in ", batch);
+    }
+    TORCH_CHECK_VALUE(starts_with(batch, parent_batch), "metadata: node ", here(), " has batch_size ",
+                      batch, ", which does not start with its parent's ", parent_batch);
+    TORCH_CHECK_VALUE(cm.names.size() == batch.size(), "metadata: node ", here(), " has ",
+                      cm.names.size(), " names for ", batch.size(), " batch dims");
+    if (cm.device) {
+      try {
+        (void)at::Device(*cm.device);
+      } catch (const std::exception&) {
+        TORCH_CHECK_VALUE(false, "metadata: node ", here(), " has device '", *cm.device,
+                          "', which is not a device name");
+      }
+    }
+    std::unordered_set<std::string_view> keys;
+    const auto unique = [&](const std::string& key) {
+      TORCH_CHECK_VALUE(keys.insert(key).second, "metadata: key ", path_str(path, key),
+                        " appears twice");
+    };
+    for (const auto& [key, nt] : m.non_tensors) unique(key);
+    for (const auto& [key, leaf_md] : m.leaves) {
+      unique(key);
+      leaf(key, leaf_md, batch);
+    }
+    for (const auto& [key, child] : m.children) {
+      unique(key);
+      TORCH_CHECK_VALUE(!is_reserved_node_key(key), "metadata: nested key ", path_str(path, key),
+                        " collides with a field of the node");
+      path.push_back(key);
+      node(child, batch, depth + 1);
+      path.pop_back();
+    }
+  }
+
+  void leaf(const std::string& key, const LeafMetadata& l, at::IntArrayRef batch) {
+    const auto where = [&] { return path_str(path, key); };
+    check_leaf_dtype(l.dtype, "metadata", where);
+    int64_t numel = 1;
+    for (int64_t d : l.shape) {
+      TORCH_CHECK_VALUE(d >= 0, "metadata: leaf ", where(), " has a negative dim in shape ",
+                        at::IntArrayRef(l.shape));
+      TORCH_CHECK_VALUE(!c10::mul_overflows(numel, d, &numel), "metadata: leaf ", where(),
+                        " has a shape whose size overflows: ", at::IntArrayRef(l.shape));
+    }
+    const int64_t esize = static_cast<int64_t>(c10::elementSize(l.dtype));
+    int64_t nbytes = 0;
+    TORCH_CHECK_VALUE(!c10::mul_overflows(numel, esize, &nbytes), "metadata: leaf ", where(),
+                      " has a shape whose byte size overflows: ", at::IntArrayRef(l.shape));
+    TORCH_CHECK_VALUE(starts_with(l.shape, batch), "metadata: leaf ", where(), " has shape ",
+                      at::IntArrayRef(l.shape), ", which does not start with the batch size ",
+                      batch);
+    TORCH_CHECK_VALUE(l.start >= 0 && l.start % kAlign == 0 && l.stop >= l.start &&
+                          l.stop % kAlign == 0,
+                      "metadata: leaf ", where(), " has the byte range [", l.start, ", ", l.stop,
+                      "); start and stop must be multiples of 8 with 0 <= start <= stop");
+    TORCH_CHECK_VALUE(l.pad >= 0 && l.pad < kAlign && l.stop - l.start - l.pad == nbytes,
+                      "metadata: leaf ", where(), " is ", dtype_name(l.dtype),
+                      at::IntArrayRef(l.shape), " (", nbytes, " bytes) but its range [", l.start,
+                      ", ", l.stop, ") with pad ", l.pad, " holds ", l.stop - l.start - l.pad);
+    TORCH_CHECK_VALUE(!storage_bytes || l.stop <= *storage_bytes, "metadata: leaf ", where(),
+                      " ends at byte ", l.stop, ", past the end of the ", *storage_bytes,
+                      "-byte storage");
+    TORCH_CHECK_VALUE(numel == 0 || (storage_offset + l.start) % esize == 0, "metadata: leaf ",
+                      where(), " starts at byte ", storage_offset + l.start,
+                      " of its storage, which is not a multiple of the ", esize,
+                      "-byte element size of ", dtype_name(l.dtype));
+    if (l.stop > l.start) ranges.push_back({l.start, l.stop, leaf_index});
+    max_stop = std::max(max_stop, l.stop);
+    ++leaf_index;
+  }
+
+  void check_overlaps() {
+    // Depth-first order is already sorted for the reference's layouts: sort only if needed.
+    const auto by_start = [](const Range& a, const Range& b) { return a.start < b.start; };
+    if (!std::is_sorted(ranges.begin(), ranges.end(), by_start)) {
+      std::sort(ranges.begin(), ranges.end(), by_start);
+    }
+    for (size_t i = 1; i < ranges.size(); ++i) {
+      const auto& a = ranges[i - 1];
+      const auto& b = ranges[i];
+      if (b.start >= a.stop) continue;
+      const auto name = [&](int64_t n) {
+        std::vector<std::string> p;
+        return nth_leaf_path(root, n, p);
+      };
+      TORCH_CHECK_VALUE(false, "metadata: leaves ", name(a.leaf), " [", a.start, ", ", a.stop,
+                        ") and ", name(b.leaf), " [", b.start, ", ", b.stop, ") overlap");
+    }
+  }
+};
+
+int64_t validate(const Metadata& m, std::optional<int64_t> storage_bytes, int64_t storage_offset) {
+  Validator v{m, storage_bytes, storage_offset};
+  v.node(m, {}, 0);
+  v.check_overlaps();
+  return v.max_stop;
+}
+
+// ---- consolidate --------------------------------------------------------------------------
+
+// Walks a TensorDict depth first in insertion order, assigning byte ranges and recording the
+// metadata the reference would record.
+struct Planner {
+  std::optional<at::Device> device_override;
+  int64_t offset = 0;
+  std::vector<std::string> path{};
+
+  void node(const TensorDict& td, Metadata& m, int depth, std::vector<at::Tensor>& srcs) {
+    m.cls_metadata = cls_metadata_of(td);
+    if (device_override && td.device()) m.cls_metadata.device = device_override->str();
+    size_t n_leaves = 0;
+    for (const auto& [key, value] : td.entries()) n_leaves += value.is_tensor();
+    m.leaves.reserve(n_leaves);
+    m.children.reserve(td.entries().size() - n_leaves);
+    for (const auto& [key, value] : td.entries()) {
+      if (value.is_tensor()) {
+        m.leaves.emplace_back(key, leaf(key, value.tensor()));
+        srcs.push_back(value.tensor());
+        continue;
+      }
+      TORCH_CHECK_VALUE(!is_reserved_node_key(key), "consolidate: nested key ",
+                        path_str(path, key), " collides with a field of the metadata");
+      TORCH_CHECK_VALUE(depth < kMaxMetadataDepth, "consolidate: ", path_str(path, key),
+                        " is nested deeper than ", kMaxMetadataDepth, " levels");
+      path.push_back(key);
+      node(value.tensordict(), m.children.emplace_back(key, Metadata{}).second, depth + 1, srcs);
+      path.pop_back();
+    }
+  }
+
+  LeafMetadata leaf(const std::string& key, const at::Tensor& t) {
+    TORCH_CHECK_VALUE(t.defined(), "consolidate: leaf ", path_str(path, key), " is undefined");
+    TORCH_CHECK_TYPE(t.layout() == at::kStrided && !t.is_nested(), "consolidate: leaf ",
+                     path_str(path, key), " has layout ", t.layout(),
+                     "; only strided tensors can be consolidated");
+    check_leaf_dtype(t.scalar_type(), "consolidate", [&] { return path_str(path, key); });
+    const int64_t nbytes = t.numel() * static_cast<int64_t>(t.element_size());
+    const int64_t pad = (kAlign - nbytes % kAlign) % kAlign;
+    const int64_t esize = static_cast<int64_t>(t.element_size());
+    // The reference fails here too (view(dtype) needs an aligned storage offset).
+    TORCH_CHECK_VALUE(nbytes == 0 || offset % esize == 0, "consolidate: leaf ",
+                      path_str(path, key), " (", dtype_name(t.scalar_type()),
+                      ") would start at byte ", offset, ", not a multiple of its ", esize,
+                      "-byte element size, so it cannot be a view of the storage");
+    LeafMetadata l{t.scalar_type(), t.sizes().vec(), offset, offset + nbytes + pad, pad};
+    offset = l.stop;
+    return l;
+  }
+};
+
+struct Plan {
+  Metadata metadata;
+  std::vector<at::Tensor> srcs;  // leaves in depth-first insertion order
+  int64_t total = 0;
+};
+
+Plan plan(const TensorDict& td, std::optional<at::Device> device_override = std::nullopt) {
+  Plan p;
+  Planner planner{device_override};
+  planner.node(td, p.metadata, 0, p.srcs);
+  p.total = planner.offset;
+  return p;
+}
+
+// The metadata's leaves in the TensorDict's depth-first insertion order, the order plan() gave
+// the sources (a node lists its leaves before its children, the TensorDict may not).
+void leaves_in_td_order(const TensorDict& td, const Metadata& m,
+                        std::vector<const LeafMetadata*>& out) {
+  size_t li = 0, ci = 0;
+  for (const auto& [key, value] : td.entries()) {
+    if (value.is_tensor()) {
+      out.push_back(&m.leaves[li++].second);
+    } else {
+      leaves_in_td_order(value.tensordict(), m.children[ci++].second, out);
+    }
+  }
+}
+
+at::Tensor allocate_storage(int64_t total, at::Device device, const ConsolidateOptions& o) {
+  if (o.share_memory && device.is_cpu() && total > 0) {
+    // What Python's storage.share_memory_() does under the default file_descriptor strategy,
+    // so that torch.multiprocessing shares the storage without another copy.
+    const int flags = at::ALLOCATOR_MAPPED_SHAREDMEM | at::ALLOCATOR_MAPPED_EXCLUSIVE |
+                      at::ALLOCATOR_MAPPED_KEEPFD | at::ALLOCATOR_MAPPED_UNLINK;
+    auto data = at::MapAllocator::makeDataPtr(at::NewProcessWideShmHandle(), flags,
+                                              static_cast<size_t>(total), nullptr);
+    c10::Storage storage(c10::Storage::use_byte_size_t(), total, std::move(data),
+                         /*allocator=*/nullptr, /*resizable=*/false);
+    return at::empty({0}, at::kByte).set_(std::move(storage), 0, {total}, {1});
+  }
+  at::Tensor storage = at::empty(
+      {total}, at::TensorOptions().dtype(at::kByte).device(device).pinned_memory(o.pin_memory));
+#ifdef __linux__
+  // The copy faults the fresh pages in; with 2 MiB pages (THP in "madvise" mode) there are
+  // 512 times fewer faults, which otherwise cost as much as the copy itself.
+  constexpr uintptr_t kHugePage = uintptr_t{2} << 20;
+  if (device.is_cpu() && !o.pin_memory && total >= int64_t{4} << 20) {
+    const auto p = reinterpret_cast<uintptr_t>(storage.data_ptr());
+    const uintptr_t lo = (p + kHugePage - 1) & ~(kHugePage - 1);
+    const uintptr_t hi = (p + static_cast<uintptr_t>(total)) & ~(kHugePage - 1);
+    if (hi > lo) (void)madvise(reinterpret_cast<void*>(lo), hi - lo, MADV_HUGEPAGE);
+  }
+#endif
+  return storage;
+}
+
+struct Segment {
+  uint8_t* dst;
+  const uint8_t* src;  // nullptr: zero fill (padding)
+  int64_t n;
+};
+
+// Copies the segments' bytes [lo, hi) of their concatenation.
+void run_segments(const std::vector<Segment>& segs, int64_t lo, int64_t hi) {
+  int64_t pos = 0;
+  for (const auto& s : segs) {
+    const int64_t a = std::max(lo, pos), b = std::min(hi, pos + s.n);
+    if (a < b) {
+      if (s.src) {
+        std::memcpy(s.dst + (a - pos), s.src + (a - pos), static_cast<size_t>(b - a));
+      } else {
+        std::memset(s.dst + (a - pos), 0, static_cast<size_t>(b - a));
+      }
+    }
+    pos += s.n;
+    if (pos >= hi) break;
+  }
+}
+
+void copy_leaves(const std::vector<at::Tensor>& srcs, const std::vector<const LeafMetadata*>& leaves,
+                 const at::Tensor& storage, int num_threads) {
+  const bool cpu = storage.is_cpu();
+  uint8_t* base = cpu ? storage.data_ptr<uint8_t>() : nullptr;
+  std::vector<Segment> segs;
+  std::vector<size_t> slow;  // leaves that need ATen's copy (strided, conjugate, other device)
+  int64_t seg_bytes = 0;
+  for (size_t i = 0; i < srcs.size(); ++i) {
+    const auto& t = srcs[i];
+    const auto& l = *leaves[i];
+    const int64_t n = l.stop - l.start - l.pad;
+    const bool fast = cpu && t.is_cpu() && t.is_contiguous() && !t.is_conj() && !t.is_neg();
+    if (n > 0 && fast) {
+      segs.push_back({base + l.start, static_cast<const uint8_t*>(t.const_data_ptr()), n});
+      seg_bytes += n;
+    } else if (n > 0) {
+      slow.push_back(i);
+    }
+    if (l.pad > 0 && cpu) {
+      segs.push_back({base + l.stop - l.pad, nullptr, l.pad});
+      seg_bytes += l.pad;
+    } else if (l.pad > 0) {
+      storage.narrow(0, l.stop - l.pad, l.pad).zero_();
+    }
+  }
+  // More threads than cores only add switches to a bandwidth-bound copy.
+  const int64_t cores = std::max<int64_t>(std::thread::hardware_concurrency(), 1);
+  const int64_t k = std::clamp<int64_t>(seg_bytes / kMinBytesPerThread, 1,
+                                        std::min<int64_t>(std::max(num_threads, 1), cores));
+  {
+    std::vector<std::jthread> workers;  // joined on scope exit, also if a slow copy throws
+    for (int64_t t = 1; t < k; ++t) {
+      workers.emplace_back([&, t] { run_segments(segs, seg_bytes * t / k, seg_bytes * (t + 1) / k); });
+    }
+    run_segments(segs, 0, seg_bytes / k);
+    for (size_t i : slow) leaf_view(storage, *leaves[i]).copy_(srcs[i]);
+  }
+}
+
+// Whether td still holds exactly the views that `m` describes. A level mutated through its own
+// handle does not clear its parents' state, so the state alone is not proof.
+bool views_match(const TensorDict& td, const Metadata& m, const at::Tensor& storage) {
+  const auto& impl = TensorDictImpl::of(td);
+  if (impl.entries.size() != m.leaves.size() + m.children.size() + m.non_tensors.size()) {
+    return false;
+  }
+  const auto* base = static_cast<const uint8_t*>(storage.const_data_ptr());
+  for (const auto& [key, l] : m.leaves) {
+    const Value* v = impl.find(key);
+    if (!v || !v->is_tensor()) return false;
+    const at::Tensor& t = v->tensor();
+    if (t.scalar_type() != l.dtype || t.sizes() != at::IntArrayRef(l.shape)) return false;
+    if (t.numel() > 0 && (!t.is_contiguous() || !t.storage().is_alias_of(storage.storage()) ||
+                          static_cast<const uint8_t*>(t.const_data_ptr()) != base + l.start)) {
+      return false;
+    }
+  }
+  for (const auto& [key, child] : m.children) {
+    const Value* v = impl.find(key);
+    if (!v || !v->is_tensordict() || !views_match(v->tensordict(), child, storage)) return false;
+  }
+  return true;
+}
+
+// Writes td's current batch sizes and devices into `out` (a copy of m), as the reference's
+// _update_consolidated_metadata does before reusing a consolidation; with out == nullptr,
+// only says whether anything differs.
+bool refresh_metadata(const TensorDict& td, const Metadata& m, Metadata* out) {
+  bool changed = false;
+  const auto bs = td.batch_size();
+  if (!std::equal(bs.begin(), bs.end(), m.cls_metadata.batch_size.begin(),
+                  m.cls_metadata.batch_size.end())) {
+    changed = true;
+    if (out) {
+      out->cls_metadata.batch_size.assign(bs.begin(), bs.end());
+      out->cls_metadata.names.assign(bs.size(), std::nullopt);
+    }
+  }
+  const auto& impl = TensorDictImpl::of(td);
+  for (size_t i = 0; i < m.children.size(); ++i) {
+    const Value* v = impl.find(m.children[i].first);
+    if (v && v->is_tensordict()) {
+      changed |= refresh_metadata(v->tensordict(), m.children[i].second,
+                                  out ? &out->children[i].second : nullptr);
+    }
+  }
+  return changed;
+}
+
+TensorDict consolidate_impl(const TensorDict& td, const ConsolidateOptions& o) {
+  TORCH_CHECK_VALUE(o.num_threads >= 0, "consolidate: num_threads must be >= 0, got ",
+                    o.num_threads);
+  const at::Device device = o.device ? *o.device : td.device().value_or(at::Device(at::kCPU));
+  const bool moved = o.device && td.device() && *td.device() != *o.device;
+  Plan p = plan(td, moved ? o.device : std::nullopt);
+  at::Tensor storage = allocate_storage(p.total, device, o);
+  std::vector<const LeafMetadata*> leaves;
+  leaves.reserve(p.srcs.size());
+  leaves_in_td_order(td, p.metadata, leaves);
+  copy_leaves(p.srcs, leaves, storage, o.num_threads);
+
+  // The result mirrors td's entry order; its leaves are views of the storage.
+  const auto build = [&](const auto& self, const TensorDict& src, const Metadata& m) -> TensorDict {
+    auto dev = src.device();
+    if (dev && moved) dev = device;
+    auto bs = src.batch_size();
+    TensorDict out = TensorDictImpl::make(std::vector<int64_t>(bs.begin(), bs.end()), dev);
+    auto& impl = TensorDictImpl::of(out);
+    size_t li = 0, ci = 0;
+    for (const auto& [key, value] : src.entries()) {
+      if (value.is_tensor()) {
+        impl.put(key, leaf_view(storage, m.leaves[li++].second));
+      } else {
+        impl.put(key, self(self, value.tensordict(), m.children[ci++].second));
+      }
+    }
+    return out;
+  };
+  TensorDict result = build(build, td, p.metadata);
+  result.lock_();
+  result.set_consolidated_state(std::make_shared<const ConsolidatedState>(ConsolidatedState{
+      storage, std::make_shared<const Metadata>(std::move(p.metadata))}));
+  return result;
+}
+
+TensorDict rebuild_node(const std::shared_ptr<const Metadata>& root, const Metadata& m,
+                        const at::Tensor& storage, std::vector<std::string>& path) {
+  TORCH_CHECK_VALUE(m.non_tensors.empty(), "rebuild: non-tensor entry ",
+                    path_str(path, m.non_tensors.empty() ? "" : m.non_tensors.front().first),
+                    " is not supported yet");
+  const auto& cm = m.cls_metadata;
+  // The peer's device label is not trusted: the data lives where the storage is.
+  TensorDict td = TensorDictImpl::make(
+      cm.batch_size, cm.device ? std::optional<at::Device>(storage.device()) : std::nullopt);
+  auto& impl = TensorDictImpl::of(td);
+  for (const auto& [key, leaf] : m.leaves) impl.put(key, leaf_view(storage, leaf));
+  for (const auto& [key, child] : m.children) {
+    path.push_back(key);
+    impl.put(key, rebuild_node(root, child, storage, path));
+    path.pop_back();
+  }
+  if (cm.is_locked) td.lock_();
+  td.set_consolidated_state(std::make_shared<const ConsolidatedState>(
+      ConsolidatedState{storage, std::shared_ptr<const Metadata>(root, &m)}));
+  return td;
+}
+
+}  // namespace
+
+TensorDict consolidate(const TensorDict& td, const ConsolidateOptions& options) {
+  if (auto state = td.consolidated_state(); state && views_match(td, *state->metadata, state->storage)) {
+    // As the reference: a pinned copy is made only when asked for and possible.
+    const bool repin = options.pin_memory && state->storage.is_cpu() &&
+                       at::getAccelerator(false).has_value() && !state->storage.is_pinned();
+    if (!repin) {
+      if (refresh_metadata(td, *state->metadata, nullptr)) {
+        auto fresh = std::make_shared<Metadata>(*state->metadata);
+        refresh_metadata(td, *state->metadata, fresh.get());
+        TensorDict(td).set_consolidated_state(std::make_shared<const ConsolidatedState>(
+            ConsolidatedState{state->storage, std::move(fresh)}));
+      }
+      return td;
+    }
+  }
+  return consolidate_impl(td, options);
+}
+
+bool is_consolidated(const TensorDict& td) {
+  auto state = td.consolidated_state();
+  return state && views_match(td, *state->metadata, state->storage);
+}
+
+at::Tensor consolidated_storage(const TensorDict& td) {
+  auto state = td.consolidated_state();
+  TORCH_CHECK(state, "consolidated_storage: the TensorDict is not consolidated");
+  return state->storage;
+}
+
+std::shared_ptr<const Metadata> consolidated_metadata(const TensorDict& td) {
+  auto state = td.consolidated_state();
+  TORCH_CHECK(state, "consolidated_metadata: the TensorDict is not consolidated");
+  return state->metadata;
+}
+
+Metadata metadata_of(const TensorDict& td) { return plan(td).metadata; }
+
+int64_t metadata_storage_bytes(const Metadata& metadata) {
+  return validate(metadata, std::nullopt, 0);
+}
+
+TensorDict rebuild(Metadata metadata, const at::Tensor& storage) {
+  TORCH_CHECK_VALUE(storage.defined() && storage.scalar_type() == at::kByte && storage.dim() == 1 &&
+                        (storage.numel() <= 1 || storage.stride(0) == 1),
+                    "rebuild: the storage must be a 1-D contiguous uint8 tensor, got ",
+                    storage.defined() ? storage.toString() : std::string("an undefined tensor"),
+                    storage.defined() ? c10::str(storage.sizes(), " with strides ", storage.strides())
+                                      : std::string());
+  validate(metadata, storage.numel(), storage.storage_offset());
+  auto root = std::make_shared<const Metadata>(std::move(metadata));
+  std::vector<std::string> path{};
+  return rebuild_node(root, *root, storage, path);
+}
+
+}  // namespace tensordict

@@ -1,0 +1,633 @@
+// consolidate(): layout, views, options; metadata JSON; rebuild and its validation of
+// untrusted metadata. Byte-compatibility with the reference is proven by
+// tests/python/test_consolidate_compat.py; here the layout rules of wire-format.md §3 are
+// checked directly.
+#include <ATen/ATen.h>
+#include <ATen/MapAllocator.h>
+#include <gtest/gtest.h>
+
+#include <cstring>
+#include <string>
+
+#include "tensordict/consolidate.h"
+#include "tensordict/tensor_dict.h"
+
+using namespace tensordict;
+
+namespace {
+
+#define EXPECT_THROW_MSG(stmt, E, needle)                                                \
+  do {                                                                                   \
+    try {                                                                                \
+      stmt;                                                                              \
+      ADD_FAILURE() << "expected " #E;                                                   \
+    } catch (const E& e) {                                                               \
+      EXPECT_NE(std::string(e.what_without_backtrace()).find(needle), std::string::npos) \
+          << e.what_without_backtrace();                                                 \
+    }                                                                                    \
+  } while (0)
+
+// wire-format.md §3.4: a=float32[4], b=float32[4,3], c={d: int64[4]}, batch [4].
+TensorDict worked_example() {
+  TensorDict c({{"d", at::arange(4, at::kLong)}}, {4});
+  return TensorDict({{"a", at::arange(4, at::kFloat)},
+                     {"b", at::arange(12, at::kFloat).view({4, 3})},
+                     {"c", c}},
+                    {4});
+}
+
+const uint8_t* bytes(const at::Tensor& t) { return static_cast<const uint8_t*>(t.const_data_ptr()); }
+
+bool same_bytes(const at::Tensor& a, const at::Tensor& b) {
+  auto ca = a.contiguous(), cb = b.contiguous();
+  return ca.scalar_type() == cb.scalar_type() && ca.sizes() == cb.sizes() &&
+         std::memcmp(ca.const_data_ptr(), cb.const_data_ptr(), ca.nbytes()) == 0;
+}
+
+// A leaf is a view of the storage when it shares its memory and lies inside it.
+bool is_view_of(const at::Tensor& leaf, const at::Tensor& storage) {
+  if (!leaf.storage().is_alias_of(storage.storage())) return false;
+  const auto* p = static_cast<const uint8_t*>(leaf.const_data_ptr());
+  return leaf.numel() == 0 ||
+         (p >= bytes(storage) && p + leaf.nbytes() <= bytes(storage) + storage.numel());
+}
+
+void expect_all_views(const TensorDict& td, const at::Tensor& storage) {
+  for (const auto& [key, value] : td.items({.include_nested = true, .leaves_only = true})) {
+    EXPECT_TRUE(is_view_of(value.tensor(), storage)) << key;
+  }
+}
+
+void expect_same_leaves(const TensorDict& a, const TensorDict& b) {
+  auto ia = a.items({.include_nested = true, .leaves_only = true});
+  auto ib = b.items({.include_nested = true, .leaves_only = true});
+  ASSERT_EQ(ia.size(), ib.size());
+  for (size_t i = 0; i < ia.size(); ++i) {
+    EXPECT_EQ(ia[i].first, ib[i].first);
+    EXPECT_TRUE(same_bytes(ia[i].second.tensor(), ib[i].second.tensor())) << ia[i].first;
+  }
+}
+
+}  // namespace
+
+// ---- layout ---------------------------------------------------------------------------------
+
+TEST(ConsolidateLayout, WorkedExample) {
+  TensorDict td = worked_example();
+  TensorDict c = consolidate(td);
+  EXPECT_TRUE(is_consolidated(c));
+  EXPECT_FALSE(is_consolidated(td));
+  EXPECT_TRUE(c.is_locked());
+  at::Tensor s = consolidated_storage(c);
+  EXPECT_EQ(s.scalar_type(), at::kByte);
+  ASSERT_EQ(s.numel(), 96);
+  EXPECT_EQ(std::memcmp(bytes(s), td.get("a").tensor().const_data_ptr(), 16), 0);
+  EXPECT_EQ(std::memcmp(bytes(s) + 16, td.get("b").tensor().const_data_ptr(), 48), 0);
+  EXPECT_EQ(std::memcmp(bytes(s) + 64, td.get({"c", "d"}).tensor().const_data_ptr(), 32), 0);
+
+  Metadata expected;
+  expected.leaves = {{"a", {at::kFloat, {4}, 0, 16, 0}}, {"b", {at::kFloat, {4, 3}, 16, 64, 0}}};
+  expected.cls_metadata = {std::nullopt, {std::nullopt}, {4}, false};
+  Metadata child;
+  child.leaves = {{"d", {at::kLong, {4}, 64, 96, 0}}};
+  child.cls_metadata = expected.cls_metadata;
+  expected.children = {{"c", child}};
+  EXPECT_EQ(*consolidated_metadata(c), expected);
+  EXPECT_EQ(metadata_of(td), expected);
+  EXPECT_EQ(metadata_storage_bytes(expected), 96);
+}
+
+TEST(ConsolidateLayout, WorkedExampleSortedJsonIsThePipeLine) {
+  // The 449-byte line of wire-format.md §3.4 (its sha256 is checked by the Python tests).
+  const std::string line =
+      R"({"_device": "cpu", "_total_bytes": 96, "c": {"cls": "TensorDict", "cls_metadata": )"
+      R"({"batch_size": [4], "device": null, "is_locked": false, "names": [null]}, "leaves": )"
+      R"({"d": ["torch.int64", [4], 64, 96, 0]}, "non_tensors": {}}, "cls": "TensorDict", )"
+      R"("cls_metadata": {"batch_size": [4], "device": null, "is_locked": false, "names": )"
+      R"([null]}, "leaves": {"a": ["torch.float32", [4], 0, 16, 0], "b": ["torch.float32", )"
+      R"([4, 3], 16, 64, 0]}, "non_tensors": {}})";
+  ASSERT_EQ(line.size(), 449u);
+  auto meta = metadata_of(worked_example());
+  EXPECT_EQ(metadata_to_json(meta, true, {{"_total_bytes", int64_t{96}}, {"_device", "cpu"}}),
+            line);
+  TransportFields transport;
+  EXPECT_EQ(metadata_from_json(line, &transport), meta);
+  EXPECT_EQ(transport, (TransportFields{{"_device", "cpu"}, {"_total_bytes", int64_t{96}}}));
+}
+
+TEST(ConsolidateLayout, UnsortedJsonFollowsInsertionOrder) {
+  auto json = metadata_to_json(metadata_of(worked_example()));
+  EXPECT_EQ(json,
+            R"({"cls": "TensorDict", "non_tensors": {}, "leaves": {"a": ["torch.float32", [4], )"
+            R"(0, 16, 0], "b": ["torch.float32", [4, 3], 16, 64, 0]}, "cls_metadata": )"
+            R"({"device": null, "names": [null], "batch_size": [4], "is_locked": false}, "c": )"
+            R"({"cls": "TensorDict", "non_tensors": {}, "leaves": {"d": ["torch.int64", [4], )"
+            R"(64, 96, 0]}, "cls_metadata": {"device": null, "names": [null], "batch_size": )"
+            R"([4], "is_locked": false}}})");
+}
+
+TEST(ConsolidateLayout, PaddingIsZero) {
+  // Recycle a 32-byte block full of 0xff first, so that unzeroed padding would show.
+  {
+    TensorDict ff({{"x", at::full({32}, 255, at::kByte)}});
+    (void)consolidate(ff);
+  }
+  TensorDict td({{"x", at::ones({3})}, {"y", at::ones({5}, at::kBool)}, {"z", at::ones({}, at::kDouble)}});
+  TensorDict c = consolidate(td);
+  const auto& leaves = consolidated_metadata(c)->leaves;
+  EXPECT_EQ(leaves[0].second, (LeafMetadata{at::kFloat, {3}, 0, 16, 4}));
+  EXPECT_EQ(leaves[1].second, (LeafMetadata{at::kBool, {5}, 16, 24, 3}));
+  EXPECT_EQ(leaves[2].second, (LeafMetadata{at::kDouble, {}, 24, 32, 0}));
+  at::Tensor s = consolidated_storage(c);
+  ASSERT_EQ(s.numel(), 32);
+  for (int i : {12, 13, 14, 15, 21, 22, 23}) EXPECT_EQ(bytes(s)[i], 0) << i;
+  EXPECT_EQ(c.get("z").tensor().dim(), 0);
+  expect_same_leaves(c, td);
+}
+
+TEST(ConsolidateLayout, DepthFirstInsertionOrder) {
+  // A nested level before a leaf: its leaves come first; keys are not sorted.
+  TensorDict inner({{"z", at::ones({2})}, {"a", at::ones({1}, at::kLong)}});
+  TensorDict td({{"n", inner}, {"b", at::ones({3}, at::kShort)}, {"a", at::ones({1})}});
+  TensorDict c = consolidate(td);
+  auto m = consolidated_metadata(c);
+  EXPECT_EQ(m->children[0].second.leaves[0].second.start, 0);   // n/z
+  EXPECT_EQ(m->children[0].second.leaves[1].second.start, 8);   // n/a
+  EXPECT_EQ(m->leaves[0], (std::pair<std::string, LeafMetadata>{"b", {at::kShort, {3}, 16, 24, 2}}));
+  EXPECT_EQ(m->leaves[1].second.start, 24);
+  std::vector<std::string> keys;
+  for (const auto& [k, v] : c.entries()) keys.push_back(k);
+  EXPECT_EQ(keys, (std::vector<std::string>{"n", "b", "a"}));  // the result keeps td's order
+  expect_same_leaves(c, td);
+}
+
+TEST(ConsolidateLayout, LeavesAreViewsOfTheStorage) {
+  TensorDict deep({{"x", at::zeros({2, 2})}});
+  TensorDict mid({{"deep", deep}, {"y", at::zeros({3}, at::kInt)}});
+  TensorDict td({{"mid", mid}, {"z", at::zeros({}, at::kDouble)}});
+  TensorDict c = consolidate(td);
+  at::Tensor s = consolidated_storage(c);
+  expect_all_views(c, s);
+  // As in the reference, only the root carries the state (a rebuild marks every level).
+  EXPECT_FALSE(is_consolidated(c.get("mid").tensordict()));
+  s.fill_(1);  // writing the storage changes every leaf, nested ones included
+  EXPECT_EQ(c.get({"mid", "deep", "x"}).tensor().view(at::kInt).eq(0x01010101).all().item<bool>(), true);
+  EXPECT_EQ(c.get({"mid", "y"}).tensor().eq(0x01010101).all().item<bool>(), true);
+  EXPECT_EQ(c.get("z").tensor().view({1}).view(at::kLong).item<int64_t>(), 0x0101010101010101);
+  EXPECT_TRUE(td.get({"mid", "deep", "x"}).tensor().eq(0).all().item<bool>());  // a copy
+}
+
+TEST(ConsolidateLayout, NonContiguousLeavesAreCopiedContiguous) {
+  at::Tensor base = at::arange(24, at::kFloat).view({4, 6});
+  TensorDict td({{"t", base.t()},
+                 {"step", base.slice(1, 0, 6, 2)},
+                 {"expand", at::arange(3, at::kLong).expand({4, 3})},
+                 {"offset", base.select(0, 1)},
+                 {"conj", at::complex(at::ones({3}), at::arange(3, at::kFloat)).conj()},
+                 {"neg", at::_neg_view(at::arange(3, at::kFloat))}});
+  TensorDict c = consolidate(td);
+  for (const auto& [key, value] : c.entries()) {
+    const auto& t = value.tensor();
+    EXPECT_TRUE(t.is_contiguous()) << key;
+    EXPECT_FALSE(t.is_conj()) << key;
+    EXPECT_TRUE(at::equal(t, td.get(key).tensor().resolve_conj().resolve_neg())) << key;
+  }
+  expect_all_views(c, consolidated_storage(c));
+}
+
+TEST(ConsolidateLayout, EmptyAndZeroDimLeaves) {
+  TensorDict td({{"e", at::ones({0, 3})}, {"s", at::full({}, 7, at::kLong)}, {"e2", at::ones({0}, at::kComplexDouble)},
+                 {"one", at::ones({1}, at::kByte)}, {"c", at::ones({2}, at::kComplexDouble)}});
+  TensorDict c = consolidate(td);
+  auto m = consolidated_metadata(c);
+  EXPECT_EQ(m->leaves[0].second, (LeafMetadata{at::kFloat, {0, 3}, 0, 0, 0}));
+  EXPECT_EQ(m->leaves[1].second, (LeafMetadata{at::kLong, {}, 0, 8, 0}));
+  EXPECT_EQ(m->leaves[2].second, (LeafMetadata{at::kComplexDouble, {0}, 8, 8, 0}));
+  EXPECT_EQ(m->leaves[3].second, (LeafMetadata{at::kByte, {1}, 8, 16, 7}));
+  EXPECT_EQ(m->leaves[4].second, (LeafMetadata{at::kComplexDouble, {2}, 16, 48, 0}));
+  expect_same_leaves(c, td);
+  EXPECT_EQ(c.get("s").tensor().item<int64_t>(), 7);
+  expect_same_leaves(rebuild(*m, consolidated_storage(c)), td);
+}
+
+TEST(ConsolidateLayout, EmptyTensorDictAndEmptyNestedLevel) {
+  TensorDict empty;
+  TensorDict c = consolidate(empty);
+  EXPECT_EQ(consolidated_storage(c).numel(), 0);
+  TensorDict td({{"x", at::ones({1})}, {"sub", TensorDict()}});
+  auto m = metadata_of(td);
+  ASSERT_EQ(m.children.size(), 1u);  // kept, as the reference keeps it
+  TensorDict r = rebuild(m, consolidated_storage(consolidate(td)));
+  EXPECT_TRUE(r.get("sub").is_tensordict());
+}
+
+TEST(ConsolidateLayout, EveryWireDtypeRoundTrips) {
+  std::vector<TensorDict::Entry> entries;
+  for (auto t : {at::kBFloat16, at::kBool, at::kComplexDouble, at::kComplexHalf, at::kComplexFloat,
+                 at::kHalf, at::kFloat, at::kDouble, at::kShort, at::kInt, at::kLong, at::kChar,
+                 at::kByte, at::kUInt16, at::kUInt32, at::kUInt64}) {
+    // Random bytes, viewed: the round trip must keep bit patterns, NaNs included.
+    const int64_t n = 3;
+    auto raw = at::randint(0, t == at::kBool ? 2 : 256, {n * int64_t(c10::elementSize(t))}, at::kByte);
+    entries.emplace_back(std::string(c10::toString(t)), raw.view(t));
+  }
+  TensorDict td(entries);
+  TensorDict c = consolidate(td);
+  expect_same_leaves(c, td);
+  TensorDict r = rebuild(*consolidated_metadata(c), consolidated_storage(c).clone());
+  expect_same_leaves(r, td);
+}
+
+TEST(ConsolidateLayout, BatchSizeDeviceAndLockAreRecorded) {
+  TensorDict inner({{"x", at::ones({2, 3, 4})}}, {2, 3});
+  TensorDict td({{"inner", inner}, {"y", at::ones({2})}}, {2}, at::Device(at::kCPU));
+  td.lock_();
+  auto m = metadata_of(td);
+  EXPECT_EQ(m.cls_metadata, (ClsMetadata{"cpu", {std::nullopt}, {2}, true}));
+  EXPECT_EQ(m.children[0].second.cls_metadata,
+            (ClsMetadata{"cpu", {std::nullopt, std::nullopt}, {2, 3}, true}));
+  TensorDict c = consolidate(td);
+  EXPECT_EQ(c.device(), at::Device(at::kCPU));
+  EXPECT_EQ(c.get("inner").tensordict().batch_size(), at::IntArrayRef({2, 3}));
+}
+
+// ---- options and identity ---------------------------------------------------------------------
+
+TEST(ConsolidateOptions, ReturnsItselfWhenConsolidated) {
+  TensorDict c = consolidate(worked_example());
+  EXPECT_TRUE(consolidate(c).is_same(c));
+  EXPECT_TRUE(consolidate(c, {.num_threads = 4}).is_same(c));
+}
+
+TEST(ConsolidateOptions, ThreadsGiveTheSameBytes) {
+  std::vector<TensorDict::Entry> entries;
+  for (int i = 0; i < 12; ++i) {
+    // Odd sizes so that pads fall inside the chunks; a transposed leaf takes the slow path.
+    entries.emplace_back("k" + std::to_string(i), at::randint(0, 255, {(i + 1) * 300001 + i}, at::kByte));
+  }
+  entries.emplace_back("t", at::randn({300, 500}).t());
+  TensorDict td(entries);
+  at::Tensor one = consolidated_storage(consolidate(td));
+  for (int threads : {2, 3, 8}) {
+    TensorDict c = consolidate(td, {.num_threads = threads});
+    EXPECT_TRUE(at::equal(consolidated_storage(c), one)) << threads;
+    expect_same_leaves(c, td);
+  }
+  EXPECT_THROW_MSG(consolidate(td, {.num_threads = -1}), c10::ValueError, "num_threads");
+}
+
+TEST(ConsolidateOptions, ShareMemoryUsesASharedMapping) {
+  TensorDict c = consolidate(worked_example(), {.share_memory = true});
+  at::Tensor s = consolidated_storage(c);
+  auto* map = at::MapAllocator::fromDataPtr(s.storage().data_ptr());
+  ASSERT_NE(map, nullptr);
+  EXPECT_TRUE(map->flags() & at::ALLOCATOR_MAPPED_SHAREDMEM);
+  expect_same_leaves(c, worked_example());
+  expect_all_views(c, s);
+}
+
+TEST(ConsolidateOptions, DeviceOption) {
+  TensorDict c = consolidate(worked_example(), {.device = at::Device(at::kCPU)});
+  EXPECT_TRUE(consolidated_storage(c).is_cpu());
+  EXPECT_FALSE(c.device().has_value());  // the TensorDict had none
+  if (!at::hasCUDA()) GTEST_SKIP() << "no CUDA device";
+  TensorDict g = consolidate(worked_example(), {.device = at::Device(at::kCUDA, 0)});
+  EXPECT_TRUE(consolidated_storage(g).is_cuda());
+  expect_same_leaves(g.to(at::Device(at::kCPU)), worked_example());
+}
+
+TEST(ConsolidateOptions, StaleBatchSizeIsRefreshed) {
+  TensorDict c = consolidate(worked_example());
+  c.unlock_();
+  TensorDict(c.get("c").tensordict()).set_batch_size({});
+  c.set_batch_size({});
+  TensorDict again = consolidate(c);
+  EXPECT_EQ(consolidated_metadata(again)->cls_metadata.batch_size, std::vector<int64_t>{});
+  EXPECT_EQ(consolidated_metadata(again)->children[0].second.cls_metadata.names.size(), 0u);
+}
+
+// ---- consolidate errors ---------------------------------------------------------------------
+
+TEST(ConsolidateErrors, DtypeWithoutWireName) {
+  TensorDict td({{"f8", at::zeros({2}).to(at::kFloat8_e4m3fn)}});
+  EXPECT_THROW_MSG(consolidate(td), c10::ValueError, "torch.float8_e4m3fn");
+}
+
+TEST(ConsolidateErrors, MisalignedWideElement) {
+  // complex128 at byte 8: the reference's view(dtype) fails the same way.
+  TensorDict td({{"a", at::ones({2})}, {"b", at::ones({1}, at::kComplexDouble)}});
+  EXPECT_THROW_MSG(consolidate(td), c10::ValueError, "'b' (torch.complex128) would start at byte 8");
+}
+
+TEST(ConsolidateErrors, NestedKeyNamedLikeAMetadataField) {
+  TensorDict td({{"leaves", TensorDict({{"x", at::ones({1})}})}});
+  EXPECT_THROW_MSG(consolidate(td), c10::ValueError, "'leaves' collides");
+}
+
+TEST(ConsolidateErrors, SparseLeaf) {
+  TensorDict td({{"s", at::eye(3).to_sparse()}});
+  EXPECT_THROW_MSG(consolidate(td), c10::TypeError, "only strided");
+}
+
+// ---- JSON --------------------------------------------------------------------------------------
+
+TEST(ConsolidateJson, EscapesLikePython) {
+  Metadata m;
+  m.leaves = {{"\xc3\xa9\x7f\xe2\x80\xa8\xf0\x9f\x98\x80\"\\\n\x01", {at::kFloat, {0}, 0, 0, 0}}};
+  auto json = metadata_to_json(m);
+  EXPECT_NE(json.find(R"("\u00e9\u007f\u2028\ud83d\ude00\"\\\n\u0001": ["torch.float32")"),
+            std::string::npos)
+      << json;
+  EXPECT_EQ(metadata_from_json(json), m);
+}
+
+TEST(ConsolidateJson, InvalidUtf8KeyIsRefused) {
+  Metadata m;
+  m.leaves = {{"bad\xff", {at::kFloat, {0}, 0, 0, 0}}};
+  EXPECT_THROW_MSG(metadata_to_json(m), c10::ValueError, "not valid UTF-8");
+  m.leaves = {{"\xed\xa0\x80", {at::kFloat, {0}, 0, 0, 0}}};  // an encoded surrogate
+  EXPECT_THROW_MSG(metadata_to_json(m), c10::ValueError, "not valid UTF-8");
+}
+
+TEST(ConsolidateJson, RoundTripSortedAndUnsorted) {
+  TensorDict inner({{"q", at::ones({2, 2}, at::kBool)}}, {2});
+  TensorDict td({{"z", at::ones({2, 3})}, {"A", inner}, {"_p", TensorDict({}, {2})}}, {2});
+  auto m = metadata_of(td);
+  for (bool sort : {false, true}) {
+    EXPECT_EQ(metadata_from_json(metadata_to_json(m, sort)), m) << sort;
+  }
+}
+
+TEST(ConsolidateJson, NonTensorEntriesSurviveTheText) {
+  Metadata m;
+  m.non_tensors = {{"s", {R"({"b": [1, 2.5, "x"], "a": null})", {}, std::nullopt}}};
+  auto json = metadata_to_json(m);
+  EXPECT_NE(json.find(R"("non_tensors": {"s": [{"b": [1, 2.5, "x"], "a": null}, [], null]})"),
+            std::string::npos)
+      << json;
+  EXPECT_NE(metadata_to_json(m, true).find(R"([{"a": null, "b": [1, 2.5, "x"]}, [], null])"),
+            std::string::npos);
+  EXPECT_EQ(metadata_from_json(json), m);
+}
+
+// ---- rebuild -----------------------------------------------------------------------------------
+
+TEST(ConsolidateRebuild, LeavesAreViewsAndEveryLevelIsConsolidated) {
+  TensorDict c = consolidate(worked_example());
+  at::Tensor s = consolidated_storage(c).clone();
+  auto m = *consolidated_metadata(c);
+  m.children[0].second.cls_metadata.is_locked = true;
+  m.cls_metadata.device = "cpu";
+  TensorDict r = rebuild(m, s);
+  expect_same_leaves(r, worked_example());
+  expect_all_views(r, s);
+  EXPECT_TRUE(is_consolidated(r));
+  EXPECT_FALSE(r.is_locked());
+  EXPECT_EQ(r.device(), at::Device(at::kCPU));
+  TensorDict sub = r.get("c").tensordict();
+  EXPECT_TRUE(sub.is_locked());
+  EXPECT_TRUE(is_consolidated(sub));
+  EXPECT_EQ(*consolidated_metadata(sub), m.children[0].second);  // its own node
+  EXPECT_TRUE(consolidated_storage(sub).is_same(s));               // the whole storage
+  s[64] = 9;
+  EXPECT_EQ(sub.get("d").tensor()[0].item<int64_t>(), 9);
+}
+
+TEST(ConsolidateRebuild, MutationEndsConsolidation) {
+  TensorDict c = consolidate(worked_example());
+  at::Tensor s = consolidated_storage(c);
+  TensorDict r = rebuild(*consolidated_metadata(c), s);  // unlocked, as the metadata says
+  TensorDict sub = r.get("c").tensordict();
+  sub.set("e", at::ones({4}));  // through the nested level's own handle
+  EXPECT_FALSE(is_consolidated(sub));
+  EXPECT_FALSE(is_consolidated(r));
+  TensorDict again = consolidate(r);
+  EXPECT_FALSE(again.is_same(r));
+  EXPECT_EQ(consolidated_storage(again).numel(), 96 + 16);
+  TensorDict r2 = rebuild(*consolidated_metadata(c), s);
+  r2.set("a", at::zeros({4}));  // replaced by a tensor outside the storage
+  EXPECT_FALSE(is_consolidated(r2));
+  TensorDict r3 = rebuild(*consolidated_metadata(c), s);
+  r3.set_("a", at::zeros({4}));  // written in place: still the same views
+  EXPECT_TRUE(is_consolidated(r3));
+  EXPECT_TRUE(consolidate(r3).is_same(r3));
+}
+
+TEST(ConsolidateRebuild, TransportKeysAndSizeAreIgnored) {
+  TensorDict c = consolidate(worked_example());
+  auto json = metadata_to_json(*consolidated_metadata(c), false,
+                               {{"_total_bytes", int64_t{96}}, {"_storage_device", "cpu"},
+                                {"_tensorclass_type", "m.C"}, {"size", int64_t{96}}});
+  TransportFields transport;
+  auto m = metadata_from_json(json, &transport);
+  EXPECT_EQ(transport.size(), 3u);
+  EXPECT_EQ(m, *consolidated_metadata(c));
+  expect_same_leaves(rebuild(m, consolidated_storage(c)), worked_example());
+}
+
+TEST(ConsolidateRebuild, UnderscoreObjectAtTheTopIsANestedLevel) {
+  TensorDict td({{"_private", TensorDict({{"x", at::ones({2})}})}});
+  TensorDict c = consolidate(td);
+  TransportFields transport;
+  auto m = metadata_from_json(metadata_to_json(*consolidated_metadata(c)), &transport);
+  EXPECT_TRUE(transport.empty());
+  expect_same_leaves(rebuild(m, consolidated_storage(c)), td);
+}
+
+TEST(ConsolidateRebuild, StorageWithAnOffset) {
+  // Bounds and alignment are judged against the storage view, not its allocation.
+  TensorDict c = consolidate(worked_example());
+  at::Tensor big = at::zeros({200}, at::kByte);
+  big.narrow(0, 8, 96).copy_(consolidated_storage(c));
+  expect_same_leaves(rebuild(*consolidated_metadata(c), big.narrow(0, 8, 96)), worked_example());
+  EXPECT_THROW_MSG(rebuild(*consolidated_metadata(c), big.narrow(0, 8, 95)), c10::ValueError,
+                   "past the end of the 95-byte storage");
+  Metadata m;
+  m.leaves = {{"d", {at::kDouble, {1}, 0, 8, 0}}};
+  EXPECT_THROW_MSG(rebuild(m, big.narrow(0, 4, 16)), c10::ValueError,
+                   "starts at byte 4 of its storage");
+}
+
+TEST(ConsolidateRebuild, BadStorage) {
+  Metadata m;
+  EXPECT_THROW_MSG(rebuild(m, at::zeros({8})), c10::ValueError, "1-D contiguous uint8");
+  EXPECT_THROW_MSG(rebuild(m, at::zeros({2, 4}, at::kByte)), c10::ValueError, "1-D contiguous uint8");
+  EXPECT_THROW_MSG(rebuild(m, at::zeros({16}, at::kByte).slice(0, 0, 16, 2)), c10::ValueError,
+                   "1-D contiguous uint8");
+  EXPECT_THROW_MSG(rebuild(m, at::Tensor()), c10::ValueError, "undefined");
+}
+
+TEST(ConsolidateRebuild, NestedKeyNamedLikeAField) {
+  Metadata m;
+  m.children = {{"cls_metadata", Metadata{}}};
+  EXPECT_THROW_MSG(rebuild(m, at::zeros({0}, at::kByte)), c10::ValueError, "'cls_metadata' collides");
+}
+
+TEST(ConsolidateRebuild, TooDeep) {
+  Metadata m;
+  for (int i = 0; i <= kMaxMetadataDepth; ++i) {
+    Metadata parent;
+    parent.children = {{"n", std::move(m)}};
+    m = std::move(parent);
+  }
+  EXPECT_THROW_MSG(metadata_storage_bytes(m), c10::ValueError, "deeper than 64");
+  EXPECT_THROW_MSG(metadata_from_json(metadata_to_json(m)), c10::ValueError, "deeper than 64");
+}
+
+TEST(ConsolidateRebuild, TooManyEntries) {
+  Metadata m;
+  m.leaves.resize(kMaxMetadataEntries);
+  for (size_t i = 0; i < m.leaves.size(); ++i) {
+    m.leaves[i] = {std::to_string(i), {at::kFloat, {0}, 0, 0, 0}};
+  }
+  EXPECT_THROW_MSG(metadata_storage_bytes(m), c10::ValueError, "entries");
+}
+
+TEST(ConsolidateRebuild, NonTensorsAreNotSupportedYet) {
+  Metadata m;
+  m.non_tensors = {{"s", {R"("hi")", {}, std::nullopt}}};
+  EXPECT_THROW_MSG(rebuild(m, at::zeros({0}, at::kByte)), c10::ValueError, "non-tensor entry 's'");
+}
+
+// ---- malformed metadata text: one test per fault --------------------------------------------
+
+namespace {
+
+struct Malformed {
+  const char* name;
+  std::string json;
+  const char* needle;
+};
+
+std::string node(const std::string& leaves, const std::string& cls_metadata = {},
+                 const std::string& extra = {}) {
+  return R"({"cls": "TensorDict", "non_tensors": {}, "leaves": )" + leaves +
+         R"(, "cls_metadata": )" +
+         (cls_metadata.empty()
+              ? std::string(R"({"device": null, "names": [], "batch_size": [], "is_locked": false})")
+              : cls_metadata) +
+         extra + "}";
+}
+
+std::string leaf(const std::string& entry) { return R"({"a": )" + entry + "}"; }
+
+std::string nested(int levels) {
+  std::string s = node("{}");
+  for (int i = 0; i < levels; ++i) s = node("{}", {}, R"(, "n": )" + s);
+  return s;
+}
+
+const std::vector<Malformed> kMalformed = {
+    {"UnknownDtype", node(leaf(R"(["torch.foo", [2], 0, 8, 0])")), "unknown dtype 'torch.foo'"},
+    {"DtypeNotOnTheWire", node(leaf(R"(["torch.float8_e4m3fn", [8], 0, 8, 0])")), "cannot carry"},
+    {"QuantizedDtype", node(leaf(R"(["torch.qint8", [8], 0, 8, 0])")), "quantized"},
+    {"DtypeNotAString", node(leaf(R"([7, [2], 0, 8, 0])")), "dtype of leaf 'a' must be a string"},
+    {"StopPastTheEnd", node(leaf(R"(["torch.float32", [20], 0, 80, 0])")), "past the end of the 64-byte"},
+    {"StartPastTheEnd", node(leaf(R"(["torch.float32", [0], 72, 72, 0])")), "past the end"},
+    {"NegativeStart", node(leaf(R"(["torch.float32", [2], -8, 0, 0])")), "0 <= start <= stop"},
+    {"StopBeforeStart", node(leaf(R"(["torch.float32", [2], 16, 8, 0])")), "0 <= start <= stop"},
+    {"StartNotMultipleOf8", node(leaf(R"(["torch.float32", [2], 4, 12, 0])")), "multiples of 8"},
+    {"StopNotMultipleOf8", node(leaf(R"(["torch.uint8", [3], 0, 3, 0])")), "multiples of 8"},
+    {"MisalignedForElementSize",
+     node(R"({"a": ["torch.float32", [2], 0, 8, 0], "b": ["torch.complex128", [1], 8, 24, 0]})"),
+     "not a multiple of the 16-byte element size"},
+    {"OverlappingRanges",
+     node(R"({"a": ["torch.float32", [4], 0, 16, 0], "b": ["torch.float32", [4], 8, 24, 0]})"),
+     "leaves 'a' [0, 16) and 'b' [8, 24) overlap"},
+    {"OverlapAcrossLevels",
+     node(R"({"a": ["torch.float32", [4], 16, 32, 0]})", {},
+          R"(, "n": )" + node(R"({"b": ["torch.float32", [2], 24, 32, 0]})")),
+     "('n', 'b') [24, 32) overlap"},
+    {"SizeDisagreesWithRange", node(leaf(R"(["torch.float32", [3], 0, 16, 0])")), "(12 bytes)"},
+    {"PadTooLarge", node(leaf(R"(["torch.uint8", [0], 0, 8, 8])")), "with pad 8"},
+    {"NegativePad", node(leaf(R"(["torch.uint8", [16], 0, 8, -8])")), "with pad -8"},
+    {"NegativeDim", node(leaf(R"(["torch.float32", [-2], 0, 8, 0])")), "negative dim"},
+    {"ShapeProductOverflows", node(leaf(R"(["torch.float32", [4294967296, 4294967296], 0, 8, 0])")),
+     "overflows"},
+    {"ByteSizeOverflows", node(leaf(R"(["torch.float64", [4611686018427387904], 0, 8, 0])")),
+     "byte size overflows"},
+    {"IntegerOutOfRange", node(leaf(R"(["torch.float32", [2], 0, 18446744073709551615, 0])")),
+     "out of range"},
+    {"HugeNumber", node(leaf(R"(["torch.float32", [2], 0, 99999999999999999999, 0])")),
+     "must be an integer"},
+    {"FloatOffset", node(leaf(R"(["torch.float32", [2], 0.0, 8, 0])")), "start of leaf 'a' must be an integer"},
+    {"BoolOffset", node(leaf(R"(["torch.float32", [2], 0, true, 0])")), "stop of leaf 'a' must be an integer"},
+    {"ShapeNotAList", node(leaf(R"(["torch.float32", 2, 0, 8, 0])")), "must be a list of integers"},
+    {"LeafNotAList", node(leaf("{}")), "must be [dtype, shape, start, stop, pad]"},
+    {"LeafTooShort", node(leaf(R"(["torch.float32", [2], 0, 8])")), "got 4 elements"},
+    {"JaggedLeaf", node(leaf(R"(["torch.int64", [1], 0, 8, 0, 1])")), "jagged"},
+    {"LeavesNotAnObject", node("[]"), "leaves of the root must be an object"},
+    {"ShapeWithoutBatchPrefix",
+     node(leaf(R"(["torch.float32", [2], 0, 8, 0])"),
+          R"({"device": null, "names": [null], "batch_size": [3], "is_locked": false})"),
+     "does not start with the batch size [3]"},
+    {"ChildBatchWithoutPrefix",
+     node("{}", R"({"device": null, "names": [null], "batch_size": [2], "is_locked": false})",
+          R"(, "n": )" + node("{}", R"({"device": null, "names": [null], "batch_size": [5], "is_locked": false})")),
+     "does not start with its parent's [2]"},
+    {"NegativeBatchDim",
+     node("{}", R"({"device": null, "names": [null], "batch_size": [-1], "is_locked": false})"),
+     "negative batch dim"},
+    {"NamesCountMismatch",
+     node("{}", R"({"device": null, "names": [null, null], "batch_size": [2], "is_locked": false})"),
+     "2 names for 1 batch dims"},
+    {"BadDeviceString",
+     node("{}", R"({"device": "nonsense:7", "names": [], "batch_size": [], "is_locked": false})"),
+     "device 'nonsense:7', which is not a device name"},
+    {"DeviceNotAString",
+     node("{}", R"({"device": 5, "names": [], "batch_size": [], "is_locked": false})"),
+     "must be a string or null"},
+    {"IsLockedNotABool",
+     node("{}", R"({"device": null, "names": [], "batch_size": [], "is_locked": 1})"),
+     "is_locked in cls_metadata of the root must be a bool"},
+    {"UnexpectedClsMetadataField",
+     node("{}", R"({"device": null, "names": [], "batch_size": [], "is_locked": false, "x": 1})"),
+     "unexpected field 'x'"},
+    {"MissingBatchSize", node("{}", R"({"device": null, "names": [], "is_locked": false})"),
+     "has no batch_size"},
+    {"ClsNotAString", R"({"cls": 1, "non_tensors": {}, "leaves": {}, "cls_metadata": {"batch_size": []}})",
+     "cls of the root must be a string"},
+    {"ClsNotSupported",
+     R"({"cls": "LazyStackedTensorDict", "non_tensors": {}, "leaves": {}, "cls_metadata": {"batch_size": []}})",
+     "only TensorDict nodes"},
+    {"MissingField", R"({"cls": "TensorDict", "leaves": {}, "cls_metadata": {"batch_size": []}})",
+     "lacks one of"},
+    {"NodeNotAnObject", "[1, 2]", "must be an object, got array"},
+    {"ScalarWhereANodeBelongs", node("{}", {}, R"(, "x": 5)"), "'x' holds a number, not a nested node"},
+    {"UnderscoreScalarBelowTheTop",
+     node("{}", {}, R"(, "n": )" + node("{}", {}, R"(, "_total_bytes": 5)")),
+     "('n', '_total_bytes') holds a number"},
+    {"DuplicateKey", node(leaf(R"(["torch.float32", [2], 0, 8, 0])"), {}, R"(, "a": )" + node("{}")),
+     "'a' appears twice"},
+    {"InvalidJson", R"({"cls": )", "invalid JSON"},
+    {"JsonTooDeep", std::string(1000, '[') + std::string(1000, ']'), "JSON nested deeper"},
+    {"NodesTooDeep", nested(kMaxMetadataDepth + 1), "deeper than 64 levels"},
+    {"NonTensorMalformed", R"({"cls": "TensorDict", "non_tensors": {"s": [1]}, "leaves": {}, "cls_metadata": {"batch_size": []}})",
+     "must be [data, batch_size, device]"},
+    {"NonTensorNotSupportedYet",
+     R"({"cls": "TensorDict", "non_tensors": {"s": ["hi", [], null]}, "leaves": {}, "cls_metadata": {"batch_size": []}})",
+     "non-tensor entry 's' is not supported yet"},
+};
+
+class ConsolidateMalformed : public ::testing::TestWithParam<Malformed> {};
+
+}  // namespace
+
+TEST_P(ConsolidateMalformed, IsRefusedWithValueError) {
+  const auto& c = GetParam();
+  at::Tensor storage = at::zeros({64}, at::kByte);
+  EXPECT_THROW_MSG(rebuild(metadata_from_json(c.json), storage), c10::ValueError, c.needle);
+}
+
+INSTANTIATE_TEST_SUITE_P(Consolidate, ConsolidateMalformed, ::testing::ValuesIn(kMalformed),
+                         [](const auto& info) { return std::string(info.param.name); });
+
+TEST(ConsolidateMalformedSanity, TheBaseTextIsValid) {
+  // The malformed cases differ from valid text only in the fault they name.
+  at::Tensor storage = at::zeros({64}, at::kByte);
+  EXPECT_NO_THROW(rebuild(metadata_from_json(node(leaf(R"(["torch.float32", [2], 0, 8, 0])"))), storage));
+  EXPECT_NO_THROW(rebuild(metadata_from_json(nested(kMaxMetadataDepth)), storage));
+  EXPECT_NO_THROW(rebuild(
+      metadata_from_json(node(R"({"a": ["torch.float32", [4], 0, 16, 0], "b": ["torch.complex128", [1], 16, 32, 0]})")),
+      storage));
+}
