@@ -92,3 +92,47 @@ def test_memo_expansion_is_bounded():
     result = roundtrip(pickle.dumps(level))
     assert result.returncode == 2
     assert "more than" in result.stderr.decode()
+
+
+def metadata_roundtrip(meta) -> subprocess.CompletedProcess:
+    return subprocess.run([str(built("pickle_roundtrip")), "--metadata"], input=pickle.dumps(meta),
+                          capture_output=True, timeout=30)
+
+
+def reference_metadata_cases():
+    plain = TensorDict(x=torch.ones(3), batch_size=[3], device="cpu")
+    deep = TensorDict(batch_size=[2])
+    deep["a", "b", "c"] = torch.arange(6, dtype=torch.int16).reshape(2, 3)
+    deep["z"] = torch.zeros(2, 5, dtype=torch.bfloat16)
+    deep["_"] = torch.zeros(2, dtype=torch.bool)
+    locked = TensorDict(y=torch.zeros(()), batch_size=[]).lock_()
+    return [reference_metadata(), plain, deep, locked]
+
+
+@pytest.mark.parametrize("index", range(4))
+def test_reference_metadata_round_trips_with_tuples(index):
+    case = reference_metadata_cases()[index]
+    meta = case if isinstance(case, dict) else case.consolidate(metadata=True)._consolidated["metadata"]
+    result = metadata_roundtrip(meta)
+    assert result.returncode == 0, result.stderr.decode()
+    back = pickle.loads(result.stdout)
+    assert back == meta
+    assert list(back) == list(meta)  # same key order
+    assert all(isinstance(entry, tuple) for entry in back["leaves"].values())
+
+
+@pytest.mark.parametrize(
+    "mutate, message",
+    [
+        (lambda m: m["leaves"].__setitem__("a", ("torch.float32", [4], 0, 4096, 0)), "holds 4096"),
+        (lambda m: m["leaves"].__setitem__("a", ("torch.evil", [4], 0, 16, 0)), "unknown dtype 'torch.evil'"),
+        (lambda m: m.__setitem__("cls", "LazyStackedTensorDict"), "only TensorDict nodes"),
+        (lambda m: m["cls_metadata"].__setitem__("batch_size", "4"), "batch_size"),
+    ],
+)
+def test_bad_reference_metadata_is_refused(mutate, message):
+    meta = reference_metadata()
+    mutate(meta)
+    result = metadata_roundtrip(meta)
+    assert result.returncode == 2
+    assert message in result.stderr.decode()
