@@ -1,0 +1,220 @@
+// The process-group layer and the runner, on real processes.
+#include <gtest/gtest.h>
+#include <torch/csrc/distributed/c10d/FileStore.hpp>
+#include <torch/csrc/distributed/c10d/TCPStore.hpp>
+
+#include <csignal>
+#include <cstdlib>
+#include <filesystem>
+#include <fstream>
+#include <thread>
+
+#include "dist_test_util.h"
+#include "tensordict/distributed/process_group.h"
+#include "tensordict/distributed/runner.h"
+
+namespace tensordict::dist {
+namespace {
+
+using testing::run_ranks;
+using Clock = std::chrono::steady_clock;
+
+std::string error_of(const std::function<void()>& fn) {
+  try {
+    fn();
+  } catch (const c10::Error& e) {
+    return e.msg();
+  }
+  return "<no error>";
+}
+
+TEST(DistRunner, EveryRankRunsWithADefaultGroup) {
+  run_ranks(3, [](int rank, int world_size) {
+    ASSERT_TRUE(is_initialized());
+    EXPECT_EQ(world_size, 3);
+    EXPECT_EQ(get_rank(), rank);
+    EXPECT_EQ(get_world_size(), 3);
+    EXPECT_TRUE(is_run_rank());
+    EXPECT_FALSE(run_scratch_dir().empty());
+    // A collective proves the group is real and shared.
+    std::vector<at::Tensor> t{at::full({1}, rank + 1.0)};
+    default_group()->allreduce(t)->wait();
+    EXPECT_EQ(t[0].item<double>(), 6.0);
+  });
+}
+
+TEST(DistRunner, FailingRankFailsFastWithItsError) {
+  const auto start = Clock::now();
+  const std::string msg = error_of([] {
+    run_ranks(2, [](int rank, int) {
+      if (rank == 1) {
+        throw std::runtime_error("boom from rank one");
+      }
+      // Rank 0 would wait for the whole group timeout; the runner must not.
+      std::vector<at::Tensor> t{at::zeros({1})};
+      default_group()->recv(t, 1, 0)->wait();
+    });
+  });
+  EXPECT_NE(msg.find("rank 1 failed (exit code 1): boom from rank one"), std::string::npos) << msg;
+  EXPECT_LT(Clock::now() - start, std::chrono::seconds(15));
+}
+
+// One run_ranks per test: a rank re-runs its test and stops at the first run() it meets.
+TEST(DistRunner, ExitCodesAreReported) {
+  const std::string msg = error_of([] {
+    run_ranks(2, [](int rank, int) {
+      if (rank == 0) {
+        std::_Exit(3);
+      }
+    });
+  });
+  EXPECT_NE(msg.find("rank 0 failed (exit code 3)"), std::string::npos) << msg;
+}
+
+TEST(DistRunner, SignalsAreReported) {
+  const std::string msg = error_of([] {
+    run_ranks(2, [](int rank, int) {
+      if (rank == 1) {
+        std::raise(SIGKILL);
+      }
+    });
+  });
+  EXPECT_NE(msg.find("rank 1 failed (killed by signal 9"), std::string::npos) << msg;
+}
+
+TEST(DistRunner, WatchdogKillsHungRanks) {
+  const auto start = Clock::now();
+  const std::string msg = error_of([] {
+    run_ranks(2, [](int, int) { std::this_thread::sleep_for(std::chrono::seconds(60)); },
+              {.watchdog = std::chrono::seconds(2)});
+  });
+  EXPECT_NE(msg.find("timed out after 2000 ms; ranks still running: 0, 1"), std::string::npos)
+      << msg;
+  EXPECT_LT(Clock::now() - start, std::chrono::seconds(10));
+}
+
+TEST(DistRunner, GtestFailureInARankFailsTheRun) {
+  const std::string msg = error_of([] {
+    // The rank's failure is recorded in the rank's process only; the test passes when the
+    // runner turns it into an error here.
+    run_ranks(1, [](int, int) {
+      if (is_run_rank()) {
+        ADD_FAILURE() << "expected failure inside a rank";
+      }
+    });
+  });
+  EXPECT_NE(msg.find("a gtest expectation failed on this rank"), std::string::npos) << msg;
+}
+
+TEST(DistRunner, RejectsBadWorldSize) {
+  EXPECT_THROW(run([](int, int) {}, 0), c10::ValueError);
+}
+
+TEST(DistProcessGroup, NewGroupMapsGlobalAndGroupRanks) {
+  run_ranks(3, [](int rank, int) {
+    auto g = new_group({2, 1});
+    if (rank == 0) {
+      EXPECT_FALSE(g);  // not a member
+      return;
+    }
+    ASSERT_TRUE(g);
+    EXPECT_EQ(get_rank(g), rank - 1);
+    EXPECT_EQ(get_world_size(g), 2);
+    EXPECT_EQ(get_group_rank(g, 1), 0);
+    EXPECT_EQ(get_group_rank(g, 2), 1);
+    EXPECT_EQ(get_global_rank(g, 0), 1);
+    EXPECT_EQ(get_global_rank(g, 1), 2);
+    EXPECT_EQ(get_process_group_ranks(g), (std::vector<int64_t>{1, 2}));
+    EXPECT_EQ(get_group_rank(default_group(), 2), 2);
+    EXPECT_EQ(error_of([&] { get_group_rank(g, 0); }),
+              "Global rank 0 is not part of group ProcessGroup '1'");
+    std::vector<at::Tensor> t{at::full({1}, double(rank))};
+    g->allreduce(t)->wait();
+    EXPECT_EQ(t[0].item<double>(), 3.0);
+    destroy_process_group(g);
+    EXPECT_THROW(get_group_rank(g, 1), c10::ValueError);
+  });
+}
+
+TEST(DistProcessGroup, UnregisteredGroupHasNoRankMapping) {
+  auto dir = std::filesystem::temp_directory_path() / "td-unregistered-XXXXXX";
+  std::string path = dir.string();
+  ASSERT_NE(mkdtemp(path.data()), nullptr);
+  auto store = c10::make_intrusive<c10d::FileStore>(path + "/store", 1);
+  auto backend = make_gloo_backend(store, 0, 1, std::chrono::seconds(20), "127.0.0.1");
+  EXPECT_EQ(get_rank(backend), 0);
+  EXPECT_EQ(get_world_size(backend), 1);
+  const std::string msg = error_of([&] { get_group_rank(backend, 0); });
+  EXPECT_NE(msg.find("is not registered, please create group with new_group"), std::string::npos)
+      << msg;
+  std::filesystem::remove_all(path);
+}
+
+TEST(DistProcessGroup, WithoutInitEverythingSaysSo) {
+  ASSERT_FALSE(is_initialized());
+  const std::string expected =
+      "Default process group has not been initialized, please make sure to call "
+      "init_process_group.";
+  EXPECT_EQ(error_of([] { default_group(); }), expected);
+  EXPECT_EQ(error_of([] { get_rank(); }), expected);
+  EXPECT_EQ(error_of([] { new_group({0}); }), expected);
+  EXPECT_THROW(init_process_group({.backend = "nccl"}), c10::ValueError);
+  EXPECT_THROW(init_process_group({.init_method = "bogus://x", .rank = 0, .world_size = 1}),
+               c10::ValueError);
+}
+
+// tcp:// and env:// rendezvous, without fixed ports: rank 0 serves two TCPStores on port 0 and
+// publishes their ports; init_process_group then shares those servers (multi-tenant, as
+// torch's). Two servers, because a re-created group "0" must not meet the first one's keys.
+TEST(DistProcessGroup, TcpAndEnvRendezvous) {
+  run_ranks(
+      2,
+      [](int rank, int world_size) {
+        const std::string port_file = run_scratch_dir() + "/ports";
+        std::vector<c10::intrusive_ptr<c10d::TCPStore>> servers;
+        int ports[2] = {0, 0};
+        if (rank == 0) {
+          for (int& port : ports) {
+            c10d::TCPStoreOptions o;
+            o.port = 0;
+            o.isServer = true;
+            o.multiTenant = true;
+            o.waitWorkers = false;
+            servers.push_back(c10::make_intrusive<c10d::TCPStore>("127.0.0.1", o));
+            port = servers.back()->getPort();
+          }
+          std::ofstream(port_file + ".tmp") << ports[0] << " " << ports[1];
+          std::filesystem::rename(port_file + ".tmp", port_file);
+        } else {
+          while (!std::filesystem::exists(port_file)) {
+            std::this_thread::sleep_for(std::chrono::milliseconds(5));
+          }
+          std::ifstream(port_file) >> ports[0] >> ports[1];
+        }
+        init_process_group({.init_method = "tcp://127.0.0.1:" + std::to_string(ports[0]),
+                            .rank = rank,
+                            .world_size = world_size,
+                            .timeout = std::chrono::seconds(20),
+                            .gloo_hostname = "127.0.0.1"});
+        EXPECT_EQ(get_rank(), rank);
+        std::vector<at::Tensor> t{at::ones({2})};
+        default_group()->allreduce(t)->wait();
+        EXPECT_EQ(t[0].sum().item<double>(), 4.0);
+        destroy_process_group();
+
+        setenv("MASTER_ADDR", "127.0.0.1", 1);
+        setenv("MASTER_PORT", std::to_string(ports[1]).c_str(), 1);
+        setenv("RANK", std::to_string(rank).c_str(), 1);
+        setenv("WORLD_SIZE", "2", 1);
+        init_process_group({.timeout = std::chrono::seconds(20), .gloo_hostname = "127.0.0.1"});
+        EXPECT_EQ(get_world_size(), 2);
+        std::vector<at::Tensor> u{at::full({1}, double(rank))};
+        default_group()->allreduce(u)->wait();
+        EXPECT_EQ(u[0].item<double>(), 1.0);
+        destroy_process_group();
+      },
+      {.init_process_group = false});
+}
+
+}  // namespace
+}  // namespace tensordict::dist

@@ -1,0 +1,46 @@
+#pragma once
+// Multi-process test support: a test body runs on N real processes, each one this test binary
+// re-executed with a filter selecting the current test (dist::run does the launching, the
+// PR_SET_PDEATHSIG, the FileStore in a fresh temporary directory, the exit-code checks and the
+// watchdog). A rank's gtest failures make that rank fail, so the caller's test fails with it.
+
+#include <ATen/Parallel.h>
+#include <gtest/gtest.h>
+
+#include <chrono>
+#include <functional>
+#include <stdexcept>
+#include <string>
+
+#include "tensordict/distributed/runner.h"
+
+namespace tensordict::testing {
+
+struct RanksOptions {
+  std::chrono::milliseconds watchdog = std::chrono::seconds(60);       // whole test
+  std::chrono::milliseconds group_timeout = std::chrono::seconds(20);  // each c10d wait
+  bool init_process_group = true;
+};
+
+inline void run_ranks(int world_size, const std::function<void(int rank, int world_size)>& fn,
+                      RanksOptions options = {}) {
+  const auto* info = ::testing::UnitTest::GetInstance()->current_test_info();
+  const std::string filter =
+      std::string("--gtest_filter=") + info->test_suite_name() + "." + info->name();
+  dist::RunOptions run_options;
+  run_options.timeout = options.watchdog;
+  run_options.group_timeout = options.group_timeout;
+  run_options.init_process_group = options.init_process_group;
+  run_options.argv = {"dist_tests", filter, "--gtest_brief=1"};
+  dist::run(
+      [&](int rank, int size) {
+        at::set_num_threads(1);
+        fn(rank, size);
+        if (::testing::Test::HasFailure()) {
+          throw std::runtime_error("a gtest expectation failed on this rank (see its output)");
+        }
+      },
+      world_size, run_options);
+}
+
+}  // namespace tensordict::testing
