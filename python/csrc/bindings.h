@@ -1,0 +1,25 @@
+#pragma once
+// Shared pieces of the tensordict_cpp._C module: conversions between Python objects and the
+// core's NestedKey / Value, and the per-area binding functions module.cpp calls.
+
+#include <torch/csrc/utils/pybind.h>
+
+#include "tensordict/tensor_dict.h"
+
+namespace tensordict::python {
+
+namespace py = pybind11;
+
+/// A str, or a non-empty tuple of str (nested tuples are flattened, as the reference does).
+/// TypeError for anything else.
+NestedKey key_from_py(py::handle key);
+/// 'a' for a one-level key, ('a', 'b') for a path.
+py::object key_to_py(const NestedKey& key);
+/// A torch.Tensor or a _C.TensorDict. TypeError for anything else.
+Value value_from_py(py::handle value);
+py::object value_to_py(const Value& value);
+
+void bind_tensor_dict(py::module_& m);
+void bind_distributed(py::module_& m);
+
+}  // namespace tensordict::python

@@ -1,0 +1,146 @@
+// Binding of the point-to-point calls of tensordict::dist. Groups arrive as torch's own Python
+// objects (torch.distributed.ProcessGroup, or a bare Backend such as ProcessGroupGloo built on
+// a store) and Work handles leave as torch's Python Work: both types are registered by
+// torch._C with pybind11, which this module shares (same pybind11 internals).
+//
+// The Python layer resolves global ranks with torch.distributed before calling here (torch's
+// registry of groups is the Python one), so these functions see either a group peer or no peer
+// at all (then the core raises the reference's ValueError).
+
+#include <torch/csrc/distributed/c10d/Backend.hpp>
+#include <torch/csrc/distributed/c10d/ProcessGroup.hpp>
+#include <torch/csrc/distributed/c10d/Work.hpp>
+
+#include <optional>
+#include <string>
+
+#include "bindings.h"
+#include "tensordict/distributed/p2p.h"
+
+namespace tensordict::python {
+namespace {
+
+// intrusive_ptr keeps its count in the object, so a raw pointer from pybind11 makes a new owning
+// reference whatever holder torch registered the class with.
+template <typename T>
+bool load_intrusive(py::handle obj, c10::intrusive_ptr<T>* out) {
+  py::detail::make_caster<T> caster;
+  if (!caster.load(obj, /*convert=*/false)) {
+    return false;
+  }
+  *out = c10::intrusive_ptr<T>::reclaim_copy(&py::detail::cast_op<T&>(caster));
+  return true;
+}
+
+dist::Group group_from_py(py::handle obj) {
+  if (obj.is_none()) {
+    return {};
+  }
+  dist::ProcessGroupPtr pg;
+  if (load_intrusive(obj, &pg)) {
+    return pg;
+  }
+  dist::BackendPtr backend;
+  if (load_intrusive(obj, &backend)) {
+    return backend;
+  }
+  C10_THROW_ERROR(TypeError,
+                  c10::str("group must be a torch.distributed.ProcessGroup, a c10d Backend or "
+                           "None, got ",
+                           py::str(py::type::of(obj)).cast<std::string>()));
+}
+
+dist::SendOptions send_options(py::handle group, std::optional<int64_t> group_dst,
+                               int64_t init_tag, bool pseudo_rand, bool consolidated) {
+  return {.group = group_from_py(group),
+          .group_dst = group_dst,
+          .init_tag = init_tag,
+          .pseudo_rand = pseudo_rand,
+          .consolidated = consolidated};
+}
+
+dist::RecvOptions recv_options(py::handle group, std::optional<int64_t> group_src,
+                               int64_t init_tag, bool pseudo_rand, bool consolidated) {
+  return {.group = group_from_py(group),
+          .group_src = group_src,
+          .init_tag = init_tag,
+          .pseudo_rand = pseudo_rand,
+          .consolidated = consolidated};
+}
+
+py::list works_to_py(const std::vector<dist::WorkPtr>& works) {
+  py::list out;
+  for (const auto& w : works) out.append(py::cast(w));
+  return out;
+}
+
+}  // namespace
+
+void bind_distributed(py::module_& m) {
+  // Each call converts its arguments with the GIL held, then releases it for the transfer.
+  m.def("send",
+        [](const TensorDict& td, std::optional<int64_t> dst, py::handle group,
+           std::optional<int64_t> group_dst, int64_t init_tag, bool pseudo_rand,
+           bool consolidated) {
+          auto options = send_options(group, group_dst, init_tag, pseudo_rand, consolidated);
+          py::gil_scoped_release nogil;
+          dist::send(td, dst, options);
+        });
+  m.def("isend",
+        [](const TensorDict& td, std::optional<int64_t> dst, py::handle group,
+           std::optional<int64_t> group_dst, int64_t init_tag, bool pseudo_rand,
+           bool consolidated) {
+          auto options = send_options(group, group_dst, init_tag, pseudo_rand, consolidated);
+          py::gil_scoped_release nogil;
+          return dist::isend(td, dst, options);
+        });
+  m.def("isend_early",
+        [](const TensorDict& td, std::optional<int64_t> dst, py::handle group,
+           std::optional<int64_t> group_dst, int64_t init_tag, bool pseudo_rand,
+           bool consolidated) {
+          auto options = send_options(group, group_dst, init_tag, pseudo_rand, consolidated);
+          std::vector<dist::WorkPtr> works;
+          {
+            py::gil_scoped_release nogil;
+            works = dist::isend_early(td, dst, options);
+          }
+          return works_to_py(works);
+        });
+  m.def("recv",
+        [](const TensorDict& td, std::optional<int64_t> src, py::handle group,
+           std::optional<int64_t> group_src, int64_t init_tag, bool pseudo_rand,
+           bool consolidated) {
+          auto options = recv_options(group, group_src, init_tag, pseudo_rand, consolidated);
+          py::gil_scoped_release nogil;
+          return dist::recv(td, src, options);
+        });
+  m.def("irecv",
+        [](const TensorDict& td, std::optional<int64_t> src, py::handle group,
+           std::optional<int64_t> group_src, int64_t init_tag, bool pseudo_rand,
+           bool consolidated) {
+          auto options = recv_options(group, group_src, init_tag, pseudo_rand, consolidated);
+          py::gil_scoped_release nogil;
+          dist::irecv(td, src, options);
+        });
+  m.def("irecv_premature",
+        [](const TensorDict& td, std::optional<int64_t> src, py::handle group,
+           std::optional<int64_t> group_src, int64_t init_tag, bool pseudo_rand,
+           bool consolidated) {
+          auto options = recv_options(group, group_src, init_tag, pseudo_rand, consolidated);
+          std::vector<dist::WorkPtr> works;
+          {
+            py::gil_scoped_release nogil;
+            works = dist::irecv_premature(td, src, options);
+          }
+          return works_to_py(works);
+        });
+  m.def("wire_order", [](const TensorDict& td) {
+    py::list out;
+    for (const auto& [path, t] : dist::wire_order(td)) {
+      out.append(py::make_tuple(key_to_py(NestedKey(path)), t));
+    }
+    return out;
+  });
+}
+
+}  // namespace tensordict::python

@@ -1,0 +1,220 @@
+"""send / recv / isend / irecv of tensordict_cpp.TensorDict (bound as its methods).
+
+The transfers run in C++ with the GIL released. Global ranks (``dst`` / ``src``) are turned
+into ranks of the group here, by torch.distributed itself, because the groups a Python program
+uses live in torch.distributed's Python registry; everything else is checked by the C++ core,
+which raises the reference's ValueError texts.
+"""
+from __future__ import annotations
+
+from typing import Any
+
+import torch.distributed as dist
+from torch.distributed import distributed_c10d as _c10d
+
+from tensordict_cpp import _C
+
+
+def _resolve(peer: int | None, group: Any, group_peer: int | None):
+    """(group, group_peer) for the core; a global peer alone is mapped as torch maps it."""
+    if peer is None or group_peer is not None:
+        # No peer, or a group peer (with or without a global one): the core validates.
+        return peer, group, group_peer
+    pg = _c10d._group_or_default_group(group)
+    return None, pg, dist.get_group_rank(pg, peer)
+
+
+def _mapped(peer, group_peer):
+    return peer is not None and group_peer is None
+
+
+def send(self, dst: int | None = None, *, group: Any = None, group_dst: int | None = None,
+         init_tag: int = 0, pseudo_rand: bool = False, consolidated: bool = False) -> None:
+    """Sends the leaves of the TensorDict to another rank, with :mod:`torch.distributed`.
+
+    The receiver calls :meth:`recv` on a TensorDict with the same keys, shapes and dtypes; the
+    values are written into its tensors. By default each leaf is one message, tagged, and the
+    leaves go in the order of the keys sorted by code point at each level, depth first: the
+    wire format of the reference ``tensordict``, so either side may run the reference. Blocks
+    until every message is delivered (with Gloo: taken by the receiver). The GIL is released
+    while waiting.
+
+    Args:
+        dst (int, optional): the receiver's global rank. It is translated into a rank of
+            ``group`` as ``torch.distributed.send`` translates it, and must not be this
+            process's rank. Exclusive with ``group_dst``: give exactly one of them. Defaults
+            to ``None``.
+
+    Keyword Args:
+        group (torch.distributed.ProcessGroup, optional): the process group to send through.
+            Defaults to ``None``: the default process group.
+        group_dst (int, optional): the receiver's rank within ``group``, which must then be
+            given. Exclusive with ``dst``. The messages go straight to ``group``'s backend, so
+            ``group`` may be a standalone group built on a store (for example a
+            ``torch.distributed.ProcessGroupGloo``) that was never registered with
+            ``init_process_group`` or ``new_group``. Defaults to ``None``.
+        init_tag (int, optional): the tag of the first leaf; the following leaves take
+            ``init_tag + 1``, ``init_tag + 2``, ... The receiver passes the same value. Two
+            transfers in flight at once between the same ranks need tag ranges that do not
+            overlap. Defaults to ``0``.
+        pseudo_rand (bool, optional): if ``True``, the tags are the reference's pseudo-random
+            sequence seeded by ``init_tag`` instead, so that transfers from several ranks are
+            unlikely to collide. The receiver passes the same value. Defaults to ``False``.
+        consolidated (bool, optional): if ``True``, sends every leaf in one message: the
+            consolidated storage (see :meth:`consolidate`), consolidating a copy first unless
+            the TensorDict is consolidated already. The receiver calls
+            ``recv(consolidated=True)`` on a consolidated TensorDict of the same structure.
+            ``init_tag`` and ``pseudo_rand`` are then ignored. Defaults to ``False``.
+
+    Raises:
+        ValueError: if both or neither of ``dst`` and ``group_dst`` are given, if
+            ``group_dst`` is given without ``group``, if ``dst`` is this rank or not in
+            ``group``, or if ``init_tag`` is negative.
+        RuntimeError: if the transport fails or the group's timeout passes
+            (``torch.distributed.DistBackendError`` for backend failures).
+    """
+    mapped = _mapped(dst, group_dst)
+    dst, group, group_dst = _resolve(dst, group, group_dst)
+    if mapped:
+        # torch.distributed.send refuses to send to oneself.
+        _c10d._check_not_self_rank(group, group_dst, "destination")
+    _C.send(self._cpp, dst, group, group_dst, init_tag, pseudo_rand, consolidated)
+
+
+def recv(self, src: int | None = None, *, group: Any = None, group_src: int | None = None,
+         init_tag: int = 0, pseudo_rand: bool = False, consolidated: bool = False) -> int | None:
+    """Receives what :meth:`send` or :meth:`isend` sends, writing it into this TensorDict's
+    tensors in place.
+
+    The TensorDict must already have the sender's keys, shapes and dtypes: no structure travels
+    with per-leaf messages. Blocks until every leaf has arrived; the GIL is released while
+    waiting. See :meth:`send` for the wire format.
+
+    Args:
+        src (int, optional): the sender's global rank, translated into a rank of ``group`` as
+            ``torch.distributed.recv`` translates it. Exclusive with ``group_src``: give exactly
+            one of them. Defaults to ``None``.
+
+    Keyword Args:
+        group (torch.distributed.ProcessGroup, optional): the process group to receive
+            through. Defaults to ``None``: the default process group.
+        group_src (int, optional): the sender's rank within ``group``, which must then be
+            given. Exclusive with ``src``. As with :meth:`send`, ``group`` may be a standalone
+            group built on a store. Defaults to ``None``.
+        init_tag (int, optional): the ``init_tag`` the sender used. Defaults to ``0``.
+        pseudo_rand (bool, optional): the ``pseudo_rand`` the sender used. Defaults to
+            ``False``.
+        consolidated (bool, optional): if ``True``, receives one message into the consolidated
+            storage of this TensorDict, which must be consolidated (see :meth:`consolidate`)
+            with the sender's layout; this updates every leaf. ``init_tag`` and
+            ``pseudo_rand`` are ignored. Defaults to ``False``.
+
+    Returns:
+        The tag of the last leaf received (``init_tag - 1`` without leaves), or ``None`` with
+        ``consolidated=True``.
+
+    Raises:
+        ValueError: if both or neither of ``src`` and ``group_src`` are given, if
+            ``group_src`` is given without ``group``, if ``src`` is not in ``group``, or with
+            ``consolidated=True`` on a TensorDict that is not consolidated.
+        RuntimeError: if the transport fails or the group's timeout passes.
+    """
+    src, group, group_src = _resolve(src, group, group_src)
+    return _C.recv(self._cpp, src, group, group_src, init_tag, pseudo_rand, consolidated)
+
+
+def isend(self, dst: int | None = None, *, group: Any = None, group_dst: int | None = None,
+          init_tag: int = 0, pseudo_rand: bool = False, return_early: bool = False,
+          consolidated: bool = False) -> int | list | None:
+    """Sends the leaves to another rank with every message in flight at once.
+
+    Same messages as :meth:`send` (the receiver may call :meth:`irecv` or :meth:`recv`), but all
+    of them are posted before any is waited on. By default the call then waits for them, with
+    the GIL released; with ``return_early=True`` it returns their ``Work`` handles at once.
+    Unlike :meth:`send`, ``dst`` may be this process's own rank.
+
+    Args:
+        dst (int, optional): the receiver's global rank, translated into a rank of ``group``
+            as ``torch.distributed.isend`` translates it. Exclusive with ``group_dst``: give
+            exactly one of them. Defaults to ``None``.
+
+    Keyword Args:
+        group (torch.distributed.ProcessGroup, optional): the process group. Defaults to
+            ``None``: the default process group.
+        group_dst (int, optional): the receiver's rank within ``group``, which must then be
+            given; ``group`` may be a standalone group. Exclusive with ``dst``. Defaults to
+            ``None``.
+        init_tag (int, optional): the tag of the first leaf, as in :meth:`send`. Defaults to
+            ``0``.
+        pseudo_rand (bool, optional): pseudo-random tags seeded by ``init_tag``, as in
+            :meth:`send`. Defaults to ``False``.
+        return_early (bool, optional): if ``True``, returns the list of
+            ``torch.distributed.Work`` handles (one per leaf in wire order, or one for a
+            consolidated message) without waiting. Call ``wait()`` on each before changing or
+            freeing the TensorDict. Defaults to ``False``.
+        consolidated (bool, optional): if ``True``, one message carrying the consolidated
+            storage, as ``send(consolidated=True)``; a TensorDict that is not consolidated is
+            consolidated (copied) on every call. Defaults to ``False``.
+
+    Returns:
+        With ``return_early=True``, the list of ``Work`` handles. Otherwise the tag of the last
+        leaf sent, or ``None`` with ``consolidated=True``.
+
+    Raises:
+        ValueError: if both or neither of ``dst`` and ``group_dst`` are given, or ``group_dst``
+            is given without ``group``, or ``dst`` is not in ``group``.
+        RuntimeError: if the transport fails (when waiting: here, or in ``Work.wait()``).
+    """
+    dst, group, group_dst = _resolve(dst, group, group_dst)
+    if return_early:
+        return _C.isend_early(self._cpp, dst, group, group_dst, init_tag, pseudo_rand,
+                              consolidated)
+    return _C.isend(self._cpp, dst, group, group_dst, init_tag, pseudo_rand, consolidated)
+
+
+def irecv(self, src: int | None = None, *, group: Any = None, group_src: int | None = None,
+          return_premature: bool = False, init_tag: int = 0, pseudo_rand: bool = False,
+          consolidated: bool = False) -> list | None:
+    """Receives the leaves with every receive posted at once, into this TensorDict in place.
+
+    Takes what :meth:`isend` or :meth:`send` sends. By default the call waits until everything
+    has arrived, with the GIL released; with ``return_premature=True`` it returns the ``Work``
+    handles at once.
+
+    Args:
+        src (int, optional): the sender's global rank, translated into a rank of ``group`` as
+            ``torch.distributed.irecv`` translates it. Exclusive with ``group_src``: give
+            exactly one of them. Defaults to ``None``.
+
+    Keyword Args:
+        group (torch.distributed.ProcessGroup, optional): the process group. Defaults to
+            ``None``: the default process group.
+        group_src (int, optional): the sender's rank within ``group``, which must then be
+            given; ``group`` may be a standalone group. Exclusive with ``src``. Defaults to
+            ``None``.
+        return_premature (bool, optional): if ``True``, returns the list of
+            ``torch.distributed.Work`` handles (one per leaf in wire order, or one for a
+            consolidated message) without waiting. The leaves hold the received values only
+            after each handle's ``wait()`` has returned: do not read or write them before.
+            Defaults to ``False``.
+        init_tag (int, optional): the ``init_tag`` the sender used. Defaults to ``0``.
+        pseudo_rand (bool, optional): the ``pseudo_rand`` the sender used. Defaults to
+            ``False``.
+        consolidated (bool, optional): if ``True``, one message into the consolidated storage,
+            as ``recv(consolidated=True)``; the TensorDict must be consolidated. Defaults to
+            ``False``.
+
+    Returns:
+        With ``return_premature=True``, the list of ``Work`` handles; otherwise ``None``.
+
+    Raises:
+        ValueError: if both or neither of ``src`` and ``group_src`` are given, or
+            ``group_src`` is given without ``group``, or ``src`` is not in ``group``.
+        RuntimeError: if the transport fails (when waiting: here, or in ``Work.wait()``).
+    """
+    src, group, group_src = _resolve(src, group, group_src)
+    if return_premature:
+        return _C.irecv_premature(self._cpp, src, group, group_src, init_tag, pseudo_rand,
+                                  consolidated)
+    _C.irecv(self._cpp, src, group, group_src, init_tag, pseudo_rand, consolidated)
+    return None

@@ -1,0 +1,521 @@
+"""The Python face of the C++ TensorDict: the reference tensordict's calling conventions over
+``tensordict_cpp._C.TensorDict``, which does the work."""
+from __future__ import annotations
+
+import numbers
+from collections.abc import Mapping
+from typing import Any, Callable, Sequence
+
+import torch
+
+from tensordict_cpp import _C
+
+_NO_DEFAULT = object()
+_CTD = _C.TensorDict
+
+
+def _is_key(index: Any) -> bool:
+    if isinstance(index, str):
+        return True
+    return isinstance(index, tuple) and len(index) > 0 and all(_is_key(i) for i in index)
+
+
+def _index_item(item: Any) -> Any:
+    # The core takes ints, slices, None, Ellipsis, bools and tensors; other sequences become
+    # index tensors, as torch would read them.
+    if item is None or item is Ellipsis or isinstance(item, (bool, int, slice, torch.Tensor)):
+        return item
+    if isinstance(item, numbers.Integral):
+        return int(item)
+    if isinstance(item, (list, range)) or hasattr(item, "__array__"):
+        return torch.as_tensor(item)
+    raise TypeError(f"unsupported index element of type {type(item)}")
+
+
+def _as_index(index: Any) -> tuple:
+    return tuple(_index_item(i) for i in (index if isinstance(index, tuple) else (index,)))
+
+
+def _batch_size(batch_size: Any) -> list[int]:
+    if batch_size is None:
+        return []
+    if isinstance(batch_size, numbers.Integral):
+        return [int(batch_size)]
+    return [int(s) for s in batch_size]
+
+
+def _shape_args(shape: tuple) -> list[int]:
+    # reshape(2, 3) and reshape((2, 3)) / reshape(torch.Size([2, 3])) alike.
+    if len(shape) == 1 and not isinstance(shape[0], numbers.Integral):
+        return [int(s) for s in shape[0]]
+    return [int(s) for s in shape]
+
+
+def _device(device: Any) -> torch.device | None:
+    return None if device is None else torch.device(device)
+
+
+class TensorDict:
+    """A dictionary of tensors that share leading batch dimensions, backed by the C++ core.
+
+    Entries are tensors (leaves) or nested TensorDicts, kept in insertion order; every entry's
+    shape starts with ``batch_size``. Keys are strings; a tuple of strings reaches into nested
+    levels. Indexing with anything else (ints, slices, masks, index tensors) indexes the batch
+    dimensions of every leaf at once. A TensorDict behaves like the reference
+    ``tensordict.TensorDict`` for the methods it has, and exchanges data with it through
+    :meth:`send` / :meth:`recv` and their asynchronous forms.
+
+    Args:
+        source (dict or TensorDict, optional): the initial entries. Nested dicts become nested
+            TensorDicts with the same batch size and device. Exclusive with ``**kwargs``.
+        batch_size (sequence of int, torch.Size or int, optional): the leading dimensions that
+            every entry shares. Defaults to ``None``: no batch dimensions.
+        device (torch.device, str or int, optional): if given, every leaf is moved there and
+            the TensorDict reports it. Defaults to ``None``: leaves stay where they are.
+        **kwargs: the entries as keyword arguments, instead of ``source``.
+
+    Raises:
+        ValueError: if both ``source`` and keyword entries are given, or an entry does not
+            start with ``batch_size``.
+        TypeError: if a value is neither a tensor, a number, a dict nor a TensorDict.
+
+    Examples:
+        >>> td = TensorDict(a=torch.ones(4), b=torch.ones(4, 3), batch_size=[4])
+        >>> td["b"].shape
+        torch.Size([4, 3])
+        >>> td[1:3].batch_size
+        torch.Size([2])
+    """
+
+    __slots__ = ("_cpp", "__weakref__")
+
+    def __init__(self, source: Any = None, batch_size: Any = None, device: Any = None,
+                 **kwargs: Any) -> None:
+        if source is not None and kwargs:
+            raise ValueError(
+                "Either a dictionary or a sequence of kwargs must be provided, not both.")
+        source = kwargs if kwargs else source
+        if isinstance(source, TensorDict):
+            source = dict(source.items())
+        if source is not None and not isinstance(source, Mapping):
+            raise TypeError(f"source must be a mapping or a TensorDict, got {type(source)}")
+        bs = _batch_size(batch_size)
+        dev = _device(device)
+        entries = [(k, _to_value(v, bs, dev)) for k, v in (source or {}).items()]
+        self._cpp = _CTD(entries, bs, dev)
+
+    @classmethod
+    def _wrap(cls, cpp: _CTD) -> "TensorDict":
+        out = cls.__new__(cls)
+        out._cpp = cpp
+        return out
+
+    # ---- shape and device --------------------------------------------------------------------
+    @property
+    def batch_size(self) -> torch.Size:
+        """The batch dimensions shared by every entry, as a ``torch.Size``.
+
+        Assigning a new batch size checks that every entry starts with it (ValueError
+        otherwise).
+        """
+        return torch.Size(self._cpp.batch_size)
+
+    @batch_size.setter
+    def batch_size(self, value: Any) -> None:
+        self._cpp.set_batch_size(_batch_size(value))
+
+    @property
+    def shape(self) -> torch.Size:
+        """Same as :attr:`batch_size`."""
+        return self.batch_size
+
+    @property
+    def batch_dims(self) -> int:
+        """The number of batch dimensions."""
+        return self._cpp.batch_dims
+
+    ndim = batch_dims
+
+    def dim(self) -> int:
+        """The number of batch dimensions."""
+        return self._cpp.batch_dims
+
+    def numel(self) -> int:
+        """The product of the batch dimensions (1 without batch dimensions)."""
+        return self._cpp.numel()
+
+    @property
+    def device(self) -> torch.device | None:
+        """The device of the TensorDict, or ``None`` when it was built without one."""
+        return self._cpp.device
+
+    def __len__(self) -> int:
+        """The size of the first batch dimension, or 0 without batch dimensions."""
+        bs = self._cpp.batch_size
+        return bs[0] if bs else 0
+
+    # ---- entries -----------------------------------------------------------------------------
+    def __getitem__(self, index: Any) -> Any:
+        """``td[key]`` returns an entry; ``td[index]`` indexes the batch dimensions.
+
+        A str or a tuple of str is a key (KeyError if absent). Anything else (int, slice,
+        ``None``, ``...``, boolean mask, index tensor or list, or a tuple of these) indexes
+        every leaf's batch dimensions and returns a new TensorDict; ints and slices give views.
+        IndexError or ValueError when the index does not fit the batch size.
+        """
+        if _is_key(index):
+            return _from_value(self._cpp.get(index))
+        return TensorDict._wrap(self._cpp.index(_as_index(index)))
+
+    def __setitem__(self, index: Any, value: Any) -> None:
+        """``td[key] = value`` sets an entry; ``td[index] = value`` writes into the batch.
+
+        With a key, ``value`` is a tensor, a number, a dict or a TensorDict whose shape starts
+        with the batch size (ValueError otherwise); missing nested levels are created; a locked
+        TensorDict raises RuntimeError. With a batch index, every leaf is written in place at
+        that index, from the matching leaf of a TensorDict ``value`` or from a tensor or number
+        broadcast to every leaf.
+        """
+        if _is_key(index):
+            self._cpp.set(index, _to_value(value, self._cpp.batch_size, self._cpp.device))
+            return
+        index = _as_index(index)
+        for key, leaf in self._cpp.items(True, True):
+            if isinstance(value, TensorDict):
+                leaf[index] = value[key]
+            else:
+                leaf[index] = value
+
+    def __delitem__(self, key: Any) -> None:
+        """Removes the entry at ``key`` (KeyError if absent, RuntimeError if locked)."""
+        self._cpp.erase(key)
+
+    def __contains__(self, key: Any) -> bool:
+        """True when ``key`` (a str or a tuple of str) is an entry, at any nesting level."""
+        return self._cpp.contains(key)
+
+    def get(self, key: Any, default: Any = _NO_DEFAULT) -> Any:
+        """The entry at ``key``; ``default`` when it is missing, if given (KeyError otherwise)."""
+        if default is not _NO_DEFAULT and not self._cpp.contains(key):
+            return default
+        return _from_value(self._cpp.get(key))
+
+    def set(self, key: Any, value: Any, inplace: bool = False) -> "TensorDict":
+        """Sets the entry at ``key`` and returns the TensorDict.
+
+        With ``inplace=True`` and an existing leaf, ``value`` is copied into that leaf instead
+        of replacing it (shapes must match). See :meth:`__setitem__` for the accepted values.
+        """
+        if inplace and self._cpp.contains(key) and isinstance(value, torch.Tensor):
+            self._cpp.set_(key, value)
+        else:
+            self[key] = value
+        return self
+
+    def set_(self, key: Any, value: torch.Tensor) -> "TensorDict":
+        """Copies ``value`` into the existing leaf at ``key`` (works on locked TensorDicts);
+        KeyError if there is no such leaf."""
+        self._cpp.set_(key, value)
+        return self
+
+    def pop(self, key: Any, default: Any = _NO_DEFAULT) -> Any:
+        """Removes the entry at ``key`` and returns it; ``default`` when it is missing, if
+        given (KeyError otherwise)."""
+        if default is not _NO_DEFAULT and not self._cpp.contains(key):
+            return default
+        return _from_value(self._cpp.pop(key))
+
+    def keys(self, include_nested: bool = False, leaves_only: bool = False) -> list:
+        """The keys, in insertion order.
+
+        Args:
+            include_nested (bool, optional): also list the entries of nested TensorDicts, as
+                tuple keys such as ``("a", "b")``. Defaults to ``False``.
+            leaves_only (bool, optional): leave out the keys of nested TensorDicts, keeping
+                only tensors. Defaults to ``False``.
+        """
+        return self._cpp.keys(include_nested, leaves_only)
+
+    def values(self, include_nested: bool = False, leaves_only: bool = False) -> list:
+        """The entries, in the order of :meth:`keys` with the same arguments."""
+        return [_from_value(v) for v in self._cpp.values(include_nested, leaves_only)]
+
+    def items(self, include_nested: bool = False, leaves_only: bool = False) -> list:
+        """``(key, entry)`` pairs, in the order of :meth:`keys` with the same arguments."""
+        return [(k, _from_value(v)) for k, v in self._cpp.items(include_nested, leaves_only)]
+
+    @property
+    def sorted_keys(self) -> list[str]:
+        """The keys of this level sorted by code point: the order in which per-leaf
+        :meth:`send` visits them."""
+        return self._cpp.sorted_keys()
+
+    def is_empty(self) -> bool:
+        """True when no level holds a tensor."""
+        return self._cpp.is_empty()
+
+    def __iter__(self):
+        """Iterates over the first batch dimension, like :meth:`unbind` (nothing without batch
+        dimensions)."""
+        if self._cpp.batch_dims:
+            yield from self.unbind(0)
+
+    def __bool__(self) -> bool:
+        raise RuntimeError(
+            "Converting a tensordict to boolean value is not permitted. Use len(td.keys()) to "
+            "test for keys, td.is_empty() to test for leaves, or (a == b).all() / .any() to "
+            "reduce a comparison.")
+
+    # ---- locking -----------------------------------------------------------------------------
+    @property
+    def is_locked(self) -> bool:
+        """True when entries can be neither added nor removed (values can still be written)."""
+        return self._cpp.is_locked()
+
+    def lock_(self) -> "TensorDict":
+        """Locks this TensorDict and every nested level; returns it."""
+        self._cpp.lock_()
+        return self
+
+    def unlock_(self) -> "TensorDict":
+        """Unlocks this TensorDict and every nested level; returns it."""
+        self._cpp.unlock_()
+        return self
+
+    # ---- batch operations --------------------------------------------------------------------
+    def unbind(self, dim: int = 0) -> tuple["TensorDict", ...]:
+        """Splits the TensorDict along batch dimension ``dim`` into a tuple of views."""
+        return tuple(TensorDict._wrap(t) for t in self._cpp.unbind(dim))
+
+    def reshape(self, *shape: Any) -> "TensorDict":
+        """A TensorDict with the batch dimensions reshaped to ``shape`` (leaf dims kept)."""
+        return TensorDict._wrap(self._cpp.reshape(_shape_args(shape)))
+
+    def view(self, *shape: Any) -> "TensorDict":
+        """As :meth:`reshape`, but only as views (RuntimeError when a leaf cannot be viewed)."""
+        return TensorDict._wrap(self._cpp.view(_shape_args(shape)))
+
+    def expand(self, *shape: Any) -> "TensorDict":
+        """A TensorDict whose leaves are expanded to the batch size ``shape``, as views."""
+        return TensorDict._wrap(self._cpp.expand(_shape_args(shape)))
+
+    def unsqueeze(self, dim: int) -> "TensorDict":
+        """Inserts a batch dimension of size 1 at ``dim``."""
+        return TensorDict._wrap(self._cpp.unsqueeze(dim))
+
+    def squeeze(self, dim: int | None = None) -> "TensorDict":
+        """Removes the batch dimensions of size 1, or only ``dim`` if given and of size 1."""
+        return TensorDict._wrap(self._cpp.squeeze(dim))
+
+    def split(self, split_size: int | Sequence[int], dim: int = 0) -> tuple["TensorDict", ...]:
+        """Splits along batch dimension ``dim`` into chunks of ``split_size`` (an int), or of
+        the given sizes (a sequence of int), as ``torch.split`` does."""
+        sizes = split_size if isinstance(split_size, numbers.Integral) else list(split_size)
+        return tuple(TensorDict._wrap(t) for t in self._cpp.split(sizes, dim))
+
+    # ---- tensor-like operations --------------------------------------------------------------
+    def clone(self) -> "TensorDict":
+        """An independent copy: every leaf is cloned, every level rebuilt."""
+        return TensorDict._wrap(self._cpp.clone())
+
+    def to(self, *args: Any, **kwargs: Any) -> "TensorDict":
+        """A TensorDict with every leaf moved to a device or cast to a dtype.
+
+        Takes one positional argument, a ``torch.dtype`` or a device (``torch.device``, str or
+        int), or the keyword ``device=`` or ``dtype=``. Moving to a device sets the
+        TensorDict's device.
+        """
+        if len(args) + len(kwargs) != 1 or (kwargs and next(iter(kwargs)) not in ("device", "dtype")):
+            raise TypeError("to() takes one device or dtype, positionally or as device= / dtype=")
+        dest = args[0] if args else next(iter(kwargs.values()))
+        if isinstance(dest, torch.dtype):
+            return TensorDict._wrap(self._cpp.to_dtype(dest))
+        return TensorDict._wrap(self._cpp.to_device(torch.device(dest)))
+
+    def contiguous(self) -> "TensorDict":
+        """A TensorDict whose leaves are contiguous (copies only where needed)."""
+        return TensorDict._wrap(self._cpp.contiguous())
+
+    def apply(self, fn: Callable, *others: "TensorDict") -> "TensorDict":
+        """A new TensorDict with ``fn`` applied to every leaf; nested levels are kept.
+
+        Args:
+            fn (callable): called as ``fn(leaf)``, or ``fn(leaf, other_leaf)`` with one other
+                TensorDict; returns a tensor, or ``None`` to leave the leaf out.
+            *others (TensorDict): at most one TensorDict holding every key of this one.
+        """
+        if not others:
+            return TensorDict._wrap(self._cpp.apply(fn))
+        if len(others) > 1:
+            raise NotImplementedError("apply() takes at most one other TensorDict")
+        return TensorDict._wrap(self._cpp.apply2(fn, _to_cpp_td(others[0], self)))
+
+    def update(self, input_dict_or_td: Any, clone: bool = False,
+               inplace: bool = False) -> "TensorDict":
+        """Sets every entry of ``input_dict_or_td`` (a TensorDict or a dict) here, merging
+        nested levels key by key, and returns this TensorDict.
+
+        Args:
+            input_dict_or_td (TensorDict or dict): the entries to set.
+            clone (bool, optional): store clones of the given tensors. Defaults to ``False``.
+            inplace (bool, optional): copy into the existing leaves (same shapes and dtypes)
+                instead of replacing them. Defaults to ``False``.
+        """
+        self._cpp.update(_to_cpp_td(input_dict_or_td, self), clone, inplace)
+        return self
+
+    def zero_(self) -> "TensorDict":
+        """Sets every leaf to zero in place; returns this TensorDict."""
+        self._cpp.zero_()
+        return self
+
+    def fill_(self, key: Any, value: numbers.Number | bool) -> "TensorDict":
+        """Fills the leaf at ``key`` (or every leaf of the nested TensorDict there) with
+        ``value`` in place; returns this TensorDict."""
+        self._cpp.fill_(key, value)
+        return self
+
+    def __eq__(self, other: Any) -> "TensorDict":  # type: ignore[override]
+        """Elementwise ``==``: a TensorDict of boolean tensors with this structure. ``other``
+        is a TensorDict (or dict) with the same keys, a number, or a tensor that broadcasts
+        against every leaf."""
+        return self._compare(other, _CTD.eq, _CTD.eq_scalar, torch.eq)
+
+    def __ne__(self, other: Any) -> "TensorDict":  # type: ignore[override]
+        """Elementwise ``!=``; see :meth:`__eq__`."""
+        return self._compare(other, _CTD.ne, _CTD.ne_scalar, torch.ne)
+
+    __hash__ = None  # type: ignore[assignment]
+
+    def _compare(self, other, with_td, with_scalar, with_tensor):
+        if isinstance(other, (TensorDict, Mapping)):
+            return TensorDict._wrap(with_td(self._cpp, _to_cpp_td(other, self)))
+        if isinstance(other, (numbers.Number, bool)):
+            other = other.item() if hasattr(other, "item") else other  # numpy scalars
+            return TensorDict._wrap(with_scalar(self._cpp, other))
+        if isinstance(other, torch.Tensor):
+            return TensorDict._wrap(self._cpp.apply(lambda t: with_tensor(t, other)))
+        return NotImplemented
+
+    def all(self) -> bool:
+        """True when every element of every leaf is true (True for no leaves)."""
+        return self._cpp.all()
+
+    def any(self) -> bool:
+        """True when some element of some leaf is true."""
+        return self._cpp.any()
+
+    def allclose(self, other: "TensorDict", rtol: float = 1e-5, atol: float = 1e-8,
+                 equal_nan: bool = False) -> bool:
+        """True when every leaf is close to the leaf of ``other`` at the same key, as
+        ``torch.allclose`` decides."""
+        return self._cpp.allclose(_to_cpp_td(other, self), rtol, atol, equal_nan)
+
+    # ---- consolidation -----------------------------------------------------------------------
+    def consolidate(self, filename: Any = None, *, num_threads: int = 0, device: Any = None,
+                    share_memory: bool = False, pin_memory: bool = False,
+                    metadata: bool = False) -> "TensorDict":
+        """Copies every leaf into one flat storage and returns a TensorDict of views of it.
+
+        The storage has the reference tensordict's byte layout, so a consolidated TensorDict can
+        be sent or received as a single message (``send(consolidated=True)``) to or from a
+        reference peer. The result is locked. Returns this TensorDict when it is consolidated
+        already.
+
+        Args:
+            filename: not supported (memory-mapped storage); must be ``None``.
+
+        Keyword Args:
+            num_threads (int, optional): copy CPU leaves with that many threads (0 or 1: the
+                calling thread). Defaults to ``0``.
+            device (torch.device, str or int, optional): the storage's device. Defaults to the
+                TensorDict's device, else the CPU.
+            share_memory (bool, optional): put a CPU storage in shared memory. Defaults to
+                ``False``.
+            pin_memory (bool, optional): page-locked CPU storage (needs an accelerator).
+                Defaults to ``False``.
+            metadata (bool, optional): accepted for compatibility; the metadata is always
+                built. Defaults to ``False``.
+
+        Raises:
+            ValueError: for a dtype the layout cannot name, or bad options.
+            TypeError: for a sparse or nested-tensor leaf.
+        """
+        if filename is not None:
+            raise NotImplementedError("consolidate(filename=...) is not supported")
+        return TensorDict._wrap(
+            self._cpp.consolidate(_device(device), pin_memory, share_memory, num_threads))
+
+    def is_consolidated(self) -> bool:
+        """True when the TensorDict is a view of one consolidated storage (see
+        :meth:`consolidate`)."""
+        return self._cpp.is_consolidated()
+
+    # ---- printing ----------------------------------------------------------------------------
+    def __repr__(self) -> str:
+        """The reference's detailed repr: ``TensorDict(fields={...}, batch_size=...,
+        device=..., is_shared=...)``."""
+        return self._cpp.repr()
+
+    # ---- torch functions ---------------------------------------------------------------------
+    @classmethod
+    def __torch_function__(cls, func, types, args=(), kwargs=None):
+        """Lets ``torch.stack``, ``torch.cat`` and ``torch.unbind`` take TensorDicts."""
+        kwargs = kwargs or {}
+        if func is torch.stack:
+            return stack(*args, **kwargs)
+        if func is torch.cat:
+            return cat(*args, **kwargs)
+        if func is torch.unbind:
+            return args[0].unbind(*args[1:], **kwargs)
+        return NotImplemented
+
+    # ---- point-to-point transfers ------------------------------------------------------------
+    from tensordict_cpp._p2p import send, recv, isend, irecv  # noqa: E402
+
+
+for _fn in (TensorDict.send, TensorDict.recv, TensorDict.isend, TensorDict.irecv):
+    _fn.__qualname__ = f"TensorDict.{_fn.__name__}"  # help() names the class, not _p2p
+del _fn
+
+
+def stack(list_of_tds: Sequence[TensorDict], dim: int = 0) -> TensorDict:
+    """Stacks TensorDicts with the same keys and batch size along a new batch dimension
+    ``dim`` (also reached through ``torch.stack``)."""
+    return TensorDict._wrap(_C.stack([_cpp_of(td) for td in list_of_tds], dim))
+
+
+def cat(list_of_tds: Sequence[TensorDict], dim: int = 0) -> TensorDict:
+    """Concatenates TensorDicts with the same keys along batch dimension ``dim`` (also
+    reached through ``torch.cat``)."""
+    return TensorDict._wrap(_C.cat([_cpp_of(td) for td in list_of_tds], dim))
+
+
+def _cpp_of(td: Any) -> _CTD:
+    if not isinstance(td, TensorDict):
+        raise TypeError(f"expected a TensorDict, got {type(td)}")
+    return td._cpp
+
+
+def _to_cpp_td(other: Any, like: TensorDict) -> _CTD:
+    if isinstance(other, TensorDict):
+        return other._cpp
+    if isinstance(other, Mapping):
+        return TensorDict(dict(other), batch_size=like.batch_size, device=like.device)._cpp
+    raise TypeError(f"expected a TensorDict or a dict, got {type(other)}")
+
+
+def _to_value(value: Any, batch_size: list[int], device: torch.device | None) -> Any:
+    if isinstance(value, torch.Tensor):
+        return value
+    if isinstance(value, TensorDict):
+        return value._cpp
+    if isinstance(value, Mapping):
+        return TensorDict(value, batch_size=batch_size, device=device)._cpp
+    if isinstance(value, (numbers.Number, bool)) or hasattr(value, "__array__"):
+        return torch.as_tensor(value)
+    raise TypeError(f"a TensorDict holds tensors, numbers and TensorDicts, got {type(value)}")
+
+
+def _from_value(value: Any) -> Any:
+    return TensorDict._wrap(value) if isinstance(value, _CTD) else value

@@ -1,0 +1,134 @@
+"""C++ errors reach Python as the Errors table of STYLE.md says, with texts and no C++
+backtrace; the p2p argument checks raise the reference's exact ValueError texts."""
+import datetime
+import os
+
+import pytest
+import tensordict
+import torch
+import torch.distributed as dist
+
+import tensordict_cpp
+from tensordict_cpp import TensorDict, _C
+
+os.environ.setdefault("GLOO_SOCKET_IFNAME", "lo")  # the one-rank groups below bind to loopback
+
+
+@pytest.mark.parametrize("kind, expected", [
+    ("KeyError", KeyError),
+    ("ValueError", ValueError),
+    ("TypeError", TypeError),
+    ("IndexError", IndexError),
+    ("NotImplementedError", NotImplementedError),
+    ("DistBackendError", dist.DistBackendError),
+    ("RuntimeError", RuntimeError),
+    ("InternalAssert", RuntimeError),
+])
+def test_each_cpp_error_type_maps_to_its_python_class(kind, expected):
+    with pytest.raises(expected) as info:
+        _C._raise_for_test(kind, "the message")
+    assert type(info.value) is expected
+    assert "the message" in str(info.value)
+    assert "Exception raised from" not in str(info.value)  # no C++ backtrace
+
+
+def td():
+    return TensorDict(a=torch.ones(4), n={"x": torch.ones(4, 2)}, batch_size=[4])
+
+
+def test_missing_key_is_a_key_error():
+    with pytest.raises(KeyError, match="missing"):
+        td()["missing"]
+    with pytest.raises(KeyError):
+        td()["n", "missing"]
+    with pytest.raises(KeyError):
+        td().pop("missing")
+
+
+def test_batch_size_mismatch_is_a_value_error():
+    with pytest.raises(ValueError, match="'bad'"):
+        td()["bad"] = torch.ones(3)
+    with pytest.raises(ValueError):
+        TensorDict(a=torch.ones(3), batch_size=[4])
+    with pytest.raises(ValueError):
+        td().batch_size = [5]
+
+
+def test_wrong_kind_of_value_is_a_type_error():
+    with pytest.raises(TypeError, match="str or a tuple of str"):
+        td().get(("n", 1))  # converted by the C++ layer
+    with pytest.raises(TypeError):
+        td()._cpp.set("x", object())
+    with pytest.raises(TypeError):
+        td()[1.5]
+
+
+def test_out_of_range_index_is_an_index_error():
+    with pytest.raises(IndexError):
+        td()[4]
+
+
+def test_writing_a_locked_tensordict_is_a_runtime_error():
+    locked = td().lock_()
+    with pytest.raises(RuntimeError, match="locked"):
+        locked["z"] = torch.ones(4)
+
+
+def test_consolidated_recv_into_a_plain_tensordict_is_a_value_error():
+    # Checked before any message is posted, so one process suffices.
+    with pytest.raises(ValueError, match="consolidated"):
+        td().recv(group=_standalone_group(), group_src=0, consolidated=True)
+
+
+def _standalone_group():
+    return dist.ProcessGroupGloo(dist.HashStore(), 0, 1, datetime.timedelta(seconds=5))
+
+
+def _error(fn):
+    try:
+        fn()
+    except Exception as e:  # noqa: BLE001 - the exception itself is what we compare
+        return type(e), str(e)
+    return None
+
+
+@pytest.mark.parametrize("method, kwargs", [
+    ("send", {}),
+    ("send", {"group_dst": 0}),
+    ("send", {"dst": 0, "group_dst": 0, "group": "G"}),
+    ("recv", {}),
+    ("recv", {"group_src": 0}),
+    ("recv", {"src": 0, "group_src": 0, "group": "G"}),
+    ("isend", {}),
+    ("isend", {"group_dst": 0}),
+    ("isend", {"dst": 0, "group_dst": 0, "group": "G"}),
+    ("irecv", {}),
+    ("irecv", {"group_src": 0}),
+    ("irecv", {"src": 0, "group_src": 0, "group": "G"}),
+])
+def test_peer_value_errors_equal_the_reference(method, kwargs):
+    group = _standalone_group()
+    kwargs = {k: (group if v == "G" else v) for k, v in kwargs.items()}
+    ref = tensordict.TensorDict(a=torch.ones(4), batch_size=[4])
+    ours = TensorDict(a=torch.ones(4), batch_size=[4])
+    expected = _error(lambda: getattr(ref, method)(**kwargs))
+    assert expected is not None and expected[0] is ValueError
+    assert _error(lambda: getattr(ours, method)(**kwargs)) == expected
+
+
+def test_global_rank_without_default_group_fails_as_torch_does():
+    assert not dist.is_initialized()
+    ours = TensorDict(a=torch.ones(4), batch_size=[4])
+    ref = tensordict.TensorDict(a=torch.ones(4), batch_size=[4])
+    expected = _error(lambda: ref.send(dst=1))
+    assert _error(lambda: ours.send(dst=1)) == expected
+
+
+def test_a_group_of_the_wrong_type_is_a_type_error():
+    with pytest.raises(TypeError, match="ProcessGroup"):
+        TensorDict(a=torch.ones(1), batch_size=[1]).send(group=object(), group_dst=0)
+
+
+def test_package_exports():
+    assert tensordict_cpp.TensorDict is TensorDict
+    assert callable(tensordict_cpp.stack) and callable(tensordict_cpp.cat)
