@@ -1,0 +1,67 @@
+#pragma once
+// The state behind a Pipe handle (shared with TensorDictServer, which builds pipes from the
+// endpoints its listener accepts).
+
+#include <atomic>
+#include <memory>
+#include <mutex>
+#include <optional>
+#include <string>
+
+#include "tensordict/consolidate.h"
+#include "tensordict/pipe/pipe.h"
+#include "ucx_worker.h"
+
+namespace tensordict::pipe::detail {
+
+struct PipeImpl {
+  PipeImpl(PipeOptions options, std::shared_ptr<Worker> worker);
+  ~PipeImpl();
+
+  /// The connected endpoint; a listening pipe waits for its client here (bounded).
+  std::shared_ptr<Endpoint> endpoint(const char* op);
+  void close() noexcept;
+
+  void send_consolidated(Endpoint& e, const TensorDict& td);
+  TensorDict recv_consolidated(Endpoint& e, const std::optional<TensorDict>& td,
+                               std::optional<at::Device> device);
+  void send_uncollated(Endpoint& e, const TensorDict& td);
+  TensorDict recv_uncollated(Endpoint& e, std::optional<at::Device> device);
+
+  void send_bytes(Endpoint& e, const void* data, size_t n, const at::Tensor& owner,
+                  const char* what);
+  void recv_bytes(Endpoint& e, void* data, size_t n, const at::Tensor& owner, const char* what);
+  uint64_t recv_length(Endpoint& e, const char* what);
+  void check_storage_cap(Endpoint& e, int64_t n, const char* what);
+  bool can_recv_into(const TensorDict& td) const;
+  void count(int64_t PipeStats::*field, int64_t n);
+
+  const PipeOptions options;
+  // Declared before the listener and the endpoint, so released after them: they point into it.
+  std::shared_ptr<Worker> worker;
+  std::shared_ptr<Listener> listener;  // listening pipes only
+  int port = 0;
+
+  mutable std::mutex ep_mu;  // guards ep (set once, by connect or by the first accept)
+  std::shared_ptr<Endpoint> ep;
+  std::atomic<bool> closed{false};
+
+  std::mutex send_mu;  // one send at a time; guards the send state below
+  at::Tensor send_scratch;  // 16 bytes: the flag byte and the length, never reallocated
+  bool sent_once = false;
+  std::shared_ptr<const Metadata> last_sent_metadata;
+  std::string last_sent_schema;
+
+  std::mutex recv_mu;  // one recv at a time; guards the receive state below
+  at::Tensor recv_scratch;
+  bool have_schema = false;
+  std::string recv_schema;  // sorted JSON of the last received metadata, transport keys removed
+  int64_t recv_total_bytes = 0;
+  at::Device recv_device = at::kCPU;
+  std::optional<TensorDict> recv_td;  // the TensorDict a same-schema message lands in
+
+  mutable std::mutex stats_mu;
+  PipeStats stats;
+};
+
+}  // namespace tensordict::pipe::detail

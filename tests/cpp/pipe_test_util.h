@@ -1,0 +1,107 @@
+#pragma once
+// Helpers of the UCX pipe tests: a watchdog per test, error-message checks, TensorDict
+// comparison by bytes, and counts of open file descriptors and threads.
+#include <ATen/ATen.h>
+#include <gtest/gtest.h>
+
+#include <chrono>
+#include <condition_variable>
+#include <cstdlib>
+#include <cstring>
+#include <filesystem>
+#include <mutex>
+#include <string>
+#include <thread>
+
+#include "tensordict/consolidate.h"
+#include "tensordict/pipe/pipe.h"
+#include "tensordict/tensor_dict.h"
+
+namespace pipe_test {
+
+using namespace std::chrono_literals;
+
+#define EXPECT_THROW_MSG(stmt, E, needle)                                                \
+  do {                                                                                   \
+    try {                                                                                \
+      stmt;                                                                              \
+      ADD_FAILURE() << "expected " #E;                                                   \
+    } catch (const E& e) {                                                               \
+      EXPECT_NE(std::string(e.what_without_backtrace()).find(needle), std::string::npos) \
+          << e.what_without_backtrace();                                                 \
+    }                                                                                    \
+  } while (0)
+
+// Aborts the process when a test outlives its budget: a hang must fail, loudly, not stall.
+class Watchdog {
+ public:
+  explicit Watchdog(std::chrono::seconds budget) {
+    thread_ = std::thread([this, budget] {
+      std::unique_lock<std::mutex> lk(mu_);
+      if (!cv_.wait_for(lk, budget, [&] { return done_; })) {
+        std::fprintf(stderr, "watchdog: test exceeded %llds\n",
+                     static_cast<long long>(budget.count()));
+        std::abort();
+      }
+    });
+  }
+  ~Watchdog() {
+    {
+      std::lock_guard<std::mutex> lk(mu_);
+      done_ = true;
+    }
+    cv_.notify_all();
+    thread_.join();
+  }
+
+ private:
+  std::mutex mu_;
+  std::condition_variable cv_;
+  bool done_ = false;
+  std::thread thread_;
+};
+
+inline int count_dir(const char* path) {
+  int n = 0;
+  for ([[maybe_unused]] const auto& e : std::filesystem::directory_iterator(path)) ++n;
+  return n;
+}
+inline int open_fds() { return count_dir("/proc/self/fd"); }
+inline int threads() { return count_dir("/proc/self/task"); }
+
+inline tensordict::pipe::PipeOptions fast_options(bool consolidated = true) {
+  tensordict::pipe::PipeOptions o;
+  o.consolidated = consolidated;
+  o.timeout = 10s;
+  return o;
+}
+
+inline bool same_bytes(const at::Tensor& a, const at::Tensor& b) {
+  auto ca = a.contiguous(), cb = b.contiguous();
+  return ca.scalar_type() == cb.scalar_type() && ca.sizes() == cb.sizes() &&
+         std::memcmp(ca.const_data_ptr(), cb.const_data_ptr(), ca.nbytes()) == 0;
+}
+
+// Same keys (at every level), dtypes, shapes and bytes.
+inline void expect_same(const tensordict::TensorDict& a, const tensordict::TensorDict& b) {
+  auto ia = a.items({.include_nested = true, .leaves_only = true});
+  auto ib = b.items({.include_nested = true, .leaves_only = true});
+  ASSERT_EQ(ia.size(), ib.size());
+  for (const auto& [key, value] : ia) {
+    ASSERT_TRUE(b.contains(key)) << key;
+    EXPECT_TRUE(same_bytes(value.tensor(), b.get(key).tensor())) << key;
+  }
+  EXPECT_EQ(a.batch_size(), b.batch_size());
+}
+
+// wire-format.md §3.4: a=float32[4], b=float32[4,3], c={d: int64[4]}, batch [4].
+inline tensordict::TensorDict worked_example(float offset = 0) {
+  using tensordict::TensorDict;
+  TensorDict c({{"d", at::arange(4, at::kLong) + static_cast<int64_t>(offset)}}, {4});
+  return TensorDict({{"a", at::arange(4, at::kFloat) + offset},
+                     {"b", at::arange(12, at::kFloat).view({4, 3}) + offset},
+                     {"c", c}},
+                    {4});
+}
+
+}  // namespace pipe_test
