@@ -499,6 +499,9 @@ struct Malformed {
   const char* needle;
 };
 
+// Keeps CTest's test names readable (gtest would otherwise print the struct's bytes).
+void PrintTo(const Malformed& m, std::ostream* os) { *os << m.name; }
+
 std::string node(const std::string& leaves, const std::string& cls_metadata = {},
                  const std::string& extra = {}) {
   return R"({"cls": "TensorDict", "non_tensors": {}, "leaves": )" + leaves +
