@@ -5,6 +5,9 @@
 #include <torch/csrc/utils/pybind.h>
 
 #include "tensordict/tensor_dict.h"
+#ifdef TENSORDICT_WITH_DIST
+#include "tensordict/distributed/options.h"
+#endif
 
 namespace tensordict::python {
 
@@ -20,6 +23,14 @@ Value value_from_py(py::handle value);
 py::object value_to_py(const Value& value);
 
 void bind_tensor_dict(py::module_& m);
+#ifdef TENSORDICT_WITH_DIST
+/// A torch ProcessGroup, a bare c10d Backend, or None (the default group). TypeError otherwise.
+dist::Group group_from_py(py::handle group);
+/// torch's Python Work objects.
+py::list works_to_py(const std::vector<dist::WorkPtr>& works);
+void bind_collectives(py::module_& m);
+#endif
 void bind_distributed(py::module_& m);
+void bind_pipe(py::module_& m);
 
 }  // namespace tensordict::python

@@ -32,24 +32,6 @@ bool load_intrusive(py::handle obj, c10::intrusive_ptr<T>* out) {
   return true;
 }
 
-dist::Group group_from_py(py::handle obj) {
-  if (obj.is_none()) {
-    return {};
-  }
-  dist::ProcessGroupPtr pg;
-  if (load_intrusive(obj, &pg)) {
-    return pg;
-  }
-  dist::BackendPtr backend;
-  if (load_intrusive(obj, &backend)) {
-    return backend;
-  }
-  C10_THROW_ERROR(TypeError,
-                  c10::str("group must be a torch.distributed.ProcessGroup, a c10d Backend or "
-                           "None, got ",
-                           py::str(py::type::of(obj)).cast<std::string>()));
-}
-
 dist::SendOptions send_options(py::handle group, std::optional<int64_t> group_dst,
                                int64_t init_tag, bool pseudo_rand, bool consolidated) {
   return {.group = group_from_py(group),
@@ -68,13 +50,31 @@ dist::RecvOptions recv_options(py::handle group, std::optional<int64_t> group_sr
           .consolidated = consolidated};
 }
 
+}  // namespace
+
+dist::Group group_from_py(py::handle obj) {
+  if (obj.is_none()) {
+    return {};
+  }
+  dist::ProcessGroupPtr pg;
+  if (load_intrusive(obj, &pg)) {
+    return pg;
+  }
+  dist::BackendPtr backend;
+  if (load_intrusive(obj, &backend)) {
+    return backend;
+  }
+  C10_THROW_ERROR(TypeError,
+                  c10::str("group must be a torch.distributed.ProcessGroup, a c10d Backend or "
+                           "None, got ",
+                           py::str(py::type::of(obj)).cast<std::string>()));
+}
+
 py::list works_to_py(const std::vector<dist::WorkPtr>& works) {
   py::list out;
   for (const auto& w : works) out.append(py::cast(w));
   return out;
 }
-
-}  // namespace
 
 void bind_distributed(py::module_& m) {
   // Each call converts its arguments with the GIL held, then releases it for the transfer.

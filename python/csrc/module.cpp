@@ -68,8 +68,12 @@ PYBIND11_MODULE(_C, m) {
   tp::bind_tensor_dict(m);
 #ifdef TENSORDICT_WITH_DIST
   tp::bind_distributed(m);
+  tp::bind_collectives(m);
   m.attr("has_distributed") = true;
 #else
   m.attr("has_distributed") = false;
+#endif
+#ifdef TENSORDICT_WITH_PIPE
+  tp::bind_pipe(m);
 #endif
 }

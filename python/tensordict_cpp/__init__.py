@@ -12,6 +12,7 @@ import torch.distributed  # noqa: F401
 
 from tensordict_cpp import _C
 from tensordict_cpp._td import TensorDict, cat, stack
+from tensordict_cpp.pipe import TensorDictPipe, TensorDictServer
 
-__all__ = ["TensorDict", "stack", "cat"]
+__all__ = ["TensorDict", "stack", "cat", "TensorDictPipe", "TensorDictServer"]
 __version__ = "0.1.0"

@@ -28,7 +28,18 @@ def _mapped(peer, group_peer):
     return peer is not None and group_peer is None
 
 
-def send(self, dst: int | None = None, *, group: Any = None, group_dst: int | None = None,
+def _pipe_peer(peer: Any, group_peer: int | None, name: str) -> Any:
+    """``peer`` when it is a TensorDictPipe (then no group peer is allowed), else None."""
+    from tensordict_cpp.pipe import TensorDictPipe
+
+    if not isinstance(peer, TensorDictPipe):
+        return None
+    if group_peer is not None:
+        raise ValueError(f"`group_{name}` cannot be used when `{name}` is a TensorDictPipe.")
+    return peer
+
+
+def send(self, dst: Any = None, *, group: Any = None, group_dst: int | None = None,
          init_tag: int = 0, pseudo_rand: bool = False, consolidated: bool = False) -> None:
     """Sends the leaves of the TensorDict to another rank, with :mod:`torch.distributed`.
 
@@ -40,10 +51,11 @@ def send(self, dst: int | None = None, *, group: Any = None, group_dst: int | No
     while waiting.
 
     Args:
-        dst (int, optional): the receiver's global rank. It is translated into a rank of
-            ``group`` as ``torch.distributed.send`` translates it, and must not be this
-            process's rank. Exclusive with ``group_dst``: give exactly one of them. Defaults
-            to ``None``.
+        dst (int or TensorDictPipe, optional): the receiver's global rank. It is translated
+            into a rank of ``group`` as ``torch.distributed.send`` translates it, and must not
+            be this process's rank. Exclusive with ``group_dst``: give exactly one of them. A
+            :class:`~tensordict_cpp.TensorDictPipe` sends through it instead
+            (``dst.send(self)``), and the other arguments are ignored. Defaults to ``None``.
 
     Keyword Args:
         group (torch.distributed.ProcessGroup, optional): the process group to send through.
@@ -69,10 +81,14 @@ def send(self, dst: int | None = None, *, group: Any = None, group_dst: int | No
     Raises:
         ValueError: if both or neither of ``dst`` and ``group_dst`` are given, if
             ``group_dst`` is given without ``group``, if ``dst`` is this rank or not in
-            ``group``, or if ``init_tag`` is negative.
+            ``group``, or if ``init_tag`` is negative; if ``group_dst`` is given with a pipe.
         RuntimeError: if the transport fails or the group's timeout passes
             (``torch.distributed.DistBackendError`` for backend failures).
     """
+    pipe = _pipe_peer(dst, group_dst, "dst")
+    if pipe is not None:
+        pipe.send(self)
+        return None
     mapped = _mapped(dst, group_dst)
     dst, group, group_dst = _resolve(dst, group, group_dst)
     if mapped:
@@ -81,8 +97,8 @@ def send(self, dst: int | None = None, *, group: Any = None, group_dst: int | No
     _C.send(self._cpp, dst, group, group_dst, init_tag, pseudo_rand, consolidated)
 
 
-def recv(self, src: int | None = None, *, group: Any = None, group_src: int | None = None,
-         init_tag: int = 0, pseudo_rand: bool = False, consolidated: bool = False) -> int | None:
+def recv(self, src: Any = None, *, group: Any = None, group_src: int | None = None,
+         init_tag: int = 0, pseudo_rand: bool = False, consolidated: bool = False) -> Any:
     """Receives what :meth:`send` or :meth:`isend` sends, writing it into this TensorDict's
     tensors in place.
 
@@ -91,9 +107,12 @@ def recv(self, src: int | None = None, *, group: Any = None, group_src: int | No
     waiting. See :meth:`send` for the wire format.
 
     Args:
-        src (int, optional): the sender's global rank, translated into a rank of ``group`` as
-            ``torch.distributed.recv`` translates it. Exclusive with ``group_src``: give exactly
-            one of them. Defaults to ``None``.
+        src (int or TensorDictPipe, optional): the sender's global rank, translated into a
+            rank of ``group`` as ``torch.distributed.recv`` translates it. Exclusive with
+            ``group_src``: give exactly one of them. A :class:`~tensordict_cpp.TensorDictPipe`
+            receives from it instead and RETURNS the received TensorDict
+            (``src.recv(self)``: this TensorDict is filled only if it is consolidated with the
+            sender's layout); the other arguments are ignored. Defaults to ``None``.
 
     Keyword Args:
         group (torch.distributed.ProcessGroup, optional): the process group to receive
@@ -111,14 +130,18 @@ def recv(self, src: int | None = None, *, group: Any = None, group_src: int | No
 
     Returns:
         The tag of the last leaf received (``init_tag - 1`` without leaves), or ``None`` with
-        ``consolidated=True``.
+        ``consolidated=True``; from a pipe, the received TensorDict.
 
     Raises:
         ValueError: if both or neither of ``src`` and ``group_src`` are given, if
             ``group_src`` is given without ``group``, if ``src`` is not in ``group``, or with
-            ``consolidated=True`` on a TensorDict that is not consolidated.
+            ``consolidated=True`` on a TensorDict that is not consolidated; if ``group_src``
+            is given with a pipe.
         RuntimeError: if the transport fails or the group's timeout passes.
     """
+    pipe = _pipe_peer(src, group_src, "src")
+    if pipe is not None:
+        return pipe.recv(self)
     src, group, group_src = _resolve(src, group, group_src)
     return _C.recv(self._cpp, src, group, group_src, init_tag, pseudo_rand, consolidated)
 
@@ -218,3 +241,32 @@ def irecv(self, src: int | None = None, *, group: Any = None, group_src: int | N
                                   consolidated)
     _C.irecv(self._cpp, src, group, group_src, init_tag, pseudo_rand, consolidated)
     return None
+
+
+async def asend(self, dst: Any) -> None:
+    """Sends the TensorDict through a :class:`~tensordict_cpp.TensorDictPipe`:
+    ``await dst.asend(self)``.
+
+    Raises:
+        TypeError: if ``dst`` is not a TensorDictPipe.
+    """
+    from tensordict_cpp.pipe import TensorDictPipe
+
+    if not isinstance(dst, TensorDictPipe):
+        raise TypeError(f"asend: dst must be a TensorDictPipe, got {type(dst)}")
+    await dst.asend(self)
+
+
+async def arecv(self, src: Any, *, device: Any = None) -> Any:
+    """Receives from a :class:`~tensordict_cpp.TensorDictPipe` and RETURNS the received
+    TensorDict: ``await src.arecv(self, device=device)``. This TensorDict is filled only if it
+    is consolidated with the sender's layout; use the return value.
+
+    Raises:
+        TypeError: if ``src`` is not a TensorDictPipe.
+    """
+    from tensordict_cpp.pipe import TensorDictPipe
+
+    if not isinstance(src, TensorDictPipe):
+        raise TypeError(f"arecv: src must be a TensorDictPipe, got {type(src)}")
+    return await src.arecv(self, device=device)

@@ -471,12 +471,19 @@ class TensorDict:
         return NotImplemented
 
     # ---- point-to-point transfers ------------------------------------------------------------
-    from tensordict_cpp._p2p import send, recv, isend, irecv  # noqa: E402
+    from tensordict_cpp._p2p import send, recv, isend, irecv, asend, arecv  # noqa: E402
+
+    # ---- init_remote and collectives ---------------------------------------------------------
+    from tensordict_cpp._collectives import (  # noqa: E402
+        init_remote, from_remote_init, broadcast, all_gather, scatter, all_reduce, reduce)
 
 
-for _fn in (TensorDict.send, TensorDict.recv, TensorDict.isend, TensorDict.irecv):
-    _fn.__qualname__ = f"TensorDict.{_fn.__name__}"  # help() names the class, not _p2p
-del _fn
+# help() names the class, not the module the methods are written in.
+for _name in ("send", "recv", "isend", "irecv", "asend", "arecv", "init_remote",
+              "from_remote_init", "broadcast", "all_gather", "scatter", "all_reduce", "reduce"):
+    _fn = TensorDict.__dict__[_name]
+    getattr(_fn, "__func__", _fn).__qualname__ = f"TensorDict.{_name}"
+del _name, _fn
 
 
 def stack(list_of_tds: Sequence[TensorDict], dim: int = 0) -> TensorDict:

@@ -38,6 +38,36 @@ WorkPtr Group::recv(std::vector<at::Tensor>& tensors, int src, int tag) const {
                         : backend_->recv(tensors, src, tag);
 }
 
+WorkPtr Group::broadcast(std::vector<at::Tensor>& tensors,
+                         const c10d::BroadcastOptions& opts) const {
+  return process_group_ ? process_group_->broadcast(tensors, opts)
+                        : backend_->broadcast(tensors, opts);
+}
+
+WorkPtr Group::allgather(std::vector<std::vector<at::Tensor>>& outputs,
+                         std::vector<at::Tensor>& inputs) const {
+  return process_group_ ? process_group_->allgather(outputs, inputs)
+                        : backend_->allgather(outputs, inputs);
+}
+
+WorkPtr Group::scatter(std::vector<at::Tensor>& outputs,
+                       std::vector<std::vector<at::Tensor>>& inputs,
+                       const c10d::ScatterOptions& opts) const {
+  return process_group_ ? process_group_->scatter(outputs, inputs, opts)
+                        : backend_->scatter(outputs, inputs, opts);
+}
+
+WorkPtr Group::allreduce(std::vector<at::Tensor>& tensors,
+                         const c10d::AllreduceOptions& opts) const {
+  return process_group_ ? process_group_->allreduce(tensors, opts)
+                        : backend_->allreduce(tensors, opts);
+}
+
+WorkPtr Group::reduce(std::vector<at::Tensor>& tensors, const c10d::ReduceOptions& opts) const {
+  return process_group_ ? process_group_->reduce(tensors, opts)
+                        : backend_->reduce(tensors, opts);
+}
+
 namespace {
 
 // ---- the registry (torch's _world) ----------------------------------------------------------

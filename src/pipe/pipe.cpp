@@ -26,6 +26,11 @@ namespace {
 
 constexpr uint8_t kNewSchemaFlag = 0x00;
 constexpr uint8_t kSameSchemaFlag = 0x01;
+// Our close marker (not in the reference, which has no orderly close): the flag byte 0xff in
+// consolidated mode, a header length of 2^64-1 in uncollated mode (over any cap, so never a
+// real header). It lets the receiver tell a clean close from a lost peer.
+constexpr uint8_t kCloseFlag = 0xff;
+constexpr uint64_t kCloseLength = ~uint64_t{0};
 
 void put_u64_le(uint8_t* out, uint64_t v) {
   for (int i = 0; i < 8; ++i) out[i] = static_cast<uint8_t>(v >> (8 * i));
@@ -85,6 +90,7 @@ PipeImpl::~PipeImpl() { close(); }
 std::shared_ptr<Endpoint> PipeImpl::endpoint(const char* op) {
   std::lock_guard<std::mutex> lk(ep_mu);
   TORCH_CHECK(!closed.load(), "Cannot ", op, " on a closed pipe.");
+  TORCH_CHECK(!peer_closed.load(), op, ": the peer closed the pipe");
   if (ep) return ep;
   TORCH_INTERNAL_ASSERT(listener != nullptr);
   ep = listener->accept(options.timeout);
@@ -107,14 +113,20 @@ void PipeImpl::send_bytes(Endpoint& e, const void* data, size_t n, const at::Ten
 
 void PipeImpl::recv_bytes(Endpoint& e, void* data, size_t n, const at::Tensor& owner,
                           const char* what) {
-  e.recv(data, n, owner, what, options.timeout);
+  Millis timeout = options.timeout;
+  if (recv_deadline) {
+    const auto left = std::chrono::duration_cast<Millis>(*recv_deadline - Clock::now());
+    timeout = std::clamp(left, Millis(1), timeout);
+  }
+  e.recv(data, n, owner, what, timeout);
   count(&PipeStats::bytes_received, static_cast<int64_t>(n));
 }
 
-uint64_t PipeImpl::recv_length(Endpoint& e, const char* what) {
+uint64_t PipeImpl::recv_length(Endpoint& e, const char* what, bool allow_close_marker) {
   auto* buf = recv_scratch.data_ptr<uint8_t>();
   recv_bytes(e, buf, 8, recv_scratch, what);
   const uint64_t n = get_u64_le(buf);
+  if (allow_close_marker && n == kCloseLength) peer_left(e);
   if (n > static_cast<uint64_t>(options.max_metadata_bytes)) {
     const std::string why = c10::str("recv: peer ", e.peer(), " announced ", what, " of ", n,
                                      " bytes, over the limit of ", options.max_metadata_bytes,
@@ -188,6 +200,7 @@ TensorDict PipeImpl::recv_consolidated(Endpoint& e, const std::optional<TensorDi
   auto* scratch = recv_scratch.data_ptr<uint8_t>();
   recv_bytes(e, scratch, 1, recv_scratch, "the flag byte");
   const uint8_t flag = scratch[0];
+  if (flag == kCloseFlag) peer_left(e);
   if (flag == kSameSchemaFlag) {
     std::optional<TensorDict> target = recv_td;
     if (td && have_schema && can_recv_into(*td)) target = td;
@@ -329,7 +342,7 @@ void PipeImpl::send_uncollated(Endpoint& e, const TensorDict& td) {
 TensorDict PipeImpl::recv_uncollated(Endpoint& e, std::optional<at::Device> device) {
   const at::Device target_device = device.value_or(at::kCPU);
   TORCH_CHECK_VALUE(target_device.is_cpu(), "recv: this build of the pipe moves CPU memory only");
-  const uint64_t len = recv_length(e, "an uncollated header");
+  const uint64_t len = recv_length(e, "an uncollated header", /*allow_close_marker=*/true);
   const at::Tensor buf = bytes_tensor(len);
   recv_bytes(e, buf.data_ptr(), len, buf, "the header");
 
@@ -439,6 +452,54 @@ TensorDict PipeImpl::recv_uncollated(Endpoint& e, std::optional<at::Device> devi
 
 // ---- lifecycle ----------------------------------------------------------------------------------
 
+void PipeImpl::peer_left(Endpoint& e) {
+  peer_closed = true;
+  // Our orderly close is the closer's cue that everything was read (see say_goodbye).
+  e.close(options.timeout);
+  TORCH_CHECK(false, "recv: the peer ", e.peer(), " closed the pipe");
+}
+
+void PipeImpl::say_goodbye(Endpoint& e) noexcept {
+  // A send in flight (another thread) or a partial one would put the marker mid-message.
+  std::unique_lock<std::mutex> send_lk(send_mu, std::try_to_lock);
+  if (!send_lk.owns_lock() || !at_message_boundary) return;
+  const auto deadline = Clock::now() + std::min(options.linger, options.timeout);
+  const size_t n = options.consolidated ? 1 : 8;
+  bool sent_data;
+  {
+    std::lock_guard<std::mutex> lk(stats_mu);
+    sent_data = stats.bytes_sent > 0;
+  }
+  try {
+    std::memset(send_scratch.data_ptr(), kCloseFlag, 8);
+    e.send(send_scratch.data_ptr(), n, send_scratch, "the close marker", options.timeout);
+  } catch (...) {
+    return;  // the peer is gone already
+  }
+  if (!sent_data || options.linger.count() <= 0) return;
+  // Linger: the peer reads up to the marker, then closes, which fails our endpoint. A peer that
+  // is closing too may have unread messages of its own before its marker: when no recv() is in
+  // flight here, receive (and drop) them until its marker, so neither end waits for the other.
+  std::unique_lock<std::mutex> recv_lk(recv_mu, std::try_to_lock);
+  if (recv_lk.owns_lock()) {
+    recv_deadline = deadline;
+    try {
+      while (Clock::now() < deadline) {
+        if (options.consolidated) {
+          recv_consolidated(e, std::nullopt, at::Device(at::kCPU));
+        } else {
+          recv_uncollated(e, std::nullopt);
+        }
+      }
+    } catch (...) {
+      // The peer's marker, its disconnect, or the deadline (which broke the endpoint).
+    }
+    recv_deadline.reset();
+    return;
+  }
+  e.wait_gone(std::chrono::duration_cast<Millis>(deadline - Clock::now()));
+}
+
 void PipeImpl::close() noexcept {
   if (closed.exchange(true)) return;
   if (listener) listener->close(options.timeout);  // wakes an accept() waiting for a client
@@ -447,7 +508,9 @@ void PipeImpl::close() noexcept {
     std::lock_guard<std::mutex> lk(ep_mu);
     e = ep;
   }
-  if (e) e->close(options.timeout);
+  if (!e) return;
+  if (!peer_closed.load()) say_goodbye(*e);
+  e->close(options.timeout);
 }
 
 }  // namespace detail
@@ -476,11 +539,13 @@ Pipe Pipe::connect(const std::string& host, int port, const PipeOptions& options
 void Pipe::send(const TensorDict& td) {
   std::lock_guard<std::mutex> lk(impl_->send_mu);
   auto e = impl_->endpoint("send");
+  impl_->at_message_boundary = false;
   if (impl_->options.consolidated) {
     impl_->send_consolidated(*e, td);
   } else {
     impl_->send_uncollated(*e, td);
   }
+  impl_->at_message_boundary = true;
   impl_->count(&PipeStats::sends, 1);
 }
 
@@ -497,6 +562,7 @@ void Pipe::accept() { impl_->endpoint("accept"); }
 
 void Pipe::close() noexcept { impl_->close(); }
 bool Pipe::closed() const { return impl_->closed.load(); }
+bool Pipe::peer_closed() const { return impl_->peer_closed.load(); }
 int Pipe::port() const { return impl_->port; }
 
 std::string Pipe::peer() const {
@@ -514,6 +580,7 @@ PipeStats Pipe::stats() const {
 void Pipe::send_raw(const void* data, size_t n) {
   std::lock_guard<std::mutex> lk(impl_->send_mu);
   auto e = impl_->endpoint("send");
+  impl_->at_message_boundary = false;  // the framing is the caller's now
   const at::Tensor copy = detail::bytes_tensor(std::string(static_cast<const char*>(data), n));
   impl_->send_bytes(*e, copy.data_ptr(), n, copy, "raw bytes");
 }

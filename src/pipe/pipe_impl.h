@@ -31,7 +31,9 @@ struct PipeImpl {
   void send_bytes(Endpoint& e, const void* data, size_t n, const at::Tensor& owner,
                   const char* what);
   void recv_bytes(Endpoint& e, void* data, size_t n, const at::Tensor& owner, const char* what);
-  uint64_t recv_length(Endpoint& e, const char* what);
+  uint64_t recv_length(Endpoint& e, const char* what, bool allow_close_marker = false);
+  [[noreturn]] void peer_left(Endpoint& e);
+  void say_goodbye(Endpoint& e) noexcept;
   void check_storage_cap(Endpoint& e, int64_t n, const char* what);
   bool can_recv_into(const TensorDict& td) const;
   void count(int64_t PipeStats::*field, int64_t n);
@@ -45,10 +47,12 @@ struct PipeImpl {
   mutable std::mutex ep_mu;  // guards ep (set once, by connect or by the first accept)
   std::shared_ptr<Endpoint> ep;
   std::atomic<bool> closed{false};
+  std::atomic<bool> peer_closed{false};  // the peer's close marker was read
 
   std::mutex send_mu;  // one send at a time; guards the send state below
   at::Tensor send_scratch;  // 16 bytes: the flag byte and the length, never reallocated
   bool sent_once = false;
+  bool at_message_boundary = true;  // false after a raw or failed send: no close marker then
   std::shared_ptr<const Metadata> last_sent_metadata;
   std::string last_sent_schema;
 
@@ -59,6 +63,7 @@ struct PipeImpl {
   int64_t recv_total_bytes = 0;
   at::Device recv_device = at::kCPU;
   std::optional<TensorDict> recv_td;  // the TensorDict a same-schema message lands in
+  std::optional<Clock::time_point> recv_deadline;  // set while close() drains the peer
 
   mutable std::mutex stats_mu;
   PipeStats stats;

@@ -76,8 +76,9 @@ struct ServerImpl {
         try {
           handler(c.pipe);
         } catch (...) {
-          // Errors caused by close() breaking the pipe are the expected way to end.
-          if (!stopping.load()) {
+          // Errors caused by close() breaking the pipe, and the client's clean close, are the
+          // expected ways to end.
+          if (!stopping.load() && !c.pipe.peer_closed()) {
             std::lock_guard<std::mutex> lk(mu);
             errors.push_back(std::current_exception());
           }

@@ -266,6 +266,11 @@ bool Endpoint::closed() const {
   return closed_;
 }
 
+void Endpoint::wait_gone(Millis timeout) {
+  std::unique_lock<std::mutex> lk(mu_);
+  cv_.wait_for(lk, timeout, [&] { return !failure_.empty() || ep_gone_ || closed_; });
+}
+
 void Endpoint::throw_unusable(const char* op_name, const char* what) {
   // Called with mu_ held by the caller's scope.
   if (closed_) TORCH_CHECK(false, op_name, " ", what, ": the pipe to ", peer_, " is closed");

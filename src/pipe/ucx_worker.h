@@ -86,6 +86,8 @@ class Endpoint : public std::enable_shared_from_this<Endpoint> {
   /// Flushes (bounded), then force-closes; idempotent, never throws. Pending calls fail.
   void close(Millis timeout) noexcept;
   bool closed() const;
+  /// Waits up to `timeout` until the endpoint fails (the peer left) or is closed.
+  void wait_gone(Millis timeout);
   /// Breaks the endpoint on purpose (the stream is out of step): records `why`, force-closes.
   void fail(const std::string& why);
   const std::string& peer() const { return peer_; }

@@ -1,7 +1,8 @@
 #pragma once
-// Options of the point-to-point calls, named like the reference's keyword arguments, and the
-// Group handle they take.
+// Options of the transfer calls (point-to-point, init_remote, collectives), named like the
+// reference's keyword arguments, and the Group handle they take.
 
+#include <c10/core/Device.h>
 #include <torch/csrc/distributed/c10d/Backend.hpp>
 #include <torch/csrc/distributed/c10d/ProcessGroup.hpp>
 #include <torch/csrc/distributed/c10d/Work.hpp>
@@ -53,6 +54,14 @@ class Group {
   /// `group.send([t], peer, tag)` does) or straight on the Backend. Non-blocking.
   WorkPtr send(std::vector<at::Tensor>& tensors, int dst, int tag) const;
   WorkPtr recv(std::vector<at::Tensor>& tensors, int src, int tag) const;
+  /// The c10d collectives, likewise; ranks in the options are group ranks. Non-blocking.
+  WorkPtr broadcast(std::vector<at::Tensor>& tensors, const c10d::BroadcastOptions& opts) const;
+  WorkPtr allgather(std::vector<std::vector<at::Tensor>>& outputs,
+                    std::vector<at::Tensor>& inputs) const;
+  WorkPtr scatter(std::vector<at::Tensor>& outputs, std::vector<std::vector<at::Tensor>>& inputs,
+                  const c10d::ScatterOptions& opts) const;
+  WorkPtr allreduce(std::vector<at::Tensor>& tensors, const c10d::AllreduceOptions& opts) const;
+  WorkPtr reduce(std::vector<at::Tensor>& tensors, const c10d::ReduceOptions& opts) const;
 
  private:
   ProcessGroupPtr process_group_;
@@ -75,6 +84,72 @@ struct RecvOptions {
   int64_t init_tag = 0;
   bool pseudo_rand = false;
   bool consolidated = false;
+};
+
+/// The largest storage a peer may make this process receive, by default, when it sends a
+/// TensorDict whose structure the receiver does not know (from_remote_init, broadcast,
+/// all_gather, scatter): the peer's "_total_bytes" is refused above it (ValueError).
+inline constexpr int64_t kDefaultMaxTotalBytes = int64_t{1} << 36;  // 64 GiB
+
+/// Keyword arguments of init_remote().
+struct InitRemoteOptions {
+  Group group{};                         // empty: the default process group
+  std::optional<int64_t> group_dst{};    // receiver's rank in `group` (exclusive with dst)
+  /// Point-to-point: the device of the two framing messages (sizes and pickle), as
+  /// send_object_list's `device`; default CPU. With use_broadcast: the storage's device when
+  /// the TensorDict must be consolidated first.
+  std::optional<at::Device> device{};
+  bool use_broadcast = false;            // broadcast to the whole group instead (dst ignored)
+};
+
+/// Keyword arguments of from_remote_init().
+struct FromRemoteInitOptions {
+  Group group{};
+  std::optional<int64_t> group_src{};    // sender's rank in `group` (exclusive with src)
+  /// The result's device (and, point-to-point, the framing messages'). Default: the CPU
+  /// point-to-point; the sender's storage device with use_broadcast, if this process has it.
+  std::optional<at::Device> device{};
+  bool use_broadcast = false;            // must match the sender's
+  int64_t max_total_bytes = kDefaultMaxTotalBytes;
+};
+
+/// Keyword arguments of broadcast().
+struct BroadcastOptions {
+  Group group{};
+  std::optional<int64_t> group_src{};    // the source's rank in `group` (exclusive with src)
+  /// On the source: the storage's device if the TensorDict must be consolidated. Elsewhere:
+  /// the result's device (default: the source's storage device, if this process has it).
+  std::optional<at::Device> device{};
+  int64_t max_total_bytes = kDefaultMaxTotalBytes;
+};
+
+/// Keyword arguments of all_gather().
+struct AllGatherOptions {
+  Group group{};
+  int64_t max_total_bytes = kDefaultMaxTotalBytes;  // bound on each rank's storage
+};
+
+/// Keyword arguments of scatter().
+struct ScatterOptions {
+  Group group{};
+  std::optional<int64_t> group_src{};    // the source's rank in `group` (exclusive with src)
+  std::optional<at::Device> device{};    // receivers: the result's device (default: the source's)
+  int64_t max_total_bytes = kDefaultMaxTotalBytes;  // bound on the padded storage
+};
+
+/// Keyword arguments of all_reduce() and all_reduce_async().
+struct AllReduceOptions {
+  c10d::ReduceOp op = c10d::ReduceOp::SUM;
+  bool async_op = false;                 // all_reduce(): post every leaf, then wait on them all
+  Group group{};
+};
+
+/// Keyword arguments of reduce() and reduce_premature().
+struct ReduceOptions {
+  c10d::ReduceOp op = c10d::ReduceOp::SUM;
+  bool async_op = false;                 // reduce(): post every leaf, then wait on them all
+  Group group{};
+  std::optional<int64_t> group_dst{};    // destination's rank in `group` (exclusive with dst)
 };
 
 }  // namespace tensordict::dist

@@ -32,6 +32,11 @@ struct PipeOptions {
   int64_t max_metadata_bytes = int64_t{64} << 20;
   /// Largest storage (or sum of uncollated leaves) a receive accepts, checked before allocating.
   int64_t max_storage_bytes = int64_t{16} << 30;
+  /// How long close() waits, after sending its close marker, for the peer to read up to it and
+  /// leave. UCX drops the bytes a peer has not read yet when the connection goes, so without
+  /// this wait a producer that sends then closes could lose its last messages. Only a pipe that
+  /// has sent something waits; a peer that is reading (or closing too) ends the wait at once.
+  std::chrono::milliseconds linger{10000};
 };
 
 /// Counters of one pipe end (for monitoring, and for tests of the framing).
@@ -87,11 +92,17 @@ class Pipe {
   /// returns at once. send() and recv() call it; it exists so a caller can wait explicitly.
   void accept();
 
-  /// Closes the connection (flushing what was sent), the listener if any, and the progress
-  /// thread once no other pipe shares it. Idempotent; never throws. Pending calls in other
-  /// threads fail with "closed".
+  /// Closes the connection, the listener if any, and the progress thread once no other pipe
+  /// shares it. Idempotent; never throws. On a healthy pipe with no send in flight, a close
+  /// marker goes first, so the peer's next recv() sees a clean close (peer_closed()) rather
+  /// than a lost connection; then, if this end has sent anything, close() waits up to
+  /// `linger` for the peer to read everything (see PipeOptions::linger). Pending calls in
+  /// other threads fail with "closed".
   void close() noexcept;
   bool closed() const;
+  /// True once a recv() has read the peer's close marker: the peer closed cleanly, after every
+  /// message it sent was received. recv() and send() then throw "the peer closed the pipe".
+  bool peer_closed() const;
 
   /// The bound port of a listening pipe (the real one when 0 was asked), else the peer's port.
   int port() const;

@@ -1,0 +1,113 @@
+// Binding of init_remote / from_remote_init and the collectives of tensordict::dist. As in
+// distributed.cpp, the Python layer has already turned global ranks into group ranks and
+// resolved `group=None` to torch's default group (torch's registry is the Python one), so these
+// functions always receive a group and, where a peer is needed, its rank in that group.
+
+#include <torch/csrc/distributed/c10d/Types.hpp>
+
+#include <optional>
+
+#include "bindings.h"
+#include "tensordict/distributed/collectives.h"
+#include "tensordict/distributed/init_remote.h"
+
+namespace tensordict::python {
+namespace {
+
+int64_t max_bytes(std::optional<int64_t> given) {
+  return given.value_or(dist::kDefaultMaxTotalBytes);
+}
+
+py::list tds_to_py(const std::vector<TensorDict>& tds) {
+  py::list out;
+  for (const auto& td : tds) out.append(py::cast(td));
+  return out;
+}
+
+}  // namespace
+
+void bind_collectives(py::module_& m) {
+  // Arguments are converted with the GIL held; the transfers run without it.
+  m.def("init_remote", [](const TensorDict& td, std::optional<int64_t> group_dst,
+                          py::handle group, std::optional<at::Device> device, bool use_broadcast) {
+    dist::InitRemoteOptions o{.group = group_from_py(group),
+                              .group_dst = group_dst,
+                              .device = device,
+                              .use_broadcast = use_broadcast};
+    py::gil_scoped_release nogil;
+    return dist::init_remote(td, std::nullopt, o);
+  });
+  m.def("from_remote_init", [](std::optional<int64_t> group_src, py::handle group,
+                               std::optional<at::Device> device, bool use_broadcast,
+                               std::optional<int64_t> max_total_bytes) {
+    dist::FromRemoteInitOptions o{.group = group_from_py(group),
+                                  .group_src = group_src,
+                                  .device = device,
+                                  .use_broadcast = use_broadcast,
+                                  .max_total_bytes = max_bytes(max_total_bytes)};
+    py::gil_scoped_release nogil;
+    return dist::from_remote_init(std::nullopt, o);
+  });
+  m.def("broadcast", [](const TensorDict& td, std::optional<int64_t> group_src, py::handle group,
+                        std::optional<at::Device> device, std::optional<int64_t> max_total_bytes) {
+    dist::BroadcastOptions o{.group = group_from_py(group),
+                             .group_src = group_src,
+                             .device = device,
+                             .max_total_bytes = max_bytes(max_total_bytes)};
+    py::gil_scoped_release nogil;
+    return dist::broadcast(td, std::nullopt, o);
+  });
+  m.def("all_gather", [](const TensorDict& td, py::handle group,
+                         std::optional<int64_t> max_total_bytes) {
+    dist::AllGatherOptions o{.group = group_from_py(group),
+                             .max_total_bytes = max_bytes(max_total_bytes)};
+    std::vector<TensorDict> out;
+    {
+      py::gil_scoped_release nogil;
+      out = dist::all_gather(td, o);
+    }
+    return tds_to_py(out);
+  });
+  m.def("scatter", [](std::optional<int64_t> group_src, const std::vector<TensorDict>& tds,
+                      py::handle group, std::optional<at::Device> device,
+                      std::optional<int64_t> max_total_bytes) {
+    dist::ScatterOptions o{.group = group_from_py(group),
+                           .group_src = group_src,
+                           .device = device,
+                           .max_total_bytes = max_bytes(max_total_bytes)};
+    py::gil_scoped_release nogil;
+    return dist::scatter(std::nullopt, tds, o);
+  });
+  m.def("all_reduce", [](const TensorDict& td, const c10d::ReduceOp& op, bool async_op,
+                         py::handle group) -> py::object {
+    dist::AllReduceOptions o{.op = op, .async_op = false, .group = group_from_py(group)};
+    std::vector<dist::WorkPtr> works;
+    {
+      py::gil_scoped_release nogil;
+      if (async_op) {
+        works = dist::all_reduce_async(td, o);
+      } else {
+        dist::all_reduce(td, o);
+      }
+    }
+    return async_op ? py::object(works_to_py(works)) : py::object(py::none());
+  });
+  m.def("reduce", [](const TensorDict& td, int64_t group_dst, const c10d::ReduceOp& op,
+                     bool async_op, bool return_premature, py::handle group) -> py::object {
+    dist::ReduceOptions o{
+        .op = op, .async_op = async_op, .group = group_from_py(group), .group_dst = group_dst};
+    std::vector<dist::WorkPtr> works;
+    const bool premature = async_op && return_premature;
+    {
+      py::gil_scoped_release nogil;
+      if (premature) {
+        works = dist::reduce_premature(td, std::nullopt, o);
+      } else {
+        dist::reduce(td, std::nullopt, o);
+      }
+    }
+    return premature ? py::object(works_to_py(works)) : py::object(py::none());
+  });
+}
+
+}  // namespace tensordict::python

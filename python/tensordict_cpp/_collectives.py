@@ -1,0 +1,270 @@
+"""init_remote / from_remote_init and the collectives of tensordict_cpp.TensorDict (bound as
+its methods).
+
+The work runs in C++ with the GIL released. As in ``_p2p``, global ranks are turned into ranks
+of the group here, by torch.distributed itself, and ``group=None`` becomes torch's default
+group: the groups of a Python program live in torch.distributed's Python registry. The C++
+side therefore always receives a group and, where a peer is named, its rank in that group.
+
+Metadata travels as pickles in torch's object-collective framing, byte-compatible with the
+reference ``tensordict``; our C++ code writes and reads them (a restricted reader that never
+imports or calls anything): Python's ``pickle`` never sees bytes from a peer.
+"""
+from __future__ import annotations
+
+from typing import Any, Sequence
+
+import torch.distributed as dist
+from torch.distributed import distributed_c10d as _c10d
+
+from tensordict_cpp import _C
+
+
+def _group(group: Any) -> Any:
+    return _c10d._group_or_default_group(group)
+
+
+def _group_rank(group: Any, rank: int) -> int:
+    """``rank``, a global rank, as a rank of ``group`` (ValueError if it is not a member)."""
+    return dist.get_group_rank(group, rank)
+
+
+def _op(op: Any) -> dist.ReduceOp:
+    # ReduceOp.SUM and friends are RedOpType values (isinstance() of ReduceOp says True
+    # through a metaclass): the binding takes a real ReduceOp.
+    if op is None:
+        op = dist.ReduceOp.SUM
+    return dist.ReduceOp(op) if isinstance(op, dist.ReduceOp.RedOpType) else op
+
+
+def _no_buckets(bucket_bytes: int | None) -> None:
+    if bucket_bytes is not None:
+        raise NotImplementedError("bucket_bytes is not supported: each leaf is one collective")
+
+
+def _wrap(cpp: Any):
+    from tensordict_cpp._td import TensorDict
+
+    return TensorDict._wrap(cpp)
+
+
+def init_remote(self, dst: int | None = None, group: Any = None, device: Any = None,
+                use_broadcast: bool = False) -> None:
+    """Sends this TensorDict, structure and values, to a rank that does not know it.
+
+    The receiver calls :meth:`from_remote_init`, which returns a consolidated TensorDict; later
+    values then go with ``send(dst, consolidated=True)`` into that TensorDict, which copies
+    nothing and allocates nothing on the receiver. The TensorDict is consolidated first (a
+    copy) unless it is consolidated already. The wire format is the reference ``tensordict``'s
+    (a pickled metadata dict in ``send_object_list`` framing, then the storage), so either side
+    may run the reference. This TensorDict's metadata is never modified.
+
+    Args:
+        dst (int, optional): the receiver's global rank; must not be this rank. Required
+            unless ``use_broadcast=True``, which ignores it. Defaults to ``None``.
+        group (torch.distributed.ProcessGroup, optional): the process group. Defaults to
+            ``None``: the default process group.
+        device (torch.device, str or int, optional): point-to-point, the device of the two
+            framing messages, as ``send_object_list``'s ``device``. With
+            ``use_broadcast=True``, the storage's device if the TensorDict must be
+            consolidated. Defaults to ``None``.
+        use_broadcast (bool, optional): if ``True``, broadcasts to every rank of the group
+            (see :meth:`broadcast`); the others call ``from_remote_init(src=...,
+            use_broadcast=True)``. Defaults to ``False``.
+
+    Raises:
+        ValueError: if ``dst`` is missing, this rank, or not in ``group``.
+        RuntimeError: if the transport fails or the group's timeout passes.
+    """
+    pg = _group(group)
+    group_dst = None
+    if not use_broadcast:
+        if dst is None:
+            raise ValueError("init_remote: `dst` is required unless use_broadcast=True")
+        group_dst = _group_rank(pg, dst)
+        _c10d._check_not_self_rank(pg, group_dst, "destination")
+    _C.init_remote(self._cpp, group_dst, pg, device, use_broadcast)
+
+
+@classmethod
+def from_remote_init(cls, src: int, group: Any = None, device: Any = None,
+                     use_broadcast: bool = False, *, max_total_bytes: int | None = None):
+    """Receives what :meth:`init_remote` sends and returns it as a new consolidated
+    TensorDict.
+
+    Receive later values into the result with ``recv(src, consolidated=True)``: they land in
+    the same storage. The sender's metadata is read by a restricted reader that accepts only
+    dicts, lists, tuples, str, int, float, bool and None, within bounds: nothing a peer sends
+    is imported or executed.
+
+    Args:
+        src (int): the sender's global rank.
+        group (torch.distributed.ProcessGroup, optional): the process group. Defaults to
+            ``None``: the default process group.
+        device (torch.device, str or int, optional): the device of the result (and,
+            point-to-point, of the framing messages). Defaults to ``None``: the CPU
+            point-to-point; with ``use_broadcast=True``, the sender's storage device if this
+            process has it.
+        use_broadcast (bool, optional): must match the sender's. Defaults to ``False``.
+
+    Keyword Args:
+        max_total_bytes (int, optional): the largest storage the sender may announce.
+            Defaults to ``None``: 64 GiB.
+
+    Raises:
+        ValueError: for malformed metadata (a pickle outside the accepted subset, truncated,
+            beyond the bounds, or whose layout does not fit the announced size).
+        NotImplementedError: if the sender sent a tensorclass.
+        RuntimeError: if the transport fails or the group's timeout passes.
+    """
+    pg = _group(group)
+    cpp = _C.from_remote_init(_group_rank(pg, src), pg, device, use_broadcast, max_total_bytes)
+    return cls._wrap(cpp)
+
+
+def broadcast(self, src: int, *, group: Any = None, device: Any = None,
+              max_total_bytes: int | None = None):
+    """Sends the TensorDict of rank ``src`` to every rank of the group and returns it on each.
+
+    Every rank of the group calls it; the others may pass any TensorDict (an empty one), which
+    is not used. The source consolidates its TensorDict (unless it is consolidated already)
+    and broadcasts its metadata, pickled in ``broadcast_object_list`` framing, then its
+    storage: the reference ``tensordict``'s wire format. Use the returned TensorDict.
+
+    Args:
+        src (int): the source's global rank (translated into a rank of ``group``).
+
+    Keyword Args:
+        group (torch.distributed.ProcessGroup, optional): the process group. Defaults to
+            ``None``: the default process group.
+        device (torch.device, str or int, optional): on the source, the storage's device if
+            it must consolidate; elsewhere, the result's device. Defaults to ``None``: the
+            source's storage device, if this process has it (RuntimeError otherwise).
+        max_total_bytes (int, optional): receivers: the largest storage the source may
+            announce. Defaults to ``None``: 64 GiB.
+
+    Returns:
+        A consolidated TensorDict: on the source, this one if it was consolidated, else a
+        consolidated copy; elsewhere a new one.
+    """
+    pg = _group(group)
+    cpp = _C.broadcast(self._cpp, _group_rank(pg, src), pg, device, max_total_bytes)
+    return _wrap(cpp)
+
+
+def all_gather(self, *, group: Any = None, max_total_bytes: int | None = None) -> list:
+    """Returns the TensorDict of every rank of the group, on every rank, in rank order.
+
+    Every rank of the group calls it; the structures may differ between ranks. Each rank's
+    TensorDict is consolidated (unless it is already); the metadata goes with
+    ``all_gather_object`` framing, the storages zero-padded to the largest.
+
+    Keyword Args:
+        group (torch.distributed.ProcessGroup, optional): the process group. Defaults to
+            ``None``: the default process group.
+        max_total_bytes (int, optional): the largest storage any rank may announce. Defaults
+            to ``None``: 64 GiB.
+
+    Returns:
+        A list of new consolidated TensorDicts, one per rank of the group (this one's too).
+    """
+    return [_wrap(t) for t in _C.all_gather(self._cpp, _group(group), max_total_bytes)]
+
+
+def scatter(self, src: int, tensordicts: Sequence | None = None, *, group: Any = None,
+            device: Any = None, max_total_bytes: int | None = None):
+    """Sends ``tensordicts[i]`` from rank ``src`` to the rank of index ``i`` in the group,
+    and returns the one this rank receives.
+
+    Every rank of the group calls it; the TensorDict it is called on is not used. The
+    structures may differ per rank. Wire format: ``scatter_object_list`` for the metadata,
+    then a scatter of the storages zero-padded to the largest, as the reference does.
+
+    Args:
+        src (int): the source's global rank (translated into a rank of ``group``).
+        tensordicts (list of TensorDict, optional): on the source, one TensorDict per rank of
+            the group; ignored elsewhere. Defaults to ``None``.
+
+    Keyword Args:
+        group (torch.distributed.ProcessGroup, optional): the process group. Defaults to
+            ``None``: the default process group.
+        device (torch.device, str or int, optional): receivers: the result's device. Defaults
+            to ``None``: the source's storage device, if this process has it.
+        max_total_bytes (int, optional): receivers: the largest (padded) storage the source
+            may announce. Defaults to ``None``: 64 GiB.
+
+    Returns:
+        A new consolidated TensorDict.
+
+    Raises:
+        ValueError: on the source, if ``tensordicts`` is missing or does not hold one
+            TensorDict per rank.
+    """
+    from tensordict_cpp._td import _cpp_of
+
+    pg = _group(group)
+    group_src = _group_rank(pg, src)
+    tds = []
+    if pg.rank() == group_src:
+        if tensordicts is None:
+            raise ValueError("scatter: the source rank must pass `tensordicts`")
+        tds = [_cpp_of(td) for td in tensordicts]
+    return _wrap(_C.scatter(group_src, tds, pg, device, max_total_bytes))
+
+
+def all_reduce(self, op: Any = None, *, group: Any = None, async_op: bool = False,
+               bucket_bytes: int | None = None) -> list | None:
+    """Reduces every leaf in place over the group, so that every rank holds the result.
+
+    One ``torch.distributed.all_reduce`` per leaf, in insertion order (depth first): every rank
+    must hold the same keys, inserted in the same order, with the same shapes and dtypes.
+
+    Args:
+        op (torch.distributed.ReduceOp, optional): the reduction. Defaults to ``None``: SUM.
+
+    Keyword Args:
+        group (torch.distributed.ProcessGroup, optional): the process group. Defaults to
+            ``None``: the default process group.
+        async_op (bool, optional): if ``True``, returns the ``Work`` of each leaf without
+            waiting; call ``wait()`` on each before using the TensorDict. Defaults to
+            ``False``.
+        bucket_bytes: not supported; must be ``None``.
+
+    Returns:
+        With ``async_op=True``, the list of ``Work`` objects; otherwise ``None``.
+    """
+    _no_buckets(bucket_bytes)
+    return _C.all_reduce(self._cpp, _op(op), async_op, _group(group))
+
+
+def reduce(self, dst: int, op: Any = None, async_op: bool = False,
+           return_premature: bool = False, group: Any = None, *,
+           bucket_bytes: int | None = None) -> list | None:
+    """Reduces every leaf over the group into rank ``dst``, in place.
+
+    One ``torch.distributed.reduce`` per leaf, keys sorted by code point at each level, depth
+    first, on ``group`` at every level. Afterwards rank ``dst`` holds the result; the other
+    ranks' values are undefined (Gloo leaves partial results).
+
+    Args:
+        dst (int): the global rank that receives the result (translated into a rank of
+            ``group``).
+        op (torch.distributed.ReduceOp, optional): the reduction. Defaults to ``None``: SUM.
+        async_op (bool, optional): if ``True``, every leaf's reduction is posted before any is
+            waited on. Defaults to ``False``.
+        return_premature (bool, optional): with ``async_op=True``, returns the ``Work`` objects
+            without waiting; call ``wait()`` on each before using the TensorDict. Defaults to
+            ``False``.
+        group (torch.distributed.ProcessGroup, optional): the process group. Defaults to
+            ``None``: the default process group.
+
+    Keyword Args:
+        bucket_bytes: not supported; must be ``None``.
+
+    Returns:
+        The list of ``Work`` objects with ``async_op=True`` and ``return_premature=True``;
+        otherwise ``None``.
+    """
+    _no_buckets(bucket_bytes)
+    pg = _group(group)
+    return _C.reduce(self._cpp, _group_rank(pg, dst), _op(op), async_op, return_premature, pg)

@@ -1,0 +1,436 @@
+"""TensorDictPipe and TensorDictServer: stream TensorDicts between processes over UCX.
+
+The transport is the C++ pipe (``tensordict::pipe``, docs/pipe.md): each pipe has its own UCX
+worker progressed by a C++ thread, so nothing here ever progresses UCX on the event loop.
+The calls that wait on the network release the GIL. The coroutines (:meth:`asend`,
+:meth:`arecv`, ...) hand those calls to a thread owned by the pipe, one per direction, and
+await the result, so the event loop keeps running; the plain methods (:meth:`send`,
+:meth:`recv`, ...) block the calling thread. Both work with or without a running event loop:
+a plain call inside a coroutine blocks that loop for its duration, but it never deadlocks,
+since completing it needs no Python code.
+
+>>> async def consumer():
+...     pipe = await TensorDictPipe.listen(0)          # returns at once, bound
+...     print(pipe.port)                               # give it to the producer
+...     async for td in pipe:                          # ends when the producer closes
+...         print(td["obs"].sum())
+"""
+from __future__ import annotations
+
+import asyncio
+import concurrent.futures
+import inspect
+import threading
+from typing import Any, AsyncIterator, Awaitable, Callable
+
+import torch
+
+from tensordict_cpp import _C
+from tensordict_cpp._td import TensorDict
+
+__all__ = ["TensorDictPipe", "TensorDictServer"]
+
+_DEFAULTS = dict(consolidated=True, timeout=30.0, max_metadata_bytes=64 << 20,
+                 max_storage_bytes=16 << 30, linger=10.0)
+
+
+def _cpp_td(td: Any) -> Any:
+    if td is None:
+        return None
+    if not isinstance(td, TensorDict):
+        raise TypeError(f"expected a tensordict_cpp.TensorDict, got {type(td)}")
+    return td._cpp
+
+
+def _device(device: Any) -> torch.device | None:
+    return None if device is None else torch.device(device)
+
+
+def _require_pipe() -> None:
+    if not hasattr(_C, "Pipe"):
+        raise ImportError("tensordict_cpp was built without the UCX pipe: install libucx-dev "
+                          "and rebuild with TENSORDICT_BUILD_PIPE=ON")
+
+
+class TensorDictPipe:
+    """One end of a point-to-point channel that streams TensorDicts over UCX.
+
+    Create one with :meth:`listen` on one side and :meth:`connect` on the other (or their
+    ``_sync`` forms), not with the constructor. The framing is the reference
+    ``tensordict._ucxx.TensorDictPipe``'s: with ``consolidated=True`` the first message, and
+    each message with a new structure, carries the metadata and the consolidated storage; the
+    next ones carry the storage only, which the receiver writes into the TensorDict it
+    returned last, without allocating. With ``consolidated=False`` each message carries a JSON
+    header and every tensor leaf, and each receive returns a new TensorDict.
+
+    One send and one receive may run at once (the two directions are independent); calls in
+    the same direction run one after the other, in the order they were made. ``close()``
+    sends a close marker, so that the peer's ``async for`` ends cleanly after the last
+    message, and, if this end has sent anything, waits up to ``linger`` seconds for the peer
+    to read everything (UCX drops unread bytes when a connection closes).
+
+    A pipe is a context manager and an async context manager (both close it), and an async
+    iterator: ``async for td in pipe`` receives until the peer closes the pipe cleanly (or
+    this end is closed), and raises every other error.
+
+    .. warning::
+        With ``consolidated=True``, each receive with the same structure overwrites and returns
+        the same TensorDict: ``clone()`` it to keep it.
+
+    Keyword Args (of :meth:`listen` and :meth:`connect`):
+        consolidated (bool): the framing; both ends must agree. Defaults to ``True``.
+        timeout (float): seconds any wait may take (connect, accept, each message). An expired
+            wait breaks the pipe. Defaults to ``30``.
+        max_metadata_bytes (int): the largest metadata a receive accepts. Defaults to 64 MiB.
+        max_storage_bytes (int): the largest storage a receive accepts. Defaults to 16 GiB.
+        linger (float): seconds ``close()`` waits for the peer to read what was sent.
+            Defaults to ``10``.
+    """
+
+    def __init__(self, cpp: Any) -> None:
+        self._cpp = cpp
+        self._lock = threading.Lock()
+        self._send_ex: concurrent.futures.ThreadPoolExecutor | None = None
+        self._recv_ex: concurrent.futures.ThreadPoolExecutor | None = None
+        self._last: TensorDict | None = None  # so a same-schema receive returns the same object
+        self._orphan: concurrent.futures.Future | None = None  # see arecv
+
+    # ---- creation ----------------------------------------------------------------------------
+    @classmethod
+    def listen_sync(cls, port: int = 0, host: str = "127.0.0.1", **options: Any) -> "TensorDictPipe":
+        """Binds ``host``:``port`` and returns at once, without waiting for the client: the
+        first send or receive (or :meth:`accept`) waits for it, up to ``timeout``. Port 0 binds
+        a free port (see :attr:`port`). The pipe serves its first client only.
+
+        Raises:
+            RuntimeError: if the address cannot be bound.
+            ValueError: for a bad port or host.
+        """
+        _require_pipe()
+        return cls(_C.Pipe.listen(port, host, **{**_DEFAULTS, **options}))
+
+    @classmethod
+    def connect_sync(cls, host: str, port: int, **options: Any) -> "TensorDictPipe":
+        """Connects to a listening pipe or server, waiting up to ``timeout``.
+
+        Raises:
+            RuntimeError: if the peer is unreachable or refuses, or on timeout.
+        """
+        _require_pipe()
+        return cls(_C.Pipe.connect(host, port, **{**_DEFAULTS, **options}))
+
+    @classmethod
+    async def listen(cls, port: int = 0, host: str = "127.0.0.1", **options: Any) -> "TensorDictPipe":
+        """:meth:`listen_sync` as a coroutine. Unlike the reference it does not wait for the
+        client, so one task can listen, then connect, then exchange."""
+        return await asyncio.to_thread(cls.listen_sync, port, host, **options)
+
+    @classmethod
+    async def connect(cls, host: str, port: int, **options: Any) -> "TensorDictPipe":
+        """:meth:`connect_sync` as a coroutine."""
+        return await asyncio.to_thread(cls.connect_sync, host, port, **options)
+
+    def accept(self) -> None:
+        """Listening pipe: waits (up to ``timeout``) for the client. Connected pipe: returns."""
+        self._cpp.accept()
+
+    async def aaccept(self) -> None:
+        """:meth:`accept` as a coroutine."""
+        await self._submit("recv", self._cpp.accept)
+
+    # ---- transfers ---------------------------------------------------------------------------
+    def send(self, td: TensorDict) -> None:
+        """Sends ``td`` and waits until it is sent; blocks the calling thread (in a coroutine,
+        prefer :meth:`asend`). A TensorDict that is not consolidated is consolidated (copied)
+        first, on each call: consolidate it once and update it in place to avoid the copy.
+
+        Raises:
+            RuntimeError: on a closed or broken pipe, a peer error or a timeout
+                ("Cannot send on a closed pipe." when closed).
+            ValueError: for a TensorDict the wire cannot carry.
+            TypeError: if ``td`` is not a tensordict_cpp.TensorDict.
+        """
+        self._cpp.send(_cpp_td(td))
+
+    async def asend(self, td: TensorDict) -> None:
+        """:meth:`send` as a coroutine. ``td`` must stay unchanged until it returns. Cancelling
+        it does not stop the send, which completes (or fails) in the background."""
+        await self._submit("send", self._cpp.send, _cpp_td(td))
+
+    def recv(self, td: TensorDict | None = None, *, device: Any = None) -> TensorDict:
+        """Receives one TensorDict and returns it; blocks the calling thread (in a coroutine,
+        prefer :meth:`arecv`).
+
+        Args:
+            td (TensorDict, optional): a consolidated TensorDict to receive into when its
+                layout matches the message. Otherwise the pipe returns the TensorDict of its
+                previous receive (same structure) or a new one: use the return value.
+
+        Keyword Args:
+            device: the device of a newly allocated storage. Defaults to the sender's device
+                with ``consolidated=True``, else the CPU. Only the CPU is supported here.
+
+        Raises:
+            RuntimeError: on a closed or broken pipe, a peer error, a timeout, a clean close by
+                the peer ("the peer closed the pipe", see :attr:`peer_closed`), or framing
+                errors (unknown flag, sizes over the caps, a same-schema message with nothing
+                to receive into).
+            ValueError: for invalid metadata from the peer.
+        """
+        return self._recv_blocking(td, device)
+
+    async def arecv(self, td: TensorDict | None = None, *, device: Any = None) -> TensorDict:
+        """:meth:`recv` as a coroutine.
+
+        Cancelling it (``asyncio.wait_for`` included) loses nothing: the message it was
+        receiving is returned by the next :meth:`arecv` (which then ignores its own
+        arguments), or its error raised there.
+        """
+        with self._lock:
+            cf, self._orphan = self._orphan, None
+        if cf is None or cf.cancelled():
+            cf = self._executor("recv").submit(self._recv_blocking, td, device)
+        try:
+            return await asyncio.wrap_future(cf)
+        except asyncio.CancelledError:
+            if not cf.cancelled():  # already running: it will complete; keep its result
+                with self._lock:
+                    self._orphan = cf
+            raise
+
+    def _recv_blocking(self, td: TensorDict | None, device: Any) -> TensorDict:
+        out = self._cpp.recv(_cpp_td(td), _device(device))
+        with self._lock:
+            # The same C++ TensorDict as before (same schema): the same Python object too.
+            for known in (self._last, td):
+                if known is not None and known._cpp.is_same(out):
+                    self._last = known
+                    return known
+            self._last = TensorDict._wrap(out)
+            return self._last
+
+    # ---- closing -----------------------------------------------------------------------------
+    def close(self) -> None:
+        """Closes the pipe (see the class description) and joins its threads. Idempotent.
+        Blocks up to ``linger`` seconds when the peer has not read everything yet; in a
+        coroutine, prefer :meth:`aclose`. Pending calls in other threads or tasks fail."""
+        self._cpp.close()
+        with self._lock:
+            executors, self._send_ex, self._recv_ex = (self._send_ex, self._recv_ex), None, None
+        for ex in executors:
+            if ex is not None:
+                ex.shutdown(wait=True)  # prompt: the close failed the calls they were running
+
+    async def aclose(self) -> None:
+        """:meth:`close` as a coroutine."""
+        await asyncio.to_thread(self.close)
+
+    @property
+    def closed(self) -> bool:
+        """Whether this end was closed."""
+        return self._cpp.closed
+
+    @property
+    def peer_closed(self) -> bool:
+        """Whether the peer closed the pipe cleanly (its close marker was received, after
+        every message it sent)."""
+        return self._cpp.peer_closed
+
+    @property
+    def port(self) -> int:
+        """The bound port of a listening pipe, else the peer's port."""
+        return self._cpp.port
+
+    @property
+    def peer(self) -> str:
+        """``"host:port"`` of the peer ("" before a client arrives)."""
+        return self._cpp.peer
+
+    @property
+    def consolidated(self) -> bool:
+        return self._cpp.consolidated
+
+    def stats(self) -> dict[str, int]:
+        """Counters: sends, schema_sends (those with metadata), recvs, schema_recvs,
+        bytes_sent, bytes_received (framing included)."""
+        return self._cpp.stats()
+
+    def __enter__(self) -> "TensorDictPipe":
+        return self
+
+    def __exit__(self, *exc: Any) -> None:
+        self.close()
+
+    async def __aenter__(self) -> "TensorDictPipe":
+        return self
+
+    async def __aexit__(self, *exc: Any) -> None:
+        await self.aclose()
+
+    def __aiter__(self) -> "TensorDictPipe":
+        return self
+
+    async def __anext__(self) -> TensorDict:
+        try:
+            return await self.arecv()
+        except RuntimeError:
+            # A clean end: the peer's close marker, or this end closed on purpose. Anything
+            # else (a lost peer, a timeout, a framing error) is raised.
+            if self._cpp.peer_closed or self._cpp.closed:
+                raise StopAsyncIteration from None
+            raise
+
+    def __repr__(self) -> str:
+        state = "closed" if self.closed else ("peer closed" if self.peer_closed else "open")
+        return f"TensorDictPipe(port={self.port}, peer={self.peer!r}, {state})"
+
+    # ---- helpers -----------------------------------------------------------------------------
+    def _executor(self, op: str) -> concurrent.futures.ThreadPoolExecutor:
+        # One thread per direction, made on first use: calls keep their order, and a blocked
+        # receive never waits behind another pipe's work (as it could in a shared pool).
+        name = f"_{op}_ex"
+        with self._lock:
+            ex = getattr(self, name)
+            if ex is None:
+                if self._cpp.closed:  # no thread for a pipe that close() will not see again
+                    raise RuntimeError(f"Cannot {op} on a closed pipe.")
+                ex = concurrent.futures.ThreadPoolExecutor(1, thread_name_prefix=f"td-pipe-{op}")
+                setattr(self, name, ex)
+            return ex
+
+    async def _submit(self, op: str, fn: Callable, *args: Any) -> Any:
+        return await asyncio.wrap_future(self._executor(op).submit(fn, *args))
+
+
+class TensorDictServer:
+    """A listener that accepts many clients and gives each one a :class:`TensorDictPipe`.
+
+    Binds at once (port 0: a free port, see :attr:`port`). Get the pipes with :meth:`serve`,
+    ``async for pipe in server`` or :meth:`accept`. :meth:`close` stops accepting and closes
+    every pipe the server handed out, so handlers blocked in a receive fail promptly; it is
+    idempotent. A server is a context manager and an async context manager.
+
+    Args:
+        port (int): the port; 0 picks a free one. Defaults to ``0``.
+        host (str): the address to bind; ``"0.0.0.0"`` listens on every interface. Defaults to
+            ``"127.0.0.1"``.
+
+    Keyword Args:
+        the pipe options of :class:`TensorDictPipe` (``consolidated``, ``timeout``, ...), for
+        every accepted pipe.
+    """
+
+    def __init__(self, port: int = 0, host: str = "127.0.0.1", **options: Any) -> None:
+        _require_pipe()
+        self._cpp = _C.PipeServer(port, host, **{**_DEFAULTS, **options})
+        self._closed = False
+        self._lock = threading.Lock()
+        self._accept_ex = concurrent.futures.ThreadPoolExecutor(
+            1, thread_name_prefix="td-server-accept")
+        self._pipes: list[TensorDictPipe] = []
+        self._tasks: set[asyncio.Task] = set()
+        self.handler_errors: list[BaseException] = []
+        """Exceptions raised by :meth:`serve`'s handlers, except those caused by close() or
+        by a clean close of their client."""
+
+    @property
+    def port(self) -> int:
+        return self._cpp.port
+
+    @property
+    def clients(self) -> int:
+        """Number of clients accepted so far."""
+        return self._cpp.clients
+
+    @property
+    def closed(self) -> bool:
+        return self._closed
+
+    def accept_sync(self, timeout: float | None = None) -> TensorDictPipe | None:
+        """The next client's pipe, waiting up to ``timeout`` seconds (default: the pipes'
+        timeout); ``None`` when none came in time or the server is closed."""
+        try:
+            cpp = self._cpp.accept(timeout)
+        except RuntimeError:
+            if self._closed:
+                return None
+            raise
+        if cpp is None:
+            return None
+        pipe = TensorDictPipe(cpp)
+        with self._lock:
+            if self._closed:  # close() ran meanwhile: it did not see this one
+                closing = True
+            else:
+                closing = False
+                self._pipes.append(pipe)
+        if closing:
+            pipe.close()
+            return None
+        return pipe
+
+    async def accept(self, timeout: float | None = None) -> TensorDictPipe | None:
+        """:meth:`accept_sync` as a coroutine."""
+        return await asyncio.wrap_future(self._accept_ex.submit(self.accept_sync, timeout))
+
+    async def __aiter__(self) -> AsyncIterator[TensorDictPipe]:
+        """Yields each new client's pipe until the server is closed."""
+        while not self._closed:
+            pipe = await self.accept(1.0)  # close() wakes it at once; the slice only bounds
+            if pipe is not None:
+                yield pipe
+
+    async def serve(self, handler: Callable[[TensorDictPipe], Awaitable[None] | None]) -> None:
+        """Accepts clients until :meth:`close`, running ``handler(pipe)`` for each as its own
+        task; each pipe is closed when its handler returns. Returns once the server is closed
+        and every handler has finished (close() makes blocked receives fail promptly).
+        Handler exceptions go to :attr:`handler_errors`; cancelling serve cancels the
+        handlers."""
+        try:
+            async for pipe in self:
+                task = asyncio.ensure_future(self._run_handler(handler, pipe))
+                self._tasks.add(task)
+                task.add_done_callback(self._tasks.discard)
+        finally:
+            tasks = list(self._tasks)
+            if not self._closed:  # cancelled: take the handlers down with it
+                for t in tasks:
+                    t.cancel()
+            await asyncio.gather(*tasks, return_exceptions=True)
+
+    async def _run_handler(self, handler: Callable, pipe: TensorDictPipe) -> None:
+        try:
+            result = handler(pipe)
+            if inspect.isawaitable(result):
+                await result
+        except Exception as err:  # noqa: BLE001 - kept for the caller, as the C++ server does
+            if not (self._closed or pipe.peer_closed):
+                self.handler_errors.append(err)
+        finally:
+            await pipe.aclose()
+
+    def close(self) -> None:
+        """Stops accepting, closes every pipe handed out, and joins the server's threads.
+        In a coroutine, prefer :meth:`aclose`."""
+        with self._lock:
+            self._closed = True
+            pipes, self._pipes = self._pipes, []
+        self._cpp.close()  # closes the listener and the C++ side of every accepted pipe
+        for pipe in pipes:
+            pipe.close()
+        self._accept_ex.shutdown(wait=True)
+
+    async def aclose(self) -> None:
+        await asyncio.to_thread(self.close)
+
+    def __enter__(self) -> "TensorDictServer":
+        return self
+
+    def __exit__(self, *exc: Any) -> None:
+        self.close()
+
+    async def __aenter__(self) -> "TensorDictServer":
+        return self
+
+    async def __aexit__(self, *exc: Any) -> None:
+        await self.aclose()

@@ -1,0 +1,230 @@
+#include "tensordict/distributed/collectives.h"
+
+#include <ATen/ATen.h>
+#include <c10/util/Exception.h>
+
+#include <algorithm>
+
+#include "remote.h"
+#include "tensordict/distributed/p2p.h"
+
+namespace tensordict::dist {
+namespace {
+
+using detail::Incoming;
+
+// Runs count collectives: posted one after another and waited in turn (async_op=False, as the
+// reference calls them), or all posted and then waited on together.
+template <typename Post>
+void run_each(size_t count, bool async_op, Post&& post) {
+  if (async_op) {
+    detail::wait_all(detail::post_all(count, post));
+    return;
+  }
+  for (size_t i = 0; i < count; ++i) {
+    detail::wait_all({post(i)});
+  }
+}
+
+// Depth-first insertion order: consolidate's order, and all_reduce's in the reference.
+void insertion_leaves(const TensorDict& td, std::vector<at::Tensor>& out) {
+  for (const auto& [key, value] : td.entries()) {
+    if (value.is_tensor()) {
+      out.push_back(value.tensor());
+    } else {
+      insertion_leaves(value.tensordict(), out);
+    }
+  }
+}
+
+bool supports_complex(const c10d::ReduceOp& op) {
+  return op == c10d::ReduceOp::SUM || op == c10d::ReduceOp::AVG ||
+         op == c10d::ReduceOp::PREMUL_SUM;
+}
+
+// One leaf's allreduce; complex leaves travel as their real view, as torch.distributed does.
+struct AllReducer {
+  const std::vector<at::Tensor>& leaves;
+  Group group;
+  c10d::AllreduceOptions opts;
+  WorkPtr operator()(size_t i) const {
+    return detail::post_in_place(leaves[i], /*reads_leaf=*/true, [&](const at::Tensor& t) {
+      std::vector<at::Tensor> one{t.is_complex() ? at::view_as_real(t) : t};
+      return group.allreduce(one, opts);
+    });
+  }
+};
+
+std::vector<at::Tensor> all_reduce_leaves(const TensorDict& td, const AllReduceOptions& o) {
+  std::vector<at::Tensor> leaves;
+  insertion_leaves(td, leaves);
+  for (const auto& leaf : leaves) {
+    detail::check_writable("all_reduce", leaf, "reduce into", "reducing rank");
+    TORCH_CHECK_VALUE(!leaf.is_complex() || supports_complex(o.op),
+                      "all_reduce does not support this op on complex tensors");
+  }
+  return leaves;
+}
+
+struct Reducer {
+  std::vector<at::Tensor> leaves;
+  Group group;
+  c10d::ReduceOptions opts;
+  WorkPtr operator()(size_t i) const {
+    return detail::post_in_place(leaves[i], /*reads_leaf=*/true, [&](const at::Tensor& t) {
+      std::vector<at::Tensor> one{t};
+      return group.reduce(one, opts);
+    });
+  }
+};
+
+// Keeps `group` for every leaf, nested ones included (the reference drops it below the root).
+Reducer make_reducer(const TensorDict& td, std::optional<int64_t> dst, const ReduceOptions& o) {
+  const auto root = detail::resolve_peer("reduce", dst, o.group_dst, o.group, "dst", "group_dst",
+                                         /*refuse_self=*/false);
+  Reducer r{{}, root.group, {}};
+  r.opts.reduceOp = o.op;
+  r.opts.rootRank = root.rank;
+  for (auto& [path, leaf] : wire_order(td)) {
+    detail::check_writable("reduce", leaf, "reduce into", "reducing rank");
+    r.leaves.push_back(std::move(leaf));
+  }
+  return r;
+}
+
+std::string describe(const char* call, int group_rank) {
+  return c10::str(call, " (from group rank ", group_rank, ")");
+}
+
+}  // namespace
+
+TensorDict broadcast(const TensorDict& td, std::optional<int64_t> src,
+                     const BroadcastOptions& options) {
+  constexpr const char* kCall = "broadcast";
+  const auto root = detail::resolve_peer(kCall, src, options.group_src, options.group, "src",
+                                         "group_src", /*refuse_self=*/false);
+  c10d::BroadcastOptions opts;
+  opts.rootRank = root.rank;
+  if (root.group.rank() == root.rank) {
+    TensorDict c = detail::consolidated(td, options.device);
+    std::vector<at::Tensor> storage{consolidated_storage(c)};
+    const std::string pickle = detail::metadata_pickle(
+        c, {{"_total_bytes", storage[0].numel()}, {"_storage_device", storage[0].device().str()}});
+    detail::broadcast_object(kCall, root, &pickle);
+    detail::wait_all({root.group.broadcast(storage, opts)});
+    return c;
+  }
+  const std::string from = describe(kCall, root.rank);
+  const std::string pickle = detail::broadcast_object(kCall, root, nullptr);
+  Incoming in = detail::parse_incoming(from, pickle, options.max_total_bytes, /*padded=*/false);
+  const int64_t n = detail::transfer_bytes(in, /*padded=*/false);
+  std::vector<at::Tensor> storage{
+      detail::byte_buffer(n, detail::receive_device(from, options.device, in))};
+  detail::wait_all({root.group.broadcast(storage, opts)});
+  return detail::finish(in, storage[0]);
+}
+
+std::vector<TensorDict> all_gather(const TensorDict& td, const AllGatherOptions& options) {
+  constexpr const char* kCall = "all_gather";
+  const Group group = detail::resolve_group(options.group);
+  const int size = group.size();
+  TensorDict c = detail::consolidated(td, std::nullopt);
+  const at::Tensor storage = consolidated_storage(c);
+  const auto pickles = detail::all_gather_objects(
+      kCall, group, detail::metadata_pickle(c, {{"_total_bytes", storage.numel()}}));
+  std::vector<Incoming> incoming;
+  int64_t longest = 0;
+  for (int r = 0; r < size; ++r) {
+    incoming.push_back(detail::parse_incoming(describe(kCall, r), pickles[r],
+                                              options.max_total_bytes, /*padded=*/false));
+  }
+  // Every rank parses the same pickles, so an unknown size stops every rank here alike.
+  for (const auto& in : incoming) {
+    longest = std::max(longest, detail::transfer_bytes(in, /*padded=*/false));
+  }
+  std::vector<at::Tensor> padded{detail::byte_buffer(longest, storage.device(), /*zeroed=*/true)};
+  padded[0].narrow(0, 0, storage.numel()).copy_(storage);
+  std::vector<std::vector<at::Tensor>> gathered(1);
+  for (int r = 0; r < size; ++r) {
+    gathered[0].push_back(detail::byte_buffer(longest, storage.device()));
+  }
+  detail::wait_all({group.allgather(gathered, padded)});
+  std::vector<TensorDict> out;
+  for (int r = 0; r < size; ++r) {
+    out.push_back(detail::finish(incoming[r], gathered[0][r]));
+  }
+  return out;
+}
+
+TensorDict scatter(std::optional<int64_t> src, const std::vector<TensorDict>& tensordicts,
+                   const ScatterOptions& options) {
+  constexpr const char* kCall = "scatter";
+  const auto root = detail::resolve_peer(kCall, src, options.group_src, options.group, "src",
+                                         "group_src", /*refuse_self=*/false);
+  c10d::ScatterOptions opts;
+  opts.rootRank = root.rank;
+  const int me = root.group.rank();
+  if (me == root.rank) {
+    const size_t size = static_cast<size_t>(root.group.size());
+    TORCH_CHECK_VALUE(tensordicts.size() == size, "scatter: the source passes ",
+                      tensordicts.size(), " TensorDicts to a group of ", size, " ranks");
+    std::vector<TensorDict> cs;
+    int64_t longest = 0;
+    for (const auto& td : tensordicts) {
+      cs.push_back(detail::consolidated(td, std::nullopt));
+      longest = std::max(longest, consolidated_storage(cs.back()).numel());
+    }
+    const at::Device device = consolidated_storage(cs[0]).device();
+    std::vector<std::string> pickles;
+    std::vector<std::vector<at::Tensor>> padded(1);
+    for (const auto& c : cs) {
+      const at::Tensor storage = consolidated_storage(c);
+      pickles.push_back(detail::metadata_pickle(c, {{"_total_bytes", storage.numel()},
+                                                    {"_max_bytes", longest},
+                                                    {"_storage_device", device.str()}}));
+      padded[0].push_back(detail::byte_buffer(longest, device, /*zeroed=*/true));
+      padded[0].back().narrow(0, 0, storage.numel()).copy_(storage);
+    }
+    detail::scatter_objects(kCall, root, &pickles);
+    std::vector<at::Tensor> mine{detail::byte_buffer(longest, device)};
+    detail::wait_all({root.group.scatter(mine, padded, opts)});
+    const at::Tensor& own = consolidated_storage(cs[me]);
+    return rebuild(*consolidated_metadata(cs[me]), mine[0].narrow(0, 0, own.numel()));
+  }
+  // Other ranks ignore `tensordicts`, as the reference does.
+  const std::string from = describe(kCall, root.rank);
+  const std::string pickle = detail::scatter_objects(kCall, root, nullptr);
+  Incoming in = detail::parse_incoming(from, pickle, options.max_total_bytes, /*padded=*/true);
+  const int64_t n = detail::transfer_bytes(in, /*padded=*/true);
+  std::vector<at::Tensor> mine{detail::byte_buffer(n, detail::receive_device(from, options.device, in))};
+  std::vector<std::vector<at::Tensor>> none;
+  detail::wait_all({root.group.scatter(mine, none, opts)});
+  return detail::finish(in, mine[0]);
+}
+
+void all_reduce(const TensorDict& td, const AllReduceOptions& options) {
+  const auto leaves = all_reduce_leaves(td, options);
+  AllReducer post{leaves, detail::resolve_group(options.group), {}};
+  post.opts.reduceOp = options.op;
+  run_each(leaves.size(), options.async_op, post);
+}
+
+std::vector<WorkPtr> all_reduce_async(const TensorDict& td, const AllReduceOptions& options) {
+  const auto leaves = all_reduce_leaves(td, options);
+  AllReducer post{leaves, detail::resolve_group(options.group), {}};
+  post.opts.reduceOp = options.op;
+  return detail::post_all(leaves.size(), post);
+}
+
+void reduce(const TensorDict& td, std::optional<int64_t> dst, const ReduceOptions& options) {
+  const Reducer post = make_reducer(td, dst, options);
+  run_each(post.leaves.size(), options.async_op, post);
+}
+
+std::vector<WorkPtr> reduce_premature(const TensorDict& td, std::optional<int64_t> dst,
+                                      const ReduceOptions& options) {
+  const Reducer post = make_reducer(td, dst, options);
+  return detail::post_all(post.leaves.size(), post);
+}
+
+}  // namespace tensordict::dist

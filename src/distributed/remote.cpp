@@ -1,0 +1,299 @@
+#include "remote.h"
+
+#include <ATen/DeviceAccelerator.h>
+#include <c10/util/Exception.h>
+
+#include <algorithm>
+#include <cstring>
+
+#include "tensordict/metadata_pickle.h"
+#include "tensordict/pickle.h"
+
+namespace tensordict::dist::detail {
+namespace {
+
+constexpr int64_t kMaxPickleBytes = static_cast<int64_t>(kMaxMetadataJsonBytes);
+
+at::Tensor int64_tensor(int64_t value, at::Device device) {
+  return at::full({1}, value, at::TensorOptions().dtype(at::kLong).device(device));
+}
+
+int64_t int64_value(const at::Tensor& t) { return t.cpu().item<int64_t>(); }
+
+at::Tensor pickle_tensor(const std::string& pickle, int64_t padded_size, at::Device device) {
+  at::Tensor t = byte_buffer(padded_size, at::kCPU, /*zeroed=*/padded_size > int64_t(pickle.size()));
+  std::memcpy(t.data_ptr<uint8_t>(), pickle.data(), pickle.size());
+  return t.to(device);
+}
+
+std::string pickle_string(const at::Tensor& t, int64_t size) {
+  at::Tensor cpu = t.cpu().contiguous();
+  return std::string(reinterpret_cast<const char*>(cpu.data_ptr<uint8_t>()),
+                     static_cast<size_t>(size));
+}
+
+void check_pickle_size(const char* call, int64_t size, const char* what) {
+  TORCH_CHECK_VALUE(size > 0 && size <= kMaxPickleBytes, call, ": the peer announced ", what,
+                    " of ", size, " bytes; a metadata pickle must have 1 to ", kMaxPickleBytes,
+                    " bytes");
+}
+
+void run(WorkPtr work) { wait_all({std::move(work)}); }
+
+const JsonScalar* field(const TransportFields& fields, std::string_view name) {
+  for (const auto& [key, value] : fields) {
+    if (key == name) return &value;
+  }
+  return nullptr;
+}
+
+// The top-level scalar fields of a pickle whose metadata was refused, so that a sane
+// "_total_bytes" still lets the receiver drain the storage.
+TransportFields salvage_fields(std::string_view bytes) {
+  TransportFields out;
+  try {
+    pickle::Value top = pickle::loads(bytes);
+    if (top.kind() != pickle::Value::Kind::Dict) return out;
+    for (size_t i = 0; i < top.keys().size(); ++i) {
+      const auto& v = top.values()[i];
+      if (v.kind() == pickle::Value::Kind::Int) {
+        out.emplace_back(top.keys()[i], v.as_int());
+      } else if (v.kind() == pickle::Value::Kind::Str) {
+        out.emplace_back(top.keys()[i], v.as_str());
+      }
+    }
+  } catch (const c10::Error&) {
+  }
+  return out;
+}
+
+void defer(Incoming& in, std::exception_ptr e) {
+  if (!in.error) in.error = std::move(e);
+}
+
+template <typename... Args>
+std::exception_ptr value_error(const Args&... args) {
+  return std::make_exception_ptr(c10::ValueError({__func__, __FILE__, uint32_t(__LINE__)},
+                                                 c10::str(args...)));
+}
+
+// An int transport field in [lo, hi]; records the fault otherwise.
+std::optional<int64_t> size_field(const std::string& from, const TransportFields& fields,
+                                  const char* name, int64_t lo, int64_t hi, Incoming& in) {
+  const JsonScalar* v = field(fields, name);
+  if (v == nullptr || !std::holds_alternative<int64_t>(*v)) {
+    defer(in, value_error(from, ": the metadata has no integer \"", name, "\""));
+    return std::nullopt;
+  }
+  const int64_t n = std::get<int64_t>(*v);
+  if (n < lo || n > hi) {
+    defer(in, value_error(from, ": the sender announces \"", name, "\" = ", n,
+                          " bytes; this receiver accepts ", lo, " to ", hi,
+                          " (max_total_bytes bounds it)"));
+    return std::nullopt;
+  }
+  return n;
+}
+
+}  // namespace
+
+at::Tensor byte_buffer(int64_t n, at::Device device, bool zeroed) {
+  auto options = at::TensorOptions().dtype(at::kByte).device(device);
+  return zeroed ? at::zeros({n}, options) : at::empty({n}, options);
+}
+
+TensorDict consolidated(const TensorDict& td, std::optional<at::Device> device) {
+  return is_consolidated(td) ? td : consolidate(td, {.device = device});
+}
+
+std::string metadata_pickle(const TensorDict& c, const TransportFields& fields) {
+  return pickle::dumps(metadata_to_pickle(*consolidated_metadata(c), fields));
+}
+
+void send_object_and_storage(const Peer& peer, const std::string& pickle,
+                             const at::Tensor& storage, at::Device framing_device) {
+  std::vector<std::vector<at::Tensor>> messages = {
+      {int64_tensor(static_cast<int64_t>(pickle.size()), framing_device)},
+      {pickle_tensor(pickle, static_cast<int64_t>(pickle.size()), framing_device)},
+      {storage}};
+  wait_all(post_all(messages.size(),
+                    [&](size_t i) { return peer.group.send(messages[i], peer.rank, 0); }));
+}
+
+std::string recv_object(const char* call, const Peer& peer, at::Device framing_device) {
+  std::vector<at::Tensor> size{int64_tensor(0, framing_device)};
+  run(peer.group.recv(size, peer.rank, 0));
+  const int64_t n = int64_value(size[0]);
+  check_pickle_size(call, n, "a metadata pickle");
+  // Zeroed: a shorter message than announced leaves zeros, which the reader refuses.
+  std::vector<at::Tensor> bytes{byte_buffer(n, framing_device, /*zeroed=*/true)};
+  run(peer.group.recv(bytes, peer.rank, 0));
+  return pickle_string(bytes[0], n);
+}
+
+std::string broadcast_object(const char* call, const Peer& root, const std::string* pickle) {
+  const bool is_root = pickle != nullptr;
+  c10d::BroadcastOptions opts;
+  opts.rootRank = root.rank;
+  std::vector<at::Tensor> size{
+      int64_tensor(is_root ? static_cast<int64_t>(pickle->size()) : 0, at::kCPU)};
+  run(root.group.broadcast(size, opts));
+  const int64_t n = int64_value(size[0]);
+  if (!is_root) check_pickle_size(call, n, "a metadata pickle");
+  std::vector<at::Tensor> bytes{is_root ? pickle_tensor(*pickle, n, at::kCPU)
+                                        : byte_buffer(n, at::kCPU, /*zeroed=*/true)};
+  run(root.group.broadcast(bytes, opts));
+  return is_root ? *pickle : pickle_string(bytes[0], n);
+}
+
+std::vector<std::string> all_gather_objects(const char* call, const Group& group,
+                                            const std::string& pickle) {
+  const int size = group.size();
+  std::vector<at::Tensor> mine{int64_tensor(static_cast<int64_t>(pickle.size()), at::kCPU)};
+  std::vector<std::vector<at::Tensor>> sizes(1);
+  for (int r = 0; r < size; ++r) sizes[0].push_back(int64_tensor(0, at::kCPU));
+  run(group.allgather(sizes, mine));
+  std::vector<int64_t> lengths;
+  for (const auto& t : sizes[0]) {
+    lengths.push_back(int64_value(t));
+    // Every rank sees the same lengths, so every rank refuses alike and none is left waiting.
+    check_pickle_size(call, lengths.back(), "a metadata pickle");
+  }
+  const int64_t longest = *std::max_element(lengths.begin(), lengths.end());
+  std::vector<at::Tensor> input{pickle_tensor(pickle, longest, at::kCPU)};
+  std::vector<std::vector<at::Tensor>> outputs(1);
+  for (int r = 0; r < size; ++r) outputs[0].push_back(byte_buffer(longest, at::kCPU));
+  run(group.allgather(outputs, input));
+  std::vector<std::string> out;
+  for (int r = 0; r < size; ++r) out.push_back(pickle_string(outputs[0][r], lengths[r]));
+  return out;
+}
+
+std::string scatter_objects(const char* call, const Peer& root,
+                            const std::vector<std::string>* pickles) {
+  const bool is_root = pickles != nullptr;
+  int64_t longest = 0;
+  if (is_root) {
+    for (const auto& p : *pickles) longest = std::max<int64_t>(longest, p.size());
+  }
+  c10d::BroadcastOptions bopts;
+  bopts.rootRank = root.rank;
+  std::vector<at::Tensor> max_size{int64_tensor(longest, at::kCPU)};
+  run(root.group.broadcast(max_size, bopts));
+  longest = int64_value(max_size[0]);
+  if (!is_root) check_pickle_size(call, longest, "a longest metadata pickle");
+
+  c10d::ScatterOptions sopts;
+  sopts.rootRank = root.rank;
+  std::vector<at::Tensor> out{byte_buffer(longest, at::kCPU, /*zeroed=*/true)};
+  std::vector<std::vector<at::Tensor>> in;
+  if (is_root) {
+    in.emplace_back();
+    for (const auto& p : *pickles) in[0].push_back(pickle_tensor(p, longest, at::kCPU));
+  }
+  run(root.group.scatter(out, in, sopts));
+  std::vector<at::Tensor> length{int64_tensor(0, at::kCPU)};
+  std::vector<std::vector<at::Tensor>> lengths;
+  if (is_root) {
+    lengths.emplace_back();
+    for (const auto& p : *pickles) {
+      lengths[0].push_back(int64_tensor(static_cast<int64_t>(p.size()), at::kCPU));
+    }
+  }
+  run(root.group.scatter(length, lengths, sopts));
+  const int64_t n = int64_value(length[0]);
+  TORCH_CHECK_VALUE(n > 0 && n <= longest, call, ": the peer announced a metadata pickle of ",
+                    n, " bytes in a buffer of ", longest);
+  return pickle_string(out[0], n);
+}
+
+Incoming parse_incoming(const std::string& from, std::string_view bytes, int64_t max_total_bytes,
+                        bool padded) {
+  TORCH_CHECK_VALUE(max_total_bytes >= 0, from, ": max_total_bytes must be non-negative, got ",
+                    max_total_bytes);
+  Incoming in;
+  TransportFields fields;
+  try {
+    in.metadata = metadata_from_pickle_bytes(bytes, &fields);
+  } catch (const c10::Error& e) {
+    defer(in, value_error(from, ": the metadata from the sender is refused: ", e.msg()));
+    fields = salvage_fields(bytes);
+  }
+  in.total_bytes = size_field(from, fields, "_total_bytes", 0, max_total_bytes, in);
+  if (padded) {
+    in.max_bytes = size_field(from, fields, "_max_bytes", in.total_bytes.value_or(0),
+                              max_total_bytes, in);
+  }
+  if (const JsonScalar* device = field(fields, "_storage_device")) {
+    if (std::holds_alternative<std::string>(*device)) {
+      in.storage_device = std::get<std::string>(*device);
+    } else {
+      defer(in, value_error(from, ": \"_storage_device\" is not a string"));
+    }
+  }
+  if (const JsonScalar* tc = field(fields, "_tensorclass_type")) {
+    const std::string name =
+        std::holds_alternative<std::string>(*tc) ? std::get<std::string>(*tc) : "?";
+    defer(in, std::make_exception_ptr(c10::NotImplementedError(
+                  {__func__, __FILE__, uint32_t(__LINE__)},
+                  c10::str(from, ": the sender sent a tensorclass (", name,
+                           "); tensorclasses are not supported here yet, and no class named by "
+                           "a peer is ever imported. Send the tensorclass's TensorDict instead"))));
+  }
+  if (in.metadata && in.total_bytes) {
+    const int64_t needed = metadata_storage_bytes(*in.metadata);
+    if (needed > *in.total_bytes) {
+      defer(in, value_error(from, ": the metadata lays its leaves out over ", needed,
+                            " bytes, but \"_total_bytes\" is ", *in.total_bytes));
+    }
+  }
+  return in;
+}
+
+int64_t transfer_bytes(const Incoming& in, bool padded) {
+  const auto& n = padded ? in.max_bytes : in.total_bytes;
+  if (!n || (padded && !in.total_bytes)) {
+    TORCH_INTERNAL_ASSERT(in.error);
+    std::rethrow_exception(in.error);
+  }
+  return *n;
+}
+
+at::Device receive_device(const std::string& from, std::optional<at::Device> device,
+                          Incoming& in) {
+  if (device) return *device;
+  if (!in.storage_device) return at::kCPU;
+  const std::string& label = *in.storage_device;
+  std::optional<at::Device> d;
+  try {
+    d = at::Device(label);
+  } catch (const c10::Error&) {
+  }
+  if (!d) {
+    defer(in, value_error(from, ": the sender's \"_storage_device\" '", label,
+                          "' is not a device"));
+    return at::kCPU;
+  }
+  if (d->is_cpu()) return *d;
+  // An accelerator label is honoured only if this process has that very device.
+  const auto accelerator = at::accelerator::getAccelerator(false);
+  const bool have = accelerator && *accelerator == d->type() &&
+                    (d->has_index() ? d->index() < at::accelerator::deviceCount()
+                                    : at::accelerator::deviceCount() > 0);
+  if (!have) {
+    defer(in, std::make_exception_ptr(c10::Error(
+                  {__func__, __FILE__, uint32_t(__LINE__)},
+                  c10::str(from, ": the sender's storage is on ", label,
+                           ", a device this process does not have; pass `device` to choose "
+                           "where to receive it"))));
+    return at::kCPU;
+  }
+  return *d;
+}
+
+TensorDict finish(Incoming& in, const at::Tensor& buffer) {
+  if (in.error) std::rethrow_exception(in.error);
+  return rebuild(std::move(*in.metadata), buffer.narrow(0, 0, *in.total_bytes));
+}
+
+}  // namespace tensordict::dist::detail

@@ -1,0 +1,376 @@
+// init_remote / from_remote_init and the collectives over Gloo, on real processes
+// (127.0.0.1, FileStore rendezvous), including peers that send malformed framing by hand.
+#include <gtest/gtest.h>
+#include <torch/csrc/distributed/c10d/FileStore.hpp>
+#include <torch/csrc/distributed/c10d/PrefixStore.hpp>
+
+#include <chrono>
+#include <cstring>
+
+#include "dist_test_util.h"
+#include "tensordict/consolidate.h"
+#include "tensordict/distributed/collectives.h"
+#include "tensordict/distributed/init_remote.h"
+#include "tensordict/distributed/p2p.h"
+#include "tensordict/distributed/process_group.h"
+#include "tensordict/metadata_pickle.h"
+#include "tensordict/pickle.h"
+
+namespace tensordict::dist {
+namespace {
+
+using testing::run_ranks;
+
+// A nested TensorDict whose schema depends on `variant` (extra leaves of growing shapes), so
+// that ranks can hold different structures; every leaf is `fill`.
+TensorDict sample(double fill, int variant = 0) {
+  TensorDict inner({{"z", at::full({3, 2}, fill, at::kLong)}, {"y", at::full({3}, fill, at::kHalf)}},
+                   {3});
+  std::vector<TensorDict::Entry> entries = {{"b", at::full({3, 4}, fill)},
+                                            {"a", at::full({3}, fill, at::kDouble)},
+                                            {"n", inner},
+                                            {"_", at::full({3}, fill != 0, at::kBool)}};
+  for (int i = 0; i < variant; ++i) {
+    entries.emplace_back(c10::str("extra", i), at::full({3, i + 1}, fill + i, at::kInt));
+  }
+  return TensorDict(entries, {3});
+}
+
+// Same leaf keys, dtypes, shapes and values. (A rebuilt level lists its leaves before its
+// nested levels, as the metadata does, so the insertion order may differ from the sender's.)
+void expect_same(const TensorDict& got, const TensorDict& want) {
+  const auto g = got.items({.include_nested = true, .leaves_only = true});
+  const auto w = want.items({.include_nested = true, .leaves_only = true});
+  ASSERT_EQ(g.size(), w.size());
+  for (const auto& [key, value] : w) {
+    ASSERT_TRUE(got.contains(key)) << key.parts().back();
+    const at::Tensor leaf = got.get(key).tensor();
+    EXPECT_TRUE(leaf.dtype() == value.tensor().dtype() && at::equal(leaf, value.tensor()))
+        << key.parts().back();
+  }
+  EXPECT_EQ(got.batch_size(), want.batch_size());
+}
+
+std::string metadata_text(const TensorDict& td) {
+  return metadata_to_json(*consolidated_metadata(td));
+}
+
+template <typename Fn>
+std::string error_of(Fn&& fn) {
+  try {
+    fn();
+  } catch (const c10::Error& e) {
+    return e.msg();
+  }
+  return "<no error>";
+}
+
+TEST(DistCollectives, InitRemoteThenSteadyState) {
+  run_ranks(2, [](int rank, int) {
+    // The default group by global rank, then a subgroup by group rank, then broadcast mode.
+    auto sub = new_group({0, 1});
+    for (int mode = 0; mode < 3; ++mode) {
+      SCOPED_TRACE(c10::str("mode ", mode));
+      if (rank == 0) {
+        TensorDict td = consolidate(sample(1.0, 2));
+        const auto before = consolidated_metadata(td);
+        const std::string text = metadata_text(td);
+        TensorDict sent = mode == 0   ? init_remote(td, 1)
+                          : mode == 1 ? init_remote(td, {}, {.group = sub, .group_dst = 1})
+                                      : init_remote(td, 5, {.use_broadcast = true});
+        // The caller's TensorDict is sent as is, and its metadata stays untouched.
+        EXPECT_TRUE(sent.is_same(td));
+        EXPECT_EQ(consolidated_metadata(td), before);
+        EXPECT_EQ(metadata_text(td), text);
+        const void* storage = consolidated_storage(sent).data_ptr();
+        for (int step = 2; step < 6; ++step) {
+          sent.update(sample(step, 2), {.inplace = true});  // writes into the storage
+          send(sent, 1, {.consolidated = true});
+          EXPECT_EQ(consolidated_storage(sent).data_ptr(), storage);
+        }
+      } else {
+        TensorDict got = mode == 0   ? from_remote_init(0)
+                         : mode == 1 ? from_remote_init({}, {.group = sub, .group_src = 0})
+                                     : from_remote_init(0, {.use_broadcast = true});
+        EXPECT_TRUE(is_consolidated(got));
+        expect_same(got, sample(1.0, 2));
+        // Later values land in the same storage: nothing is allocated.
+        const void* storage = consolidated_storage(got).data_ptr();
+        for (int step = 2; step < 6; ++step) {
+          recv(got, 0, {.consolidated = true});
+          EXPECT_EQ(consolidated_storage(got).data_ptr(), storage);
+          expect_same(got, sample(step, 2));
+        }
+      }
+    }
+    // A TensorDict that is not consolidated is consolidated (copied) first, and an empty one
+    // still sends its three messages.
+    if (rank == 0) {
+      TensorDict td = sample(7.0);
+      EXPECT_FALSE(init_remote(td, 1).is_same(td));
+      EXPECT_FALSE(is_consolidated(td));
+      init_remote(TensorDict(), 1);
+      EXPECT_NE(error_of([] { init_remote(sample(0.0), 0); }).find("should not be the same"),
+                std::string::npos);
+    } else {
+      expect_same(from_remote_init(0), sample(7.0));
+      EXPECT_TRUE(from_remote_init(0).entries().empty());
+    }
+  });
+}
+
+// World of 3 with non-zero roots, on the default group and on new_group({1, 2}), where global
+// rank 1 is group rank 0 and global rank 2 is group rank 1.
+TEST(DistCollectives, BroadcastScatterAllGatherThreeRanks) {
+  run_ranks(3, [](int rank, int) {
+    auto sub = new_group({1, 2});
+    // broadcast from global rank 2; receivers pass an empty TensorDict.
+    {
+      TensorDict mine = rank == 2 ? consolidate(sample(2.0, 1)) : TensorDict();
+      const std::string text = rank == 2 ? metadata_text(mine) : "";
+      TensorDict got = broadcast(mine, 2);
+      EXPECT_TRUE(is_consolidated(got));
+      expect_same(got, sample(2.0, 1));
+      if (rank == 2) {
+        EXPECT_TRUE(got.is_same(mine));
+        EXPECT_EQ(metadata_text(mine), text);
+      }
+    }
+    // init_remote(use_broadcast) from rank 1 reaches both other ranks.
+    if (rank == 1) {
+      init_remote(sample(9.0), std::nullopt, {.use_broadcast = true});
+    } else {
+      expect_same(from_remote_init(1, {.use_broadcast = true}), sample(9.0));
+    }
+    // scatter from global rank 1: rank r gets a TensorDict of schema variant r.
+    {
+      std::vector<TensorDict> tds;
+      if (rank == 1) {
+        for (int r = 0; r < 3; ++r) tds.push_back(sample(10.0 + r, r));
+      }
+      TensorDict got = scatter(1, tds);
+      EXPECT_TRUE(is_consolidated(got));
+      expect_same(got, sample(10.0 + rank, rank));
+    }
+    // all_gather: every rank holds a different schema.
+    {
+      TensorDict mine = consolidate(sample(20.0 + rank, 2 - rank));
+      const std::string text = metadata_text(mine);
+      auto all = all_gather(mine);
+      ASSERT_EQ(all.size(), 3u);
+      for (int r = 0; r < 3; ++r) {
+        EXPECT_TRUE(is_consolidated(all[r]));
+        expect_same(all[r], sample(20.0 + r, 2 - r));
+      }
+      EXPECT_EQ(metadata_text(mine), text);
+    }
+    if (rank == 0) return;  // not in `sub`
+    // On the subgroup: src/dst are global ranks, mapped to group ranks.
+    TensorDict b = broadcast(rank == 2 ? sample(30.0) : TensorDict(), 2, {.group = sub});
+    expect_same(b, sample(30.0));
+    b = broadcast(rank == 1 ? sample(31.0) : TensorDict(), {}, {.group = sub, .group_src = 0});
+    expect_same(b, sample(31.0));
+    std::vector<TensorDict> tds;
+    if (rank == 2) tds = {sample(40.0, 0), sample(41.0, 3)};
+    expect_same(scatter(2, tds, {.group = sub}), rank == 1 ? sample(40.0, 0) : sample(41.0, 3));
+    auto all = all_gather(sample(50.0 + rank, rank), {.group = sub});
+    ASSERT_EQ(all.size(), 2u);
+    expect_same(all[0], sample(51.0, 1));
+    expect_same(all[1], sample(52.0, 2));
+    if (rank == 2) {
+      init_remote(sample(60.0), 1, {.group = sub});
+    } else {
+      expect_same(from_remote_init(2, {.group = sub}), sample(60.0));
+    }
+    // A global rank outside the group is refused before anything is sent.
+    EXPECT_NE(error_of([&] { broadcast(sample(0.0), 0, {.group = sub}); })
+                  .find("is not part of group"),
+              std::string::npos);
+  });
+}
+
+// Leaf values per rank: rank r holds r + 2 everywhere, so SUM, PRODUCT and MAX differ.
+TensorDict reducible(int rank, bool reversed = false) {
+  auto v = [&](at::IntArrayRef shape, at::ScalarType t) { return at::full(shape, rank + 2.0, t); };
+  TensorDict inner({{"q", v({2, 2}, at::kDouble)}, {"p", v({2}, at::kLong)}}, {2});
+  // A non-contiguous leaf: reduced through a contiguous copy.
+  at::Tensor t = v({3, 2}, at::kFloat).t();
+  if (reversed) {
+    return TensorDict({{"t", t}, {"n", inner}, {"a", v({2}, at::kFloat)}}, {2});
+  }
+  return TensorDict({{"a", v({2}, at::kFloat)}, {"n", inner}, {"t", t}}, {2});
+}
+
+void expect_all(const TensorDict& td, double value) {
+  for (const auto& [key, leaf] : td.items({.include_nested = true, .leaves_only = true})) {
+    EXPECT_TRUE(leaf.tensor().eq(value).all().item<bool>())
+        << key.parts().back() << " holds " << leaf.tensor().flatten()[0].item<double>()
+        << ", expected " << value;
+  }
+}
+
+TEST(DistCollectives, AllReduceAndReduceThreeRanks) {
+  run_ranks(3, [](int rank, int) {
+    auto sub = new_group({1, 2});
+    const std::vector<std::pair<c10d::ReduceOp, double>> ops = {
+        {c10d::ReduceOp::SUM, 2 + 3 + 4}, {c10d::ReduceOp::PRODUCT, 2 * 3 * 4},
+        {c10d::ReduceOp::MAX, 4}, {c10d::ReduceOp::MIN, 2}};
+    for (const auto& [op, want] : ops) {
+      for (bool async_op : {false, true}) {
+        TensorDict td = reducible(rank);
+        all_reduce(td, {.op = op, .async_op = async_op});
+        expect_all(td, want);
+      }
+      TensorDict td = reducible(rank);
+      for (const auto& w : all_reduce_async(td, {.op = op})) w->wait();
+      expect_all(td, want);
+      // reduce to global rank 2, keys walked in sorted order: insertion order may differ.
+      for (int flavour = 0; flavour < 3; ++flavour) {
+        TensorDict r = reducible(rank, /*reversed=*/rank == 1);
+        if (flavour == 2) {
+          for (const auto& w : reduce_premature(r, 2, {.op = op})) w->wait();
+        } else {
+          reduce(r, 2, {.op = op, .async_op = flavour == 1});
+        }
+        if (rank == 2) expect_all(r, want);
+      }
+    }
+    EXPECT_NE(error_of([&] { all_reduce(TensorDict({{"e", at::ones({1}).expand({4})}}, {})); })
+                  .find("share memory"),
+              std::string::npos);
+    if (rank == 0) return;
+    // On the subgroup, nested leaves included (the reference drops `group` below the root,
+    // which would hang here: rank 0 takes no part).
+    TensorDict td = reducible(rank);
+    all_reduce(td, {.op = c10d::ReduceOp::PRODUCT, .group = sub});
+    expect_all(td, 3 * 4);
+    TensorDict r = reducible(rank, rank == 2);
+    reduce(r, 1, {.op = c10d::ReduceOp::SUM, .group = sub});
+    if (rank == 1) expect_all(r, 3 + 4);
+    r = reducible(rank);
+    reduce(r, {}, {.op = c10d::ReduceOp::MAX, .group = sub, .group_dst = 1});
+    if (rank == 2) expect_all(r, 4);
+  });
+}
+
+// ---- malformed input from a raw peer ----
+
+at::Tensor bytes_of(const std::string& s) {
+  at::Tensor t = at::empty({int64_t(s.size())}, at::kByte);
+  std::memcpy(t.data_ptr(), s.data(), s.size());
+  return t;
+}
+
+std::string metadata_pickle_of(const TensorDict& td, const TransportFields& fields) {
+  return pickle::dumps(metadata_to_pickle(metadata_of(td), fields));
+}
+
+struct Case {
+  const char* name;
+  int64_t announced;     // the pickle length sent in the first message
+  std::string pickle;    // the second message
+  int64_t storage;       // bytes of the third message (-1: none)
+  bool sender_completes;  // the receiver takes the storage before refusing
+  const char* error;     // substring of the receiver's error
+  int64_t max_total_bytes = kDefaultMaxTotalBytes;
+};
+
+std::vector<Case> malformed_cases() {
+  const TensorDict td = sample(1.0);  // lays out 24 + 96 + 48 + 8 + ... bytes
+  const int64_t total = consolidated_storage(consolidate(td)).numel();
+  const std::string good = metadata_pickle_of(td, {{"_total_bytes", total}});
+  // pickle.dumps(os.system) style: GLOBAL names a callable.
+  static const char kGlobal[] =
+      "\x80\x02" "cos\nsystem\nq\x00X\x02\x00\x00\x00lsq\x01\x85q\x02Rq\x03.";
+  const std::string global(kGlobal, sizeof(kGlobal) - 1);
+  return {
+      {"truncated", int64_t(good.size() / 2), good.substr(0, good.size() / 2), total, false,
+       "the metadata from the sender is refused: pickle:"},
+      {"shorter_than_announced", int64_t(good.size()), good.substr(0, good.size() - 9), total,
+       false, "the metadata from the sender is refused: pickle:"},
+      {"oversized_length", int64_t{1} << 40, "x", -1, false, "a metadata pickle must have 1 to"},
+      {"negative_length", -5, "x", -1, false, "a metadata pickle must have 1 to"},
+      {"global_opcode", int64_t(global.size()), global, total, false,
+       "refused opcode GLOBAL: it would import or call code"},
+      {"layout_beyond_total_bytes", 0, metadata_pickle_of(td, {{"_total_bytes", 16}}), 16, true,
+       "but \"_total_bytes\" is 16"},
+      {"total_bytes_above_bound", 0, good, total, false, "this receiver accepts 0 to 64",
+       /*max_total_bytes=*/64},
+      {"no_total_bytes", 0, metadata_pickle_of(td, {}), total, false,
+       "the metadata has no integer \"_total_bytes\""},
+      {"tensorclass", 0,
+       metadata_pickle_of(td, {{"_total_bytes", total}, {"_tensorclass_type", "mod.MyData"}}),
+       total, true, "the sender sent a tensorclass (mod.MyData); tensorclasses are not supported"},
+      {"bad_leaf_salvaged", 0,
+       pickle::dumps([&] {
+         auto v = metadata_to_pickle(metadata_of(td), {{"_total_bytes", total}});
+         pickle::Value leaves = *v.find("leaves");
+         leaves.set("b", pickle::Value::from_str("x"));  // a leaf entry must be a tuple
+         v.set("leaves", std::move(leaves));
+         return v;
+       }()),
+       total, true, "the metadata from the sender is refused"},
+  };
+}
+
+// The receiver refuses each case with a clear error; the raw sender either completes (the
+// receiver drained the storage) or fails at its 3 s timeout, never later.
+TEST(DistCollectives, MalformedInputIsRefused) {
+  run_ranks(2, [](int rank, int) {
+    auto store = c10::make_intrusive<c10d::FileStore>(run_scratch_dir() + "/malformed", 2);
+    // Groups stay alive to the end: one that timed out may still hold a pending message.
+    static auto* keep = new std::vector<BackendPtr>();
+    for (auto& c : malformed_cases()) {
+      SCOPED_TRACE(c.name);
+      auto group = make_gloo_backend(c10::make_intrusive<c10d::PrefixStore>(c.name, store), rank,
+                                     2, std::chrono::seconds(3), "127.0.0.1");
+      keep->push_back(group);
+      if (rank == 0) {
+        const int64_t announced = c.announced ? c.announced : int64_t(c.pickle.size());
+        std::vector<std::vector<at::Tensor>> messages = {
+            {at::full({1}, announced, at::kLong)}, {bytes_of(c.pickle)}};
+        if (c.storage >= 0) messages.push_back({at::zeros({c.storage}, at::kByte)});
+        const auto start = std::chrono::steady_clock::now();
+        std::string error;
+        try {
+          for (auto& m : messages) group->send(m, 1, 0)->wait();
+        } catch (const std::exception& e) {  // Gloo's timeout is not a c10::Error
+          error = e.what();
+        }
+        const auto seconds = std::chrono::duration<double>(std::chrono::steady_clock::now() -
+                                                           start).count();
+        EXPECT_LT(seconds, 10.0);
+        if (c.sender_completes) {
+          EXPECT_EQ(error, "");
+        } else {
+          EXPECT_NE(error, "");  // the group's timeout, not a hang
+        }
+      } else {
+        const std::string error = error_of([&] {
+          from_remote_init({}, {.group = group, .group_src = 0,
+                                .max_total_bytes = c.max_total_bytes});
+        });
+        EXPECT_NE(error.find(c.error), std::string::npos) << error;
+        EXPECT_EQ(error.rfind("from_remote_init: ", 0), 0u) << error;
+      }
+    }
+  }, {.watchdog = std::chrono::seconds(90)});
+}
+
+TEST(DistCollectives, ArgumentErrors) {
+  run_ranks(2, [](int rank, int) {
+    EXPECT_EQ(error_of([] { broadcast(sample(0.0), std::nullopt); }),
+              "Exactly one of `src` and `group_src` must be provided.");
+    EXPECT_EQ(error_of([] { reduce(sample(0.0), 0, {.group_dst = 0}); }),
+              "`group_dst` requires `group` to be passed.");
+    EXPECT_EQ(error_of([] { from_remote_init(0, {.group = default_group(), .group_src = 0}); }),
+              "`src` and `group_src` are mutually exclusive.");
+    if (rank == 0) {
+      EXPECT_NE(error_of([] { scatter(0, {sample(0.0)}); }).find("passes 1 TensorDicts to a group of 2"),
+                std::string::npos);
+    }
+  });
+}
+
+}  // namespace
+}  // namespace tensordict::dist

@@ -1,0 +1,241 @@
+"""init_remote / from_remote_init, broadcast, all_gather, scatter, all_reduce and reduce: with
+the reference tensordict on one rank and ours on the others (both directions, non-zero roots,
+schemas that differ per rank), and ours alone on subgroups. Started by
+tensordict_cpp.distributed.run (spawn, a FileStore per run, Gloo on 127.0.0.1)."""
+import os
+import tempfile
+
+import pytest
+import torch
+import torch.distributed as dist
+
+from tensordict_cpp.distributed import run
+
+RUN = dict(timeout=150, group_timeout=20)
+REF = 0  # in the interop world, rank 0 runs the reference and ranks 1 and 2 run ours
+
+
+def build(cls, fill, variant=0):
+    # Keys out of code-point order, nested, several dtypes; `variant` changes the schema.
+    td = cls({"b": torch.full((3, 4), float(fill)),
+              "a": torch.full((3,), float(fill), dtype=torch.float64)}, batch_size=[3])
+    td["n", "z"] = torch.full((3, 2), fill, dtype=torch.int64)
+    td["n", "y"] = torch.full((3,), fill, dtype=torch.float16)
+    for i in range(variant):
+        td[f"extra{i}"] = torch.full((3, i + 1), fill + i, dtype=torch.int32)
+    return td
+
+
+def leaves(td):
+    return {k if isinstance(k, tuple) else (k,): v
+            for k, v in td.items(include_nested=True, leaves_only=True)}
+
+
+def check(td, fill, variant=0):
+    from tensordict_cpp import TensorDict as Ours
+
+    got, want = leaves(td), leaves(build(Ours, fill, variant))
+    assert set(got) == set(want), (sorted(got), sorted(want))
+    for key, value in want.items():
+        assert got[key].dtype == value.dtype and torch.equal(got[key], value), (key, got[key])
+    assert td.batch_size == torch.Size([3])
+
+
+def storage_ptr(td):
+    """The data pointer of a consolidated TensorDict's storage, for either implementation."""
+    if hasattr(td, "_cpp"):
+        return td._cpp.consolidated_storage().data_ptr()
+    return td._consolidated["storage"].data_ptr()
+
+
+def interop(rank, world_size):
+    torch.set_num_threads(1)
+    if rank == REF:
+        from tensordict import TensorDict
+        from tensordict._testing import MyDistData
+    else:
+        from tensordict_cpp import TensorDict
+
+    # init_remote point-to-point, reference -> ours, then steady state into the result.
+    if rank == 0:
+        td = build(TensorDict, 1, 1).consolidate(metadata=True)
+        td.init_remote(dst=1)
+        for step in (2, 3):
+            for leaf in td.values(include_nested=True, leaves_only=True):
+                leaf.fill_(step)
+            td.send(dst=1, consolidated=True)
+    elif rank == 1:
+        td = TensorDict.from_remote_init(src=0)
+        assert td.is_consolidated()
+        check(td, 1, 1)
+        ptr = storage_ptr(td)
+        for step in (2, 3):
+            td.recv(src=0, consolidated=True)
+            check(td, step, 1)
+            assert storage_ptr(td) == ptr
+    # ours (rank 2) -> reference, then steady state.
+    if rank == 2:
+        td = build(TensorDict, 4, 1).consolidate()  # variant 1: every leaf holds the fill
+        td.init_remote(dst=0)
+        for leaf in td.values(include_nested=True, leaves_only=True):
+            leaf.fill_(5)
+        td.send(dst=0, consolidated=True)
+    elif rank == 0:
+        td = TensorDict.from_remote_init(src=2)
+        check(td, 4, 1)
+        ptr = storage_ptr(td)
+        td.recv(src=2, consolidated=True)
+        check(td, 5, 1)
+        assert storage_ptr(td) == ptr
+
+    # init_remote(use_broadcast=True), from the reference and from ours.
+    for root in (0, 2):
+        if rank == root:
+            build(TensorDict, 10 + root, root).init_remote(use_broadcast=True)
+        else:
+            td = TensorDict.from_remote_init(src=root, use_broadcast=True)
+            assert td.is_consolidated()
+            check(td, 10 + root, root)
+
+    # broadcast from every rank; the receivers pass an empty TensorDict.
+    for root in (0, 1, 2):
+        mine = build(TensorDict, 20 + root, root) if rank == root else TensorDict({}, [])
+        out = mine.broadcast(src=root)
+        assert out.is_consolidated()
+        check(out, 20 + root, root)
+
+    # all_gather, a different schema on each rank.
+    outs = build(TensorDict, 30 + rank, rank).all_gather()
+    assert len(outs) == 3
+    for r, out in enumerate(outs):
+        assert out.is_consolidated()
+        check(out, 30 + r, r)
+
+    # scatter from the reference and from ours, a different schema per destination.
+    for root in (0, 2):
+        tds = [build(TensorDict, 40 + r, 2 - r) for r in range(3)] if rank == root else None
+        out = TensorDict({}, []).scatter(src=root, tensordicts=tds)
+        assert out.is_consolidated()
+        check(out, 40 + rank, 2 - rank)
+
+    # all_reduce with the op it is given, and reduce (sorted order) to a non-zero rank.
+    for op, want in ((dist.ReduceOp.SUM, 2 + 3 + 4), (dist.ReduceOp.PRODUCT, 2 * 3 * 4)):
+        td = build(TensorDict, rank + 2)
+        td.all_reduce(op=op)
+        check(td, want)
+        td = build(TensorDict, rank + 2)
+        td.reduce(2, op)
+        if rank == 2:
+            check(td, want)
+
+    # A tensorclass from the reference is refused with a clear message; the reference sender
+    # completes (the receivers take the storage before refusing).
+    if rank == 0:
+        MyDistData(a=torch.ones(3), b=torch.ones(3, 2), batch_size=[3]).init_remote(dst=1)
+    elif rank == 1:
+        with pytest.raises(NotImplementedError, match="sender sent a tensorclass .*MyDistData"):
+            TensorDict.from_remote_init(src=0)
+    if rank == 0:
+        MyDistData(a=torch.ones(3), b=torch.ones(3, 2), batch_size=[3]).broadcast(src=0)
+    else:
+        with pytest.raises(NotImplementedError, match="tensorclasses are not supported"):
+            TensorDict({}, []).broadcast(src=0)
+    dist.barrier()
+
+
+def test_interop_with_the_reference_three_ranks():
+    run(interop, world_size=3, **RUN)
+
+
+class Evil:
+    """Unpickling this would create a directory: our receiver must never unpickle it."""
+
+    def __init__(self, path):
+        self.path = path
+
+    def __reduce__(self):
+        return (os.mkdir, (self.path,))
+
+
+def ours_only(marker, rank, world_size):
+    torch.set_num_threads(1)
+    from tensordict_cpp import TensorDict
+
+    sub = dist.new_group([1, 2])  # global 1 -> group 0, global 2 -> group 1
+    if rank == 0:
+        # A plain torch peer sends a pickle that would run code; nothing more (no storage).
+        dist.send_object_list([{"cls": Evil(marker)}], dst=1)
+        # Argument errors, on one rank, before any communication.
+        with pytest.raises(ValueError, match="`dst` is required"):
+            build(TensorDict, 0).init_remote()
+        with pytest.raises(ValueError, match="should not be the same"):
+            build(TensorDict, 0).init_remote(dst=0)
+        with pytest.raises(NotImplementedError, match="bucket_bytes"):
+            build(TensorDict, 0).all_reduce(bucket_bytes=64)
+        with pytest.raises(ValueError, match="must pass `tensordicts`"):
+            TensorDict({}, []).scatter(src=0)
+        dist.barrier()
+        return
+    if rank == 1:
+        with pytest.raises(ValueError, match="refused opcode STACK_GLOBAL"):
+            TensorDict.from_remote_init(src=0)
+        assert not os.path.exists(marker)
+    dist.barrier(group=sub)
+
+    # broadcast and scatter on the subgroup, roots named by global rank.
+    out = (build(TensorDict, 7, 1) if rank == 2 else TensorDict({}, [])).broadcast(src=2, group=sub)
+    check(out, 7, 1)
+    tds = [build(TensorDict, 8, 0), build(TensorDict, 9, 2)] if rank == 1 else None
+    check(TensorDict({}, []).scatter(1, tds, group=sub), 7 + rank, 0 if rank == 1 else 2)
+    outs = build(TensorDict, rank, rank).all_gather(group=sub)
+    assert len(outs) == 2
+    check(outs[0], 1, 1)
+    check(outs[1], 2, 2)
+    with pytest.raises(ValueError, match="not part of group"):
+        build(TensorDict, 0).broadcast(src=0, group=sub)
+
+    # init_remote on the subgroup, then steady state: same storage on both sides.
+    if rank == 2:
+        td = build(TensorDict, 1).consolidate()
+        assert td.init_remote(dst=1, group=sub) is None
+        ptr = storage_ptr(td)
+        for step in (2, 3, 4):
+            td["b"].fill_(step)
+            td.send(dst=1, group=sub, consolidated=True)
+            assert storage_ptr(td) == ptr
+    else:
+        td = TensorDict.from_remote_init(src=2, group=sub)
+        ptr = storage_ptr(td)
+        for step in (2, 3, 4):
+            td.recv(src=2, group=sub, consolidated=True)
+            assert storage_ptr(td) == ptr
+            assert (td["b"] == step).all() and (td["a"] == 1).all()
+
+    # all_reduce (async Works) and reduce (premature Works) on the subgroup, nested included.
+    td = build(TensorDict, rank + 2)
+    works = td.all_reduce(op=dist.ReduceOp.MAX, group=sub, async_op=True)
+    assert len(works) == 4 and all(isinstance(w, dist.Work) for w in works)
+    for w in works:
+        w.wait()
+    check(td, 4)
+    td = build(TensorDict, rank + 2)
+    works = td.reduce(1, dist.ReduceOp.PRODUCT, async_op=True, return_premature=True, group=sub)
+    assert len(works) == 4
+    for w in works:
+        w.wait()
+    if rank == 1:
+        check(td, 3 * 4)
+    td = build(TensorDict, rank + 2)
+    assert td.reduce(dst=2, group=sub, async_op=True) is None
+    if rank == 2:
+        check(td, 3 + 4)
+    dist.barrier()
+
+
+def test_ours_on_three_ranks_with_a_subgroup():
+    import functools
+
+    with tempfile.TemporaryDirectory() as tmp:
+        marker = os.path.join(tmp, "pwned")
+        run(functools.partial(ours_only, marker), world_size=3, **RUN)
+        assert not os.path.exists(marker)

@@ -1,0 +1,429 @@
+"""TensorDictPipe / TensorDictServer over real UCX on loopback (behaviours.md 43-54, 56, §4.1-4.3):
+one-task listen/connect/exchange, the reference's framing, steady state without allocation,
+sync calls inside a running loop, async iteration that ends only on a clean close, a killed
+peer, malformed frames, 8 concurrent clients and a server that closes without leaks."""
+import os
+
+# Before anything creates a UCX context: UCX reads these when a pipe creates its context.
+os.environ["UCX_TLS"] = "tcp"
+os.environ["UCX_NET_DEVICES"] = "lo"
+os.environ["UCX_WARN_UNUSED_ENV_VARS"] = "n"
+
+import asyncio  # noqa: E402
+import gc  # noqa: E402
+import json  # noqa: E402
+import signal  # noqa: E402
+import struct  # noqa: E402
+import subprocess  # noqa: E402
+import sys  # noqa: E402
+import textwrap  # noqa: E402
+import threading  # noqa: E402
+import time  # noqa: E402
+
+import pytest  # noqa: E402
+import torch  # noqa: E402
+
+from tensordict_cpp import TensorDict, TensorDictPipe, TensorDictServer  # noqa: E402
+
+# A short linger: tests often close one end while the other (same thread) is not reading.
+OPTS = dict(timeout=5.0, linger=1.0)
+HOST = "127.0.0.1"
+
+
+@pytest.fixture(autouse=True)
+def watchdog():
+    """A hang fails the test instead of stalling the run (every C++ wait is bounded too)."""
+    def expired(*_):
+        raise TimeoutError("test exceeded its 40 s budget")
+
+    old = signal.signal(signal.SIGALRM, expired)
+    signal.alarm(40)
+    yield
+    signal.alarm(0)
+    signal.signal(signal.SIGALRM, old)
+
+
+def run(coro, budget=20.0):
+    return asyncio.run(asyncio.wait_for(coro, budget))
+
+
+def sample(fill=1.0):
+    td = TensorDict(x=torch.full((10,), fill), y=torch.full((5, 3), fill), batch_size=[])
+    td["info", "reward"] = torch.full((2,), fill, dtype=torch.float64)
+    return td
+
+
+def assert_same(a, b):
+    ka = sorted(a.keys(include_nested=True, leaves_only=True), key=str)
+    kb = sorted(b.keys(include_nested=True, leaves_only=True), key=str)
+    assert ka == kb
+    for k in ka:
+        torch.testing.assert_close(a[k], b[k], rtol=0, atol=0)
+
+
+def pair(**opts):
+    server = TensorDictPipe.listen_sync(0, HOST, **{**OPTS, **opts})
+    client = TensorDictPipe.connect_sync(HOST, server.port, **{**OPTS, **opts})
+    return server, client
+
+
+# ---- exchanges ------------------------------------------------------------------------------
+@pytest.mark.parametrize("tls", ["tcp", "tcp,sm,self"])
+def test_one_task_listens_connects_and_exchanges(tls, monkeypatch):
+    monkeypatch.setenv("UCX_TLS", tls)  # read by each new UCX context
+
+    async def main():
+        server = await TensorDictPipe.listen(0, HOST, **OPTS)  # returns before any client
+        assert server.port > 0
+        async with await TensorDictPipe.connect(HOST, server.port, **OPTS) as client:
+            async with server:
+                await client.asend(sample(3.0))
+                got = await server.arecv()
+                assert_same(got, sample(3.0))
+                await server.asend(sample(4.0))  # and back
+                assert_same(await client.arecv(), sample(4.0))
+        assert server.closed and client.closed
+
+    run(main())
+
+
+def test_uncollated_mode_roundtrip():
+    server, client = pair(consolidated=False)
+    with server, client:
+        client.send(sample(2.0))
+        a = server.recv()
+        assert_same(a, sample(2.0))
+        client.send(sample(5.0))
+        b = server.recv()
+        assert b is not a  # a new TensorDict each time in this mode
+        assert_same(b, sample(5.0))
+
+
+def test_framing_is_the_references():
+    """43-45: first send 0x00 + u64 LE length + JSON with _total_bytes + storage; the same
+    schema again: 0x01 + storage only; a new schema: 0x00 and the metadata again."""
+    server, client = pair()
+    with server, client:
+        td = sample(1.0).consolidate()
+        total = td._cpp.consolidated_storage().numel()
+        client.send(td)
+        raw = server._cpp
+        assert raw.recv_raw(1) == b"\x00"
+        (n,) = struct.unpack("<Q", raw.recv_raw(8))
+        assert n > 0
+        meta = json.loads(raw.recv_raw(n))
+        assert meta["_total_bytes"] == total and meta["_device"] == "cpu"
+        assert len(raw.recv_raw(total)) == total
+        client.send(td)
+        assert raw.recv_raw(1) == b"\x01"
+        assert len(raw.recv_raw(total)) == total
+        other = TensorDict(z=torch.zeros(3), batch_size=[]).consolidate()
+        client.send(other)
+        assert raw.recv_raw(1) == b"\x00"
+        assert client.stats()["schema_sends"] == 2 and client.stats()["sends"] == 3
+
+
+def test_steady_state_same_object_same_storage():
+    """47, 52: a same-schema receive returns the very same TensorDict, its storage reused."""
+    server, client = pair()
+    with server, client:
+        src = sample(1.0).consolidate()
+        client.send(src)
+        first = server.recv()
+        ptr = first._cpp.consolidated_storage().data_ptr()
+        for v in (7.0, 42.0, 99.0):
+            for leaf in src.values(include_nested=True, leaves_only=True):
+                leaf.fill_(v)  # the leaves view the storage: refilled in place, sent as is
+            client.send(src)
+            again = server.recv()
+            assert again is first
+            assert again._cpp.consolidated_storage().data_ptr() == ptr
+            assert_same(again, sample(v))
+        stats = server.stats()
+        assert stats["schema_recvs"] == 1 and stats["recvs"] == 4
+        # A consolidated target of the same layout is filled and returned.
+        target = sample(0.0).consolidate()
+        client.send(sample(8.0).consolidate())
+        assert server.recv(target) is target
+        assert_same(target, sample(8.0))
+
+
+def test_td_send_recv_asend_arecv_go_through_the_pipe():
+    """49, 50, 54: td.send(pipe) / td.recv(pipe) RETURNS the received TensorDict."""
+    server, client = pair()
+    with server, client:
+        sample(6.0).send(client)
+        dest = TensorDict(x=torch.zeros(10), batch_size=[])  # not consolidated: not filled
+        got = dest.recv(server)
+        assert got is not dest
+        assert_same(got, sample(6.0))
+        assert (dest["x"] == 0).all()
+        sample(9.0).send(dst=client)
+        assert_same(TensorDict().recv(src=server), sample(9.0))
+
+        async def main():
+            await sample(11.0).asend(client)
+            return await TensorDict({}, []).arecv(server)
+
+        assert_same(run(main()), sample(11.0))
+
+
+def test_group_peer_with_a_pipe_is_a_value_error():
+    """§4.1, the reference's texts."""
+    server, client = pair()
+    with server, client:
+        with pytest.raises(ValueError, match=r"^`group_dst` cannot be used when `dst` is a "
+                                             r"TensorDictPipe\.$"):
+            sample().send(dst=client, group_dst=1)
+        with pytest.raises(ValueError, match=r"^`group_src` cannot be used when `src` is a "
+                                             r"TensorDictPipe\.$"):
+            sample().recv(src=server, group_src=0)
+        with pytest.raises(TypeError, match="TensorDictPipe"):
+            run(sample().asend(3))
+
+
+# ---- event loops ----------------------------------------------------------------------------
+def test_sync_calls_inside_a_running_loop_do_not_deadlock():
+    """The reference deadlocks here (run_coroutine_threadsafe(...).result() on its own loop):
+    ours block the loop's thread for the call, and complete."""
+    async def main():
+        server = TensorDictPipe.listen_sync(0, HOST, **OPTS)
+        client = TensorDictPipe.connect_sync(HOST, server.port, **OPTS)
+        client.send(sample(2.0))  # sync, in the loop's thread
+        got = server.recv()
+        assert_same(got, sample(2.0))
+        await client.asend(sample(3.0))  # mixing with the coroutines is fine
+        assert server.recv() is got
+        client.close()
+        server.close()
+
+    run(main())
+
+
+def test_sync_calls_without_a_loop_from_two_threads():
+    server, client = pair()
+    with server, client:
+        got = []
+        t = threading.Thread(target=lambda: got.append(server.recv().clone()))
+        t.start()
+        time.sleep(0.2)  # the receive is waiting
+        client.send(sample(4.0))
+        t.join(10)
+        assert not t.is_alive()
+        assert_same(got[0], sample(4.0))
+
+
+def test_cancelled_arecv_loses_no_message():
+    async def main():
+        server, client = pair()
+        async with server, client:
+            with pytest.raises(asyncio.TimeoutError):
+                await asyncio.wait_for(server.arecv(), 0.3)  # nothing sent yet
+            await client.asend(sample(1.0))
+            assert_same(await server.arecv(), sample(1.0))  # the cancelled call's message
+            await client.asend(sample(2.0))
+            assert_same(await server.arecv(), sample(2.0))
+
+    run(main())
+
+
+def test_async_for_ends_on_a_clean_close_after_the_last_message():
+    """The producer sends and closes at once: nothing is lost (close() lingers until the
+    consumer has read up to its close marker) and the consumer's loop simply ends."""
+    async def main():
+        server, client = pair(linger=10.0)
+
+        async def producer():
+            for i in range(5):
+                await client.asend(sample(float(i)))
+            await client.aclose()
+
+        task = asyncio.ensure_future(producer())
+        await asyncio.sleep(0.3)  # the producer is closing before anything is read
+        seen = [td["x"][0].item() async for td in server]
+        await task
+        assert seen == [0.0, 1.0, 2.0, 3.0, 4.0]
+        assert server.peer_closed and not server.closed
+        with pytest.raises(RuntimeError, match="the peer closed the pipe"):
+            server.recv()
+        server.close()
+
+    run(main())
+
+
+def test_async_for_raises_real_errors():
+    server, client = pair()
+    with server, client:
+        client._cpp.send_raw(b"\x07")  # not a flag of the protocol
+
+        async def consume():
+            async for _ in server:
+                pass
+
+        with pytest.raises(RuntimeError, match="Unknown TensorDictPipe protocol flag: 0x07"):
+            run(consume())
+
+
+KILLED_PRODUCER = textwrap.dedent("""
+    import sys, torch
+    from tensordict_cpp import TensorDict, TensorDictPipe
+    pipe = TensorDictPipe.connect_sync("127.0.0.1", int(sys.argv[1]), timeout=5.0)
+    td = TensorDict(x=torch.zeros(1 << 20), batch_size=[]).consolidate()
+    while True:
+        pipe.send(td)
+""")
+
+
+def test_killed_peer_fails_within_the_timeout():
+    async def main():
+        # The timeout covers the child's start (importing torch); the loss itself is reported
+        # by UCX's peer error handling, well within it.
+        timeout = 15.0
+        server = TensorDictPipe.listen_sync(0, HOST, timeout=timeout, linger=1.0)
+        child = subprocess.Popen([sys.executable, "-c", KILLED_PRODUCER, str(server.port)],
+                                 env=os.environ.copy())
+        try:
+            received = 0
+            with pytest.raises(RuntimeError) as info:
+                async for _ in server:
+                    received += 1
+                    if received == 3:
+                        child.send_signal(signal.SIGKILL)  # mid-stream
+                        killed_at = time.monotonic()
+            assert received >= 3
+            assert time.monotonic() - killed_at < timeout
+            assert not server.peer_closed
+            print("killed peer:", info.value)
+        finally:
+            child.kill()
+            child.wait(10)
+            server.close()
+
+    run(main(), budget=35.0)
+
+
+# ---- malformed frames and closed pipes --------------------------------------------------------
+@pytest.mark.parametrize("frames, error, match", [
+    ([b"\x00", struct.pack("<Q", 1 << 40)], RuntimeError, "over the limit"),
+    ([b"\x00", struct.pack("<Q", 5), b"{nope"], ValueError, "invalid metadata"),
+    ([b"\x01"], RuntimeError, "Received same-schema flag but no consolidated TensorDict is "
+                              "available for in-place receive"),
+    ([b"\x00", struct.pack("<Q", 2), b"{}"], ValueError, "invalid metadata"),
+], ids=["oversized-length", "bad-json", "same-schema-first", "no-total-bytes"])
+def test_malformed_frames_are_refused(frames, error, match):
+    server, client = pair()
+    with server, client:
+        for f in frames:
+            client._cpp.send_raw(f)
+        with pytest.raises(error, match=match):
+            server.recv()
+        with pytest.raises(RuntimeError, match="broken"):  # no out-of-step reads afterwards
+            server.recv()
+
+
+def test_oversized_storage_is_refused_before_allocating():
+    server = TensorDictPipe.listen_sync(0, HOST, max_storage_bytes=1024, **OPTS)
+    client = TensorDictPipe.connect_sync(HOST, server.port, **OPTS)
+    with server, client:
+        client.send(TensorDict(x=torch.zeros(1024), batch_size=[]))
+        with pytest.raises(RuntimeError, match="max_storage_bytes"):
+            server.recv()
+
+
+def test_closed_pipe_errors_and_context_managers():
+    server, client = pair()
+    with client:
+        pass
+    assert client.closed
+    with pytest.raises(RuntimeError, match=r"^Cannot send on a closed pipe\.$"):
+        client.send(sample())
+    with pytest.raises(RuntimeError, match=r"^Cannot recv on a closed pipe\.$"):
+        client.recv()
+    with pytest.raises(RuntimeError, match=r"^Cannot recv on a closed pipe\.$"):
+        run(client.arecv())
+    client.close()  # idempotent
+    server.close()
+
+
+# ---- server -----------------------------------------------------------------------------------
+def open_fds():
+    return len(os.listdir("/proc/self/fd"))
+
+
+def test_server_eight_concurrent_clients_and_a_clean_shutdown():
+    async def echo(pipe):
+        async for td in pipe:  # ends when the client closes
+            await pipe.asend(TensorDict(id=td["id"] + 1000, payload=td["payload"], batch_size=[]))
+
+    async def client(port, cid, rounds):
+        async with await TensorDictPipe.connect(HOST, port, **OPTS) as pipe:
+            ok = 0
+            for r in range(rounds):
+                payload = torch.full((64, 16), float(cid * 100 + r))
+                await pipe.asend(TensorDict(id=torch.tensor(cid), payload=payload, batch_size=[]))
+                reply = await pipe.arecv()
+                ok += reply["id"].item() == cid + 1000 and torch.equal(reply["payload"], payload)
+            return ok
+
+    async def main(n_clients, rounds):
+        server = TensorDictServer(0, HOST, **OPTS)
+        serving = asyncio.ensure_future(server.serve(echo))
+        oks = await asyncio.gather(*(client(server.port, i, rounds) for i in range(n_clients)))
+        await server.aclose()
+        await serving  # returns once closed, every handler done
+        return server, sum(oks)
+
+    run(main(1, 1))  # warm-up: UCX's process-wide state (its async thread) is made once
+    gc.collect()
+    threads, fds = threading.active_count(), open_fds()
+    server, ok = run(main(8, 5))
+    gc.collect()  # a pipe's progress thread ends with its last handle
+    assert ok == 8 * 5
+    assert server.clients == 8
+    assert server.handler_errors == []  # clients closing cleanly are not errors
+    assert threading.active_count() == threads
+    assert open_fds() == fds
+
+
+def test_server_async_iteration_and_close_unblocks_handlers():
+    async def main():
+        server = TensorDictServer(0, HOST, **OPTS)
+        clients = [await TensorDictPipe.connect(HOST, server.port, **OPTS) for _ in range(2)]
+        pipes = []
+        async for pipe in server:
+            pipes.append(pipe)
+            if len(pipes) == 2:
+                break
+        waiting = asyncio.ensure_future(pipes[0].arecv())  # its client never sends
+        await asyncio.sleep(0.2)
+        start = time.monotonic()
+        await server.aclose()
+        with pytest.raises(RuntimeError):
+            await waiting
+        assert time.monotonic() - start < 4.0
+        assert all(p.closed for p in pipes)
+        for c in clients:
+            await c.aclose()
+
+    run(main())
+
+
+def test_serve_runs_handlers_concurrently():
+    """56: two clients, each sends one TensorDict; both are received."""
+    async def main():
+        got = []
+
+        async def handler(pipe):
+            got.append((await pipe.arecv())["a"].item())
+
+        async with TensorDictServer(0, HOST, **OPTS) as server:
+            serving = asyncio.ensure_future(server.serve(handler))
+            for v in (1.0, 2.0):
+                async with await TensorDictPipe.connect(HOST, server.port, **OPTS) as c:
+                    await c.asend(TensorDict(a=torch.tensor([v]), batch_size=[]))
+            while len(got) < 2:
+                await asyncio.sleep(0.05)
+        await serving
+        assert sorted(got) == [1.0, 2.0]
+
+    run(main())
