@@ -1,0 +1,650 @@
+"""benchmarks/run: every transfer arm side by side in one run, with floors and the reference.
+
+For each case (1 x 1 KB, 100 x 1 KB, 1000 x 64 B nested 3 deep, 16 x 8 MB, 1 x 100 MB):
+
+* build/transfer_bench: ours called from C++ (per leaf, consolidated, the UCX pipe when built)
+  and the floors (one raw c10d send of the same bytes, the same number of raw messages,
+  memcpy of the same bytes), two C++ ranks;
+* two Python ranks (torch.distributed Gloo over a FileStore): the reference tensordict (per
+  leaf, consolidated, init_remote) and ours called from Python;
+* ucx_perftest (server and client on 127.0.0.1), the floor of the pipe, when the pipe is built.
+
+Then build/micro_bench (Google Benchmark) and the same work done by the reference / Python.
+Prints markdown tables and, unless --no-write, rewrites docs/benchmarks.md and
+docs/benchmarks.png. Exits 1 if any received data failed verification.
+
+Method (both rank programs): a timed transfer is sender start -> data received -> a small ack
+back; warm-up rounds first; each round runs every arm once, in a new random order; a case
+stops when every arm's median is known to within 3% (95% interval) or at a time cap; the
+receiver checks every value after timing. Ranks run with one intra-op thread.
+
+    benchmarks/run [--quick] [--no-write] [--json PATH] [--case NAME ...]
+"""
+from __future__ import annotations
+
+import argparse
+import datetime
+import functools
+import json
+import math
+import os
+import pathlib
+import platform
+import random
+import shutil
+import socket
+import statistics
+import subprocess
+import sys
+import tempfile
+import time
+
+ROOT = pathlib.Path(__file__).resolve().parents[1]
+ACK_TAG = 1 << 30  # the C++ program's tags, far above the transfers'
+CTRL_TAG = ACK_TAG + 1
+TIGHT_CI = 0.03
+CI_MIN_REPS = 30
+
+# name, leaves, bytes per leaf, nested 3 deep
+CASES = [
+    ("1x1KB", 1, 1024, False),
+    ("100x1KB", 100, 1024, False),
+    ("1000x64B", 1000, 64, True),
+    ("16x8MB", 16, 8 << 20, False),
+    ("1x100MB", 1, 100 << 20, False),
+]
+QUICK_CASE = "1x1KB"
+
+# id -> (label, floor id, reference id); the table and the plot follow this order.
+ARMS = {
+    "floor.raw_one": ("floor: one raw c10d send of the bytes (C++)", None, None),
+    "floor.raw_n": ("floor: one raw c10d message per leaf (C++)", None, None),
+    "floor.memcpy": ("floor: memcpy of the bytes", None, None),
+    "floor.py_raw_one": ("floor: one raw torch.distributed send of the bytes (Python)", None,
+                         None),
+    "floor.py_raw_n": ("floor: one raw torch.distributed isend per leaf (Python)", None, None),
+    "ref.per_leaf": ("reference: td.send (per leaf)", "floor.py_raw_n", None),
+    "ref.consolidated": ("reference: send(consolidated=True)", "floor.py_raw_one", None),
+    "ref.init_remote": ("reference: init_remote / from_remote_init", "floor.py_raw_one", None),
+    "cpp.per_leaf": ("ours, C++: dist::send (per leaf)", "floor.raw_n", "ref.per_leaf"),
+    "cpp.consolidated": ("ours, C++: dist::send consolidated", "floor.raw_one",
+                         "ref.consolidated"),
+    "cpp.init_remote": ("ours, C++: dist::init_remote / from_remote_init", "floor.raw_one",
+                        "ref.init_remote"),
+    "py.per_leaf": ("ours, Python: td.send (per leaf)", "floor.py_raw_n", "ref.per_leaf"),
+    "py.consolidated": ("ours, Python: send(consolidated=True)", "floor.py_raw_one",
+                        "ref.consolidated"),
+    "py.init_remote": ("ours, Python: init_remote / from_remote_init", "floor.py_raw_one",
+                       "ref.init_remote"),
+    "floor.ucx": ("floor: ucx_perftest stream_lat(bytes) + stream_lat(8 B)", None, None),
+    "cpp.pipe": ("ours, C++: TensorDictPipe (UCX, consolidated)", "floor.ucx", None),
+}
+
+
+# ---- statistics, shared by the Python ranks and the report --------------------------------
+def summarize(samples: list[float]) -> dict:
+    """Median, nearest-rank p25/p75 and the median's distribution-free 95% interval."""
+    v = sorted(samples)
+    n = len(v)
+    if not n:
+        return {"n": 0}
+    rank = lambda q: v[min(n - 1, max(0, math.ceil(q * n) - 1))]  # noqa: E731
+    half = 0.98 * math.sqrt(n)
+    return {"median_us": statistics.median(v), "p25_us": rank(0.25), "p75_us": rank(0.75),
+            "ci_lo_us": v[max(0, math.floor(n / 2 - half))],
+            "ci_hi_us": v[min(n - 1, math.ceil(n / 2 + half))], "n": n}
+
+
+def tight(times: dict[str, list[float]], rounds: int) -> bool:
+    if rounds < CI_MIN_REPS:
+        return False
+    for t in times.values():
+        s = summarize(t)
+        if s["ci_hi_us"] - s["ci_lo_us"] > TIGHT_CI * s["median_us"]:
+            return False
+    return True
+
+
+# ---- the Python ranks ------------------------------------------------------------------------
+def leaf_paths(leaves: int, nested: bool) -> list:
+    """The keys of transfer_bench.cpp's make_td, in insertion order."""
+    if not nested:
+        return [f"leaf{1000 + i}" for i in range(leaves)]
+    per = 1
+    while per ** 3 < leaves:
+        per += 1
+    return [(f"a{i // (per * per)}", f"b{(i // per) % per}", f"c{i % per}", "x")
+            for i in range(leaves)]
+
+
+def pattern(torch, i: int, floats: int):
+    """Leaf i's values: the C++ program's pattern(), bit for bit."""
+    return torch.arange(floats, dtype=torch.float32).fmod_(1000).add_(i)
+
+
+def python_rank(cfg: dict, rank: int, world_size: int) -> None:
+    import torch
+    import torch.distributed as dist
+    import tensordict as ref
+    import tensordict_cpp as ours
+
+    torch.set_num_threads(1)
+    sender = rank == 0
+    ack = torch.zeros(1)
+    ctrl = torch.zeros(1, dtype=torch.int32)
+    results = []
+    for name, leaves, nbytes, nested in cfg["cases"]:
+        paths = leaf_paths(leaves, nested)
+        floats = nbytes // 4
+
+        def make(lib, filled=sender):
+            td = lib.TensorDict({}, batch_size=[])
+            for i, p in enumerate(paths):
+                td[p] = pattern(torch, i, floats) if filled else torch.zeros(floats)
+            return td
+
+        def check(td):
+            return all(torch.equal(td[p], pattern(torch, i, floats)) for i, p in enumerate(paths))
+
+        ref_td, our_td = make(ref), make(ours)
+        ref_cons = make(ref).consolidate(metadata=True)
+        our_cons = make(ours).consolidate()
+        got = {}  # init_remote results, kept for the check
+        raw = [pattern(torch, i, floats) if sender else torch.zeros(floats)
+               for i in range(leaves)]
+        raw_one = (torch.cat(raw) if sender else torch.zeros(leaves * floats)).view(torch.uint8)
+
+        def raw_n(sending):
+            post = dist.isend if sending else dist.irecv
+            for w in [post(t, 1 - rank, tag=i) for i, t in enumerate(raw)]:
+                w.wait()
+
+        # The floors of this program: ratios to them compare arms that ran side by side.
+        arms = {
+            "floor.py_raw_one": (lambda: dist.send(raw_one, dst=1),
+                                 lambda: dist.recv(raw_one, src=0),
+                                 lambda: torch.equal(raw_one.view(torch.float32).view(
+                                     leaves, floats), torch.stack(
+                                     [pattern(torch, i, floats) for i in range(leaves)]))),
+        }
+        if leaves > 1:
+            arms["floor.py_raw_n"] = (lambda: raw_n(True), lambda: raw_n(False),
+                                      lambda: all(torch.equal(t, pattern(torch, i, floats))
+                                                  for i, t in enumerate(raw)))
+        arms |= {
+            "ref.per_leaf": (lambda: ref_td.send(dst=1), lambda: ref_td.recv(src=0),
+                             lambda: check(ref_td)),
+            "ref.consolidated": (lambda: ref_cons.send(dst=1, consolidated=True),
+                                 lambda: ref_cons.recv(src=0, consolidated=True),
+                                 lambda: check(ref_cons)),
+            # A cold start: consolidate, pickle the metadata, send it and the storage.
+            "ref.init_remote": (lambda: ref_td.init_remote(dst=1),
+                                lambda: got.__setitem__("ref", ref.TensorDict.from_remote_init(
+                                    src=0)),
+                                lambda: check(got["ref"])),
+            "py.per_leaf": (lambda: our_td.send(dst=1), lambda: our_td.recv(src=0),
+                            lambda: check(our_td)),
+            "py.consolidated": (lambda: our_cons.send(dst=1, consolidated=True),
+                                lambda: our_cons.recv(src=0, consolidated=True),
+                                lambda: check(our_cons)),
+        }
+        if hasattr(ours._C, "from_remote_init"):  # a build with the collectives
+            arms["py.init_remote"] = (
+                lambda: our_td.init_remote(dst=1),
+                lambda: got.__setitem__("ours", ours.TensorDict.from_remote_init(src=0)),
+                lambda: check(got["ours"]))
+        ids = list(arms)
+        times = {a: [] for a in ids}
+        start = time.monotonic()
+        rnd = -cfg["warmup"]
+        while True:
+            if sender:
+                go = rnd < cfg["min_reps"] or (
+                    rnd < cfg["max_reps"] and time.monotonic() - start < cfg["py_cap"]
+                    and not tight(times, rnd))
+                ctrl.fill_(int(go))
+                dist.send(ctrl, dst=1, tag=CTRL_TAG)
+            else:
+                dist.recv(ctrl, src=0, tag=CTRL_TAG)
+                go = bool(ctrl.item())
+            if not go:
+                break
+            order = list(ids)  # shuffled alike on both ranks, as in transfer_bench.cpp
+            random.Random(rnd).shuffle(order)
+            for a in order:
+                send, recv, _ = arms[a]
+                if sender:
+                    t0 = time.perf_counter_ns()
+                    send()
+                    dist.recv(ack, src=1, tag=ACK_TAG)
+                    if rnd >= 0:
+                        times[a].append((time.perf_counter_ns() - t0) / 1e3)
+                else:
+                    recv()
+                    dist.send(ack, dst=0, tag=ACK_TAG)
+            rnd += 1
+        # Verification after timing, on the receiver, reported to the sender.
+        ok = torch.tensor([int(arms[a][2]()) if not sender else 1 for a in ids],
+                          dtype=torch.int32)
+        if sender:
+            dist.recv(ok, src=1, tag=CTRL_TAG)
+            results.append({"name": name, "seconds": time.monotonic() - start,
+                            "arms": {a: dict(summarize(times[a]), verified=bool(ok[i]))
+                                     for i, a in enumerate(ids)}})
+        else:
+            dist.send(ok, dst=0, tag=CTRL_TAG)
+    if sender:
+        pathlib.Path(cfg["json"]).write_text(json.dumps({"cases": results}))
+
+
+def run_python(cases, settings, tmp) -> dict:
+    from tensordict_cpp.distributed import run
+
+    out = pathlib.Path(tmp) / "python.json"
+    cfg = dict(settings, cases=cases, json=str(out))
+    run(functools.partial(python_rank, cfg), 2, timeout=1200, group_timeout=300)
+    return json.loads(out.read_text())
+
+
+# ---- the C++ ranks ---------------------------------------------------------------------------
+def run_cpp(build: pathlib.Path, cases, settings, tmp) -> dict:
+    out = pathlib.Path(tmp) / "cpp.json"
+    cmd = [str(build / "transfer_bench"), "--json", str(out), "--cap", str(settings["cpp_cap"]),
+           "--min-reps", str(settings["min_reps"]), "--max-reps", str(settings["max_reps"]),
+           "--warmup", str(settings["warmup"])]
+    for name, leaves, nbytes, nested in cases:
+        cmd += ["--case", f"{name}:{leaves}:{nbytes}:{int(nested)}"]
+    proc = subprocess.run(cmd, capture_output=True, text=True, timeout=1200)
+    if proc.returncode != 0:
+        raise SystemExit(f"benchmarks/run: {cmd[0]} failed ({proc.returncode}):\n"
+                         f"{proc.stdout}\n{proc.stderr}")
+    return json.loads(out.read_text())
+
+
+# ---- ucx_perftest ----------------------------------------------------------------------------
+def free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+def ucx_lat(nbytes: int, quick: bool) -> float | None:
+    """Median one-way latency (us) of ucx_perftest stream_lat: the UCP stream API the pipe
+    uses, ping-pong of nbytes, over TCP on loopback. None if it cannot run."""
+    exe = shutil.which("ucx_perftest")
+    if exe is None:
+        return None
+    iters = max(8 if quick else 10, min(200 if quick else 2000, int(4e8 // nbytes)))
+    env = dict(os.environ, UCX_TLS="tcp", UCX_NET_DEVICES="lo", UCX_WARN_UNUSED_ENV_VARS="n")
+    for _ in range(3):  # the free port may be taken between the check and the bind
+        port = str(free_port())
+        server = subprocess.Popen([exe, "-p", port], env=env, stdout=subprocess.DEVNULL,
+                                  stderr=subprocess.DEVNULL)
+        try:
+            time.sleep(0.3)
+            client = subprocess.run(
+                [exe, "127.0.0.1", "-p", port, "-t", "stream_lat", "-s", str(nbytes),
+                 "-n", str(iters), "-w", str(max(2, iters // 10)), "-f", "-v"],
+                env=env, capture_output=True, text=True, timeout=120)
+        finally:
+            try:
+                server.wait(timeout=10)
+            except subprocess.TimeoutExpired:
+                server.kill()
+                server.wait()
+        rows = [l.strip() for l in client.stdout.splitlines() if l.strip()[:1].isdigit()]
+        if client.returncode == 0 and rows:
+            return float(rows[-1].split(",")[1])  # the 50th-percentile column
+    return None
+
+
+# ---- micro-benchmarks ------------------------------------------------------------------------
+def run_micro(build: pathlib.Path, quick: bool) -> dict[str, float]:
+    """Median real time per iteration, in ns, by benchmark name."""
+    cmd = [str(build / "micro_bench"), "--benchmark_format=json",
+           f"--benchmark_repetitions={1 if quick else 5}", "--benchmark_report_aggregates_only=true",
+           f"--benchmark_min_time={0.01 if quick else 0.2}"]
+    if quick:  # the large consolidate cases take seconds to build
+        cmd.append("--benchmark_filter=BM_IntGenerator|BM_SortedKeys|BM_Metadata|BM_Pickle|case:2")
+    proc = subprocess.run(cmd, capture_output=True, text=True, timeout=600)
+    if proc.returncode != 0:
+        raise SystemExit(f"benchmarks/run: micro_bench failed:\n{proc.stderr}")
+    scale = {"ns": 1, "us": 1e3, "ms": 1e6, "s": 1e9}
+    out = {}
+    for b in json.loads(proc.stdout)["benchmarks"]:
+        if b.get("aggregate_name", "median") == "median":
+            out[b["run_name"]] = b["real_time"] * scale[b["time_unit"]]
+    return out
+
+
+def time_python(fn, quick: bool) -> float:
+    """Median over repetitions of the mean time of one call, in ns."""
+    fn()
+    per, t0 = 0, time.perf_counter()
+    while time.perf_counter() - t0 < (0.01 if quick else 0.05):  # calls per sample
+        fn()
+        per += 1
+    samples = []
+    for _ in range(3 if quick else 7):
+        t0 = time.perf_counter_ns()
+        for _ in range(per):
+            fn()
+        samples.append((time.perf_counter_ns() - t0) / per)
+    return statistics.median(samples)
+
+
+def reference_micro(quick: bool) -> dict[str, float]:
+    """The same work done by the reference (or by Python itself where the reference uses it),
+    keyed like micro_bench's names; ns per call."""
+    import json as js
+    import pickle
+
+    import torch
+    from tensordict import TensorDict
+    from tensordict.utils import _int_generator
+
+    torch.set_num_threads(1)
+    out = {}
+    tag = [0]
+
+    def tags():
+        tag[0] = _int_generator(tag[0] + 1)
+    out["BM_IntGenerator"] = time_python(tags, quick)
+    keyed = TensorDict({f"key{(i * 7919) % 1000}": torch.zeros(1) for i in range(1000)}, [])
+    out["BM_SortedKeys"] = time_python(lambda: keyed.sorted_keys, quick)
+    cases = [("1x100MB", 1, 100 << 20), ("16x8MB", 16, 8 << 20), ("1000x64B", 1000, 64)]
+    for i, (_, count, nbytes) in enumerate(cases):
+        if quick and i < 2:
+            continue  # as micro_bench --quick: only the small case
+        td = TensorDict({}, [])
+        for p in leaf_paths(count, True):
+            td[p] = torch.rand(nbytes // 4)
+        out[f"BM_Consolidate/case:{i}/threads:1/real_time"] = time_python(
+            lambda: td.consolidate(metadata=True), quick)
+    metadata = td.consolidate(metadata=True)._consolidated["metadata"]  # the 1000 x 64 B case
+    text = js.dumps(metadata, sort_keys=True)
+    data = pickle.dumps(metadata)
+    out["BM_MetadataToJson"] = time_python(lambda: js.dumps(metadata, sort_keys=True), quick)
+    out["BM_MetadataFromJson"] = time_python(lambda: js.loads(text), quick)
+    out["BM_PickleLoads"] = time_python(lambda: pickle.loads(data), quick)
+    return out
+
+
+MICRO_ROWS = [  # micro_bench name, label, what the comparison column ran
+    ("BM_IntGenerator", "pseudo_rand tag (int_generator)", "tensordict.utils._int_generator"),
+    ("BM_SortedKeys", "sort 1000 keys", "td.sorted_keys"),
+    ("BM_Consolidate/case:0/threads:1/real_time", "consolidate 1 x 100 MB", "td.consolidate"),
+    ("BM_Consolidate/case:0/threads:4/real_time", "consolidate 1 x 100 MB, 4 threads", ""),
+    ("BM_MemcpyWarm/case:0/threads:1/real_time", "memcpy 100 MB, warm destination", ""),
+    ("BM_Consolidate/case:1/threads:1/real_time", "consolidate 16 x 8 MB", "td.consolidate"),
+    ("BM_Consolidate/case:1/threads:4/real_time", "consolidate 16 x 8 MB, 4 threads", ""),
+    ("BM_MemcpyWarm/case:1/threads:1/real_time", "memcpy 16 x 8 MB, warm destination", ""),
+    ("BM_Consolidate/case:2/threads:1/real_time", "consolidate 1000 x 64 B (nested)",
+     "td.consolidate"),
+    ("BM_MemcpyWarm/case:2/threads:1/real_time", "memcpy 1000 x 64 B, warm destination", ""),
+    ("BM_MetadataToJson", "metadata -> JSON, 1000 leaves", "json.dumps (C)"),
+    ("BM_MetadataFromJson", "JSON -> metadata, validated", "json.loads (C, no validation)"),
+    ("BM_PickleLoads", "restricted pickle read, 1000-leaf metadata", "pickle.loads (C)"),
+    ("BM_MetadataFromPickleBytes", "pickle -> metadata, validated", ""),
+]
+
+
+# ---- report ----------------------------------------------------------------------------------
+def fmt_us(v: float | None) -> str:
+    if v is None:
+        return "–"
+    return f"{v:,.0f}" if v >= 100 else f"{v:.1f}"
+
+
+def fmt_ns(v: float) -> str:
+    return f"{v / 1e3:,.1f} µs" if v >= 1e4 else f"{v:,.0f} ns"
+
+
+def merge(case_results: list[dict]) -> list[dict]:
+    """One row per (case, arm) that ran, in ARMS order, with its floor and reference ratios."""
+    rows = []
+    for case in case_results:
+        arms = case["arms"]
+        for arm_id, (label, floor_id, ref_id) in ARMS.items():
+            if arm_id not in arms:
+                continue
+            a = arms[arm_id]
+            if floor_id and floor_id.endswith("raw_n") and floor_id not in arms:
+                floor_id = floor_id.replace("raw_n", "raw_one")  # one leaf: the same message
+            floor = arms.get(floor_id, {}).get("median_us") if floor_id else None
+            ref = arms.get(ref_id, {}).get("median_us") if ref_id else None
+            rows.append({"case": case["name"], "bytes": case["bytes"], "arm": arm_id,
+                         "label": label, "median": a.get("median_us"), "p25": a.get("p25_us"),
+                         "n": a.get("n"), "verified": a.get("verified"),
+                         "floor": floor_id if floor else None,
+                         "x_floor": a["median_us"] / floor if floor else None,
+                         "speedup": ref / a["median_us"] if ref else None,
+                         # the reference ran in the Python program, this arm in the C++ one
+                         "cross": arm_id.startswith("cpp.")})
+    return rows
+
+
+def transfer_table(rows: list[dict]) -> str:
+    short = {"floor.raw_one": "one send", "floor.raw_n": "N messages", "floor.ucx": "ucx_perftest",
+             "floor.py_raw_one": "one send, Py", "floor.py_raw_n": "N messages, Py"}
+    out = ["| case | arm | median µs | p25 µs | reps | × floor | × faster than reference | data |",
+           "|---|---|--:|--:|--:|--:|--:|---|"]
+    for r in rows:
+        xf = f"{r['x_floor']:.2f} ({short[r['floor']]})" if r["x_floor"] else ""
+        sp = f"{r['speedup']:.1f}{' †' if r['cross'] else ''}" if r["speedup"] else ""
+        ver = {True: "ok", False: "**FAILED**", None: ""}[r["verified"]]
+        n = "" if r["n"] is None else str(r["n"])
+        out.append(f"| {r['case']} | {r['label']} | {fmt_us(r['median'])} | {fmt_us(r['p25'])} "
+                   f"| {n} | {xf} | {sp} | {ver} |")
+    return "\n".join(out)
+
+
+def micro_table(ours: dict[str, float], theirs: dict[str, float]) -> str:
+    out = ["| work | ours (C++) | reference / Python | what ran there | × faster |",
+           "|---|--:|--:|---|--:|"]
+    for name, label, what in MICRO_ROWS:
+        if name not in ours:
+            continue
+        other = theirs.get(name) if what else None
+        out.append(f"| {label} | {fmt_ns(ours[name])} | {fmt_ns(other) if other else ''} | "
+                   f"{what} | {f'{other / ours[name]:.1f}' if other else ''} |")
+    return "\n".join(out)
+
+
+def human(nbytes: int) -> str:
+    for unit, size in (("MiB", 1 << 20), ("KiB", 1 << 10)):
+        if nbytes >= size:
+            return f"{nbytes / size:.3g} {unit}"
+    return f"{nbytes} B"
+
+
+def plot(rows: list[dict], path: pathlib.Path) -> None:
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+    import matplotlib.ticker
+
+    fig, ax = plt.subplots(figsize=(12, 6.5), dpi=100)
+    colors = plt.cm.tab20.colors  # more arms than the default cycle's 10 colours
+    for k, (arm_id, (label, _, _)) in enumerate(ARMS.items()):
+        pts = sorted((r["bytes"], r["median"]) for r in rows if r["arm"] == arm_id and r["median"])
+        if not pts:
+            continue
+        style = "--" if arm_id.startswith("floor") else ("-." if arm_id.startswith("ref") else "-")
+        ax.plot(*zip(*pts), style, marker="o", markersize=4, label=label,
+                color=colors[k % len(colors)])
+    ax.set_xscale("log")
+    ax.set_yscale("log")
+    # The cases differ in leaf count as well as bytes: name them on the axis.
+    cases = sorted({(r["bytes"], r["case"]) for r in rows})
+    ax.set_xticks([b for b, _ in cases], [f"{n} ({human(b)})" for b, n in cases], fontsize=7,
+                  rotation=90)
+    ax.xaxis.set_minor_formatter(matplotlib.ticker.NullFormatter())
+    ax.set_xlabel("case, bytes per transfer")
+    ax.set_ylabel("median latency, send to ack (µs)")
+    ax.grid(True, which="both", alpha=0.3)
+    ax.legend(fontsize=8, loc="upper left", bbox_to_anchor=(1.01, 1.0))
+    ax.set_title("tensordict-cpp transfers vs the reference and the floors")
+    fig.tight_layout()
+    fig.savefig(path)
+
+
+def machine() -> dict:
+    import torch
+
+    lscpu = subprocess.run(["lscpu"], capture_output=True, text=True).stdout
+    model = next((l.split(":", 1)[1].strip() for l in lscpu.splitlines()
+                  if l.startswith("Model name")), platform.processor())
+    mem = next((int(l.split()[1]) for l in open("/proc/meminfo") if l.startswith("MemTotal")), 0)
+    import tensordict
+    return {"cpu": model, "cores": os.cpu_count(), "memory_gib": round(mem / 2**20, 1),
+            "kernel": platform.release(), "torch": torch.__version__,
+            "reference": f"tensordict {tensordict.__version__}",
+            "date": datetime.datetime.now().astimezone().strftime("%Y-%m-%d %H:%M %Z")}
+
+
+def write_docs(info: dict, transfer: str, micro: str, command: str, loads: list[float],
+               note: str) -> None:
+    docs = ROOT / "docs"
+    doc = f"""# Benchmarks
+
+Generated by `{command}` (do not edit by hand; rerun it). Latest run:
+
+| machine | |
+|---|---|
+| CPU | {info['cpu']} |
+| cores | {info['cores']} |
+| memory | {info['memory_gib']} GiB |
+| kernel | Linux {info['kernel']} |
+| torch | {info['torch']} (CPU) |
+| reference | {info['reference']} |
+| date | {info['date']} |
+| load average (1 min) before each case | {', '.join(f'{x:.2f}' for x in loads)} |
+{note}
+## How it measures
+
+Each case is run by two C++ ranks (`build/transfer_bench`), then by two Python ranks (the
+reference `tensordict` and ours through `tensordict_cpp`), then by `ucx_perftest` when the pipe
+is built. Ranks talk over Gloo on 127.0.0.1 (a FileStore rendezvous), one intra-op thread each.
+A timed transfer runs from the sender's first call until a small acknowledgement from the
+receiver arrives, so it includes delivery. Warm-up rounds come first; then every round runs
+each arm once, in a new random order (the same on both ranks), so that drift and the
+after-effects of one arm on the next hit all arms alike. A
+case stops when every arm's median is known to within ±1.5% (distribution-free 95% interval,
+at least 30 rounds) or at a time cap. After timing the receiver checks every value it got
+("data" column).
+
+Floors: **one send**: one raw c10d send of the same bytes (the consolidated storage);
+**N messages**: the same number of raw c10d messages as leaves, all posted then waited. Each
+rank program measures its own (C++: `ProcessGroup::send`; Python, "Py": `torch.distributed`),
+so every "× floor" compares arms that ran side by side;
+**memcpy**: one memcpy of the same bytes into a warm buffer (rank 0 alone, no ack);
+**ucx_perftest**: `stream_lat` (the UCP stream API the pipe uses, TCP on loopback) median
+one-way latency of the bytes plus that of 8 bytes (the ack), run right after the case.
+ucx_perftest busy-polls; the pipe sleeps in epoll. Per-leaf arms are compared with N
+messages, consolidated and init_remote arms with one send; "× faster than reference"
+compares the same kind of transfer. † marks a C++ arm compared with the reference measured by
+the Python program a few seconds later: on a loaded machine the two programs can land in
+different latency modes, so compare the floors of both programs before trusting it.
+init_remote arms include consolidating and pickling the metadata each time (a cold start).
+
+The run keeps both cores busy itself, so the load average read before a case includes the
+previous case; a value well above 2 means other work shared the machine.
+
+On a 2-core VM small transfers are bimodal: a fast mode of tens of µs, and a slow one near a
+4 ms scheduler tick (shared/behaviours.md §7). The median follows whichever mode dominates in
+that run; the p25 column shows the fast mode.
+
+## Transfers
+
+![latency against bytes](benchmarks.png)
+
+{transfer}
+
+## Micro-benchmarks
+
+`build/micro_bench` (Google Benchmark, median of repetitions); the comparison column ran the
+same work in the reference or in Python's C-accelerated modules, in one process.
+
+{micro}
+"""
+    (docs / "benchmarks.md").write_text(doc)
+
+
+def main() -> int:
+    parser = argparse.ArgumentParser(prog="benchmarks/run", description=__doc__.split("\n")[0])
+    parser.add_argument("--quick", action="store_true",
+                        help=f"one small case ({QUICK_CASE}), few repetitions (the smoke test)")
+    parser.add_argument("--no-write", action="store_true",
+                        help="print only: leave docs/benchmarks.md and docs/benchmarks.png")
+    parser.add_argument("--json", help="also write every result to this file")
+    parser.add_argument("--case", action="append", choices=[c[0] for c in CASES],
+                        help="run only this case (repeatable)")
+    args = parser.parse_args()
+    build = pathlib.Path(os.environ.get("TENSORDICT_BUILD_DIR", ROOT / "build"))
+    missing = [p for p in ("transfer_bench", "micro_bench") if not (build / p).is_file()]
+    if missing:
+        print(f"benchmarks/run: {', '.join(missing)} not found in {build}: run scripts/setup "
+              "(or set TENSORDICT_BUILD_DIR to a build with benchmarks)", file=sys.stderr)
+        return 2
+    os.environ["OMP_NUM_THREADS"] = "1"
+    os.environ.setdefault("GLOO_SOCKET_IFNAME", "lo")
+    names = args.case or ([QUICK_CASE] if args.quick else [c[0] for c in CASES])
+    cases = [c for c in CASES if c[0] in names]
+    if args.quick:
+        settings = dict(cpp_cap=2.0, py_cap=3.0, min_reps=5, max_reps=200, warmup=2)
+    else:
+        settings = dict(cpp_cap=12.0, py_cap=20.0, min_reps=8, max_reps=3000, warmup=3)
+    t_start = time.monotonic()
+    results, loads = [], []
+    with tempfile.TemporaryDirectory(prefix="tensordict_bench_") as tmp:
+        for case in cases:
+            loads.append(os.getloadavg()[0])
+            name, leaves, nbytes, _ = case
+            print(f"benchmarks/run: {name} ...", file=sys.stderr, flush=True)
+            t0 = time.monotonic()
+            cpp = run_cpp(build, [case], settings, tmp)["cases"][0]
+            t1 = time.monotonic()
+            py = run_python([case], settings, tmp)["cases"][0]
+            t2 = time.monotonic()
+            merged = {"name": name, "bytes": leaves * nbytes, "leaves": leaves,
+                      "arms": dict(cpp["arms"], **py["arms"])}
+            if "cpp.pipe" in cpp["arms"]:
+                lat, ack = ucx_lat(leaves * nbytes, args.quick), ucx_lat(8, args.quick)
+                if lat is not None and ack is not None:
+                    merged["arms"]["floor.ucx"] = {"median_us": lat + ack}
+            results.append(merged)
+            print(f"benchmarks/run: {name}: C++ {t1 - t0:.0f} s, Python {t2 - t1:.0f} s, "
+                  f"ucx_perftest {time.monotonic() - t2:.0f} s", file=sys.stderr, flush=True)
+        print("benchmarks/run: micro-benchmarks ...", file=sys.stderr, flush=True)
+        micro = run_micro(build, args.quick)
+        ref_micro = reference_micro(args.quick)
+    rows = merge(results)
+    transfer, micro_md = transfer_table(rows), micro_table(micro, ref_micro)
+    verified = all(r["verified"] is not False for r in rows)
+    print(transfer)
+    print()
+    print(micro_md)
+    print()
+    elapsed = time.monotonic() - t_start
+    print(f"data verification: {'passed' if verified else 'FAILED'}; {elapsed:.0f} s; "
+          f"load averages before each case: {', '.join(f'{x:.2f}' for x in loads)}")
+    if args.json:
+        pathlib.Path(args.json).write_text(json.dumps(
+            {"cases": results, "rows": rows, "micro": micro, "reference_micro": ref_micro,
+             "verified": verified, "seconds": elapsed}, indent=1))
+    if not args.no_write:
+        # The options that change what is measured; --json only copies the results elsewhere.
+        shown = [f"--case {c}" for c in args.case or []] + (["--quick"] if args.quick else [])
+        command = " ".join(["benchmarks/run", *shown])
+        note = os.environ.get("TENSORDICT_BENCH_NOTE", "")
+        write_docs(machine(), transfer, micro_md, command, loads,
+                   f"\n{note}\n" if note else "")
+        plot(rows, ROOT / "docs" / "benchmarks.png")
+        print("wrote docs/benchmarks.md and docs/benchmarks.png")
+    return 0 if verified else 1
+
+
+if __name__ == "__main__":
+    sys.exit(main())

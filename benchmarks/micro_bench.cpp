@@ -1,0 +1,201 @@
+// Single-process micro-benchmarks (Google Benchmark) of the work around a transfer: tag
+// generation, key sorting, consolidate (against memcpy of the same bytes), metadata encode and
+// parse, and the restricted pickle reader. benchmarks/run runs this and prints its table next
+// to the reference tensordict's times for the same work.
+//
+// Consolidate cases, all nested 3 deep (a{i}/b{j}/c{k}/x): 1 x 100 MB, 16 x 8 MB, 1000 x 64 B.
+// Its baselines: "MemcpyFresh" allocates the destination each time (as consolidate must) and
+// copies every leaf into it; "MemcpyWarm" copies into a destination allocated once, the floor
+// no allocation-bearing copy can reach.
+#include <ATen/ATen.h>
+#include <benchmark/benchmark.h>
+
+#include <cstring>
+#include <optional>
+#include <string>
+#include <vector>
+
+#include "tensordict/consolidate.h"
+#include "tensordict/metadata_pickle.h"
+#include "tensordict/pickle.h"
+#include "tensordict/tensor_dict.h"
+#ifdef TENSORDICT_BENCH_DIST
+#include "tensordict/distributed/tags.h"
+#endif
+
+namespace {
+
+using namespace tensordict;
+
+// `count` float32 leaves of `bytes` each, spread over three nested levels a{i}/b{j}/c{k}/x.
+TensorDict make_case(int64_t count, int64_t bytes) {
+  int64_t per_level = 1;
+  while (per_level * per_level * per_level < count) ++per_level;
+  TensorDict td;
+  for (int64_t i = 0; i < count; ++i) {
+    const auto a = i / (per_level * per_level), b = (i / per_level) % per_level, c = i % per_level;
+    td.set({"a" + std::to_string(a), "b" + std::to_string(b), "c" + std::to_string(c), "x"},
+           at::rand({bytes / 4}));
+  }
+  return td;
+}
+
+struct Case {
+  const char* name;
+  int64_t count;
+  int64_t bytes;
+};
+constexpr Case kCases[] = {{"1x100MB", 1, 100 << 20}, {"16x8MB", 16, 8 << 20}, {"1000x64B", 1000, 64}};
+constexpr int kSmall = 2;  // the 1000 x 64 B case: the metadata benchmarks use its metadata
+
+// Built on first use, so that a --benchmark_filter run pays only for the cases it selects.
+const TensorDict& case_td(int i) {
+  static std::vector<std::optional<TensorDict>> tds(std::size(kCases));
+  if (!tds[i]) tds[i] = make_case(kCases[i].count, kCases[i].bytes);
+  return *tds[i];
+}
+
+std::vector<at::Tensor> leaves(const TensorDict& td) {
+  std::vector<at::Tensor> out;
+  for (const auto& [k, v] : td.items({.include_nested = true, .leaves_only = true})) {
+    out.push_back(v.tensor());
+  }
+  return out;
+}
+
+void set_bytes(benchmark::State& state, int64_t total) {
+  state.SetBytesProcessed(state.iterations() * total);
+  state.counters["bytes"] = static_cast<double>(total);
+}
+
+// ---- tags -----------------------------------------------------------------------------------
+#ifdef TENSORDICT_BENCH_DIST
+void BM_IntGenerator(benchmark::State& state) {
+  int64_t tag = 0;
+  for (auto _ : state) {
+    tag = dist::int_generator(tag + 1);  // the pseudo_rand chain, as a per-leaf send walks it
+    benchmark::DoNotOptimize(tag);
+  }
+}
+BENCHMARK(BM_IntGenerator);
+#endif
+
+// ---- key sorting: 1000 keys at one level ----------------------------------------------------
+void BM_SortedKeys(benchmark::State& state) {
+  TensorDict td;
+  // Inserted in a scrambled order, so that the sort has work to do.
+  for (int i = 0; i < 1000; ++i) td.set("key" + std::to_string((i * 7919) % 1000), at::zeros({1}));
+  for (auto _ : state) {
+    auto keys = td.sorted_keys();
+    benchmark::DoNotOptimize(keys.data());
+  }
+}
+BENCHMARK(BM_SortedKeys)->Unit(benchmark::kMicrosecond);
+
+// ---- consolidate ----------------------------------------------------------------------------
+void BM_Consolidate(benchmark::State& state) {
+  const auto& td = case_td(static_cast<int>(state.range(0)));
+  const int threads = static_cast<int>(state.range(1));
+  int64_t total = 0;
+  for (auto _ : state) {
+    TensorDict c = consolidate(td, {.num_threads = threads});
+    total = consolidated_storage(c).numel();
+    benchmark::DoNotOptimize(total);
+  }
+  set_bytes(state, total);
+}
+
+void copy_leaves(const std::vector<at::Tensor>& ls, uint8_t* dst) {
+  for (const auto& t : ls) {
+    std::memcpy(dst, t.const_data_ptr(), t.nbytes());
+    dst += (t.nbytes() + 7) / 8 * 8;
+  }
+}
+
+int64_t padded_total(const std::vector<at::Tensor>& ls) {
+  int64_t total = 0;
+  for (const auto& t : ls) total += static_cast<int64_t>((t.nbytes() + 7) / 8 * 8);
+  return total;
+}
+
+void BM_MemcpyFresh(benchmark::State& state) {
+  const auto ls = leaves(case_td(static_cast<int>(state.range(0))));
+  const int64_t total = padded_total(ls);
+  for (auto _ : state) {
+    at::Tensor dst = at::empty({total}, at::kByte);
+    copy_leaves(ls, dst.data_ptr<uint8_t>());
+    benchmark::DoNotOptimize(dst.data_ptr());
+  }
+  set_bytes(state, total);
+}
+
+void BM_MemcpyWarm(benchmark::State& state) {
+  const auto ls = leaves(case_td(static_cast<int>(state.range(0))));
+  const int64_t total = padded_total(ls);
+  at::Tensor dst = at::empty({total}, at::kByte);
+  copy_leaves(ls, dst.data_ptr<uint8_t>());
+  for (auto _ : state) {
+    copy_leaves(ls, dst.data_ptr<uint8_t>());
+    benchmark::ClobberMemory();
+  }
+  set_bytes(state, total);
+}
+
+void cases(benchmark::internal::Benchmark* b, bool threads) {
+  for (int i = 0; i < 3; ++i) {
+    b->Args({i, 1});
+    if (threads && i < 2) b->Args({i, 4});
+  }
+  b->ArgNames({"case", "threads"})->Unit(benchmark::kMicrosecond)->UseRealTime();
+}
+
+BENCHMARK(BM_Consolidate)->Apply([](auto* b) { cases(b, true); });
+BENCHMARK(BM_MemcpyFresh)->Apply([](auto* b) { cases(b, false); });
+BENCHMARK(BM_MemcpyWarm)->Apply([](auto* b) { cases(b, false); });
+
+// ---- metadata of 1000 leaves: JSON encode / parse, pickle read ------------------------------
+const Metadata& small_metadata() {
+  static const Metadata m = metadata_of(case_td(kSmall));
+  return m;
+}
+
+void BM_MetadataToJson(benchmark::State& state) {
+  for (auto _ : state) {
+    auto text = metadata_to_json(small_metadata(), /*sort_keys=*/true);
+    benchmark::DoNotOptimize(text.data());
+  }
+}
+BENCHMARK(BM_MetadataToJson)->Unit(benchmark::kMicrosecond);
+
+void BM_MetadataFromJson(benchmark::State& state) {
+  const std::string text = metadata_to_json(small_metadata(), true);
+  for (auto _ : state) {
+    auto m = metadata_from_json(text);  // parse and validate, as on receipt from a peer
+    benchmark::DoNotOptimize(m.children.data());
+  }
+  state.SetBytesProcessed(state.iterations() * static_cast<int64_t>(text.size()));
+}
+BENCHMARK(BM_MetadataFromJson)->Unit(benchmark::kMicrosecond);
+
+void BM_PickleLoads(benchmark::State& state) {
+  const std::string bytes = pickle::dumps(metadata_to_pickle(small_metadata()));
+  for (auto _ : state) {
+    auto v = pickle::loads(bytes);
+    benchmark::DoNotOptimize(v.kind());
+  }
+  state.SetBytesProcessed(state.iterations() * static_cast<int64_t>(bytes.size()));
+}
+BENCHMARK(BM_PickleLoads)->Unit(benchmark::kMicrosecond);
+
+void BM_MetadataFromPickleBytes(benchmark::State& state) {
+  const std::string bytes = pickle::dumps(metadata_to_pickle(small_metadata()));
+  for (auto _ : state) {
+    auto m = metadata_from_pickle_bytes(bytes);  // loads + validation: init_remote's receive
+    benchmark::DoNotOptimize(m.children.data());
+  }
+}
+BENCHMARK(BM_MetadataFromPickleBytes)->Unit(benchmark::kMicrosecond);
+
+}  // namespace
+
+BENCHMARK_MAIN();

@@ -1,0 +1,44 @@
+"""benchmarks/run --quick: one small case end to end. Checks the structure of the report and
+that every arm's received data verified; never the speed (that is the full run's job)."""
+import json
+import os
+import subprocess
+
+from conftest import BUILD_DIR, ROOT, built
+
+
+def test_quick_run_reports_every_arm_and_verifies(tmp_path):
+    built("transfer_bench"), built("micro_bench")
+    out = tmp_path / "result.json"
+    proc = subprocess.run(
+        [str(ROOT / "benchmarks" / "run"), "--quick", "--no-write", "--json", str(out)],
+        capture_output=True, text=True, timeout=600,
+        env=dict(os.environ, TENSORDICT_BUILD_DIR=str(BUILD_DIR)))
+    assert proc.returncode == 0, proc.stdout + proc.stderr
+    assert "data verification: passed" in proc.stdout
+
+    result = json.loads(out.read_text())
+    assert result["verified"] is True
+    [case] = result["cases"]
+    assert case["name"] == "1x1KB"
+    arms = case["arms"]
+    expected = {"floor.raw_one", "floor.memcpy", "floor.py_raw_one", "cpp.per_leaf",
+                "cpp.consolidated", "ref.per_leaf", "ref.consolidated", "ref.init_remote",
+                "py.per_leaf", "py.consolidated"}
+    assert expected <= arms.keys()
+    for arm_id, arm in arms.items():
+        if arm_id == "floor.ucx":
+            continue  # ucx_perftest reports a median only
+        assert arm["verified"] is True, arm_id
+        assert arm["n"] >= 5 and arm["p25_us"] <= arm["median_us"], arm_id
+
+    # The printed tables: one transfer row per arm, and the micro-benchmarks.
+    lines = proc.stdout.splitlines()
+    rows = [l for l in lines if l.startswith("| 1x1KB |")]
+    assert len(rows) == len(arms)
+    assert any("reference: td.send (per leaf)" in r for r in rows)
+    for label in ("pseudo_rand tag", "sort 1000 keys", "consolidate 1000 x 64 B",
+                  "metadata -> JSON", "JSON -> metadata", "restricted pickle read"):
+        assert any(l.startswith(f"| {label}") for l in lines), label
+    # --no-write leaves the published report alone.
+    assert "wrote docs/benchmarks.md" not in proc.stdout
