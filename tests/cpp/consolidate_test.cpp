@@ -9,23 +9,13 @@
 #include <cstring>
 #include <string>
 
+#include "expect_throw.h"
 #include "tensordict/consolidate.h"
 #include "tensordict/tensor_dict.h"
 
 using namespace tensordict;
 
 namespace {
-
-#define EXPECT_THROW_MSG(stmt, E, needle)                                                \
-  do {                                                                                   \
-    try {                                                                                \
-      stmt;                                                                              \
-      ADD_FAILURE() << "expected " #E;                                                   \
-    } catch (const E& e) {                                                               \
-      EXPECT_NE(std::string(e.what_without_backtrace()).find(needle), std::string::npos) \
-          << e.what_without_backtrace();                                                 \
-    }                                                                                    \
-  } while (0)
 
 // wire-format.md §3.4: a=float32[4], b=float32[4,3], c={d: int64[4]}, batch [4].
 TensorDict worked_example() {

@@ -19,6 +19,7 @@
 namespace tensordict::dist {
 namespace {
 
+using testing::error_of;
 using testing::run_ranks;
 
 // A nested TensorDict whose schema depends on `variant` (extra leaves of growing shapes), so
@@ -53,16 +54,6 @@ void expect_same(const TensorDict& got, const TensorDict& want) {
 
 std::string metadata_text(const TensorDict& td) {
   return metadata_to_json(*consolidated_metadata(td));
-}
-
-template <typename Fn>
-std::string error_of(Fn&& fn) {
-  try {
-    fn();
-  } catch (const c10::Error& e) {
-    return e.msg();
-  }
-  return "<no error>";
 }
 
 TEST(DistCollectives, InitRemoteThenSteadyState) {

@@ -16,16 +16,8 @@
 namespace tensordict::dist {
 namespace {
 
+using testing::error_of;
 using testing::run_ranks;
-
-std::string error_of(const std::function<void()>& fn) {
-  try {
-    fn();
-  } catch (const c10::Error& e) {
-    return e.msg();
-  }
-  return "<no error>";
-}
 
 // Leaf i of the wire order holds base + i, so a leaf received in another leaf's place shows.
 // Receivers insert keys in the opposite order: only the sorted wire order lines them up.

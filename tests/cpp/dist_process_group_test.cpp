@@ -16,17 +16,9 @@
 namespace tensordict::dist {
 namespace {
 
+using testing::error_of;
 using testing::run_ranks;
 using Clock = std::chrono::steady_clock;
-
-std::string error_of(const std::function<void()>& fn) {
-  try {
-    fn();
-  } catch (const c10::Error& e) {
-    return e.msg();
-  }
-  return "<no error>";
-}
 
 TEST(DistRunner, EveryRankRunsWithADefaultGroup) {
   run_ranks(3, [](int rank, int world_size) {

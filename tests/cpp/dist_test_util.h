@@ -5,6 +5,7 @@
 // watchdog). A rank's gtest failures make that rank fail, so the caller's test fails with it.
 
 #include <ATen/Parallel.h>
+#include <c10/util/Exception.h>
 #include <gtest/gtest.h>
 
 #include <chrono>
@@ -21,6 +22,16 @@ struct RanksOptions {
   std::chrono::milliseconds group_timeout = std::chrono::seconds(20);  // each c10d wait
   bool init_process_group = true;
 };
+
+/// The message of the c10::Error that fn throws, or "<no error>".
+inline std::string error_of(const std::function<void()>& fn) {
+  try {
+    fn();
+  } catch (const c10::Error& e) {
+    return e.msg();
+  }
+  return "<no error>";
+}
 
 inline void run_ranks(int world_size, const std::function<void(int rank, int world_size)>& fn,
                       RanksOptions options = {}) {

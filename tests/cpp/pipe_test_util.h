@@ -13,6 +13,7 @@
 #include <string>
 #include <thread>
 
+#include "expect_throw.h"
 #include "tensordict/consolidate.h"
 #include "tensordict/pipe/pipe.h"
 #include "tensordict/tensor_dict.h"
@@ -20,17 +21,6 @@
 namespace pipe_test {
 
 using namespace std::chrono_literals;
-
-#define EXPECT_THROW_MSG(stmt, E, needle)                                                \
-  do {                                                                                   \
-    try {                                                                                \
-      stmt;                                                                              \
-      ADD_FAILURE() << "expected " #E;                                                   \
-    } catch (const E& e) {                                                               \
-      EXPECT_NE(std::string(e.what_without_backtrace()).find(needle), std::string::npos) \
-          << e.what_without_backtrace();                                                 \
-    }                                                                                    \
-  } while (0)
 
 // Aborts the process when a test outlives its budget: a hang must fail, loudly, not stall.
 class Watchdog {

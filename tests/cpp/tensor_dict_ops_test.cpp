@@ -2,6 +2,7 @@
 #include <ATen/ATen.h>
 #include <gtest/gtest.h>
 
+#include "expect_throw.h"
 #include "tensordict/tensordict.h"
 
 using namespace at::indexing;
@@ -10,17 +11,6 @@ using tensordict::NestedKey;
 using tensordict::TensorDict;
 
 namespace {
-
-#define EXPECT_THROW_MSG(stmt, E, needle)                                              \
-  do {                                                                                 \
-    try {                                                                              \
-      stmt;                                                                            \
-      ADD_FAILURE() << "expected " #E;                                                 \
-    } catch (const E& e) {                                                             \
-      EXPECT_NE(std::string(e.what_without_backtrace()).find(needle), std::string::npos) \
-          << e.what_without_backtrace();                                               \
-    }                                                                                  \
-  } while (0)
 
 // batch [4, 3]; a: arange, nested n (batch [4, 3, 2]) holding x.
 TensorDict sample() {

@@ -4,6 +4,7 @@
 
 #include <map>
 
+#include "expect_throw.h"
 #include "tensordict/tensordict.h"
 
 using tensordict::KeyError;
@@ -12,18 +13,6 @@ using tensordict::TensorDict;
 using tensordict::Value;
 
 namespace {
-
-// Asserts that `stmt` throws `E` whose message contains `needle`.
-#define EXPECT_THROW_MSG(stmt, E, needle)                                              \
-  do {                                                                                 \
-    try {                                                                              \
-      stmt;                                                                            \
-      ADD_FAILURE() << "expected " #E;                                                 \
-    } catch (const E& e) {                                                             \
-      EXPECT_NE(std::string(e.what_without_backtrace()).find(needle), std::string::npos) \
-          << e.what_without_backtrace();                                               \
-    }                                                                                  \
-  } while (0)
 
 TensorDict sample() {
   TensorDict td({{"a", at::ones({4})}, {"b", at::ones({4, 3})}}, {4});
