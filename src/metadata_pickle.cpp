@@ -26,7 +26,11 @@ Json to_json(const Value& v) {
     }
     case Value::Kind::Dict: {
       Json out = Json::object();
-      for (size_t i = 0; i < v.keys().size(); ++i) out[v.keys()[i]] = to_json(v.values()[i]);
+      // Keys are unique already: append, since ordered_json's operator[] scans every key.
+      auto& object = out.get_ref<Json::object_t&>();
+      for (size_t i = 0; i < v.keys().size(); ++i) {
+        object.emplace_back(v.keys()[i], to_json(v.values()[i]));
+      }
       return out;
     }
   }

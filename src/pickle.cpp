@@ -82,28 +82,32 @@ const std::vector<Value>& Value::values() const {
 }
 const Value* Value::find(std::string_view key) const {
   if (kind_ != Kind::Dict) wrong_kind(Kind::Dict, kind_);
-  auto it = std::find(keys_.begin(), keys_.end(), key);
-  return it == keys_.end() ? nullptr : &items_[static_cast<size_t>(it - keys_.begin())];
+  auto it = index_.find(key);
+  return it == index_.end() ? nullptr : &items_[it->second];
 }
 Value& Value::set(std::string key, Value value) {
   if (kind_ != Kind::Dict) wrong_kind(Kind::Dict, kind_);
-  auto it = std::find(keys_.begin(), keys_.end(), key);
-  if (it != keys_.end()) {
-    Value& slot = items_[static_cast<size_t>(it - keys_.begin())];
+  if (auto it = index_.find(key); it != index_.end()) {
+    Value& slot = items_[it->second];
     slot = std::move(value);
     return slot;
   }
+  index_.emplace(key, keys_.size());
   keys_.push_back(std::move(key));
   items_.push_back(std::move(value));
   return items_.back();
 }
 bool Value::erase(std::string_view key) {
   if (kind_ != Kind::Dict) wrong_kind(Kind::Dict, kind_);
-  auto it = std::find(keys_.begin(), keys_.end(), key);
-  if (it == keys_.end()) return false;
-  const auto pos = it - keys_.begin();
-  keys_.erase(it);
-  items_.erase(items_.begin() + pos);
+  auto it = index_.find(key);
+  if (it == index_.end()) return false;
+  const size_t pos = it->second;
+  index_.erase(it);
+  keys_.erase(keys_.begin() + static_cast<std::ptrdiff_t>(pos));
+  items_.erase(items_.begin() + static_cast<std::ptrdiff_t>(pos));
+  for (auto& [k, i] : index_) {
+    if (i > pos) --i;
+  }
   return true;
 }
 

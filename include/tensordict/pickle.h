@@ -7,6 +7,7 @@
 #include <cstdint>
 #include <string>
 #include <string_view>
+#include <unordered_map>
 #include <utility>
 #include <vector>
 
@@ -59,6 +60,14 @@ class Value {
   std::string s_;
   std::vector<Value> items_;     // list / tuple elements, or dict values
   std::vector<std::string> keys_;  // dict keys
+  // key -> position, so that building a dict of n keys from a peer costs O(n), not O(n^2).
+  struct KeyHash {
+    using is_transparent = void;
+    size_t operator()(std::string_view s) const noexcept {
+      return std::hash<std::string_view>{}(s);
+    }
+  };
+  std::unordered_map<std::string, size_t, KeyHash, std::equal_to<>> index_;
 };
 
 /// Bounds applied while reading untrusted bytes.
