@@ -258,6 +258,19 @@ std::string describe(const Group& group) {
   return c10::str("Backend ", group.backend()->getBackendName());
 }
 
+// The registration of `group`, or nullptr for the default group (which must exist);
+// ValueError for a group that new_group() did not make.
+const Registered* registered_or_default(World& w, const Group& group) {
+  if (is_default(w, group)) {
+    TORCH_CHECK_VALUE(w.default_pg, kNotInitialized);
+    return nullptr;
+  }
+  const Registered* reg = find_registered(w, group);
+  TORCH_CHECK_VALUE(reg, "Group ", describe(group),
+                    " is not registered, please create group with new_group");
+  return reg;
+}
+
 }  // namespace
 
 void init_process_group(const InitOptions& options) {
@@ -350,14 +363,8 @@ int64_t get_world_size(const Group& group) {
 
 int64_t get_group_rank(const Group& group, int64_t global_rank) {
   std::lock_guard<std::mutex> lock(world().mutex);
-  World& w = world();
-  if (is_default(w, group)) {
-    TORCH_CHECK_VALUE(w.default_pg, kNotInitialized);
-    return global_rank;
-  }
-  const Registered* reg = find_registered(w, group);
-  TORCH_CHECK_VALUE(reg, "Group ", describe(group),
-                    " is not registered, please create group with new_group");
+  const Registered* reg = registered_or_default(world(), group);
+  if (!reg) return global_rank;
   auto it = reg->to_group.find(global_rank);
   TORCH_CHECK_VALUE(it != reg->to_group.end(), "Global rank ", global_rank,
                     " is not part of group ", describe(group));
@@ -366,14 +373,8 @@ int64_t get_group_rank(const Group& group, int64_t global_rank) {
 
 int64_t get_global_rank(const Group& group, int64_t group_rank) {
   std::lock_guard<std::mutex> lock(world().mutex);
-  World& w = world();
-  if (is_default(w, group)) {
-    TORCH_CHECK_VALUE(w.default_pg, kNotInitialized);
-    return group_rank;
-  }
-  const Registered* reg = find_registered(w, group);
-  TORCH_CHECK_VALUE(reg, "Group ", describe(group),
-                    " is not registered, please create group with new_group");
+  const Registered* reg = registered_or_default(world(), group);
+  if (!reg) return group_rank;
   TORCH_CHECK_VALUE(group_rank >= 0 && group_rank < static_cast<int64_t>(reg->global_ranks.size()),
                     "Group rank ", group_rank, " is not part of group ", describe(group));
   return reg->global_ranks[group_rank];
@@ -382,17 +383,14 @@ int64_t get_global_rank(const Group& group, int64_t group_rank) {
 std::vector<int64_t> get_process_group_ranks(const Group& group) {
   std::lock_guard<std::mutex> lock(world().mutex);
   World& w = world();
-  if (is_default(w, group)) {
-    TORCH_CHECK_VALUE(w.default_pg, kNotInitialized);
+  const Registered* reg = registered_or_default(w, group);
+  if (!reg) {
     std::vector<int64_t> ranks(w.default_pg->getSize());
     for (size_t i = 0; i < ranks.size(); ++i) {
       ranks[i] = static_cast<int64_t>(i);
     }
     return ranks;
   }
-  const Registered* reg = find_registered(w, group);
-  TORCH_CHECK_VALUE(reg, "Group ", describe(group),
-                    " is not registered, please create group with new_group");
   return reg->global_ranks;
 }
 
