@@ -8,6 +8,7 @@ from __future__ import annotations
 import datetime
 import multiprocessing
 import os
+import sys
 import tempfile
 import time
 from typing import Callable
@@ -85,6 +86,11 @@ def _spawned_rank(rank: int, fn, world_size: int, backend: str, init_method: str
     # Loopback only: Gloo otherwise binds to the address the hostname resolves to.
     os.environ.setdefault("GLOO_SOCKET_IFNAME", "lo")
     _run_rank(fn, rank, world_size, backend, init_method, group_timeout)
+    # fn and the group's teardown succeeded: leave now. Interpreter shutdown would run the
+    # destructors of torch's and Gloo's threads, which can abort a rank that has succeeded.
+    sys.stdout.flush()
+    sys.stderr.flush()
+    os._exit(0)
 
 
 def _run_rank(fn, rank, world_size, backend, init_method, group_timeout) -> None:
