@@ -30,8 +30,10 @@ const uint8_t* bytes(const at::Tensor& t) { return static_cast<const uint8_t*>(t
 
 bool same_bytes(const at::Tensor& a, const at::Tensor& b) {
   auto ca = a.contiguous(), cb = b.contiguous();
+  // An empty tensor's data pointer may be null, and memcmp(nullptr, ..., 0) is undefined.
   return ca.scalar_type() == cb.scalar_type() && ca.sizes() == cb.sizes() &&
-         std::memcmp(ca.const_data_ptr(), cb.const_data_ptr(), ca.nbytes()) == 0;
+         (ca.nbytes() == 0 ||
+          std::memcmp(ca.const_data_ptr(), cb.const_data_ptr(), ca.nbytes()) == 0);
 }
 
 // A leaf is a view of the storage when it shares its memory and lies inside it.

@@ -71,8 +71,10 @@ inline tensordict::pipe::PipeOptions fast_options(bool consolidated = true) {
 
 inline bool same_bytes(const at::Tensor& a, const at::Tensor& b) {
   auto ca = a.contiguous(), cb = b.contiguous();
+  // An empty tensor's data pointer may be null, and memcmp(nullptr, ..., 0) is undefined.
   return ca.scalar_type() == cb.scalar_type() && ca.sizes() == cb.sizes() &&
-         std::memcmp(ca.const_data_ptr(), cb.const_data_ptr(), ca.nbytes()) == 0;
+         (ca.nbytes() == 0 ||
+          std::memcmp(ca.const_data_ptr(), cb.const_data_ptr(), ca.nbytes()) == 0);
 }
 
 // Same keys (at every level), dtypes, shapes and bytes.
