@@ -24,30 +24,6 @@ namespace tensordict::pipe {
 namespace detail {
 namespace {
 
-constexpr uint8_t kNewSchemaFlag = 0x00;
-constexpr uint8_t kSameSchemaFlag = 0x01;
-// Our close marker (not in the reference, which has no orderly close): the flag byte 0xff in
-// consolidated mode, a header length of 2^64-1 in uncollated mode (over any cap, so never a
-// real header). It lets the receiver tell a clean close from a lost peer.
-constexpr uint8_t kCloseFlag = 0xff;
-constexpr uint64_t kCloseLength = ~uint64_t{0};
-
-void put_u64_le(uint8_t* out, uint64_t v) {
-  for (int i = 0; i < 8; ++i) out[i] = static_cast<uint8_t>(v >> (8 * i));
-}
-uint64_t get_u64_le(const uint8_t* in) {
-  uint64_t v = 0;
-  for (int i = 0; i < 8; ++i) v |= static_cast<uint64_t>(in[i]) << (8 * i);
-  return v;
-}
-
-at::Tensor bytes_tensor(size_t n) { return at::empty({static_cast<int64_t>(n)}, at::kByte); }
-at::Tensor bytes_tensor(const std::string& s) {
-  at::Tensor t = bytes_tensor(s.size());
-  std::memcpy(t.data_ptr(), s.data(), s.size());
-  return t;
-}
-
 // The reference's _infer_device: the TensorDict's device, else its first leaf's, else the CPU.
 at::Device infer_device(const TensorDict& td) {
   if (td.device()) return *td.device();
@@ -74,15 +50,33 @@ std::string json_ints(at::IntArrayRef v) {
   return out + "]";
 }
 
+// The pipe's endpoint as the FrameReader's byte source: reads count in the stats and honour
+// close()'s drain deadline; a fault breaks the endpoint.
+class EndpointSource final : public ByteSource {
+ public:
+  EndpointSource(PipeImpl& pipe, Endpoint& e) : pipe_(pipe), e_(e) {}
+  void read(void* data, size_t n, const at::Tensor& owner, const char* what) override {
+    pipe_.recv_bytes(e_, data, n, owner, what);
+  }
+  void fail(const std::string& why) override { e_.fail(why); }
+  [[noreturn]] void peer_left() override { pipe_.peer_left(e_); }
+  std::string peer() const override { return e_.peer(); }
+
+ private:
+  PipeImpl& pipe_;
+  Endpoint& e_;
+};
+
 }  // namespace
 
 PipeImpl::PipeImpl(PipeOptions opts, std::shared_ptr<Worker> w)
-    : options(std::move(opts)), worker(std::move(w)) {
+    : options(std::move(opts)),
+      worker(std::move(w)),
+      reader(FrameLimits{options.max_metadata_bytes, options.max_storage_bytes}) {
   TORCH_CHECK_VALUE(options.timeout.count() > 0, "pipe: timeout must be positive");
   TORCH_CHECK_VALUE(options.max_metadata_bytes > 0 && options.max_storage_bytes >= 0,
                     "pipe: the size caps must be positive");
   send_scratch = bytes_tensor(16);
-  recv_scratch = bytes_tensor(16);
 }
 
 PipeImpl::~PipeImpl() { close(); }
@@ -120,31 +114,6 @@ void PipeImpl::recv_bytes(Endpoint& e, void* data, size_t n, const at::Tensor& o
   }
   e.recv(data, n, owner, what, timeout);
   count(&PipeStats::bytes_received, static_cast<int64_t>(n));
-}
-
-uint64_t PipeImpl::recv_length(Endpoint& e, const char* what, bool allow_close_marker) {
-  auto* buf = recv_scratch.data_ptr<uint8_t>();
-  recv_bytes(e, buf, 8, recv_scratch, what);
-  const uint64_t n = get_u64_le(buf);
-  if (allow_close_marker && n == kCloseLength) peer_left(e);
-  if (n > static_cast<uint64_t>(options.max_metadata_bytes)) {
-    const std::string why = c10::str("recv: peer ", e.peer(), " announced ", what, " of ", n,
-                                     " bytes, over the limit of ", options.max_metadata_bytes,
-                                     " (PipeOptions::max_metadata_bytes)");
-    e.fail(why);  // the rest of the message is left unread: the stream is out of step
-    TORCH_CHECK(false, why);
-  }
-  return n;
-}
-
-void PipeImpl::check_storage_cap(Endpoint& e, int64_t n, const char* what) {
-  if (n > options.max_storage_bytes) {
-    const std::string why = c10::str("recv: peer ", e.peer(), " announced ", what, " of ", n,
-                                     " bytes, over the limit of ", options.max_storage_bytes,
-                                     " (PipeOptions::max_storage_bytes)");
-    e.fail(why);
-    TORCH_CHECK(false, why);
-  }
 }
 
 // ---- consolidated mode (§6.1) -----------------------------------------------------------------
@@ -187,109 +156,13 @@ void PipeImpl::send_consolidated(Endpoint& e, const TensorDict& td) {
   count(&PipeStats::schema_sends, new_schema ? 1 : 0);
 }
 
-bool PipeImpl::can_recv_into(const TensorDict& td) const {
-  if (!is_consolidated(td)) return false;
-  const at::Tensor storage = consolidated_storage(td);
-  if (storage.numel() != recv_total_bytes || storage.device() != recv_device) return false;
-  if (recv_td && td.is_same(*recv_td)) return true;
-  return metadata_to_json(*consolidated_metadata(td), /*sort_keys=*/true) == recv_schema;
-}
-
 TensorDict PipeImpl::recv_consolidated(Endpoint& e, const std::optional<TensorDict>& td,
                                        std::optional<at::Device> device) {
-  auto* scratch = recv_scratch.data_ptr<uint8_t>();
-  recv_bytes(e, scratch, 1, recv_scratch, "the flag byte");
-  const uint8_t flag = scratch[0];
-  if (flag == kCloseFlag) peer_left(e);
-  if (flag == kSameSchemaFlag) {
-    std::optional<TensorDict> target = recv_td;
-    if (td && have_schema && can_recv_into(*td)) target = td;
-    if (!target || !is_consolidated(*target)) {
-      const std::string why =
-          "Received same-schema flag but no consolidated TensorDict is available for in-place "
-          "receive. The sender and receiver may be out of sync.";
-      e.fail(why);
-      TORCH_CHECK(false, why);
-    }
-    at::Tensor storage = consolidated_storage(*target);
-    TORCH_INTERNAL_ASSERT(storage.numel() == recv_total_bytes);
-    recv_bytes(e, storage.data_ptr(), static_cast<size_t>(storage.numel()), storage,
-               "the storage");
-    recv_td = target;
-    return *target;
-  }
-  if (flag != kNewSchemaFlag) {
-    const std::string why = c10::str("Unknown TensorDictPipe protocol flag: 0x",
-                                     "0123456789abcdef"[flag >> 4], "0123456789abcdef"[flag & 15],
-                                     " from peer ", e.peer(), " (expected 0x00 or 0x01).");
-    e.fail(why);
-    TORCH_CHECK(false, why);
-  }
-  const uint64_t meta_len = recv_length(e, "metadata");
-  const at::Tensor meta_buf = bytes_tensor(meta_len);
-  recv_bytes(e, meta_buf.data_ptr(), meta_len, meta_buf, "the metadata");
-  TransportFields transport;
-  Metadata metadata;
-  int64_t total = -1;
-  std::string sender_device = "cpu";
-  try {
-    metadata = metadata_from_json(
-        std::string_view(static_cast<const char*>(meta_buf.const_data_ptr()), meta_len),
-        &transport);
-    for (const auto& [key, value] : transport) {
-      if (key == "_total_bytes") {
-        TORCH_CHECK_VALUE(std::holds_alternative<int64_t>(value) && std::get<int64_t>(value) >= 0,
-                          "_total_bytes must be a nonnegative integer");
-        total = std::get<int64_t>(value);
-      } else if (key == "_device") {
-        TORCH_CHECK_VALUE(std::holds_alternative<std::string>(value),
-                          "_device must be a string");
-        sender_device = std::get<std::string>(value);
-      }  // other transport keys (the reference's metadata pollution, §7.11) are dropped
-    }
-    TORCH_CHECK_VALUE(total >= 0, "the metadata has no _total_bytes");
-    TORCH_CHECK_VALUE(metadata_storage_bytes(metadata) <= total, "the leaves end past "
-                      "_total_bytes (", total, ")");
-  } catch (const c10::Error& err) {
-    const std::string why =
-        c10::str("recv: invalid metadata from peer ", e.peer(), ": ", err.what_without_backtrace());
-    e.fail(why);
-    TORCH_CHECK_VALUE(false, why);
-  }
-  check_storage_cap(e, total, "a storage");
-  at::Device target_device = at::kCPU;
-  if (device) {
-    target_device = *device;
-  } else {
-    try {
-      target_device = at::Device(sender_device);
-    } catch (const c10::Error&) {
-      e.fail("bad _device");
-      TORCH_CHECK_VALUE(false, "recv: peer ", e.peer(), " sent an invalid _device '",
-                        sender_device, "'");
-    }
-  }
-  if (!target_device.is_cpu()) {
-    e.fail("unsupported device");
-    TORCH_CHECK_VALUE(false, "recv: the storage would go to ", target_device,
-                      "; this build of the pipe moves CPU memory only (pass device=cpu)");
-  }
-  recv_schema = metadata_to_json(metadata, /*sort_keys=*/true);
-  recv_total_bytes = total;
-  recv_device = target_device;
-  have_schema = true;
-  recv_td.reset();
-  if (td && can_recv_into(*td)) {
-    at::Tensor storage = consolidated_storage(*td);
-    recv_bytes(e, storage.data_ptr(), static_cast<size_t>(total), storage, "the storage");
-    recv_td = td;
-  } else {
-    at::Tensor storage = at::empty({total}, at::TensorOptions().dtype(at::kByte).device(target_device));
-    recv_bytes(e, storage.data_ptr(), static_cast<size_t>(total), storage, "the storage");
-    recv_td = rebuild(std::move(metadata), storage);
-  }
-  count(&PipeStats::schema_recvs, 1);
-  return *recv_td;
+  EndpointSource src(*this, e);
+  bool new_schema = false;
+  TensorDict out = reader.recv_consolidated(src, td, device, &new_schema);
+  count(&PipeStats::schema_recvs, new_schema ? 1 : 0);
+  return out;
 }
 
 // ---- uncollated mode (§6.2, in the form tensordict 0.15.3 sends) -----------------------------
@@ -340,114 +213,8 @@ void PipeImpl::send_uncollated(Endpoint& e, const TensorDict& td) {
 }
 
 TensorDict PipeImpl::recv_uncollated(Endpoint& e, std::optional<at::Device> device) {
-  const at::Device target_device = device.value_or(at::kCPU);
-  TORCH_CHECK_VALUE(target_device.is_cpu(), "recv: this build of the pipe moves CPU memory only");
-  const uint64_t len = recv_length(e, "an uncollated header", /*allow_close_marker=*/true);
-  const at::Tensor buf = bytes_tensor(len);
-  recv_bytes(e, buf.data_ptr(), len, buf, "the header");
-
-  struct Leaf {
-    std::vector<std::string> key;
-    at::ScalarType dtype;
-    std::vector<int64_t> shape;
-    int64_t nbytes;
-  };
-  std::vector<Leaf> leaves;
-  std::vector<int64_t> batch_size;
-  try {
-    const auto header = nlohmann::json::parse(
-        static_cast<const char*>(buf.const_data_ptr()),
-        static_cast<const char*>(buf.const_data_ptr()) + len, nullptr, /*allow_exceptions=*/true,
-        /*ignore_comments=*/false);
-    auto field = [&](const char* name) -> const nlohmann::json* {
-      auto it = header.find(name);
-      return it == header.end() ? nullptr : &*it;
-    };
-    TORCH_CHECK_VALUE(header.is_object() && field("keys") && field("keys")->is_array() &&
-                          field("dtypes") && field("dtypes")->is_array() && field("shapes") &&
-                          field("shapes")->is_array(),
-                      "expected keys, dtypes, and shapes lists");
-    const auto& keys = *field("keys");
-    const auto& dtypes = *field("dtypes");
-    const auto& shapes = *field("shapes");
-    TORCH_CHECK_VALUE(keys.size() == dtypes.size() && keys.size() == shapes.size(),
-                      "list lengths must match");
-    auto nonneg_ints = [](const nlohmann::json& j, const char* what) {
-      TORCH_CHECK_VALUE(j.is_array(), what, " must be a list");
-      std::vector<int64_t> out;
-      for (const auto& d : j) {
-        TORCH_CHECK_VALUE(d.is_number_integer() && d.get<int64_t>() >= 0, what,
-                          " must be nonnegative integers");
-        out.push_back(d.get<int64_t>());
-      }
-      return out;
-    };
-    if (const auto* b = field("batch_size")) batch_size = nonneg_ints(*b, "the batch size");
-    for (const char* name : {"unbatched", "non_tensors"}) {
-      const auto* f = field(name);
-      TORCH_CHECK_VALUE(!f || (f->is_array() && f->empty()), name,
-                        " entries are not supported by this implementation");
-    }
-    std::set<std::vector<std::string>> seen;
-    int64_t total = 0;
-    for (size_t i = 0; i < keys.size(); ++i) {
-      Leaf leaf;
-      std::function<void(const nlohmann::json&)> flatten = [&](const nlohmann::json& k) {
-        if (k.is_string()) {
-          leaf.key.push_back(k.get<std::string>());
-          return;
-        }
-        TORCH_CHECK_VALUE(k.is_array() && !k.empty() && leaf.key.size() < 64,
-                          "a key must be a string or a nonempty nested path");
-        for (const auto& part : k) flatten(part);
-      };
-      flatten(keys[i]);
-      TORCH_CHECK_VALUE(seen.insert(leaf.key).second, "keys must be unique");
-      TORCH_CHECK_VALUE(dtypes[i].is_string(), "unknown torch dtype");
-      const auto dt = dtype_from_name(dtypes[i].get<std::string>());
-      TORCH_CHECK_VALUE(dt.has_value(), "unknown torch dtype ", dtypes[i].dump());
-      leaf.dtype = *dt;
-      leaf.shape = nonneg_ints(shapes[i], "dimensions");
-      TORCH_CHECK_VALUE(leaf.shape.size() >= batch_size.size() &&
-                            std::equal(batch_size.begin(), batch_size.end(), leaf.shape.begin()),
-                        "a shape does not start with the batch size");
-      int64_t n = static_cast<int64_t>(c10::elementSize(leaf.dtype));
-      for (int64_t d : leaf.shape) {
-        TORCH_CHECK_VALUE(d == 0 || n <= options.max_storage_bytes / d,
-                          "the leaves exceed the storage limit of ", options.max_storage_bytes,
-                          " (PipeOptions::max_storage_bytes)");
-        n *= d;
-      }
-      total += n;
-      TORCH_CHECK_VALUE(total <= options.max_storage_bytes, "the leaves exceed the storage ",
-                        "limit of ", options.max_storage_bytes, " (PipeOptions::max_storage_bytes)");
-      leaf.nbytes = n;
-      leaves.push_back(std::move(leaf));
-    }
-    for (const auto& key : seen) {  // a leaf cannot also be a level above another leaf
-      for (size_t n = 1; n < key.size(); ++n) {
-        TORCH_CHECK_VALUE(!seen.count({key.begin(), key.begin() + n}),
-                          "a leaf key cannot also have descendants");
-      }
-    }
-  } catch (const nlohmann::json::exception& err) {
-    const std::string why = c10::str("recv: malformed uncollated header from peer ", e.peer(),
-                                     ": ", err.what());
-    e.fail(why);
-    TORCH_CHECK_VALUE(false, why);
-  } catch (const c10::Error& err) {
-    const std::string why = c10::str("recv: invalid uncollated header from peer ", e.peer(), ": ",
-                                     err.what_without_backtrace());
-    e.fail(why);
-    TORCH_CHECK_VALUE(false, why);
-  }
-  TensorDict result({}, batch_size);
-  for (const Leaf& leaf : leaves) {
-    at::Tensor t = at::empty(leaf.shape, at::TensorOptions().dtype(leaf.dtype).device(target_device));
-    recv_bytes(e, t.data_ptr(), static_cast<size_t>(leaf.nbytes), t, "a leaf");
-    result.set(NestedKey(leaf.key), t);
-  }
-  return result;
+  EndpointSource src(*this, e);
+  return reader.recv_uncollated(src, device);
 }
 
 // ---- lifecycle ----------------------------------------------------------------------------------

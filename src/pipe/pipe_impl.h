@@ -8,6 +8,7 @@
 #include <optional>
 #include <string>
 
+#include "frames.h"
 #include "tensordict/consolidate.h"
 #include "tensordict/pipe/pipe.h"
 #include "ucx_worker.h"
@@ -31,11 +32,8 @@ struct PipeImpl {
   void send_bytes(Endpoint& e, const void* data, size_t n, const at::Tensor& owner,
                   const char* what);
   void recv_bytes(Endpoint& e, void* data, size_t n, const at::Tensor& owner, const char* what);
-  uint64_t recv_length(Endpoint& e, const char* what, bool allow_close_marker = false);
   [[noreturn]] void peer_left(Endpoint& e);
   void say_goodbye(Endpoint& e) noexcept;
-  void check_storage_cap(Endpoint& e, int64_t n, const char* what);
-  bool can_recv_into(const TensorDict& td) const;
   void count(int64_t PipeStats::*field, int64_t n);
 
   const PipeOptions options;
@@ -57,12 +55,7 @@ struct PipeImpl {
   std::string last_sent_schema;
 
   std::mutex recv_mu;  // one recv at a time; guards the receive state below
-  at::Tensor recv_scratch;
-  bool have_schema = false;
-  std::string recv_schema;  // sorted JSON of the last received metadata, transport keys removed
-  int64_t recv_total_bytes = 0;
-  at::Device recv_device = at::kCPU;
-  std::optional<TensorDict> recv_td;  // the TensorDict a same-schema message lands in
+  FrameReader reader;  // the framing and the receive state (the last schema and its storage)
   std::optional<Clock::time_point> recv_deadline;  // set while close() drains the peer
 
   mutable std::mutex stats_mu;

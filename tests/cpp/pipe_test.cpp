@@ -336,6 +336,18 @@ TEST(Pipe, MalformedMetadataFailsTheSafeRebuild) {
     EXPECT_THROW_MSG(server.recv(), c10::ValueError, "invalid metadata");
   }
   {
+    // A non-tensor entry (the reference sends NonTensorData this way): refused with the
+    // metadata, before the storage is read (found by fuzz/pipe_frames.cpp: it used to fail in
+    // the rebuild, after the receive state had changed).
+    auto [server, client] = pair_of();
+    std::string json = kWorkedExampleJson;
+    const std::string last = "\"non_tensors\": {}}";
+    json.replace(json.rfind(last), last.size(), R"("non_tensors": {"text": ["hi", [4], null]}})");
+    send_metadata(client, json);
+    EXPECT_THROW_MSG(server.recv(), c10::ValueError,
+                     "non-tensor entry 'text' is not supported yet");
+  }
+  {
     // Uncollated: an unknown dtype in the header.
     auto [server, client] = pair_of(fast_options(false), fast_options(false));
     const std::string header = R"({"keys": ["a"], "dtypes": ["torch.nope"], "shapes": [[1]]})";

@@ -1,0 +1,238 @@
+#!/usr/bin/env python3
+"""Regenerates the seed corpora of the fuzz targets (fuzz/corpus/<target>/) from real outputs of
+the reference tensordict (0.15.3, in the repo's .venv): consolidated metadata and storages, the
+pickles its init_remote / broadcast / scatter send, and the bytes its TensorDictPipe sends
+(recorded from a stand-in endpoint). Also writes the libFuzzer dictionaries fuzz/<target>.dict.
+
+    .venv/bin/python fuzz/make_corpus.py
+
+Seeds are named seed-*; regression inputs (crash-*, from findings) are kept as they are.
+"""
+import asyncio
+import json
+import os
+import pickle
+import struct
+import sys
+
+import torch
+from tensordict import LazyStackedTensorDict, NonTensorData, TensorDict
+from tensordict._ucxx import TensorDictPipe
+
+HERE = os.path.dirname(os.path.abspath(__file__))
+CORPUS = os.path.join(HERE, "corpus")
+
+
+def tds():
+    """Varied TensorDicts, as (name, td)."""
+    g = torch.Generator().manual_seed(0)
+    out = []
+    # wire-format.md §3.4, the worked example.
+    out.append(("worked_example", TensorDict(
+        a=torch.arange(4, dtype=torch.float32), b=torch.arange(12, dtype=torch.float32).reshape(4, 3),
+        c=TensorDict(d=torch.arange(4), batch_size=[4]), batch_size=[4])))
+    # §3.4, the padding example.
+    out.append(("padding", TensorDict(
+        x=torch.ones(3), y=torch.tensor([True, False, True, True, False]),
+        z=torch.tensor(2.5, dtype=torch.float64), batch_size=[])))
+    dtypes = [torch.float16, torch.bfloat16, torch.float64, torch.int8, torch.int16, torch.int32,
+              torch.int64, torch.uint8, torch.bool, torch.complex64, torch.complex128,
+              torch.uint16, torch.uint32, torch.uint64]
+    out.append(("dtypes", TensorDict(
+        {str(d).replace("torch.", ""): torch.randint(0, 3, (2, 3), generator=g).to(d)
+         for d in dtypes}, batch_size=[2])))
+    deep = TensorDict(leaf=torch.zeros(2, 1), batch_size=[2])
+    for i in range(6):
+        deep = TensorDict({f"level{i}": deep, f"x{i}": torch.full((2, i + 1), float(i))},
+                          batch_size=[2])
+    out.append(("deep", deep))
+    named = TensorDict(obs=torch.randn(3, 2, 5, generator=g), act=torch.randint(0, 9, (3, 2), generator=g),
+                       batch_size=[3, 2], device="cpu", names=["time", "env"])
+    named["next"] = TensorDict(obs=torch.randn(3, 2, 5, generator=g), batch_size=[3, 2])
+    named.lock_()
+    out.append(("named_locked_cpu", named))
+    out.append(("empty", TensorDict({}, batch_size=[])))
+    out.append(("zero_sized", TensorDict(e=torch.zeros(0, 3), f=torch.zeros(0), batch_size=[0])))
+    out.append(("unicode_keys", TensorDict(
+        {"é": torch.ones(1), "日本": torch.zeros(2, dtype=torch.int16),
+         'quote"back\\slash': torch.ones(3, dtype=torch.bool),
+         "nest": TensorDict({"\U0001f600": torch.ones(1, dtype=torch.float64)}, batch_size=[])},
+        batch_size=[])))
+    out.append(("odd_sizes", TensorDict(
+        h=torch.ones(3, dtype=torch.float16), i=torch.ones(7, dtype=torch.int8),
+        c=torch.ones(1, dtype=torch.complex128), s=torch.ones(5, dtype=torch.int16), batch_size=[])))
+    # At the bounds: 64 nested levels (kMaxMetadataDepth) and a few hundred leaves.
+    deepest = TensorDict(leaf=torch.ones(1), batch_size=[])
+    for i in range(63):
+        deepest = TensorDict({"n": deepest}, batch_size=[])
+    out.append(("deep64", deepest))
+    small = [d for d in dtypes if d is not torch.complex128]
+    out.append(("many_leaves", TensorDict(
+        # (no complex128: the reference cannot view one at 8 mod 16, wire-format.md §7)
+        {f"k{i}": torch.full((i % 5,), i % 2, dtype=small[i % len(small)]) for i in range(200)},
+        batch_size=[])))
+    nt = TensorDict(a=torch.ones(2), batch_size=[2])
+    nt["text"] = NonTensorData("hello", batch_size=[2])
+    out.append(("non_tensor", nt))
+    try:
+        out.append(("lazy_stack", LazyStackedTensorDict.lazy_stack(
+            [TensorDict(a=torch.ones(2)), TensorDict(a=torch.zeros(2))], 0)))
+    except Exception as e:  # a layout this version cannot consolidate
+        print("skipping lazy_stack:", e, file=sys.stderr)
+    return out
+
+
+def consolidated(td):
+    tdc = td.consolidate(metadata=True)
+    return tdc, tdc._consolidated["metadata"], tdc._consolidated["storage"]
+
+
+class Recorder:
+    """Stands in for a ucxx endpoint: records what the pipe sends."""
+
+    def __init__(self):
+        self.data = bytearray()
+
+    async def send(self, buf):
+        if isinstance(buf, torch.Tensor):
+            buf = buf.cpu().numpy()
+        self.data += bytes(memoryview(buf).cast("B"))
+
+
+def pipe_bytes(td, consolidated_mode, times=2):
+    ep = Recorder()
+    pipe = TensorDictPipe(ep, consolidated=consolidated_mode)
+
+    async def go():
+        for _ in range(times):
+            await pipe.asend(td)
+
+    asyncio.run(go())
+    return bytes(ep.data)
+
+
+def write(target, name, data):
+    d = os.path.join(CORPUS, target)
+    os.makedirs(d, exist_ok=True)
+    with open(os.path.join(d, f"seed-{name}"), "wb") as f:
+        f.write(data)
+
+
+def write_dict(target, tokens):
+    with open(os.path.join(HERE, f"{target}.dict"), "w") as f:
+        f.write(f"# libFuzzer dictionary for fuzz_{target}; written by fuzz/make_corpus.py\n")
+        for t in tokens:
+            if isinstance(t, str):
+                t = t.encode()
+            esc = "".join(chr(b) if 0x20 <= b < 0x7f and b not in b'"\\' else f"\\x{b:02x}"
+                          for b in t)
+            f.write(f'"{esc}"\n')
+
+
+def main():
+    for target in ("metadata_json", "pickle", "pipe_frames"):
+        d = os.path.join(CORPUS, target)
+        if os.path.isdir(d):
+            for f in os.listdir(d):
+                if f.startswith("seed-"):
+                    os.remove(os.path.join(d, f))
+
+    for name, td in tds():
+        try:
+            tdc, meta, storage = consolidated(td)
+        except Exception as e:
+            print(f"skipping {name}: {e}", file=sys.stderr)
+            continue
+        raw = storage.numpy().tobytes()
+        # metadata_json: the JSON text, a 0 byte, the storage. The file variant's text
+        # (unsorted) and the pipe's (sorted, with the transport keys).
+        try:
+            text = json.dumps(meta)
+        except TypeError as e:
+            print(f"{name}: no JSON form ({e})", file=sys.stderr)
+            text = None
+        if text is not None:
+            write("metadata_json", f"{name}", text.encode() + b"\0" + raw)
+            piped = dict(meta, _total_bytes=storage.numel(), _device=str(storage.device))
+            write("metadata_json", f"{name}-pipe",
+                  json.dumps(piped, sort_keys=True).encode() + b"\0" + raw)
+        # pickle: what init_remote (send_object_list), broadcast and scatter pickle.
+        m = dict(meta)
+        m["_total_bytes"] = storage.numel()
+        write("pickle", f"{name}-init_remote", pickle.dumps(m))
+        write("pickle", f"{name}-broadcast", pickle.dumps(dict(m, _storage_device="cpu")))
+        if name in ("worked_example", "padding"):
+            write("pickle", f"{name}-scatter",
+                  pickle.dumps(dict(m, _max_bytes=storage.numel() + 16, _storage_device="cpu")))
+            for proto in (2, 3, 5):
+                write("pickle", f"{name}-proto{proto}", pickle.dumps(m, protocol=proto))
+        # pipe_frames: control byte, then what the reference's TensorDictPipe sends for two
+        # send() calls (a new schema, then the same schema) and, uncollated, for two sends.
+        try:
+            stream = pipe_bytes(td, True)
+            write("pipe_frames", f"{name}-consolidated", b"\x00" + stream)
+            if name in ("worked_example", "deep"):
+                write("pipe_frames", f"{name}-consolidated-td", b"\x02" + stream)
+                write("pipe_frames", f"{name}-consolidated-copy", b"\x04" + stream)
+        except Exception as e:
+            print(f"{name}: no consolidated pipe form ({e})", file=sys.stderr)
+        try:
+            write("pipe_frames", f"{name}-uncollated", b"\x01" + pipe_bytes(td, False))
+        except Exception as e:
+            print(f"{name}: no uncollated pipe form ({e})", file=sys.stderr)
+
+    # wire-format.md §3.4 / §6.1: the 449-byte line, then a same-schema message and our close
+    # marker.
+    td = tds()[0][1]
+    _, meta, storage = consolidated(td)
+    line = json.dumps(dict(meta, _total_bytes=96, _device="cpu"), sort_keys=True).encode()
+    assert len(line) == 449, len(line)
+    raw = storage.numpy().tobytes()
+    write("pipe_frames", "wire_format_449",
+          b"\x00" + b"\x00" + struct.pack("<Q", 449) + line + raw + b"\x01" + raw + b"\xff")
+    write("metadata_json", "wire_format_449", line + b"\0" + raw)
+
+    # Plain pickles of the subset (and a few outside it, which must be refused).
+    shared = [1, 2]
+    values = {
+        "scalars": [None, True, False, 0, 1, -1, 255, 65535, 2**31 - 1, -2**31, 2**63 - 1,
+                    -2**63, 1.5, float("inf"), float("nan"), "", "x", "é日\U0001f600"],
+        "nested": {"a": [1, (2, 3), {"b": None}], "c": (), "d": [], "e": {}},
+        "memo": {"x": shared, "y": shared, "z": ("t", "t")},
+        "tuples": [(1,), (1, 2), (1, 2, 3), (1, 2, 3, 4)],
+        "bigint": 2**64,
+        "bytes": b"\x00\x01",
+        "set": {1, 2},
+        "class": torch.Size,
+    }
+    for name, v in values.items():
+        write("pickle", f"value-{name}", pickle.dumps(v))
+    write("pickle", "value-long-list", pickle.dumps(list(range(3000))))
+    write("pickle", "value-proto0", pickle.dumps({"a": [1, "b"]}, protocol=0))
+
+    json_tokens = ['"cls"', '"TensorDict"', '"LazyStackedTensorDict"', '"non_tensors"',
+                   '"leaves"', '"cls_metadata"', '"batch_size"', '"names"', '"device"',
+                   '"is_locked"', '"_total_bytes"', '"_device"', '"_storage_device"', '"size"',
+                   '"cpu"', '"cuda:0"', "null", "true", "false", "[]", "{}", ", ", ": ",
+                   "9223372036854775807", "-1", "18446744073709551615", "1e308", '"\\ud800"']
+    json_tokens += [f'"{d}"' for d in (
+        "torch.float16", "torch.float32", "torch.float64", "torch.bfloat16", "torch.int8",
+        "torch.int16", "torch.int32", "torch.int64", "torch.uint8", "torch.uint16",
+        "torch.uint32", "torch.uint64", "torch.bool", "torch.complex32", "torch.complex64",
+        "torch.complex128", "torch.qint8", "torch.quint8", "torch.qint32", "torch.quint4x2",
+        "torch.float8_e4m3fn")]
+    write_dict("metadata_json", json_tokens)
+    write_dict("pipe_frames", json_tokens + ['"keys"', '"dtypes"', '"shapes"', '"unbatched"',
+                                             "\x00", "\x01", "\xff", "\xff" * 8])
+    write_dict("pickle", [b"\x80\x04\x95", b"\x80\x02", b"\x80\x05", b"}\x94", b"]\x94",
+                          b")\x94", b"(", b"t", b"\x85", b"\x86", b"\x87", b"s", b"u", b"a",
+                          b"e", b".", b"N", b"\x88", b"\x89", b"K", b"M", b"J", b"\x8a\x08",
+                          b"\x8a\x09", b"G", b"\x8c", b"X", b"\x8d", b"h", b"j", b"q", b"r",
+                          b"\x94", b"c", b"\x93", b"R", b"b", b"\x8c\x03cls", b"\x8c\x06leaves",
+                          b"\x8c\x0bnon_tensors", b"\x8c\x0ccls_metadata",
+                          b"\x8c\x0abatch_size", b"\x8c\x0aTensorDict",
+                          b"\x8c\x0dtorch.float32", b"\x8c\x0c_total_bytes"])
+
+
+if __name__ == "__main__":
+    main()

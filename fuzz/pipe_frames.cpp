@@ -1,0 +1,114 @@
+// Fuzz target: the pipe's frame reader (src/pipe/frames.h), the bytes a TensorDictPipe peer
+// sends, without UCX: flag byte, u64 length, metadata JSON, storage (consolidated mode), or u64
+// length, header JSON, leaves (uncollated mode), several messages in a row.
+//
+// Input: one control byte, then the stream. Control bit 0: uncollated mode (else
+// consolidated); bit 1: pass the previous result as recv()'s `td`; bit 2: pass a consolidated
+// copy of it instead (same schema, another storage). Up to 8 messages are read, until the
+// first error.
+// Expected errors: c10::Error from the reader (a peer fault, after which the stream must have
+// been broken with ByteSource::fail) or from the source (the input ended). Findings: crashes,
+// sanitizer reports, a fault that leaves the stream unbroken, a result whose leaves leave its
+// storage or whose data cannot be read.
+
+#include <cstddef>
+#include <cstdint>
+#include <cstring>
+#include <optional>
+#include <string>
+#include <string_view>
+
+#include "../src/pipe/frames.h"
+#include "fuzz_util.h"
+#include "tensordict/consolidate.h"
+
+using namespace tensordict;
+using tensordict::pipe::detail::ByteSource;
+using tensordict::pipe::detail::FrameLimits;
+using tensordict::pipe::detail::FrameReader;
+
+namespace {
+
+// Caps well above the seeds and well below what would make an input an OOM.
+constexpr int64_t kCap = int64_t{1} << 20;
+
+struct EndOfInput {};
+
+class BufferSource final : public ByteSource {
+ public:
+  explicit BufferSource(std::string_view bytes) : bytes_(bytes) {}
+  void read(void* data, size_t n, const at::Tensor& owner, const char* what) override {
+    if (owner.defined()) {  // the reader must hand over memory it owns, large enough
+      const auto* lo = static_cast<const char*>(owner.storage().data());
+      const auto* p = static_cast<const char*>(data);
+      if (n > 0 && (p < lo || p + n > lo + owner.storage().nbytes())) {
+        tensordict::fuzz::fail("the reader asked for bytes outside their owner");
+      }
+    }
+    if (n > bytes_.size() - pos_) throw EndOfInput{};
+    if (n) std::memcpy(data, bytes_.data() + pos_, n);
+    pos_ += n;
+  }
+  void fail(const std::string&) override { failed = true; }
+  [[noreturn]] void peer_left() override {
+    closed = true;
+    TORCH_CHECK(false, "recv: the peer closed the pipe");
+  }
+  std::string peer() const override { return "fuzz:0"; }
+
+  bool failed = false;
+  bool closed = false;
+
+ private:
+  std::string_view bytes_;
+  size_t pos_ = 0;
+};
+
+}  // namespace
+
+extern "C" int LLVMFuzzerInitialize(int*, char***) {
+  fuzz::init();
+  return 0;
+}
+
+extern "C" int LLVMFuzzerTestOneInput(const uint8_t* data, size_t size) {
+  if (size == 0) return 0;
+  const uint8_t control = data[0];
+  const bool consolidated = !(control & 1);
+  BufferSource src(std::string_view(reinterpret_cast<const char*>(data) + 1, size - 1));
+  FrameReader reader(FrameLimits{kCap, kCap});
+  std::optional<TensorDict> previous;
+  for (int i = 0; i < 8; ++i) {
+    std::optional<TensorDict> td;
+    if (previous && consolidated && (control & 2)) td = previous;
+    if (previous && consolidated && (control & 4)) {
+      try {
+        td = consolidate(previous->clone());
+      } catch (const c10::Error&) {  // a layout the reference cannot consolidate either
+      }
+    }
+    TensorDict out;
+    try {
+      out = consolidated ? reader.recv_consolidated(src, td, std::nullopt)
+                         : reader.recv_uncollated(src, std::nullopt);
+    } catch (const EndOfInput&) {
+      return 0;
+    } catch (const c10::Error& e) {
+      if (!src.failed && !src.closed) {
+        std::fprintf(stderr, "%s\n", e.what_without_backtrace());
+        fuzz::fail("the reader threw without breaking the stream");
+      }
+      return 0;
+    }
+    if (src.failed) fuzz::fail("the reader broke the stream but returned a result");
+    if (consolidated) {
+      if (!is_consolidated(out)) fuzz::fail("a consolidated receive is not consolidated");
+      const at::Tensor storage = consolidated_storage(out);
+      fuzz::touch(out, &storage);
+    } else {
+      fuzz::touch(out);
+    }
+    previous = out;
+  }
+  return 0;
+}

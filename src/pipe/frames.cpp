@@ -1,0 +1,317 @@
+// The receive half of the pipe's framing, moved out of PipeImpl so that it depends on bytes
+// only (see frames.h). Messages name the peer: the caller's pipe errors read as before.
+#include "frames.h"
+
+#include <ATen/ATen.h>
+#include <c10/util/Exception.h>
+#include <c10/util/StringUtil.h>
+
+#include <nlohmann/json.hpp>
+
+#include <algorithm>
+#include <cstring>
+#include <functional>
+#include <set>
+#include <utility>
+#include <vector>
+
+#include "tensordict/consolidate.h"
+#include "tensordict/dtypes.h"
+#include "tensordict/nested_key.h"
+
+namespace tensordict::pipe::detail {
+
+void put_u64_le(uint8_t* out, uint64_t v) {
+  for (int i = 0; i < 8; ++i) out[i] = static_cast<uint8_t>(v >> (8 * i));
+}
+
+uint64_t get_u64_le(const uint8_t* in) {
+  uint64_t v = 0;
+  for (int i = 0; i < 8; ++i) v |= static_cast<uint64_t>(in[i]) << (8 * i);
+  return v;
+}
+
+namespace {
+
+// rebuild() refuses non-tensor entries (they are not TensorDict values yet). The reader refuses
+// them with the rest of the metadata, before it allocates or reads the storage and before it
+// changes its receive state.
+void check_no_non_tensors(const Metadata& m, std::vector<std::string>& path) {
+  if (!m.non_tensors.empty()) {
+    path.push_back(m.non_tensors.front().first);
+    TORCH_CHECK_VALUE(false, "non-tensor entry ", NestedKey(path).str(),
+                      " is not supported yet");
+  }
+  for (const auto& [key, child] : m.children) {
+    path.push_back(key);
+    check_no_non_tensors(child, path);
+    path.pop_back();
+  }
+}
+
+}  // namespace
+
+at::Tensor bytes_tensor(size_t n) { return at::empty({static_cast<int64_t>(n)}, at::kByte); }
+
+at::Tensor bytes_tensor(const std::string& s) {
+  at::Tensor t = bytes_tensor(s.size());
+  if (!s.empty()) std::memcpy(t.data_ptr(), s.data(), s.size());  // null data when empty
+  return t;
+}
+
+FrameReader::FrameReader(FrameLimits limits) : limits_(limits), scratch_(bytes_tensor(16)) {}
+
+uint64_t FrameReader::read_length(ByteSource& src, const char* what, bool allow_close_marker) {
+  auto* buf = scratch_.data_ptr<uint8_t>();
+  src.read(buf, 8, scratch_, what);
+  const uint64_t n = get_u64_le(buf);
+  if (allow_close_marker && n == kCloseLength) src.peer_left();
+  if (n > static_cast<uint64_t>(limits_.max_metadata_bytes)) {
+    const std::string why = c10::str("recv: peer ", src.peer(), " announced ", what, " of ", n,
+                                     " bytes, over the limit of ", limits_.max_metadata_bytes,
+                                     " (PipeOptions::max_metadata_bytes)");
+    src.fail(why);  // the rest of the message is left unread: the stream is out of step
+    TORCH_CHECK(false, why);
+  }
+  return n;
+}
+
+void FrameReader::check_storage_cap(ByteSource& src, int64_t n, const char* what) {
+  if (n > limits_.max_storage_bytes) {
+    const std::string why = c10::str("recv: peer ", src.peer(), " announced ", what, " of ", n,
+                                     " bytes, over the limit of ", limits_.max_storage_bytes,
+                                     " (PipeOptions::max_storage_bytes)");
+    src.fail(why);
+    TORCH_CHECK(false, why);
+  }
+}
+
+bool FrameReader::can_recv_into(const TensorDict& td) const {
+  if (!is_consolidated(td)) return false;
+  const at::Tensor storage = consolidated_storage(td);
+  if (storage.numel() != total_bytes_ || storage.device() != device_) return false;
+  if (td_ && td.is_same(*td_)) return true;
+  return metadata_to_json(*consolidated_metadata(td), /*sort_keys=*/true) == schema_;
+}
+
+// ---- consolidated mode (§6.1) -----------------------------------------------------------------
+
+TensorDict FrameReader::recv_consolidated(ByteSource& src, const std::optional<TensorDict>& td,
+                                          std::optional<at::Device> device, bool* new_schema) {
+  if (new_schema) *new_schema = false;
+  auto* scratch = scratch_.data_ptr<uint8_t>();
+  src.read(scratch, 1, scratch_, "the flag byte");
+  const uint8_t flag = scratch[0];
+  if (flag == kCloseFlag) src.peer_left();
+  if (flag == kSameSchemaFlag) {
+    std::optional<TensorDict> target = td_;
+    if (td && have_schema_ && can_recv_into(*td)) target = td;
+    if (!target || !is_consolidated(*target)) {
+      const std::string why =
+          "Received same-schema flag but no consolidated TensorDict is available for in-place "
+          "receive. The sender and receiver may be out of sync.";
+      src.fail(why);
+      TORCH_CHECK(false, why);
+    }
+    at::Tensor storage = consolidated_storage(*target);
+    TORCH_INTERNAL_ASSERT(storage.numel() == total_bytes_);
+    src.read(storage.data_ptr(), static_cast<size_t>(storage.numel()), storage, "the storage");
+    td_ = target;
+    return *target;
+  }
+  if (flag != kNewSchemaFlag) {
+    const std::string why = c10::str("Unknown TensorDictPipe protocol flag: 0x",
+                                     "0123456789abcdef"[flag >> 4], "0123456789abcdef"[flag & 15],
+                                     " from peer ", src.peer(), " (expected 0x00 or 0x01).");
+    src.fail(why);
+    TORCH_CHECK(false, why);
+  }
+  const uint64_t meta_len = read_length(src, "metadata", /*allow_close_marker=*/false);
+  const at::Tensor meta_buf = bytes_tensor(meta_len);
+  src.read(meta_buf.data_ptr(), meta_len, meta_buf, "the metadata");
+  TransportFields transport;
+  Metadata metadata;
+  int64_t total = -1;
+  std::string sender_device = "cpu";
+  try {
+    metadata = metadata_from_json(
+        std::string_view(static_cast<const char*>(meta_buf.const_data_ptr()), meta_len),
+        &transport);
+    for (const auto& [key, value] : transport) {
+      if (key == "_total_bytes") {
+        TORCH_CHECK_VALUE(std::holds_alternative<int64_t>(value) && std::get<int64_t>(value) >= 0,
+                          "_total_bytes must be a nonnegative integer");
+        total = std::get<int64_t>(value);
+      } else if (key == "_device") {
+        TORCH_CHECK_VALUE(std::holds_alternative<std::string>(value),
+                          "_device must be a string");
+        sender_device = std::get<std::string>(value);
+      }  // other transport keys (the reference's metadata pollution, §7.11) are dropped
+    }
+    TORCH_CHECK_VALUE(total >= 0, "the metadata has no _total_bytes");
+    TORCH_CHECK_VALUE(metadata_storage_bytes(metadata) <= total, "the leaves end past "
+                      "_total_bytes (", total, ")");
+    std::vector<std::string> path;
+    check_no_non_tensors(metadata, path);
+  } catch (const c10::Error& err) {
+    const std::string why = c10::str("recv: invalid metadata from peer ", src.peer(), ": ",
+                                     err.what_without_backtrace());
+    src.fail(why);
+    TORCH_CHECK_VALUE(false, why);
+  }
+  check_storage_cap(src, total, "a storage");
+  at::Device target_device = at::kCPU;
+  if (device) {
+    target_device = *device;
+  } else {
+    try {
+      target_device = at::Device(sender_device);
+    } catch (const c10::Error&) {
+      src.fail("bad _device");
+      TORCH_CHECK_VALUE(false, "recv: peer ", src.peer(), " sent an invalid _device '",
+                        sender_device, "'");
+    }
+  }
+  if (!target_device.is_cpu()) {
+    src.fail("unsupported device");
+    TORCH_CHECK_VALUE(false, "recv: the storage would go to ", target_device,
+                      "; this build of the pipe moves CPU memory only (pass device=cpu)");
+  }
+  schema_ = metadata_to_json(metadata, /*sort_keys=*/true);
+  total_bytes_ = total;
+  device_ = target_device;
+  have_schema_ = true;
+  td_.reset();
+  if (td && can_recv_into(*td)) {
+    at::Tensor storage = consolidated_storage(*td);
+    src.read(storage.data_ptr(), static_cast<size_t>(total), storage, "the storage");
+    td_ = td;
+  } else {
+    at::Tensor storage =
+        at::empty({total}, at::TensorOptions().dtype(at::kByte).device(target_device));
+    src.read(storage.data_ptr(), static_cast<size_t>(total), storage, "the storage");
+    td_ = rebuild(std::move(metadata), storage);
+  }
+  if (new_schema) *new_schema = true;
+  return *td_;
+}
+
+// ---- uncollated mode (§6.2, in the form tensordict 0.15.3 sends) -----------------------------
+// Header {"keys", "dtypes", "shapes", "batch_size", "unbatched", "non_tensors"}, then each
+// tensor leaf (nested ones included) sorted by its "."-joined key. A receiver that knows only
+// keys/dtypes/shapes reads the top-level case; ours reads both forms.
+
+TensorDict FrameReader::recv_uncollated(ByteSource& src, std::optional<at::Device> device) {
+  const at::Device target_device = device.value_or(at::kCPU);
+  TORCH_CHECK_VALUE(target_device.is_cpu(), "recv: this build of the pipe moves CPU memory only");
+  const uint64_t len = read_length(src, "an uncollated header", /*allow_close_marker=*/true);
+  const at::Tensor buf = bytes_tensor(len);
+  src.read(buf.data_ptr(), len, buf, "the header");
+
+  struct Leaf {
+    std::vector<std::string> key;
+    at::ScalarType dtype;
+    std::vector<int64_t> shape;
+    int64_t nbytes;
+  };
+  std::vector<Leaf> leaves;
+  std::vector<int64_t> batch_size;
+  try {
+    const auto header = nlohmann::json::parse(
+        static_cast<const char*>(buf.const_data_ptr()),
+        static_cast<const char*>(buf.const_data_ptr()) + len, nullptr, /*allow_exceptions=*/true,
+        /*ignore_comments=*/false);
+    auto field = [&](const char* name) -> const nlohmann::json* {
+      auto it = header.find(name);
+      return it == header.end() ? nullptr : &*it;
+    };
+    TORCH_CHECK_VALUE(header.is_object() && field("keys") && field("keys")->is_array() &&
+                          field("dtypes") && field("dtypes")->is_array() && field("shapes") &&
+                          field("shapes")->is_array(),
+                      "expected keys, dtypes, and shapes lists");
+    const auto& keys = *field("keys");
+    const auto& dtypes = *field("dtypes");
+    const auto& shapes = *field("shapes");
+    TORCH_CHECK_VALUE(keys.size() == dtypes.size() && keys.size() == shapes.size(),
+                      "list lengths must match");
+    auto nonneg_ints = [](const nlohmann::json& j, const char* what) {
+      TORCH_CHECK_VALUE(j.is_array(), what, " must be a list");
+      std::vector<int64_t> out;
+      for (const auto& d : j) {
+        TORCH_CHECK_VALUE(d.is_number_integer() && d.get<int64_t>() >= 0, what,
+                          " must be nonnegative integers");
+        out.push_back(d.get<int64_t>());
+      }
+      return out;
+    };
+    if (const auto* b = field("batch_size")) batch_size = nonneg_ints(*b, "the batch size");
+    for (const char* name : {"unbatched", "non_tensors"}) {
+      const auto* f = field(name);
+      TORCH_CHECK_VALUE(!f || (f->is_array() && f->empty()), name,
+                        " entries are not supported by this implementation");
+    }
+    std::set<std::vector<std::string>> seen;
+    int64_t total = 0;
+    for (size_t i = 0; i < keys.size(); ++i) {
+      Leaf leaf;
+      std::function<void(const nlohmann::json&)> flatten = [&](const nlohmann::json& k) {
+        if (k.is_string()) {
+          leaf.key.push_back(k.get<std::string>());
+          return;
+        }
+        TORCH_CHECK_VALUE(k.is_array() && !k.empty() && leaf.key.size() < 64,
+                          "a key must be a string or a nonempty nested path");
+        for (const auto& part : k) flatten(part);
+      };
+      flatten(keys[i]);
+      TORCH_CHECK_VALUE(seen.insert(leaf.key).second, "keys must be unique");
+      TORCH_CHECK_VALUE(dtypes[i].is_string(), "unknown torch dtype");
+      const auto dt = dtype_from_name(dtypes[i].get<std::string>());
+      TORCH_CHECK_VALUE(dt.has_value(), "unknown torch dtype ", dtypes[i].dump());
+      leaf.dtype = *dt;
+      leaf.shape = nonneg_ints(shapes[i], "dimensions");
+      TORCH_CHECK_VALUE(leaf.shape.size() >= batch_size.size() &&
+                            std::equal(batch_size.begin(), batch_size.end(), leaf.shape.begin()),
+                        "a shape does not start with the batch size");
+      int64_t n = static_cast<int64_t>(c10::elementSize(leaf.dtype));
+      for (int64_t d : leaf.shape) {
+        TORCH_CHECK_VALUE(d == 0 || n <= limits_.max_storage_bytes / d,
+                          "the leaves exceed the storage limit of ", limits_.max_storage_bytes,
+                          " (PipeOptions::max_storage_bytes)");
+        n *= d;
+      }
+      total += n;
+      TORCH_CHECK_VALUE(total <= limits_.max_storage_bytes, "the leaves exceed the storage ",
+                        "limit of ", limits_.max_storage_bytes,
+                        " (PipeOptions::max_storage_bytes)");
+      leaf.nbytes = n;
+      leaves.push_back(std::move(leaf));
+    }
+    for (const auto& key : seen) {  // a leaf cannot also be a level above another leaf
+      for (size_t n = 1; n < key.size(); ++n) {
+        TORCH_CHECK_VALUE(!seen.count({key.begin(), key.begin() + n}),
+                          "a leaf key cannot also have descendants");
+      }
+    }
+  } catch (const nlohmann::json::exception& err) {
+    const std::string why = c10::str("recv: malformed uncollated header from peer ", src.peer(),
+                                     ": ", err.what());
+    src.fail(why);
+    TORCH_CHECK_VALUE(false, why);
+  } catch (const c10::Error& err) {
+    const std::string why = c10::str("recv: invalid uncollated header from peer ", src.peer(),
+                                     ": ", err.what_without_backtrace());
+    src.fail(why);
+    TORCH_CHECK_VALUE(false, why);
+  }
+  TensorDict result({}, batch_size);
+  for (const Leaf& leaf : leaves) {
+    at::Tensor t =
+        at::empty(leaf.shape, at::TensorOptions().dtype(leaf.dtype).device(target_device));
+    src.read(t.data_ptr(), static_cast<size_t>(leaf.nbytes), t, "a leaf");
+    result.set(NestedKey(leaf.key), t);
+  }
+  return result;
+}
+
+}  // namespace tensordict::pipe::detail

@@ -1,0 +1,93 @@
+#pragma once
+// The receive half of TensorDictPipe's framing (wire-format.md §6.1, §6.2) over an abstract
+// byte source: the flag byte, the lengths, the metadata JSON or the uncollated header, their
+// validation against the caps, and the storage or leaves they announce. No UCX here: PipeImpl
+// feeds a FrameReader from its endpoint, fuzz/pipe_frames.cpp from a buffer.
+
+#include <ATen/core/Tensor.h>
+#include <c10/core/Device.h>
+
+#include <cstddef>
+#include <cstdint>
+#include <optional>
+#include <string>
+
+#include "tensordict/tensor_dict.h"
+
+namespace tensordict::pipe::detail {
+
+inline constexpr uint8_t kNewSchemaFlag = 0x00;
+inline constexpr uint8_t kSameSchemaFlag = 0x01;
+// Our close marker (not in the reference, which has no orderly close): the flag byte 0xff in
+// consolidated mode, a header length of 2^64-1 in uncollated mode (over any cap, so never a
+// real header). It lets the receiver tell a clean close from a lost peer.
+inline constexpr uint8_t kCloseFlag = 0xff;
+inline constexpr uint64_t kCloseLength = ~uint64_t{0};
+
+void put_u64_le(uint8_t* out, uint64_t v);
+uint64_t get_u64_le(const uint8_t* in);
+
+/// A CPU uint8 tensor of `n` bytes (uninitialised), or holding a copy of `s`.
+at::Tensor bytes_tensor(size_t n);
+at::Tensor bytes_tensor(const std::string& s);
+
+/// Where a FrameReader's bytes come from, in order. Implementations throw from read() when the
+/// bytes cannot come (timeout, disconnect, end of a buffer).
+class ByteSource {
+ public:
+  virtual ~ByteSource() = default;
+  /// Fills [data, data + n); `owner` keeps that memory alive; `what` names it for errors.
+  virtual void read(void* data, size_t n, const at::Tensor& owner, const char* what) = 0;
+  /// The stream is out of step (the rest of a message is left unread): break it. The reader
+  /// throws right after, with `why` in its message.
+  virtual void fail(const std::string& why) = 0;
+  /// The peer's close marker was read: end the stream; must throw.
+  [[noreturn]] virtual void peer_left() = 0;
+  /// "host:port" of the peer, for messages.
+  virtual std::string peer() const = 0;
+};
+
+/// The caps applied before anything announced by the peer is allocated (PipeOptions' fields).
+struct FrameLimits {
+  int64_t max_metadata_bytes = 0;
+  int64_t max_storage_bytes = 0;
+};
+
+/// Reads one TensorDict per call from a ByteSource, keeping the consolidated mode's receive
+/// state (the last schema and the TensorDict a same-schema message lands in). Not thread-safe:
+/// one call at a time (PipeImpl holds its recv mutex).
+class FrameReader {
+ public:
+  explicit FrameReader(FrameLimits limits);
+
+  /// Consolidated mode (§6.1): a flag byte, then on a new schema the u64 length, the metadata
+  /// JSON (validated: the safe rebuild) and a storage allocated on `device` (default: the
+  /// sender's, which must be the CPU); on the same schema the storage lands in `td` when it
+  /// matches the last schema, else in the previous result. Throws RuntimeError for an unknown
+  /// flag, a length over the caps, or a same-schema message with nothing to receive into;
+  /// ValueError for invalid metadata; whatever the source throws. Before throwing for a fault
+  /// of the peer's bytes, it calls src.fail(); on the close marker, src.peer_left().
+  /// `new_schema` (if given) tells whether the message carried metadata.
+  TensorDict recv_consolidated(ByteSource& src, const std::optional<TensorDict>& td,
+                               std::optional<at::Device> device, bool* new_schema = nullptr);
+
+  /// Uncollated mode (§6.2, and the form tensordict 0.15.3 sends): the u64 header length, the
+  /// header JSON (validated), then each leaf. A new TensorDict on `device` (CPU only). Same
+  /// errors as recv_consolidated.
+  TensorDict recv_uncollated(ByteSource& src, std::optional<at::Device> device);
+
+ private:
+  uint64_t read_length(ByteSource& src, const char* what, bool allow_close_marker);
+  void check_storage_cap(ByteSource& src, int64_t n, const char* what);
+  bool can_recv_into(const TensorDict& td) const;
+
+  const FrameLimits limits_;
+  at::Tensor scratch_;  // 16 bytes: the flag byte and the lengths, never reallocated
+  bool have_schema_ = false;
+  std::string schema_;  // sorted JSON of the last received metadata, transport keys removed
+  int64_t total_bytes_ = 0;
+  at::Device device_ = at::kCPU;
+  std::optional<TensorDict> td_;  // the TensorDict a same-schema message lands in
+};
+
+}  // namespace tensordict::pipe::detail
