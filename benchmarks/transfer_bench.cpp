@@ -8,7 +8,8 @@
 // Arms (JSON ids): floor.raw_one (one raw c10d send of the consolidated storage's bytes),
 // floor.raw_n (one raw message per leaf, all posted then waited; only with several leaves),
 // floor.memcpy (rank 0 alone: memcpy of the same bytes into a warm buffer), cpp.per_leaf,
-// cpp.consolidated (a consolidated TensorDict, one message), cpp.init_remote (init_remote /
+// cpp.consolidated (a consolidated TensorDict, one message), cpp.per_leaf_checked and
+// cpp.consolidated_checked (the same with checked = true), cpp.init_remote (init_remote /
 // from_remote_init of the plain TensorDict: a cold start), cpp.pipe (when built with the UCX
 // pipe: TensorDictPipe in consolidated mode, the schema sent once in the warm-up).
 //
@@ -219,6 +220,19 @@ std::vector<Arm> make_arms(const CaseSpec& s, int rank, Peers& peers) {
   arms.push_back({.id = "cpp.consolidated",
                   .send = [cons] { dist::send(*cons, 1, {.consolidated = true}); },
                   .recv = [cons] { dist::recv(*cons, 0, {.consolidated = true}); },
+                  .verify = [cons, expected_td] { return (*cons == expected_td()).all(); }});
+  // Checked transfers: a header and the schema before the same payload.
+  arms.push_back({.id = "cpp.per_leaf_checked",
+                  .send = [td] { dist::send(*td, 1, {.checked = true}); },
+                  .recv = [td] { dist::recv(*td, 0, {.checked = true}); },
+                  .verify = [td, expected_td] { return (*td == expected_td()).all(); }});
+  arms.push_back({.id = "cpp.consolidated_checked",
+                  .send = [cons] {
+                    dist::send(*cons, 1, {.consolidated = true, .checked = true});
+                  },
+                  .recv = [cons] {
+                    dist::recv(*cons, 0, {.consolidated = true, .checked = true});
+                  },
                   .verify = [cons, expected_td] { return (*cons == expected_td()).all(); }});
 #ifdef TENSORDICT_BENCH_INIT_REMOTE
   {

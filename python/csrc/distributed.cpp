@@ -33,21 +33,25 @@ bool load_intrusive(py::handle obj, c10::intrusive_ptr<T>* out) {
 }
 
 dist::SendOptions send_options(py::handle group, std::optional<int64_t> group_dst,
-                               int64_t init_tag, bool pseudo_rand, bool consolidated) {
+                               int64_t init_tag, bool pseudo_rand, bool consolidated,
+                               bool checked) {
   return {.group = group_from_py(group),
           .group_dst = group_dst,
           .init_tag = init_tag,
           .pseudo_rand = pseudo_rand,
-          .consolidated = consolidated};
+          .consolidated = consolidated,
+          .checked = checked};
 }
 
 dist::RecvOptions recv_options(py::handle group, std::optional<int64_t> group_src,
-                               int64_t init_tag, bool pseudo_rand, bool consolidated) {
+                               int64_t init_tag, bool pseudo_rand, bool consolidated,
+                               bool checked) {
   return {.group = group_from_py(group),
           .group_src = group_src,
           .init_tag = init_tag,
           .pseudo_rand = pseudo_rand,
-          .consolidated = consolidated};
+          .consolidated = consolidated,
+          .checked = checked};
 }
 
 }  // namespace
@@ -81,24 +85,27 @@ void bind_distributed(py::module_& m) {
   m.def("send",
         [](const TensorDict& td, std::optional<int64_t> dst, py::handle group,
            std::optional<int64_t> group_dst, int64_t init_tag, bool pseudo_rand,
-           bool consolidated) {
-          auto options = send_options(group, group_dst, init_tag, pseudo_rand, consolidated);
+           bool consolidated, bool checked) {
+          auto options =
+              send_options(group, group_dst, init_tag, pseudo_rand, consolidated, checked);
           py::gil_scoped_release nogil;
           dist::send(td, dst, options);
         });
   m.def("isend",
         [](const TensorDict& td, std::optional<int64_t> dst, py::handle group,
            std::optional<int64_t> group_dst, int64_t init_tag, bool pseudo_rand,
-           bool consolidated) {
-          auto options = send_options(group, group_dst, init_tag, pseudo_rand, consolidated);
+           bool consolidated, bool checked) {
+          auto options =
+              send_options(group, group_dst, init_tag, pseudo_rand, consolidated, checked);
           py::gil_scoped_release nogil;
           return dist::isend(td, dst, options);
         });
   m.def("isend_early",
         [](const TensorDict& td, std::optional<int64_t> dst, py::handle group,
            std::optional<int64_t> group_dst, int64_t init_tag, bool pseudo_rand,
-           bool consolidated) {
-          auto options = send_options(group, group_dst, init_tag, pseudo_rand, consolidated);
+           bool consolidated, bool checked) {
+          auto options =
+              send_options(group, group_dst, init_tag, pseudo_rand, consolidated, checked);
           std::vector<dist::WorkPtr> works;
           {
             py::gil_scoped_release nogil;
@@ -109,24 +116,27 @@ void bind_distributed(py::module_& m) {
   m.def("recv",
         [](const TensorDict& td, std::optional<int64_t> src, py::handle group,
            std::optional<int64_t> group_src, int64_t init_tag, bool pseudo_rand,
-           bool consolidated) {
-          auto options = recv_options(group, group_src, init_tag, pseudo_rand, consolidated);
+           bool consolidated, bool checked) {
+          auto options =
+              recv_options(group, group_src, init_tag, pseudo_rand, consolidated, checked);
           py::gil_scoped_release nogil;
           return dist::recv(td, src, options);
         });
   m.def("irecv",
         [](const TensorDict& td, std::optional<int64_t> src, py::handle group,
            std::optional<int64_t> group_src, int64_t init_tag, bool pseudo_rand,
-           bool consolidated) {
-          auto options = recv_options(group, group_src, init_tag, pseudo_rand, consolidated);
+           bool consolidated, bool checked) {
+          auto options =
+              recv_options(group, group_src, init_tag, pseudo_rand, consolidated, checked);
           py::gil_scoped_release nogil;
           dist::irecv(td, src, options);
         });
   m.def("irecv_premature",
         [](const TensorDict& td, std::optional<int64_t> src, py::handle group,
            std::optional<int64_t> group_src, int64_t init_tag, bool pseudo_rand,
-           bool consolidated) {
-          auto options = recv_options(group, group_src, init_tag, pseudo_rand, consolidated);
+           bool consolidated, bool checked) {
+          auto options =
+              recv_options(group, group_src, init_tag, pseudo_rand, consolidated, checked);
           std::vector<dist::WorkPtr> works;
           {
             py::gil_scoped_release nogil;

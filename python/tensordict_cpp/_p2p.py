@@ -40,7 +40,8 @@ def _pipe_peer(peer: Any, group_peer: int | None, name: str) -> Any:
 
 
 def send(self, dst: Any = None, *, group: Any = None, group_dst: int | None = None,
-         init_tag: int = 0, pseudo_rand: bool = False, consolidated: bool = False) -> None:
+         init_tag: int = 0, pseudo_rand: bool = False, consolidated: bool = False,
+         checked: bool = False) -> None:
     """Sends the leaves of the TensorDict to another rank, with :mod:`torch.distributed`.
 
     The receiver calls :meth:`recv` on a TensorDict with the same keys, shapes and dtypes; the
@@ -77,6 +78,13 @@ def send(self, dst: Any = None, *, group: Any = None, group_dst: int | None = No
             the TensorDict is consolidated already. The receiver calls
             ``recv(consolidated=True)`` on a consolidated TensorDict of the same structure.
             ``init_tag`` and ``pseudo_rand`` are then ignored. Defaults to ``False``.
+        checked (bool, optional): if ``True`` (on both sides), a header with the byte count
+            and a schema of the keys, dtypes and shapes goes before the payload, so that a
+            receiver whose TensorDict differs raises an error naming the first difference and
+            keeps its values, instead of being aborted by Gloo (sent more bytes than it posted)
+            or filled in part (sent fewer). Not in the reference: its peers cannot take part.
+            The ``Work`` handles of ``return_early`` / ``return_premature`` are then those of
+            the checked messages. See docs/reliability.md. Defaults to ``False``.
 
     Raises:
         ValueError: if both or neither of ``dst`` and ``group_dst`` are given, if
@@ -94,11 +102,12 @@ def send(self, dst: Any = None, *, group: Any = None, group_dst: int | None = No
     if mapped:
         # torch.distributed.send refuses to send to oneself.
         _c10d._check_not_self_rank(group, group_dst, "destination")
-    _C.send(self._cpp, dst, group, group_dst, init_tag, pseudo_rand, consolidated)
+    _C.send(self._cpp, dst, group, group_dst, init_tag, pseudo_rand, consolidated, checked)
 
 
 def recv(self, src: Any = None, *, group: Any = None, group_src: int | None = None,
-         init_tag: int = 0, pseudo_rand: bool = False, consolidated: bool = False) -> Any:
+         init_tag: int = 0, pseudo_rand: bool = False, consolidated: bool = False,
+         checked: bool = False) -> Any:
     """Receives what :meth:`send` or :meth:`isend` sends, writing it into this TensorDict's
     tensors in place.
 
@@ -127,6 +136,13 @@ def recv(self, src: Any = None, *, group: Any = None, group_src: int | None = No
             storage of this TensorDict, which must be consolidated (see :meth:`consolidate`)
             with the sender's layout; this updates every leaf. ``init_tag`` and
             ``pseudo_rand`` are ignored. Defaults to ``False``.
+        checked (bool, optional): if ``True`` (on both sides), a header with the byte count
+            and a schema of the keys, dtypes and shapes goes before the payload, so that a
+            receiver whose TensorDict differs raises an error naming the first difference and
+            keeps its values, instead of being aborted by Gloo (sent more bytes than it posted)
+            or filled in part (sent fewer). Not in the reference: its peers cannot take part.
+            The ``Work`` handles of ``return_early`` / ``return_premature`` are then those of
+            the checked messages. See docs/reliability.md. Defaults to ``False``.
 
     Returns:
         The tag of the last leaf received (``init_tag - 1`` without leaves), or ``None`` with
@@ -143,12 +159,13 @@ def recv(self, src: Any = None, *, group: Any = None, group_src: int | None = No
     if pipe is not None:
         return pipe.recv(self)
     src, group, group_src = _resolve(src, group, group_src)
-    return _C.recv(self._cpp, src, group, group_src, init_tag, pseudo_rand, consolidated)
+    return _C.recv(self._cpp, src, group, group_src, init_tag, pseudo_rand, consolidated,
+                   checked)
 
 
 def isend(self, dst: int | None = None, *, group: Any = None, group_dst: int | None = None,
           init_tag: int = 0, pseudo_rand: bool = False, return_early: bool = False,
-          consolidated: bool = False) -> int | list | None:
+          consolidated: bool = False, checked: bool = False) -> int | list | None:
     """Sends the leaves to another rank with every message in flight at once.
 
     Same messages as :meth:`send` (the receiver may call :meth:`irecv` or :meth:`recv`), but all
@@ -178,6 +195,13 @@ def isend(self, dst: int | None = None, *, group: Any = None, group_dst: int | N
         consolidated (bool, optional): if ``True``, one message carrying the consolidated
             storage, as ``send(consolidated=True)``; a TensorDict that is not consolidated is
             consolidated (copied) on every call. Defaults to ``False``.
+        checked (bool, optional): if ``True`` (on both sides), a header with the byte count
+            and a schema of the keys, dtypes and shapes goes before the payload, so that a
+            receiver whose TensorDict differs raises an error naming the first difference and
+            keeps its values, instead of being aborted by Gloo (sent more bytes than it posted)
+            or filled in part (sent fewer). Not in the reference: its peers cannot take part.
+            The ``Work`` handles of ``return_early`` / ``return_premature`` are then those of
+            the checked messages. See docs/reliability.md. Defaults to ``False``.
 
     Returns:
         With ``return_early=True``, the list of ``Work`` handles. Otherwise the tag of the last
@@ -191,13 +215,14 @@ def isend(self, dst: int | None = None, *, group: Any = None, group_dst: int | N
     dst, group, group_dst = _resolve(dst, group, group_dst)
     if return_early:
         return _C.isend_early(self._cpp, dst, group, group_dst, init_tag, pseudo_rand,
-                              consolidated)
-    return _C.isend(self._cpp, dst, group, group_dst, init_tag, pseudo_rand, consolidated)
+                              consolidated, checked)
+    return _C.isend(self._cpp, dst, group, group_dst, init_tag, pseudo_rand, consolidated,
+                    checked)
 
 
 def irecv(self, src: int | None = None, *, group: Any = None, group_src: int | None = None,
           return_premature: bool = False, init_tag: int = 0, pseudo_rand: bool = False,
-          consolidated: bool = False) -> list | None:
+          consolidated: bool = False, checked: bool = False) -> list | None:
     """Receives the leaves with every receive posted at once, into this TensorDict in place.
 
     Takes what :meth:`isend` or :meth:`send` sends. By default the call waits until everything
@@ -226,6 +251,13 @@ def irecv(self, src: int | None = None, *, group: Any = None, group_src: int | N
         consolidated (bool, optional): if ``True``, one message into the consolidated storage,
             as ``recv(consolidated=True)``; the TensorDict must be consolidated. Defaults to
             ``False``.
+        checked (bool, optional): if ``True`` (on both sides), a header with the byte count
+            and a schema of the keys, dtypes and shapes goes before the payload, so that a
+            receiver whose TensorDict differs raises an error naming the first difference and
+            keeps its values, instead of being aborted by Gloo (sent more bytes than it posted)
+            or filled in part (sent fewer). Not in the reference: its peers cannot take part.
+            The ``Work`` handles of ``return_early`` / ``return_premature`` are then those of
+            the checked messages. See docs/reliability.md. Defaults to ``False``.
 
     Returns:
         With ``return_premature=True``, the list of ``Work`` handles; otherwise ``None``.
@@ -238,8 +270,8 @@ def irecv(self, src: int | None = None, *, group: Any = None, group_src: int | N
     src, group, group_src = _resolve(src, group, group_src)
     if return_premature:
         return _C.irecv_premature(self._cpp, src, group, group_src, init_tag, pseudo_rand,
-                                  consolidated)
-    _C.irecv(self._cpp, src, group, group_src, init_tag, pseudo_rand, consolidated)
+                                  consolidated, checked)
+    _C.irecv(self._cpp, src, group, group_src, init_tag, pseudo_rand, consolidated, checked)
     return None
 
 

@@ -8,6 +8,7 @@
 #include "tensordict/consolidate.h"
 #include "tensordict/distributed/process_group.h"
 #include "tensordict/distributed/tags.h"
+#include "checked.h"
 #include "peer.h"
 
 namespace tensordict::dist {
@@ -73,6 +74,13 @@ std::vector<int> leaf_tags(const char* call, int64_t init_tag, bool pseudo_rand,
   return tags;
 }
 
+// The one tag of a checked per-leaf transfer: the first leaf's (init_tag with no leaves).
+int checked_tag(const char* call, int64_t init_tag, const std::vector<int>& tags) {
+  TORCH_CHECK_VALUE(!tags.empty() || init_tag <= std::numeric_limits<int32_t>::max(), call,
+                    ": init_tag ", init_tag, " is above the largest c10d tag");
+  return tags.empty() ? static_cast<int>(init_tag) : tags.front();
+}
+
 struct PostedSend {
   std::vector<WorkPtr> works;
   std::optional<int64_t> last_tag;  // nullopt: consolidated
@@ -82,6 +90,9 @@ PostedSend post_send(const char* call, const TensorDict& td, const std::optional
                      const SendOptions& options, bool refuse_self) {
   Peer peer = resolve_peer(call, dst, options.group_dst, options.group, "dst", "group_dst",
                            refuse_self);
+  if (options.checked && options.consolidated) {
+    return {detail::post_checked_send(td, peer, 0, true), std::nullopt};
+  }
   if (options.consolidated) {
     std::vector<at::Tensor> storage{is_consolidated(td) ? consolidated_storage(td)
                                                         : consolidated_storage(consolidate(td))};
@@ -89,11 +100,16 @@ PostedSend post_send(const char* call, const TensorDict& td, const std::optional
   }
   auto leaves = leaves_of(td);
   auto tags = leaf_tags(call, options.init_tag, options.pseudo_rand, leaves.size());
+  const int64_t last_tag = tags.empty() ? options.init_tag - 1 : tags.back();
+  if (options.checked) {
+    const int tag = checked_tag(call, options.init_tag, tags);
+    return {detail::post_checked_send(td, peer, tag, false), last_tag};
+  }
   auto works = post_all(leaves.size(), [&](size_t i) {
     std::vector<at::Tensor> one{sendable(leaves[i])};
     return peer.group.send(one, peer.rank, tags[i]);
   });
-  return {std::move(works), tags.empty() ? options.init_tag - 1 : tags.back()};
+  return {std::move(works), last_tag};
 }
 
 PostedSend post_recv(const char* call, const TensorDict& td, const std::optional<int64_t>& src,
@@ -104,11 +120,19 @@ PostedSend post_recv(const char* call, const TensorDict& td, const std::optional
     TORCH_CHECK_VALUE(is_consolidated(td), call,
                       "(consolidated=True): the TensorDict is not consolidated. Receive into a "
                       "consolidated TensorDict with the sender's layout (consolidate() it first)");
+    if (options.checked) {
+      return {detail::post_checked_recv(call, td, peer, 0, true), std::nullopt};
+    }
     std::vector<at::Tensor> storage{consolidated_storage(td)};
     return {{peer.group.recv(storage, peer.rank, 0)}, std::nullopt};
   }
   auto leaves = leaves_of(td);
   auto tags = leaf_tags(call, options.init_tag, options.pseudo_rand, leaves.size());
+  const int64_t last_tag = tags.empty() ? options.init_tag - 1 : tags.back();
+  if (options.checked) {
+    const int tag = checked_tag(call, options.init_tag, tags);
+    return {detail::post_checked_recv(call, td, peer, tag, false), last_tag};
+  }
   for (const auto& leaf : leaves) {
     detail::check_writable(call, leaf, "receive into", "receiver");
   }
@@ -118,7 +142,7 @@ PostedSend post_recv(const char* call, const TensorDict& td, const std::optional
       return peer.group.recv(one, peer.rank, tags[i]);
     });
   });
-  return {std::move(works), tags.empty() ? options.init_tag - 1 : tags.back()};
+  return {std::move(works), last_tag};
 }
 
 }  // namespace

@@ -191,3 +191,37 @@ def test_run_as_written_in_a_script_prints_tensor_12(tmp_path):
                          timeout=120, cwd=tmp_path)
     assert out.returncode == 0, out.stderr
     assert out.stdout.strip() == "tensor(12.)"
+
+
+def checked_ranks(rank, world_size):
+    torch.set_num_threads(1)
+    # A match moves the data as usual, per leaf and consolidated.
+    for consolidated in (False, True):
+        if rank == 0:
+            structure(3).send(dst=1, checked=True, consolidated=consolidated)
+        else:
+            td = structure(0)
+            td = td.consolidate() if consolidated else td
+            td.recv(src=0, checked=True, consolidated=consolidated)
+            assert_filled(td, 3)
+    # A mismatch names the key and the dtypes, and the receiver keeps its values.
+    if rank == 0:
+        structure(4).isend(dst=1, init_tag=7, checked=True)
+    else:
+        td = structure(0)
+        td["n", "y"] = torch.zeros(4, dtype=torch.float32)
+        with pytest.raises(RuntimeError, match=r"key \('n', 'y'\) has dtype torch.float16 on the "
+                                               r"sender and torch.float32 here"):
+            td.irecv(src=0, init_tag=7, checked=True)
+        assert_filled(td, 0)
+    # The pair is still in step afterwards.
+    if rank == 0:
+        structure(5).send(dst=1, checked=True)
+    else:
+        td = structure(0)
+        td.recv(src=0, checked=True)
+        assert_filled(td, 5)
+
+
+def test_checked_transfers_name_a_mismatch():
+    run(checked_ranks, world_size=2, **RUN)

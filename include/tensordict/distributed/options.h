@@ -75,6 +75,11 @@ struct SendOptions {
   int64_t init_tag = 0;                  // tag of the first leaf; leaf i uses init_tag + i
   bool pseudo_rand = false;              // tags from the reference's generator, seeded by init_tag
   bool consolidated = false;             // one message carrying the consolidated storage
+  /// Our extension (default off, so the wire stays the reference's): a header and the schema
+  /// (keys, dtypes, shapes) go first, so that a receiver whose TensorDict differs raises an
+  /// error naming the difference instead of being aborted or half-filled. Both sides must
+  /// pass it; see docs/reliability.md.
+  bool checked = false;
 };
 
 /// Keyword arguments of recv() and irecv(); the sender's values must be passed.
@@ -84,6 +89,7 @@ struct RecvOptions {
   int64_t init_tag = 0;
   bool pseudo_rand = false;
   bool consolidated = false;
+  bool checked = false;                  // must match the sender's (see SendOptions::checked)
 };
 
 /// The largest storage a peer may make this process receive, by default, when it sends a

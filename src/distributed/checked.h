@@ -1,0 +1,29 @@
+#pragma once
+// Checked point-to-point transfers (SendOptions::checked / RecvOptions::checked), our extension
+// of the reference's wire: a header and a schema travel before the payload, so a receiver whose
+// TensorDict differs from the sender's raises a named error instead of being aborted by Gloo
+// (sent more bytes than it posted) or silently filled in part (sent fewer). Private to the c10d
+// layer; the byte format is in docs/reliability.md.
+
+#include <vector>
+
+#include "peer.h"
+#include "tensordict/tensor_dict.h"
+
+namespace tensordict::dist::detail {
+
+/// Posts the header, the schema and the payload chunks of `td` to `peer`, all on `tag` (c10d
+/// matches the messages of one tag between two ranks in order). Per-leaf payload: each leaf in
+/// wire order; consolidated: td's consolidated storage (consolidating a copy if needed).
+std::vector<WorkPtr> post_checked_send(const TensorDict& td, const Peer& peer, int tag,
+                                       bool consolidated);
+
+/// Receives the header and the schema (blocking), then, when the sender's schema equals td's,
+/// posts the payload receives into td and returns their works. On a mismatch it receives the
+/// payload into a scratch buffer of at most one chunk, leaves td unchanged and throws an error
+/// naming the first differing key, dtype or shape. A header that is not a checked header (the
+/// peer did not pass checked=True) or is malformed is an error too.
+std::vector<WorkPtr> post_checked_recv(const char* call, const TensorDict& td, const Peer& peer,
+                                       int tag, bool consolidated);
+
+}  // namespace tensordict::dist::detail
