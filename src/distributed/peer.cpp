@@ -84,6 +84,29 @@ Peer resolve_peer(const char* call, const std::optional<int64_t>& peer,
   return out;
 }
 
+namespace {
+
+// Gloo's own errors (gloo::IoException, e.g. "Connection reset by peer") reach Work::wait() as
+// plain std::exceptions; callers get them as c10d's DistBackendError, like every other
+// transport failure.
+std::exception_ptr as_backend_error(std::exception_ptr e) {
+  try {
+    std::rethrow_exception(e);
+  } catch (const c10::Error&) {
+    return e;
+  } catch (const std::exception& x) {
+    try {
+      C10_THROW_ERROR(DistBackendError, x.what());
+    } catch (...) {
+      return std::current_exception();
+    }
+  } catch (...) {
+  }
+  return e;
+}
+
+}  // namespace
+
 void wait_all(const std::vector<WorkPtr>& works) {
   std::exception_ptr first;
   for (size_t i = 0; i < works.size(); ++i) {
@@ -91,7 +114,7 @@ void wait_all(const std::vector<WorkPtr>& works) {
       works[i]->wait();
     } catch (...) {
       if (!first) {
-        first = std::current_exception();
+        first = as_backend_error(std::current_exception());
         for (size_t j = i + 1; j < works.size(); ++j) {
           try {
             works[j]->abort();

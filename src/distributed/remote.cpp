@@ -22,7 +22,7 @@ int64_t int64_value(const at::Tensor& t) { return t.cpu().item<int64_t>(); }
 
 at::Tensor pickle_tensor(const std::string& pickle, int64_t padded_size, at::Device device) {
   at::Tensor t = byte_buffer(padded_size, at::kCPU, /*zeroed=*/padded_size > int64_t(pickle.size()));
-  std::memcpy(t.data_ptr<uint8_t>(), pickle.data(), pickle.size());
+  if (!pickle.empty()) std::memcpy(t.data_ptr<uint8_t>(), pickle.data(), pickle.size());
   return t.to(device);
 }
 

@@ -20,6 +20,16 @@
 
 namespace pipe_test {
 
+// UCX over loopback TCP unless the caller chose otherwise: set before any UCX context exists
+// (static initialisation), and inherited by child processes. Done here rather than in CTest's
+// ENVIRONMENT, which gtest_discover_tests cuts down to its first variable.
+inline const bool kUcxLoopbackDefaults = [] {
+  ::setenv("UCX_TLS", "tcp", 0);
+  ::setenv("UCX_NET_DEVICES", "lo", 0);
+  ::setenv("UCX_WARN_UNUSED_ENV_VARS", "n", 0);
+  return true;
+}();
+
 using namespace std::chrono_literals;
 
 // Aborts the process when a test outlives its budget: a hang must fail, loudly, not stall.
