@@ -7,6 +7,7 @@
 #include <functional>
 #include <limits>
 
+#include "json_object.h"
 #include "tensordict/consolidate.h"
 #include "tensordict/dtypes.h"
 #include "tensordict/nested_key.h"
@@ -14,7 +15,7 @@
 namespace tensordict {
 namespace {
 
-using Json = nlohmann::ordered_json;
+using Json = detail::OrderedJson;  // indexed: a peer's large object parses in linear time
 
 // ---- writer -------------------------------------------------------------------------------
 

@@ -362,6 +362,24 @@ TEST(ConsolidateJson, NonTensorEntriesSurviveTheText) {
   EXPECT_EQ(metadata_from_json(json), m);
 }
 
+// A peer's object with many keys keeps its order (keys found through an index, not a scan),
+// and a repeated key keeps its first place with its last value, as Python's json.loads does.
+TEST(ConsolidateJson, ManyKeysKeepTheirOrderAndRepeatsTakeTheLastValue) {
+  Metadata m;
+  for (int i = 0; i < 100000; ++i) {
+    m.leaves.push_back({"k" + std::to_string((i * 7919) % 100000), {at::kByte, {0}, 0, 0, 0}});
+  }
+  EXPECT_EQ(metadata_from_json(metadata_to_json(m)), m);
+  auto json = metadata_to_json(m);
+  const std::string repeat = R"("k0": ["torch.uint8", [5], 0, 5, 0], )";
+  json.insert(json.find("\"leaves\": {") + 11, repeat);
+  auto repeated = metadata_from_json(json);
+  ASSERT_EQ(repeated.leaves.size(), m.leaves.size());
+  EXPECT_EQ(repeated.leaves[0].first, "k0");
+  EXPECT_EQ(repeated.leaves[0].second.shape, std::vector<int64_t>{0});  // the last value
+  EXPECT_EQ(repeated.leaves[1].first, m.leaves[1].first);
+}
+
 // ---- rebuild -----------------------------------------------------------------------------------
 
 TEST(ConsolidateRebuild, LeavesAreViewsAndEveryLevelIsConsolidated) {
