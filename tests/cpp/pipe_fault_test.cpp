@@ -14,6 +14,7 @@
 #include <mutex>
 #include <thread>
 
+#include "checksum.h"
 #include "fault_test_util.h"
 #include "pipe_test_util.h"
 #include "tensordict/consolidate.h"
@@ -43,18 +44,7 @@ PipeOptions options() {
 // FNV-1a over 8-byte words (and the tail bytes): cheap enough for tens of MB, and any changed,
 // moved or stale byte changes it.
 uint64_t checksum(const at::Tensor& t) {
-  const auto c = t.contiguous();
-  const auto* p = static_cast<const uint8_t*>(c.const_data_ptr());
-  const size_t n = c.nbytes();
-  uint64_t h = 1469598103934665603ull;
-  size_t i = 0;
-  for (; i + 8 <= n; i += 8) {
-    uint64_t w;
-    std::memcpy(&w, p + i, 8);
-    h = (h ^ w) * 1099511628211ull;
-  }
-  for (; i < n; ++i) h = (h ^ p[i]) * 1099511628211ull;
-  return h;
+  return tensordict::testing::fnv(tensordict::testing::kFnvBasis, t);
 }
 
 // A message: seq, the checksum of data, data (contents depend on client and seq).

@@ -35,6 +35,7 @@
 #include <thread>
 #include <vector>
 
+#include "../cpp/checksum.h"
 #include "tensordict/consolidate.h"
 #include "tensordict/distributed/p2p.h"
 #include "tensordict/distributed/runner.h"
@@ -75,21 +76,8 @@ double seconds_since(Clock::time_point t) {
   return std::chrono::duration<double>(Clock::now() - t).count();
 }
 
-// FNV-1a over 8-byte words and the tail bytes.
-uint64_t fnv(uint64_t h, const at::Tensor& t) {
-  const auto c = t.contiguous();
-  const auto* p = static_cast<const uint8_t*>(c.const_data_ptr());
-  const size_t n = c.nbytes();
-  size_t i = 0;
-  for (; i + 8 <= n; i += 8) {
-    uint64_t w;
-    std::memcpy(&w, p + i, 8);
-    h = (h ^ w) * 1099511628211ull;
-  }
-  for (; i < n; ++i) h = (h ^ p[i]) * 1099511628211ull;
-  return h;
-}
-constexpr uint64_t kFnvBasis = 1469598103934665603ull;
+using tensordict::testing::fnv;
+using tensordict::testing::kFnvBasis;
 
 // Checksum of every leaf but "checksum", in wire order (key paths hashed too).
 int64_t checksum(const TensorDict& td) {
