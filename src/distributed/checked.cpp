@@ -1,6 +1,5 @@
 #include "checked.h"
 
-#include <ATen/core/grad_mode.h>
 #include <c10/util/Exception.h>
 #include <c10/util/StringUtil.h>
 
@@ -369,38 +368,6 @@ at::Device device_of(const std::vector<at::Tensor>& tensors) {
   return tensors.empty() ? at::Device(at::kCPU) : tensors.front().device();
 }
 
-// Waits for a set of works, then copies a contiguous stand-in into a leaf that is not
-// contiguous (the leaf's chunks were received into the stand-in).
-class CopyAfterAll : public c10d::Work {
- public:
-  CopyAfterAll(std::vector<WorkPtr> inner, at::Tensor leaf, at::Tensor buffer)
-      : c10d::Work(-1, c10d::OpType::RECV),
-        inner_(std::move(inner)),
-        leaf_(std::move(leaf)),
-        buffer_(std::move(buffer)) {}
-  bool wait(std::chrono::milliseconds timeout = kNoTimeout) override {
-    wait_all(inner_);
-    if (!copied_) {
-      at::NoGradGuard no_grad;
-      leaf_.copy_(buffer_);
-      copied_ = true;
-    }
-    return true;
-  }
-  bool isCompleted() override {
-    return std::all_of(inner_.begin(), inner_.end(), [](auto& w) { return w->isCompleted(); });
-  }
-  void abort() override {
-    for (auto& w : inner_) w->abort();
-  }
-  std::vector<at::Tensor> result() override { return {leaf_}; }
-
- private:
-  std::vector<WorkPtr> inner_;
-  at::Tensor leaf_;
-  at::Tensor buffer_;
-  bool copied_ = false;
-};
 
 }  // namespace
 
@@ -504,7 +471,7 @@ std::vector<WorkPtr> post_checked_recv(const char* call, const TensorDict& td, c
       if (!direct) {
         std::vector<WorkPtr> leaf_works(works.begin() + first, works.end());
         works.resize(first);
-        works.push_back(c10::make_intrusive<CopyAfterAll>(std::move(leaf_works), target, buffer));
+        works.push_back(copy_back_work(std::move(leaf_works), target, buffer));
       }
     }
   } catch (...) {

@@ -4,38 +4,55 @@
 #include <ATen/core/grad_mode.h>
 #include <c10/util/Exception.h>
 
+#include <algorithm>
+
 #include "tensordict/distributed/process_group.h"
 
 namespace tensordict::dist::detail {
 namespace {
 
-// A work on a contiguous stand-in; wait() copies the stand-in into the real leaf.
+// Works on a contiguous stand-in (one receive, or the chunks of a checked one); wait() waits
+// for them all, then copies the stand-in into the real leaf.
 class CopyBackWork : public c10d::Work {
  public:
-  CopyBackWork(WorkPtr inner, at::Tensor leaf, at::Tensor buffer)
+  CopyBackWork(std::vector<WorkPtr> inner, at::Tensor leaf, at::Tensor buffer)
       : c10d::Work(-1, c10d::OpType::UNKNOWN),
         inner_(std::move(inner)),
         leaf_(std::move(leaf)),
         buffer_(std::move(buffer)) {}
 
   bool wait(std::chrono::milliseconds timeout = kNoTimeout) override {
-    const bool done = inner_->wait(timeout);
-    if (done && !copied_) {
+    for (const auto& w : inner_) {
+      if (!w->wait(timeout)) return false;
+    }
+    if (!copied_) {
       at::NoGradGuard no_grad;
       leaf_.copy_(buffer_);
       copied_ = true;
     }
-    return done;
+    return true;
   }
-  bool isCompleted() override { return inner_->isCompleted(); }
-  bool isSuccess() const override { return inner_->isSuccess(); }
-  std::exception_ptr exception() const override { return inner_->exception(); }
-  int sourceRank() const override { return inner_->sourceRank(); }
+  bool isCompleted() override {
+    return std::all_of(inner_.begin(), inner_.end(),
+                       [](const auto& w) { return w->isCompleted(); });
+  }
+  bool isSuccess() const override {
+    return std::all_of(inner_.begin(), inner_.end(), [](const auto& w) { return w->isSuccess(); });
+  }
+  std::exception_ptr exception() const override {
+    for (const auto& w : inner_) {
+      if (auto e = w->exception()) return e;
+    }
+    return nullptr;
+  }
+  int sourceRank() const override { return inner_.front()->sourceRank(); }
   std::vector<at::Tensor> result() override { return {leaf_}; }
-  void abort() override { inner_->abort(); }
+  void abort() override {
+    for (const auto& w : inner_) w->abort();
+  }
 
  private:
-  WorkPtr inner_;
+  std::vector<WorkPtr> inner_;
   at::Tensor leaf_;
   at::Tensor buffer_;
   bool copied_ = false;
@@ -150,7 +167,8 @@ void check_writable(const char* call, const at::Tensor& leaf, const char* action
                     who, " a leaf of its own");
 }
 
-WorkPtr copy_back_work(WorkPtr inner, at::Tensor leaf, at::Tensor buffer) {
+WorkPtr copy_back_work(std::vector<WorkPtr> inner, at::Tensor leaf, at::Tensor buffer) {
+  TORCH_INTERNAL_ASSERT(!inner.empty());
   return c10::make_intrusive<CopyBackWork>(std::move(inner), std::move(leaf), std::move(buffer));
 }
 

@@ -78,7 +78,9 @@ void check_writable(const char* call, const at::Tensor& leaf, const char* action
 
 // ---- implementation ----
 
-WorkPtr copy_back_work(WorkPtr inner, at::Tensor leaf, at::Tensor buffer);
+/// A work that waits for every one of `inner` (which fill `buffer`), then copies `buffer`
+/// into `leaf`.
+WorkPtr copy_back_work(std::vector<WorkPtr> inner, at::Tensor leaf, at::Tensor buffer);
 
 template <typename Post>
 WorkPtr post_in_place(const at::Tensor& leaf, bool reads_leaf, Post&& post) {
@@ -88,7 +90,7 @@ WorkPtr post_in_place(const at::Tensor& leaf, bool reads_leaf, Post&& post) {
   at::Tensor buffer =
       reads_leaf ? leaf.contiguous() : at::empty_like(leaf, at::MemoryFormat::Contiguous);
   WorkPtr inner = post(buffer);
-  return copy_back_work(std::move(inner), leaf, std::move(buffer));
+  return copy_back_work({std::move(inner)}, leaf, std::move(buffer));
 }
 
 }  // namespace tensordict::dist::detail
