@@ -113,6 +113,10 @@ Schema schema_of(const TensorDict& td, const at::Tensor* storage) {
   Schema s;
   s.mode = storage ? Mode::kConsolidated : Mode::kPerLeaf;
   for (auto& [path, leaf] : wire_order(td)) {
+    // Quantized storage is not numel * element size bytes (quint4x2 packs two per byte).
+    TORCH_CHECK_VALUE(!c10::isQIntType(leaf.scalar_type()), "checked=True: leaf ",
+                      NestedKey(path).str(), " has the quantized dtype ",
+                      dtype_name(leaf.scalar_type()), ", which checked transfers cannot carry");
     LeafSchema l;
     l.path = std::move(path);
     l.dtype = dtype_name(leaf.scalar_type());

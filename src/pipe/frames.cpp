@@ -269,6 +269,9 @@ TensorDict FrameReader::recv_uncollated(ByteSource& src, std::optional<at::Devic
       const auto dt = dtype_from_name(dtypes[i].get<std::string>());
       TORCH_CHECK_VALUE(dt.has_value(), "unknown torch dtype ", dtypes[i].dump());
       leaf.dtype = *dt;
+      // Quantized storage is not numel * element size bytes (quint4x2 packs two per byte).
+      TORCH_CHECK_VALUE(!c10::isQIntType(leaf.dtype), "the quantized dtype ", dtypes[i].dump(),
+                        " cannot be sent through the pipe");
       leaf.shape = nonneg_ints(shapes[i], "dimensions");
       TORCH_CHECK_VALUE(leaf.shape.size() >= batch_size.size() &&
                             std::equal(batch_size.begin(), batch_size.end(), leaf.shape.begin()),

@@ -188,6 +188,9 @@ void PipeImpl::send_uncollated(Endpoint& e, const TensorDict& td) {
     const auto& [key, value] = items[order[j].second];
     const at::Tensor& t = value.tensor();
     check_cpu(t, c10::str("leaf ", key.str()).c_str());
+    TORCH_CHECK_VALUE(!c10::isQIntType(t.scalar_type()), "send: leaf ", key.str(),
+                      " has the quantized dtype ", dtype_name(t.scalar_type()),
+                      ", which the pipe cannot carry");
     const char* sep = j ? ", " : "";
     if (key.is_nested()) {
       std::string parts = "[";

@@ -68,11 +68,15 @@ TEST(DistChecked, EveryFlavourPerLeafAndConsolidated) {
           if (rank == 0) {
             TensorDict td = sample(round * 10.0);
             if (s == 0) send(td, 1, so);
-            if (s == 1) EXPECT_EQ(isend(td, 1, so), consolidated ? std::nullopt : recv_tag(so));
+            if (s == 1) {
+              EXPECT_EQ(isend(td, 1, so), consolidated ? std::nullopt : recv_tag(so));
+            }
             if (s == 2) wait_each(isend_early(td, 1, so));
           } else {
             TensorDict td = consolidated ? consolidate(sample(-1)) : sample(-1);
-            if (r == 0) EXPECT_EQ(recv(td, 0, ro), consolidated ? std::nullopt : recv_tag(so));
+            if (r == 0) {
+              EXPECT_EQ(recv(td, 0, ro), consolidated ? std::nullopt : recv_tag(so));
+            }
             if (r == 1) irecv(td, 0, ro);
             if (r == 2) wait_each(irecv_premature(td, 0, ro));
             EXPECT_TRUE(all_equal(td, round * 10.0)) << "round " << round;
@@ -244,6 +248,21 @@ TEST(DistChecked, UncheckedSenderAndForgedHeaders) {
         EXPECT_TRUE(td.get("x").tensor().eq(0).all().item<bool>());
       }
     }
+    round_trip_after(rank);
+  });
+}
+
+// A quantized leaf's storage is not numel * element size bytes: refused before any message.
+TEST(DistChecked, QuantizedLeavesAreRefused) {
+  run_ranks(2, [](int rank, int) {
+    TensorDict td({{"q", at::quantize_per_tensor(at::ones({4}), 0.1, 0, at::kQUInt8)}}, {});
+    const std::string err = error_of([&] {
+      if (rank == 0) send(td, 1, {.checked = true});
+      if (rank == 1) recv(td, 0, {.checked = true});
+    });
+    EXPECT_NE(err.find("checked=True: leaf 'q' has the quantized dtype torch.quint8"),
+              std::string::npos)
+        << err;
     round_trip_after(rank);
   });
 }

@@ -356,6 +356,24 @@ TEST(Pipe, MalformedMetadataFailsTheSafeRebuild) {
     client.send_raw(header.data(), header.size());
     EXPECT_THROW_MSG(server.recv(), c10::ValueError, "unknown torch dtype");
   }
+  {
+    // Uncollated: a quantized dtype, whose storage is not numel * element size bytes
+    // (found by fuzz/pipe_frames.cpp: quint4x2 made the reader write past a leaf), is refused
+    // on both sides.
+    auto [server, client] = pair_of(fast_options(false), fast_options(false));
+    const std::string header = R"({"keys": ["a"], "dtypes": ["torch.quint4x2"], "shapes": [[8]]})";
+    const std::string len = u64_le(header.size());
+    client.send_raw(len.data(), 8);
+    client.send_raw(header.data(), header.size());
+    EXPECT_THROW_MSG(server.recv(), c10::ValueError,
+                     "the quantized dtype \"torch.quint4x2\" cannot be sent through the pipe");
+  }
+  {
+    auto [server, client] = pair_of(fast_options(false), fast_options(false));
+    auto q = at::quantize_per_tensor(at::ones({4}), 0.1, 0, at::kQUInt8);
+    EXPECT_THROW_MSG(client.send(TensorDict({{"q", q}}, {})), c10::ValueError,
+                     "leaf 'q' has the quantized dtype torch.quint8, which the pipe cannot carry");
+  }
 }
 
 TEST(Pipe, PeerClosingMidMessageFailsWithinTheTimeout) {
