@@ -109,16 +109,19 @@ struct Schema {
   int64_t payload_bytes = 0;  // the sum of the leaves, or the consolidated storage's size
 };
 
-Schema schema_of(const TensorDict& td, const at::Tensor* storage) {
+using WireLeaves = std::vector<std::pair<std::vector<std::string>, at::Tensor>>;
+
+// The schema of `leaves` (a wire_order()), and with `storage`, of their consolidated layout.
+Schema schema_of(const WireLeaves& leaves, const at::Tensor* storage) {
   Schema s;
   s.mode = storage ? Mode::kConsolidated : Mode::kPerLeaf;
-  for (auto& [path, leaf] : wire_order(td)) {
+  for (const auto& [path, leaf] : leaves) {
     // Quantized storage is not numel * element size bytes (quint4x2 packs two per byte).
     TORCH_CHECK_VALUE(!c10::isQIntType(leaf.scalar_type()), "checked=True: leaf ",
                       NestedKey(path).str(), " has the quantized dtype ",
                       dtype_name(leaf.scalar_type()), ", which checked transfers cannot carry");
     LeafSchema l;
-    l.path = std::move(path);
+    l.path = path;
     l.dtype = dtype_name(leaf.scalar_type());
     l.sizes = leaf.sizes().vec();
     l.nbytes = leaf.numel() * static_cast<int64_t>(leaf.element_size());
@@ -382,11 +385,12 @@ std::vector<WorkPtr> post_checked_send(const TensorDict& td, const Peer& peer, i
   if (consolidated) {
     TensorDict c = is_consolidated(td) ? td : consolidate(td);
     at::Tensor storage = consolidated_storage(c);
-    schema = schema_of(c, &storage);
+    schema = schema_of(wire_order(c), &storage);
     payload.push_back(bytes_of(storage.contiguous()));
   } else {
-    schema = schema_of(td, nullptr);
-    for (const auto& [path, leaf] : wire_order(td)) {
+    const WireLeaves leaves = wire_order(td);
+    schema = schema_of(leaves, nullptr);
+    for (const auto& [path, leaf] : leaves) {
       if (leaf.numel() > 0) payload.push_back(bytes_of(sendable(leaf)));
     }
   }
@@ -418,11 +422,12 @@ std::vector<WorkPtr> post_checked_recv(const char* call, const TensorDict& td, c
   std::vector<at::Tensor> targets;  // what the payload lands in, in wire order
   if (consolidated) {
     at::Tensor storage = consolidated_storage(td);
-    mine = schema_of(td, &storage);
+    mine = schema_of(wire_order(td), &storage);
     targets.push_back(storage);
   } else {
-    mine = schema_of(td, nullptr);
-    for (const auto& [path, leaf] : wire_order(td)) {
+    const WireLeaves leaves = wire_order(td);
+    mine = schema_of(leaves, nullptr);
+    for (const auto& [path, leaf] : leaves) {
       check_writable(call, leaf, "receive into", "receiver");
       targets.push_back(leaf);
     }
