@@ -21,6 +21,9 @@ namespace {
 // the loop thread and the local UCX state, so seconds mean something is badly wrong.
 constexpr Millis kTeardownGrace{5000};
 
+// How many ucp_worker_progress calls the loop makes before it looks at posted tasks again.
+constexpr int kProgressBurst = 64;
+
 void check_ucs(ucs_status_t status, const char* what) {
   TORCH_CHECK(status == UCS_OK, "pipe: ", what, " failed: ", ucs_status_string(status));
 }
@@ -127,13 +130,16 @@ void Worker::loop() {
     }
     for (auto& task : batch) task();
     batch.clear();
-    while (ucp_worker_progress(worker_) != 0) {
-    }
+    // Bounded: while a peer streams faster than we read, UCX always has more to queue, and an
+    // unbounded drain would starve the posted tasks (the receives that would consume it).
+    bool idle = false;
+    for (int i = 0; i < kProgressBurst && !idle; ++i) idle = ucp_worker_progress(worker_) == 0;
     {
       std::lock_guard<std::mutex> lk(mu_);
       if (!tasks_.empty()) continue;
       if (stop_) break;
     }
+    if (!idle) continue;
     // Sleep in the kernel until UCX or post() has something; the poll timeout only bounds the
     // cost of an event UCX might not signal.
     if (ucp_worker_arm(worker_) == UCS_ERR_BUSY) continue;

@@ -1,8 +1,10 @@
 // Fault injection on the UCX pipe: a producer SIGKILLed in the middle of a 64 MB message, and a
 // TensorDictServer with four clients of which one is SIGKILLed mid-message. The survivors must
 // raise (or, for the other clients, carry on) within the pipe timeout, with an error naming the
-// peer or the timeout, and end cleanly.
+// peer or the timeout, and end cleanly. Last, a consumer that starts reading late while its
+// producer floods it must still receive every message in order.
 #include <ATen/ATen.h>
+#include <sched.h>
 #include <c10/util/Exception.h>
 #include <gtest/gtest.h>
 
@@ -273,6 +275,98 @@ TEST(PipeFault, ServerKeepsServingWhenAClientIsKilled) {
               f.peer.c_str(), after_kill_ms, f.error.c_str(), (long long)rounds[0],
               (long long)rounds_after[0], (long long)rounds[1], (long long)rounds_after[1],
               (long long)rounds[2], (long long)rounds_after[2]);
+}
+
+// ---- a producer that floods a consumer who reads late -----------------------------------------
+
+// UCX reads everything the peer sends into its own queue, whether a receive is posted or not.
+// A progress loop that drained UCX until it was idle never got round to posting the consumer's
+// receive while the producer kept sending: the receive timed out with gigabytes queued (seen in
+// CI as a flaky Python pipe test). The consumer here starts reading only once the producer has
+// been flooding for a while; every receive must still complete, in order. Both processes share
+// one CPU, so that the consumer's UCX thread falls behind (on idle cores it often keeps up, and
+// the old loop passed by luck).
+constexpr int64_t kFloodElems = int64_t{1} << 20;  // float32: 4 MB messages
+constexpr int kFloodReads = 200;
+constexpr auto kFloodTimeout = 3s;                   // each receive
+constexpr auto kFloodFor = 2 * kFloodTimeout;        // the producer never pauses for longer
+
+// Pins the calling thread to the lowest CPU it may use, and so the processes it forks from now
+// on (they inherit the mask); returns the old mask.
+cpu_set_t pin_to_one_cpu() {
+  cpu_set_t allowed;
+  CPU_ZERO(&allowed);
+  if (::sched_getaffinity(0, sizeof(allowed), &allowed) != 0) return allowed;
+  for (int cpu = 0; cpu < CPU_SETSIZE; ++cpu) {
+    if (!CPU_ISSET(cpu, &allowed)) continue;
+    cpu_set_t one;
+    CPU_ZERO(&one);
+    CPU_SET(cpu, &one);
+    ::sched_setaffinity(0, sizeof(one), &one);
+    break;
+  }
+  return allowed;
+}
+
+void flood_consumer_role() {
+  PipeOptions o = options();
+  o.timeout = kFloodTimeout;
+  Pipe pipe = Pipe::listen(0, "127.0.0.1", o);
+  write_file(role_dir() + "/port", std::to_string(pipe.port()));
+  std::string report = "ok";
+  try {
+    pipe.accept();
+    if (!await_file(role_dir() + "/flooding", 30s)) std::abort();
+    for (int k = 0; k < kFloodReads; ++k) {
+      TensorDict td = pipe.recv();
+      const at::Tensor x = td.get("x").tensor();
+      if (x[0].item<float>() != k || x[kFloodElems - 1].item<float>() != k) {
+        report = "message " + std::to_string(k) + " holds " + std::to_string(x[0].item<float>());
+        break;
+      }
+    }
+  } catch (const c10::Error& e) {
+    report = e.msg();
+  }
+  pipe.close();
+  write_file(role_dir() + "/report", report);
+}
+
+void flood_producer_role() {
+  PipeOptions o = options();
+  o.linger = 0s;
+  Pipe pipe = Pipe::connect("127.0.0.1", std::stoi(*env("TD_FAULT_PORT")), o);
+  TensorDict td = tensordict::consolidate(TensorDict({{"x", at::zeros({kFloodElems})}}));
+  at::Tensor x = td.get("x").tensor();
+  const auto start = Clock::now();
+  try {
+    for (int k = 0; Clock::now() - start < kFloodFor; ++k) {
+      x.fill_(static_cast<float>(k));
+      pipe.send(td);
+      if (k == 100) write_file(role_dir() + "/flooding", "");
+    }
+  } catch (const std::exception&) {  // the consumer closed: it has what it wanted
+  }
+}
+
+TEST(PipeFault, LateConsumerKeepsUpWithAFloodingProducer) {
+  if (auto r = role()) {
+    *r == "consumer" ? flood_consumer_role() : flood_producer_role();
+    return;
+  }
+  TempDir dir;
+  const cpu_set_t all_cpus = pin_to_one_cpu();
+  const pid_t consumer = spawn_role("consumer", dir.path);
+  const auto port = await_file(dir.path + "/port", 30s);
+  const pid_t producer =
+      port ? spawn_role("producer", dir.path, {{"TD_FAULT_PORT", *port}}) : pid_t{-1};
+  ::sched_setaffinity(0, sizeof(all_cpus), &all_cpus);
+  ASSERT_TRUE(port.has_value()) << "the consumer did not listen";
+  const auto consumer_status = wait_child(consumer, 60s);
+  const auto producer_status = wait_child(producer, 60s);
+  EXPECT_TRUE(exited_cleanly(consumer_status)) << describe(consumer_status);
+  EXPECT_TRUE(exited_cleanly(producer_status)) << describe(producer_status);
+  EXPECT_EQ(read_file(dir.path + "/report").value_or("<no report>"), "ok");
 }
 
 }  // namespace
