@@ -48,6 +48,12 @@ inline uint64_t touch(const TensorDict& td, const at::Tensor* storage = nullptr)
   return sum;
 }
 
+// Metadata equality for round-trip checks: a non-tensor entry holding NaN is never == itself,
+// so equal text counts too.
+inline bool same_metadata(const Metadata& a, const Metadata& b) {
+  return a == b || metadata_to_json(a) == metadata_to_json(b);
+}
+
 // A uint8 storage holding exactly `bytes` at a storage offset of `offset` (0..7) into an
 // allocation of exactly offset + size bytes, so that a read past the end is caught.
 inline at::Tensor storage_of(std::string_view bytes, int64_t offset) {

@@ -74,6 +74,14 @@ def tds():
     nt = TensorDict(a=torch.ones(2), batch_size=[2])
     nt["text"] = NonTensorData("hello", batch_size=[2])
     out.append(("non_tensor", nt))
+    # Non-tensor entries at three levels, with every kind of JSON-like data (NaN included).
+    nts = TensorDict(x=torch.arange(3), batch_size=[3])
+    nts.set_non_tensor("label", "h\u00e9llo \U0001f600")
+    nts.set_non_tensor(("cfg", "opt"), {"lr": 1e-07, "betas": [0.9, 0.999], "nan": float("nan"),
+                                        "inf": float("-inf"), "flag": True, "none": None})
+    nts.set_non_tensor(("cfg", "deep", "ids"), [1, -2, 9223372036854775807, [], {}])
+    nts["cfg", "w"] = torch.ones(3, 2)
+    out.append(("non_tensors_nested", nts))
     try:
         out.append(("lazy_stack", LazyStackedTensorDict.lazy_stack(
             [TensorDict(a=torch.ones(2)), TensorDict(a=torch.zeros(2))], 0)))
@@ -214,7 +222,8 @@ def main():
                    '"leaves"', '"cls_metadata"', '"batch_size"', '"names"', '"device"',
                    '"is_locked"', '"_total_bytes"', '"_device"', '"_storage_device"', '"size"',
                    '"cpu"', '"cuda:0"', "null", "true", "false", "[]", "{}", ", ", ": ",
-                   "9223372036854775807", "-1", "18446744073709551615", "1e308", '"\\ud800"']
+                   "9223372036854775807", "-1", "18446744073709551615", "1e308", '"\\ud800"',
+                   "NaN", "Infinity", "-Infinity", "1e-07", "-0.0"]
     json_tokens += [f'"{d}"' for d in (
         "torch.float16", "torch.float32", "torch.float64", "torch.bfloat16", "torch.int8",
         "torch.int16", "torch.int32", "torch.int64", "torch.uint8", "torch.uint16",

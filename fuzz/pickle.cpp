@@ -55,7 +55,7 @@ extern "C" int LLVMFuzzerTestOneInput(const uint8_t* data, size_t size) {
     std::fprintf(stderr, "%s\n", e.what_without_backtrace());
     fuzz::fail("metadata_from_pickle_bytes refused what metadata_to_pickle wrote");
   }
-  if (!(again == metadata)) fuzz::fail("pickle round trip changed the metadata");
+  if (!fuzz::same_metadata(again, metadata)) fuzz::fail("pickle round trip changed the metadata");
 
   // A storage of the size the metadata needs (bounded: a huge but valid layout is not a bug).
   const int64_t needed = metadata_storage_bytes(metadata);

@@ -16,6 +16,7 @@
 #include <sys/mman.h>
 #endif
 
+#include "json_text.h"
 #include "tensor_dict_impl.h"
 #include "tensordict/dtypes.h"
 
@@ -150,7 +151,10 @@ struct Validator {
       TORCH_CHECK_VALUE(keys.insert(key).second, "metadata: key ", path_str(path, key),
                         " appears twice");
     };
-    for (const auto& [key, nt] : m.non_tensors) unique(key);
+    for (const auto& [key, nt] : m.non_tensors) {
+      unique(key);
+      non_tensor(key, nt, batch);
+    }
     for (const auto& [key, leaf_md] : m.leaves) {
       unique(key);
       leaf(key, leaf_md, batch);
@@ -162,6 +166,25 @@ struct Validator {
       path.push_back(key);
       node(child, batch, depth + 1);
       path.pop_back();
+    }
+  }
+
+  void non_tensor(const std::string& key, const NonTensorMetadata& nt, at::IntArrayRef batch) {
+    const at::IntArrayRef bs(nt.batch_size);
+    for (int64_t d : bs) {
+      TORCH_CHECK_VALUE(d >= 0, "metadata: non-tensor entry ", path_str(path, key),
+                        " has a negative dim in its batch_size ", bs);
+    }
+    TORCH_CHECK_VALUE(starts_with(bs, batch), "metadata: non-tensor entry ", path_str(path, key),
+                      " has batch_size ", bs, ", which does not start with the batch size ",
+                      batch);
+    if (nt.device) {
+      try {
+        (void)at::Device(*nt.device);
+      } catch (const std::exception&) {
+        TORCH_CHECK_VALUE(false, "metadata: non-tensor entry ", path_str(path, key),
+                          " has device '", *nt.device, "', which is not a device name");
+      }
     }
   }
 
@@ -241,14 +264,25 @@ struct Planner {
   void node(const TensorDict& td, Metadata& m, int depth, std::vector<at::Tensor>& srcs) {
     m.cls_metadata = cls_metadata_of(td);
     if (device_override && td.device()) m.cls_metadata.device = device_override->str();
-    size_t n_leaves = 0;
-    for (const auto& [key, value] : td.entries()) n_leaves += value.is_tensor();
+    size_t n_leaves = 0, n_children = 0;
+    for (const auto& [key, value] : td.entries()) {
+      n_leaves += value.is_tensor();
+      n_children += value.is_tensordict();
+    }
     m.leaves.reserve(n_leaves);
-    m.children.reserve(td.entries().size() - n_leaves);
+    m.children.reserve(n_children);
     for (const auto& [key, value] : td.entries()) {
       if (value.is_tensor()) {
         m.leaves.emplace_back(key, leaf(key, value.tensor()));
         srcs.push_back(value.tensor());
+        continue;
+      }
+      if (value.is_non_tensor()) {
+        // As the reference records it: (data, batch_size, str(device) or None).
+        const NonTensorData& nt = value.non_tensor();
+        std::optional<std::string> dev;
+        if (nt.device()) dev = (device_override ? *device_override : *nt.device()).str();
+        m.non_tensors.emplace_back(key, NonTensorMetadata{nt.data(), nt.batch_size().vec(), dev});
         continue;
       }
       TORCH_CHECK_VALUE(!is_reserved_node_key(key), "consolidate: nested key ",
@@ -303,7 +337,7 @@ void leaves_in_td_order(const TensorDict& td, const Metadata& m,
   for (const auto& [key, value] : td.entries()) {
     if (value.is_tensor()) {
       out.push_back(&m.leaves[li++].second);
-    } else {
+    } else if (value.is_tensordict()) {
       leaves_in_td_order(value.tensordict(), m.children[ci++].second, out);
     }
   }
@@ -421,6 +455,12 @@ bool views_match(const TensorDict& td, const Metadata& m, const at::Tensor& stor
     const Value* v = impl.find(key);
     if (!v || !v->is_tensordict() || !views_match(v->tensordict(), child, storage)) return false;
   }
+  for (const auto& [key, nt] : m.non_tensors) {
+    const Value* v = impl.find(key);
+    if (!v || !v->is_non_tensor() || !detail::json_identical(v->non_tensor().data(), nt.data)) {
+      return false;
+    }
+  }
   return true;
 }
 
@@ -472,6 +512,10 @@ TensorDict consolidate_impl(const TensorDict& td, const ConsolidateOptions& o) {
     for (const auto& [key, value] : src.entries()) {
       if (value.is_tensor()) {
         impl.put(key, leaf_view(storage, m.leaves[li++].second));
+      } else if (value.is_non_tensor()) {
+        const NonTensorData& nt = value.non_tensor();
+        impl.put(key, moved && nt.device() ? NonTensorData(nt.data(), nt.batch_size().vec(), device)
+                                           : nt);
       } else {
         impl.put(key, self(self, value.tensordict(), m.children[ci++].second));
       }
@@ -487,14 +531,17 @@ TensorDict consolidate_impl(const TensorDict& td, const ConsolidateOptions& o) {
 
 TensorDict rebuild_node(const std::shared_ptr<const Metadata>& root, const Metadata& m,
                         const at::Tensor& storage, std::vector<std::string>& path) {
-  TORCH_CHECK_VALUE(m.non_tensors.empty(), "rebuild: non-tensor entry ",
-                    path_str(path, m.non_tensors.empty() ? "" : m.non_tensors.front().first),
-                    " is not supported yet");
   const auto& cm = m.cls_metadata;
   // The peer's device label is not trusted: the data lives where the storage is.
   TensorDict td = TensorDictImpl::make(
       cm.batch_size, cm.device ? std::optional<at::Device>(storage.device()) : std::nullopt);
   auto& impl = TensorDictImpl::of(td);
+  // Non-tensor entries first, then leaves, then nested nodes: the reference's rebuild order.
+  for (const auto& [key, nt] : m.non_tensors) {
+    impl.put(key, NonTensorData(nt.data, nt.batch_size,
+                                nt.device ? std::optional<at::Device>(storage.device())
+                                          : std::nullopt));
+  }
   for (const auto& [key, leaf] : m.leaves) impl.put(key, leaf_view(storage, leaf));
   for (const auto& [key, child] : m.children) {
     path.push_back(key);

@@ -1,13 +1,12 @@
 // Metadata <-> JSON text. The writer reproduces Python's json.dumps byte for byte (the pipe
 // hashes that text); the reader takes untrusted text from a peer.
 
-#include <nlohmann/json.hpp>
-
 #include <algorithm>
 #include <functional>
 #include <limits>
 
-#include "json_object.h"
+#include "json_text.h"
+#include "metadata_value.h"
 #include "tensordict/consolidate.h"
 #include "tensordict/dtypes.h"
 #include "tensordict/nested_key.h"
@@ -15,62 +14,10 @@
 namespace tensordict {
 namespace {
 
-using Json = detail::OrderedJson;  // indexed: a peer's large object parses in linear time
-
 // ---- writer -------------------------------------------------------------------------------
 
-void append_u_escape(std::string& out, uint32_t unit) {
-  static constexpr char kHex[] = "0123456789abcdef";
-  out += "\\u";
-  for (int shift = 12; shift >= 0; shift -= 4) out += kHex[(unit >> shift) & 0xf];
-}
-
-// Python's json encoder with ensure_ascii=True: \" \\ \n \r \t \b \f, every other character
-// outside ' '..'~' as \uXXXX (lowercase hex, UTF-16 surrogate pairs above U+FFFF).
 void append_string(std::string& out, std::string_view s) {
-  out += '"';
-  for (size_t i = 0; i < s.size();) {
-    const auto c = static_cast<unsigned char>(s[i]);
-    if (c < 0x80) {
-      switch (c) {
-        case '"': out += "\\\""; break;
-        case '\\': out += "\\\\"; break;
-        case '\n': out += "\\n"; break;
-        case '\r': out += "\\r"; break;
-        case '\t': out += "\\t"; break;
-        case '\b': out += "\\b"; break;
-        case '\f': out += "\\f"; break;
-        default:
-          if (c < 0x20 || c == 0x7f) {
-            append_u_escape(out, c);
-          } else {
-            out += static_cast<char>(c);
-          }
-      }
-      ++i;
-      continue;
-    }
-    const int len = c >= 0xf0 ? 4 : c >= 0xe0 ? 3 : c >= 0xc0 ? 2 : 0;
-    uint32_t cp = len == 4 ? c & 0x07 : len == 3 ? c & 0x0f : c & 0x1f;
-    bool ok = len > 0 && c < 0xf5 && i + len <= s.size();
-    for (int k = 1; ok && k < len; ++k) {
-      const auto cc = static_cast<unsigned char>(s[i + k]);
-      ok = (cc & 0xc0) == 0x80;
-      cp = (cp << 6) | (cc & 0x3f);
-    }
-    static constexpr uint32_t kMin[] = {0, 0, 0x80, 0x800, 0x10000};
-    ok = ok && cp >= kMin[len] && cp <= 0x10ffff && !(cp >= 0xd800 && cp <= 0xdfff);
-    TORCH_CHECK_VALUE(ok, "metadata_to_json: the string ", quote_key(s),
-                      " is not valid UTF-8 (byte ", i, ")");
-    if (cp >= 0x10000) {
-      append_u_escape(out, 0xd800 + ((cp - 0x10000) >> 10));
-      append_u_escape(out, 0xdc00 + ((cp - 0x10000) & 0x3ff));
-    } else {
-      append_u_escape(out, cp);
-    }
-    i += len;
-  }
-  out += '"';
+  detail::append_json_string(out, s, "metadata_to_json");
 }
 
 void append_ints(std::string& out, const std::vector<int64_t>& v) {
@@ -119,30 +66,6 @@ class ObjectWriter {
   std::vector<std::pair<std::string_view, std::function<void()>>> members_;
 };
 
-void append_json(std::string& out, const Json& j, bool sort) {
-  switch (j.type()) {
-    case Json::value_t::object: {
-      ObjectWriter w(out, sort);
-      for (const auto& [k, v] : j.items()) w.add(k, [&out, &v, sort] { append_json(out, v, sort); });
-      w.write();
-      break;
-    }
-    case Json::value_t::array:
-      out += '[';
-      for (size_t i = 0; i < j.size(); ++i) {
-        if (i) out += ", ";
-        append_json(out, j[i], sort);
-      }
-      out += ']';
-      break;
-    case Json::value_t::string:
-      append_string(out, j.get_ref<const std::string&>());
-      break;
-    default:  // numbers, booleans, null: nlohmann formats floats as Python's repr does
-      out += j.dump();
-  }
-}
-
 void append_node(std::string& out, const Metadata& m, bool sort, const TransportFields* transport) {
   ObjectWriter node(out, sort);
   node.add("cls", [&] { append_string(out, m.cls); });
@@ -151,7 +74,7 @@ void append_node(std::string& out, const Metadata& m, bool sort, const Transport
     for (const auto& [key, nt] : m.non_tensors) {
       w.add(key, [&] {
         out += '[';
-        append_json(out, Json::parse(nt.data_json), sort);
+        detail::append_json(out, nt.data, sort);
         out += ", ";
         append_ints(out, nt.batch_size);
         out += ", ";
@@ -219,9 +142,12 @@ void append_node(std::string& out, const Metadata& m, bool sort, const Transport
 
 // ---- reader -------------------------------------------------------------------------------
 
-// Bounds the parsed tree (nesting and element count) while nlohmann builds it.
-constexpr int kMaxJsonDepth = 2 * kMaxMetadataDepth + 16;
-constexpr int64_t kMaxJsonValues = 8 * kMaxMetadataEntries;
+using Json = JsonValue;
+
+std::string short_dump(const Json& j) {
+  std::string text = j.dump();
+  return text.size() > 80 ? text.substr(0, 80) + "..." : text;
+}
 
 struct Reader {
   std::vector<std::string> path;
@@ -235,82 +161,86 @@ struct Reader {
     return c10::str(what, " ", NestedKey(std::move(p)).str());
   }
 
-  static const char* type_name(const Json& j) { return j.type_name(); }
+  // JSON's names of the types, as the messages have always said them.
+  static const char* type_name(const Json& j) {
+    if (j.is_null()) return "null";
+    if (j.is_bool()) return "boolean";
+    if (j.is_int() || j.is_float()) return "number";
+    if (j.is_string()) return "string";
+    return j.is_list() ? "array" : "object";
+  }
 
   static int64_t as_int(const Json& j, const std::string& what) {
-    TORCH_CHECK_VALUE(j.is_number_integer(), "metadata: ", what, " must be an integer, got ",
-                      type_name(j), " ", j.dump());
-    TORCH_CHECK_VALUE(!j.is_number_unsigned() ||
-                          j.get<uint64_t>() <= uint64_t(std::numeric_limits<int64_t>::max()),
-                      "metadata: ", what, " is out of range: ", j.dump());
-    return j.get<int64_t>();
+    TORCH_CHECK_VALUE(j.is_int(), "metadata: ", what, " must be an integer, got ", type_name(j),
+                      " ", short_dump(j));
+    return j.as_int();
   }
   static std::vector<int64_t> as_ints(const Json& j, const std::string& what) {
-    TORCH_CHECK_VALUE(j.is_array(), "metadata: ", what, " must be a list of integers, got ",
+    TORCH_CHECK_VALUE(j.is_list(), "metadata: ", what, " must be a list of integers, got ",
                       type_name(j));
     std::vector<int64_t> out;
-    out.reserve(j.size());
-    for (const auto& v : j) out.push_back(as_int(v, what));
+    out.reserve(j.as_list().size());
+    for (const auto& v : j.as_list()) out.push_back(as_int(v, what));
     return out;
   }
   static std::optional<std::string> as_optional_string(const Json& j, const std::string& what) {
     if (j.is_null()) return std::nullopt;
     TORCH_CHECK_VALUE(j.is_string(), "metadata: ", what, " must be a string or null, got ",
                       type_name(j));
-    return j.get<std::string>();
+    return j.as_string();
   }
-  static const Json& object(const Json& j, const std::string& what) {
-    TORCH_CHECK_VALUE(j.is_object(), "metadata: ", what, " must be an object, got ", type_name(j));
-    return j;
+  static const Json::Map& object(const Json& j, const std::string& what) {
+    TORCH_CHECK_VALUE(j.is_map(), "metadata: ", what, " must be an object, got ", type_name(j));
+    return j.as_map();
   }
 
   LeafMetadata leaf(const std::string& key, const Json& j) const {
     const auto what = at("leaf", key);
-    TORCH_CHECK_VALUE(j.is_array(), "metadata: ", what, " must be [dtype, shape, start, stop, pad], got ",
+    TORCH_CHECK_VALUE(j.is_list(), "metadata: ", what, " must be [dtype, shape, start, stop, pad], got ",
                       type_name(j));
-    TORCH_CHECK_VALUE(j.size() != 6, "metadata: ", what,
+    const auto& l = j.as_list();
+    TORCH_CHECK_VALUE(l.size() != 6, "metadata: ", what,
                       " is a nested (jagged) tensor part, which is not supported");
-    TORCH_CHECK_VALUE(j.size() == 5, "metadata: ", what,
-                      " must be [dtype, shape, start, stop, pad], got ", j.size(), " elements");
-    TORCH_CHECK_VALUE(j[0].is_string(), "metadata: the dtype of ", what, " must be a string, got ",
-                      type_name(j[0]));
-    const auto& name = j[0].get_ref<const std::string&>();
+    TORCH_CHECK_VALUE(l.size() == 5, "metadata: ", what,
+                      " must be [dtype, shape, start, stop, pad], got ", l.size(), " elements");
+    TORCH_CHECK_VALUE(l[0].is_string(), "metadata: the dtype of ", what, " must be a string, got ",
+                      type_name(l[0]));
+    const auto& name = l[0].as_string();
     const auto dtype = dtype_from_name(name);
     TORCH_CHECK_VALUE(dtype, "metadata: ", what, " has the unknown dtype ", quote_key(name));
-    return LeafMetadata{*dtype, as_ints(j[1], "the shape of " + what),
-                        as_int(j[2], "the start of " + what), as_int(j[3], "the stop of " + what),
-                        as_int(j[4], "the pad of " + what)};
+    return LeafMetadata{*dtype, as_ints(l[1], "the shape of " + what),
+                        as_int(l[2], "the start of " + what), as_int(l[3], "the stop of " + what),
+                        as_int(l[4], "the pad of " + what)};
   }
 
   NonTensorMetadata non_tensor(const std::string& key, const Json& j) const {
-    const auto what = at("non-tensor", key);
-    TORCH_CHECK_VALUE(j.is_array() && j.size() == 3, "metadata: ", what,
-                      " must be [data, batch_size, device]");
-    std::string data;
-    append_json(data, j[0], false);
-    return NonTensorMetadata{std::move(data), as_ints(j[1], "the batch_size of " + what),
-                             as_optional_string(j[2], "the device of " + what)};
+    const auto what = at("non-tensor entry", key);
+    TORCH_CHECK_VALUE(j.is_list() && j.as_list().size() == 3, "metadata: ", what,
+                      " must be [data, batch_size, device], got ", type_name(j), " ",
+                      short_dump(j));
+    const auto& l = j.as_list();
+    return NonTensorMetadata{l[0], as_ints(l[1], "the batch_size of " + what),
+                             as_optional_string(l[2], "the device of " + what)};
   }
 
   ClsMetadata cls_metadata(const Json& j) const {
     const auto what = at("cls_metadata");
-    object(j, what);
     ClsMetadata cm;
     bool has_batch_size = false, has_names = false;
-    for (const auto& [k, v] : j.items()) {
+    for (const auto& [k, v] : object(j, what)) {
       if (k == "device") {
         cm.device = as_optional_string(v, "the device in " + what);
       } else if (k == "names") {
-        TORCH_CHECK_VALUE(v.is_array(), "metadata: the names in ", what, " must be a list");
-        for (const auto& n : v) cm.names.push_back(as_optional_string(n, "a name in " + what));
+        TORCH_CHECK_VALUE(v.is_list(), "metadata: the names in ", what, " must be a list");
+        for (const auto& n : v.as_list()) cm.names.push_back(as_optional_string(n, "a name in " + what));
         has_names = true;
       } else if (k == "batch_size") {
         cm.batch_size = as_ints(v, "the batch_size in " + what);
         has_batch_size = true;
       } else if (k == "is_locked") {
-        TORCH_CHECK_VALUE(v.is_boolean(), "metadata: is_locked in ", what, " must be a bool, got ",
+        TORCH_CHECK_VALUE(v.is_bool(), "metadata: is_locked in ", what, " must be a bool, got ",
                           type_name(v));
-        cm.is_locked = v.get<bool>();
+        cm.is_locked = v.as_bool();
       } else {
         TORCH_CHECK_VALUE(false, "metadata: ", what, " has the unexpected field ", quote_key(k));
       }
@@ -321,50 +251,48 @@ struct Reader {
   }
 
   Metadata node(const Json& j, int depth, TransportFields* transport) {
-    object(j, at("the node"));
+    const auto& members = object(j, at("the node"));
     TORCH_CHECK_VALUE(depth <= kMaxMetadataDepth, "metadata: ", at("the node"),
                       " is nested deeper than ", kMaxMetadataDepth, " levels");
     Metadata m;
     int seen = 0;  // bit per required field
-    for (const auto& [k, v] : j.items()) {
+    for (const auto& [k, v] : members) {
       if (k == "cls") {
         TORCH_CHECK_VALUE(v.is_string(), "metadata: ", at("cls"), " must be a string, got ",
                           type_name(v));
-        m.cls = v.get<std::string>();
+        m.cls = v.as_string();
         seen |= 1;
       } else if (k == "non_tensors") {
-        for (const auto& [nk, nv] : object(v, at("non_tensors")).items()) {
+        for (const auto& [nk, nv] : object(v, at("non_tensors"))) {
           m.non_tensors.emplace_back(nk, non_tensor(nk, nv));
         }
         seen |= 2;
       } else if (k == "leaves") {
-        for (const auto& [lk, lv] : object(v, at("leaves")).items()) {
+        for (const auto& [lk, lv] : object(v, at("leaves"))) {
           m.leaves.emplace_back(lk, leaf(lk, lv));
         }
         seen |= 4;
       } else if (k == "cls_metadata") {
         m.cls_metadata = cls_metadata(v);
         seen |= 8;
-      } else if (!v.is_object() && ((depth == 0 && k.starts_with("_")) || k == "size")) {
+      } else if (!v.is_map() && ((depth == 0 && k.starts_with("_")) || k == "size")) {
         // Transport fields ("_total_bytes", "_storage_device", ...) and the file variant's
         // "size" are not nodes; the reference would take them for nodes and crash. A "_" key
         // that holds an object is a nested TensorDict of that name.
         if (transport && depth == 0 && k.starts_with("_")) {
           JsonScalar value = nullptr;
-          if (v.is_boolean()) {
-            value = v.get<bool>();
-          } else if (v.is_number_integer() && !v.is_number_unsigned()) {
-            value = v.get<int64_t>();
-          } else if (v.is_number_unsigned()) {
-            value = as_int(v, at("the transport field", k));
+          if (v.is_bool()) {
+            value = v.as_bool();
+          } else if (v.is_int()) {
+            value = v.as_int();
           } else if (v.is_string()) {
-            value = v.get<std::string>();
+            value = v.as_string();
           }
           transport->emplace_back(k, std::move(value));
         }
       } else {
-        TORCH_CHECK_VALUE(v.is_object(), "metadata: ", at("the key", k),
-                          " holds a ", type_name(v), ", not a nested node");
+        TORCH_CHECK_VALUE(v.is_map(), "metadata: ", at("the key", k), " holds a ", type_name(v),
+                          ", not a nested node");
         path.push_back(k);
         auto child = node(v, depth + 1, nullptr);
         path.pop_back();
@@ -390,23 +318,22 @@ std::string metadata_to_json(const Metadata& metadata, bool sort_keys,
 Metadata metadata_from_json(std::string_view text, TransportFields* transport) {
   TORCH_CHECK_VALUE(text.size() <= kMaxMetadataJsonBytes, "metadata: ", text.size(),
                     " bytes of JSON, more than the limit of ", kMaxMetadataJsonBytes);
-  int64_t values = 0;
-  const Json::parser_callback_t bound = [&](int depth, Json::parse_event_t, Json&) {
-    TORCH_CHECK_VALUE(depth <= kMaxJsonDepth, "metadata: JSON nested deeper than ", kMaxJsonDepth);
-    TORCH_CHECK_VALUE(++values <= kMaxJsonValues, "metadata: more than ", kMaxJsonValues,
-                      " JSON values");
-    return true;
-  };
-  Json j;
-  try {
-    j = Json::parse(text.begin(), text.end(), bound);
-  } catch (const Json::exception& e) {
-    TORCH_CHECK_VALUE(false, "metadata: invalid JSON: ", e.what());
-  }
+  const JsonValue j = detail::parse_json(
+      text, detail::JsonLimits{.max_depth = detail::kMaxMetadataJsonDepth,
+                               .max_values = detail::kMaxMetadataJsonValues},
+      "metadata");
+  return detail::metadata_from_value(j, transport);
+}
+
+namespace detail {
+
+Metadata metadata_from_value(const JsonValue& value, TransportFields* transport) {
   if (transport) transport->clear();
-  Metadata m = Reader{}.node(j, 0, transport);
+  Metadata m = Reader{}.node(value, 0, transport);
   metadata_storage_bytes(m);  // validates
   return m;
 }
+
+}  // namespace detail
 
 }  // namespace tensordict

@@ -6,6 +6,7 @@
 #include <algorithm>
 #include <sstream>
 
+#include "json_text.h"
 #include "tensordict/dtypes.h"
 #include "tensordict/tensor_dict.h"
 
@@ -49,12 +50,48 @@ std::string tensor_repr(const at::Tensor& t) {
          ")";
 }
 
+// The first or last `n` characters (code points) of UTF-8 text.
+std::string_view utf8_head(std::string_view s, size_t n) {
+  size_t i = 0;
+  for (size_t k = 0; k < n && i < s.size(); ++k) {
+    do ++i; while (i < s.size() && (static_cast<unsigned char>(s[i]) & 0xc0) == 0x80);
+  }
+  return s.substr(0, i);
+}
+
+std::string_view utf8_tail(std::string_view s, size_t n) {
+  size_t i = s.size();
+  for (size_t k = 0; k < n && i > 0; ++k) {
+    do --i; while (i > 0 && (static_cast<unsigned char>(s[i]) & 0xc0) == 0x80);
+  }
+  return s.substr(i);
+}
+
+size_t utf8_length(std::string_view s) {
+  size_t n = 0;
+  for (char c : s) n += (static_cast<unsigned char>(c) & 0xc0) != 0x80;
+  return n;
+}
+
+// NonTensorData.__repr__: str(data), cut to its first and last 20 characters past 200.
+std::string non_tensor_repr(const NonTensorData& nt) {
+  std::string data = detail::python_str(nt.data());
+  if (utf8_length(data) > 200) {
+    data = std::string(utf8_head(data, 20)) + "  ...  " + std::string(utf8_tail(data, 20));
+  }
+  return "NonTensorData(data=" + data + ", batch_size=" + size_repr(nt.batch_size()) +
+         ", device=" + device_repr(nt.device()) + ")";
+}
+
 }  // namespace
 
 std::string TensorDict::repr() const {
   std::vector<std::string> fields;
   for (const auto& [key, value] : entries()) {
-    fields.push_back(key + ": " + (value.is_tensor() ? tensor_repr(value.tensor()) : value.tensordict().repr()));
+    fields.push_back(key + ": " +
+                     (value.is_tensor()       ? tensor_repr(value.tensor())
+                      : value.is_non_tensor() ? non_tensor_repr(value.non_tensor())
+                                              : value.tensordict().repr()));
   }
   // The reference sorts the formatted "key: value" strings, not the keys.
   std::sort(fields.begin(), fields.end());

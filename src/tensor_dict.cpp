@@ -17,6 +17,10 @@ void check_batch_prefix(const NestedKey& key, at::IntArrayRef shape, at::IntArra
                     ", which does not start with ", batch_size);
 }
 
+const char* kind_name(const Value& v) {
+  return v.is_tensor() ? "a tensor" : v.is_tensordict() ? "a TensorDict" : "a non-tensor entry";
+}
+
 }  // namespace detail
 
 namespace {
@@ -38,8 +42,18 @@ std::string key_list(const TensorDictImpl& impl) {
 // Brings a value into a level: checks the batch prefix and moves it to the level's device, as
 // the reference does on set.
 Value admit(const TensorDictImpl& level, const NestedKey& full_key, const Value& value) {
-  TORCH_CHECK_TYPE(value.is_tensordict() || value.tensor().defined(), "cannot set key ",
+  TORCH_CHECK_TYPE(!value.is_tensor() || value.tensor().defined(), "cannot set key ",
                    full_key.str(), " to an undefined tensor");
+  if (value.is_non_tensor()) {
+    // An empty batch size means "this level's", as the reference's assignment of a raw value.
+    const NonTensorData& nt = value.non_tensor();
+    std::vector<int64_t> bs = nt.batch_size().empty() ? level.batch_size : nt.batch_size().vec();
+    detail::check_batch_prefix(full_key, bs, level.batch_size);
+    if (bs.size() == nt.batch_size().size() && (!level.device || nt.device() == level.device)) {
+      return value;
+    }
+    return NonTensorData(nt.data(), std::move(bs), level.device ? level.device : nt.device());
+  }
   detail::check_batch_prefix(full_key, detail::entry_shape(value), level.batch_size);
   if (value.is_tensor()) {
     const at::Tensor& t = value.tensor();
@@ -69,7 +83,7 @@ TensorDictImpl* walk(TensorDictImpl* level, const NestedKey& key, bool create, b
     }
     if (!v->is_tensordict()) {
       TD_CHECK_KEY(!for_write && !create, "cannot reach key ", key.str(), ": ",
-                   quote_key(key[i]), " is a tensor, not a TensorDict");
+                   quote_key(key[i]), " is ", detail::kind_name(*v), ", not a TensorDict");
       return nullptr;
     }
     level = &TensorDictImpl::of(v->tensordict());
@@ -86,6 +100,9 @@ void collect(const TensorDict& td, const KeysOptions& opts, const std::vector<st
       // The reference yields a nested level's keys before the level itself.
       if (opts.include_nested) collect(value.tensordict(), opts, path, out);
       if (!opts.leaves_only) out.emplace_back(NestedKey(std::move(path)), value);
+    } else if (value.is_non_tensor()) {
+      // Not a leaf for the reference (its _default_is_leaf counts tensors only).
+      if (!opts.leaves_only) out.emplace_back(NestedKey(std::move(path)), value);
     } else {
       out.emplace_back(NestedKey(std::move(path)), value);
     }
@@ -97,13 +114,18 @@ void collect(const TensorDict& td, const KeysOptions& opts, const std::vector<st
 // ---- Value ---------------------------------------------------------------------------------
 
 const at::Tensor& Value::tensor() const {
-  TORCH_CHECK_TYPE(is_tensor(), "expected a tensor entry, got a TensorDict");
+  TORCH_CHECK_TYPE(is_tensor(), "expected a tensor entry, got ", detail::kind_name(*this));
   return std::get<0>(v_);
 }
 
 const TensorDict& Value::tensordict() const {
-  TORCH_CHECK_TYPE(is_tensordict(), "expected a TensorDict entry, got a tensor");
+  TORCH_CHECK_TYPE(is_tensordict(), "expected a TensorDict entry, got ", detail::kind_name(*this));
   return std::get<1>(v_);
+}
+
+const NonTensorData& Value::non_tensor() const {
+  TORCH_CHECK_TYPE(is_non_tensor(), "expected a non-tensor entry, got ", detail::kind_name(*this));
+  return std::get<2>(v_);
 }
 
 // ---- construction and shape ------------------------------------------------------------------
@@ -156,7 +178,7 @@ Value TensorDict::get(const NestedKey& key) const {
                  key_list(*level));
     if (i + 1 == key.size()) return *v;
     TD_CHECK_KEY(v->is_tensordict(), "key ", key.str(), " not found: ", quote_key(key[i]),
-                 " is a tensor, not a TensorDict");
+                 " is ", detail::kind_name(*v), ", not a TensorDict");
     level = &TensorDictImpl::of(v->tensordict());
   }
   TORCH_INTERNAL_ASSERT(false);
@@ -177,10 +199,28 @@ TensorDict& TensorDict::set(const NestedKey& key, const Value& value) {
   return *this;
 }
 
+TensorDict& TensorDict::set_non_tensor(const NestedKey& key, JsonValue data) {
+  TensorDictImpl* level = walk(impl_.get(), key, true, true);
+  TORCH_CHECK(!level->locked, kLockedMessage);
+  level->consolidated.reset();
+  level->put(key.back(), NonTensorData(std::move(data), level->batch_size, level->device));
+  return *this;
+}
+
+const JsonValue& TensorDict::get_non_tensor(const NestedKey& key) const {
+  const TensorDictImpl* level = walk(impl_.get(), key, false, false);
+  const Value* v = level ? level->find(key.back()) : nullptr;
+  TD_CHECK_KEY(v != nullptr, "key ", key.str(), " not found in TensorDict with keys ",
+               key_list(level ? *level : *impl_));
+  TORCH_CHECK_TYPE(v->is_non_tensor(), "get_non_tensor: key ", key.str(), " holds ",
+                   detail::kind_name(*v), ", not a non-tensor entry");
+  return v->non_tensor().data();
+}
+
 TensorDict& TensorDict::set_(const NestedKey& key, const at::Tensor& tensor) {
   const Value current = get(key);
-  TORCH_CHECK_TYPE(current.is_tensor(), "set_: key ", key.str(),
-                   " holds a TensorDict; set_ writes into an existing tensor");
+  TORCH_CHECK_TYPE(current.is_tensor(), "set_: key ", key.str(), " holds ",
+                   detail::kind_name(current), "; set_ writes into an existing tensor");
   const at::Tensor& dst = current.tensor();
   TORCH_CHECK_VALUE(tensor.sizes() == dst.sizes() || at::is_expandable_to(tensor.sizes(), dst.sizes()),
                     "set_: key ", key.str(), " has shape ", dst.sizes(),
@@ -241,7 +281,8 @@ std::vector<std::string> TensorDict::sorted_keys() const {
 
 bool TensorDict::is_empty() const {
   for (const auto& [key, value] : impl_->entries) {
-    if (value.is_tensor() || !value.tensordict().is_empty()) return false;
+    // A non-tensor entry counts, as in the reference's TensorDict.is_empty.
+    if (!value.is_tensordict() || !value.tensordict().is_empty()) return false;
   }
   return true;
 }

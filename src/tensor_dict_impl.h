@@ -44,10 +44,15 @@ struct TensorDictImpl {
   }
 };
 
-/// The shape an entry contributes to batch checks: a leaf's sizes or a TensorDict's batch size.
+/// The shape an entry contributes to batch checks: a leaf's sizes, a TensorDict's or a
+/// non-tensor entry's batch size.
 inline at::IntArrayRef entry_shape(const Value& v) {
-  return v.is_tensor() ? v.tensor().sizes() : v.tensordict().batch_size();
+  if (v.is_tensor()) return v.tensor().sizes();
+  return v.is_tensordict() ? v.tensordict().batch_size() : v.non_tensor().batch_size();
 }
+
+/// "a tensor", "a TensorDict" or "a non-tensor entry", for messages.
+const char* kind_name(const Value& v);
 
 /// ValueError unless `shape` starts with `batch_size`, naming the key and both shapes.
 void check_batch_prefix(const NestedKey& key, at::IntArrayRef shape, at::IntArrayRef batch_size);

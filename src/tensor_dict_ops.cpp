@@ -6,6 +6,7 @@
 #include <algorithm>
 #include <set>
 
+#include "json_text.h"
 #include "tensor_dict_impl.h"
 
 namespace tensordict {
@@ -37,9 +38,19 @@ std::vector<TensorDict> map_batch(const TensorDict& td, size_t old_dims,
       std::vector<at::Tensor> parts = fn(value.tensor());
       TORCH_INTERNAL_ASSERT(parts.size() == out.size());
       for (size_t i = 0; i < out.size(); ++i) TensorDictImpl::of(out[i]).put(key, parts[i]);
+    } else if (value.is_non_tensor()) {
+      // The data is kept; the batch size follows the level's, as the reference's NonTensorData
+      // does (its extra batch dims, if any, stay after the new ones).
+      const NonTensorData& nt = value.non_tensor();
+      const auto extra = nt.batch_size().slice(td.batch_size().size());
+      for (size_t i = 0; i < out.size(); ++i) {
+        TensorDictImpl::of(out[i]).put(
+            key, NonTensorData(nt.data(), concat(new_batches[i], extra), nt.device()));
+      }
     } else {
       const TensorDict& child = value.tensordict();
-      const auto extra = child.batch_size().slice(old_dims);
+      // new_batches hold this level's batch sizes: keep the child's dims beyond this level's.
+      const auto extra = child.batch_size().slice(td.batch_size().size());
       std::vector<std::vector<int64_t>> child_batches;
       for (const auto& b : new_batches) child_batches.push_back(concat(b, extra));
       auto parts = map_batch(child, old_dims, child_batches, fn);
@@ -55,20 +66,58 @@ TensorDict map_one(const TensorDict& td, std::vector<int64_t> new_batch,
                    [&](const at::Tensor& t) { return std::vector<at::Tensor>{fn(t)}; })[0];
 }
 
+// What map_leaves does with a non-tensor entry.
+enum class NonTensors { kKeep, kMove, kDrop };
+
 // Same structure and batch size, each leaf replaced; used by clone, to, contiguous, ==.
+// Non-tensor entries are kept as they are (the data is immutable, so a copy is a clone), given
+// `device` (kMove, for to(device)), or left out (kDrop, for results that hold only tensors).
 TensorDict map_leaves(const TensorDict& td, const std::function<at::Tensor(const at::Tensor&)>& fn,
-                      std::optional<at::Device> device) {
+                      std::optional<at::Device> device, NonTensors non_tensors = NonTensors::kKeep) {
   TensorDict out = TensorDictImpl::make(td.batch_size().vec(), device);
   for (const auto& [key, value] : td.entries()) {
     if (value.is_tensor()) {
       TensorDictImpl::of(out).put(key, fn(value.tensor()));
+    } else if (value.is_non_tensor()) {
+      const NonTensorData& nt = value.non_tensor();
+      if (non_tensors == NonTensors::kKeep) {
+        TensorDictImpl::of(out).put(key, value);
+      } else if (non_tensors == NonTensors::kMove) {
+        TensorDictImpl::of(out).put(key, NonTensorData(nt.data(), nt.batch_size().vec(), device));
+      }
     } else {
       const TensorDict& child = value.tensordict();
       TensorDictImpl::of(out).put(
-          key, map_leaves(child, fn, device.has_value() ? device : child.device()));
+          key, map_leaves(child, fn, device.has_value() ? device : child.device(), non_tensors));
     }
   }
   return out;
+}
+
+std::string short_dump(const JsonValue& v) {
+  std::string text = v.dump();
+  return text.size() > 60 ? text.substr(0, 60) + "..." : text;
+}
+
+// The non-tensor entry at `key` of each TensorDict, which must hold the same data: stack and
+// cat keep it (there is no NonTensorStack here for differing data).
+const NonTensorData& same_non_tensor(at::ArrayRef<TensorDict> tds, const std::string& key,
+                                     const std::string& path, const char* what) {
+  const Value* v0 = TensorDictImpl::of(tds[0]).find(key);
+  TORCH_INTERNAL_ASSERT(v0 && v0->is_non_tensor());
+  for (size_t i = 1; i < tds.size(); ++i) {
+    const Value* v = TensorDictImpl::of(tds[i]).find(key);
+    TORCH_INTERNAL_ASSERT(v != nullptr);  // the callers checked the key sets
+    TORCH_CHECK_TYPE(v->is_non_tensor(), what, ": key ", path,
+                     " is a non-tensor entry in tensordict 0 but ", detail::kind_name(*v),
+                     " in tensordict ", i);
+    TORCH_CHECK_VALUE(detail::json_identical(v->non_tensor().data(), v0->non_tensor().data()), what,
+                      ": the non-tensor entry ", path, " holds ",
+                      short_dump(v0->non_tensor().data()), " in tensordict 0 but ",
+                      short_dump(v->non_tensor().data()), " in tensordict ", i,
+                      "; only equal non-tensor data can be combined (there is no NonTensorStack)");
+  }
+  return v0->non_tensor();
 }
 
 int64_t wrap(int64_t dim, int64_t ndims) { return c10::maybe_wrap_dim(dim, ndims); }
@@ -262,7 +311,18 @@ std::vector<TensorDict> TensorDict::split(at::IntArrayRef split_sizes, int64_t d
                    [&](const at::Tensor& t) { return t.split_with_sizes(sizes, d); });
 }
 
-TensorDict stack(at::ArrayRef<TensorDict> tds, int64_t dim) {
+namespace {
+
+std::vector<std::string> path_of(std::vector<std::string> prefix, const std::string& key) {
+  prefix.push_back(key);
+  return prefix;
+}
+
+std::string path_str(const std::vector<std::string>& prefix, const std::string& key) {
+  return NestedKey(path_of(prefix, key)).str();
+}
+
+TensorDict stack_at(at::ArrayRef<TensorDict> tds, int64_t dim, const std::vector<std::string>& prefix) {
   TORCH_CHECK_VALUE(!tds.empty(), "stack: expected a non-empty list of TensorDicts");
   const TensorDict& first = tds[0];
   const int64_t d = c10::maybe_wrap_dim(dim, first.batch_dims() + 1);
@@ -278,12 +338,17 @@ TensorDict stack(at::ArrayRef<TensorDict> tds, int64_t dim) {
   nb.insert(nb.begin() + d, static_cast<int64_t>(tds.size()));
   TensorDict out = TensorDictImpl::make(nb, device);
   for (const auto& [key, value] : first.entries()) {
-    if (value.is_tensor()) {
+    if (value.is_non_tensor()) {
+      const NonTensorData& nt = same_non_tensor(tds, key, path_str(prefix, key), "stack");
+      std::vector<int64_t> bs = nt.batch_size().vec();
+      bs.insert(bs.begin() + d, static_cast<int64_t>(tds.size()));
+      TensorDictImpl::of(out).put(key, NonTensorData(nt.data(), std::move(bs), nt.device()));
+    } else if (value.is_tensor()) {
       std::vector<at::Tensor> parts;
       for (const auto& td : tds) {
         const Value v = td.get(key);
-        TORCH_CHECK_TYPE(v.is_tensor(), "stack: key ", quote_key(key),
-                         " is a tensor in tensordict 0 but a TensorDict in another");
+        TORCH_CHECK_TYPE(v.is_tensor(), "stack: key ", path_str(prefix, key),
+                         " is a tensor in tensordict 0 but ", detail::kind_name(v), " in another");
         parts.push_back(v.tensor());
       }
       TensorDictImpl::of(out).put(key, at::stack(parts, d));
@@ -291,17 +356,18 @@ TensorDict stack(at::ArrayRef<TensorDict> tds, int64_t dim) {
       std::vector<TensorDict> parts;
       for (const auto& td : tds) {
         const Value v = td.get(key);
-        TORCH_CHECK_TYPE(v.is_tensordict(), "stack: key ", quote_key(key),
-                         " is a TensorDict in tensordict 0 but a tensor in another");
+        TORCH_CHECK_TYPE(v.is_tensordict(), "stack: key ", path_str(prefix, key),
+                         " is a TensorDict in tensordict 0 but ", detail::kind_name(v),
+                         " in another");
         parts.push_back(v.tensordict());
       }
-      TensorDictImpl::of(out).put(key, stack(parts, d));
+      TensorDictImpl::of(out).put(key, stack_at(parts, d, path_of(prefix, key)));
     }
   }
   return out;
 }
 
-TensorDict cat(at::ArrayRef<TensorDict> tds, int64_t dim) {
+TensorDict cat_at(at::ArrayRef<TensorDict> tds, int64_t dim, const std::vector<std::string>& prefix) {
   TORCH_CHECK_VALUE(!tds.empty(), "cat: expected a non-empty list of TensorDicts");
   const TensorDict& first = tds[0];
   TORCH_CHECK_VALUE(first.batch_dims() > 0, "cat: TensorDicts with batch_size [] cannot be concatenated");
@@ -321,18 +387,40 @@ TensorDict cat(at::ArrayRef<TensorDict> tds, int64_t dim) {
   }
   TensorDict out = TensorDictImpl::make(nb, device);
   for (const auto& [key, value] : first.entries()) {
-    if (value.is_tensor()) {
+    if (value.is_non_tensor()) {
+      const NonTensorData& nt = same_non_tensor(tds, key, path_str(prefix, key), "cat");
+      std::vector<int64_t> bs = nt.batch_size().vec();
+      bs[d] = nb[d];
+      TensorDictImpl::of(out).put(key, NonTensorData(nt.data(), std::move(bs), nt.device()));
+    } else if (value.is_tensor()) {
       std::vector<at::Tensor> parts;
-      for (const auto& td : tds) parts.push_back(td.get(key).tensor());
+      for (const auto& td : tds) {
+        const Value v = td.get(key);
+        TORCH_CHECK_TYPE(v.is_tensor(), "cat: key ", path_str(prefix, key),
+                         " is a tensor in tensordict 0 but ", detail::kind_name(v), " in another");
+        parts.push_back(v.tensor());
+      }
       TensorDictImpl::of(out).put(key, at::cat(parts, d));
     } else {
       std::vector<TensorDict> parts;
-      for (const auto& td : tds) parts.push_back(td.get(key).tensordict());
-      TensorDictImpl::of(out).put(key, cat(parts, d));
+      for (const auto& td : tds) {
+        const Value v = td.get(key);
+        TORCH_CHECK_TYPE(v.is_tensordict(), "cat: key ", path_str(prefix, key),
+                         " is a TensorDict in tensordict 0 but ", detail::kind_name(v),
+                         " in another");
+        parts.push_back(v.tensordict());
+      }
+      TensorDictImpl::of(out).put(key, cat_at(parts, d, path_of(prefix, key)));
     }
   }
   return out;
 }
+
+}  // namespace
+
+TensorDict stack(at::ArrayRef<TensorDict> tds, int64_t dim) { return stack_at(tds, dim, {}); }
+
+TensorDict cat(at::ArrayRef<TensorDict> tds, int64_t dim) { return cat_at(tds, dim, {}); }
 
 // ---- tensor-like operations ---------------------------------------------------------------------
 
@@ -341,7 +429,8 @@ TensorDict TensorDict::clone() const {
 }
 
 TensorDict TensorDict::to(at::Device device) const {
-  return map_leaves(*this, [&](const at::Tensor& t) { return t.to(device); }, device);
+  return map_leaves(*this, [&](const at::Tensor& t) { return t.to(device); }, device,
+                    NonTensors::kMove);
 }
 
 TensorDict TensorDict::to(at::ScalarType dtype) const {
@@ -358,6 +447,8 @@ TensorDict TensorDict::apply(const std::function<at::Tensor(const at::Tensor&)>&
     if (value.is_tensor()) {
       at::Tensor r = fn(value.tensor());
       if (r.defined()) out.set(key, r);
+    } else if (value.is_non_tensor()) {
+      out.set(key, value);  // the reference's apply passes non-tensors through
     } else {
       out.set(key, value.tensordict().apply(fn));
     }
@@ -370,15 +461,20 @@ TensorDict TensorDict::apply(
     const TensorDict& other) const {
   TensorDict out = TensorDictImpl::make(batch_size().vec(), device());
   for (const auto& [key, value] : entries()) {
+    if (value.is_non_tensor()) {
+      out.set(key, value);  // passed through, as by the one-argument apply
+      continue;
+    }
     const Value o = other.get(key);
     if (value.is_tensor()) {
-      TORCH_CHECK_TYPE(o.is_tensor(), "apply: key ", quote_key(key),
-                       " is a tensor here but a TensorDict in the other TensorDict");
+      TORCH_CHECK_TYPE(o.is_tensor(), "apply: key ", quote_key(key), " is a tensor here but ",
+                       detail::kind_name(o), " in the other TensorDict");
       at::Tensor r = fn(value.tensor(), o.tensor());
       if (r.defined()) out.set(key, r);
     } else {
       TORCH_CHECK_TYPE(o.is_tensordict(), "apply: key ", quote_key(key),
-                       " is a TensorDict here but a tensor in the other TensorDict");
+                       " is a TensorDict here but ", detail::kind_name(o),
+                       " in the other TensorDict");
       out.set(key, value.tensordict().apply(fn, o.tensordict()));
     }
   }
@@ -388,8 +484,14 @@ TensorDict TensorDict::apply(
 TensorDict& TensorDict::update(const TensorDict& other, UpdateOptions options) {
   for (const auto& [key, value] : other.entries()) {
     const Value mine = get(key, at::Tensor());
-    const bool have = mine.is_tensordict() || mine.tensor().defined();
-    if (value.is_tensordict()) {
+    const bool have = !mine.is_tensor() || mine.tensor().defined();
+    if (value.is_non_tensor()) {
+      // An equal entry is left alone: no write, so a locked or consolidated TensorDict stays so.
+      const bool same = have && mine.is_non_tensor() &&
+                        detail::json_identical(mine.non_tensor().data(), value.non_tensor().data()) &&
+                        mine.non_tensor().batch_size() == value.non_tensor().batch_size();
+      if (!same) set(key, value);
+    } else if (value.is_tensordict()) {
       if (have && mine.is_tensordict()) {
         TensorDict(mine.tensordict()).update(value.tensordict(), options);
       } else {
@@ -408,15 +510,17 @@ TensorDict& TensorDict::zero_() {
   for (const auto& [key, value] : entries()) {
     if (value.is_tensor()) {
       at::Tensor(value.tensor()).zero_();
-    } else {
+    } else if (value.is_tensordict()) {
       TensorDict(value.tensordict()).zero_();
-    }
+    }  // non-tensor entries are left as they are, as by the reference
   }
   return *this;
 }
 
 TensorDict& TensorDict::fill_(const NestedKey& key, const at::Scalar& value) {
   const Value v = get(key);
+  TORCH_CHECK_TYPE(!v.is_non_tensor(), "fill_: key ", key.str(),
+                   " holds a non-tensor entry, which cannot be filled");
   if (v.is_tensor()) {
     at::Tensor(v.tensor()).fill_(value);
   } else {
@@ -427,22 +531,54 @@ TensorDict& TensorDict::fill_(const NestedKey& key, const at::Scalar& value) {
   return *this;
 }
 
+namespace {
+
+// a == b (or !=) key by key. Two non-tensor entries compare their data, giving a bool tensor
+// of their batch size, as the reference's NonTensorData.__eq__ does.
+TensorDict compare(const TensorDict& a, const TensorDict& b, bool eq, const char* what) {
+  check_same_keys(a, b, what);
+  TensorDict out = TensorDictImpl::make(a.batch_size().vec(), a.device());
+  for (const auto& [key, value] : a.entries()) {
+    const Value& o = *TensorDictImpl::of(b).find(key);
+    TORCH_CHECK_TYPE(value.is_tensor() == o.is_tensor() &&
+                         value.is_non_tensor() == o.is_non_tensor(),
+                     what, ": key ", quote_key(key), " is ", detail::kind_name(value),
+                     " in the first TensorDict but ", detail::kind_name(o), " in the second");
+    if (value.is_tensor()) {
+      out.set(key, eq ? at::eq(value.tensor(), o.tensor()) : at::ne(value.tensor(), o.tensor()));
+    } else if (value.is_non_tensor()) {
+      const NonTensorData& nt = value.non_tensor();
+      const bool same = nt.data() == o.non_tensor().data();
+      out.set(key, at::full(nt.batch_size(), same == eq,
+                            at::TensorOptions().dtype(at::kBool).device(
+                                nt.device().value_or(at::Device(at::kCPU)))));
+    } else {
+      out.set(key, compare(value.tensordict(), o.tensordict(), eq, what));
+    }
+  }
+  return out;
+}
+
+}  // namespace
+
 TensorDict TensorDict::operator==(const TensorDict& other) const {
-  check_same_keys(*this, other, "==");
-  return apply([](const at::Tensor& a, const at::Tensor& b) { return at::eq(a, b); }, other);
+  return compare(*this, other, true, "==");
 }
 
 TensorDict TensorDict::operator!=(const TensorDict& other) const {
-  check_same_keys(*this, other, "!=");
-  return apply([](const at::Tensor& a, const at::Tensor& b) { return at::ne(a, b); }, other);
+  return compare(*this, other, false, "!=");
 }
 
+// Non-tensor entries are left out of a comparison with a scalar (the reference's result for
+// them is an empty TensorDict, which says nothing).
 TensorDict TensorDict::operator==(const at::Scalar& other) const {
-  return map_leaves(*this, [&](const at::Tensor& t) { return at::eq(t, other); }, device());
+  return map_leaves(*this, [&](const at::Tensor& t) { return at::eq(t, other); }, device(),
+                    NonTensors::kDrop);
 }
 
 TensorDict TensorDict::operator!=(const at::Scalar& other) const {
-  return map_leaves(*this, [&](const at::Tensor& t) { return at::ne(t, other); }, device());
+  return map_leaves(*this, [&](const at::Tensor& t) { return at::ne(t, other); }, device(),
+                    NonTensors::kDrop);
 }
 
 bool TensorDict::all() const {
@@ -460,6 +596,21 @@ bool TensorDict::any() const {
 }
 
 bool TensorDict::allclose(const TensorDict& other, double rtol, double atol, bool equal_nan) const {
+  // Non-tensor entries must hold equal data at the same keys.
+  const auto non_tensors = [](const TensorDict& td) {
+    std::vector<std::pair<NestedKey, Value>> out;
+    for (auto& [k, v] : td.items({.include_nested = true})) {
+      if (v.is_non_tensor()) out.emplace_back(std::move(k), std::move(v));
+    }
+    return out;
+  };
+  const auto my_nt = non_tensors(*this);
+  const auto their_nt = non_tensors(other);
+  if (my_nt.size() != their_nt.size()) return false;
+  for (const auto& [key, value] : my_nt) {
+    const Value o = other.get(key, at::Tensor());
+    if (!o.is_non_tensor() || !(o.non_tensor().data() == value.non_tensor().data())) return false;
+  }
   const auto mine = items({.include_nested = true, .leaves_only = true});
   const auto theirs = other.items({.include_nested = true, .leaves_only = true});
   if (mine.size() != theirs.size()) return false;

@@ -11,7 +11,8 @@
 //   td_layout dumps META.json [--sort]
 //       Parses metadata (with its transport fields) and prints it again.
 // SPEC: node = {"batch_size": [..], "device": str|null, "locked": bool, "entries": [[key, item]]},
-// item = node | {"dtype": "torch.float32", "shape": [..], "offset": byte offset in DATA.bin,
+// item = node | {"non_tensor": data, "batch_size": [..] (optional: the level's)} |
+// {"dtype": "torch.float32", "shape": [..], "offset": byte offset in DATA.bin,
 // "ops": [["t", d0, d1] | ["slice", dim, start, stop, step] | ["select", dim, i] |
 // ["expand", [..]]]}: the leaf is DATA[offset:] viewed as dtype and shape, then the ops applied.
 // Errors: "<Python exception name>: message" on stderr, exit status 2.
@@ -61,6 +62,11 @@ TensorDict build(const Json& node, const at::Tensor& data) {
       entries.emplace_back(key, build(item, data));
       continue;
     }
+    if (item.contains("non_tensor")) {
+      entries.emplace_back(key, NonTensorData(JsonValue::parse(item.at("non_tensor").dump()),
+                                              item.value("batch_size", std::vector<int64_t>{})));
+      continue;
+    }
     const auto dtype = *dtype_from_name(item.at("dtype").get<std::string>());
     const auto shape = item.at("shape").get<std::vector<int64_t>>();
     int64_t numel = 1;
@@ -95,6 +101,14 @@ Json describe(const TensorDict& td, const at::Tensor& storage, std::string& blob
   for (const auto& [key, value] : td.entries()) {
     if (value.is_tensordict()) {
       entries.push_back({key, describe(value.tensordict(), storage, blob)});
+      continue;
+    }
+    if (value.is_non_tensor()) {
+      const NonTensorData& nt = value.non_tensor();
+      entries.push_back({key,
+                         {{"non_tensor", Json::parse(nt.data().dump())},
+                          {"batch_size", nt.batch_size().vec()},
+                          {"device", nt.device() ? Json(nt.device()->str()) : Json(nullptr)}}});
       continue;
     }
     const at::Tensor& t = value.tensor();

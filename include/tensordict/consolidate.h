@@ -42,10 +42,10 @@ struct LeafMetadata {
   bool operator==(const LeafMetadata&) const = default;
 };
 
-/// One entry of a node's "non_tensors": [data, batch_size, device]. Non-tensor entries are not
-/// TensorDict values yet: the field is parsed and re-serialised, but rebuild() refuses it.
+/// One entry of a node's "non_tensors": [data, batch_size, device], a NonTensorData entry of
+/// that level (rebuild() restores it).
 struct NonTensorMetadata {
-  std::string data_json = "null";  // the data as JSON text
+  JsonValue data;
   std::vector<int64_t> batch_size;
   std::optional<std::string> device;
   bool operator==(const NonTensorMetadata&) const = default;
@@ -90,8 +90,9 @@ inline constexpr size_t kMaxMetadataJsonBytes = size_t{256} << 20;
 /// A consolidated copy of `td`: one uint8 storage holding every leaf in depth-first insertion
 /// order, each C-contiguous and followed by zero bytes up to a multiple of 8; the result's
 /// leaves (nested levels included) are views of it. The result is locked and carries the state
-/// at its root, as the reference's does. Returns `td` itself when it is already consolidated.
-/// Throws ValueError for a dtype the wire cannot name (float8, quantized, ...), a leaf whose
+/// at its root, as the reference's does. Non-tensor entries take no bytes: each node's
+/// "non_tensors" records them, and the result keeps them where `td` has them. Returns `td`
+/// itself when it is already consolidated. Throws ValueError for a dtype the wire cannot name (float8, quantized, ...), a leaf whose
 /// offset cannot be viewed as its dtype (a complex128 starting at 8 mod 16: the reference
 /// raises too), a nested key that collides with the metadata's own names, or bad options;
 /// TypeError for a sparse or nested-tensor leaf. Blocks until every copy is done.
@@ -132,7 +133,9 @@ Metadata metadata_from_json(std::string_view text, TransportFields* transport = 
 /// as `metadata` says. The metadata is validated against the storage first (ValueError on any
 /// fault; nothing is read out of bounds). Every level carries the state {storage, its own
 /// node}, as the reference's rebuild does. A node with a device gets the storage's device.
-/// Levels with is_locked are locked. Non-null names are kept in the metadata only.
+/// Levels with is_locked are locked. Non-null names are kept in the metadata only. Each level
+/// lists its non-tensor entries (NonTensorData, a device label becoming the storage's device)
+/// first, then its leaves, then its nested levels: the reference's rebuild order.
 TensorDict rebuild(Metadata metadata, const at::Tensor& storage);
 
 }  // namespace tensordict

@@ -18,7 +18,9 @@
 #include <vector>
 
 #include "tensordict/errors.h"
+#include "tensordict/json_value.h"
 #include "tensordict/nested_key.h"
+#include "tensordict/non_tensor.h"
 
 namespace tensordict {
 
@@ -43,8 +45,8 @@ struct UpdateOptions {
 
 /// A TensorDict is a handle: copying it copies a reference to the same dictionary, as a Python
 /// variable does (and as at::Tensor does). clone() makes an independent copy. Entries keep
-/// insertion order; each is a tensor (a leaf) or a nested TensorDict, and each starts with
-/// batch_size. A handle is not thread-safe for concurrent mutation; concurrent reads are fine.
+/// insertion order; each is a tensor (a leaf), a nested TensorDict, or a non-tensor entry
+/// (NonTensorData, JSON-like data), and each starts with batch_size. A handle is not thread-safe for concurrent mutation; concurrent reads are fine.
 class TensorDict {
  public:
   using Entry = std::pair<std::string, Value>;
@@ -86,6 +88,12 @@ class TensorDict {
   TensorDict& set(const NestedKey& key, const Value& value);
   /// Copies `tensor` into the existing leaf at `key` (works on locked TensorDicts).
   TensorDict& set_(const NestedKey& key, const at::Tensor& tensor);
+  /// Sets a non-tensor entry: `data` with this level's batch size and device (the level of
+  /// `key`, created as set() creates it). Replaces an existing entry in place.
+  TensorDict& set_non_tensor(const NestedKey& key, JsonValue data);
+  /// The data of the non-tensor entry at `key`; KeyError when absent, TypeError when the entry
+  /// is a tensor or a TensorDict.
+  const JsonValue& get_non_tensor(const NestedKey& key) const;
   /// Removes the entry (KeyError if absent; RuntimeError when locked).
   TensorDict& erase(const NestedKey& key);
   /// Removes the entry and returns it.
@@ -166,21 +174,25 @@ class TensorDict {
   std::shared_ptr<detail::TensorDictImpl> impl_;
 };
 
-/// One entry of a TensorDict: a tensor leaf or a nested TensorDict.
+/// One entry of a TensorDict: a tensor leaf, a nested TensorDict or a non-tensor entry.
 class Value {
  public:
   Value(at::Tensor tensor) : v_(std::move(tensor)) {}   // NOLINT: implicit on purpose
   Value(TensorDict td) : v_(std::move(td)) {}           // NOLINT
+  Value(NonTensorData data) : v_(std::move(data)) {}    // NOLINT
 
   bool is_tensor() const { return v_.index() == 0; }
   bool is_tensordict() const { return v_.index() == 1; }
-  /// The tensor; TypeError when this is a TensorDict.
+  bool is_non_tensor() const { return v_.index() == 2; }
+  /// The tensor; TypeError when this is something else.
   const at::Tensor& tensor() const;
-  /// The TensorDict; TypeError when this is a tensor.
+  /// The TensorDict; TypeError when this is something else.
   const TensorDict& tensordict() const;
+  /// The non-tensor entry; TypeError when this is something else.
+  const NonTensorData& non_tensor() const;
 
  private:
-  std::variant<at::Tensor, TensorDict> v_;
+  std::variant<at::Tensor, TensorDict, NonTensorData> v_;
 };
 
 /// Stacks TensorDicts with the same keys and batch size along a new batch dim.

@@ -18,9 +18,13 @@ namespace py = pybind11;
 NestedKey key_from_py(py::handle key);
 /// 'a' for a one-level key, ('a', 'b') for a path.
 py::object key_to_py(const NestedKey& key);
-/// A torch.Tensor or a _C.TensorDict. TypeError for anything else.
+/// A torch.Tensor, a _C.TensorDict or a _C.NonTensorData. TypeError for anything else.
 Value value_from_py(py::handle value);
 py::object value_to_py(const Value& value);
+/// JSON-like Python data (str, int, float, bool, None, lists and str-keyed dicts of them) as
+/// the data of the non-tensor entry `key`; TypeError naming the key and the position for
+/// anything else, ValueError for an int outside int64 or data nested too deep.
+JsonValue json_from_py(py::handle value, const NestedKey& key);
 
 void bind_tensor_dict(py::module_& m);
 #ifdef TENSORDICT_WITH_DIST

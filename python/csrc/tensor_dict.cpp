@@ -69,6 +69,79 @@ at::Scalar scalar_from_py(py::handle v) {
 
 std::vector<int64_t> ints(py::handle seq) { return seq.cast<std::vector<int64_t>>(); }
 
+// Deeper data than this is refused (the conversions recurse; Python's own limit is ~1000).
+constexpr int kMaxJsonDepth = 512;
+
+std::string py_type_name(py::handle v) { return py::str(py::type::of(v).attr("__name__")); }
+
+// `where` is the position inside the data, for messages: "", "[2]", "['k'][0]", ...
+JsonValue json_from_py(py::handle v, const NestedKey& key, const std::string& where, int depth) {
+  const auto at = [&] { return where.empty() ? std::string() : " at " + where; };
+  TORCH_CHECK_VALUE(depth <= kMaxJsonDepth, "the non-tensor value of key ", key.str(),
+                    " is nested deeper than ", kMaxJsonDepth, " levels");
+  if (v.is_none()) return JsonValue();
+  if (PyBool_Check(v.ptr())) return JsonValue(v.ptr() == Py_True);
+  if (PyLong_Check(v.ptr())) {
+    int overflow = 0;
+    const long long i = PyLong_AsLongLongAndOverflow(v.ptr(), &overflow);
+    TORCH_CHECK_VALUE(overflow == 0, "the non-tensor value of key ", key.str(), at(),
+                      " holds an integer outside the int64 range: ",
+                      py::repr(v).cast<std::string>());
+    return JsonValue(static_cast<int64_t>(i));
+  }
+  if (PyFloat_Check(v.ptr())) return JsonValue(PyFloat_AS_DOUBLE(v.ptr()));
+  if (PyUnicode_Check(v.ptr())) {
+    Py_ssize_t n = 0;
+    const char* utf8 = PyUnicode_AsUTF8AndSize(v.ptr(), &n);
+    if (utf8 == nullptr) {
+      PyErr_Clear();  // a lone surrogate: no UTF-8 form
+      TORCH_CHECK_VALUE(false, "the non-tensor value of key ", key.str(), at(),
+                        " holds a string that cannot be encoded as UTF-8");
+    }
+    return JsonValue(std::string(utf8, static_cast<size_t>(n)));
+  }
+  if (PyList_Check(v.ptr())) {
+    JsonValue::List items;
+    const py::list list = py::reinterpret_borrow<py::list>(v);
+    items.reserve(list.size());
+    for (size_t i = 0; i < list.size(); ++i) {
+      items.push_back(json_from_py(list[i], key, c10::str(where, "[", i, "]"), depth + 1));
+    }
+    return JsonValue(std::move(items));
+  }
+  if (PyDict_Check(v.ptr())) {
+    JsonValue::Map items;
+    for (auto [k, item] : py::reinterpret_borrow<py::dict>(v)) {
+      TORCH_CHECK_TYPE(PyUnicode_Check(k.ptr()), "the non-tensor value of key ", key.str(), at(),
+                       " is a dict with a key of type ", py_type_name(k),
+                       "; JSON-like data has str keys only");
+      const std::string name = k.cast<std::string>();
+      items.emplace_back(name, json_from_py(item, key, c10::str(where, "[", quote_key(name), "]"),
+                                            depth + 1));
+    }
+    return JsonValue(std::move(items));
+  }
+  TORCH_CHECK_TYPE(false, "the non-tensor value of key ", key.str(), at(), " is of type ",
+                   py_type_name(v), "; non-tensor data must be JSON-like: str, int, float, bool, "
+                   "None, or lists and dicts (with str keys) of them");
+}
+
+py::object json_to_py(const JsonValue& v) {
+  if (v.is_null()) return py::none();
+  if (v.is_bool()) return py::bool_(v.as_bool());
+  if (v.is_int()) return py::int_(v.as_int());
+  if (v.is_float()) return py::float_(v.as_float());
+  if (v.is_string()) return py::str(v.as_string());
+  if (v.is_list()) {
+    py::list out;
+    for (const auto& item : v.as_list()) out.append(json_to_py(item));
+    return out;
+  }
+  py::dict out;
+  for (const auto& [k, item] : v.as_map()) out[py::str(k)] = json_to_py(item);
+  return out;
+}
+
 py::list py_list(const std::vector<TensorDict>& tds) {
   py::list out;
   for (const auto& td : tds) out.append(py::cast(td));
@@ -97,7 +170,11 @@ Value value_from_py(py::handle value) {
   if (py::isinstance<TensorDict>(value)) {
     return Value(value.cast<TensorDict>());
   }
-  C10_THROW_ERROR(TypeError, c10::str("a TensorDict holds tensors and TensorDicts, got ",
+  if (py::isinstance<NonTensorData>(value)) {
+    return Value(value.cast<NonTensorData>());
+  }
+  C10_THROW_ERROR(TypeError, c10::str("a TensorDict holds tensors, TensorDicts and non-tensor "
+                                      "entries, got ",
                                       py::str(py::type::of(value)).cast<std::string>()));
 }
 
@@ -105,11 +182,29 @@ py::object value_to_py(const Value& value) {
   if (value.is_tensor()) {
     return py::reinterpret_steal<py::object>(THPVariable_Wrap(value.tensor()));
   }
+  if (value.is_non_tensor()) return py::cast(value.non_tensor());
   return py::cast(value.tensordict());
+}
+
+JsonValue json_from_py(py::handle value, const NestedKey& key) {
+  return json_from_py(value, key, "", 0);
 }
 
 void bind_tensor_dict(py::module_& m) {
   using TD = TensorDict;
+  // The core's non-tensor entry; tensordict_cpp.NonTensorData is the Python face.
+  py::class_<NonTensorData>(m, "NonTensorData")
+      .def(py::init([](py::handle data, const py::object& batch_size,
+                       std::optional<at::Device> device, py::handle key) {
+             return NonTensorData(json_from_py(data, key_from_py(key), "", 0), ints(batch_size),
+                                  device);
+           }),
+           py::arg("data"), py::arg("batch_size"), py::arg("device"), py::arg("key"))
+      .def_property_readonly("data", [](const NonTensorData& nt) { return json_to_py(nt.data()); })
+      .def_property_readonly("batch_size",
+                             [](const NonTensorData& nt) { return nt.batch_size().vec(); })
+      .def_property_readonly("device", &NonTensorData::device);
+
   py::class_<TD>(m, "TensorDict")
       .def(py::init([](const py::list& entries, const py::object& batch_size,
                        std::optional<at::Device> device) {
@@ -135,6 +230,12 @@ void bind_tensor_dict(py::module_& m) {
         td.set(key_from_py(key), value_from_py(value));
       })
       .def("set_", [](TD& td, py::handle key, const at::Tensor& t) { td.set_(key_from_py(key), t); })
+      .def("set_non_tensor",
+           [](TD& td, py::handle key, py::handle value) {
+             const NestedKey k = key_from_py(key);
+             td.set_non_tensor(k, json_from_py(value, k, "", 0));
+           })
+
       .def("erase", [](TD& td, py::handle key) { td.erase(key_from_py(key)); })
       .def("pop", [](TD& td, py::handle key) { return value_to_py(td.pop(key_from_py(key))); })
       .def("keys",

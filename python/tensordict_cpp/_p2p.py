@@ -47,9 +47,10 @@ def send(self, dst: Any = None, *, group: Any = None, group_dst: int | None = No
     The receiver calls :meth:`recv` on a TensorDict with the same keys, shapes and dtypes; the
     values are written into its tensors. By default each leaf is one message, tagged, and the
     leaves go in the order of the keys sorted by code point at each level, depth first: the
-    wire format of the reference ``tensordict``, so either side may run the reference. Blocks
-    until every message is delivered (with Gloo: taken by the receiver). The GIL is released
-    while waiting.
+    wire format of the reference ``tensordict``, so either side may run the reference.
+    Non-tensor entries are skipped without taking a tag, as the reference skips them: the
+    receiver keeps its own. Blocks until every message is delivered (with Gloo: taken by the
+    receiver). The GIL is released while waiting.
 
     Args:
         dst (int or TensorDictPipe, optional): the receiver's global rank. It is translated

@@ -55,11 +55,61 @@ def _device(device: Any) -> torch.device | None:
     return None if device is None else torch.device(device)
 
 
+class NonTensorData:
+    """A non-tensor entry of a TensorDict: JSON-like data with the batch size and device of
+    the level that holds it, as the reference's ``tensordict.NonTensorData``.
+
+    The data is ``str``, ``int`` (int64), ``float``, ``bool``, ``None``, or lists and dicts
+    (with ``str`` keys) of them. ``td["key"]`` and :meth:`TensorDict.get_non_tensor` return
+    the data; :meth:`TensorDict.get`, ``items()`` and ``values()`` return this wrapper.
+    Per-leaf transfers and reductions skip non-tensor entries (the receiver keeps its own);
+    consolidate() records them, so init_remote, the collectives and the pipe deliver them.
+
+    Args:
+        data: the JSON-like value.
+        batch_size (sequence of int, optional): its batch size; empty (the default) takes the
+            batch size of the level it is set in.
+        device (optional): its device; a level with a device gives it its own.
+    """
+
+    __slots__ = ("data", "batch_size", "device")
+
+    def __init__(self, data: Any, batch_size: Any = None, device: Any = None) -> None:
+        self.data = data
+        self.batch_size = torch.Size(_batch_size(batch_size))
+        self.device = _device(device)
+
+    def __repr__(self) -> str:
+        # The reference's NonTensorData.__repr__.
+        data_str = str(self.data)
+        if len(data_str) > 200:
+            data_str = data_str[:20] + "  ...  " + data_str[-20:]
+        return (f"NonTensorData(data={data_str}, batch_size={self.batch_size}, "
+                f"device={self.device})")
+
+    def __eq__(self, other: Any) -> torch.Tensor:  # type: ignore[override]
+        """As the reference: a bool tensor of the batch size, all True when the data (of
+        ``other`` if it is a NonTensorData, else ``other`` itself) equals this data."""
+        other_data = other.data if isinstance(other, NonTensorData) else other
+        return torch.full(self.batch_size, self.data == other_data, dtype=torch.bool,
+                          device=self.device)
+
+    def __ne__(self, other: Any) -> torch.Tensor:  # type: ignore[override]
+        return ~(self == other)
+
+    __hash__ = None  # type: ignore[assignment]
+
+    def tolist(self) -> Any:
+        """The data (the reference's tolist() of a NonTensorData)."""
+        return self.data
+
+
 class TensorDict:
     """A dictionary of tensors that share leading batch dimensions, backed by the C++ core.
 
-    Entries are tensors (leaves) or nested TensorDicts, kept in insertion order; every entry's
-    shape starts with ``batch_size``. Keys are strings; a tuple of strings reaches into nested
+    Entries are tensors (leaves), nested TensorDicts or non-tensor entries (JSON-like data, see
+    :class:`NonTensorData`), kept in insertion order; every entry's shape (a non-tensor
+    entry's batch size) starts with ``batch_size``. Keys are strings; a tuple of strings reaches into nested
     levels. Indexing with anything else (ints, slices, masks, index tensors) indexes the batch
     dimensions of every leaf at once. A TensorDict behaves like the reference
     ``tensordict.TensorDict`` for the methods it has, and exchanges data with it through
@@ -77,7 +127,9 @@ class TensorDict:
     Raises:
         ValueError: if both ``source`` and keyword entries are given, or an entry does not
             start with ``batch_size``.
-        TypeError: if a value is neither a tensor, a number, a dict nor a TensorDict.
+        TypeError: if a value is neither a tensor, a number, a dict, a TensorDict, nor
+            JSON-like non-tensor data (str, None, a list that is not numeric, a
+            :class:`NonTensorData`).
 
     Examples:
         >>> td = TensorDict(a=torch.ones(4), b=torch.ones(4, 3), batch_size=[4])
@@ -101,7 +153,9 @@ class TensorDict:
             raise TypeError(f"source must be a mapping or a TensorDict, got {type(source)}")
         bs = _batch_size(batch_size)
         dev = _device(device)
-        entries = [(k, _to_value(v, bs, dev)) for k, v in (source or {}).items()]
+        entries = [(k, _to_value(v, bs, dev, k)) for k, v in (source or {}).items()]
+        entries = [(k, _C.NonTensorData(v.data, [], None, k) if isinstance(v, _RawNonTensor) else v)
+                   for k, v in entries]
         self._cpp = _CTD(entries, bs, dev)
 
     @classmethod
@@ -164,7 +218,9 @@ class TensorDict:
         IndexError or ValueError when the index does not fit the batch size.
         """
         if _is_key(index):
-            return _from_value(self._cpp.get(index))
+            value = self._cpp.get(index)
+            # As the reference: a non-tensor entry reads as its data.
+            return value.data if isinstance(value, _C.NonTensorData) else _from_value(value)
         return TensorDict._wrap(self._cpp.index(_as_index(index)))
 
     def __setitem__(self, index: Any, value: Any) -> None:
@@ -172,12 +228,19 @@ class TensorDict:
 
         With a key, ``value`` is a tensor, a number, a dict or a TensorDict whose shape starts
         with the batch size (ValueError otherwise); missing nested levels are created; a locked
-        TensorDict raises RuntimeError. With a batch index, every leaf is written in place at
+        TensorDict raises RuntimeError. As in the reference, numbers and lists of numbers
+        become tensors, a dict becomes a nested TensorDict, and a ``str``, ``None`` or a list
+        that is not numeric becomes a non-tensor entry (see :meth:`set_non_tensor`); a
+        :class:`NonTensorData` is set as it is. With a batch index, every leaf is written in place at
         that index, from the matching leaf of a TensorDict ``value`` or from a tensor or number
         broadcast to every leaf.
         """
         if _is_key(index):
-            self._cpp.set(index, _to_value(value, self._cpp.batch_size, self._cpp.device))
+            value = _to_value(value, self._cpp.batch_size, self._cpp.device, index)
+            if isinstance(value, _RawNonTensor):
+                self._cpp.set_non_tensor(index, value.data)
+            else:
+                self._cpp.set(index, value)
             return
         index = _as_index(index)
         for key, leaf in self._cpp.items(True, True):
@@ -195,7 +258,9 @@ class TensorDict:
         return self._cpp.contains(key)
 
     def get(self, key: Any, default: Any = _NO_DEFAULT) -> Any:
-        """The entry at ``key``; ``default`` when it is missing, if given (KeyError otherwise)."""
+        """The entry at ``key``; ``default`` when it is missing, if given (KeyError otherwise).
+        A non-tensor entry comes as a :class:`NonTensorData` (``td[key]`` gives its data), as
+        in the reference."""
         if default is not _NO_DEFAULT and not self._cpp.contains(key):
             return default
         return _from_value(self._cpp.get(key))
@@ -218,6 +283,36 @@ class TensorDict:
         self._cpp.set_(key, value)
         return self
 
+    def set_non_tensor(self, key: Any, value: Any) -> "TensorDict":
+        """Sets ``value`` as a non-tensor entry at ``key``, with the batch size and device of
+        its level (missing levels are created), and returns the TensorDict.
+
+        ``value`` is JSON-like: ``str``, ``int`` (int64), ``float``, ``bool``, ``None``, or
+        lists and dicts (with ``str`` keys) of them; numbers and dicts are stored as they are,
+        not converted to tensors or nested TensorDicts.
+
+        Raises:
+            TypeError: if ``value`` is not JSON-like (a tuple, a set, an object, a dict with a
+                key that is not a ``str``), naming the key and the position inside the value.
+            ValueError: for an int outside int64 or a value nested more than 512 levels deep.
+            RuntimeError: if the TensorDict is locked.
+        """
+        self._cpp.set_non_tensor(key, value)
+        return self
+
+    def get_non_tensor(self, key: Any, default: Any = _NO_DEFAULT) -> Any:
+        """The data of the non-tensor entry at ``key``. As in the reference, an entry that is
+        not a non-tensor is returned as it is, and a missing key returns ``default`` if given
+        (KeyError otherwise)."""
+        if default is not _NO_DEFAULT and not self._cpp.contains(key):
+            return default
+        value = self._cpp.get(key)
+        return value.data if isinstance(value, _C.NonTensorData) else _from_value(value)
+
+    def is_non_tensor(self, key: Any) -> bool:
+        """True when the entry at ``key`` is a non-tensor entry (KeyError if absent)."""
+        return isinstance(self._cpp.get(key), _C.NonTensorData)
+
     def pop(self, key: Any, default: Any = _NO_DEFAULT) -> Any:
         """Removes the entry at ``key`` and returns it; ``default`` when it is missing, if
         given (KeyError otherwise)."""
@@ -231,8 +326,8 @@ class TensorDict:
         Args:
             include_nested (bool, optional): also list the entries of nested TensorDicts, as
                 tuple keys such as ``("a", "b")``. Defaults to ``False``.
-            leaves_only (bool, optional): leave out the keys of nested TensorDicts, keeping
-                only tensors. Defaults to ``False``.
+            leaves_only (bool, optional): keep only tensors: leave out nested TensorDicts and,
+                as the reference does, non-tensor entries. Defaults to ``False``.
         """
         return self._cpp.keys(include_nested, leaves_only)
 
@@ -251,7 +346,7 @@ class TensorDict:
         return self._cpp.sorted_keys()
 
     def is_empty(self) -> bool:
-        """True when no level holds a tensor."""
+        """True when no level holds a tensor or a non-tensor entry."""
         return self._cpp.is_empty()
 
     def __iter__(self):
@@ -338,6 +433,8 @@ class TensorDict:
 
     def apply(self, fn: Callable, *others: "TensorDict") -> "TensorDict":
         """A new TensorDict with ``fn`` applied to every leaf; nested levels are kept.
+
+        Non-tensor entries are kept as they are, as in the reference.
 
         Args:
             fn (callable): called as ``fn(leaf)``, or ``fn(leaf, other_leaf)`` with one other
@@ -512,17 +609,47 @@ def _to_cpp_td(other: Any, like: TensorDict) -> _CTD:
     raise TypeError(f"expected a TensorDict or a dict, got {type(other)}")
 
 
-def _to_value(value: Any, batch_size: list[int], device: torch.device | None) -> Any:
+class _RawNonTensor:
+    """A value that __setitem__ stores as a non-tensor entry of its level."""
+
+    __slots__ = ("data",)
+
+    def __init__(self, data: Any) -> None:
+        self.data = data
+
+
+def _to_value(value: Any, batch_size: list[int], device: torch.device | None,
+              key: Any = None) -> Any:
+    # The reference's __setitem__ conversions (base.py _convert_to_tensor): numbers and numeric
+    # lists become tensors, dicts nested TensorDicts, anything else a non-tensor entry.
     if isinstance(value, torch.Tensor):
         return value
     if isinstance(value, TensorDict):
         return value._cpp
+    if isinstance(value, NonTensorData):
+        return _C.NonTensorData(value.data, list(value.batch_size), value.device,
+                                key if key is not None else "data")
     if isinstance(value, Mapping):
         return TensorDict(value, batch_size=batch_size, device=device)._cpp
     if isinstance(value, (numbers.Number, bool)) or hasattr(value, "__array__"):
         return torch.as_tensor(value)
-    raise TypeError(f"a TensorDict holds tensors, numbers and TensorDicts, got {type(value)}")
+    if isinstance(value, list):
+        try:
+            return torch.as_tensor(value)
+        except (TypeError, ValueError, RuntimeError):
+            pass  # not numeric (strings, None, ragged): a non-tensor entry
+        return _RawNonTensor(value)
+    if value is None or isinstance(value, str):
+        return _RawNonTensor(value)
+    where = f"key {key!r}: " if key is not None else ""
+    raise TypeError(f"{where}a TensorDict holds tensors, numbers, TensorDicts and JSON-like "
+                    f"non-tensor data (str, None, lists; set_non_tensor() for any JSON-like "
+                    f"value), got {type(value)}")
 
 
 def _from_value(value: Any) -> Any:
-    return TensorDict._wrap(value) if isinstance(value, _CTD) else value
+    if isinstance(value, _CTD):
+        return TensorDict._wrap(value)
+    if isinstance(value, _C.NonTensorData):
+        return NonTensorData(value.data, value.batch_size, value.device)
+    return value

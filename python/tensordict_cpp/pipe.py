@@ -61,7 +61,8 @@ class TensorDictPipe:
     each message with a new structure, carries the metadata and the consolidated storage; the
     next ones carry the storage only, which the receiver writes into the TensorDict it
     returned last, without allocating. With ``consolidated=False`` each message carries a JSON
-    header and every tensor leaf, and each receive returns a new TensorDict.
+    header and every tensor leaf, and each receive returns a new TensorDict. Non-tensor
+    entries travel in both modes (in the metadata, or in the header's ``non_tensors``).
 
     One send and one receive may run at once (the two directions are independent); calls in
     the same direction run one after the other, in the order they were made. ``close()``

@@ -22,7 +22,7 @@ using detail::wait_all;
 
 // Calls [fn(path, leaf)] in wire order: each level's keys sorted by code point (std::string's
 // ordering compares as unsigned char, i.e. UTF-8 byte order), nested levels at their key's
-// position.
+// position, non-tensor entries left out.
 template <typename Fn>
 void walk(const TensorDict& td, std::vector<std::string>* path, Fn& fn) {
   const auto& entries = td.entries();
@@ -39,9 +39,9 @@ void walk(const TensorDict& td, std::vector<std::string>* path, Fn& fn) {
     }
     if (entry->second.is_tensor()) {
       fn(path, entry->second.tensor());
-    } else {
+    } else if (entry->second.is_tensordict()) {
       walk(entry->second.tensordict(), path, fn);
-    }
+    }  // a non-tensor entry is skipped and takes no tag, as in the reference (§1.2)
     if (path) {
       path->pop_back();
     }

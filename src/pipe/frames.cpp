@@ -6,8 +6,6 @@
 #include <c10/util/Exception.h>
 #include <c10/util/StringUtil.h>
 
-#include <nlohmann/json.hpp>
-
 #include <algorithm>
 #include <cstring>
 #include <functional>
@@ -15,6 +13,8 @@
 #include <utility>
 #include <vector>
 
+#include "../json_text.h"
+#include "../metadata_value.h"
 #include "tensordict/consolidate.h"
 #include "tensordict/dtypes.h"
 #include "tensordict/nested_key.h"
@@ -30,26 +30,6 @@ uint64_t get_u64_le(const uint8_t* in) {
   for (int i = 0; i < 8; ++i) v |= static_cast<uint64_t>(in[i]) << (8 * i);
   return v;
 }
-
-namespace {
-
-// rebuild() refuses non-tensor entries (they are not TensorDict values yet). The reader refuses
-// them with the rest of the metadata, before it allocates or reads the storage and before it
-// changes its receive state.
-void check_no_non_tensors(const Metadata& m, std::vector<std::string>& path) {
-  if (!m.non_tensors.empty()) {
-    path.push_back(m.non_tensors.front().first);
-    TORCH_CHECK_VALUE(false, "non-tensor entry ", NestedKey(path).str(),
-                      " is not supported yet");
-  }
-  for (const auto& [key, child] : m.children) {
-    path.push_back(key);
-    check_no_non_tensors(child, path);
-    path.pop_back();
-  }
-}
-
-}  // namespace
 
 at::Tensor bytes_tensor(size_t n) { return at::empty({static_cast<int64_t>(n)}, at::kByte); }
 
@@ -151,8 +131,6 @@ TensorDict FrameReader::recv_consolidated(ByteSource& src, const std::optional<T
     TORCH_CHECK_VALUE(total >= 0, "the metadata has no _total_bytes");
     TORCH_CHECK_VALUE(metadata_storage_bytes(metadata) <= total, "the leaves end past "
                       "_total_bytes (", total, ")");
-    std::vector<std::string> path;
-    check_no_non_tensors(metadata, path);
   } catch (const c10::Error& err) {
     const std::string why = c10::str("recv: invalid metadata from peer ", src.peer(), ": ",
                                      err.what_without_backtrace());
@@ -215,58 +193,81 @@ TensorDict FrameReader::recv_uncollated(ByteSource& src, std::optional<at::Devic
     int64_t nbytes;
   };
   std::vector<Leaf> leaves;
+  std::vector<std::pair<std::vector<std::string>, JsonValue>> non_tensors;
   std::vector<int64_t> batch_size;
   try {
-    const auto header = nlohmann::json::parse(
-        static_cast<const char*>(buf.const_data_ptr()),
-        static_cast<const char*>(buf.const_data_ptr()) + len, nullptr, /*allow_exceptions=*/true,
-        /*ignore_comments=*/false);
-    auto field = [&](const char* name) -> const nlohmann::json* {
-      auto it = header.find(name);
-      return it == header.end() ? nullptr : &*it;
+    const JsonValue header = tensordict::detail::parse_json(
+        std::string_view(static_cast<const char*>(buf.const_data_ptr()), len),
+        tensordict::detail::JsonLimits{.max_depth = tensordict::detail::kMaxMetadataJsonDepth,
+                                       .max_values = tensordict::detail::kMaxMetadataJsonValues},
+        "the header");
+    auto field = [&](const char* name) -> const JsonValue* {
+      if (!header.is_map()) return nullptr;
+      for (const auto& [k, v] : header.as_map()) {
+        if (k == name) return &v;
+      }
+      return nullptr;
     };
-    TORCH_CHECK_VALUE(header.is_object() && field("keys") && field("keys")->is_array() &&
-                          field("dtypes") && field("dtypes")->is_array() && field("shapes") &&
-                          field("shapes")->is_array(),
+    TORCH_CHECK_VALUE(header.is_map() && field("keys") && field("keys")->is_list() &&
+                          field("dtypes") && field("dtypes")->is_list() && field("shapes") &&
+                          field("shapes")->is_list(),
                       "expected keys, dtypes, and shapes lists");
-    const auto& keys = *field("keys");
-    const auto& dtypes = *field("dtypes");
-    const auto& shapes = *field("shapes");
+    const auto& keys = field("keys")->as_list();
+    const auto& dtypes = field("dtypes")->as_list();
+    const auto& shapes = field("shapes")->as_list();
     TORCH_CHECK_VALUE(keys.size() == dtypes.size() && keys.size() == shapes.size(),
                       "list lengths must match");
-    auto nonneg_ints = [](const nlohmann::json& j, const char* what) {
-      TORCH_CHECK_VALUE(j.is_array(), what, " must be a list");
+    auto nonneg_ints = [](const JsonValue& j, const char* what) {
+      TORCH_CHECK_VALUE(j.is_list(), what, " must be a list");
       std::vector<int64_t> out;
-      for (const auto& d : j) {
-        TORCH_CHECK_VALUE(d.is_number_integer() && d.get<int64_t>() >= 0, what,
-                          " must be nonnegative integers");
-        out.push_back(d.get<int64_t>());
+      for (const auto& d : j.as_list()) {
+        TORCH_CHECK_VALUE(d.is_int() && d.as_int() >= 0, what, " must be nonnegative integers");
+        out.push_back(d.as_int());
       }
       return out;
     };
+    // The reference's _decode_uncollated_key: a string, or a nonempty list of them (nested
+    // lists flattened).
+    auto decode_key = [](const JsonValue& k) {
+      std::vector<std::string> key;
+      std::function<void(const JsonValue&)> flatten = [&](const JsonValue& part) {
+        if (part.is_string()) {
+          key.push_back(part.as_string());
+          return;
+        }
+        TORCH_CHECK_VALUE(part.is_list() && !part.as_list().empty() && key.size() < 64,
+                          "a key must be a string or a nonempty nested path");
+        for (const auto& p : part.as_list()) flatten(p);
+      };
+      flatten(k);
+      return key;
+    };
     if (const auto* b = field("batch_size")) batch_size = nonneg_ints(*b, "the batch size");
-    for (const char* name : {"unbatched", "non_tensors"}) {
-      const auto* f = field(name);
-      TORCH_CHECK_VALUE(!f || (f->is_array() && f->empty()), name,
-                        " entries are not supported by this implementation");
+    if (const auto* f = field("unbatched")) {
+      TORCH_CHECK_VALUE(f->is_list() && f->as_list().empty(),
+                        "unbatched entries are not supported by this implementation");
     }
     std::set<std::vector<std::string>> seen;
+    if (const auto* f = field("non_tensors")) {
+      TORCH_CHECK_VALUE(f->is_list(), "expected unbatched and non_tensors lists");
+      for (const auto& entry : f->as_list()) {
+        const size_t n = entry.is_list() ? entry.as_list().size() : 0;
+        TORCH_CHECK_VALUE(n == 2 || n == 4, "a non_tensors entry must be [key, data] or "
+                          "[key, values, batch_size, stack_dim]");
+        TORCH_CHECK_VALUE(n == 2, "non-tensor stacks (non_tensors entries of 4 items) are not "
+                          "supported by this implementation");
+        auto key = decode_key(entry.as_list()[0]);
+        TORCH_CHECK_VALUE(seen.insert(key).second, "keys must be unique");
+        non_tensors.emplace_back(std::move(key), entry.as_list()[1]);
+      }
+    }
     int64_t total = 0;
     for (size_t i = 0; i < keys.size(); ++i) {
       Leaf leaf;
-      std::function<void(const nlohmann::json&)> flatten = [&](const nlohmann::json& k) {
-        if (k.is_string()) {
-          leaf.key.push_back(k.get<std::string>());
-          return;
-        }
-        TORCH_CHECK_VALUE(k.is_array() && !k.empty() && leaf.key.size() < 64,
-                          "a key must be a string or a nonempty nested path");
-        for (const auto& part : k) flatten(part);
-      };
-      flatten(keys[i]);
+      leaf.key = decode_key(keys[i]);
       TORCH_CHECK_VALUE(seen.insert(leaf.key).second, "keys must be unique");
       TORCH_CHECK_VALUE(dtypes[i].is_string(), "unknown torch dtype");
-      const auto dt = dtype_from_name(dtypes[i].get<std::string>());
+      const auto dt = dtype_from_name(dtypes[i].as_string());
       TORCH_CHECK_VALUE(dt.has_value(), "unknown torch dtype ", dtypes[i].dump());
       leaf.dtype = *dt;
       // Quantized storage is not numel * element size bytes (quint4x2 packs two per byte).
@@ -296,11 +297,6 @@ TensorDict FrameReader::recv_uncollated(ByteSource& src, std::optional<at::Devic
                           "a leaf key cannot also have descendants");
       }
     }
-  } catch (const nlohmann::json::exception& err) {
-    const std::string why = c10::str("recv: malformed uncollated header from peer ", src.peer(),
-                                     ": ", err.what());
-    src.fail(why);
-    TORCH_CHECK_VALUE(false, why);
   } catch (const c10::Error& err) {
     const std::string why = c10::str("recv: invalid uncollated header from peer ", src.peer(),
                                      ": ", err.what_without_backtrace());
@@ -314,6 +310,8 @@ TensorDict FrameReader::recv_uncollated(ByteSource& src, std::optional<at::Devic
     src.read(t.data_ptr(), static_cast<size_t>(leaf.nbytes), t, "a leaf");
     result.set(NestedKey(leaf.key), t);
   }
+  // As the reference: set_non_tensor after the leaves, each with its level's batch size.
+  for (auto& [key, data] : non_tensors) result.set_non_tensor(NestedKey(key), std::move(data));
   return result;
 }
 

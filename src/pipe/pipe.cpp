@@ -7,8 +7,6 @@
 #include <c10/util/Exception.h>
 #include <c10/util/StringUtil.h>
 
-#include <nlohmann/json.hpp>
-
 #include <algorithm>
 #include <cstring>
 #include <limits>
@@ -16,6 +14,7 @@
 #include <utility>
 #include <vector>
 
+#include "../json_text.h"
 #include "pipe_impl.h"
 #include "tensordict/consolidate.h"
 #include "tensordict/dtypes.h"
@@ -38,10 +37,11 @@ void check_cpu(const at::Tensor& t, const char* what) {
                     "; this build of the pipe moves CPU memory only");
 }
 
-// Python's json.dumps of one string (ensure_ascii): nlohmann escapes the same characters the
-// same way (\uXXXX in lowercase hex, surrogate pairs above the BMP).
+// Python's json.dumps of one string (ensure_ascii).
 std::string json_string(const std::string& s) {
-  return nlohmann::json(s).dump(-1, ' ', /*ensure_ascii=*/true);
+  std::string out;
+  tensordict::detail::append_json_string(out, s, "send");
+  return out;
 }
 
 std::string json_ints(at::IntArrayRef v) {
@@ -171,7 +171,11 @@ TensorDict PipeImpl::recv_consolidated(Endpoint& e, const std::optional<TensorDi
 // keys/dtypes/shapes reads the top-level case; ours reads both forms.
 
 void PipeImpl::send_uncollated(Endpoint& e, const TensorDict& td) {
-  auto items = td.items({.include_nested = true, .leaves_only = true});
+  // Tensors and non-tensor entries, as the reference's items(is_leaf=_is_leaf_nontensor).
+  std::vector<std::pair<NestedKey, Value>> items;
+  for (auto& item : td.items({.include_nested = true})) {
+    if (!item.second.is_tensordict()) items.push_back(std::move(item));
+  }
   auto joined = [](const NestedKey& k) {
     std::string s;
     for (size_t i = 0; i < k.size(); ++i) s += (i ? "." : "") + k[i];
@@ -182,23 +186,31 @@ void PipeImpl::send_uncollated(Endpoint& e, const TensorDict& td) {
   for (size_t i = 0; i < items.size(); ++i) order.emplace_back(joined(items[i].first), i);
   std::stable_sort(order.begin(), order.end());  // byte order = code-point order in UTF-8
 
-  std::string keys = "[", dtypes = "[", shapes = "[";
+  const auto wire_key = [](const NestedKey& key) {
+    if (!key.is_nested()) return json_string(key[0]);
+    std::string parts = "[";
+    for (size_t i = 0; i < key.size(); ++i) parts += (i ? ", " : "") + json_string(key[i]);
+    return parts + "]";
+  };
+  std::string keys = "[", dtypes = "[", shapes = "[", non_tensors = "[";
   std::vector<at::Tensor> leaves;
   for (size_t j = 0; j < order.size(); ++j) {
     const auto& [key, value] = items[order[j].second];
+    if (value.is_non_tensor()) {
+      // [key, data], as the reference sends a NonTensorData whose data is JSON-like.
+      if (non_tensors.size() > 1) non_tensors += ", ";
+      non_tensors += "[" + wire_key(key) + ", ";
+      tensordict::detail::append_json(non_tensors, value.non_tensor().data(), false);
+      non_tensors += "]";
+      continue;
+    }
     const at::Tensor& t = value.tensor();
     check_cpu(t, c10::str("leaf ", key.str()).c_str());
     TORCH_CHECK_VALUE(!c10::isQIntType(t.scalar_type()), "send: leaf ", key.str(),
                       " has the quantized dtype ", dtype_name(t.scalar_type()),
                       ", which the pipe cannot carry");
-    const char* sep = j ? ", " : "";
-    if (key.is_nested()) {
-      std::string parts = "[";
-      for (size_t i = 0; i < key.size(); ++i) parts += (i ? ", " : "") + json_string(key[i]);
-      keys += sep + parts + "]";
-    } else {
-      keys += sep + json_string(key[0]);
-    }
+    const char* sep = leaves.empty() ? "" : ", ";
+    keys += sep + wire_key(key);
     dtypes += sep + json_string(dtype_name(t.scalar_type()));
     shapes += sep + json_ints(t.sizes());
     leaves.push_back(t.contiguous());
@@ -206,7 +218,7 @@ void PipeImpl::send_uncollated(Endpoint& e, const TensorDict& td) {
   const std::string header = "{\"keys\": " + keys + "], \"dtypes\": " + dtypes +
                              "], \"shapes\": " + shapes + "], \"batch_size\": " +
                              json_ints(td.batch_size()) +
-                             ", \"unbatched\": [], \"non_tensors\": []}";
+                             ", \"unbatched\": [], \"non_tensors\": " + non_tensors + "]}";
   auto* scratch = send_scratch.data_ptr<uint8_t>();
   put_u64_le(scratch, header.size());
   send_bytes(e, scratch, 8, send_scratch, "the header length");

@@ -6,6 +6,7 @@
 #include <ATen/MapAllocator.h>
 #include <gtest/gtest.h>
 
+#include <cmath>
 #include <cstring>
 #include <string>
 
@@ -352,7 +353,7 @@ TEST(ConsolidateJson, RoundTripSortedAndUnsorted) {
 
 TEST(ConsolidateJson, NonTensorEntriesSurviveTheText) {
   Metadata m;
-  m.non_tensors = {{"s", {R"({"b": [1, 2.5, "x"], "a": null})", {}, std::nullopt}}};
+  m.non_tensors = {{"s", {JsonValue::parse(R"({"b": [1, 2.5, "x"], "a": null})"), {}, std::nullopt}}};
   auto json = metadata_to_json(m);
   EXPECT_NE(json.find(R"("non_tensors": {"s": [{"b": [1, 2.5, "x"], "a": null}, [], null]})"),
             std::string::npos)
@@ -493,10 +494,39 @@ TEST(ConsolidateRebuild, TooManyEntries) {
   EXPECT_THROW_MSG(metadata_storage_bytes(m), c10::ValueError, "entries");
 }
 
-TEST(ConsolidateRebuild, NonTensorsAreNotSupportedYet) {
+TEST(ConsolidateRebuild, NonTensorsComeFirstAsInTheReference) {
   Metadata m;
-  m.non_tensors = {{"s", {R"("hi")", {}, std::nullopt}}};
-  EXPECT_THROW_MSG(rebuild(m, at::zeros({0}, at::kByte)), c10::ValueError, "non-tensor entry 's'");
+  m.cls_metadata.batch_size = {2};
+  m.cls_metadata.names = {std::nullopt};
+  m.leaves = {{"a", {at::kFloat, {2}, 0, 8, 0}}};
+  m.non_tensors = {{"s", {JsonValue("hi"), {2}, std::nullopt}},
+                   {"t", {JsonValue::list({1, nullptr}), {2, 3}, std::string("cpu")}}};
+  TensorDict td = rebuild(m, at::zeros({8}, at::kByte));
+  ASSERT_EQ(td.entries().size(), 3u);
+  EXPECT_EQ(td.entries()[0].first, "s");
+  EXPECT_EQ(td.entries()[1].first, "t");
+  EXPECT_EQ(td.entries()[2].first, "a");
+  EXPECT_EQ(td.get_non_tensor("s"), JsonValue("hi"));
+  const Value tv = td.get("t");  // get() returns a copy: keep it alive
+  const NonTensorData& t = tv.non_tensor();
+  EXPECT_EQ(t.data(), JsonValue::list({1, nullptr}));
+  EXPECT_EQ(t.batch_size(), at::IntArrayRef({2, 3}));
+  EXPECT_EQ(t.device(), at::Device(at::kCPU));
+  EXPECT_FALSE(td.get("s").non_tensor().device().has_value());
+  EXPECT_TRUE(is_consolidated(td));
+}
+
+TEST(ConsolidateRebuild, NonTensorBatchSizeIsValidated) {
+  Metadata m;
+  m.cls_metadata.batch_size = {2};
+  m.cls_metadata.names = {std::nullopt};
+  m.non_tensors = {{"s", {JsonValue("hi"), {3}, std::nullopt}}};
+  EXPECT_THROW_MSG(rebuild(m, at::zeros({0}, at::kByte)), c10::ValueError,
+                   "non-tensor entry 's' has batch_size [3], which does not start with");
+  m.non_tensors = {{"s", {JsonValue("hi"), {2, -1}, std::nullopt}}};
+  EXPECT_THROW_MSG(rebuild(m, at::zeros({0}, at::kByte)), c10::ValueError, "negative dim");
+  m.non_tensors = {{"s", {JsonValue("hi"), {2}, std::string("gpu?")}}};
+  EXPECT_THROW_MSG(rebuild(m, at::zeros({0}, at::kByte)), c10::ValueError, "not a device name");
 }
 
 // ---- malformed metadata text: one test per fault --------------------------------------------
@@ -562,7 +592,8 @@ const std::vector<Malformed> kMalformed = {
     {"IntegerOutOfRange", node(leaf(R"(["torch.float32", [2], 0, 18446744073709551615, 0])")),
      "out of range"},
     {"HugeNumber", node(leaf(R"(["torch.float32", [2], 0, 99999999999999999999, 0])")),
-     "must be an integer"},
+     "out of range"},
+    {"HugeFloat", node(leaf(R"(["torch.float32", [2], 0, 1e30, 0])")), "must be an integer"},
     {"FloatOffset", node(leaf(R"(["torch.float32", [2], 0.0, 8, 0])")), "start of leaf 'a' must be an integer"},
     {"BoolOffset", node(leaf(R"(["torch.float32", [2], 0, true, 0])")), "stop of leaf 'a' must be an integer"},
     {"ShapeNotAList", node(leaf(R"(["torch.float32", 2, 0, 8, 0])")), "must be a list of integers"},
@@ -617,9 +648,22 @@ const std::vector<Malformed> kMalformed = {
     {"NodesTooDeep", nested(kMaxMetadataDepth + 1), "deeper than 64 levels"},
     {"NonTensorMalformed", R"({"cls": "TensorDict", "non_tensors": {"s": [1]}, "leaves": {}, "cls_metadata": {"batch_size": []}})",
      "must be [data, batch_size, device]"},
-    {"NonTensorNotSupportedYet",
-     R"({"cls": "TensorDict", "non_tensors": {"s": ["hi", [], null]}, "leaves": {}, "cls_metadata": {"batch_size": []}})",
-     "non-tensor entry 's' is not supported yet"},
+    {"NonTensorBatchSizeNotInts",
+     R"({"cls": "TensorDict", "non_tensors": {"s": ["hi", "x", null]}, "leaves": {}, "cls_metadata": {"batch_size": []}})",
+     "batch_size of non-tensor entry 's' must be a list of integers"},
+    {"NonTensorBatchWithoutPrefix",
+     R"({"cls": "TensorDict", "non_tensors": {"s": ["hi", [], null]}, "leaves": {}, "cls_metadata": {"batch_size": [2]}})",
+     "non-tensor entry 's' has batch_size [], which does not start with"},
+    {"NonTensorDeviceNotAString",
+     R"({"cls": "TensorDict", "non_tensors": {"s": ["hi", [], 7]}, "leaves": {}, "cls_metadata": {"batch_size": []}})",
+     "device of non-tensor entry 's' must be a string or null"},
+    {"NonTensorDataTooDeep",
+     R"({"cls": "TensorDict", "non_tensors": {"s": [)" + std::string(200, '[') + std::string(200, ']') +
+         R"(, [], null]}, "leaves": {}, "cls_metadata": {"batch_size": []}})",
+     "JSON nested deeper"},
+    {"NonTensorDuplicatesALeaf",
+     R"({"cls": "TensorDict", "non_tensors": {"a": [1, [], null]}, "leaves": {"a": ["torch.uint8", [0], 0, 0, 0]}, "cls_metadata": {"batch_size": []}})",
+     "'a' appears twice"},
 };
 
 class ConsolidateMalformed : public ::testing::TestWithParam<Malformed> {};
@@ -643,4 +687,38 @@ TEST(ConsolidateMalformedSanity, TheBaseTextIsValid) {
   EXPECT_NO_THROW(rebuild(
       metadata_from_json(node(R"({"a": ["torch.float32", [4], 0, 16, 0], "b": ["torch.complex128", [1], 16, 32, 0]})")),
       storage));
+}
+
+// ---- non-tensor entries -----------------------------------------------------------------------
+
+TEST(ConsolidateNonTensor, RecordedKeptAndRebuilt) {
+  TensorDict td = worked_example();
+  td.set_non_tensor("label", "hi");
+  td.set_non_tensor({"c", "cfg"}, JsonValue::map({{"nan", std::nan("")}, {"l", JsonValue::list({1})}}));
+  TensorDict c = consolidate(td);
+  // NaN is never == itself, yet the entry is unchanged: still consolidated, reused as is.
+  EXPECT_TRUE(is_consolidated(c));
+  EXPECT_TRUE(consolidate(c).is_same(c));
+  EXPECT_EQ(consolidated_storage(c).numel(), 96);  // no bytes for them
+  EXPECT_EQ(c.entries()[3].first, "label");  // the result keeps td's insertion order
+  const auto m = consolidated_metadata(c);
+  ASSERT_EQ(m->non_tensors.size(), 1u);
+  EXPECT_EQ(m->non_tensors[0].first, "label");
+  EXPECT_EQ(m->non_tensors[0].second.batch_size, std::vector<int64_t>({4}));
+  EXPECT_EQ(m->children[0].second.non_tensors[0].first, "cfg");
+  const std::string json = metadata_to_json(*m);
+  EXPECT_NE(json.find(R"("non_tensors": {"label": ["hi", [4], null]})"), std::string::npos) << json;
+  EXPECT_NE(json.find(R"("non_tensors": {"cfg": [{"nan": NaN, "l": [1]}, [4], null]})"),
+            std::string::npos)
+      << json;
+  TensorDict r = rebuild(metadata_from_json(json), consolidated_storage(c));
+  EXPECT_TRUE(is_consolidated(r));
+  EXPECT_EQ(r.entries()[0].first, "label");  // non-tensor entries first, as the reference's
+  EXPECT_EQ(r.get_non_tensor("label"), JsonValue("hi"));
+  EXPECT_TRUE(std::isnan(r.get_non_tensor({"c", "cfg"}).at("nan").as_float()));
+  // A changed entry, set through the nested level's own handle, ends the consolidation.
+  TensorDict nested = c.get("c").tensordict();
+  nested.unlock_();
+  nested.set_non_tensor("cfg", 1);
+  EXPECT_FALSE(is_consolidated(c));
 }

@@ -5,6 +5,7 @@
 #include <gtest/gtest.h>
 
 #include <chrono>
+#include <cmath>
 #include <cstdlib>
 #include <string>
 #include <thread>
@@ -239,6 +240,56 @@ TEST(Pipe, UncollatedHeaderIsThePythonOne) {
   EXPECT_EQ(server.recv_raw(8 + 16).size(), 24u);
 }
 
+namespace {
+
+// Non-tensor entries at three levels, with every kind of JSON-like data.
+TensorDict with_non_tensors(float offset = 0) {
+  TensorDict td = worked_example(offset);
+  td.set_non_tensor("label", "cat \xc3\xa9");
+  td.set_non_tensor({"c", "cfg"}, JsonValue::map({{"lr", 1e-07}, {"nan", std::nan("")},
+                                                  {"l", JsonValue::list({1, nullptr, true})}}));
+  td.set_non_tensor({"c", "e", "id"}, static_cast<int64_t>(offset));
+  td.set_non_tensor("none", nullptr);
+  return td;
+}
+
+}  // namespace
+
+TEST(Pipe, NonTensorEntriesInBothModes) {
+  Watchdog dog(60s);
+  for (bool consolidated : {true, false}) {
+    SCOPED_TRACE(consolidated);
+    auto [server, client] = pair_of(fast_options(consolidated), fast_options(consolidated));
+    client.send(with_non_tensors());
+    TensorDict got = server.recv();
+    expect_same(with_non_tensors(), got);
+    EXPECT_TRUE(std::isnan(got.get_non_tensor({"c", "cfg"}).at("nan").as_float()));
+    EXPECT_EQ(got.get({"c", "e", "id"}).non_tensor().batch_size(), at::IntArrayRef({4}));
+    // A changed value is a new schema in the consolidated mode (the hash covers the data).
+    client.send(with_non_tensors(1));
+    expect_same(with_non_tensors(1), server.recv());
+    if (consolidated) {
+      EXPECT_EQ(server.stats().schema_recvs, 2);
+    }
+  }
+}
+
+TEST(Pipe, UncollatedHeaderWithNonTensorsIsThePythonOne) {
+  Watchdog dog(60s);
+  auto [server, client] = pair_of(fast_options(false), fast_options(false));
+  TensorDict td({{"b", at::zeros({2}, at::kLong)}}, {2});
+  td.set_non_tensor("z", "last");
+  td.set_non_tensor({"a", "s"}, JsonValue::map({{"k", JsonValue::list({1.0, nullptr})}}));
+  td.set({"a", "y"}, at::ones({2, 1}));
+  client.send(td);
+  // tests/python/test_non_tensor.py checks this line against the reference's sender.
+  const std::string header =
+      R"({"keys": [["a", "y"], "b"], "dtypes": ["torch.float32", "torch.int64"], "shapes": [[2, 1], [2]], "batch_size": [2], "unbatched": [], "non_tensors": [[["a", "s"], {"k": [1.0, null]}], ["z", "last"]]})";
+  EXPECT_EQ(server.recv_raw(8), u64_le(header.size()));
+  EXPECT_EQ(server.recv_raw(header.size()), header);
+  EXPECT_EQ(server.recv_raw(8 + 16).size(), 24u);
+}
+
 TEST(Pipe, SendsAlreadyConsolidatedAndReceivesIntoAGivenTarget) {
   Watchdog dog(60s);
   auto [server, client] = pair_of();
@@ -335,17 +386,40 @@ TEST(Pipe, MalformedMetadataFailsTheSafeRebuild) {
     send_metadata(client, json);
     EXPECT_THROW_MSG(server.recv(), c10::ValueError, "invalid metadata");
   }
-  {
-    // A non-tensor entry (the reference sends NonTensorData this way): refused with the
-    // metadata, before the storage is read (found by fuzz/pipe_frames.cpp: it used to fail in
-    // the rebuild, after the receive state had changed).
+  // Malformed non-tensor entries are refused with the metadata, before the storage is read
+  // (fuzz/pipe_frames.cpp once found a fault that surfaced after the receive state changed).
+  const std::string last = "\"non_tensors\": {}}";
+  for (const auto& [entry, needle] : std::vector<std::pair<std::string, std::string>>{
+           {R"(["hi", [3], null])", "does not start with the batch size [4]"},
+           {R"(["hi", [4]])", "must be [data, batch_size, device]"},
+           {R"(["hi", "4", null])", "batch_size of non-tensor entry 'text' must be a list"},
+           {R"(["hi", [4], 7])", "device of non-tensor entry 'text' must be a string"},
+           {"[" + std::string(300, '[') + std::string(300, ']') + ", [4], null]",
+            "JSON nested deeper"}}) {
     auto [server, client] = pair_of();
     std::string json = kWorkedExampleJson;
-    const std::string last = "\"non_tensors\": {}}";
-    json.replace(json.rfind(last), last.size(), R"("non_tensors": {"text": ["hi", [4], null]}})");
+    json.replace(json.rfind(last), last.size(), R"("non_tensors": {"text": )" + entry + "}}");
     send_metadata(client, json);
-    EXPECT_THROW_MSG(server.recv(), c10::ValueError,
-                     "non-tensor entry 'text' is not supported yet");
+    EXPECT_THROW_MSG(server.recv(), c10::ValueError, needle);
+  }
+  {
+    // Uncollated: malformed non_tensors entries.
+    for (const auto& [nt, needle] : std::vector<std::pair<std::string, std::string>>{
+             {R"([["x"]])", "must be [key, data]"},
+             {R"([["x", [1], [1], 0]])", "non-tensor stacks"},
+             {R"([[7, 1]])", "a key must be a string"},
+             {R"([["a", 1]])", "keys must be unique"},
+             {R"([[["a", "b"], 1]])", "cannot also have descendants"},
+             {R"({"x": 1})", "non_tensors lists"}}) {
+      auto [server, client] = pair_of(fast_options(false), fast_options(false));
+      const std::string header =
+          R"({"keys": ["a"], "dtypes": ["torch.float32"], "shapes": [[1]], "non_tensors": )" + nt +
+          "}";
+      const std::string len = u64_le(header.size());
+      client.send_raw(len.data(), 8);
+      client.send_raw(header.data(), header.size());
+      EXPECT_THROW_MSG(server.recv(), c10::ValueError, needle);
+    }
   }
   {
     // Uncollated: an unknown dtype in the header.

@@ -4,6 +4,7 @@
 #include <ATen/ATen.h>
 #include <gtest/gtest.h>
 
+#include <algorithm>
 #include <chrono>
 #include <condition_variable>
 #include <cstdlib>
@@ -87,7 +88,24 @@ inline bool same_bytes(const at::Tensor& a, const at::Tensor& b) {
           std::memcmp(ca.const_data_ptr(), cb.const_data_ptr(), ca.nbytes()) == 0);
 }
 
-// Same keys (at every level), dtypes, shapes and bytes.
+// The data with every map's keys sorted: the consolidated pipe sends the metadata as
+// json.dumps(sort_keys=True) does, so maps arrive sorted, as in the reference.
+inline tensordict::JsonValue sorted_maps(const tensordict::JsonValue& v) {
+  using tensordict::JsonValue;
+  if (v.is_list()) {
+    JsonValue::List out;
+    for (const auto& item : v.as_list()) out.push_back(sorted_maps(item));
+    return out;
+  }
+  if (!v.is_map()) return v;
+  JsonValue::Map out;
+  for (const auto& [k, item] : v.as_map()) out.emplace_back(k, sorted_maps(item));
+  std::sort(out.begin(), out.end(), [](const auto& a, const auto& b) { return a.first < b.first; });
+  return out;
+}
+
+// Same keys (at every level), dtypes, shapes and bytes; same non-tensor data (maps in any
+// order) and batch sizes.
 inline void expect_same(const tensordict::TensorDict& a, const tensordict::TensorDict& b) {
   auto ia = a.items({.include_nested = true, .leaves_only = true});
   auto ib = b.items({.include_nested = true, .leaves_only = true});
@@ -96,6 +114,21 @@ inline void expect_same(const tensordict::TensorDict& a, const tensordict::Tenso
     ASSERT_TRUE(b.contains(key)) << key;
     EXPECT_TRUE(same_bytes(value.tensor(), b.get(key).tensor())) << key;
   }
+  size_t non_tensors = 0;
+  for (const auto& [key, value] : a.items({.include_nested = true})) {
+    if (!value.is_non_tensor()) continue;
+    ++non_tensors;
+    ASSERT_TRUE(b.contains(key)) << key;
+    const tensordict::Value other = b.get(key);
+    ASSERT_TRUE(other.is_non_tensor()) << key;
+    EXPECT_EQ(sorted_maps(value.non_tensor().data()).dump(),
+              sorted_maps(other.non_tensor().data()).dump())
+        << key;
+    EXPECT_EQ(value.non_tensor().batch_size(), other.non_tensor().batch_size()) << key;
+  }
+  size_t theirs = 0;
+  for (const auto& [key, value] : b.items({.include_nested = true})) theirs += value.is_non_tensor();
+  EXPECT_EQ(non_tensors, theirs);
   EXPECT_EQ(a.batch_size(), b.batch_size());
 }
 

@@ -251,3 +251,131 @@ TEST(TensorDictOps, Allclose) {
   EXPECT_TRUE(nan.allclose(nan, 1e-5, 1e-8, true));
   EXPECT_FALSE(td.allclose(TensorDict({{"a", A(td)}}, {4, 3})));
 }
+
+// ---- non-tensor entries: the data is kept, the batch size follows the level's -------------------
+
+namespace {
+
+using tensordict::JsonValue;
+using tensordict::NonTensorData;
+using tensordict::Value;
+
+// sample() plus "s" at the root and "t" (with one extra batch dim) in the nested level.
+TensorDict with_non_tensors() {
+  TensorDict td = sample();
+  td.set_non_tensor("s", "hello");
+  td.set({"n", "t"}, NonTensorData(JsonValue::list({1, nullptr}), {4, 3, 2, 5}));
+  return td;
+}
+
+std::vector<int64_t> nt_batch(const TensorDict& td, const NestedKey& key) {
+  return td.get(key).non_tensor().batch_size().vec();
+}
+
+}  // namespace
+
+TEST(TensorDictOpsNonTensor, BatchOperationsKeepTheData) {
+  const TensorDict td = with_non_tensors();
+  using V = std::vector<int64_t>;
+  TensorDict i = td.index({1});
+  EXPECT_EQ(i.get_non_tensor("s"), JsonValue("hello"));
+  EXPECT_EQ(nt_batch(i, "s"), V({3}));
+  EXPECT_EQ(nt_batch(i, {"n", "t"}), V({3, 2, 5}));
+  EXPECT_EQ(nt_batch(td.index({Slice(1, None), None}), "s"), V({3, 1, 3}));
+  auto parts = td.unbind(1);
+  ASSERT_EQ(parts.size(), 3u);
+  EXPECT_EQ(nt_batch(parts[2], "s"), V({4}));
+  EXPECT_EQ(parts[2].get_non_tensor({"n", "t"}), JsonValue::list({1, nullptr}));
+  EXPECT_EQ(nt_batch(td.reshape({12}), {"n", "t"}), V({12, 2, 5}));
+  EXPECT_EQ(nt_batch(td.view({-1}), "s"), V({12}));
+  EXPECT_EQ(nt_batch(td.expand({2, 4, 3}), "s"), V({2, 4, 3}));
+  EXPECT_EQ(nt_batch(td.unsqueeze(0), "s"), V({1, 4, 3}));
+  EXPECT_EQ(nt_batch(td.unsqueeze(0).squeeze(), "s"), V({4, 3}));
+  auto halves = td.split(3, 0);
+  EXPECT_EQ(nt_batch(halves[1], {"n", "t"}), V({1, 3, 2, 5}));
+}
+
+TEST(TensorDictOps, LevelsTwoDeepKeepTheirExtraBatchDims) {
+  TensorDict td = sample();
+  td.set({"n", "m"}, TensorDict({{"y", at::zeros({4, 3, 2, 7})}}, {4, 3, 2, 7}));
+  EXPECT_EQ(td.index({1}).get({"n", "m"}).tensordict().batch_size(), at::IntArrayRef({3, 2, 7}));
+  EXPECT_EQ(td.reshape({12}).get({"n", "m"}).tensordict().batch_size(),
+            at::IntArrayRef({12, 2, 7}));
+}
+
+TEST(TensorDictOpsNonTensor, StackAndCatNeedEqualData) {
+  const TensorDict a = with_non_tensors();
+  const TensorDict b = with_non_tensors();
+  using V = std::vector<int64_t>;
+  TensorDict s = tensordict::stack({a, b}, 1);
+  EXPECT_EQ(nt_batch(s, "s"), V({4, 2, 3}));
+  EXPECT_EQ(nt_batch(s, {"n", "t"}), V({4, 2, 3, 2, 5}));
+  EXPECT_EQ(s.get_non_tensor("s"), JsonValue("hello"));
+  TensorDict c = tensordict::cat({a, b}, 0);
+  EXPECT_EQ(nt_batch(c, "s"), V({8, 3}));
+  EXPECT_EQ(nt_batch(c, {"n", "t"}), V({8, 3, 2, 5}));
+
+  TensorDict other = with_non_tensors();
+  other.set_non_tensor({"n", "t"}, "different");
+  EXPECT_THROW_MSG(tensordict::stack({a, other}), c10::ValueError,
+                   "non-tensor entry ('n', 't') holds [1, null] in tensordict 0 but \"different\"");
+  EXPECT_THROW_MSG(tensordict::cat({a, other}), c10::ValueError, "no NonTensorStack");
+  TensorDict tensor_there = with_non_tensors();
+  tensor_there.set("s", at::zeros({4, 3}));
+  EXPECT_THROW_MSG(tensordict::stack({a, tensor_there}), c10::TypeError,
+                   "key 's' is a non-tensor entry in tensordict 0 but a tensor");
+  EXPECT_THROW_MSG(tensordict::stack({tensor_there, a}), c10::TypeError,
+                   "key 's' is a tensor in tensordict 0 but a non-tensor entry");
+}
+
+TEST(TensorDictOpsNonTensor, TensorLikeOperations) {
+  TensorDict td = with_non_tensors();
+  TensorDict c = td.clone();
+  EXPECT_EQ(c.get_non_tensor("s"), JsonValue("hello"));
+  c.set_non_tensor("s", "changed");
+  EXPECT_EQ(td.get_non_tensor("s"), JsonValue("hello"));  // independent copies
+
+  TensorDict moved = td.to(at::Device(at::kCPU));
+  EXPECT_EQ(moved.get("s").non_tensor().device(), at::Device(at::kCPU));
+  EXPECT_EQ(moved.get({"n", "t"}).non_tensor().device(), at::Device(at::kCPU));
+  EXPECT_EQ(td.to(at::kDouble).get_non_tensor("s"), JsonValue("hello"));
+  EXPECT_EQ(td.contiguous().get_non_tensor("s"), JsonValue("hello"));
+
+  // apply passes non-tensor entries through, as the reference does.
+  TensorDict doubled = td.apply([](const at::Tensor& t) { return t * 2; });
+  EXPECT_EQ(doubled.get_non_tensor({"n", "t"}), JsonValue::list({1, nullptr}));
+  TensorDict summed = td.apply([](const at::Tensor& x, const at::Tensor& y) { return x + y; }, td);
+  EXPECT_EQ(summed.get_non_tensor("s"), JsonValue("hello"));
+
+  td.zero_();  // skips them
+  EXPECT_EQ(td.get_non_tensor("s"), JsonValue("hello"));
+  EXPECT_THROW_MSG(td.fill_("s", 1), c10::TypeError, "key 's' holds a non-tensor entry");
+  td.fill_("n", 3);  // the nested level's tensors only
+
+  TensorDict target({}, {4, 3});
+  target.update(with_non_tensors());
+  EXPECT_EQ(target.get_non_tensor({"n", "t"}), JsonValue::list({1, nullptr}));
+  target.set("s", at::zeros({4, 3}));
+  target.update(with_non_tensors(), {.inplace = true});  // replaces the tensor by the entry
+  EXPECT_TRUE(target.get("s").is_non_tensor());
+}
+
+TEST(TensorDictOpsNonTensor, Comparisons) {
+  const TensorDict a = with_non_tensors();
+  TensorDict b = with_non_tensors();
+  TensorDict eq = a == b;
+  // Like the reference's NonTensorData.__eq__: a bool tensor of the entry's batch size.
+  EXPECT_TRUE(at::equal(eq.get("s").tensor(), at::ones({4, 3}, at::kBool)));
+  EXPECT_EQ(eq.get({"n", "t"}).tensor().sizes(), at::IntArrayRef({4, 3, 2, 5}));
+  EXPECT_TRUE(eq.all());
+  EXPECT_TRUE(a.allclose(b));
+  b.set_non_tensor("s", "other");
+  EXPECT_FALSE((a == b).all());
+  EXPECT_TRUE((a != b).get("s").tensor().all().item<bool>());
+  EXPECT_FALSE(a.allclose(b));
+  // A comparison with a scalar leaves them out.
+  EXPECT_FALSE((a == 0).contains("s"));
+  EXPECT_TRUE((a == 0).contains({"n", "x"}));
+  b.set("s", at::zeros({4, 3}));
+  EXPECT_THROW_MSG(a == b, c10::TypeError, "key 's' is a non-tensor entry in the first");
+}

@@ -225,3 +225,90 @@ TEST(TensorDict, EveryDtypeZeroDimAndNumelZero) {
   EXPECT_EQ(td.clone().keys().size(), dtypes.size() + 1);
   EXPECT_EQ(td.index({0}).get("empty").tensor().sizes(), at::IntArrayRef({0}));
 }
+
+// ---- non-tensor entries ----------------------------------------------------------------------
+
+using tensordict::JsonValue;
+using tensordict::NonTensorData;
+
+TEST(TensorDictNonTensor, SetAndGet) {
+  TensorDict td({{"a", at::ones({4})}}, {4});
+  td.set_non_tensor("label", "cat");
+  td.set_non_tensor({"n", "cfg"}, JsonValue::map({{"lr", 0.1}, {"layers", JsonValue::list({1, 2})}}));
+  EXPECT_EQ(td.get_non_tensor("label"), JsonValue("cat"));
+  EXPECT_EQ(td.get_non_tensor({"n", "cfg"}).at("lr").as_float(), 0.1);
+  const Value v = td.get("label");
+  ASSERT_TRUE(v.is_non_tensor());
+  EXPECT_FALSE(v.is_tensor());
+  EXPECT_FALSE(v.is_tensordict());
+  EXPECT_EQ(v.non_tensor().batch_size(), at::IntArrayRef({4}));
+  EXPECT_FALSE(v.non_tensor().device().has_value());
+  // The level created on the way has the batch size of its parent, and so has the entry.
+  EXPECT_EQ(td.get({"n", "cfg"}).non_tensor().batch_size(), at::IntArrayRef({4}));
+  // Replacing keeps the position.
+  td.set_non_tensor("a", 5);
+  EXPECT_EQ(td.entries()[0].first, "a");
+  EXPECT_EQ(td.get_non_tensor("a"), JsonValue(5));
+
+  EXPECT_THROW_MSG(td.get_non_tensor("missing"), KeyError, "'missing'");
+  EXPECT_THROW_MSG(td.get_non_tensor("n"), c10::TypeError, "holds a TensorDict");
+  EXPECT_THROW_MSG(td.get("label").tensor(), c10::TypeError, "got a non-tensor entry");
+  EXPECT_THROW_MSG(td.get("label").tensordict(), c10::TypeError, "got a non-tensor entry");
+  EXPECT_THROW_MSG(td.get("n").non_tensor(), c10::TypeError, "got a TensorDict");
+  EXPECT_THROW_MSG(td.get({"label", "x"}), KeyError, "'label' is a non-tensor entry");
+  EXPECT_THROW_MSG(td.set({"label", "x"}, at::ones({4})), KeyError, "cannot reach key");
+  EXPECT_THROW_MSG(td.set_("label", at::ones({4})), c10::TypeError, "holds a non-tensor entry");
+}
+
+TEST(TensorDictNonTensor, DeviceOfTheLevel) {
+  TensorDict td({}, {2}, at::Device(at::kCPU));
+  td.set_non_tensor("x", nullptr);
+  EXPECT_EQ(td.get("x").non_tensor().device(), at::Device(at::kCPU));
+  td.set("y", NonTensorData(JsonValue("q")));  // an empty batch size is the level's
+  EXPECT_EQ(td.get("y").non_tensor().batch_size(), at::IntArrayRef({2}));
+  EXPECT_EQ(td.get("y").non_tensor().device(), at::Device(at::kCPU));
+}
+
+TEST(TensorDictNonTensor, SetChecksTheBatchSize) {
+  TensorDict td({}, {3});
+  td.set("ok", NonTensorData(JsonValue(1), {3, 4}));
+  EXPECT_EQ(td.get("ok").non_tensor().batch_size(), at::IntArrayRef({3, 4}));
+  EXPECT_THROW_MSG(td.set({"n", "bad"}, NonTensorData(JsonValue(1), {2})), c10::ValueError,
+                   "key ('n', 'bad') has shape [2], which does not start with [3]");
+  EXPECT_THROW_MSG(TensorDict({{"bad", NonTensorData(JsonValue(1), {2})}}, {3}), c10::ValueError,
+                   "key 'bad'");
+  TensorDict only({{"ok", NonTensorData(JsonValue(1), {3, 4})}}, {3});
+  EXPECT_THROW_MSG(only.set_batch_size({4}), c10::ValueError, "key 'ok'");
+  only.set_batch_size({3, 4});
+  only.set_batch_size({});
+}
+
+TEST(TensorDictNonTensor, KeysItemsAndEmptiness) {
+  TensorDict td({{"a", at::ones({2})}}, {2});
+  td.set_non_tensor("s", "x");
+  td.set_non_tensor({"n", "t"}, "y");
+  td.set({"n", "u"}, at::ones({2}));
+  EXPECT_EQ(strs(td.keys()), (std::vector<std::string>{"'a'", "'s'", "'n'"}));
+  // The reference: a non-tensor entry is not a leaf, so leaves_only leaves it out.
+  EXPECT_EQ(strs(td.keys({.include_nested = true, .leaves_only = true})),
+            (std::vector<std::string>{"'a'", "('n', 'u')"}));
+  EXPECT_EQ(strs(td.keys({.include_nested = true})),
+            (std::vector<std::string>{"'a'", "'s'", "('n', 't')", "('n', 'u')", "'n'"}));
+  EXPECT_EQ(td.sorted_keys(), (std::vector<std::string>{"a", "n", "s"}));
+  TensorDict only;
+  only.set_non_tensor({"deep", "x"}, "a");
+  EXPECT_FALSE(only.is_empty());  // a non-tensor entry counts, as in the reference
+  EXPECT_FALSE(TensorDict(only.get("deep").tensordict()).is_empty());
+}
+
+TEST(TensorDictNonTensor, Locking) {
+  TensorDict td({}, {});
+  td.set_non_tensor({"n", "x"}, 1);
+  td.lock_();
+  EXPECT_THROW_MSG(td.set_non_tensor("y", 2), c10::Error, "Cannot modify locked TensorDict");
+  EXPECT_THROW_MSG(td.set_non_tensor({"n", "x"}, 2), c10::Error, "Cannot modify locked");
+  EXPECT_THROW_MSG(td.erase({"n", "x"}), c10::Error, "Cannot modify locked");
+  td.unlock_();
+  td.set_non_tensor({"n", "x"}, 2);
+  EXPECT_EQ(td.pop({"n", "x"}).non_tensor().data(), JsonValue(2));
+}

@@ -18,3 +18,54 @@ def built(name: str) -> pathlib.Path:
     if not path.exists():
         pytest.fail(f"{path} is missing: run scripts/setup first")
     return path
+
+
+def to_reference(td):
+    """Our TensorDict as the reference's: the same entries in the same order, nested levels
+    converted, non-tensor entries as the reference's NonTensorData."""
+    import tensordict
+    from tensordict_cpp import NonTensorData, TensorDict
+
+    out = tensordict.TensorDict({}, batch_size=td.batch_size, device=td.device)
+    for key, value in td.items():
+        if isinstance(value, NonTensorData):
+            value = tensordict.NonTensorData(value.data, batch_size=value.batch_size,
+                                             device=value.device)
+        elif isinstance(value, TensorDict):
+            value = to_reference(value)
+        out.set(key, value)
+    return out
+
+
+def from_reference(td):
+    """The reference's TensorDict as ours (the inverse of to_reference)."""
+    import tensordict
+    from tensordict_cpp import NonTensorData, TensorDict
+
+    out = TensorDict({}, batch_size=td.batch_size, device=td.device)
+    for key, value in td.items():
+        if tensordict.is_non_tensor(value):
+            value = NonTensorData(value.data, batch_size=value.batch_size, device=value.device)
+        elif isinstance(value, tensordict.TensorDict):
+            value = from_reference(value)
+        out.set(key, value)
+    return out
+
+
+def describe(td):
+    """Either implementation's TensorDict as plain data, to compare the two: entries in
+    insertion order, each ("tensor", dtype, shape, values), ("non_tensor", data, batch size)
+    or ("td", batch size, entries)."""
+    import tensordict
+    import torch
+    from tensordict_cpp import NonTensorData
+
+    out = []
+    for key, value in td.items():
+        if isinstance(value, NonTensorData) or tensordict.is_non_tensor(value):
+            out.append((key, "non_tensor", value.data, list(value.batch_size)))
+        elif isinstance(value, torch.Tensor):
+            out.append((key, "tensor", str(value.dtype), list(value.shape), value.tolist()))
+        else:
+            out.append((key, "td", list(value.batch_size), describe(value)))
+    return out

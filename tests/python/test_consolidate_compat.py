@@ -23,7 +23,7 @@ from pathlib import Path
 
 import pytest
 import torch
-from tensordict import TensorDict
+from tensordict import NonTensorData, TensorDict, is_non_tensor
 from tensordict._reductions import _rebuild_tensordict_files_consolidated
 
 BUILD_DIR = Path(os.environ.get("TENSORDICT_BUILD_DIR", "/work/main/build"))
@@ -46,6 +46,14 @@ class L:
     dtype: torch.dtype
     shape: list[int]
     ops: list = field(default_factory=list)
+
+
+@dataclass
+class NT:
+    """A non-tensor entry: JSON-like data, with the level's batch size unless one is given."""
+
+    data: object
+    batch_size: list[int] | None = None
 
 
 @dataclass
@@ -82,6 +90,12 @@ def materialise(node: N, gen: torch.Generator, data: bytearray):
             td, spec = materialise(item, gen, data)
             entries[key] = td
             spec_entries.append([key, spec])
+            continue
+        if isinstance(item, NT):
+            bs = node.batch_size if item.batch_size is None else item.batch_size
+            entries[key] = NonTensorData(item.data, batch_size=bs)
+            spec_entries.append([key, {"non_tensor": item.data, **({} if item.batch_size is None
+                                                                    else {"batch_size": bs})}])
             continue
         numel = 1
         for d in item.shape:
@@ -153,6 +167,20 @@ CASES = {
                         ("u8", L(torch.uint8, [13]))]),
     "many_small": N([(f"k{i}", N([(f"j{j}", L(NARROW_DTYPES[(i + j) % len(NARROW_DTYPES)], [1 + (i * j) % 5])) for j in range(8)]))
                      for i in range(12)]),
+    # Non-tensor entries at several levels, between leaves, with every kind of JSON-like data.
+    "non_tensors": N([
+        ("a", L(f32, [3])),
+        ("s", NT("hello \u00e9 \U0001F600 \"q\"")),
+        ("n", N([("i", NT(-7)), ("x", L(i64, [3, 2])),
+                 ("f", NT([1.0, 1e-07, 0.1, 1e16, -0.0, 2.5])),
+                 ("deep", N([("cfg", NT({"lr": 0.001, "layers": [64, {"k": None}], "\u65e5": True})),
+                             ("only", NT(None, [3, 2, 4]))], [3, 2]))], [3])),
+        ("b", NT(False)),
+        ("l", NT(["a", 1, None, [], {}])),
+        ("t", L(torch.uint8, [3, 5]))], [3]),
+    "non_tensors_only": N([("x", NT("a")), ("sub", N([("y", NT({"z": [1, 2]}))]))]),
+    "non_tensors_device": N([("x", NT(3)), ("v", L(f32, [2])), ("n", N([("y", NT("d"))], [2], device="cpu"))],
+                            [2], device="cpu"),
     "large_leaf": N([("big", L(f32, [1024, 1025])), ("small", L(torch.uint8, [3])),
                      ("big2", L(torch.float64, [300, 301], [["t", 0, 1]]))]),
 }
@@ -202,6 +230,10 @@ def describe(td: TensorDict, blob: bytearray):
     entries = []
     for key in td.keys():
         value = td.get(key)
+        if is_non_tensor(value):
+            entries.append([key, {"non_tensor": value.data, "batch_size": list(value.batch_size),
+                                  "device": str(value.device) if value.device is not None else None}])
+            continue
         if isinstance(value, TensorDict):
             entries.append([key, describe(value, blob)])
             continue
@@ -227,7 +259,11 @@ def assert_same_td(got: TensorDict, want: TensorDict):
         assert (g.dtype, g.shape) == (w.dtype, w.shape), key
         assert raw(g) == raw(w), key
     for key, w in want.items(include_nested=True):
-        if isinstance(w, TensorDict):
+        if is_non_tensor(w):
+            g = got.get(key)
+            assert is_non_tensor(g), key
+            assert (g.data, g.batch_size) == (w.data, w.batch_size), key
+        elif isinstance(w, TensorDict):
             assert got.get(key).batch_size == w.batch_size, key
 
 

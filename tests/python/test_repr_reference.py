@@ -22,7 +22,20 @@ def reference_cases():
             torch.uint32: 28, torch.uint64: 29}
     for dt, v in enum.items():
         dtypes[f"k{v}"] = torch.zeros(1, 2, dtype=dt)
+    non_tensors = TensorDict(a=torch.ones(3), batch_size=[3])
+    non_tensors["s"] = "hello"
+    non_tensors.set_non_tensor("d", {"k": [1, 2.0, None, True], "q": "it's \"x\"\t\u00e9"})
+    non_tensors.set_non_tensor("none", None)
+    non_tensors.set_non_tensor("f", 1e-07)
+    non_tensors.set_non_tensor("b", False)
+    non_tensors.set_non_tensor("i", -3)
+    non_tensors.set_non_tensor("long", "x" * 150 + "\u00e9" + "y" * 100)
+    non_tensors.set_non_tensor(("n", "lst"), ["a", "b'"])
+    on_cpu = TensorDict(batch_size=[3], device="cpu")
+    on_cpu.set_non_tensor("z", 1.5)
+    non_tensors["cpu"] = on_cpu
     return {
+        "non_tensors": non_tensors,
         "nested": nested,
         "empty": TensorDict(),
         "device": TensorDict(x=torch.tensor(1.0), batch_size=[], device="cpu"),
@@ -40,7 +53,7 @@ def ours():
     return cases
 
 
-@pytest.mark.parametrize("name", ["nested", "empty", "device", "tricky", "dtypes"])
+@pytest.mark.parametrize("name", ["nested", "empty", "device", "tricky", "dtypes", "non_tensors"])
 def test_repr_equals_reference(name):
     with tensordict.set_printoptions(compact=False):
         expected = repr(reference_cases()[name])

@@ -29,5 +29,22 @@ int main() {
                                 at::kComplexDouble, at::kUInt16, at::kUInt32, at::kUInt64};
   for (auto dt : all) dtypes.set("k" + std::to_string(static_cast<int>(dt)), at::zeros({1, 2}, dt));
   std::cout << "=== dtypes\n" << dtypes << "\n";
+
+  // Non-tensor entries print as the reference's NonTensorData: str(data), cut past 200.
+  using tensordict::JsonValue;
+  TensorDict non_tensors({{"a", at::ones({3})}}, {3});
+  non_tensors.set_non_tensor("s", "hello");
+  non_tensors.set_non_tensor("d", JsonValue::map({{"k", JsonValue::list({1, 2.0, nullptr, true})},
+                                                  {"q", "it's \"x\"\t\xc3\xa9"}}));
+  non_tensors.set_non_tensor("none", nullptr);
+  non_tensors.set_non_tensor("f", 1e-07);
+  non_tensors.set_non_tensor("b", false);
+  non_tensors.set_non_tensor("i", -3);
+  non_tensors.set_non_tensor("long", std::string(150, 'x') + "\xc3\xa9" + std::string(100, 'y'));
+  non_tensors.set_non_tensor({"n", "lst"}, JsonValue::list({"a", "b'"}));
+  TensorDict on_cpu({}, {3}, at::Device("cpu"));
+  on_cpu.set_non_tensor("z", 1.5);
+  non_tensors.set("cpu", on_cpu);
+  std::cout << "=== non_tensors\n" << non_tensors << "\n";
   return 0;
 }

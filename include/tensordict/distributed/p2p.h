@@ -11,6 +11,8 @@
 // sorted by code point at each level; the message is the leaf's bytes in C order, with no
 // header; leaf k carries tag init_tag + k, or the pseudo-random chain of tags.h. The receiver's
 // TensorDict must have the same keys, shapes and dtypes (nothing about them travels).
+// Non-tensor entries are skipped and take no tag, as in the reference: the receiver keeps its
+// own (init_remote and the collectives deliver them).
 // Consolidated: one message, tag 0, carrying the consolidated storage (wire-format.md §3).
 //
 // Peers: `dst`/`src` are global ranks, translated for `group` (default: the default group);

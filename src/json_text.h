@@ -1,0 +1,51 @@
+#pragma once
+// Private: JSON text as Python's json module writes and reads it, shared by JsonValue, the
+// metadata codecs and the pipe's headers. Every reader of a peer's text goes through
+// parse_json with bounds, so nesting and element counts are checked while the tree is built.
+
+#include <cstddef>
+#include <cstdint>
+#include <string>
+#include <string_view>
+
+#include "tensordict/json_value.h"
+
+namespace tensordict::detail {
+
+/// Appends `s` as a JSON string literal the way json.dumps(ensure_ascii=True) writes it.
+/// ValueError (starting with `who`) when `s` is not valid UTF-8.
+void append_json_string(std::string& out, std::string_view s, const char* who = "json");
+
+/// Python's repr() of a float: the shortest round-trip digits, "1.0", "1e-07", "1e+16",
+/// "inf", "-inf", "nan".
+std::string python_float_repr(double d);
+
+/// Appends json.dumps(value, sort_keys=sort_keys): ", " and ": " separators, ASCII only,
+/// NaN / Infinity / -Infinity for the non-finite floats. Throws ValueError on invalid UTF-8.
+void append_json(std::string& out, const JsonValue& value, bool sort_keys);
+
+/// Python's str(value): a string as is, anything else as repr() would print the Python object
+/// json.loads gives ('single quotes', True, None, {'k': 1}). Non-ASCII characters are kept
+/// (escaping only the control characters), which is what repr() does for printable ones.
+std::string python_str(const JsonValue& value);
+
+struct JsonLimits {
+  size_t max_depth = 256;            // nesting of lists and maps
+  size_t max_values = SIZE_MAX;      // values created, containers included
+};
+
+/// Parses JSON text as json.loads does (NaN, Infinity, -Infinity accepted; a duplicate key
+/// keeps its first position and its last value). ValueError, starting with `who`, on bad
+/// text, an integer outside int64, or a bound of `limits` exceeded. Never recurses deeper
+/// than limits.max_depth.
+JsonValue parse_json(std::string_view text, const JsonLimits& limits, const char* who = "json");
+
+/// Python's name of the value's type: "NoneType", "bool", "int", "float", "str", "list",
+/// "dict".
+const char* json_type_name(const JsonValue& value);
+
+/// Equality where a float equals itself bit for bit (NaN included), unlike operator==: "the
+/// same data", for the checks that a copy is unchanged (consolidated views, update, stack).
+bool json_identical(const JsonValue& a, const JsonValue& b);
+
+}  // namespace tensordict::detail

@@ -1,0 +1,110 @@
+// JsonValue: accessors and their typed errors, dump() against the bytes Python's json.dumps
+// writes (pinned here from the interpreter), parse() and its faults.
+#include <gtest/gtest.h>
+
+#include <cmath>
+#include <limits>
+#include <string>
+
+#include "expect_throw.h"
+#include "tensordict/errors.h"
+#include "tensordict/json_value.h"
+
+using tensordict::JsonValue;
+using tensordict::KeyError;
+
+TEST(JsonValue, KindsAndAccessors) {
+  EXPECT_TRUE(JsonValue().is_null());
+  EXPECT_TRUE(JsonValue(nullptr).is_null());
+  EXPECT_TRUE(JsonValue(true).as_bool());
+  EXPECT_EQ(JsonValue(3).as_int(), 3);
+  EXPECT_EQ(JsonValue(int64_t{1} << 40).as_int(), int64_t{1} << 40);
+  EXPECT_EQ(JsonValue(2.5).as_float(), 2.5);
+  EXPECT_EQ(JsonValue(7).as_float(), 7.0);  // an int converts
+  EXPECT_EQ(JsonValue("x").as_string(), "x");
+  EXPECT_EQ(JsonValue(std::string_view("y")).as_string(), "y");
+  const JsonValue list = JsonValue::list({1, "a", nullptr});
+  EXPECT_EQ(list.as_list().size(), 3u);
+  EXPECT_EQ(list.at(1), JsonValue("a"));
+  const JsonValue map = JsonValue::map({{"b", 1}, {"a", JsonValue::list({})}});
+  EXPECT_EQ(map.as_map()[0].first, "b");  // insertion order
+  EXPECT_EQ(map.at("a"), JsonValue::list({}));
+  EXPECT_NE(JsonValue(1), JsonValue(1.0));  // the kinds differ
+}
+
+TEST(JsonValue, TypedErrors) {
+  EXPECT_THROW_MSG(JsonValue(1).as_string(), c10::TypeError, "expected str, got int");
+  EXPECT_THROW_MSG(JsonValue("s").as_float(), c10::TypeError, "expected float, got str");
+  EXPECT_THROW_MSG(JsonValue().as_list(), c10::TypeError, "expected list, got NoneType");
+  EXPECT_THROW_MSG(JsonValue(true).as_int(), c10::TypeError, "expected int, got bool");
+  EXPECT_THROW_MSG(JsonValue::list({}).at("k"), c10::TypeError, "expected dict, got list");
+  EXPECT_THROW_MSG(JsonValue::map({{"a", 1}}).at("b"), KeyError, "'b'");
+  EXPECT_THROW_MSG(JsonValue::list({1}).at(size_t{1}), c10::IndexError, "index 1 is out of range");
+  EXPECT_THROW_MSG(JsonValue::map({{"a", 1}, {"a", 2}}), c10::ValueError, "key 'a' twice");
+  JsonValue::Map many;
+  for (int i = 0; i < 20; ++i) many.emplace_back(std::to_string(i % 19), i);
+  EXPECT_THROW_MSG(JsonValue(std::move(many)), c10::ValueError, "key '0' twice");
+}
+
+TEST(JsonValue, DumpIsPythonsJsonDumps) {
+  const double inf = std::numeric_limits<double>::infinity();
+  const JsonValue v = JsonValue::map({
+      {"a", JsonValue::list({1, 2.5, nullptr, true, false})},
+      {"b", "h\xc3\xa9\xf0\x9f\x98\x80\"\\\n"},
+      {"c", 1.0},
+      {"d", 1e-07},
+      {"e", 1e16},
+      {"f", 1e15},
+      {"g", inf},
+      {"h", -inf},
+      {"i", std::nan("")},
+      {"j", -0.0},
+      {"k", 0.1 + 0.2},
+      {"l", 123456789.125},
+      {"m", 5e-324},
+      {"n", 1.7976931348623157e308},
+      {"o", 0.0001},
+      {"p", 0.00001},
+      {"q", std::numeric_limits<int64_t>::min()},
+      {"r", JsonValue::map({})},
+      {"s", JsonValue::list({})},
+  });
+  // python -c 'import json; print(json.dumps({...}))' with the same values.
+  EXPECT_EQ(v.dump(),
+            R"({"a": [1, 2.5, null, true, false], "b": "h\u00e9\ud83d\ude00\"\\\n", "c": 1.0, )"
+            R"("d": 1e-07, "e": 1e+16, "f": 1000000000000000.0, "g": Infinity, "h": -Infinity, )"
+            R"("i": NaN, "j": -0.0, "k": 0.30000000000000004, "l": 123456789.125, "m": 5e-324, )"
+            R"("n": 1.7976931348623157e+308, "o": 0.0001, "p": 1e-05, "q": -9223372036854775808, )"
+            R"("r": {}, "s": []})");
+  EXPECT_EQ(JsonValue(1e22).dump(), "1e+22");
+  EXPECT_EQ(JsonValue(1.5e-10).dump(), "1.5e-10");
+  EXPECT_EQ(JsonValue(123e-20).dump(), "1.23e-18");
+  EXPECT_THROW_MSG(JsonValue("\xff").dump(), c10::ValueError, "not valid UTF-8");
+}
+
+TEST(JsonValue, ParseRoundTripsDump) {
+  const std::string text =
+      R"({"a": [1, 2.5, null, true, false], "b": "h\u00e9\ud83d\ude00\"\\\n", "c": -Infinity, )"
+      R"("d": NaN, "e": {"x": []}, "f": -9223372036854775808})";
+  const JsonValue v = JsonValue::parse(text);
+  EXPECT_EQ(v.at("b").as_string(), "h\xc3\xa9\xf0\x9f\x98\x80\"\\\n");
+  EXPECT_TRUE(std::isnan(v.at("d").as_float()));
+  EXPECT_EQ(v.dump(), text);
+  // json.loads: whitespace anywhere between tokens; a repeated key keeps its first place and
+  // its last value; "1e400" overflows to inf.
+  EXPECT_EQ(JsonValue::parse(" {\"a\" :1 ,\"b\":2,\"a\":3}\n").dump(), R"({"a": 3, "b": 2})");
+  EXPECT_EQ(JsonValue::parse("1e400").as_float(), std::numeric_limits<double>::infinity());
+  EXPECT_EQ(JsonValue::parse("-0").as_int(), 0);
+  EXPECT_TRUE(JsonValue::parse("1E2").is_float());
+}
+
+TEST(JsonValue, ParseFaults) {
+  for (const char* bad : {"", "{", "[1,]", "{\"a\" 1}", "tru", "01", "1.", "\"\\x\"", "\"a",
+                          "[1] 2", "{1: 2}", "\"\\ud800\"", "nan", "+1", "\"\x01\"", "\"\xff\""}) {
+    SCOPED_TRACE(bad);
+    EXPECT_THROW_MSG(JsonValue::parse(bad), c10::ValueError, "invalid JSON");
+  }
+  EXPECT_THROW_MSG(JsonValue::parse("18446744073709551616"), c10::ValueError, "out of range");
+  EXPECT_THROW_MSG(JsonValue::parse(std::string(100000, '[')), c10::ValueError,
+                   "nested deeper than");
+}
