@@ -6,6 +6,8 @@
 #include <torch/csrc/distributed/c10d/Types.hpp>
 
 #include <optional>
+#include <string>
+#include <utility>
 
 #include "bindings.h"
 #include "tensordict/distributed/collectives.h"
@@ -28,12 +30,16 @@ py::list tds_to_py(const std::vector<TensorDict>& tds) {
 
 void bind_collectives(py::module_& m) {
   // Arguments are converted with the GIL held; the transfers run without it.
+  // from_remote_init and broadcast return (TensorDict, the sender's tensorclass type or None):
+  // the Python layer resolves the type against its tensorclass registry.
   m.def("init_remote", [](const TensorDict& td, std::optional<int64_t> group_dst,
-                          py::handle group, std::optional<at::Device> device, bool use_broadcast) {
+                          py::handle group, std::optional<at::Device> device, bool use_broadcast,
+                          std::optional<std::string> tensorclass_type) {
     dist::InitRemoteOptions o{.group = group_from_py(group),
                               .group_dst = group_dst,
                               .device = device,
-                              .use_broadcast = use_broadcast};
+                              .use_broadcast = use_broadcast,
+                              .tensorclass_type = std::move(tensorclass_type)};
     py::gil_scoped_release nogil;
     return dist::init_remote(td, std::nullopt, o);
   });
@@ -45,17 +51,29 @@ void bind_collectives(py::module_& m) {
                                   .device = device,
                                   .use_broadcast = use_broadcast,
                                   .max_total_bytes = max_bytes(max_total_bytes)};
-    py::gil_scoped_release nogil;
-    return dist::from_remote_init(std::nullopt, o);
+    std::optional<std::string> type;
+    TensorDict out;
+    {
+      py::gil_scoped_release nogil;
+      out = dist::from_remote_init(std::nullopt, o, &type);
+    }
+    return std::make_pair(out, type);
   });
   m.def("broadcast", [](const TensorDict& td, std::optional<int64_t> group_src, py::handle group,
-                        std::optional<at::Device> device, std::optional<int64_t> max_total_bytes) {
+                        std::optional<at::Device> device, std::optional<int64_t> max_total_bytes,
+                        std::optional<std::string> tensorclass_type) {
     dist::BroadcastOptions o{.group = group_from_py(group),
                              .group_src = group_src,
                              .device = device,
-                             .max_total_bytes = max_bytes(max_total_bytes)};
-    py::gil_scoped_release nogil;
-    return dist::broadcast(td, std::nullopt, o);
+                             .max_total_bytes = max_bytes(max_total_bytes),
+                             .tensorclass_type = std::move(tensorclass_type)};
+    std::optional<std::string> type;
+    TensorDict out;
+    {
+      py::gil_scoped_release nogil;
+      out = dist::broadcast(td, std::nullopt, o, &type);
+    }
+    return std::make_pair(out, type);
   });
   m.def("all_gather", [](const TensorDict& td, py::handle group,
                          std::optional<int64_t> max_total_bytes) {

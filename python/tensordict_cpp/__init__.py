@@ -11,8 +11,12 @@ import torch
 import torch.distributed  # noqa: F401
 
 from tensordict_cpp import _C
-from tensordict_cpp._td import TensorDict, cat, stack
+from tensordict_cpp._td import NonTensorData, TensorDict, cat, stack
 from tensordict_cpp.pipe import TensorDictPipe, TensorDictServer
+# As in the reference, the name `tensorclass` is the decorator; the module stays reachable as
+# `from tensordict_cpp.tensorclass import ...` (through sys.modules).
+from tensordict_cpp.tensorclass import is_tensorclass, tensorclass
 
-__all__ = ["TensorDict", "stack", "cat", "TensorDictPipe", "TensorDictServer"]
+__all__ = ["TensorDict", "NonTensorData", "stack", "cat", "TensorDictPipe", "TensorDictServer",
+           "tensorclass", "is_tensorclass"]
 __version__ = "0.1.0"

@@ -48,8 +48,23 @@ def _wrap(cpp: Any):
     return TensorDict._wrap(cpp)
 
 
+def _typed(wrap: Any, received: tuple, allow_import: bool):
+    """The received TensorDict (``wrap(cpp)``), as the tensorclass the sender named if any.
+
+    The name is looked up among the tensordict_cpp tensorclasses of this process; a module is
+    imported only with ``allow_import=True`` (see ``tensorclass._resolve_tensorclass_type``).
+    """
+    cpp, type_str = received
+    td = wrap(cpp)
+    if type_str is None:
+        return td
+    from tensordict_cpp.tensorclass import _resolve_tensorclass_type
+
+    return _resolve_tensorclass_type(type_str, allow_import).from_tensordict(td)
+
+
 def init_remote(self, dst: int | None = None, group: Any = None, device: Any = None,
-                use_broadcast: bool = False) -> None:
+                use_broadcast: bool = False, _tensorclass_type: str | None = None) -> None:
     """Sends this TensorDict, structure and values, to a rank that does not know it.
 
     The receiver calls :meth:`from_remote_init`, which returns a consolidated TensorDict; later
@@ -71,6 +86,9 @@ def init_remote(self, dst: int | None = None, group: Any = None, device: Any = N
         use_broadcast (bool, optional): if ``True``, broadcasts to every rank of the group
             (see :meth:`broadcast`); the others call ``from_remote_init(src=...,
             use_broadcast=True)``. Defaults to ``False``.
+        _tensorclass_type (str, optional): a tensorclass's ``"<module>.<qualname>"``, sent as
+            the metadata's ``"_tensorclass_type"`` (tensorclasses pass their own). Defaults to
+            ``None``.
 
     Raises:
         ValueError: if ``dst`` is missing, this rank, or not in ``group``.
@@ -83,19 +101,23 @@ def init_remote(self, dst: int | None = None, group: Any = None, device: Any = N
             raise ValueError("init_remote: `dst` is required unless use_broadcast=True")
         group_dst = _group_rank(pg, dst)
         _c10d._check_not_self_rank(pg, group_dst, "destination")
-    _C.init_remote(self._cpp, group_dst, pg, device, use_broadcast)
+    _C.init_remote(self._cpp, group_dst, pg, device, use_broadcast, _tensorclass_type)
 
 
 @classmethod
 def from_remote_init(cls, src: int, group: Any = None, device: Any = None,
-                     use_broadcast: bool = False, *, max_total_bytes: int | None = None):
+                     use_broadcast: bool = False, *, max_total_bytes: int | None = None,
+                     allow_import: bool = False):
     """Receives what :meth:`init_remote` sends and returns it as a new consolidated
     TensorDict.
 
     Receive later values into the result with ``recv(src, consolidated=True)``: they land in
     the same storage. The sender's metadata is read by a restricted reader that accepts only
     dicts, lists, tuples, str, int, float, bool and None, within bounds: nothing a peer sends
-    is imported or executed.
+    is imported or executed. When the sender was a tensorclass, the result is the tensorclass
+    of the same ``"<module>.<qualname>"`` among the ``tensordict_cpp`` tensorclasses defined in
+    this process (the reference imports the module the sender names; here that takes
+    ``allow_import=True``).
 
     Args:
         src (int): the sender's global rank.
@@ -110,20 +132,25 @@ def from_remote_init(cls, src: int, group: Any = None, device: Any = None,
     Keyword Args:
         max_total_bytes (int, optional): the largest storage the sender may announce.
             Defaults to ``None``: 64 GiB.
+        allow_import (bool, optional): if ``True``, a tensorclass name that no tensorclass of
+            this process has is imported (its module, then the class, which must be a
+            ``tensordict_cpp`` tensorclass). Defaults to ``False``: an unknown name is an error.
 
     Raises:
         ValueError: for malformed metadata (a pickle outside the accepted subset, truncated,
-            beyond the bounds, or whose layout does not fit the announced size).
-        NotImplementedError: if the sender sent a tensorclass.
+            beyond the bounds, or whose layout does not fit the announced size), or a
+            tensorclass name that is not known here.
         RuntimeError: if the transport fails or the group's timeout passes.
     """
     pg = _group(group)
-    cpp = _C.from_remote_init(_group_rank(pg, src), pg, device, use_broadcast, max_total_bytes)
-    return cls._wrap(cpp)
+    received = _C.from_remote_init(_group_rank(pg, src), pg, device, use_broadcast,
+                                   max_total_bytes)
+    return _typed(cls._wrap, received, allow_import)
 
 
 def broadcast(self, src: int, *, group: Any = None, device: Any = None,
-              max_total_bytes: int | None = None):
+              max_total_bytes: int | None = None, _tensorclass_type: str | None = None,
+              allow_import: bool = False):
     """Sends the TensorDict of rank ``src`` to every rank of the group and returns it on each.
 
     Every rank of the group calls it; the others may pass any TensorDict (an empty one), which
@@ -142,14 +169,24 @@ def broadcast(self, src: int, *, group: Any = None, device: Any = None,
             source's storage device, if this process has it (RuntimeError otherwise).
         max_total_bytes (int, optional): receivers: the largest storage the source may
             announce. Defaults to ``None``: 64 GiB.
+        _tensorclass_type (str, optional): on the source, a tensorclass's
+            ``"<module>.<qualname>"``, sent as ``"_tensorclass_type"``. Defaults to ``None``.
+        allow_import (bool, optional): receivers: as in :meth:`from_remote_init`. Defaults to
+            ``False``.
 
     Returns:
         A consolidated TensorDict: on the source, this one if it was consolidated, else a
-        consolidated copy; elsewhere a new one.
+        consolidated copy; elsewhere a new one, or the tensorclass the source named.
+
+    Raises:
+        ValueError: on receivers, for a tensorclass name that is not known here.
     """
     pg = _group(group)
-    cpp = _C.broadcast(self._cpp, _group_rank(pg, src), pg, device, max_total_bytes)
-    return _wrap(cpp)
+    cpp, type_str = _C.broadcast(self._cpp, _group_rank(pg, src), pg, device, max_total_bytes,
+                                 _tensorclass_type)
+    if pg.rank() == _group_rank(pg, src):
+        return _wrap(cpp)  # the source: a tensorclass wraps its own result
+    return _typed(_wrap, (cpp, type_str), allow_import)
 
 
 def all_gather(self, *, group: Any = None, max_total_bytes: int | None = None) -> list:

@@ -31,7 +31,7 @@ void insertion_leaves(const TensorDict& td, std::vector<at::Tensor>& out) {
   for (const auto& [key, value] : td.entries()) {
     if (value.is_tensor()) {
       out.push_back(value.tensor());
-    } else {
+    } else if (value.is_tensordict()) {  // non-tensor entries are skipped, as in the reference
       insertion_leaves(value.tensordict(), out);
     }
   }
@@ -99,7 +99,7 @@ std::string describe(const char* call, int group_rank) {
 }  // namespace
 
 TensorDict broadcast(const TensorDict& td, std::optional<int64_t> src,
-                     const BroadcastOptions& options) {
+                     const BroadcastOptions& options, std::optional<std::string>* tensorclass_type) {
   constexpr const char* kCall = "broadcast";
   const auto root = detail::resolve_peer(kCall, src, options.group_src, options.group, "src",
                                          "group_src", /*refuse_self=*/false);
@@ -108,10 +108,15 @@ TensorDict broadcast(const TensorDict& td, std::optional<int64_t> src,
   if (root.group.rank() == root.rank) {
     TensorDict c = detail::consolidated(td, options.device);
     std::vector<at::Tensor> storage{consolidated_storage(c)};
-    const std::string pickle = detail::metadata_pickle(
-        c, {{"_total_bytes", storage[0].numel()}, {"_storage_device", storage[0].device().str()}});
+    TransportFields fields{{"_total_bytes", storage[0].numel()},
+                           {"_storage_device", storage[0].device().str()}};
+    if (options.tensorclass_type) {
+      fields.emplace_back("_tensorclass_type", *options.tensorclass_type);
+    }
+    const std::string pickle = detail::metadata_pickle(c, fields);
     detail::broadcast_object(kCall, root, &pickle);
     detail::wait_all({root.group.broadcast(storage, opts)});
+    if (tensorclass_type != nullptr) *tensorclass_type = options.tensorclass_type;
     return c;
   }
   const std::string from = describe(kCall, root.rank);
@@ -121,7 +126,9 @@ TensorDict broadcast(const TensorDict& td, std::optional<int64_t> src,
   std::vector<at::Tensor> storage{
       detail::byte_buffer(n, detail::receive_device(from, options.device, in))};
   detail::wait_all({root.group.broadcast(storage, opts)});
-  return detail::finish(in, storage[0]);
+  TensorDict out = detail::finish(in, storage[0]);
+  if (tensorclass_type != nullptr) *tensorclass_type = in.tensorclass_type;
+  return out;
 }
 
 std::vector<TensorDict> all_gather(const TensorDict& td, const AllGatherOptions& options) {

@@ -13,6 +13,8 @@ namespace tensordict::dist::detail {
 namespace {
 
 constexpr int64_t kMaxPickleBytes = static_cast<int64_t>(kMaxMetadataJsonBytes);
+// A dotted Python name; anything longer is not one.
+constexpr size_t kMaxTensorclassTypeBytes = 4096;
 
 at::Tensor int64_tensor(int64_t value, at::Device device) {
   return at::full({1}, value, at::TensorOptions().dtype(at::kLong).device(device));
@@ -232,13 +234,14 @@ Incoming parse_incoming(const std::string& from, std::string_view bytes, int64_t
     }
   }
   if (const JsonScalar* tc = field(fields, "_tensorclass_type")) {
-    const std::string name =
-        std::holds_alternative<std::string>(*tc) ? std::get<std::string>(*tc) : "?";
-    defer(in, std::make_exception_ptr(c10::NotImplementedError(
-                  {__func__, __FILE__, uint32_t(__LINE__)},
-                  c10::str(from, ": the sender sent a tensorclass (", name,
-                           "); tensorclasses are not supported here yet, and no class named by "
-                           "a peer is ever imported. Send the tensorclass's TensorDict instead"))));
+    // Only a name for the caller to look up: a Python module path and qualname.
+    const auto* name = std::get_if<std::string>(tc);
+    if (name != nullptr && !name->empty() && name->size() <= kMaxTensorclassTypeBytes) {
+      in.tensorclass_type = *name;
+    } else {
+      defer(in, value_error(from, ": \"_tensorclass_type\" is not a string of 1 to ",
+                            kMaxTensorclassTypeBytes, " bytes"));
+    }
   }
   if (in.metadata && in.total_bytes) {
     const int64_t needed = metadata_storage_bytes(*in.metadata);

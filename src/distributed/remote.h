@@ -53,12 +53,14 @@ struct Incoming {
   std::optional<int64_t> total_bytes;  // known and sane
   std::optional<int64_t> max_bytes;    // scatter's padded size, known and sane
   std::optional<std::string> storage_device;
+  std::optional<std::string> tensorclass_type;  // "_tensorclass_type": a name, never imported
   std::exception_ptr error;            // the first fault found
 };
 
 /// Reads a peer's pickle (restricted reader; nothing is imported or called) and checks the
 /// transport fields: "_total_bytes" (and "_max_bytes" when `padded`) are ints in
-/// [0, max_total_bytes], the layout fits in "_total_bytes", no "_tensorclass_type".
+/// [0, max_total_bytes], the layout fits in "_total_bytes", "_tensorclass_type" (if any) is a
+/// short string.
 /// `from` names the peer in messages ("from_remote_init", "all_gather (rank 2)").
 Incoming parse_incoming(const std::string& from, std::string_view pickle, int64_t max_total_bytes,
                         bool padded);

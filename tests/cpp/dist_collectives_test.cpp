@@ -110,6 +110,35 @@ TEST(DistCollectives, InitRemoteThenSteadyState) {
   });
 }
 
+// A tensorclass's name travels as "_tensorclass_type" with init_remote (both modes) and
+// broadcast, and comes back to the receiver as a plain string; without one, nullopt.
+TEST(DistCollectives, TensorclassTypeTravelsWithInitRemoteAndBroadcast) {
+  run_ranks(2, [](int rank, int) {
+    const std::string name = "my.module.MyData";
+    for (int mode = 0; mode < 4; ++mode) {
+      SCOPED_TRACE(c10::str("mode ", mode));
+      const bool named = mode != 3;
+      const std::optional<std::string> sent_type =
+          named ? std::optional<std::string>(name) : std::nullopt;
+      std::optional<std::string> got_type = "stale";
+      if (rank == 0) {
+        if (mode == 0 || mode == 3) init_remote(sample(1.0), 1, {.tensorclass_type = sent_type});
+        if (mode == 1) init_remote(sample(1.0), {}, {.use_broadcast = true, .tensorclass_type = name});
+        if (mode == 2) {
+          broadcast(sample(1.0), 0, {.tensorclass_type = name}, &got_type);
+          EXPECT_EQ(got_type, name);  // the source reports what it sent
+        }
+      } else {
+        TensorDict got = mode == 0 || mode == 3 ? from_remote_init(0, {}, &got_type)
+                         : mode == 1 ? from_remote_init(0, {.use_broadcast = true}, &got_type)
+                                     : broadcast(TensorDict(), 0, {}, &got_type);
+        EXPECT_EQ(got_type, sent_type);
+        expect_same(got, sample(1.0));
+      }
+    }
+  });
+}
+
 // World of 3 with non-zero roots, on the default group and on new_group({1, 2}), where global
 // rank 1 is group rank 0 and global rank 2 is group rank 1.
 TEST(DistCollectives, BroadcastScatterAllGatherThreeRanks) {
@@ -289,9 +318,13 @@ std::vector<Case> malformed_cases() {
        /*max_total_bytes=*/64},
       {"no_total_bytes", 0, metadata_pickle_of(td, {}), total, false,
        "the metadata has no integer \"_total_bytes\""},
-      {"tensorclass", 0,
-       metadata_pickle_of(td, {{"_total_bytes", total}, {"_tensorclass_type", "mod.MyData"}}),
-       total, true, "the sender sent a tensorclass (mod.MyData); tensorclasses are not supported"},
+      {"tensorclass_type_not_a_string", 0,
+       metadata_pickle_of(td, {{"_total_bytes", total}, {"_tensorclass_type", int64_t{7}}}),
+       total, true, "\"_tensorclass_type\" is not a string of 1 to 4096 bytes"},
+      {"tensorclass_type_too_long", 0,
+       metadata_pickle_of(td, {{"_total_bytes", total},
+                               {"_tensorclass_type", std::string(5000, 'm')}}),
+       total, true, "\"_tensorclass_type\" is not a string"},
       {"bad_leaf_salvaged", 0,
        pickle::dumps([&] {
          auto v = metadata_to_pickle(metadata_of(td), {{"_total_bytes", total}});

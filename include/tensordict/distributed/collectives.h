@@ -34,8 +34,11 @@ namespace tensordict::dist {
 /// storage on options.device, else the source's storage device (RuntimeError if this process
 /// has no such device). Wire: broadcast_object_list (int64[1] = L, then uint8[L] of pickle
 /// holding "_total_bytes" and "_storage_device"), then a broadcast of the storage.
+/// options.tensorclass_type (source) travels as "_tensorclass_type"; on the other ranks it goes
+/// to `*tensorclass_type` if given (nullopt when none came; nothing is imported).
 TensorDict broadcast(const TensorDict& td, std::optional<int64_t> src,
-                     const BroadcastOptions& options = {});
+                     const BroadcastOptions& options = {},
+                     std::optional<std::string>* tensorclass_type = nullptr);
 
 /// Every rank's TensorDict, on every rank, in group-rank order; each result is a new
 /// consolidated TensorDict (this rank's own included). The structures may differ per rank.

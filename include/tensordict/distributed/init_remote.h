@@ -23,6 +23,7 @@
 
 #include <cstdint>
 #include <optional>
+#include <string>
 
 #include "tensordict/distributed/options.h"
 #include "tensordict/tensor_dict.h"
@@ -46,10 +47,14 @@ TensorDict init_remote(const TensorDict& td, std::optional<int64_t> dst,
 /// (default: the CPU point-to-point; the sender's storage device with use_broadcast). Receive
 /// later values into it with recv(result, src, {.consolidated = true}), which writes into the
 /// same storage. Blocks until everything has arrived.
+/// When the sender was a tensorclass, the metadata names its class ("_tensorclass_type",
+/// "<module>.<qualname>"): it goes to `*tensorclass_type` if given (nullopt when none came).
+/// Nothing is imported or looked up here; the result is the tensorclass's TensorDict.
 /// Throws ValueError for a bad peer or malformed metadata (a pickle outside the accepted
 /// subset, truncated, beyond the bounds, or whose layout needs more bytes than
-/// "_total_bytes"); ValueError when "_total_bytes" exceeds max_total_bytes;
-/// NotImplementedError for a tensorclass payload ("_tensorclass_type"); the transport's errors.
-TensorDict from_remote_init(std::optional<int64_t> src, const FromRemoteInitOptions& options = {});
+/// "_total_bytes", a "_tensorclass_type" that is not a short string); ValueError when
+/// "_total_bytes" exceeds max_total_bytes; the transport's errors.
+TensorDict from_remote_init(std::optional<int64_t> src, const FromRemoteInitOptions& options = {},
+                            std::optional<std::string>* tensorclass_type = nullptr);
 
 }  // namespace tensordict::dist

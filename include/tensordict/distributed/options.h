@@ -10,6 +10,7 @@
 #include <concepts>
 #include <cstdint>
 #include <optional>
+#include <string>
 #include <utility>
 #include <vector>
 
@@ -106,6 +107,9 @@ struct InitRemoteOptions {
   /// the TensorDict must be consolidated first.
   std::optional<at::Device> device{};
   bool use_broadcast = false;            // broadcast to the whole group instead (dst ignored)
+  /// A tensorclass's "<module>.<qualname>", sent as the metadata's "_tensorclass_type" so that
+  /// the receiver can rebuild that class, as the reference's tensorclass init_remote does.
+  std::optional<std::string> tensorclass_type{};
 };
 
 /// Keyword arguments of from_remote_init().
@@ -127,6 +131,8 @@ struct BroadcastOptions {
   /// the result's device (default: the source's storage device, if this process has it).
   std::optional<at::Device> device{};
   int64_t max_total_bytes = kDefaultMaxTotalBytes;
+  /// On the source: a tensorclass's "<module>.<qualname>", sent as "_tensorclass_type".
+  std::optional<std::string> tensorclass_type{};
 };
 
 /// Keyword arguments of all_gather().
