@@ -6,3 +6,4 @@
 #include "tensordict/errors.h"
 #include "tensordict/nested_key.h"
 #include "tensordict/tensor_dict.h"
+#include "tensordict/tensorclass.h"
