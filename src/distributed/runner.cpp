@@ -82,6 +82,12 @@ std::pair<int64_t, std::string> read_error(const std::string& dir, int rank) {
   std::_Exit(code);
 }
 
+// A barrier on the default group before it goes: a rank that has nothing to exchange could
+// otherwise exit while a peer is still connecting the group's mesh, failing that peer.
+void leave_together() {
+  if (is_initialized()) default_group()->barrier()->wait();
+}
+
 // The rank's side of run(): called when the environment says we are rank `rank`.
 void run_as_rank(const std::function<void(int, int)>& fn, const RunOptions& options) {
   const int rank = std::stoi(*env(kEnvRank));
@@ -102,6 +108,7 @@ void run_as_rank(const std::function<void(int, int)>& fn, const RunOptions& opti
     }
     fn(rank, world_size);
     if (is_initialized()) {
+      leave_together();
       destroy_process_group();
     }
   } catch (const std::exception& e) {
@@ -225,6 +232,7 @@ void run(const std::function<void(int, int)>& fn, int world_size, const RunOptio
     const int rank = static_cast<int>(get_rank());
     try {
       fn(rank, world_size);
+      leave_together();
     } catch (...) {
       destroy_process_group();
       throw;
