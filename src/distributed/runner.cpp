@@ -82,8 +82,9 @@ std::pair<int64_t, std::string> read_error(const std::string& dir, int rank) {
   std::_Exit(code);
 }
 
-// A barrier on the default group before it goes: a rank that has nothing to exchange could
-// otherwise exit while a peer is still connecting the group's mesh, failing that peer.
+// Spawned ranks (all running this same function): a barrier on the default group before it
+// goes, since a rank that has nothing to exchange could otherwise exit while a peer is still
+// connecting the group's mesh, failing that peer.
 void leave_together() {
   if (is_initialized()) default_group()->barrier()->wait();
 }
@@ -231,8 +232,7 @@ void run(const std::function<void(int, int)>& fn, int world_size, const RunOptio
                         .timeout = options.group_timeout});
     const int rank = static_cast<int>(get_rank());
     try {
-      fn(rank, world_size);
-      leave_together();
+      fn(rank, world_size);  // no leave_together(): the other ranks may not be ours
     } catch (...) {
       destroy_process_group();
       throw;
