@@ -16,11 +16,22 @@ import struct
 import sys
 
 import torch
-from tensordict import LazyStackedTensorDict, NonTensorData, TensorDict
+from tensordict import LazyStackedTensorDict, NonTensorData, TensorDict, tensorclass
 from tensordict._ucxx import TensorDictPipe
 
 HERE = os.path.dirname(os.path.abspath(__file__))
 CORPUS = os.path.join(HERE, "corpus")
+
+
+@tensorclass
+class Inner:
+    q: torch.Tensor
+
+
+@tensorclass
+class Outer:
+    x: torch.Tensor
+    inner: Inner
 
 
 def tds():
@@ -87,6 +98,12 @@ def tds():
             [TensorDict(a=torch.ones(2)), TensorDict(a=torch.zeros(2))], 0)))
     except Exception as e:  # a layout this version cannot consolidate
         print("skipping lazy_stack:", e, file=sys.stderr)
+    # Tensorclass nodes: "cls" is the class itself (__main__.Inner / __main__.Outer), pickled as
+    # STACK_GLOBAL, which our reader keeps as an inert class reference.
+    inner = Inner(q=torch.arange(6.0).reshape(3, 2), batch_size=[3])
+    out.append(("tensorclass_nodes", TensorDict(
+        inner=inner, outer=Outer(x=torch.ones(3), inner=inner.clone(), batch_size=[3]),
+        y=torch.zeros(3, dtype=torch.int64), batch_size=[3])))
     return out
 
 

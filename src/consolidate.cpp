@@ -17,6 +17,7 @@
 #endif
 
 #include "json_text.h"
+#include "metadata_value.h"
 #include "tensor_dict_impl.h"
 #include "tensordict/dtypes.h"
 
@@ -124,8 +125,10 @@ struct Validator {
     const auto here = [&] { return node_str(path); };
     TORCH_CHECK_VALUE(depth <= kMaxMetadataDepth, "metadata: node ", here(), " is nested deeper than ",
                       kMaxMetadataDepth, " levels");
-    TORCH_CHECK_VALUE(m.cls == "TensorDict", "metadata: node ", here(), " has cls '", m.cls,
-                      "'; only TensorDict nodes are supported");
+    // "module.qualname": a class reference (the reference's tensorclass node), rebuilt as a
+    // TensorDict node; only metadata_from_pickle makes one.
+    TORCH_CHECK_VALUE(m.cls == "TensorDict" || detail::is_class_reference_name(m.cls), "metadata: node ",
+                      here(), " has cls '", m.cls, "'; only TensorDict nodes are supported");
     entries += 1 + static_cast<int64_t>(m.leaves.size() + m.non_tensors.size());
     TORCH_CHECK_VALUE(entries <= kMaxMetadataEntries, "metadata: more than ", kMaxMetadataEntries,
                       " entries");

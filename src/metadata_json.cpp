@@ -68,7 +68,11 @@ class ObjectWriter {
 
 void append_node(std::string& out, const Metadata& m, bool sort, const TransportFields* transport) {
   ObjectWriter node(out, sort);
-  node.add("cls", [&] { append_string(out, m.cls); });
+  // A class reference read from a peer's pickle is written as the TensorDict it was rebuilt as:
+  // we never write class references.
+  node.add("cls", [&] {
+    append_string(out, detail::is_class_reference_name(m.cls) ? std::string("TensorDict") : m.cls);
+  });
   node.add("non_tensors", [&] {
     ObjectWriter w(out, sort);
     for (const auto& [key, nt] : m.non_tensors) {
@@ -261,6 +265,10 @@ struct Reader {
         TORCH_CHECK_VALUE(v.is_string(), "metadata: ", at("cls"), " must be a string, got ",
                           type_name(v));
         m.cls = v.as_string();
+        // A class travels as a pickled class reference (metadata_from_pickle), never as a str.
+        TORCH_CHECK_VALUE(!detail::is_class_reference_name(m.cls), "metadata: ", at("cls"),
+                          " is the string ", quote_key(m.cls),
+                          "; only TensorDict nodes are supported");
         seen |= 1;
       } else if (k == "non_tensors") {
         for (const auto& [nk, nv] : object(v, at("non_tensors"))) {

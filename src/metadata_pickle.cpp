@@ -1,5 +1,8 @@
 // Metadata <-> pickle. A peer's pickle becomes the JSON-like tree metadata_from_json reads, so
-// that it gets exactly the same validation and bounds; ours is built from our JSON text.
+// that it gets exactly the same validation and bounds; ours is built from our JSON text. A
+// node's "cls" may be a class reference (the reference's tensorclass nodes): the node is read
+// as a TensorDict node and Metadata::cls records "module.qualname"; a class reference anywhere
+// else is a ValueError. We never write class references (metadata_to_json writes "TensorDict").
 
 #include "tensordict/metadata_pickle.h"
 
@@ -11,9 +14,22 @@ namespace {
 
 using pickle::Value;
 
-// A peer's unpickled values as JSON-like values: tuples become lists, as JSON makes them.
-JsonValue to_json(const Value& v) {
+// Where a value sits in a peer's dict, as Python subscripts: ["inner"]["leaves"]["q"][0].
+std::string where(const std::vector<std::string>& path) {
+  std::string out;
+  for (const auto& p : path) out += p;
+  return out.empty() ? std::string("the top level") : out;
+}
+
+std::string class_name(const Value& ref) { return ref.ref_module() + "." + ref.ref_qualname(); }
+
+// A peer's unpickled values as JSON-like values: tuples become lists, as JSON makes them. A
+// class reference is refused here: only a node's "cls" (node_to_json) may hold one.
+JsonValue to_json(const Value& v, std::vector<std::string>& path) {
   switch (v.kind()) {
+    case Value::Kind::ClassRef:
+      TORCH_CHECK_VALUE(false, "metadata: the class reference ", class_name(v), " at ",
+                        where(path), " is refused: only a node's \"cls\" may name a class");
     case Value::Kind::None: return JsonValue();
     case Value::Kind::Bool: return JsonValue(v.as_bool());
     case Value::Kind::Int: return JsonValue(v.as_int());
@@ -23,17 +39,60 @@ JsonValue to_json(const Value& v) {
     case Value::Kind::Tuple: {
       JsonValue::List out;
       out.reserve(v.items().size());
-      for (const auto& item : v.items()) out.push_back(to_json(item));
+      for (size_t i = 0; i < v.items().size(); ++i) {
+        path.push_back(c10::str("[", i, "]"));
+        out.push_back(to_json(v.items()[i], path));
+        path.pop_back();
+      }
       return JsonValue(std::move(out));
     }
     case Value::Kind::Dict: {
       JsonValue::Map out;
       out.reserve(v.keys().size());
-      for (size_t i = 0; i < v.keys().size(); ++i) out.emplace_back(v.keys()[i], to_json(v.values()[i]));
+      for (size_t i = 0; i < v.keys().size(); ++i) {
+        path.push_back(c10::str("[\"", v.keys()[i], "\"]"));
+        out.emplace_back(v.keys()[i], to_json(v.values()[i], path));
+        path.pop_back();
+      }
       return JsonValue(std::move(out));
     }
   }
   TORCH_INTERNAL_ASSERT(false);
+}
+
+// A node of a peer's dict (the root or a nested one, as the metadata reader sees them: any dict
+// that is not "non_tensors", "leaves" or "cls_metadata"). A class reference as its "cls" (the
+// reference's tensorclass nodes) reads as "TensorDict"; set_class_names records it afterwards.
+JsonValue node_to_json(const Value& node, std::vector<std::string>& path) {
+  JsonValue::Map out;
+  out.reserve(node.keys().size());
+  for (size_t i = 0; i < node.keys().size(); ++i) {
+    const std::string& key = node.keys()[i];
+    const Value& v = node.values()[i];
+    path.push_back(c10::str("[\"", key, "\"]"));
+    if (key == "cls" && v.kind() == Value::Kind::ClassRef) {
+      out.emplace_back(key, JsonValue(std::string("TensorDict")));
+    } else if (v.kind() == Value::Kind::Dict && key != "non_tensors" && key != "leaves" &&
+               key != "cls_metadata") {
+      out.emplace_back(key, node_to_json(v, path));
+    } else {
+      out.emplace_back(key, to_json(v, path));
+    }
+    path.pop_back();
+  }
+  return JsonValue(std::move(out));
+}
+
+// Metadata::cls = "module.qualname" for each node whose "cls" is a class reference.
+void set_class_names(const Value& node, Metadata& m) {
+  if (const Value* cls = node.find("cls"); cls && cls->kind() == Value::Kind::ClassRef) {
+    m.cls = class_name(*cls);
+  }
+  for (auto& [key, child] : m.children) {
+    const Value* sub = node.find(key);
+    TORCH_INTERNAL_ASSERT(sub && sub->kind() == Value::Kind::Dict);
+    set_class_names(*sub, child);
+  }
 }
 
 Value from_json(const JsonValue& j) {
@@ -85,7 +144,10 @@ pickle::Value metadata_to_pickle(const Metadata& metadata, const TransportFields
 Metadata metadata_from_pickle(const pickle::Value& value, TransportFields* transport) {
   TORCH_CHECK_VALUE(value.kind() == pickle::Value::Kind::Dict, "metadata: expected a dict, got a ",
                     pickle::Value::kind_name(value.kind()));
-  return detail::metadata_from_value(to_json(value), transport);
+  std::vector<std::string> path;
+  Metadata m = detail::metadata_from_value(node_to_json(value, path), transport);
+  set_class_names(value, m);
+  return m;
 }
 
 Metadata metadata_from_pickle_bytes(std::string_view bytes, TransportFields* transport) {

@@ -6,6 +6,7 @@
 #include <cstdint>
 
 #include "tensordict/consolidate.h"
+#include "tensordict/pickle.h"
 
 namespace tensordict::detail {
 
@@ -13,6 +14,13 @@ namespace tensordict::detail {
 /// non-tensor entry and the data of a non-tensor entry; and the number of values.
 inline constexpr size_t kMaxMetadataJsonDepth = 2 * kMaxMetadataDepth + 16;
 inline constexpr size_t kMaxMetadataJsonValues = 8 * static_cast<size_t>(kMaxMetadataEntries);
+
+/// Whether a Metadata::cls is "module.qualname" from a peer's pickled class reference (a
+/// tensorclass node: rebuilt as a TensorDict node, written back as "TensorDict"), rather than a
+/// class name of the reference's CLS_MAP (which never holds a dot).
+inline bool is_class_reference_name(std::string_view cls) {
+  return cls.find('.') != std::string_view::npos && pickle::valid_dotted_name(cls);
+}
 
 /// metadata_from_json after parsing: the same reading, validation and errors.
 Metadata metadata_from_value(const JsonValue& value, TransportFields* transport);

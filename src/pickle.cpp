@@ -31,6 +31,7 @@ const char* Value::kind_name(Kind kind) {
     case Kind::List: return "list";
     case Kind::Tuple: return "tuple";
     case Kind::Dict: return "dict";
+    case Kind::ClassRef: return "class reference";
   }
   return "?";
 }
@@ -46,6 +47,32 @@ Value Value::tuple(std::vector<Value> items) {
   Value r; r.kind_ = Kind::Tuple; r.items_ = std::move(items); return r;
 }
 Value Value::dict() { Value r; r.kind_ = Kind::Dict; return r; }
+Value Value::class_ref(std::string module, std::string qualname) {
+  TORCH_CHECK_VALUE(valid_dotted_name(module) && valid_dotted_name(qualname),
+                    "pickle: a class reference needs dotted names for its module and qualname");
+  Value r;
+  r.kind_ = Kind::ClassRef;
+  r.s_ = std::move(module);
+  r.q_ = std::move(qualname);
+  return r;
+}
+
+bool valid_dotted_name(std::string_view name) {
+  bool start = true;  // at the start of a component
+  for (const char c : name) {
+    const bool alpha = (c >= 'a' && c <= 'z') || (c >= 'A' && c <= 'Z') || c == '_';
+    const bool digit = c >= '0' && c <= '9';
+    if (c == '.') {
+      if (start) return false;  // empty component
+      start = true;
+    } else if (alpha || (digit && !start)) {
+      start = false;
+    } else {
+      return false;
+    }
+  }
+  return !start;  // non-empty, no trailing dot
+}
 
 bool Value::as_bool() const {
   if (kind_ != Kind::Bool) wrong_kind(Kind::Bool, kind_);
@@ -63,6 +90,14 @@ double Value::as_float() const {
 const std::string& Value::as_str() const {
   if (kind_ != Kind::Str) wrong_kind(Kind::Str, kind_);
   return s_;
+}
+const std::string& Value::ref_module() const {
+  if (kind_ != Kind::ClassRef) wrong_kind(Kind::ClassRef, kind_);
+  return s_;
+}
+const std::string& Value::ref_qualname() const {
+  if (kind_ != Kind::ClassRef) wrong_kind(Kind::ClassRef, kind_);
+  return q_;
 }
 const std::vector<Value>& Value::items() const {
   if (kind_ != Kind::List && kind_ != Kind::Tuple) wrong_kind(Kind::List, kind_);
@@ -122,6 +157,7 @@ bool operator==(const Value& a, const Value& b) {
     case Value::Kind::List:
     case Value::Kind::Tuple: return a.items_ == b.items_;
     case Value::Kind::Dict: return a.keys_ == b.keys_ && a.items_ == b.items_;
+    case Value::Kind::ClassRef: return a.s_ == b.s_ && a.q_ == b.q_;
   }
   return false;
 }
@@ -137,14 +173,15 @@ constexpr uint8_t MARK = '(', STOP = '.', BININT = 'J', BININT1 = 'K', BININT2 =
                   BINPUT = 'q', LONG_BINPUT = 'r', SETITEM = 's', TUPLE = 't', EMPTY_TUPLE = ')',
                   SETITEMS = 'u', BINFLOAT = 'G', PROTO = 0x80, TUPLE1 = 0x85, TUPLE2 = 0x86,
                   TUPLE3 = 0x87, NEWTRUE = 0x88, NEWFALSE = 0x89, LONG1 = 0x8a,
-                  SHORT_BINUNICODE = 0x8c, BINUNICODE8 = 0x8d, MEMOIZE = 0x94, FRAME = 0x95;
+                  SHORT_BINUNICODE = 0x8c, BINUNICODE8 = 0x8d, MEMOIZE = 0x94, FRAME = 0x95,
+                  GLOBAL = 'c', STACK_GLOBAL = 0x93;
 }  // namespace op
 
-// Opcodes that would build objects of arbitrary classes or call functions.
+// Opcodes that would build objects of arbitrary classes or call functions. (GLOBAL and
+// STACK_GLOBAL only name a class: the reader keeps that name as an inert Kind::ClassRef, which
+// nothing here can call, since every opcode that would is refused.)
 const char* dangerous_name(uint8_t code) {
   switch (code) {
-    case 'c': return "GLOBAL";
-    case 0x93: return "STACK_GLOBAL";
     case 'R': return "REDUCE";
     case 'b': return "BUILD";
     case 'i': return "INST";
@@ -253,6 +290,11 @@ void write_value(std::string& out, const Value& v) {
         }
         out.push_back(static_cast<char>(op::SETITEMS));
       }
+      return;
+    case Value::Kind::ClassRef:
+      write_str(out, v.ref_module());
+      write_str(out, v.ref_qualname());
+      out.push_back(static_cast<char>(op::STACK_GLOBAL));
       return;
   }
 }
@@ -380,6 +422,25 @@ class Reader {
           fill_dict(top(at, Value::Kind::Dict), std::move(kv), at);
           break;
         }
+        case op::GLOBAL: {
+          // Protocol 0-3 form: "module\nqualname\n". Only the names are kept.
+          std::string module = line(at, "module");
+          std::string name = line(at, "qualname");
+          push(class_ref(at, std::move(module), std::move(name)));
+          break;
+        }
+        case op::STACK_GLOBAL: {
+          fail_if(stack_.size() < 2 + floor(), at, "STACK_GLOBAL on a short stack");
+          const Value& module = stack_[stack_.size() - 2]->value;
+          const Value& name = stack_.back()->value;
+          fail_if(module.kind() != Value::Kind::Str || name.kind() != Value::Kind::Str, at,
+                  "STACK_GLOBAL needs two str, got a ", Value::kind_name(module.kind()),
+                  " and a ", Value::kind_name(name.kind()));
+          Value ref = class_ref(at, module.as_str(), name.as_str());
+          stack_.resize(stack_.size() - 2);
+          push(std::move(ref));
+          break;
+        }
         case op::MEMOIZE: memo_put(at, memo_.size()); break;
         case op::BINPUT: memo_put(at, le(1)); break;
         case op::LONG_BINPUT: memo_put(at, le(4)); break;
@@ -404,6 +465,19 @@ class Reader {
   static std::string hex(uint8_t c) {
     static constexpr char kDigits[] = "0123456789abcdef";
     return {kDigits[c >> 4], kDigits[c & 15]};
+  }
+  // At most 64 bytes of a peer's name, with anything but printable ASCII escaped.
+  static std::string printable(std::string_view s) {
+    std::string out;
+    for (const char c : s.substr(0, 64)) {
+      if (c >= 0x20 && c < 0x7f) {
+        out += c;
+      } else {
+        out += "\\x" + hex(static_cast<uint8_t>(c));
+      }
+    }
+    if (s.size() > 64) out += "...";
+    return out;
   }
   uint8_t u8() {
     fail_if(pos_ >= data_.size(), pos_, "truncated pickle");
@@ -434,6 +508,29 @@ class Reader {
     fail_if(!valid_utf8(s), at, "string is not valid UTF-8");
     pos_ += n;
     push(Value::from_str(std::string(s)));
+  }
+  // GLOBAL's newline-terminated argument, at most max_name_bytes long, as UTF-8.
+  std::string line(size_t at, const char* what) {
+    const size_t window = std::min(data_.size() - pos_, limits_.max_name_bytes + 1);
+    const size_t nl = data_.substr(pos_, window).find('\n');
+    fail_if(nl == std::string_view::npos && window > limits_.max_name_bytes, at, "GLOBAL ",
+            what, " is longer than ", limits_.max_name_bytes, " bytes");
+    fail_if(nl == std::string_view::npos, at, "truncated pickle: GLOBAL ", what,
+            " has no end of line");
+    std::string out(data_.substr(pos_, nl));
+    pos_ += nl + 1;
+    return out;
+  }
+  // An inert class reference, its names checked (and bounded) before they are kept.
+  Value class_ref(size_t at, std::string module, std::string name) {
+    for (const auto* part : {&module, &name}) {
+      const char* what = part == &module ? "module" : "qualname";
+      fail_if(part->size() > limits_.max_name_bytes, at, "class reference ", what, " of ",
+              part->size(), " bytes is longer than ", limits_.max_name_bytes, " bytes");
+      fail_if(!valid_dotted_name(*part), at, "class reference ", what, " '", printable(*part),
+              "' is not a dotted name of identifiers");
+    }
+    return Value::class_ref(std::move(module), std::move(name));
   }
   std::vector<Slot> pop_mark(size_t at) {
     fail_if(marks_.empty(), at, "no MARK on the stack");

@@ -63,6 +63,8 @@ struct ClsMetadata {
 /// The metadata of one collection node, root or nested, in the reference's structure and
 /// order: cls, non_tensors, leaves, cls_metadata, then the nested nodes by local key.
 struct Metadata {
+  // "TensorDict", or "module.qualname" where a peer's pickle named a class (the reference's
+  // tensorclass node): such a node is rebuilt as a TensorDict and written as "TensorDict".
   std::string cls = "TensorDict";
   std::vector<std::pair<std::string, NonTensorMetadata>> non_tensors;
   std::vector<std::pair<std::string, LeafMetadata>> leaves;

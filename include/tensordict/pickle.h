@@ -1,8 +1,10 @@
 #pragma once
 // A restricted pickle reader and writer for the data the reference's object collectives carry:
-// dicts with str keys, lists, tuples, str, int, float, bool and None. Nothing here imports or
-// calls anything: pickles that name a class or a function are refused, so bytes from a peer
-// can be read safely.
+// dicts with str keys, lists, tuples, str, int, float, bool and None, plus inert class
+// references (GLOBAL / STACK_GLOBAL: a tensorclass node's "cls"). Nothing here imports or calls
+// anything: a class reference is only a (module, qualname) pair, and every opcode that would
+// call or build an object (REDUCE, BUILD, NEWOBJ, INST, OBJ, EXT, PERSID, ...) is refused, so
+// bytes from a peer can be read safely.
 
 #include <cstdint>
 #include <string>
@@ -16,7 +18,7 @@ namespace tensordict::pickle {
 /// One value of the subset. Dicts keep insertion order (as Python's do) and have str keys.
 class Value {
  public:
-  enum class Kind { None, Bool, Int, Float, Str, List, Tuple, Dict };
+  enum class Kind { None, Bool, Int, Float, Str, List, Tuple, Dict, ClassRef };
 
   Value() = default;  // None
   static Value from_bool(bool v);
@@ -26,6 +28,9 @@ class Value {
   static Value list(std::vector<Value> items = {});
   static Value tuple(std::vector<Value> items = {});
   static Value dict();
+  /// An inert reference to a class or function, as GLOBAL / STACK_GLOBAL name it: nothing is
+  /// imported or resolved. Both parts must satisfy valid_dotted_name (ValueError otherwise).
+  static Value class_ref(std::string module, std::string qualname);
 
   Kind kind() const { return kind_; }
   bool is_none() const { return kind_ == Kind::None; }
@@ -34,6 +39,9 @@ class Value {
   int64_t as_int() const;
   double as_float() const;  // ints convert, as in Python
   const std::string& as_str() const;
+  /// The two parts of a class reference.
+  const std::string& ref_module() const;
+  const std::string& ref_qualname() const;
   /// The elements of a list or a tuple.
   const std::vector<Value>& items() const;
   std::vector<Value>& items();
@@ -57,7 +65,8 @@ class Value {
   bool b_ = false;
   int64_t i_ = 0;
   double f_ = 0;
-  std::string s_;
+  std::string s_;                 // str, or a class reference's module
+  std::string q_;                 // a class reference's qualname
   std::vector<Value> items_;     // list / tuple elements, or dict values
   std::vector<std::string> keys_;  // dict keys
   // key -> position, so that building a dict of n keys from a peer costs O(n), not O(n^2).
@@ -74,15 +83,22 @@ class Value {
 struct Limits {
   size_t max_depth = 64;         // nesting of containers
   size_t max_elements = 1 << 20;  // values created, counting each memo reference again
+  size_t max_name_bytes = 4096;   // each of a class reference's module and qualname
 };
 
-/// Serialises `value` as a protocol-4 pickle that Python's pickle.loads reads back equal.
+/// Whether `name` is a dotted name of ASCII identifiers ("a", "pkg.mod", "Outer.Inner"): what
+/// a class reference's module and qualname must be.
+bool valid_dotted_name(std::string_view name);
+
+/// Serialises `value` as a protocol-4 pickle that Python's pickle.loads reads back equal (a
+/// class reference is written as STACK_GLOBAL, which Python's loads would import).
 std::string dumps(const Value& value);
 
 /// Reads a pickle of the subset (protocols 2 to 5, as Python writes them: memo, frames).
-/// Throws ValueError on anything else: an opcode outside the subset (classes, calls, bytes,
-/// persistent ids), truncated or trailing data, a non-str dict key, an int beyond int64, or a
-/// bound of `limits` exceeded.
+/// GLOBAL and STACK_GLOBAL give an inert Kind::ClassRef value. Throws ValueError on anything
+/// else: an opcode outside the subset (calls, object construction, bytes, persistent ids),
+/// truncated or trailing data, a non-str dict key, an int beyond int64, a class reference
+/// whose parts are not dotted names, or a bound of `limits` exceeded.
 Value loads(std::string_view data, const Limits& limits = {});
 
 }  // namespace tensordict::pickle

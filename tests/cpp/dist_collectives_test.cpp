@@ -299,7 +299,7 @@ std::vector<Case> malformed_cases() {
   const TensorDict td = sample(1.0);  // lays out 24 + 96 + 48 + 8 + ... bytes
   const int64_t total = consolidated_storage(consolidate(td)).numel();
   const std::string good = metadata_pickle_of(td, {{"_total_bytes", total}});
-  // pickle.dumps(os.system) style: GLOBAL names a callable.
+  // pickle.dumps(os.system("ls")) style: GLOBAL names a callable (read inertly), REDUCE calls it.
   static const char kGlobal[] =
       "\x80\x02" "cos\nsystem\nq\x00X\x02\x00\x00\x00lsq\x01\x85q\x02Rq\x03.";
   const std::string global(kGlobal, sizeof(kGlobal) - 1);
@@ -311,7 +311,7 @@ std::vector<Case> malformed_cases() {
       {"oversized_length", int64_t{1} << 40, "x", -1, false, "a metadata pickle must have 1 to"},
       {"negative_length", -5, "x", -1, false, "a metadata pickle must have 1 to"},
       {"global_opcode", int64_t(global.size()), global, total, false,
-       "refused opcode GLOBAL: it would import or call code"},
+       "refused opcode REDUCE: it would import or call code"},
       {"layout_beyond_total_bytes", 0, metadata_pickle_of(td, {{"_total_bytes", 16}}), 16, true,
        "but \"_total_bytes\" is 16"},
       {"total_bytes_above_bound", 0, good, total, false, "this receiver accepts 0 to 64",

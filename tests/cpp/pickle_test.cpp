@@ -1,6 +1,9 @@
 #include <gtest/gtest.h>
 
+#include "tensordict/consolidate.h"
+#include "tensordict/metadata_pickle.h"
 #include "tensordict/pickle.h"
+#include "tensordict/tensor_dict.h"
 
 namespace pk = tensordict::pickle;
 using pk::Value;
@@ -22,6 +25,12 @@ std::string bytes(std::initializer_list<int> b) {
   std::string s;
   for (int c : b) s.push_back(static_cast<char>(c));
   return s;
+}
+
+// A string literal with its NUL bytes.
+template <size_t N>
+std::string lit(const char (&s)[N]) {
+  return std::string(s, N - 1);
 }
 
 Value sample() {
@@ -72,10 +81,28 @@ TEST(Pickle, ReadsMemoAndFrames) {
 }
 
 TEST(Pickle, RefusesCodeExecution) {
-  // pickle.dumps of os.system('echo') as a protocol-0 GLOBAL + REDUCE.
-  EXPECT_VALUE_ERROR(pk::loads("cos\nsystem\n(S'echo'\ntR."), "refused opcode GLOBAL");
-  EXPECT_VALUE_ERROR(pk::loads(bytes({0x80, 4, 0x8c, 1, 'o', 0x8c, 1, 's', 0x93, '.'})),
-                     "refused opcode STACK_GLOBAL");
+  // GLOBAL / STACK_GLOBAL only name a class; every opcode that would call it stays refused.
+  constexpr const char* kCall = "refused opcode REDUCE: it would import or call code";
+  // pickle.dumps(os.system('echo'), protocol=2): GLOBAL, the argument tuple, REDUCE.
+  EXPECT_VALUE_ERROR(pk::loads(lit("\x80\x02" "cos\nsystem\nq\x00X\x04\x00\x00\x00"
+                                   "echoq\x01\x85q\x02R.")),
+                     kCall);
+  // The same with STACK_GLOBAL (protocol 4).
+  const std::string stack_global =
+      bytes({0x80, 4, 0x8c, 2, 'o', 's', 0x94, 0x8c, 6, 's', 'y', 's', 't', 'e', 'm', 0x94, 0x93, 0x94});
+  EXPECT_VALUE_ERROR(pk::loads(stack_global + bytes({0x8c, 4, 'e', 'c', 'h', 'o', 0x85, 'R', '.'})),
+                     kCall);
+  EXPECT_VALUE_ERROR(pk::loads(stack_global + bytes({')', 0x81, '.'})), "refused opcode NEWOBJ");
+  EXPECT_VALUE_ERROR(pk::loads(stack_global + bytes({')', '}', 0x92, '.'})),
+                     "refused opcode NEWOBJ_EX");
+  EXPECT_VALUE_ERROR(pk::loads(stack_global + bytes({'}', 'b', '.'})), "refused opcode BUILD");
+  EXPECT_VALUE_ERROR(pk::loads(stack_global + bytes({'(', 'o', '.'})), "refused opcode OBJ");
+  EXPECT_VALUE_ERROR(pk::loads(bytes({'(', 'i', 'o', 's', '\n', 's', '\n', '.'})),
+                     "refused opcode INST");
+  EXPECT_VALUE_ERROR(pk::loads(bytes({0x80, 4, 0x82, 1, '.'})), "refused opcode EXT");
+  EXPECT_VALUE_ERROR(pk::loads(bytes({'P', '1', '\n', '.'})), "refused opcode PERSID");
+  // Protocol 0 (os.system('echo')): GLOBAL is read, its STRING argument is not.
+  EXPECT_VALUE_ERROR(pk::loads("cos\nsystem\n(S'echo'\ntR."), "outside the supported subset");
   EXPECT_VALUE_ERROR(pk::loads(bytes({0x80, 4, ')', ')', 'R', '.'})), "refused opcode REDUCE");
   EXPECT_VALUE_ERROR(pk::loads(bytes({0x80, 4, 'N', 'Q', '.'})), "refused opcode BINPERSID");
 }
@@ -129,4 +156,167 @@ TEST(Pickle, AccessorsNameKinds) {
   EXPECT_TRUE(d.erase("a"));
   EXPECT_FALSE(d.erase("a"));
   EXPECT_EQ(d.find("a"), nullptr);
+}
+
+// ---- class references (a tensorclass node's "cls") -------------------------------------------
+
+TEST(Pickle, ReadsClassReferencesAsInertValues) {
+  // pickle.dumps(Inner) for a class __main__.Inner (protocol 4, as the reference's metadata).
+  const Value ref = pk::loads(bytes({0x80, 4, 0x8c, 8, '_', '_', 'm', 'a', 'i', 'n', '_', '_', 0x94,
+                                     0x8c, 5, 'I', 'n', 'n', 'e', 'r', 0x94, 0x93, 0x94, '.'}));
+  ASSERT_EQ(ref.kind(), Value::Kind::ClassRef);
+  EXPECT_EQ(ref.ref_module(), "__main__");
+  EXPECT_EQ(ref.ref_qualname(), "Inner");
+  EXPECT_EQ(ref, Value::class_ref("__main__", "Inner"));
+  EXPECT_VALUE_ERROR(ref.as_str(), "expected a str, got a class reference");
+  // Protocol 2's GLOBAL, a nested qualname, memoized and referred to again.
+  const Value pair = pk::loads(lit("\x80\x02" "cpkg.mod\nOuter.Inner\nq\x00h\x00\x86q\x01."));
+  ASSERT_EQ(pair.items().size(), 2u);
+  EXPECT_EQ(pair.items()[1], Value::class_ref("pkg.mod", "Outer.Inner"));
+  // The writer emits STACK_GLOBAL; the reader reads it back equal.
+  Value d = Value::dict();
+  d.set("cls", ref);
+  EXPECT_EQ(pk::loads(pk::dumps(d)), d);
+  EXPECT_EQ(pk::dumps(ref), bytes({0x80, 4, 0x8c, 8, '_', '_', 'm', 'a', 'i', 'n', '_', '_', 0x8c,
+                                   5, 'I', 'n', 'n', 'e', 'r', 0x93, '.'}));
+}
+
+TEST(Pickle, RefusesMalformedClassReferences) {
+  const auto stack_global = [](const std::string& module, const std::string& name) {
+    Value t = Value::tuple({Value::from_str(module), Value::from_str(name)});
+    std::string p = pk::dumps(t);  // PROTO 4, str, str, TUPLE2, STOP: swap TUPLE2 for STACK_GLOBAL
+    p[p.size() - 2] = static_cast<char>(0x93);
+    return p;
+  };
+  EXPECT_EQ(pk::loads(stack_global("a.b_1", "C")), Value::class_ref("a.b_1", "C"));
+  EXPECT_VALUE_ERROR(pk::loads(stack_global(std::string(5000, 'a'), "C")),
+                     "module of 5000 bytes is longer than 4096 bytes");
+  EXPECT_VALUE_ERROR(pk::loads(stack_global("m", std::string(4097, 'C'))),
+                     "qualname of 4097 bytes is longer than 4096 bytes");
+  EXPECT_NO_THROW(pk::loads(stack_global(std::string(4096, 'a'), "C")));
+  for (const char* bad : {"", "os system", "1abc", "a..b", "a.", ".a", "a-b", "f.<locals>.C",
+                          "caf\xc3\xa9", "a\nb"}) {
+    SCOPED_TRACE(bad);
+    EXPECT_VALUE_ERROR(pk::loads(stack_global(bad, "C")), "is not a dotted name");
+    EXPECT_VALUE_ERROR(pk::loads(stack_global("m", bad)), "is not a dotted name");
+  }
+  EXPECT_VALUE_ERROR(pk::loads(bytes({0x80, 4, 'K', 1, 0x8c, 1, 'C', 0x93, '.'})),
+                     "STACK_GLOBAL needs two str, got a int and a str");
+  EXPECT_VALUE_ERROR(pk::loads(bytes({0x80, 4, 0x8c, 1, 'C', 0x93, '.'})), "short stack");
+  EXPECT_VALUE_ERROR(pk::loads(bytes({0x80, 4, 0x8c, 1, 'm', '(', 0x8c, 1, 'C', 0x93, '.'})),
+                     "short stack");  // not across a MARK
+  // GLOBAL: bounded lines.
+  EXPECT_VALUE_ERROR(pk::loads("\x80\x02" "c" + std::string(5000, 'a') + "\nC\n."),
+                     "GLOBAL module is longer than 4096 bytes");
+  EXPECT_VALUE_ERROR(pk::loads("\x80\x02" "cos\nsystem"), "GLOBAL qualname has no end of line");
+  EXPECT_VALUE_ERROR(pk::loads("\x80\x02" "cos sys\nsystem\n."), "is not a dotted name");
+  EXPECT_VALUE_ERROR(pk::loads(lit("\x80\x02" "cos\x00\nsystem\n.")),
+                     "module 'os\\x00' is not a dotted name");
+  Value::class_ref("a", "b");
+  EXPECT_VALUE_ERROR(Value::class_ref("a b", "c"), "dotted names");
+}
+
+TEST(Pickle, ValidDottedName) {
+  for (const char* ok : {"a", "_", "A1", "__main__", "pkg.mod", "Outer.Inner", "a.b.c_9"}) {
+    EXPECT_TRUE(pk::valid_dotted_name(ok)) << ok;
+  }
+  for (const char* bad : {"", ".", "a.", ".a", "a..b", "9a", "a.9b", "a b", "a$", "a/b"}) {
+    EXPECT_FALSE(pk::valid_dotted_name(bad)) << bad;
+  }
+}
+
+// ---- metadata with a tensorclass node ----------------------------------------------------------
+
+namespace {
+
+// The reference 0.15.3: pickle.dumps(TensorDict(inner=Inner(q=torch.zeros(3, 2), batch_size=[3]),
+// batch_size=[3]).consolidate(metadata=True)._consolidated["metadata"]), Inner a @tensorclass of
+// __main__: the nested node's "cls" is the class, pickled as STACK_GLOBAL.
+const std::string kReferenceTensorclassNode = lit(
+    "\x80\x04\x95\xe5\x00\x00\x00\x00\x00\x00\x00}\x94(\x8c\x03" "cls\x94\x8c\x0aTensorDict"
+    "\x94\x8c\x0bnon_tensors\x94}\x94\x8c\x06leaves\x94}\x94\x8c\x0c" "cls_metadata\x94}\x94("
+    "\x8c\x06" "device\x94N\x8c\x05names\x94]\x94Na\x8c\x0a" "batch_size\x94]\x94K\x03" "a\x8c"
+    "\x09is_locked\x94\x89u\x8c\x05inner\x94}\x94(h\x01\x8c\x08__main__\x94\x8c\x05Inner\x94"
+    "\x93\x94h\x03}\x94h\x05}\x94\x8c\x01q\x94(\x8c\x0dtorch.float32\x94]\x94(K\x03K\x02" "eK"
+    "\x00K\x18K\x00t\x94sh\x07}\x94(h\x09Nh\x0a]\x94Nah\x0c]\x94K\x03" "ah\x0e\x89uuu.");
+
+}  // namespace
+
+TEST(MetadataPickle, ReadsTheReferencesTensorclassNodeAsATensorDict) {
+  using namespace tensordict;
+  const Metadata m = metadata_from_pickle_bytes(kReferenceTensorclassNode);
+  EXPECT_EQ(m.cls, "TensorDict");
+  ASSERT_EQ(m.children.size(), 1u);
+  const Metadata& inner = m.children[0].second;
+  EXPECT_EQ(m.children[0].first, "inner");
+  EXPECT_EQ(inner.cls, "__main__.Inner");
+  ASSERT_EQ(inner.leaves.size(), 1u);
+  EXPECT_EQ(inner.leaves[0].second.stop, 24);
+  // Written back (JSON, pickle) as the TensorDict it is rebuilt as: never a class reference.
+  const std::string json = metadata_to_json(m);
+  EXPECT_EQ(json.find("__main__"), std::string::npos) << json;
+  const Metadata again = metadata_from_pickle_bytes(pk::dumps(metadata_to_pickle(m)));
+  EXPECT_EQ(again.children.at(0).second.cls, "TensorDict");
+  EXPECT_EQ(metadata_to_json(again), json);
+  // Rebuilt as a plain nested TensorDict over the storage.
+  const at::Tensor storage = at::arange(24, at::kByte);
+  const TensorDict td = rebuild(m, storage);
+  const auto nested = td.get("inner");
+  ASSERT_TRUE(nested.is_tensordict());
+  EXPECT_EQ(nested.tensordict().get("q").tensor().sizes(), at::IntArrayRef({3, 2}));
+  EXPECT_EQ(nested.tensordict().batch_size(), at::IntArrayRef({3}));
+}
+
+TEST(MetadataPickle, RefusesClassReferencesOutsideANodesCls) {
+  using namespace tensordict;
+  const pk::Value good = pk::loads(kReferenceTensorclassNode);
+  const pk::Value ref = pk::Value::class_ref("__main__", "Inner");
+  const auto with = [&](auto edit) {
+    pk::Value v = good;
+    edit(v);
+    return v;
+  };
+  const auto inner = [](pk::Value& v) -> pk::Value& {
+    return const_cast<pk::Value&>(*v.find("inner"));
+  };
+  struct Case { pk::Value value; const char* where; };
+  const Case cases[] = {
+      {with([&](pk::Value& v) {
+         pk::Value leaves = *inner(v).find("leaves");
+         const_cast<pk::Value&>(*leaves.find("q")).items()[0] = ref;
+         inner(v).set("leaves", leaves);
+       }), "at [\"inner\"][\"leaves\"][\"q\"][0] is refused"},
+      {with([&](pk::Value& v) {
+         pk::Value nt = pk::Value::dict();
+         nt.set("label", pk::Value::tuple({ref, pk::Value::list(), pk::Value()}));
+         v.set("non_tensors", nt);
+       }), "at [\"non_tensors\"][\"label\"][0] is refused"},
+      {with([&](pk::Value& v) { v.set("_tensorclass_type", ref); }),
+       "at [\"_tensorclass_type\"] is refused"},
+      {with([&](pk::Value& v) {
+         pk::Value cm = *v.find("cls_metadata");
+         cm.set("cls", ref);
+         v.set("cls_metadata", cm);
+       }), "at [\"cls_metadata\"][\"cls\"] is refused"},
+      {with([&](pk::Value& v) { inner(v).set("extra", ref); }), "at [\"inner\"][\"extra\"]"},
+      {ref, "expected a dict"},
+  };
+  for (const auto& c : cases) {
+    EXPECT_VALUE_ERROR(metadata_from_pickle(c.value), c.where);
+  }
+  EXPECT_VALUE_ERROR(metadata_from_pickle(cases[0].value),
+                     "the class reference __main__.Inner at");
+  EXPECT_VALUE_ERROR(metadata_from_pickle(cases[0].value), "only a node's \"cls\" may name a class");
+  // The root's "cls" may be a class reference too (the reference's own rebuild accepts it).
+  EXPECT_EQ(metadata_from_pickle(with([&](pk::Value& v) { v.set("cls", ref); })).cls,
+            "__main__.Inner");
+  // A dotted str is not a class reference: refused as before.
+  EXPECT_VALUE_ERROR(metadata_from_pickle(with([&](pk::Value& v) {
+                       inner(v).set("cls", pk::Value::from_str("__main__.Inner"));
+                     })),
+                     "only TensorDict nodes are supported");
+  EXPECT_VALUE_ERROR(metadata_from_json(metadata_to_json(metadata_from_pickle(good)).replace(
+                         metadata_to_json(metadata_from_pickle(good)).rfind("TensorDict"), 10,
+                         "a.Inner")),
+                     "only TensorDict nodes are supported");
 }

@@ -8,6 +8,7 @@ import subprocess
 import pytest
 import torch
 from tensordict import TensorDict
+from tensordict import tensorclass as ref_tensorclass
 
 from conftest import built
 
@@ -66,9 +67,17 @@ class Evil:
 @pytest.mark.parametrize(
     "payload, message",
     [
-        (pickle.dumps(Evil()), "refused opcode STACK_GLOBAL"),
-        (pickle.dumps(Evil(), protocol=0), "refused opcode GLOBAL"),
-        (pickle.dumps({"cls": TensorDict}), "refused opcode STACK_GLOBAL"),
+        # GLOBAL / STACK_GLOBAL only name os.system (an inert class reference); the REDUCE that
+        # would call it is refused.
+        (pickle.dumps(Evil()), "refused opcode REDUCE: it would import or call code"),
+        (pickle.dumps(Evil(), protocol=2), "refused opcode REDUCE: it would import or call code"),
+        (pickle.dumps(Evil(), protocol=0), "outside the supported subset"),  # its str argument
+        (b"\x80\x04\x8c\x02os\x8c\x06system\x93)\x81.", "refused opcode NEWOBJ"),
+        (b"\x80\x04\x8c\x02os\x8c\x06system\x93}b.", "refused opcode BUILD"),
+        (b"\x80\x04X\x88\x13\x00\x00" + b"a" * 5000 + b"\x8c\x01C\x93.",
+         "module of 5000 bytes is longer than 4096 bytes"),
+        (b"\x80\x02c" + b"a" * 5000 + b"\nC\n.", "GLOBAL module is longer than 4096 bytes"),
+        (b"\x80\x04\x8c\x06os sys\x8c\x01C\x93.", "is not a dotted name"),
         (pickle.dumps(b"bytes"), "outside the supported subset"),
         (pickle.dumps({1: "int key"}), "only str keys"),
         (pickle.dumps(2**64), "exceeds int64"),
@@ -136,3 +145,64 @@ def test_bad_reference_metadata_is_refused(mutate, message):
     result = metadata_roundtrip(meta)
     assert result.returncode == 2
     assert message in result.stderr.decode()
+
+
+class Local:
+    pass
+
+
+def test_class_references_are_read_as_names_and_written_back():
+    # Read without importing anything: a module that does not exist is fine.
+    data = b"\x80\x04\x95\x00\x00\x00\x00\x00\x00\x00\x00}\x94\x8c\x03cls\x94\x8c\x0bno_such.mod\x94" \
+           b"\x8c\x0bOuter.Inner\x94\x93\x94s."
+    data = data[:3] + len(data[11:]).to_bytes(8, "little") + data[11:]
+    result = roundtrip(data)
+    assert result.returncode == 0, result.stderr.decode()
+    ops = [(op.name, arg) for op, arg, _ in pickletools.genops(result.stdout)]
+    assert ("SHORT_BINUNICODE", "no_such.mod") in ops and ("STACK_GLOBAL", None) in ops
+    # Python's own loads resolves what we write back to the same class.
+    for protocol in (2, 4):
+        result = roundtrip(pickle.dumps({"cls": Local, "x": [Local, TensorDict]}, protocol=protocol))
+        assert result.returncode == 0, result.stderr.decode()
+        assert pickle.loads(result.stdout) == {"cls": Local, "x": [Local, TensorDict]}
+
+
+@ref_tensorclass
+class RefInner:
+    q: torch.Tensor
+
+
+def tensorclass_metadata():
+    td = TensorDict(inner=RefInner(q=torch.zeros(3, 2), batch_size=[3]), x=torch.ones(3),
+                    batch_size=[3])
+    meta = td.consolidate(metadata=True)._consolidated["metadata"]
+    assert meta["inner"]["cls"] is RefInner  # pickled as STACK_GLOBAL
+    return meta
+
+
+def test_reference_tensorclass_node_is_read_as_a_tensordict_node():
+    meta = tensorclass_metadata()
+    result = metadata_roundtrip(meta)
+    assert result.returncode == 0, result.stderr.decode()
+    back = pickle.loads(result.stdout)
+    assert back["inner"]["cls"] == "TensorDict"  # we never write class references
+    assert back["inner"]["leaves"] == meta["inner"]["leaves"]
+
+
+@pytest.mark.parametrize(
+    "mutate, where",
+    [
+        (lambda m: m["inner"]["leaves"].__setitem__("q", (Local,) + m["inner"]["leaves"]["q"][1:]),
+         '["inner"]["leaves"]["q"][0]'),
+        (lambda m: m["non_tensors"].__setitem__("t", (Local, [3], None)), '["non_tensors"]["t"][0]'),
+        (lambda m: m.__setitem__("_tensorclass_type", Local), '["_tensorclass_type"]'),
+        (lambda m: m["cls_metadata"].__setitem__("device", Local), '["cls_metadata"]["device"]'),
+    ],
+)
+def test_class_reference_outside_a_nodes_cls_is_refused(mutate, where):
+    meta = tensorclass_metadata()
+    mutate(meta)
+    result = metadata_roundtrip(meta)
+    assert result.returncode == 2
+    err = result.stderr.decode()
+    assert f"the class reference {__name__}.Local at {where} is refused" in err, err

@@ -730,6 +730,59 @@ def test_interop_transfers_with_the_reference():
     run(interop_transfers, world_size=2, **RUN)
 
 
+def interop_nested_tensorclass(rank, world_size):
+    torch.set_num_threads(1)
+    # The reference's metadata names a nested tensorclass node's class itself (STACK_GLOBAL of
+    # __main__.NestLeaf): our reader keeps it as an inert name and rebuilds a nested TensorDict.
+    if rank == REF:
+        from tensordict import TensorDict as TD
+        from tensordict import tensorclass as decorator
+    else:
+        TD = TensorDict
+        decorator = tensorclass
+    Leaf = main_class(decorator, "NestLeaf", {"q": torch.Tensor})
+    Holder = main_class(decorator, "NestHolder", {"x": torch.Tensor, "leaf": Leaf})
+
+    def holder(fill):
+        return Holder(x=torch.full((3,), float(fill)),
+                      leaf=Leaf(q=torch.full((3, 2), fill, dtype=torch.int64), batch_size=[3]),
+                      batch_size=[3])
+
+    def check_plain(got, fill):
+        assert type(got) is TensorDict and got.batch_size == torch.Size([3])
+        inner = got["inner"]
+        assert type(inner) is TensorDict, type(inner)
+        assert inner["q"].dtype == torch.int64 and (inner["q"] == fill).all()
+        assert (got["y"] == fill).all()
+
+    def check_holder(got, fill):
+        assert type(got) is Holder, type(got)
+        assert type(got.leaf) is Leaf, type(got.leaf)
+        assert (got.x == fill).all() and (got.leaf.q == fill).all()
+
+    if rank == REF:
+        def plain(fill):
+            return TD(inner=Leaf(q=torch.full((3, 2), fill, dtype=torch.int64), batch_size=[3]),
+                      y=torch.full((3,), float(fill)), batch_size=[3])
+
+        plain(1).init_remote(dst=1)        # a plain TensorDict holding a tensorclass
+        holder(2).init_remote(dst=1)       # a tensorclass with a nested tensorclass field
+        holder(3).init_remote(dst=1)
+        plain(4).broadcast(src=0)
+        holder(5).broadcast(src=0)
+    else:
+        check_plain(TensorDict.from_remote_init(src=0), 1)
+        check_holder(TensorDict.from_remote_init(src=0), 2)  # "_tensorclass_type" names ours
+        check_holder(Holder.from_remote_init(src=0), 3)
+        check_plain(TensorDict({}, []).broadcast(src=0), 4)
+        check_holder(holder(0)[0].broadcast(src=0), 5)
+    dist.barrier()
+
+
+def test_interop_nested_tensorclass_from_the_reference():
+    run(interop_nested_tensorclass, world_size=2, **RUN)
+
+
 def interop_class_name(modules_dir, rank, world_size):
     torch.set_num_threads(1)
     peer = 1 - rank

@@ -12,8 +12,8 @@
 // With use_broadcast the whole group takes part and broadcast() (collectives.h) carries it.
 //
 // Unlike the reference, nothing here runs Python's pickle: the metadata is written by our
-// writer and read by a restricted reader (pickle.h) that refuses any opcode that imports or
-// calls, with bounds on size and depth. The caller's TensorDict and its metadata are never
+// writer and read by a restricted reader (pickle.h) that keeps GLOBAL / STACK_GLOBAL as inert
+// class names and refuses any opcode that calls or builds, with bounds on size and depth. The caller's TensorDict and its metadata are never
 // modified: the transport fields go into the copy being sent.
 //
 // Malformed input from a peer is a clear error on the receiver. When the storage size is known
