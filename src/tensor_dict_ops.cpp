@@ -5,6 +5,7 @@
 
 #include <algorithm>
 #include <set>
+#include <type_traits>
 
 #include "json_text.h"
 #include "tensor_dict_impl.h"
@@ -322,6 +323,27 @@ std::string path_str(const std::vector<std::string>& prefix, const std::string& 
   return NestedKey(path_of(prefix, key)).str();
 }
 
+// The value at `key` in every input, which must be of the kind T (at::Tensor or TensorDict) as
+// in tensordict 0.
+template <typename T>
+std::vector<T> parts_of(at::ArrayRef<TensorDict> tds, const std::string& key,
+                        const std::vector<std::string>& prefix, const char* op) {
+  constexpr bool kTensor = std::is_same_v<T, at::Tensor>;
+  std::vector<T> parts;
+  for (const auto& td : tds) {
+    const Value v = td.get(key);
+    TORCH_CHECK_TYPE(kTensor ? v.is_tensor() : v.is_tensordict(), op, ": key ",
+                     path_str(prefix, key), " is a ", kTensor ? "tensor" : "TensorDict",
+                     " in tensordict 0 but ", detail::kind_name(v), " in another");
+    if constexpr (kTensor) {
+      parts.push_back(v.tensor());
+    } else {
+      parts.push_back(v.tensordict());
+    }
+  }
+  return parts;
+}
+
 TensorDict stack_at(at::ArrayRef<TensorDict> tds, int64_t dim, const std::vector<std::string>& prefix) {
   TORCH_CHECK_VALUE(!tds.empty(), "stack: expected a non-empty list of TensorDicts");
   const TensorDict& first = tds[0];
@@ -344,23 +366,10 @@ TensorDict stack_at(at::ArrayRef<TensorDict> tds, int64_t dim, const std::vector
       bs.insert(bs.begin() + d, static_cast<int64_t>(tds.size()));
       TensorDictImpl::of(out).put(key, NonTensorData(nt.data(), std::move(bs), nt.device()));
     } else if (value.is_tensor()) {
-      std::vector<at::Tensor> parts;
-      for (const auto& td : tds) {
-        const Value v = td.get(key);
-        TORCH_CHECK_TYPE(v.is_tensor(), "stack: key ", path_str(prefix, key),
-                         " is a tensor in tensordict 0 but ", detail::kind_name(v), " in another");
-        parts.push_back(v.tensor());
-      }
+      const auto parts = parts_of<at::Tensor>(tds, key, prefix, "stack");
       TensorDictImpl::of(out).put(key, at::stack(parts, d));
     } else {
-      std::vector<TensorDict> parts;
-      for (const auto& td : tds) {
-        const Value v = td.get(key);
-        TORCH_CHECK_TYPE(v.is_tensordict(), "stack: key ", path_str(prefix, key),
-                         " is a TensorDict in tensordict 0 but ", detail::kind_name(v),
-                         " in another");
-        parts.push_back(v.tensordict());
-      }
+      const auto parts = parts_of<TensorDict>(tds, key, prefix, "stack");
       TensorDictImpl::of(out).put(key, stack_at(parts, d, path_of(prefix, key)));
     }
   }
@@ -393,23 +402,10 @@ TensorDict cat_at(at::ArrayRef<TensorDict> tds, int64_t dim, const std::vector<s
       bs[d] = nb[d];
       TensorDictImpl::of(out).put(key, NonTensorData(nt.data(), std::move(bs), nt.device()));
     } else if (value.is_tensor()) {
-      std::vector<at::Tensor> parts;
-      for (const auto& td : tds) {
-        const Value v = td.get(key);
-        TORCH_CHECK_TYPE(v.is_tensor(), "cat: key ", path_str(prefix, key),
-                         " is a tensor in tensordict 0 but ", detail::kind_name(v), " in another");
-        parts.push_back(v.tensor());
-      }
+      const auto parts = parts_of<at::Tensor>(tds, key, prefix, "cat");
       TensorDictImpl::of(out).put(key, at::cat(parts, d));
     } else {
-      std::vector<TensorDict> parts;
-      for (const auto& td : tds) {
-        const Value v = td.get(key);
-        TORCH_CHECK_TYPE(v.is_tensordict(), "cat: key ", path_str(prefix, key),
-                         " is a TensorDict in tensordict 0 but ", detail::kind_name(v),
-                         " in another");
-        parts.push_back(v.tensordict());
-      }
+      const auto parts = parts_of<TensorDict>(tds, key, prefix, "cat");
       TensorDictImpl::of(out).put(key, cat_at(parts, d, path_of(prefix, key)));
     }
   }
