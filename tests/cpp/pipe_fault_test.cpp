@@ -289,7 +289,7 @@ TEST(PipeFault, ServerKeepsServingWhenAClientIsKilled) {
 constexpr int64_t kFloodElems = int64_t{1} << 20;  // float32: 4 MB messages
 constexpr int kFloodReads = 200;
 constexpr auto kFloodTimeout = 3s;                   // each receive
-constexpr auto kFloodFor = 2 * kFloodTimeout;        // the producer never pauses for longer
+constexpr auto kFloodLimit = 60s;  // the producer sends until the consumer is done, or this
 
 // Pins the calling thread to the lowest CPU it may use, and so the processes it forks from now
 // on (they inherit the mask); returns the old mask.
@@ -340,7 +340,10 @@ void flood_producer_role() {
   at::Tensor x = td.get("x").tensor();
   const auto start = Clock::now();
   try {
-    for (int k = 0; Clock::now() - start < kFloodFor; ++k) {
+    // Until the consumer has read what it wanted (then its close also fails a send): slow
+    // builds (TSan) must not see the producer leave, and its unread bytes vanish, first.
+    const std::string done = role_dir() + "/report";
+    for (int k = 0; Clock::now() - start < kFloodLimit && !std::filesystem::exists(done); ++k) {
       x.fill_(static_cast<float>(k));
       pipe.send(td);
       if (k == 100) write_file(role_dir() + "/flooding", "");
