@@ -467,6 +467,50 @@ bool views_match(const TensorDict& td, const Metadata& m, const at::Tensor& stor
   return true;
 }
 
+// Appends the generations of td's level and of its nested levels that `m` names, pre-order.
+// td must match m's structure (just built, or views_match said so).
+void record_generations(const TensorDict& td, const Metadata& m, std::vector<uint64_t>& out) {
+  const auto& impl = TensorDictImpl::of(td);
+  out.push_back(impl.generation);
+  for (const auto& [key, child] : m.children) record_generations(impl.find(key)->tensordict(), child, out);
+}
+
+// Whether no level's entries changed since record_generations. An unchanged level still holds
+// the same nested levels, so walking them by key is safe.
+bool generations_unchanged(const TensorDict& td, const Metadata& m, const uint64_t*& next,
+                           const uint64_t* end) {
+  const auto& impl = TensorDictImpl::of(td);
+  if (next == end || *next++ != impl.generation) return false;
+  for (const auto& [key, child] : m.children) {
+    if (!generations_unchanged(impl.find(key)->tensordict(), child, next, end)) return false;
+  }
+  return true;
+}
+
+// Gives td a consolidation whose views it is known to hold, remembering its generations.
+void set_checked_state(const TensorDict& td, std::shared_ptr<const ConsolidatedState> state) {
+  TensorDict handle(td);
+  handle.set_consolidated_state(std::move(state));
+  auto& impl = TensorDictImpl::of(td);
+  record_generations(td, *impl.consolidated->metadata, impl.checked_generations);
+}
+
+// Whether no level's entries changed since td's consolidation was last known to match.
+bool generations_current(const TensorDict& td, const Metadata& m) {
+  const auto& gens = TensorDictImpl::of(td).checked_generations;
+  const uint64_t* next = gens.data();
+  return !gens.empty() && generations_unchanged(td, m, next, gens.data() + gens.size());
+}
+
+// Whether td's consolidation still describes its views: by the generations when no entry
+// changed since it was checked, by visiting every leaf otherwise. Only changes made through
+// the TensorDict are seen by the first; a leaf changed in place through its own handle
+// (Tensor.set_, resize_, unsqueeze_, ...) is not, as the reference never sees it.
+bool holds_consolidation(const TensorDict& td, const ConsolidatedState& state) {
+  return generations_current(td, *state.metadata) ||
+         views_match(td, *state.metadata, state.storage);
+}
+
 // Writes td's current batch sizes and devices into `out` (a copy of m), as the reference's
 // _update_consolidated_metadata does before reusing a consolidation; with out == nullptr,
 // only says whether anything differs.
@@ -527,7 +571,7 @@ TensorDict consolidate_impl(const TensorDict& td, const ConsolidateOptions& o) {
   };
   TensorDict result = build(build, td, p.metadata);
   result.lock_();
-  result.set_consolidated_state(std::make_shared<const ConsolidatedState>(ConsolidatedState{
+  set_checked_state(result, std::make_shared<const ConsolidatedState>(ConsolidatedState{
       storage, std::make_shared<const Metadata>(std::move(p.metadata))}));
   return result;
 }
@@ -552,7 +596,7 @@ TensorDict rebuild_node(const std::shared_ptr<const Metadata>& root, const Metad
     path.pop_back();
   }
   if (cm.is_locked) td.lock_();
-  td.set_consolidated_state(std::make_shared<const ConsolidatedState>(
+  set_checked_state(td, std::make_shared<const ConsolidatedState>(
       ConsolidatedState{storage, std::shared_ptr<const Metadata>(root, &m)}));
   return td;
 }
@@ -560,7 +604,7 @@ TensorDict rebuild_node(const std::shared_ptr<const Metadata>& root, const Metad
 }  // namespace
 
 TensorDict consolidate(const TensorDict& td, const ConsolidateOptions& options) {
-  if (auto state = td.consolidated_state(); state && views_match(td, *state->metadata, state->storage)) {
+  if (auto state = td.consolidated_state(); state && holds_consolidation(td, *state)) {
     // As the reference: a pinned copy is made only when asked for and possible.
     const bool repin = options.pin_memory && state->storage.is_cpu() &&
                        at::getAccelerator(false).has_value() && !state->storage.is_pinned();
@@ -568,8 +612,10 @@ TensorDict consolidate(const TensorDict& td, const ConsolidateOptions& options) 
       if (refresh_metadata(td, *state->metadata, nullptr)) {
         auto fresh = std::make_shared<Metadata>(*state->metadata);
         refresh_metadata(td, *state->metadata, fresh.get());
-        TensorDict(td).set_consolidated_state(std::make_shared<const ConsolidatedState>(
+        set_checked_state(td, std::make_shared<const ConsolidatedState>(
             ConsolidatedState{state->storage, std::move(fresh)}));
+      } else if (!generations_current(td, *state->metadata)) {
+        set_checked_state(td, state);  // matched leaf by leaf: remember it
       }
       return td;
     }
@@ -579,7 +625,7 @@ TensorDict consolidate(const TensorDict& td, const ConsolidateOptions& options) 
 
 bool is_consolidated(const TensorDict& td) {
   auto state = td.consolidated_state();
-  return state && views_match(td, *state->metadata, state->storage);
+  return state && holds_consolidation(td, *state);
 }
 
 at::Tensor consolidated_storage(const TensorDict& td) {

@@ -243,6 +243,7 @@ Value TensorDict::pop(const NestedKey& key) {
   Value out = level->entries[pos].second;
   level->entries.erase(level->entries.begin() + static_cast<std::ptrdiff_t>(pos));
   level->index.erase(key.back());
+  ++level->generation;
   for (auto& [k, i] : level->index) {
     if (i > pos) --i;
   }
@@ -315,6 +316,7 @@ std::shared_ptr<const ConsolidatedState> TensorDict::consolidated_state() const 
 
 void TensorDict::set_consolidated_state(std::shared_ptr<const ConsolidatedState> state) {
   impl_->consolidated = std::move(state);
+  impl_->checked_generations.clear();  // a state from outside is checked on first use
 }
 
 }  // namespace tensordict

@@ -424,6 +424,45 @@ TEST(ConsolidateRebuild, MutationEndsConsolidation) {
   EXPECT_TRUE(consolidate(r3).is_same(r3));
 }
 
+// is_consolidated() trusts a checked consolidation until some level's entries change; every
+// change through any level's handle must still be seen, and a state from outside is checked.
+TEST(ConsolidateRebuild, ChecksAgainAfterAnyChangeOfEntries) {
+  TensorDict deep({{"e", at::arange(4, at::kFloat)}}, {4});
+  TensorDict td({{"a", at::arange(4, at::kFloat)},
+                 {"c", TensorDict({{"d", at::arange(4, at::kLong)}, {"deep", deep}}, {4})}},
+                {4});
+  TensorDict c = consolidate(td);
+  c.unlock_();
+  TensorDict grandchild = c.get({"c", "deep"}).tensordict();
+  ASSERT_TRUE(is_consolidated(c));
+  grandchild.set("e", at::zeros({4}));  // two levels down, through its own handle
+  EXPECT_FALSE(is_consolidated(c));
+  EXPECT_FALSE(consolidate(c).is_same(c));
+
+  // Put back the same view through the level's own handle (a set through the root ends the
+  // consolidation outright): the generations changed, the leaf-by-leaf check still holds, and
+  // consolidate() reuses the state and remembers that it matched.
+  TensorDict c2 = consolidate(td);
+  c2.unlock_();
+  TensorDict deep2 = c2.get({"c", "deep"}).tensordict();
+  deep2.set("e", deep2.get("e"));
+  EXPECT_TRUE(is_consolidated(c2));
+  EXPECT_TRUE(consolidate(c2).is_same(c2));
+  EXPECT_TRUE(is_consolidated(c2));
+  TensorDict(c2.get("c").tensordict()).erase("d");
+  EXPECT_FALSE(is_consolidated(c2));
+
+  // A state set from outside is not trusted: its views are checked.
+  TensorDict other = consolidate(td);
+  TensorDict plain = td.clone();
+  plain.set_consolidated_state(other.consolidated_state());
+  EXPECT_FALSE(is_consolidated(plain));
+  TensorDict same = consolidate(td);
+  TensorDict alias({{"a", same.get("a")}, {"c", same.get("c")}}, {4});
+  alias.set_consolidated_state(same.consolidated_state());
+  EXPECT_TRUE(is_consolidated(alias));  // the same views: it does describe them
+}
+
 TEST(ConsolidateRebuild, TransportKeysAndSizeAreIgnored) {
   TensorDict c = consolidate(worked_example());
   auto json = metadata_to_json(*consolidated_metadata(c), false,
