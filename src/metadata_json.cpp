@@ -4,6 +4,7 @@
 #include <algorithm>
 #include <functional>
 #include <limits>
+#include <ostream>
 
 #include "json_text.h"
 #include "metadata_value.h"
@@ -153,17 +154,31 @@ std::string short_dump(const Json& j) {
   return text.size() > 80 ? text.substr(0, 80) + "..." : text;
 }
 
+// What a check is about ("the shape of leaf a.b"), rendered only when the check fails: building
+// the text for every value would cost more than reading the value.
+struct What {
+  const std::vector<std::string>* path;
+  std::string_view what;
+  const std::string* key = nullptr;  // "<what> <path.key>"; none: "<what> of <path>"
+  std::string_view prefix = {};      // put before, as in "the shape of "
+
+  What of(std::string_view p) const { return {path, what, key, p}; }
+  friend std::ostream& operator<<(std::ostream& os, const What& w) {
+    os << w.prefix << w.what;
+    if (w.key) {
+      auto p = *w.path;
+      p.push_back(*w.key);
+      return os << " " << NestedKey(std::move(p)).str();
+    }
+    return os << " of " << (w.path->empty() ? std::string("the root") : NestedKey(*w.path).str());
+  }
+};
+
 struct Reader {
   std::vector<std::string> path;
 
-  std::string at(std::string_view what) const {
-    return c10::str(what, " of ", path.empty() ? std::string("the root") : NestedKey(path).str());
-  }
-  std::string at(std::string_view what, const std::string& key) const {
-    auto p = path;
-    p.push_back(key);
-    return c10::str(what, " ", NestedKey(std::move(p)).str());
-  }
+  What at(std::string_view what) const { return {&path, what}; }
+  What at(std::string_view what, const std::string& key) const { return {&path, what, &key}; }
 
   // JSON's names of the types, as the messages have always said them.
   static const char* type_name(const Json& j) {
@@ -174,12 +189,12 @@ struct Reader {
     return j.is_list() ? "array" : "object";
   }
 
-  static int64_t as_int(const Json& j, const std::string& what) {
+  static int64_t as_int(const Json& j, const What& what) {
     TORCH_CHECK_VALUE(j.is_int(), "metadata: ", what, " must be an integer, got ", type_name(j),
                       " ", short_dump(j));
     return j.as_int();
   }
-  static std::vector<int64_t> as_ints(const Json& j, const std::string& what) {
+  static std::vector<int64_t> as_ints(const Json& j, const What& what) {
     TORCH_CHECK_VALUE(j.is_list(), "metadata: ", what, " must be a list of integers, got ",
                       type_name(j));
     std::vector<int64_t> out;
@@ -187,13 +202,13 @@ struct Reader {
     for (const auto& v : j.as_list()) out.push_back(as_int(v, what));
     return out;
   }
-  static std::optional<std::string> as_optional_string(const Json& j, const std::string& what) {
+  static std::optional<std::string> as_optional_string(const Json& j, const What& what) {
     if (j.is_null()) return std::nullopt;
     TORCH_CHECK_VALUE(j.is_string(), "metadata: ", what, " must be a string or null, got ",
                       type_name(j));
     return j.as_string();
   }
-  static const Json::Map& object(const Json& j, const std::string& what) {
+  static const Json::Map& object(const Json& j, const What& what) {
     TORCH_CHECK_VALUE(j.is_map(), "metadata: ", what, " must be an object, got ", type_name(j));
     return j.as_map();
   }
@@ -212,9 +227,9 @@ struct Reader {
     const auto& name = l[0].as_string();
     const auto dtype = dtype_from_name(name);
     TORCH_CHECK_VALUE(dtype, "metadata: ", what, " has the unknown dtype ", quote_key(name));
-    return LeafMetadata{*dtype, as_ints(l[1], "the shape of " + what),
-                        as_int(l[2], "the start of " + what), as_int(l[3], "the stop of " + what),
-                        as_int(l[4], "the pad of " + what)};
+    return LeafMetadata{*dtype, as_ints(l[1], what.of("the shape of ")),
+                        as_int(l[2], what.of("the start of ")), as_int(l[3], what.of("the stop of ")),
+                        as_int(l[4], what.of("the pad of "))};
   }
 
   NonTensorMetadata non_tensor(const std::string& key, const Json& j) const {
@@ -223,8 +238,8 @@ struct Reader {
                       " must be [data, batch_size, device], got ", type_name(j), " ",
                       short_dump(j));
     const auto& l = j.as_list();
-    return NonTensorMetadata{l[0], as_ints(l[1], "the batch_size of " + what),
-                             as_optional_string(l[2], "the device of " + what)};
+    return NonTensorMetadata{l[0], as_ints(l[1], what.of("the batch_size of ")),
+                             as_optional_string(l[2], what.of("the device of "))};
   }
 
   ClsMetadata cls_metadata(const Json& j) const {
@@ -233,13 +248,13 @@ struct Reader {
     bool has_batch_size = false, has_names = false;
     for (const auto& [k, v] : object(j, what)) {
       if (k == "device") {
-        cm.device = as_optional_string(v, "the device in " + what);
+        cm.device = as_optional_string(v, what.of("the device in "));
       } else if (k == "names") {
         TORCH_CHECK_VALUE(v.is_list(), "metadata: the names in ", what, " must be a list");
-        for (const auto& n : v.as_list()) cm.names.push_back(as_optional_string(n, "a name in " + what));
+        for (const auto& n : v.as_list()) cm.names.push_back(as_optional_string(n, what.of("a name in ")));
         has_names = true;
       } else if (k == "batch_size") {
-        cm.batch_size = as_ints(v, "the batch_size in " + what);
+        cm.batch_size = as_ints(v, what.of("the batch_size in "));
         has_batch_size = true;
       } else if (k == "is_locked") {
         TORCH_CHECK_VALUE(v.is_bool(), "metadata: is_locked in ", what, " must be a bool, got ",

@@ -14,10 +14,20 @@ namespace {
 
 using pickle::Value;
 
+// One step into a peer's dict: a key, or a list position when key is null. Rendered only for
+// an error message, so that walking a large tree costs no string per value.
+struct Step {
+  const std::string* key;
+  size_t index;
+};
+using Path = std::vector<Step>;
+
 // Where a value sits in a peer's dict, as Python subscripts: ["inner"]["leaves"]["q"][0].
-std::string where(const std::vector<std::string>& path) {
+std::string where(const Path& path) {
   std::string out;
-  for (const auto& p : path) out += p;
+  for (const auto& [key, index] : path) {
+    out += key ? c10::str("[\"", *key, "\"]") : c10::str("[", index, "]");
+  }
   return out.empty() ? std::string("the top level") : out;
 }
 
@@ -25,7 +35,7 @@ std::string class_name(const Value& ref) { return ref.ref_module() + "." + ref.r
 
 // A peer's unpickled values as JSON-like values: tuples become lists, as JSON makes them. A
 // class reference is refused here: only a node's "cls" (node_to_json) may hold one.
-JsonValue to_json(const Value& v, std::vector<std::string>& path) {
+JsonValue to_json(const Value& v, Path& path) {
   switch (v.kind()) {
     case Value::Kind::ClassRef:
       TORCH_CHECK_VALUE(false, "metadata: the class reference ", class_name(v), " at ",
@@ -40,7 +50,7 @@ JsonValue to_json(const Value& v, std::vector<std::string>& path) {
       JsonValue::List out;
       out.reserve(v.items().size());
       for (size_t i = 0; i < v.items().size(); ++i) {
-        path.push_back(c10::str("[", i, "]"));
+        path.push_back({nullptr, i});
         out.push_back(to_json(v.items()[i], path));
         path.pop_back();
       }
@@ -50,7 +60,7 @@ JsonValue to_json(const Value& v, std::vector<std::string>& path) {
       JsonValue::Map out;
       out.reserve(v.keys().size());
       for (size_t i = 0; i < v.keys().size(); ++i) {
-        path.push_back(c10::str("[\"", v.keys()[i], "\"]"));
+        path.push_back({&v.keys()[i], 0});
         out.emplace_back(v.keys()[i], to_json(v.values()[i], path));
         path.pop_back();
       }
@@ -63,13 +73,13 @@ JsonValue to_json(const Value& v, std::vector<std::string>& path) {
 // A node of a peer's dict (the root or a nested one, as the metadata reader sees them: any dict
 // that is not "non_tensors", "leaves" or "cls_metadata"). A class reference as its "cls" (the
 // reference's tensorclass nodes) reads as "TensorDict"; set_class_names records it afterwards.
-JsonValue node_to_json(const Value& node, std::vector<std::string>& path) {
+JsonValue node_to_json(const Value& node, Path& path) {
   JsonValue::Map out;
   out.reserve(node.keys().size());
   for (size_t i = 0; i < node.keys().size(); ++i) {
     const std::string& key = node.keys()[i];
     const Value& v = node.values()[i];
-    path.push_back(c10::str("[\"", key, "\"]"));
+    path.push_back({&key, 0});
     if (key == "cls" && v.kind() == Value::Kind::ClassRef) {
       out.emplace_back(key, JsonValue(std::string("TensorDict")));
     } else if (v.kind() == Value::Kind::Dict && key != "non_tensors" && key != "leaves" &&
@@ -144,7 +154,7 @@ pickle::Value metadata_to_pickle(const Metadata& metadata, const TransportFields
 Metadata metadata_from_pickle(const pickle::Value& value, TransportFields* transport) {
   TORCH_CHECK_VALUE(value.kind() == pickle::Value::Kind::Dict, "metadata: expected a dict, got a ",
                     pickle::Value::kind_name(value.kind()));
-  std::vector<std::string> path;
+  Path path;
   Metadata m = detail::metadata_from_value(node_to_json(value, path), transport);
   set_class_names(value, m);
   return m;

@@ -7,6 +7,7 @@
 #include <cstring>
 #include <memory>
 #include <unordered_map>
+#include <unordered_set>
 
 namespace tensordict::pickle {
 
@@ -315,6 +316,69 @@ bool valid_utf8(std::string_view s) {
   return true;
 }
 
+// The memo indices that some GET reads, from a first pass over the opcodes. Python memoizes
+// every container, so without this each finished container would be copied into its parent
+// in case a GET wanted it later: O(depth x size). An opcode this pass does not know, or a
+// truncated argument, makes it answer "all": the reader then keeps every entry, and reports
+// the fault itself where it finds it.
+struct MemoReads {
+  bool all = false;
+  std::unordered_set<uint64_t> indices;
+  bool contains(uint64_t i) const { return all || indices.contains(i); }
+};
+
+MemoReads memo_reads(std::string_view data) {
+  MemoReads reads;
+  size_t pos = 0;
+  const auto le = [&](size_t n, uint64_t& v) {  // false when truncated
+    if (data.size() - pos < n) return false;
+    v = 0;
+    for (size_t i = 0; i < n; ++i) v |= uint64_t{static_cast<uint8_t>(data[pos + i])} << (8 * i);
+    pos += n;
+    return true;
+  };
+  const auto skip = [&](uint64_t n) {
+    if (data.size() - pos < n) return false;
+    pos += n;
+    return true;
+  };
+  const auto line = [&] {
+    const size_t nl = data.find('\n', pos);
+    if (nl == std::string_view::npos) return false;
+    pos = nl + 1;
+    return true;
+  };
+  uint64_t v = 0;
+  while (pos < data.size()) {
+    bool ok = true;
+    switch (static_cast<uint8_t>(data[pos++])) {
+      case op::STOP: return reads;
+      case op::PROTO: case op::BININT1: case op::BINPUT: ok = skip(1); break;
+      case op::BININT2: ok = skip(2); break;
+      case op::BININT: case op::LONG_BINPUT: ok = skip(4); break;
+      case op::FRAME: case op::BINFLOAT: ok = skip(8); break;
+      case op::LONG1: case op::SHORT_BINUNICODE: ok = le(1, v) && skip(v); break;
+      case op::BINUNICODE: ok = le(4, v) && skip(v); break;
+      case op::BINUNICODE8: ok = le(8, v) && skip(v); break;
+      case op::GLOBAL: ok = line() && line(); break;
+      case op::BINGET: case op::LONG_BINGET:
+        ok = le(data[pos - 1] == static_cast<char>(op::BINGET) ? 1 : 4, v);
+        if (ok) reads.indices.insert(v);
+        break;
+      case op::NONE: case op::NEWTRUE: case op::NEWFALSE: case op::EMPTY_LIST:
+      case op::EMPTY_DICT: case op::EMPTY_TUPLE: case op::MARK: case op::LIST: case op::TUPLE:
+      case op::TUPLE1: case op::TUPLE2: case op::TUPLE3: case op::DICT: case op::APPEND:
+      case op::APPENDS: case op::SETITEM: case op::SETITEMS: case op::STACK_GLOBAL:
+      case op::MEMOIZE:
+        break;
+      default: ok = false;
+    }
+    if (!ok) break;
+  }
+  reads.all = true;  // no STOP reached: let the reader find what is wrong
+  return reads;
+}
+
 // A value on the stack plus the bookkeeping that bounds what a reader may build. Shared with
 // the memo, which must see a container filled after it was memoized.
 struct Node {
@@ -326,7 +390,8 @@ using Slot = std::shared_ptr<Node>;
 
 class Reader {
  public:
-  Reader(std::string_view data, const Limits& limits) : data_(data), limits_(limits) {}
+  Reader(std::string_view data, const Limits& limits)
+      : data_(data), limits_(limits), reads_(memo_reads(data)) {}
 
   Value run() {
     while (true) {
@@ -348,7 +413,7 @@ class Reader {
           fail_if(stack_.size() != 1 || !marks_.empty(), at, "STOP with ", stack_.size(),
                   " values on the stack");
           fail_if(pos_ != data_.size(), at, data_.size() - pos_, " bytes after STOP");
-          return stack_.back()->value;
+          return take(stack_.back());
         }
         case op::NONE: push(Value()); break;
         case op::NEWTRUE: push(Value::from_bool(true)); break;
@@ -552,10 +617,14 @@ class Reader {
     parent->nodes += child->nodes;
     fail_if(parent->depth > limits_.max_depth, at, "nesting deeper than ", limits_.max_depth);
   }
+  // A finished value for its parent: moved when nothing else holds it (no memo entry a GET
+  // will read), copied otherwise.
+  static Value take(Slot& s) { return s.use_count() == 1 ? std::move(s->value) : s->value; }
   void extend(Slot& list, std::vector<Slot> items, size_t at) {
+    list->value.items().reserve(list->value.items().size() + items.size());
     for (auto& item : items) {
       adopt(list, item, at);
-      list->value.items().push_back(item->value);
+      list->value.items().push_back(take(item));
     }
   }
   void push_container(Value v, std::vector<Slot> items, size_t at) {
@@ -569,17 +638,19 @@ class Reader {
       fail_if(kv[i]->value.kind() != Value::Kind::Str, at, "dict key is a ",
               Value::kind_name(kv[i]->value.kind()), "; only str keys are supported");
       adopt(d, kv[i + 1], at);
-      d->value.set(kv[i]->value.as_str(), kv[i + 1]->value);
+      d->value.set(take(kv[i]).as_str(), take(kv[i + 1]));
     }
   }
   void memo_put(size_t at, uint64_t index) {
     fail_if(stack_.size() <= floor(), at, "memo store from an empty stack");
     fail_if(memo_.size() >= limits_.max_elements, at, "memo too large");
-    memo_[index] = stack_.back();
+    // An entry no GET reads is only counted (MEMOIZE numbers entries by the memo's size).
+    memo_[index] = reads_.contains(index) ? stack_.back() : nullptr;
   }
   void memo_get(size_t at, uint64_t index) {
     auto it = memo_.find(index);
     fail_if(it == memo_.end(), at, "memo entry ", index, " is undefined");
+    TORCH_INTERNAL_ASSERT(it->second, "pickle: memo entry ", index, " was not kept");
     // A reference is read again as a copy: count it whole, so shared references cannot blow up.
     count(it->second->nodes);
     stack_.push_back(std::make_shared<Node>(*it->second));
@@ -592,6 +663,7 @@ class Reader {
   std::vector<Slot> stack_;
   std::vector<size_t> marks_;
   std::unordered_map<uint64_t, Slot> memo_;
+  MemoReads reads_;
 };
 
 }  // namespace
