@@ -101,8 +101,11 @@ inline constexpr size_t kMaxMetadataJsonBytes = size_t{256} << 20;
 TensorDict consolidate(const TensorDict& td, const ConsolidateOptions& options = {});
 
 /// True when `td` carries a consolidated state (see TensorDict::consolidated_state()) and its
-/// entries are still the views that state describes (O(leaves); a nested level changed
-/// through its own handle makes its parents unconsolidated too).
+/// entries are still the views that state describes. A change of any level's entries (set,
+/// erase, ... through the root or a nested level's own handle) is seen; after one, the leaves
+/// are checked again (O(leaves)), otherwise the call is O(levels). A leaf tensor changed in
+/// place through its own handle (Tensor.set_, resize_, unsqueeze_, ...) is not seen, as in the
+/// reference: its storage would then no longer hold that leaf.
 bool is_consolidated(const TensorDict& td);
 
 /// The flat storage of a consolidated TensorDict (RuntimeError otherwise).

@@ -545,7 +545,9 @@ class TensorDict:
 
     def is_consolidated(self) -> bool:
         """True when the TensorDict is a view of one consolidated storage (see
-        :meth:`consolidate`)."""
+        :meth:`consolidate`). Setting or deleting an entry, at any level, ends that; changing a
+        leaf tensor in place through its own handle (``Tensor.set_``, ``resize_``,
+        ``unsqueeze_``, ...) is not seen, as in the reference."""
         return self._cpp.is_consolidated()
 
     # ---- printing ----------------------------------------------------------------------------
