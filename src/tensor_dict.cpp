@@ -272,12 +272,13 @@ std::vector<Value> TensorDict::values(KeysOptions options) const {
 }
 
 std::vector<std::string> TensorDict::sorted_keys() const {
-  std::vector<std::string> keys;
-  keys.reserve(impl_->entries.size());
-  for (const auto& e : impl_->entries) keys.push_back(e.first);
-  // std::string compares bytes; for UTF-8 that is Python's code point order.
-  std::sort(keys.begin(), keys.end());
-  return keys;
+  // Sorting views moves 16 bytes a swap instead of a string. Bytes compare as UTF-8 code
+  // points do, which is Python's order.
+  std::vector<std::string_view> order;
+  order.reserve(impl_->entries.size());
+  for (const auto& e : impl_->entries) order.emplace_back(e.first);
+  std::sort(order.begin(), order.end());
+  return {order.begin(), order.end()};
 }
 
 bool TensorDict::is_empty() const {
