@@ -467,10 +467,11 @@ bool views_match(const TensorDict& td, const Metadata& m, const at::Tensor& stor
   return true;
 }
 
-// Appends the generations of td's level and of its nested levels that `m` names, pre-order.
-// td must match m's structure (just built, or views_match said so).
+// Appends the generations of td's level and of its nested levels that `m` names, pre-order,
+// and watches those levels. td must match m's structure (just built, or views_match said so).
 void record_generations(const TensorDict& td, const Metadata& m, std::vector<uint64_t>& out) {
-  const auto& impl = TensorDictImpl::of(td);
+  auto& impl = TensorDictImpl::of(td);
+  impl.watched = true;
   out.push_back(impl.generation);
   for (const auto& [key, child] : m.children) record_generations(impl.find(key)->tensordict(), child, out);
 }
@@ -493,13 +494,22 @@ void set_checked_state(const TensorDict& td, std::shared_ptr<const ConsolidatedS
   handle.set_consolidated_state(std::move(state));
   auto& impl = TensorDictImpl::of(td);
   record_generations(td, *impl.consolidated->metadata, impl.checked_generations);
+  impl.checked_epoch.store(detail::watched_changes.load(std::memory_order_relaxed),
+                           std::memory_order_relaxed);
 }
 
-// Whether no level's entries changed since td's consolidation was last known to match.
+// Whether no level's entries changed since td's consolidation was last known to match: at
+// once when no watched level changed anywhere since, by walking the levels otherwise.
 bool generations_current(const TensorDict& td, const Metadata& m) {
-  const auto& gens = TensorDictImpl::of(td).checked_generations;
+  const auto& impl = TensorDictImpl::of(td);
+  const auto& gens = impl.checked_generations;
+  if (gens.empty()) return false;
+  const uint64_t epoch = detail::watched_changes.load(std::memory_order_relaxed);
+  if (impl.checked_epoch.load(std::memory_order_relaxed) == epoch) return true;
   const uint64_t* next = gens.data();
-  return !gens.empty() && generations_unchanged(td, m, next, gens.data() + gens.size());
+  if (!generations_unchanged(td, m, next, gens.data() + gens.size())) return false;
+  impl.checked_epoch.store(epoch, std::memory_order_relaxed);  // the next call is O(1) again
+  return true;
 }
 
 // Whether td's consolidation still describes its views: by the generations when no entry

@@ -10,6 +10,8 @@ using detail::TensorDictImpl;
 
 namespace detail {
 
+std::atomic<uint64_t> watched_changes{0};
+
 void check_batch_prefix(const NestedKey& key, at::IntArrayRef shape, at::IntArrayRef batch_size) {
   const bool ok = shape.size() >= batch_size.size() &&
                   std::equal(batch_size.begin(), batch_size.end(), shape.begin());
@@ -243,7 +245,7 @@ Value TensorDict::pop(const NestedKey& key) {
   Value out = level->entries[pos].second;
   level->entries.erase(level->entries.begin() + static_cast<std::ptrdiff_t>(pos));
   level->index.erase(key.back());
-  ++level->generation;
+  level->changed();
   for (auto& [k, i] : level->index) {
     if (i > pos) --i;
   }

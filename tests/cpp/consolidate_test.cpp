@@ -452,6 +452,16 @@ TEST(ConsolidateRebuild, ChecksAgainAfterAnyChangeOfEntries) {
   TensorDict(c2.get("c").tensordict()).erase("d");
   EXPECT_FALSE(is_consolidated(c2));
 
+  // A change to another consolidated TensorDict makes the next call walk the levels, which
+  // still agree.
+  TensorDict c3 = consolidate(td);
+  TensorDict c4 = consolidate(td);
+  ASSERT_TRUE(is_consolidated(c3));
+  c4.unlock_();
+  TensorDict(c4.get("c").tensordict()).set("d", at::zeros({4}, at::kLong));
+  EXPECT_TRUE(is_consolidated(c3));
+  EXPECT_FALSE(is_consolidated(c4));
+
   // A state set from outside is not trusted: its views are checked.
   TensorDict other = consolidate(td);
   TensorDict plain = td.clone();
