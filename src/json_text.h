@@ -12,6 +12,11 @@
 
 namespace tensordict::detail {
 
+/// Whether `s` is UTF-8 that Python's strict decoder accepts: no overlong form, surrogate or
+/// code point above U+10FFFF. Every peer string is checked with it, so that what we read we
+/// can write back.
+bool valid_utf8(std::string_view s);
+
 /// Appends `s` as a JSON string literal the way json.dumps(ensure_ascii=True) writes it.
 /// ValueError (starting with `who`) when `s` is not valid UTF-8.
 void append_json_string(std::string& out, std::string_view s, const char* who = "json");

@@ -512,6 +512,16 @@ JsonValue JsonValue::parse(std::string_view text) {
 
 namespace detail {
 
+bool valid_utf8(std::string_view s) {
+  uint32_t cp = 0;
+  for (size_t i = 0; i < s.size();) {
+    const int len = decode_utf8(s, i, cp);
+    if (len == 0) return false;
+    i += static_cast<size_t>(len);
+  }
+  return true;
+}
+
 void append_json_string(std::string& out, std::string_view s, const char* who) {
   out += '"';
   for (size_t i = 0; i < s.size();) {

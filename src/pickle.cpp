@@ -9,6 +9,8 @@
 #include <unordered_map>
 #include <unordered_set>
 
+#include "json_text.h"
+
 namespace tensordict::pickle {
 
 // ---- Value ---------------------------------------------------------------------------------
@@ -302,20 +304,6 @@ void write_value(std::string& out, const Value& v) {
 
 // ---- reader -----------------------------------------------------------------------------------
 
-bool valid_utf8(std::string_view s) {
-  size_t i = 0;
-  while (i < s.size()) {
-    const auto c = static_cast<uint8_t>(s[i]);
-    size_t n = c < 0x80 ? 1 : (c >> 5) == 0x6 ? 2 : (c >> 4) == 0xe ? 3 : (c >> 3) == 0x1e ? 4 : 0;
-    if (n == 0 || i + n > s.size()) return false;
-    for (size_t k = 1; k < n; ++k) {
-      if ((static_cast<uint8_t>(s[i + k]) & 0xc0) != 0x80) return false;
-    }
-    i += n;
-  }
-  return true;
-}
-
 // The memo indices that some GET reads, from a first pass over the opcodes. Python memoizes
 // every container, so without this each finished container would be copied into its parent
 // in case a GET wanted it later: O(depth x size). An opcode this pass does not know, or a
@@ -570,7 +558,7 @@ class Reader {
   void push_str(size_t at, uint64_t n) {
     fail_if(n > data_.size() - pos_, at, "string of ", n, " bytes runs past the end");
     std::string_view s = data_.substr(pos_, n);
-    fail_if(!valid_utf8(s), at, "string is not valid UTF-8");
+    fail_if(!tensordict::detail::valid_utf8(s), at, "string is not valid UTF-8");
     pos_ += n;
     push(Value::from_str(std::string(s)));
   }

@@ -119,6 +119,14 @@ TEST(Pickle, RefusesMalformed) {
                      "exceeds int64");
   EXPECT_VALUE_ERROR(pk::loads(bytes({0x80, 4, '}', 'K', 1, 'N', 's', '.'})), "only str keys");
   EXPECT_VALUE_ERROR(pk::loads(bytes({0x80, 4, 0x8c, 2, 0xc3, 0x28, '.'})), "not valid UTF-8");
+  // What Python's strict decoder refuses too: a lead byte above U+10FFFF, an overlong form, a
+  // surrogate. (A string we read must be one we can write back.)
+  for (const auto& s : {bytes({0xf7, 0xbf, 0xbf, 0xbf}), bytes({0xc0, 0x80}), bytes({0xed, 0xa0, 0x80}),
+                        bytes({0xf4, 0x90, 0x80, 0x80})}) {
+    EXPECT_VALUE_ERROR(pk::loads(bytes({0x80, 4, 0x8c, static_cast<int>(s.size())}) + s + "."),
+                       "not valid UTF-8");
+  }
+  EXPECT_EQ(pk::loads(bytes({0x80, 4, 0x8c, 4, 0xf4, 0x8f, 0xbf, 0xbf, '.'})).as_str().size(), 4u);
   EXPECT_VALUE_ERROR(pk::loads(bytes({0x80, 9, 'N', '.'})), "unsupported protocol");
   EXPECT_VALUE_ERROR(pk::loads(bytes({0x80, 4, 'h', 7, '.'})), "memo entry 7 is undefined");
   EXPECT_VALUE_ERROR(pk::loads(bytes({0x80, 4, 'N', 'N', '.'})), "STOP with 2 values");
