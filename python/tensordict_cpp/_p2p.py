@@ -30,6 +30,8 @@ def _mapped(peer, group_peer):
 
 def _pipe_peer(peer: Any, group_peer: int | None, name: str) -> Any:
     """``peer`` when it is a TensorDictPipe (then no group peer is allowed), else None."""
+    if peer is None or isinstance(peer, int):
+        return None  # the usual case, without the import below (~10 us a call)
     from tensordict_cpp.pipe import TensorDictPipe
 
     if not isinstance(peer, TensorDictPipe):
