@@ -614,7 +614,9 @@ TensorDict rebuild_node(const std::shared_ptr<const Metadata>& root, const Metad
 }  // namespace
 
 TensorDict consolidate(const TensorDict& td, const ConsolidateOptions& options) {
-  if (auto state = td.consolidated_state(); state && holds_consolidation(td, *state)) {
+  auto state = td.consolidated_state();
+  const bool current = state && generations_current(td, *state->metadata);
+  if (current || (state && views_match(td, *state->metadata, state->storage))) {
     // As the reference: a pinned copy is made only when asked for and possible.
     const bool repin = options.pin_memory && state->storage.is_cpu() &&
                        at::getAccelerator(false).has_value() && !state->storage.is_pinned();
@@ -624,7 +626,7 @@ TensorDict consolidate(const TensorDict& td, const ConsolidateOptions& options) 
         refresh_metadata(td, *state->metadata, fresh.get());
         set_checked_state(td, std::make_shared<const ConsolidatedState>(
             ConsolidatedState{state->storage, std::move(fresh)}));
-      } else if (!generations_current(td, *state->metadata)) {
+      } else if (!current) {
         set_checked_state(td, state);  // matched leaf by leaf: remember it
       }
       return td;
