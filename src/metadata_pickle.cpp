@@ -160,11 +160,14 @@ Metadata metadata_from_pickle(const pickle::Value& value, TransportFields* trans
   return m;
 }
 
-Metadata metadata_from_pickle_bytes(std::string_view bytes, TransportFields* transport) {
+pickle::Limits metadata_pickle_limits() {
   // The bounds of metadata_from_json, counted on the pickle's containers and values.
-  const pickle::Limits limits{.max_depth = detail::kMaxMetadataJsonDepth,
-                              .max_elements = detail::kMaxMetadataJsonValues};
-  return metadata_from_pickle(pickle::loads(bytes, limits), transport);
+  return {.max_depth = detail::kMaxMetadataJsonDepth,
+          .max_elements = detail::kMaxMetadataJsonValues};
+}
+
+Metadata metadata_from_pickle_bytes(std::string_view bytes, TransportFields* transport) {
+  return metadata_from_pickle(pickle::loads(bytes, metadata_pickle_limits()), transport);
 }
 
 }  // namespace tensordict

@@ -311,11 +311,12 @@ void write_value(std::string& out, const Value& v) {
 // the fault itself where it finds it.
 struct MemoReads {
   bool all = false;
+  bool over_budget = false;  // more distinct GETs than the budget allows to index
   std::unordered_set<uint64_t> indices;
   bool contains(uint64_t i) const { return all || indices.contains(i); }
 };
 
-MemoReads memo_reads(std::string_view data) {
+MemoReads memo_reads(std::string_view data, size_t max_indices) {
   MemoReads reads;
   size_t pos = 0;
   const auto le = [&](size_t n, uint64_t& v) {  // false when truncated
@@ -352,6 +353,10 @@ MemoReads memo_reads(std::string_view data) {
       case op::BINGET: case op::LONG_BINGET:
         ok = le(data[pos - 1] == static_cast<char>(op::BINGET) ? 1 : 4, v);
         if (ok) reads.indices.insert(v);
+        if (reads.indices.size() > max_indices) {
+          reads.over_budget = true;
+          return reads;
+        }
         break;
       case op::NONE: case op::NEWTRUE: case op::NEWFALSE: case op::EMPTY_LIST:
       case op::EMPTY_DICT: case op::EMPTY_TUPLE: case op::MARK: case op::LIST: case op::TUPLE:
@@ -373,13 +378,31 @@ struct Node {
   Value value;
   size_t depth = 0;  // container nesting, 0 for scalars
   size_t nodes = 1;  // values inside, itself included
+  size_t bytes = 0;  // what the value costs in memory, everything inside included (budget)
 };
 using Slot = std::shared_ptr<Node>;
+
+// What the reader charges its byte budget, close to what each piece costs in memory.
+constexpr size_t kValueBytes = sizeof(Node) + 32;  // a value, its node and allocation overhead
+constexpr size_t kDictEntryBytes = 64;             // a dict key's index entry, beyond its bytes
+constexpr size_t kMemoIndexBytes = 48;             // one memo index the first pass records
+
+size_t budget_for(std::string_view data, const Limits& limits) {
+  if (limits.max_bytes != 0) return limits.max_bytes;
+  return std::min(kMaxBudgetBytes, kBaseBudgetBytes + kBudgetPerInputByte * data.size()) +
+         data.size();
+}
 
 class Reader {
  public:
   Reader(std::string_view data, const Limits& limits)
-      : data_(data), limits_(limits), reads_(memo_reads(data)) {}
+      : data_(data),
+        limits_(limits),
+        budget_(budget_for(data, limits)),
+        reads_(memo_reads(data, budget_ / kMemoIndexBytes)) {
+    TORCH_CHECK_VALUE(!reads_.over_budget, "pickle: ", over_budget_text());
+    charge(reads_.indices.size() * kMemoIndexBytes);
+  }
 
   Value run() {
     while (true) {
@@ -547,7 +570,22 @@ class Reader {
 
   Slot make(Value v) {
     count(1);
-    return std::make_shared<Node>(Node{std::move(v), 0, 1});
+    size_t bytes = kValueBytes;
+    if (v.kind() == Value::Kind::Str) bytes += v.as_str().size();
+    if (v.kind() == Value::Kind::ClassRef) bytes += v.ref_module().size() + v.ref_qualname().size();
+    charge(bytes);
+    return std::make_shared<Node>(Node{std::move(v), 0, 1, bytes});
+  }
+  // Every byte the reader makes counts, copies of memoized values included, so that a small
+  // pickle cannot make it build a large tree (one long string read back by many GETs).
+  void charge(size_t bytes) {
+    spent_ += bytes;
+    TORCH_CHECK_VALUE(spent_ <= budget_, "pickle: ", over_budget_text());
+  }
+  std::string over_budget_text() const {
+    return c10::str("the values read would take more than ", budget_, " bytes of memory, the "
+                    "budget for a pickle of ", data_.size(), " bytes; a metadata pickle never "
+                    "expands that much");
   }
   void count(size_t n) {
     elements_ += n;
@@ -603,11 +641,16 @@ class Reader {
   void adopt(Slot& parent, const Slot& child, size_t at) {
     parent->depth = std::max(parent->depth, child->depth + 1);
     parent->nodes += child->nodes;
+    parent->bytes += child->bytes;
     fail_if(parent->depth > limits_.max_depth, at, "nesting deeper than ", limits_.max_depth);
   }
   // A finished value for its parent: moved when nothing else holds it (no memo entry a GET
-  // will read), copied otherwise.
-  static Value take(Slot& s) { return s.use_count() == 1 ? std::move(s->value) : s->value; }
+  // will read), copied (and charged) otherwise.
+  Value take(Slot& s) {
+    if (s.use_count() == 1) return std::move(s->value);
+    charge(s->bytes);
+    return s->value;
+  }
   void extend(Slot& list, std::vector<Slot> items, size_t at) {
     list->value.items().reserve(list->value.items().size() + items.size());
     for (auto& item : items) {
@@ -626,6 +669,9 @@ class Reader {
       fail_if(kv[i]->value.kind() != Value::Kind::Str, at, "dict key is a ",
               Value::kind_name(kv[i]->value.kind()), "; only str keys are supported");
       adopt(d, kv[i + 1], at);
+      const size_t entry = kDictEntryBytes + kv[i]->value.as_str().size();
+      charge(entry);
+      d->bytes += entry;
       d->value.set(take(kv[i]).as_str(), take(kv[i + 1]));
     }
   }
@@ -641,11 +687,14 @@ class Reader {
     TORCH_INTERNAL_ASSERT(it->second, "pickle: memo entry ", index, " was not kept");
     // A reference is read again as a copy: count it whole, so shared references cannot blow up.
     count(it->second->nodes);
+    charge(it->second->bytes);
     stack_.push_back(std::make_shared<Node>(*it->second));
   }
 
   std::string_view data_;
   Limits limits_;
+  size_t budget_;
+  size_t spent_ = 0;
   size_t pos_ = 0;
   size_t elements_ = 0;
   std::vector<Slot> stack_;

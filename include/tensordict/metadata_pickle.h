@@ -15,7 +15,10 @@ pickle::Value metadata_to_pickle(const Metadata& metadata, const TransportFields
 /// metadata_from_json (ValueError on any fault). Top-level transport fields go to `transport`.
 Metadata metadata_from_pickle(const pickle::Value& value, TransportFields* transport = nullptr);
 
-/// Reads the pickle bytes of a peer: pickle::loads with bounds fitted to metadata, then
+/// The bounds a peer's metadata pickle is read under (nesting, values, memory budget).
+pickle::Limits metadata_pickle_limits();
+
+/// Reads the pickle bytes of a peer: pickle::loads under metadata_pickle_limits(), then
 /// metadata_from_pickle.
 Metadata metadata_from_pickle_bytes(std::string_view bytes, TransportFields* transport = nullptr);
 

@@ -79,11 +79,22 @@ class Value {
   std::unordered_map<std::string, size_t, KeyHash, std::equal_to<>> index_;
 };
 
+/// The memory budget of a read, by default: kBaseBudgetBytes plus kBudgetPerInputByte per byte
+/// of input, at most kMaxBudgetBytes (enough for a reference metadata pickle of about 30,000
+/// leaves, which expands about 70-fold), plus the input's size again (so that a long string,
+/// which costs about its size, always fits).
+inline constexpr size_t kBaseBudgetBytes = size_t{1} << 20;
+inline constexpr size_t kBudgetPerInputByte = 128;
+inline constexpr size_t kMaxBudgetBytes = size_t{64} << 20;
+
 /// Bounds applied while reading untrusted bytes.
 struct Limits {
   size_t max_depth = 64;         // nesting of containers
   size_t max_elements = 1 << 20;  // values created, counting each memo reference again
   size_t max_name_bytes = 4096;   // each of a class reference's module and qualname
+  /// Bytes of memory the values read may take, every memo copy counted again, enforced as the
+  /// reader goes; 0: the default budget above.
+  size_t max_bytes = 0;
 };
 
 /// Whether `name` is a dotted name of ASCII identifiers ("a", "pkg.mod", "Outer.Inner"): what
