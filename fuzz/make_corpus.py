@@ -154,6 +154,54 @@ def write_dict(target, tokens):
             f.write(f'"{esc}"\n')
 
 
+def checked_seeds():
+    """Inputs of fuzz/checked.cpp: a control byte, a checked-transfer header, a schema, in the
+    format of docs/reliability.md (our extension: the reference has no such messages)."""
+    import struct
+
+    def fnv1a(b):
+        h = 0xcbf29ce484222325
+        for c in b:
+            h = ((h ^ c) * 0x100000001b3) & 0xFFFFFFFFFFFFFFFF
+        return h
+
+    def string(s):
+        return struct.pack("<I", len(s)) + s
+
+    def leaf(path, dtype, shape, layout=None):
+        out = struct.pack("<I", len(path)) + b"".join(string(p) for p in path)
+        out += string(dtype) + struct.pack("<I", len(shape))
+        out += b"".join(struct.pack("<Q", d) for d in shape)
+        if layout is not None:
+            offset, strides = layout
+            out += struct.pack("<Q", offset) + b"".join(struct.pack("<Q", s) for s in strides)
+        return out
+
+    def message(mode, payload, leaves, chunk=4 << 20, control=0):
+        schema = struct.pack("<Q", len(leaves)) + b"".join(leaves)
+        header = b"TDCHECKD" + struct.pack("<IIQQQQQ", 1, mode, payload, len(schema),
+                                           fnv1a(schema), chunk, len(leaves))
+        header += struct.pack("<Q", fnv1a(header))
+        return bytes([control]) + header + schema
+
+    a = leaf([b"a"], b"torch.float32", [2, 3])
+    c = leaf([b"b", b"c"], b"torch.int64", [4])
+    a_c = leaf([b"a"], b"torch.float32", [2, 3], (0, [3, 1]))
+    c_c = leaf([b"b", b"c"], b"torch.int64", [4], (24, [1]))
+    yield "per_leaf-same", message(0, 56, [a, c])
+    yield "per_leaf-other_shape", message(0, 40, [a, leaf([b"b", b"c"], b"torch.int64", [2])])
+    yield "per_leaf-extra_key", message(0, 60, [a, c, leaf([b"z"], b"torch.bool", [4])])
+    yield "consolidated-same", message(1, 56, [a_c, c_c], control=1)
+    yield "consolidated-moved", message(1, 64, [a_c, leaf([b"b", b"c"], b"torch.int64",
+                                                             [4], (32, [1]))], control=1)
+    yield "mode-mismatch", message(1, 56, [a_c, c_c])
+    yield "chunk_of_one_byte", message(0, 56, [a, c], chunk=1)
+    yield "large_payload", message(0, 1 << 40, [leaf([b"a"], b"torch.float32", [1 << 38])],
+                                        chunk=1 << 20)
+    yield "short_schema", message(0, 56, [a, c])[:-5]
+    yield "patched_hashes", bytes([2]) + message(0, 56, [a, c])[1:]
+
+
 def main():
     for target in ("metadata_json", "pickle", "pipe_frames"):
         d = os.path.join(CORPUS, target)
@@ -234,6 +282,12 @@ def main():
         write("pickle", f"value-{name}", pickle.dumps(v))
     write("pickle", "value-long-list", pickle.dumps(list(range(3000))))
     write("pickle", "value-proto0", pickle.dumps({"a": [1, "b"]}, protocol=0))
+
+    for name, data in checked_seeds():
+        write("checked", name, data)
+    write_dict("checked", [b"TDCHECKD", b"\x01\x00\x00\x00", (1 << 20).to_bytes(8, "little"),
+                           (4 << 20).to_bytes(8, "little"), b"\xff" * 8, b"\x0dtorch.float32",
+                           b"\x0btorch.int64", b"\x0atorch.bool", b"\x0ftorch.complex64"])
 
     json_tokens = ['"cls"', '"TensorDict"', '"LazyStackedTensorDict"', '"non_tensors"',
                    '"leaves"', '"cls_metadata"', '"batch_size"', '"names"', '"device"',

@@ -304,6 +304,8 @@ struct Planner {
                      path_str(path, key), " has layout ", t.layout(),
                      "; only strided tensors can be consolidated");
     check_leaf_dtype(t.scalar_type(), "consolidate", [&] { return path_str(path, key); });
+    TORCH_CHECK_VALUE(!t.is_meta(), "consolidate: leaf ", path_str(path, key),
+                      " is on the meta device, which holds no data to pack");
     const int64_t nbytes = t.numel() * static_cast<int64_t>(t.element_size());
     const int64_t pad = (kAlign - nbytes % kAlign) % kAlign;
     const int64_t esize = static_cast<int64_t>(t.element_size());

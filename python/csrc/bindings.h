@@ -32,6 +32,9 @@ void bind_tensor_dict(py::module_& m);
 dist::Group group_from_py(py::handle group);
 /// torch's Python Work objects.
 py::list works_to_py(const std::vector<dist::WorkPtr>& works);
+/// A transfer's `timeout` in seconds (the Python layer turns a timedelta into seconds) as the
+/// options take it, rounded up to whole milliseconds; the core refuses one that is not positive.
+std::optional<std::chrono::milliseconds> timeout_from_py(std::optional<double> seconds);
 void bind_collectives(py::module_& m);
 #endif
 void bind_distributed(py::module_& m);

@@ -16,10 +16,6 @@
 namespace tensordict::python {
 namespace {
 
-int64_t max_bytes(std::optional<int64_t> given) {
-  return given.value_or(dist::kDefaultMaxTotalBytes);
-}
-
 py::list tds_to_py(const std::vector<TensorDict>& tds) {
   py::list out;
   for (const auto& td : tds) out.append(py::cast(td));
@@ -34,23 +30,27 @@ void bind_collectives(py::module_& m) {
   // the Python layer resolves the type against its tensorclass registry.
   m.def("init_remote", [](const TensorDict& td, std::optional<int64_t> group_dst,
                           py::handle group, std::optional<at::Device> device, bool use_broadcast,
-                          std::optional<std::string> tensorclass_type) {
+                          std::optional<std::string> tensorclass_type,
+                          std::optional<double> timeout) {
     dist::InitRemoteOptions o{.group = group_from_py(group),
                               .group_dst = group_dst,
                               .device = device,
                               .use_broadcast = use_broadcast,
-                              .tensorclass_type = std::move(tensorclass_type)};
+                              .tensorclass_type = std::move(tensorclass_type),
+                              .timeout = timeout_from_py(timeout)};
     py::gil_scoped_release nogil;
     return dist::init_remote(td, std::nullopt, o);
   });
   m.def("from_remote_init", [](std::optional<int64_t> group_src, py::handle group,
                                std::optional<at::Device> device, bool use_broadcast,
-                               std::optional<int64_t> max_total_bytes) {
+                               std::optional<int64_t> max_total_bytes,
+                               std::optional<double> timeout) {
     dist::FromRemoteInitOptions o{.group = group_from_py(group),
                                   .group_src = group_src,
                                   .device = device,
                                   .use_broadcast = use_broadcast,
-                                  .max_total_bytes = max_bytes(max_total_bytes)};
+                                  .max_total_bytes = max_total_bytes,
+                                  .timeout = timeout_from_py(timeout)};
     std::optional<std::string> type;
     TensorDict out;
     {
@@ -61,12 +61,14 @@ void bind_collectives(py::module_& m) {
   });
   m.def("broadcast", [](const TensorDict& td, std::optional<int64_t> group_src, py::handle group,
                         std::optional<at::Device> device, std::optional<int64_t> max_total_bytes,
-                        std::optional<std::string> tensorclass_type) {
+                        std::optional<std::string> tensorclass_type,
+                        std::optional<double> timeout) {
     dist::BroadcastOptions o{.group = group_from_py(group),
                              .group_src = group_src,
                              .device = device,
-                             .max_total_bytes = max_bytes(max_total_bytes),
-                             .tensorclass_type = std::move(tensorclass_type)};
+                             .max_total_bytes = max_total_bytes,
+                             .tensorclass_type = std::move(tensorclass_type),
+                             .timeout = timeout_from_py(timeout)};
     std::optional<std::string> type;
     TensorDict out;
     {
@@ -76,9 +78,10 @@ void bind_collectives(py::module_& m) {
     return std::make_pair(out, type);
   });
   m.def("all_gather", [](const TensorDict& td, py::handle group,
-                         std::optional<int64_t> max_total_bytes) {
+                         std::optional<int64_t> max_total_bytes, std::optional<double> timeout) {
     dist::AllGatherOptions o{.group = group_from_py(group),
-                             .max_total_bytes = max_bytes(max_total_bytes)};
+                             .max_total_bytes = max_total_bytes,
+                             .timeout = timeout_from_py(timeout)};
     std::vector<TensorDict> out;
     {
       py::gil_scoped_release nogil;
@@ -88,17 +91,19 @@ void bind_collectives(py::module_& m) {
   });
   m.def("scatter", [](std::optional<int64_t> group_src, const std::vector<TensorDict>& tds,
                       py::handle group, std::optional<at::Device> device,
-                      std::optional<int64_t> max_total_bytes) {
+                      std::optional<int64_t> max_total_bytes, std::optional<double> timeout) {
     dist::ScatterOptions o{.group = group_from_py(group),
                            .group_src = group_src,
                            .device = device,
-                           .max_total_bytes = max_bytes(max_total_bytes)};
+                           .max_total_bytes = max_total_bytes,
+                           .timeout = timeout_from_py(timeout)};
     py::gil_scoped_release nogil;
     return dist::scatter(std::nullopt, tds, o);
   });
   m.def("all_reduce", [](const TensorDict& td, const c10d::ReduceOp& op, bool async_op,
-                         py::handle group) -> py::object {
-    dist::AllReduceOptions o{.op = op, .async_op = false, .group = group_from_py(group)};
+                         py::handle group, std::optional<double> timeout) -> py::object {
+    dist::AllReduceOptions o{.op = op, .async_op = false, .group = group_from_py(group),
+                             .timeout = timeout_from_py(timeout)};
     std::vector<dist::WorkPtr> works;
     {
       py::gil_scoped_release nogil;
@@ -111,9 +116,13 @@ void bind_collectives(py::module_& m) {
     return async_op ? py::object(works_to_py(works)) : py::object(py::none());
   });
   m.def("reduce", [](const TensorDict& td, int64_t group_dst, const c10d::ReduceOp& op,
-                     bool async_op, bool return_premature, py::handle group) -> py::object {
-    dist::ReduceOptions o{
-        .op = op, .async_op = async_op, .group = group_from_py(group), .group_dst = group_dst};
+                     bool async_op, bool return_premature, py::handle group,
+                     std::optional<double> timeout) -> py::object {
+    dist::ReduceOptions o{.op = op,
+                          .async_op = async_op,
+                          .group = group_from_py(group),
+                          .group_dst = group_dst,
+                          .timeout = timeout_from_py(timeout)};
     std::vector<dist::WorkPtr> works;
     const bool premature = async_op && return_premature;
     {

@@ -11,6 +11,7 @@
 #include <torch/csrc/distributed/c10d/ProcessGroup.hpp>
 #include <torch/csrc/distributed/c10d/Work.hpp>
 
+#include <cmath>
 #include <optional>
 #include <string>
 
@@ -34,24 +35,26 @@ bool load_intrusive(py::handle obj, c10::intrusive_ptr<T>* out) {
 
 dist::SendOptions send_options(py::handle group, std::optional<int64_t> group_dst,
                                int64_t init_tag, bool pseudo_rand, bool consolidated,
-                               bool checked) {
+                               bool checked, std::optional<double> timeout) {
   return {.group = group_from_py(group),
           .group_dst = group_dst,
           .init_tag = init_tag,
           .pseudo_rand = pseudo_rand,
           .consolidated = consolidated,
-          .checked = checked};
+          .checked = checked,
+          .timeout = timeout_from_py(timeout)};
 }
 
 dist::RecvOptions recv_options(py::handle group, std::optional<int64_t> group_src,
                                int64_t init_tag, bool pseudo_rand, bool consolidated,
-                               bool checked) {
+                               bool checked, std::optional<double> timeout) {
   return {.group = group_from_py(group),
           .group_src = group_src,
           .init_tag = init_tag,
           .pseudo_rand = pseudo_rand,
           .consolidated = consolidated,
-          .checked = checked};
+          .checked = checked,
+          .timeout = timeout_from_py(timeout)};
 }
 
 }  // namespace
@@ -74,6 +77,13 @@ dist::Group group_from_py(py::handle obj) {
                            py::str(py::type::of(obj)).cast<std::string>()));
 }
 
+std::optional<std::chrono::milliseconds> timeout_from_py(std::optional<double> seconds) {
+  if (!seconds) return std::nullopt;
+  TORCH_CHECK_VALUE(std::isfinite(*seconds) && *seconds > 0,
+                    "timeout must be a positive number of seconds, got ", *seconds);
+  return std::chrono::milliseconds(static_cast<int64_t>(std::ceil(*seconds * 1000)));
+}
+
 py::list works_to_py(const std::vector<dist::WorkPtr>& works) {
   py::list out;
   for (const auto& w : works) out.append(py::cast(w));
@@ -85,27 +95,27 @@ void bind_distributed(py::module_& m) {
   m.def("send",
         [](const TensorDict& td, std::optional<int64_t> dst, py::handle group,
            std::optional<int64_t> group_dst, int64_t init_tag, bool pseudo_rand,
-           bool consolidated, bool checked) {
-          auto options =
-              send_options(group, group_dst, init_tag, pseudo_rand, consolidated, checked);
+           bool consolidated, bool checked, std::optional<double> timeout) {
+          auto options = send_options(group, group_dst, init_tag, pseudo_rand, consolidated,
+                                      checked, timeout);
           py::gil_scoped_release nogil;
           dist::send(td, dst, options);
         });
   m.def("isend",
         [](const TensorDict& td, std::optional<int64_t> dst, py::handle group,
            std::optional<int64_t> group_dst, int64_t init_tag, bool pseudo_rand,
-           bool consolidated, bool checked) {
-          auto options =
-              send_options(group, group_dst, init_tag, pseudo_rand, consolidated, checked);
+           bool consolidated, bool checked, std::optional<double> timeout) {
+          auto options = send_options(group, group_dst, init_tag, pseudo_rand, consolidated,
+                                      checked, timeout);
           py::gil_scoped_release nogil;
           return dist::isend(td, dst, options);
         });
   m.def("isend_early",
         [](const TensorDict& td, std::optional<int64_t> dst, py::handle group,
            std::optional<int64_t> group_dst, int64_t init_tag, bool pseudo_rand,
-           bool consolidated, bool checked) {
-          auto options =
-              send_options(group, group_dst, init_tag, pseudo_rand, consolidated, checked);
+           bool consolidated, bool checked, std::optional<double> timeout) {
+          auto options = send_options(group, group_dst, init_tag, pseudo_rand, consolidated,
+                                      checked, timeout);
           std::vector<dist::WorkPtr> works;
           {
             py::gil_scoped_release nogil;
@@ -116,27 +126,27 @@ void bind_distributed(py::module_& m) {
   m.def("recv",
         [](const TensorDict& td, std::optional<int64_t> src, py::handle group,
            std::optional<int64_t> group_src, int64_t init_tag, bool pseudo_rand,
-           bool consolidated, bool checked) {
-          auto options =
-              recv_options(group, group_src, init_tag, pseudo_rand, consolidated, checked);
+           bool consolidated, bool checked, std::optional<double> timeout) {
+          auto options = recv_options(group, group_src, init_tag, pseudo_rand, consolidated,
+                                      checked, timeout);
           py::gil_scoped_release nogil;
           return dist::recv(td, src, options);
         });
   m.def("irecv",
         [](const TensorDict& td, std::optional<int64_t> src, py::handle group,
            std::optional<int64_t> group_src, int64_t init_tag, bool pseudo_rand,
-           bool consolidated, bool checked) {
-          auto options =
-              recv_options(group, group_src, init_tag, pseudo_rand, consolidated, checked);
+           bool consolidated, bool checked, std::optional<double> timeout) {
+          auto options = recv_options(group, group_src, init_tag, pseudo_rand, consolidated,
+                                      checked, timeout);
           py::gil_scoped_release nogil;
           dist::irecv(td, src, options);
         });
   m.def("irecv_premature",
         [](const TensorDict& td, std::optional<int64_t> src, py::handle group,
            std::optional<int64_t> group_src, int64_t init_tag, bool pseudo_rand,
-           bool consolidated, bool checked) {
-          auto options =
-              recv_options(group, group_src, init_tag, pseudo_rand, consolidated, checked);
+           bool consolidated, bool checked, std::optional<double> timeout) {
+          auto options = recv_options(group, group_src, init_tag, pseudo_rand, consolidated,
+                                      checked, timeout);
           std::vector<dist::WorkPtr> works;
           {
             py::gil_scoped_release nogil;

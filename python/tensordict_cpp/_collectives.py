@@ -18,6 +18,7 @@ import torch.distributed as dist
 from torch.distributed import distributed_c10d as _c10d
 
 from tensordict_cpp import _C
+from tensordict_cpp._p2p import Timeout, _seconds
 
 
 def _group(group: Any) -> Any:
@@ -64,7 +65,8 @@ def _typed(wrap: Any, received: tuple, allow_import: bool):
 
 
 def init_remote(self, dst: int | None = None, group: Any = None, device: Any = None,
-                use_broadcast: bool = False, _tensorclass_type: str | None = None) -> None:
+                use_broadcast: bool = False, _tensorclass_type: str | None = None, *,
+                timeout: Timeout = None) -> None:
     """Sends this TensorDict, structure and values, to a rank that does not know it.
 
     The receiver calls :meth:`from_remote_init`, which returns a consolidated TensorDict; later
@@ -90,6 +92,12 @@ def init_remote(self, dst: int | None = None, group: Any = None, device: Any = N
             the metadata's ``"_tensorclass_type"`` (tensorclasses pass their own). Defaults to
             ``None``.
 
+    Keyword Args:
+        timeout (float or datetime.timedelta, optional): the longest the call may wait for
+            its messages, all of them together; on expiry, ``DistBackendError`` naming the
+            call, the peer, what was in flight and the time waited. Defaults to ``None``:
+            each wait runs under the group's own timeout.
+
     Raises:
         ValueError: if ``dst`` is missing, this rank, or not in ``group``.
         RuntimeError: if the transport fails or the group's timeout passes.
@@ -101,13 +109,14 @@ def init_remote(self, dst: int | None = None, group: Any = None, device: Any = N
             raise ValueError("init_remote: `dst` is required unless use_broadcast=True")
         group_dst = _group_rank(pg, dst)
         _c10d._check_not_self_rank(pg, group_dst, "destination")
-    _C.init_remote(self._cpp, group_dst, pg, device, use_broadcast, _tensorclass_type)
+    _C.init_remote(self._cpp, group_dst, pg, device, use_broadcast, _tensorclass_type,
+                   _seconds(timeout))
 
 
 @classmethod
 def from_remote_init(cls, src: int, group: Any = None, device: Any = None,
                      use_broadcast: bool = False, *, max_total_bytes: int | None = None,
-                     allow_import: bool = False):
+                     allow_import: bool = False, timeout: Timeout = None):
     """Receives what :meth:`init_remote` sends and returns it as a new consolidated
     TensorDict.
 
@@ -131,10 +140,15 @@ def from_remote_init(cls, src: int, group: Any = None, device: Any = None,
 
     Keyword Args:
         max_total_bytes (int, optional): the largest storage the sender may announce.
-            Defaults to ``None``: 64 GiB.
+            Defaults to ``None``: half of this machine's
+            physical memory.
         allow_import (bool, optional): if ``True``, a tensorclass name that no tensorclass of
             this process has is imported (its module, then the class, which must be a
             ``tensordict_cpp`` tensorclass). Defaults to ``False``: an unknown name is an error.
+        timeout (float or datetime.timedelta, optional): the longest the call may wait for
+            its messages, all of them together; on expiry, ``DistBackendError`` naming the
+            call, the peer, what was in flight and the time waited. Defaults to ``None``:
+            each wait runs under the group's own timeout.
 
     Raises:
         ValueError: for malformed metadata (a pickle outside the accepted subset, truncated,
@@ -143,14 +157,17 @@ def from_remote_init(cls, src: int, group: Any = None, device: Any = None,
         RuntimeError: if the transport fails or the group's timeout passes.
     """
     pg = _group(group)
-    received = _C.from_remote_init(_group_rank(pg, src), pg, device, use_broadcast,
-                                   max_total_bytes)
+    group_src = _group_rank(pg, src)
+    if not use_broadcast:
+        _c10d._check_not_self_rank(pg, group_src, "source")
+    received = _C.from_remote_init(group_src, pg, device, use_broadcast,
+                                   max_total_bytes, _seconds(timeout))
     return _typed(cls._wrap, received, allow_import)
 
 
 def broadcast(self, src: int, *, group: Any = None, device: Any = None,
               max_total_bytes: int | None = None, _tensorclass_type: str | None = None,
-              allow_import: bool = False):
+              allow_import: bool = False, timeout: Timeout = None):
     """Sends the TensorDict of rank ``src`` to every rank of the group and returns it on each.
 
     Every rank of the group calls it; the others may pass any TensorDict (an empty one), which
@@ -168,11 +185,16 @@ def broadcast(self, src: int, *, group: Any = None, device: Any = None,
             it must consolidate; elsewhere, the result's device. Defaults to ``None``: the
             source's storage device, if this process has it (RuntimeError otherwise).
         max_total_bytes (int, optional): receivers: the largest storage the source may
-            announce. Defaults to ``None``: 64 GiB.
+            announce. Defaults to ``None``: half of this machine's
+            physical memory.
         _tensorclass_type (str, optional): on the source, a tensorclass's
             ``"<module>.<qualname>"``, sent as ``"_tensorclass_type"``. Defaults to ``None``.
         allow_import (bool, optional): receivers: as in :meth:`from_remote_init`. Defaults to
             ``False``.
+        timeout (float or datetime.timedelta, optional): the longest the call may wait for
+            its messages, all of them together; on expiry, ``DistBackendError`` naming the
+            call, the peer, what was in flight and the time waited. Defaults to ``None``:
+            each wait runs under the group's own timeout.
 
     Returns:
         A consolidated TensorDict: on the source, this one if it was consolidated, else a
@@ -183,13 +205,14 @@ def broadcast(self, src: int, *, group: Any = None, device: Any = None,
     """
     pg = _group(group)
     cpp, type_str = _C.broadcast(self._cpp, _group_rank(pg, src), pg, device, max_total_bytes,
-                                 _tensorclass_type)
+                                 _tensorclass_type, _seconds(timeout))
     if pg.rank() == _group_rank(pg, src):
         return _wrap(cpp)  # the source: a tensorclass wraps its own result
     return _typed(_wrap, (cpp, type_str), allow_import)
 
 
-def all_gather(self, *, group: Any = None, max_total_bytes: int | None = None) -> list:
+def all_gather(self, *, group: Any = None, max_total_bytes: int | None = None,
+               timeout: Timeout = None) -> list:
     """Returns the TensorDict of every rank of the group, on every rank, in rank order.
 
     Every rank of the group calls it; the structures may differ between ranks. Each rank's
@@ -200,16 +223,21 @@ def all_gather(self, *, group: Any = None, max_total_bytes: int | None = None) -
         group (torch.distributed.ProcessGroup, optional): the process group. Defaults to
             ``None``: the default process group.
         max_total_bytes (int, optional): the largest storage any rank may announce. Defaults
-            to ``None``: 64 GiB.
+            to ``None``: half of this machine's physical memory.
+        timeout (float or datetime.timedelta, optional): the longest the call may wait for
+            its messages, all of them together; on expiry, ``DistBackendError`` naming the
+            call, the peer, what was in flight and the time waited. Defaults to ``None``:
+            each wait runs under the group's own timeout.
 
     Returns:
         A list of new consolidated TensorDicts, one per rank of the group (this one's too).
     """
-    return [_wrap(t) for t in _C.all_gather(self._cpp, _group(group), max_total_bytes)]
+    return [_wrap(t) for t in _C.all_gather(self._cpp, _group(group), max_total_bytes,
+                                            _seconds(timeout))]
 
 
 def scatter(self, src: int, tensordicts: Sequence | None = None, *, group: Any = None,
-            device: Any = None, max_total_bytes: int | None = None):
+            device: Any = None, max_total_bytes: int | None = None, timeout: Timeout = None):
     """Sends ``tensordicts[i]`` from rank ``src`` to the rank of index ``i`` in the group,
     and returns the one this rank receives.
 
@@ -228,7 +256,12 @@ def scatter(self, src: int, tensordicts: Sequence | None = None, *, group: Any =
         device (torch.device, str or int, optional): receivers: the result's device. Defaults
             to ``None``: the source's storage device, if this process has it.
         max_total_bytes (int, optional): receivers: the largest (padded) storage the source
-            may announce. Defaults to ``None``: 64 GiB.
+            may announce. Defaults to ``None``: half of this machine's
+            physical memory.
+        timeout (float or datetime.timedelta, optional): the longest the call may wait for
+            its messages, all of them together; on expiry, ``DistBackendError`` naming the
+            call, the peer, what was in flight and the time waited. Defaults to ``None``:
+            each wait runs under the group's own timeout.
 
     Returns:
         A new consolidated TensorDict.
@@ -246,11 +279,11 @@ def scatter(self, src: int, tensordicts: Sequence | None = None, *, group: Any =
         if tensordicts is None:
             raise ValueError("scatter: the source rank must pass `tensordicts`")
         tds = [_cpp_of(td) for td in tensordicts]
-    return _wrap(_C.scatter(group_src, tds, pg, device, max_total_bytes))
+    return _wrap(_C.scatter(group_src, tds, pg, device, max_total_bytes, _seconds(timeout)))
 
 
 def all_reduce(self, op: Any = None, *, group: Any = None, async_op: bool = False,
-               bucket_bytes: int | None = None) -> list | None:
+               bucket_bytes: int | None = None, timeout: Timeout = None) -> list | None:
     """Reduces every leaf in place over the group, so that every rank holds the result.
 
     One ``torch.distributed.all_reduce`` per leaf, in insertion order (depth first): every rank
@@ -266,17 +299,21 @@ def all_reduce(self, op: Any = None, *, group: Any = None, async_op: bool = Fals
             waiting; call ``wait()`` on each before using the TensorDict. Defaults to
             ``False``.
         bucket_bytes: not supported; must be ``None``.
+        timeout (float or datetime.timedelta, optional): the longest the call may wait for
+            its messages, all of them together; on expiry, ``DistBackendError`` naming the
+            call, the peer, what was in flight and the time waited. Defaults to ``None``:
+            each wait runs under the group's own timeout.
 
     Returns:
         With ``async_op=True``, the list of ``Work`` objects; otherwise ``None``.
     """
     _no_buckets(bucket_bytes)
-    return _C.all_reduce(self._cpp, _op(op), async_op, _group(group))
+    return _C.all_reduce(self._cpp, _op(op), async_op, _group(group), _seconds(timeout))
 
 
 def reduce(self, dst: int, op: Any = None, async_op: bool = False,
            return_premature: bool = False, group: Any = None, *,
-           bucket_bytes: int | None = None) -> list | None:
+           bucket_bytes: int | None = None, timeout: Timeout = None) -> list | None:
     """Reduces every leaf over the group into rank ``dst``, in place.
 
     One ``torch.distributed.reduce`` per leaf, keys sorted by code point at each level, depth
@@ -297,6 +334,10 @@ def reduce(self, dst: int, op: Any = None, async_op: bool = False,
 
     Keyword Args:
         bucket_bytes: not supported; must be ``None``.
+        timeout (float or datetime.timedelta, optional): the longest the call may wait for
+            its messages, all of them together; on expiry, ``DistBackendError`` naming the
+            call, the peer, what was in flight and the time waited. Defaults to ``None``:
+            each wait runs under the group's own timeout.
 
     Returns:
         The list of ``Work`` objects with ``async_op=True`` and ``return_premature=True``;
@@ -304,4 +345,5 @@ def reduce(self, dst: int, op: Any = None, async_op: bool = False,
     """
     _no_buckets(bucket_bytes)
     pg = _group(group)
-    return _C.reduce(self._cpp, _group_rank(pg, dst), _op(op), async_op, return_premature, pg)
+    return _C.reduce(self._cpp, _group_rank(pg, dst), _op(op), async_op, return_premature, pg,
+                     _seconds(timeout))

@@ -7,12 +7,27 @@ which raises the reference's ValueError texts.
 """
 from __future__ import annotations
 
-from typing import Any
+import datetime
+from typing import Any, Union
 
 import torch.distributed as dist
 from torch.distributed import distributed_c10d as _c10d
 
 from tensordict_cpp import _C
+
+#: A transfer's ``timeout``: seconds, a ``datetime.timedelta``, or ``None`` (the group's).
+Timeout = Union[float, datetime.timedelta, None]
+
+def _seconds(timeout: Timeout) -> float | None:
+    """``timeout`` in seconds, for the core (which refuses one that is not positive)."""
+    if timeout is None:
+        return None
+    if isinstance(timeout, datetime.timedelta):
+        return timeout.total_seconds()
+    if isinstance(timeout, bool) or not isinstance(timeout, (int, float)):
+        raise TypeError(f"timeout must be a number of seconds, a datetime.timedelta or None, "
+                        f"got {type(timeout).__name__}")
+    return float(timeout)
 
 
 def _resolve(peer: int | None, group: Any, group_peer: int | None):
@@ -43,7 +58,7 @@ def _pipe_peer(peer: Any, group_peer: int | None, name: str) -> Any:
 
 def send(self, dst: Any = None, *, group: Any = None, group_dst: int | None = None,
          init_tag: int = 0, pseudo_rand: bool = False, consolidated: bool = False,
-         checked: bool = False) -> None:
+         checked: bool = False, timeout: Timeout = None) -> None:
     """Sends the leaves of the TensorDict to another rank, with :mod:`torch.distributed`.
 
     The receiver calls :meth:`recv` on a TensorDict with the same keys, shapes and dtypes; the
@@ -88,6 +103,12 @@ def send(self, dst: Any = None, *, group: Any = None, group_dst: int | None = No
             or filled in part (sent fewer). Not in the reference: its peers cannot take part.
             The ``Work`` handles of ``return_early`` / ``return_premature`` are then those of
             the checked messages. See docs/reliability.md. Defaults to ``False``.
+        timeout (float or datetime.timedelta, optional): the longest the call may wait for
+            its messages, all of them together. On expiry it raises
+            ``torch.distributed.DistBackendError`` naming the call, the peer, the tag or key
+            in flight and the time waited; Gloo then closes the group's connections, so make
+            a new group to go on. Defaults to ``None``: each wait runs under the group's own
+            timeout.
 
     Raises:
         ValueError: if both or neither of ``dst`` and ``group_dst`` are given, if
@@ -105,12 +126,13 @@ def send(self, dst: Any = None, *, group: Any = None, group_dst: int | None = No
     if mapped:
         # torch.distributed.send refuses to send to oneself.
         _c10d._check_not_self_rank(group, group_dst, "destination")
-    _C.send(self._cpp, dst, group, group_dst, init_tag, pseudo_rand, consolidated, checked)
+    _C.send(self._cpp, dst, group, group_dst, init_tag, pseudo_rand, consolidated, checked,
+            _seconds(timeout))
 
 
 def recv(self, src: Any = None, *, group: Any = None, group_src: int | None = None,
          init_tag: int = 0, pseudo_rand: bool = False, consolidated: bool = False,
-         checked: bool = False) -> Any:
+         checked: bool = False, timeout: Timeout = None) -> Any:
     """Receives what :meth:`send` or :meth:`isend` sends, writing it into this TensorDict's
     tensors in place.
 
@@ -146,6 +168,12 @@ def recv(self, src: Any = None, *, group: Any = None, group_src: int | None = No
             or filled in part (sent fewer). Not in the reference: its peers cannot take part.
             The ``Work`` handles of ``return_early`` / ``return_premature`` are then those of
             the checked messages. See docs/reliability.md. Defaults to ``False``.
+        timeout (float or datetime.timedelta, optional): the longest the call may wait for
+            its messages, all of them together. On expiry it raises
+            ``torch.distributed.DistBackendError`` naming the call, the peer, the tag or key
+            in flight and the time waited; Gloo then closes the group's connections, so make
+            a new group to go on. Defaults to ``None``: each wait runs under the group's own
+            timeout.
 
     Returns:
         The tag of the last leaf received (``init_tag - 1`` without leaves), or ``None`` with
@@ -161,14 +189,19 @@ def recv(self, src: Any = None, *, group: Any = None, group_src: int | None = No
     pipe = _pipe_peer(src, group_src, "src")
     if pipe is not None:
         return pipe.recv(self)
+    mapped = _mapped(src, group_src)
     src, group, group_src = _resolve(src, group, group_src)
+    if mapped:
+        # torch.distributed.recv refuses to receive from oneself (Gloo has no pair to itself).
+        _c10d._check_not_self_rank(group, group_src, "source")
     return _C.recv(self._cpp, src, group, group_src, init_tag, pseudo_rand, consolidated,
-                   checked)
+                   checked, _seconds(timeout))
 
 
 def isend(self, dst: int | None = None, *, group: Any = None, group_dst: int | None = None,
           init_tag: int = 0, pseudo_rand: bool = False, return_early: bool = False,
-          consolidated: bool = False, checked: bool = False) -> int | list | None:
+          consolidated: bool = False, checked: bool = False,
+          timeout: Timeout = None) -> int | list | None:
     """Sends the leaves to another rank with every message in flight at once.
 
     Same messages as :meth:`send` (the receiver may call :meth:`irecv` or :meth:`recv`), but all
@@ -205,6 +238,12 @@ def isend(self, dst: int | None = None, *, group: Any = None, group_dst: int | N
             or filled in part (sent fewer). Not in the reference: its peers cannot take part.
             The ``Work`` handles of ``return_early`` / ``return_premature`` are then those of
             the checked messages. See docs/reliability.md. Defaults to ``False``.
+        timeout (float or datetime.timedelta, optional): the longest the call may wait for
+            its messages, all of them together. On expiry it raises
+            ``torch.distributed.DistBackendError`` naming the call, the peer, the tag or key
+            in flight and the time waited; Gloo then closes the group's connections, so make
+            a new group to go on. Defaults to ``None``: each wait runs under the group's own
+            timeout.
 
     Returns:
         With ``return_early=True``, the list of ``Work`` handles. Otherwise the tag of the last
@@ -218,14 +257,15 @@ def isend(self, dst: int | None = None, *, group: Any = None, group_dst: int | N
     dst, group, group_dst = _resolve(dst, group, group_dst)
     if return_early:
         return _C.isend_early(self._cpp, dst, group, group_dst, init_tag, pseudo_rand,
-                              consolidated, checked)
+                              consolidated, checked, _seconds(timeout))
     return _C.isend(self._cpp, dst, group, group_dst, init_tag, pseudo_rand, consolidated,
-                    checked)
+                    checked, _seconds(timeout))
 
 
 def irecv(self, src: int | None = None, *, group: Any = None, group_src: int | None = None,
           return_premature: bool = False, init_tag: int = 0, pseudo_rand: bool = False,
-          consolidated: bool = False, checked: bool = False) -> list | None:
+          consolidated: bool = False, checked: bool = False,
+          timeout: Timeout = None) -> list | None:
     """Receives the leaves with every receive posted at once, into this TensorDict in place.
 
     Takes what :meth:`isend` or :meth:`send` sends. By default the call waits until everything
@@ -261,6 +301,12 @@ def irecv(self, src: int | None = None, *, group: Any = None, group_src: int | N
             or filled in part (sent fewer). Not in the reference: its peers cannot take part.
             The ``Work`` handles of ``return_early`` / ``return_premature`` are then those of
             the checked messages. See docs/reliability.md. Defaults to ``False``.
+        timeout (float or datetime.timedelta, optional): the longest the call may wait for
+            its messages, all of them together. On expiry it raises
+            ``torch.distributed.DistBackendError`` naming the call, the peer, the tag or key
+            in flight and the time waited; Gloo then closes the group's connections, so make
+            a new group to go on. Defaults to ``None``: each wait runs under the group's own
+            timeout.
 
     Returns:
         With ``return_premature=True``, the list of ``Work`` handles; otherwise ``None``.
@@ -273,8 +319,9 @@ def irecv(self, src: int | None = None, *, group: Any = None, group_src: int | N
     src, group, group_src = _resolve(src, group, group_src)
     if return_premature:
         return _C.irecv_premature(self._cpp, src, group, group_src, init_tag, pseudo_rand,
-                                  consolidated, checked)
-    _C.irecv(self._cpp, src, group, group_src, init_tag, pseudo_rand, consolidated, checked)
+                                  consolidated, checked, _seconds(timeout))
+    _C.irecv(self._cpp, src, group, group_src, init_tag, pseudo_rand, consolidated, checked,
+             _seconds(timeout))
     return None
 
 

@@ -153,6 +153,10 @@ class TensorDict:
             raise TypeError(f"source must be a mapping or a TensorDict, got {type(source)}")
         bs = _batch_size(batch_size)
         dev = _device(device)
+        for k in source or {}:
+            if not isinstance(k, str):
+                raise TypeError(f"TensorDict: key {k!r} ({type(k).__name__}) is not a str; keys "
+                                f"are strings, and a nested level is a dict or TensorDict value")
         entries = [(k, _to_value(v, bs, dev, k)) for k, v in (source or {}).items()]
         entries = [(k, _C.NonTensorData(v.data, [], None, k) if isinstance(v, _RawNonTensor) else v)
                    for k, v in entries]

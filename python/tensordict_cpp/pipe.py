@@ -30,8 +30,8 @@ from tensordict_cpp._td import TensorDict
 
 __all__ = ["TensorDictPipe", "TensorDictServer"]
 
-_DEFAULTS = dict(consolidated=True, timeout=30.0, max_metadata_bytes=64 << 20,
-                 max_storage_bytes=16 << 30, linger=10.0)
+# max_storage_bytes is left to the C++ default: half of this machine's physical memory.
+_DEFAULTS = dict(consolidated=True, timeout=30.0, max_metadata_bytes=64 << 20, linger=10.0)
 
 
 def _cpp_td(td: Any) -> Any:
@@ -83,7 +83,8 @@ class TensorDictPipe:
         timeout (float): seconds any wait may take (connect, accept, each message). An expired
             wait breaks the pipe. Defaults to ``30``.
         max_metadata_bytes (int): the largest metadata a receive accepts. Defaults to 64 MiB.
-        max_storage_bytes (int): the largest storage a receive accepts. Defaults to 16 GiB.
+        max_storage_bytes (int): the largest storage a receive accepts. Defaults to half of this
+            machine's physical memory.
         linger (float): seconds ``close()`` waits for the peer to read what was sent.
             Defaults to ``10``.
     """

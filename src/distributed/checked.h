@@ -23,7 +23,8 @@ std::vector<WorkPtr> post_checked_send(const TensorDict& td, const Peer& peer, i
 /// payload into a scratch buffer of at most one chunk, leaves td unchanged and throws an error
 /// naming the first differing key, dtype or shape. A header that is not a checked header (the
 /// peer did not pass checked=True) or is malformed is an error too.
-std::vector<WorkPtr> post_checked_recv(const char* call, const TensorDict& td, const Peer& peer,
-                                       int tag, bool consolidated);
+/// The header and the schema are waited for through `waiter` (its call names the errors).
+std::vector<WorkPtr> post_checked_recv(const Waiter& waiter, const TensorDict& td,
+                                       const Peer& peer, int tag, bool consolidated);
 
 }  // namespace tensordict::dist::detail

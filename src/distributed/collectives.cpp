@@ -7,6 +7,8 @@
 
 #include "remote.h"
 #include "tensordict/distributed/p2p.h"
+#include "tensordict/leaf.h"
+#include "tensordict/nested_key.h"
 
 namespace tensordict::dist {
 namespace {
@@ -16,13 +18,14 @@ using detail::Incoming;
 // Runs count collectives: posted one after another and waited in turn (async_op=False, as the
 // reference calls them), or all posted and then waited on together.
 template <typename Post>
-void run_each(size_t count, bool async_op, Post&& post) {
+void run_each(const detail::Waiter& w, size_t count, bool async_op, Post&& post) {
+  const auto leaf = [](size_t i) { return c10::str("leaf ", i, " in insertion order"); };
   if (async_op) {
-    detail::wait_all(detail::post_all(count, post));
+    w.wait(detail::post_all(count, post), leaf);
     return;
   }
   for (size_t i = 0; i < count; ++i) {
-    detail::wait_all({post(i)});
+    w.wait(post(i), leaf(i));
   }
 }
 
@@ -58,6 +61,7 @@ struct AllReducer {
 std::vector<at::Tensor> all_reduce_leaves(const TensorDict& td, const AllReduceOptions& o) {
   std::vector<at::Tensor> leaves;
   insertion_leaves(td, leaves);
+  detail::check_leaves("all_reduce", td, leaves);
   for (const auto& leaf : leaves) {
     detail::check_writable("all_reduce", leaf, "reduce into", "reducing rank");
     TORCH_CHECK_VALUE(!leaf.is_complex() || supports_complex(o.op),
@@ -86,6 +90,7 @@ Reducer make_reducer(const TensorDict& td, std::optional<int64_t> dst, const Red
   r.opts.reduceOp = o.op;
   r.opts.rootRank = root.rank;
   for (auto& [path, leaf] : wire_order(td)) {
+    check_transferable("reduce", NestedKey(path).str(), leaf);
     detail::check_writable("reduce", leaf, "reduce into", "reducing rank");
     r.leaves.push_back(std::move(leaf));
   }
@@ -103,6 +108,8 @@ TensorDict broadcast(const TensorDict& td, std::optional<int64_t> src,
   constexpr const char* kCall = "broadcast";
   const auto root = detail::resolve_peer(kCall, src, options.group_src, options.group, "src",
                                          "group_src", /*refuse_self=*/false);
+  const detail::Waiter w(kCall, options.timeout, c10::str("the group (source rank ", root.rank,
+                                                           ")"));
   c10d::BroadcastOptions opts;
   opts.rootRank = root.rank;
   if (root.group.rank() == root.rank) {
@@ -114,19 +121,20 @@ TensorDict broadcast(const TensorDict& td, std::optional<int64_t> src,
       fields.emplace_back("_tensorclass_type", *options.tensorclass_type);
     }
     const std::string pickle = detail::metadata_pickle(c, fields);
-    detail::broadcast_object(kCall, root, &pickle);
-    detail::wait_all({root.group.broadcast(storage, opts)});
+    detail::broadcast_object(w, root, &pickle);
+    w.wait(root.group.broadcast(storage, opts), "the storage");
     if (tensorclass_type != nullptr) *tensorclass_type = options.tensorclass_type;
     return c;
   }
+  const int64_t max_total_bytes = detail::resolve_max_total_bytes(kCall, options.max_total_bytes);
   const std::string from = describe(kCall, root.rank);
-  const std::string pickle = detail::broadcast_object(kCall, root, nullptr);
-  Incoming in = detail::parse_incoming(from, pickle, options.max_total_bytes, /*padded=*/false);
+  const std::string pickle = detail::broadcast_object(w, root, nullptr);
+  Incoming in = detail::parse_incoming(from, pickle, max_total_bytes, /*padded=*/false);
   const int64_t n = detail::transfer_bytes(in, /*padded=*/false);
-  std::vector<at::Tensor> storage{
-      detail::byte_buffer(n, detail::receive_device(from, options.device, in))};
-  detail::wait_all({root.group.broadcast(storage, opts)});
-  TensorDict out = detail::finish(in, storage[0]);
+  auto buffer = detail::storage_buffer(in, n, detail::receive_device(from, options.device, in));
+  std::vector<at::Tensor> storage{buffer.bytes};
+  w.wait(root.group.broadcast(storage, opts), c10::str("the storage of ", n, " bytes"));
+  TensorDict out = detail::finish(in, buffer);
   if (tensorclass_type != nullptr) *tensorclass_type = in.tensorclass_type;
   return out;
 }
@@ -135,15 +143,17 @@ std::vector<TensorDict> all_gather(const TensorDict& td, const AllGatherOptions&
   constexpr const char* kCall = "all_gather";
   const Group group = detail::resolve_group(options.group);
   const int size = group.size();
+  const int64_t max_total_bytes = detail::resolve_max_total_bytes(kCall, options.max_total_bytes);
+  const detail::Waiter w(kCall, options.timeout, "the group");
   TensorDict c = detail::consolidated(td, std::nullopt);
   const at::Tensor storage = consolidated_storage(c);
   const auto pickles = detail::all_gather_objects(
-      kCall, group, detail::metadata_pickle(c, {{"_total_bytes", storage.numel()}}));
+      w, group, detail::metadata_pickle(c, {{"_total_bytes", storage.numel()}}));
   std::vector<Incoming> incoming;
   int64_t longest = 0;
   for (int r = 0; r < size; ++r) {
     incoming.push_back(detail::parse_incoming(describe(kCall, r), pickles[r],
-                                              options.max_total_bytes, /*padded=*/false));
+                                              max_total_bytes, /*padded=*/false));
   }
   // Every rank parses the same pickles, so an unknown size stops every rank here alike.
   for (const auto& in : incoming) {
@@ -151,14 +161,16 @@ std::vector<TensorDict> all_gather(const TensorDict& td, const AllGatherOptions&
   }
   std::vector<at::Tensor> padded{detail::byte_buffer(longest, storage.device(), /*zeroed=*/true)};
   padded[0].narrow(0, 0, storage.numel()).copy_(storage);
+  std::vector<detail::StorageBuffer> buffers;
   std::vector<std::vector<at::Tensor>> gathered(1);
   for (int r = 0; r < size; ++r) {
-    gathered[0].push_back(detail::byte_buffer(longest, storage.device()));
+    buffers.push_back(detail::storage_buffer(incoming[r], longest, storage.device()));
+    gathered[0].push_back(buffers.back().bytes);
   }
-  detail::wait_all({group.allgather(gathered, padded)});
+  w.wait(group.allgather(gathered, padded), c10::str("the storages, ", longest, " bytes each"));
   std::vector<TensorDict> out;
   for (int r = 0; r < size; ++r) {
-    out.push_back(detail::finish(incoming[r], gathered[0][r]));
+    out.push_back(detail::finish(incoming[r], buffers[r]));
   }
   return out;
 }
@@ -168,6 +180,8 @@ TensorDict scatter(std::optional<int64_t> src, const std::vector<TensorDict>& te
   constexpr const char* kCall = "scatter";
   const auto root = detail::resolve_peer(kCall, src, options.group_src, options.group, "src",
                                          "group_src", /*refuse_self=*/false);
+  const detail::Waiter w(kCall, options.timeout, c10::str("the group (source rank ", root.rank,
+                                                           ")"));
   c10d::ScatterOptions opts;
   opts.rootRank = root.rank;
   const int me = root.group.rank();
@@ -192,28 +206,31 @@ TensorDict scatter(std::optional<int64_t> src, const std::vector<TensorDict>& te
       padded[0].push_back(detail::byte_buffer(longest, device, /*zeroed=*/true));
       padded[0].back().narrow(0, 0, storage.numel()).copy_(storage);
     }
-    detail::scatter_objects(kCall, root, &pickles);
+    detail::scatter_objects(w, root, &pickles);
     std::vector<at::Tensor> mine{detail::byte_buffer(longest, device)};
-    detail::wait_all({root.group.scatter(mine, padded, opts)});
+    w.wait(root.group.scatter(mine, padded, opts), "the storages");
     const at::Tensor& own = consolidated_storage(cs[me]);
     return rebuild(*consolidated_metadata(cs[me]), mine[0].narrow(0, 0, own.numel()));
   }
   // Other ranks ignore `tensordicts`, as the reference does.
+  const int64_t max_total_bytes = detail::resolve_max_total_bytes(kCall, options.max_total_bytes);
   const std::string from = describe(kCall, root.rank);
-  const std::string pickle = detail::scatter_objects(kCall, root, nullptr);
-  Incoming in = detail::parse_incoming(from, pickle, options.max_total_bytes, /*padded=*/true);
+  const std::string pickle = detail::scatter_objects(w, root, nullptr);
+  Incoming in = detail::parse_incoming(from, pickle, max_total_bytes, /*padded=*/true);
   const int64_t n = detail::transfer_bytes(in, /*padded=*/true);
-  std::vector<at::Tensor> mine{detail::byte_buffer(n, detail::receive_device(from, options.device, in))};
+  auto buffer = detail::storage_buffer(in, n, detail::receive_device(from, options.device, in));
+  std::vector<at::Tensor> mine{buffer.bytes};
   std::vector<std::vector<at::Tensor>> none;
-  detail::wait_all({root.group.scatter(mine, none, opts)});
-  return detail::finish(in, mine[0]);
+  w.wait(root.group.scatter(mine, none, opts), c10::str("the storage of ", n, " bytes"));
+  return detail::finish(in, buffer);
 }
 
 void all_reduce(const TensorDict& td, const AllReduceOptions& options) {
+  const detail::Waiter w("all_reduce", options.timeout, "the group");
   const auto leaves = all_reduce_leaves(td, options);
   AllReducer post{leaves, detail::resolve_group(options.group), {}};
   post.opts.reduceOp = options.op;
-  run_each(leaves.size(), options.async_op, post);
+  run_each(w, leaves.size(), options.async_op, post);
 }
 
 std::vector<WorkPtr> all_reduce_async(const TensorDict& td, const AllReduceOptions& options) {
@@ -224,8 +241,9 @@ std::vector<WorkPtr> all_reduce_async(const TensorDict& td, const AllReduceOptio
 }
 
 void reduce(const TensorDict& td, std::optional<int64_t> dst, const ReduceOptions& options) {
+  const detail::Waiter w("reduce", options.timeout, "the group");
   const Reducer post = make_reducer(td, dst, options);
-  run_each(post.leaves.size(), options.async_op, post);
+  run_each(w, post.leaves.size(), options.async_op, post);
 }
 
 std::vector<WorkPtr> reduce_premature(const TensorDict& td, std::optional<int64_t> dst,

@@ -15,16 +15,18 @@ TensorDict init_remote(const TensorDict& td, std::optional<int64_t> dst,
                      {.group = group,
                       .group_src = group.rank(),
                       .device = options.device,
-                      .tensorclass_type = options.tensorclass_type});
+                      .tensorclass_type = options.tensorclass_type,
+                      .timeout = options.timeout});
   }
   const auto peer = detail::resolve_peer("init_remote", dst, options.group_dst, options.group,
                                          "dst", "group_dst", /*refuse_self=*/true);
+  const detail::Waiter w("init_remote", options.timeout, c10::str("rank ", peer.rank));
   TensorDict c = detail::consolidated(td, std::nullopt);
   const at::Tensor storage = consolidated_storage(c);
   TransportFields fields{{"_total_bytes", storage.numel()}};
   if (options.tensorclass_type) fields.emplace_back("_tensorclass_type", *options.tensorclass_type);
   const std::string pickle = detail::metadata_pickle(c, fields);
-  detail::send_object_and_storage(peer, pickle, storage, options.device.value_or(at::kCPU));
+  detail::send_object_and_storage(w, peer, pickle, storage, options.device.value_or(at::kCPU));
   return c;
 }
 
@@ -35,21 +37,26 @@ TensorDict from_remote_init(std::optional<int64_t> src, const FromRemoteInitOpti
                      {.group = options.group,
                       .group_src = options.group_src,
                       .device = options.device,
-                      .max_total_bytes = options.max_total_bytes},
+                      .max_total_bytes = options.max_total_bytes,
+                      .timeout = options.timeout},
                      tensorclass_type);
   }
   constexpr const char* kCall = "from_remote_init";
+  const int64_t max_total_bytes = detail::resolve_max_total_bytes(kCall, options.max_total_bytes);
   const auto peer = detail::resolve_peer(kCall, src, options.group_src, options.group, "src",
-                                         "group_src", /*refuse_self=*/false);
+                                         "group_src", /*refuse_self=*/true);
+  const detail::Waiter w(kCall, options.timeout, c10::str("rank ", peer.rank));
   const at::Device device = options.device.value_or(at::kCPU);
-  const std::string pickle = detail::recv_object(kCall, peer, device);
-  auto in = detail::parse_incoming(kCall, pickle, options.max_total_bytes, /*padded=*/false);
-  // Refused metadata with a sane size: the storage message is still taken (then dropped), so
-  // that the sender completes.
-  std::vector<at::Tensor> storage{
-      detail::byte_buffer(detail::transfer_bytes(in, /*padded=*/false), device)};
-  detail::wait_all({peer.group.recv(storage, peer.rank, 0)});
-  TensorDict out = detail::finish(in, storage[0]);
+  const std::string pickle = detail::recv_object(w, peer, device);
+  auto in = detail::parse_incoming(kCall, pickle, max_total_bytes, /*padded=*/false);
+  // Refused metadata with a sane size: the storage message is still taken (into a buffer that
+  // costs next to no memory, then dropped), so that the sender completes and the pair stays
+  // in step.
+  auto buffer = detail::storage_buffer(in, detail::transfer_bytes(in, /*padded=*/false), device);
+  std::vector<at::Tensor> storage{buffer.bytes};
+  w.wait(peer.group.recv(storage, peer.rank, 0),
+         c10::str("the storage of ", storage[0].numel(), " bytes (tag 0)"));
+  TensorDict out = detail::finish(in, buffer);
   if (tensorclass_type != nullptr) *tensorclass_type = in.tensorclass_type;
   return out;
 }

@@ -8,6 +8,7 @@
 #include "tensordict/consolidate.h"
 #include "tensordict/distributed/process_group.h"
 #include "tensordict/distributed/tags.h"
+#include "tensordict/nested_key.h"
 #include "checked.h"
 #include "peer.h"
 
@@ -18,7 +19,6 @@ using detail::Peer;
 using detail::post_all;
 using detail::resolve_peer;
 using detail::sendable;
-using detail::wait_all;
 
 // Calls [fn(path, leaf)] in wire order: each level's keys sorted by code point (std::string's
 // ordering compares as unsigned char, i.e. UTF-8 byte order), nested levels at their key's
@@ -81,57 +81,80 @@ int checked_tag(const char* call, int64_t init_tag, const std::vector<int>& tags
   return tags.empty() ? static_cast<int>(init_tag) : tags.front();
 }
 
-struct PostedSend {
+struct Posted {
   std::vector<WorkPtr> works;
   std::optional<int64_t> last_tag;  // nullopt: consolidated
+  std::vector<int> tags;            // per leaf, unchecked per-leaf transfers only
+  int tag = 0;                      // the one tag of a consolidated or checked transfer
 };
 
-PostedSend post_send(const char* call, const TensorDict& td, const std::optional<int64_t>& dst,
-                     const SendOptions& options, bool refuse_self) {
+// What work i of `posted` carries, for a timeout's message; keys are looked up only then.
+detail::InFlight in_flight(const Posted& posted, const TensorDict& td) {
+  return [&posted, td](size_t i) -> std::string {
+    if (posted.tags.empty()) {
+      return c10::str(posted.last_tag ? "the checked transfer" : "the consolidated storage",
+                      " (tag ", posted.tag, ", message ", i + 1, " of ", posted.works.size(), ")");
+    }
+    const auto leaves = wire_order(td);
+    return c10::str("tag ", posted.tags[i], " (key ",
+                    i < leaves.size() ? NestedKey(leaves[i].first).str() : "?", ")");
+  };
+}
+
+std::string rank_of(const Peer& peer) { return c10::str("rank ", peer.rank); }
+
+Posted post_send(detail::Waiter& waiter, const TensorDict& td, const std::optional<int64_t>& dst,
+                 const SendOptions& options, bool refuse_self) {
+  const char* call = waiter.call();
   Peer peer = resolve_peer(call, dst, options.group_dst, options.group, "dst", "group_dst",
                            refuse_self);
+  waiter.set_peer(rank_of(peer));
   if (options.checked && options.consolidated) {
-    return {detail::post_checked_send(td, peer, 0, true), std::nullopt};
+    return {detail::post_checked_send(td, peer, 0, true), std::nullopt, {}};
   }
   if (options.consolidated) {
     std::vector<at::Tensor> storage{is_consolidated(td) ? consolidated_storage(td)
                                                         : consolidated_storage(consolidate(td))};
-    return {{peer.group.send(storage, peer.rank, 0)}, std::nullopt};
+    return {{peer.group.send(storage, peer.rank, 0)}, std::nullopt, {}};
   }
   auto leaves = leaves_of(td);
+  detail::check_leaves(call, td, leaves);
   auto tags = leaf_tags(call, options.init_tag, options.pseudo_rand, leaves.size());
   const int64_t last_tag = tags.empty() ? options.init_tag - 1 : tags.back();
   if (options.checked) {
     const int tag = checked_tag(call, options.init_tag, tags);
-    return {detail::post_checked_send(td, peer, tag, false), last_tag};
+    return {detail::post_checked_send(td, peer, tag, false), last_tag, {}, tag};
   }
   auto works = post_all(leaves.size(), [&](size_t i) {
     std::vector<at::Tensor> one{sendable(leaves[i])};
     return peer.group.send(one, peer.rank, tags[i]);
   });
-  return {std::move(works), last_tag};
+  return {std::move(works), last_tag, std::move(tags)};
 }
 
-PostedSend post_recv(const char* call, const TensorDict& td, const std::optional<int64_t>& src,
-                     const RecvOptions& options) {
+Posted post_recv(detail::Waiter& waiter, const TensorDict& td, const std::optional<int64_t>& src,
+                 const RecvOptions& options, bool refuse_self) {
+  const char* call = waiter.call();
   Peer peer = resolve_peer(call, src, options.group_src, options.group, "src", "group_src",
-                           /*refuse_self=*/false);
+                           refuse_self);
+  waiter.set_peer(rank_of(peer));
   if (options.consolidated) {
     TORCH_CHECK_VALUE(is_consolidated(td), call,
                       "(consolidated=True): the TensorDict is not consolidated. Receive into a "
                       "consolidated TensorDict with the sender's layout (consolidate() it first)");
     if (options.checked) {
-      return {detail::post_checked_recv(call, td, peer, 0, true), std::nullopt};
+      return {detail::post_checked_recv(waiter, td, peer, 0, true), std::nullopt, {}};
     }
     std::vector<at::Tensor> storage{consolidated_storage(td)};
-    return {{peer.group.recv(storage, peer.rank, 0)}, std::nullopt};
+    return {{peer.group.recv(storage, peer.rank, 0)}, std::nullopt, {}};
   }
   auto leaves = leaves_of(td);
+  detail::check_leaves(call, td, leaves);
   auto tags = leaf_tags(call, options.init_tag, options.pseudo_rand, leaves.size());
   const int64_t last_tag = tags.empty() ? options.init_tag - 1 : tags.back();
   if (options.checked) {
     const int tag = checked_tag(call, options.init_tag, tags);
-    return {detail::post_checked_recv(call, td, peer, tag, false), last_tag};
+    return {detail::post_checked_recv(waiter, td, peer, tag, false), last_tag, {}, tag};
   }
   for (const auto& leaf : leaves) {
     detail::check_writable(call, leaf, "receive into", "receiver");
@@ -142,41 +165,50 @@ PostedSend post_recv(const char* call, const TensorDict& td, const std::optional
       return peer.group.recv(one, peer.rank, tags[i]);
     });
   });
-  return {std::move(works), last_tag};
+  return {std::move(works), last_tag, std::move(tags)};
 }
 
 }  // namespace
 
 void send(const TensorDict& td, std::optional<int64_t> dst, const SendOptions& options) {
-  wait_all(post_send("send", td, dst, options, /*refuse_self=*/true).works);
+  detail::Waiter waiter("send", options.timeout, "the receiver");
+  const Posted posted = post_send(waiter, td, dst, options, /*refuse_self=*/true);
+  waiter.wait(posted.works, in_flight(posted, td));
 }
 
 std::optional<int64_t> recv(const TensorDict& td, std::optional<int64_t> src,
                             const RecvOptions& options) {
-  auto posted = post_recv("recv", td, src, options);
-  wait_all(posted.works);
+  detail::Waiter waiter("recv", options.timeout, "the sender");
+  const Posted posted = post_recv(waiter, td, src, options, /*refuse_self=*/true);
+  waiter.wait(posted.works, in_flight(posted, td));
   return posted.last_tag;
 }
 
 std::optional<int64_t> isend(const TensorDict& td, std::optional<int64_t> dst,
                              const SendOptions& options) {
-  auto posted = post_send("isend", td, dst, options, /*refuse_self=*/false);
-  wait_all(posted.works);
+  detail::Waiter waiter("isend", options.timeout, "the receiver");
+  const Posted posted = post_send(waiter, td, dst, options, /*refuse_self=*/false);
+  waiter.wait(posted.works, in_flight(posted, td));
   return posted.last_tag;
 }
 
 std::vector<WorkPtr> isend_early(const TensorDict& td, std::optional<int64_t> dst,
                                  const SendOptions& options) {
-  return post_send("isend", td, dst, options, /*refuse_self=*/false).works;
+  detail::Waiter waiter("isend", options.timeout, "the receiver");
+  return post_send(waiter, td, dst, options, /*refuse_self=*/false).works;
 }
 
 void irecv(const TensorDict& td, std::optional<int64_t> src, const RecvOptions& options) {
-  wait_all(post_recv("irecv", td, src, options).works);
+  detail::Waiter waiter("irecv", options.timeout, "the sender");
+  const Posted posted = post_recv(waiter, td, src, options, /*refuse_self=*/false);
+  waiter.wait(posted.works, in_flight(posted, td));
 }
 
 std::vector<WorkPtr> irecv_premature(const TensorDict& td, std::optional<int64_t> src,
                                      const RecvOptions& options) {
-  return post_recv("irecv", td, src, options).works;
+  // The timeout bounds the checked header and schema, which are waited for here.
+  detail::Waiter waiter("irecv", options.timeout, "the sender");
+  return post_recv(waiter, td, src, options, /*refuse_self=*/false).works;
 }
 
 std::vector<std::pair<std::vector<std::string>, at::Tensor>> wire_order(const TensorDict& td) {

@@ -5,8 +5,16 @@
 #include <c10/util/Exception.h>
 
 #include <algorithm>
+#include <atomic>
+#include <cstdio>
+#include <cstring>
+#include <random>
+#include <string_view>
 
+#include "tensordict/distributed/p2p.h"
 #include "tensordict/distributed/process_group.h"
+#include "tensordict/leaf.h"
+#include "tensordict/nested_key.h"
 
 namespace tensordict::dist::detail {
 namespace {
@@ -92,58 +100,94 @@ Peer resolve_peer(const char* call, const std::optional<int64_t>& peer,
                     group_peer ? *group_peer : *peer, " is not a rank of the group (size ", size,
                     ")");
   if (refuse_self && !group_peer) {
-    // torch.distributed.send's _check_not_self_rank.
-    TORCH_CHECK_VALUE(rank != out.group.rank(),
-                      "Invalid destination rank: destination rank should not be the same as the "
-                      "rank of the current process.");
+    // torch.distributed.send's and recv's _check_not_self_rank (Gloo has no pair to itself).
+    const char* role = std::string_view(peer_name) == "src" ? "source" : "destination";
+    TORCH_CHECK_VALUE(rank != out.group.rank(), "Invalid ", role, " rank: ", role,
+                      " rank should not be the same as the rank of the current process.");
   }
   out.rank = static_cast<int>(rank);
   return out;
 }
 
+Waiter::Waiter(const char* call, std::optional<std::chrono::milliseconds> timeout,
+               std::string peer)
+    : call_(call), timeout_(timeout), start_(std::chrono::steady_clock::now()),
+      peer_(std::move(peer)) {
+  TORCH_CHECK_VALUE(!timeout || timeout->count() > 0, call, ": timeout must be positive, got ",
+                    timeout ? timeout->count() : 0, " ms");
+}
+
+void Waiter::timed_out(const std::string& what, const std::string& detail) const {
+  char waited[32];
+  std::snprintf(waited, sizeof(waited), "%.2f",
+                std::chrono::duration<double>(std::chrono::steady_clock::now() - start_).count());
+  std::string limit = timeout_ ? c10::str("the call's timeout of ", timeout_->count(), " ms")
+                               : std::string("the group's timeout");
+  C10_THROW_ERROR(DistBackendError,
+                  c10::str(call_, ": timed out after ", waited, " s (",
+                           limit, ") waiting for ", peer_, ": ", what,
+                           detail.empty() ? "" : " (" + detail + ")",
+                           ". Gloo closes a group's connections when a wait times out: make a "
+                           "new group to go on"));
+}
+
 namespace {
 
-// Gloo's own errors (gloo::IoException, e.g. "Connection reset by peer") reach Work::wait() as
-// plain std::exceptions; callers get them as c10d's DistBackendError, like every other
-// transport failure.
-std::exception_ptr as_backend_error(std::exception_ptr e) {
-  try {
-    std::rethrow_exception(e);
-  } catch (const c10::Error&) {
-    return e;
-  } catch (const std::exception& x) {
-    try {
-      C10_THROW_ERROR(DistBackendError, x.what());
-    } catch (...) {
-      return std::current_exception();
-    }
-  } catch (...) {
-  }
-  return e;
+bool is_timeout_text(std::string_view s) {
+  return s.find("Timed out") != std::string_view::npos ||
+         s.find("timed out") != std::string_view::npos ||
+         s.find("Timeout") != std::string_view::npos;
 }
 
 }  // namespace
 
-void wait_all(const std::vector<WorkPtr>& works) {
+void Waiter::wait(const std::vector<WorkPtr>& works, const InFlight& what) const {
+  using std::chrono::milliseconds;
+  const bool has_deadline = timeout_.has_value();
+  const auto deadline = start_ + timeout_.value_or(milliseconds(0));
+  const auto past_deadline = [&] {
+    return has_deadline && std::chrono::steady_clock::now() >= deadline;
+  };
   std::exception_ptr first;
   for (size_t i = 0; i < works.size(); ++i) {
     try {
-      works[i]->wait();
-    } catch (...) {
-      if (!first) {
-        first = as_backend_error(std::current_exception());
-        for (size_t j = i + 1; j < works.size(); ++j) {
-          try {
-            works[j]->abort();
-          } catch (...) {
-          }
+      if (first) {
+        works[i]->abort();
+        works[i]->wait();  // returns or throws at once once aborted
+        continue;
+      }
+      if (!has_deadline) {
+        works[i]->wait();
+        continue;
+      }
+      const auto left =
+          std::chrono::duration_cast<milliseconds>(deadline - std::chrono::steady_clock::now());
+      // Work::wait(0) means "no timeout": a deadline already passed still waits 1 ms.
+      if (!works[i]->wait(std::max(left, milliseconds(1)))) timed_out(what(i), "");
+    } catch (const std::exception& e) {
+      if (first) continue;
+      // Gloo's own errors (gloo::IoException, "Connection reset by peer") reach Work::wait()
+      // as plain std::exceptions; callers get every transport failure as DistBackendError.
+      const auto* c10_error = dynamic_cast<const c10::Error*>(&e);
+      const std::string text = c10_error ? c10_error->msg() : e.what();
+      try {
+        if (is_timeout_text(text) || past_deadline()) {
+          timed_out(what(i), text);
         }
+        if (c10_error) throw;
+        C10_THROW_ERROR(DistBackendError, text);
+      } catch (...) {
+        first = std::current_exception();
       }
     }
   }
   if (first) {
     std::rethrow_exception(first);
   }
+}
+
+void Waiter::wait(const WorkPtr& work, const std::string& what) const {
+  wait(std::vector<WorkPtr>{work}, [&](size_t) { return what; });
 }
 
 void abandon(const std::vector<WorkPtr>& works) {
@@ -158,6 +202,65 @@ void abandon(const std::vector<WorkPtr>& works) {
 
 at::Tensor sendable(const at::Tensor& leaf) {
   return leaf.is_contiguous() ? leaf : leaf.contiguous();
+}
+
+namespace {
+
+// A 64-bit stamp no peer can predict: seeded once from the OS, then advanced per stamp.
+uint64_t next_stamp() {
+  static std::atomic<uint64_t> state{[] {
+    std::random_device rd;
+    return (uint64_t{rd()} << 32) ^ rd();
+  }()};
+  uint64_t z = state.fetch_add(0x9e3779b97f4a7c15ULL) + 0x9e3779b97f4a7c15ULL;  // splitmix64
+  z = (z ^ (z >> 30)) * 0xbf58476d1ce4e5b9ULL;
+  z = (z ^ (z >> 27)) * 0x94d049bb133111ebULL;
+  return z ^ (z >> 31);
+}
+
+at::Tensor stamp_tensor(uint64_t stamp) {
+  at::Tensor t = at::empty({8}, at::kByte);
+  std::memcpy(t.data_ptr(), &stamp, 8);
+  return t;
+}
+
+}  // namespace
+
+TailStamp::TailStamp(const at::Tensor& bytes) {
+  const int64_t n = bytes.numel();
+  if (n < 8) {
+    if (n > 0) bytes.zero_();
+    return;
+  }
+  stamp_ = next_stamp();
+  tail_ = bytes.narrow(0, n - 8, 8);
+  if (tail_.is_cpu()) {
+    std::memcpy(tail_.data_ptr(), &stamp_, 8);
+  } else {
+    tail_.copy_(stamp_tensor(stamp_));
+  }
+}
+
+bool TailStamp::short_message() const {
+  if (!tail_.defined()) return false;
+  uint64_t now = 0;
+  if (tail_.is_cpu()) {
+    std::memcpy(&now, tail_.data_ptr(), 8);
+  } else {
+    std::memcpy(&now, tail_.cpu().data_ptr(), 8);
+  }
+  return now == stamp_;
+}
+
+void check_leaves(const char* call, const TensorDict& td, const std::vector<at::Tensor>& leaves) {
+  for (const auto& leaf : leaves) {
+    if (untransferable_reason(leaf) == nullptr) continue;
+    std::string key = "?";
+    for (const auto& [path, t] : wire_order(td)) {
+      if (t.is_same(leaf)) key = NestedKey(path).str();
+    }
+    check_transferable(call, key, leaf);
+  }
 }
 
 void check_writable(const char* call, const at::Tensor& leaf, const char* action,

@@ -7,10 +7,13 @@
 
 #include <chrono>
 #include <cstdint>
+#include <functional>
+#include <string>
 #include <optional>
 #include <vector>
 
 #include "tensordict/distributed/options.h"
+#include "tensordict/tensor_dict.h"
 
 namespace tensordict::dist::detail {
 
@@ -28,8 +31,8 @@ struct Peer {
 /// The group (empty: the default group) and the peer's rank in it, as torch.distributed
 /// resolves them: a global `peer` is mapped through the registry, a `group_peer` is used as
 /// given (the group may be unregistered). ValueError for a rank outside the group, or, with
-/// `refuse_self` and a global peer, for this process's own rank (torch.distributed.send's
-/// check).
+/// `refuse_self` and a global peer, for this process's own rank (torch.distributed.send's and
+/// recv's check; the Python layer, which maps global ranks itself, checks them there).
 Peer resolve_peer(const char* call, const std::optional<int64_t>& peer,
                   const std::optional<int64_t>& group_peer, const Group& group,
                   const char* peer_name, const char* group_peer_name, bool refuse_self);
@@ -37,9 +40,34 @@ Peer resolve_peer(const char* call, const std::optional<int64_t>& peer,
 /// `group`, or the default group when it is empty (ValueError when there is none).
 Group resolve_group(const Group& group);
 
-/// Waits on every work. After the first failure the rest are aborted, so that a dead peer or
-/// a timeout costs one timeout, not one per work; the first error is rethrown.
-void wait_all(const std::vector<WorkPtr>& works);
+/// Describes work i of a batch for a timeout's message ("tag 3 (key 'a')").
+using InFlight = std::function<std::string(size_t)>;
+
+/// The waits of one blocking call. They share the call's deadline (its `timeout` option, when
+/// given; otherwise each wait runs under the group's own timeout), and a wait that times out,
+/// by either, raises DistBackendError naming the call, the peer, what was in flight and the
+/// time waited, which Gloo's own message does not.
+class Waiter {
+ public:
+  /// `peer` in words ("rank 1", "the group"). ValueError for a timeout that is not positive.
+  Waiter(const char* call, std::optional<std::chrono::milliseconds> timeout, std::string peer);
+
+  const char* call() const { return call_; }
+  void set_peer(std::string peer) { peer_ = std::move(peer); }
+
+  /// Waits on every work. After the first failure the rest are aborted, so that a dead peer or
+  /// a timeout costs one timeout, not one per work; the first error is rethrown.
+  void wait(const std::vector<WorkPtr>& works, const InFlight& what) const;
+  void wait(const WorkPtr& work, const std::string& what) const;
+
+ private:
+  [[noreturn]] void timed_out(const std::string& what, const std::string& detail) const;
+
+  const char* call_;
+  std::optional<std::chrono::milliseconds> timeout_;
+  std::chrono::steady_clock::time_point start_;
+  std::string peer_;
+};
 
 /// Aborts and drains works already posted, ignoring their errors (cleanup before a rethrow).
 void abandon(const std::vector<WorkPtr>& works);
@@ -70,6 +98,29 @@ at::Tensor sendable(const at::Tensor& leaf);
 /// passed to post as they are.
 template <typename Post>
 WorkPtr post_in_place(const at::Tensor& leaf, bool reads_leaf, Post&& post);
+
+/// Gloo does not tell a receiver how many bytes a message carried: a message shorter than the
+/// posted buffer leaves the rest of the buffer as it was, which for a fresh allocation is
+/// memory freed earlier. A TailStamp writes 8 random bytes at the end of a buffer before the
+/// receive; if they are still there afterwards, the message stopped short of the end (by 8
+/// bytes or more; the chance that a full message ends with the same 8 bytes is 2^-64). A
+/// message shorter by 1 to 7 bytes leaves stamp bytes, never old memory. Buffers under 8
+/// bytes are zeroed instead, and short() is then always false.
+class TailStamp {
+ public:
+  /// `bytes`: a contiguous 1-D uint8 tensor, on any device, about to be received into.
+  explicit TailStamp(const at::Tensor& bytes);
+  /// After the receive: whether the message ended before the stamp.
+  bool short_message() const;
+
+ private:
+  at::Tensor tail_;  // a view of the buffer's last 8 bytes, or undefined
+  uint64_t stamp_ = 0;
+};
+
+/// ValueError naming the key when one of `leaves` (td's) cannot travel: meta, sparse, nested
+/// or quantized (check_transferable). Keys are looked up only for a refused leaf.
+void check_leaves(const char* call, const TensorDict& td, const std::vector<at::Tensor>& leaves);
 
 /// ValueError when `leaf`'s elements share memory (an expanded tensor): an in-place transfer
 /// into it would be ill-defined. `action` ("receive into") and `who` ("receiver") word it.

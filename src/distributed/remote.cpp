@@ -6,6 +6,10 @@
 #include <algorithm>
 #include <cstring>
 
+#include <sys/mman.h>
+#include <unistd.h>
+
+#include "tensordict/memory.h"
 #include "tensordict/metadata_pickle.h"
 #include "tensordict/pickle.h"
 
@@ -28,6 +32,13 @@ at::Tensor pickle_tensor(const std::string& pickle, int64_t padded_size, at::Dev
   return t.to(device);
 }
 
+// `out` resized to n zero bytes, and a uint8 tensor over them to receive into (valid while
+// `out` is neither resized nor destroyed).
+at::Tensor string_buffer(std::string& out, int64_t n) {
+  out.assign(static_cast<size_t>(n), '\0');
+  return at::from_blob(out.data(), {n}, at::kByte);
+}
+
 std::string pickle_string(const at::Tensor& t, int64_t size) {
   at::Tensor cpu = t.cpu().contiguous();
   return std::string(reinterpret_cast<const char*>(cpu.data_ptr<uint8_t>()),
@@ -39,8 +50,6 @@ void check_pickle_size(const char* call, int64_t size, const char* what) {
                     " of ", size, " bytes; a metadata pickle must have 1 to ", kMaxPickleBytes,
                     " bytes");
 }
-
-void run(WorkPtr work) { wait_all({std::move(work)}); }
 
 const JsonScalar* field(const TransportFields& fields, std::string_view name) {
   for (const auto& [key, value] : fields) {
@@ -54,7 +63,7 @@ const JsonScalar* field(const TransportFields& fields, std::string_view name) {
 TransportFields salvage_fields(std::string_view bytes) {
   TransportFields out;
   try {
-    pickle::Value top = pickle::loads(bytes);
+    pickle::Value top = pickle::loads(bytes, metadata_pickle_limits());
     if (top.kind() != pickle::Value::Kind::Dict) return out;
     for (size_t i = 0; i < top.keys().size(); ++i) {
       const auto& v = top.values()[i];
@@ -97,6 +106,37 @@ std::optional<int64_t> size_field(const std::string& from, const TransportFields
   return n;
 }
 
+// n bytes on the CPU whose pages are one piece of memory mapped again and again (at most
+// 4096 mappings): a receive into it overwrites the same piece, so draining a storage costs
+// the piece, not n. Falls back to a plain allocation where the mapping fails.
+at::Tensor drain_buffer(int64_t n) {
+  if (n == 0) return at::empty({0}, at::kByte);
+  const int64_t page = sysconf(_SC_PAGESIZE);
+  constexpr int64_t kMaxMappings = 4096;
+  const int64_t spread = (n + kMaxMappings - 1) / kMaxMappings;
+  const int64_t piece = std::max<int64_t>(int64_t{4} << 20, (spread + page - 1) / page * page);
+  const int64_t pieces = (n + piece - 1) / piece;
+  const auto span = static_cast<size_t>(pieces * piece);
+  const int fd = memfd_create("tensordict-drain", MFD_CLOEXEC);
+  if (fd < 0) return at::empty({n}, at::kByte);
+  void* base = MAP_FAILED;
+  if (ftruncate(fd, piece) == 0) {
+    base = mmap(nullptr, span, PROT_NONE, MAP_PRIVATE | MAP_ANONYMOUS | MAP_NORESERVE, -1, 0);
+  }
+  bool mapped = base != MAP_FAILED;
+  for (int64_t i = 0; mapped && i < pieces; ++i) {
+    void* at = static_cast<char*>(base) + i * piece;
+    mapped = mmap(at, static_cast<size_t>(piece), PROT_READ | PROT_WRITE, MAP_SHARED | MAP_FIXED,
+                  fd, 0) == at;
+  }
+  close(fd);  // the mappings keep the memory alive
+  if (!mapped) {
+    if (base != MAP_FAILED) munmap(base, span);
+    return at::empty({n}, at::kByte);
+  }
+  return at::from_blob(base, {n}, [span](void* p) { munmap(p, span); }, at::kByte);
+}
+
 }  // namespace
 
 at::Tensor byte_buffer(int64_t n, at::Device device, bool zeroed) {
@@ -112,66 +152,75 @@ std::string metadata_pickle(const TensorDict& c, const TransportFields& fields) 
   return pickle::dumps(metadata_to_pickle(*consolidated_metadata(c), fields));
 }
 
-void send_object_and_storage(const Peer& peer, const std::string& pickle,
+void send_object_and_storage(const Waiter& w, const Peer& peer, const std::string& pickle,
                              const at::Tensor& storage, at::Device framing_device) {
   std::vector<std::vector<at::Tensor>> messages = {
       {int64_tensor(static_cast<int64_t>(pickle.size()), framing_device)},
       {pickle_tensor(pickle, static_cast<int64_t>(pickle.size()), framing_device)},
       {storage}};
-  wait_all(post_all(messages.size(),
-                    [&](size_t i) { return peer.group.send(messages[i], peer.rank, 0); }));
+  static constexpr const char* kWhat[] = {"the metadata pickle's length (tag 0)",
+                                          "the metadata pickle (tag 0)", "the storage (tag 0)"};
+  w.wait(post_all(messages.size(),
+                  [&](size_t i) { return peer.group.send(messages[i], peer.rank, 0); }),
+         [](size_t i) { return std::string(kWhat[i]); });
 }
 
-std::string recv_object(const char* call, const Peer& peer, at::Device framing_device) {
+std::string recv_object(const Waiter& w, const Peer& peer, at::Device framing_device) {
   std::vector<at::Tensor> size{int64_tensor(0, framing_device)};
-  run(peer.group.recv(size, peer.rank, 0));
+  w.wait(peer.group.recv(size, peer.rank, 0), "the metadata pickle's length (tag 0)");
   const int64_t n = int64_value(size[0]);
-  check_pickle_size(call, n, "a metadata pickle");
-  // Zeroed: a shorter message than announced leaves zeros, which the reader refuses.
-  std::vector<at::Tensor> bytes{byte_buffer(n, framing_device, /*zeroed=*/true)};
-  run(peer.group.recv(bytes, peer.rank, 0));
-  return pickle_string(bytes[0], n);
+  check_pickle_size(w.call(), n, "a metadata pickle");
+  // Zeroed: a shorter message than announced leaves zeros, which the reader refuses. On the
+  // CPU the pickle lands in the string itself: no second copy of a peer's bytes.
+  std::string out;
+  std::vector<at::Tensor> bytes{framing_device.is_cpu()
+                                    ? string_buffer(out, n)
+                                    : byte_buffer(n, framing_device, /*zeroed=*/true)};
+  w.wait(peer.group.recv(bytes, peer.rank, 0), c10::str("the metadata pickle of ", n, " bytes"));
+  return framing_device.is_cpu() ? out : pickle_string(bytes[0], n);
 }
 
-std::string broadcast_object(const char* call, const Peer& root, const std::string* pickle) {
+std::string broadcast_object(const Waiter& w, const Peer& root, const std::string* pickle) {
   const bool is_root = pickle != nullptr;
   c10d::BroadcastOptions opts;
   opts.rootRank = root.rank;
   std::vector<at::Tensor> size{
       int64_tensor(is_root ? static_cast<int64_t>(pickle->size()) : 0, at::kCPU)};
-  run(root.group.broadcast(size, opts));
+  w.wait(root.group.broadcast(size, opts), "the metadata pickle's length");
   const int64_t n = int64_value(size[0]);
-  if (!is_root) check_pickle_size(call, n, "a metadata pickle");
+  if (!is_root) check_pickle_size(w.call(), n, "a metadata pickle");
+  std::string out;
   std::vector<at::Tensor> bytes{is_root ? pickle_tensor(*pickle, n, at::kCPU)
-                                        : byte_buffer(n, at::kCPU, /*zeroed=*/true)};
-  run(root.group.broadcast(bytes, opts));
-  return is_root ? *pickle : pickle_string(bytes[0], n);
+                                        : string_buffer(out, n)};
+  w.wait(root.group.broadcast(bytes, opts), c10::str("the metadata pickle of ", n, " bytes"));
+  return is_root ? *pickle : out;
 }
 
-std::vector<std::string> all_gather_objects(const char* call, const Group& group,
+std::vector<std::string> all_gather_objects(const Waiter& w, const Group& group,
                                             const std::string& pickle) {
   const int size = group.size();
   std::vector<at::Tensor> mine{int64_tensor(static_cast<int64_t>(pickle.size()), at::kCPU)};
   std::vector<std::vector<at::Tensor>> sizes(1);
   for (int r = 0; r < size; ++r) sizes[0].push_back(int64_tensor(0, at::kCPU));
-  run(group.allgather(sizes, mine));
+  w.wait(group.allgather(sizes, mine), "the metadata pickles' lengths");
   std::vector<int64_t> lengths;
   for (const auto& t : sizes[0]) {
     lengths.push_back(int64_value(t));
     // Every rank sees the same lengths, so every rank refuses alike and none is left waiting.
-    check_pickle_size(call, lengths.back(), "a metadata pickle");
+    check_pickle_size(w.call(), lengths.back(), "a metadata pickle");
   }
   const int64_t longest = *std::max_element(lengths.begin(), lengths.end());
   std::vector<at::Tensor> input{pickle_tensor(pickle, longest, at::kCPU)};
   std::vector<std::vector<at::Tensor>> outputs(1);
-  for (int r = 0; r < size; ++r) outputs[0].push_back(byte_buffer(longest, at::kCPU));
-  run(group.allgather(outputs, input));
+  // Zeroed: what a rank sends short of `longest` stays zeros, never old memory.
+  for (int r = 0; r < size; ++r) outputs[0].push_back(byte_buffer(longest, at::kCPU, true));
+  w.wait(group.allgather(outputs, input), "the metadata pickles");
   std::vector<std::string> out;
   for (int r = 0; r < size; ++r) out.push_back(pickle_string(outputs[0][r], lengths[r]));
   return out;
 }
 
-std::string scatter_objects(const char* call, const Peer& root,
+std::string scatter_objects(const Waiter& w, const Peer& root,
                             const std::vector<std::string>* pickles) {
   const bool is_root = pickles != nullptr;
   int64_t longest = 0;
@@ -181,9 +230,9 @@ std::string scatter_objects(const char* call, const Peer& root,
   c10d::BroadcastOptions bopts;
   bopts.rootRank = root.rank;
   std::vector<at::Tensor> max_size{int64_tensor(longest, at::kCPU)};
-  run(root.group.broadcast(max_size, bopts));
+  w.wait(root.group.broadcast(max_size, bopts), "the longest metadata pickle's length");
   longest = int64_value(max_size[0]);
-  if (!is_root) check_pickle_size(call, longest, "a longest metadata pickle");
+  if (!is_root) check_pickle_size(w.call(), longest, "a longest metadata pickle");
 
   c10d::ScatterOptions sopts;
   sopts.rootRank = root.rank;
@@ -193,7 +242,7 @@ std::string scatter_objects(const char* call, const Peer& root,
     in.emplace_back();
     for (const auto& p : *pickles) in[0].push_back(pickle_tensor(p, longest, at::kCPU));
   }
-  run(root.group.scatter(out, in, sopts));
+  w.wait(root.group.scatter(out, in, sopts), "the metadata pickles");
   std::vector<at::Tensor> length{int64_tensor(0, at::kCPU)};
   std::vector<std::vector<at::Tensor>> lengths;
   if (is_root) {
@@ -202,18 +251,17 @@ std::string scatter_objects(const char* call, const Peer& root,
       lengths[0].push_back(int64_tensor(static_cast<int64_t>(p.size()), at::kCPU));
     }
   }
-  run(root.group.scatter(length, lengths, sopts));
+  w.wait(root.group.scatter(length, lengths, sopts), "the metadata pickles' lengths");
   const int64_t n = int64_value(length[0]);
-  TORCH_CHECK_VALUE(n > 0 && n <= longest, call, ": the peer announced a metadata pickle of ",
+  TORCH_CHECK_VALUE(n > 0 && n <= longest, w.call(), ": the peer announced a metadata pickle of ",
                     n, " bytes in a buffer of ", longest);
   return pickle_string(out[0], n);
 }
 
 Incoming parse_incoming(const std::string& from, std::string_view bytes, int64_t max_total_bytes,
                         bool padded) {
-  TORCH_CHECK_VALUE(max_total_bytes >= 0, from, ": max_total_bytes must be non-negative, got ",
-                    max_total_bytes);
   Incoming in;
+  in.from = from;
   TransportFields fields;
   try {
     in.metadata = metadata_from_pickle_bytes(bytes, &fields);
@@ -294,9 +342,38 @@ at::Device receive_device(const std::string& from, std::optional<at::Device> dev
   return *d;
 }
 
-TensorDict finish(Incoming& in, const at::Tensor& buffer) {
+int64_t resolve_max_total_bytes(const char* call, std::optional<int64_t> max_total_bytes) {
+  TORCH_CHECK_VALUE(!max_total_bytes || *max_total_bytes >= 0, call,
+                    ": max_total_bytes must be non-negative, got ", max_total_bytes.value_or(0));
+  return max_total_bytes.value_or(default_max_total_bytes());
+}
+
+StorageBuffer storage_buffer(const Incoming& in, int64_t n, at::Device device) {
+  at::Tensor bytes;
+  try {
+    bytes = in.error && device.is_cpu() ? drain_buffer(n) : byte_buffer(n, device);
+  } catch (const c10::Error& e) {
+    TORCH_CHECK(false, in.from, ": could not allocate the ", n, " bytes of storage the sender "
+                "announced on ", device.str(), ": ", e.msg());
+  } catch (const std::bad_alloc&) {
+    TORCH_CHECK(false, in.from, ": could not allocate the ", n, " bytes of storage the sender "
+                "announced on ", device.str());
+  }
+  return {bytes, TailStamp(bytes)};
+}
+
+TensorDict finish(Incoming& in, const StorageBuffer& buffer) {
   if (in.error) std::rethrow_exception(in.error);
-  return rebuild(std::move(*in.metadata), buffer.narrow(0, 0, *in.total_bytes));
+  TORCH_CHECK_VALUE(!buffer.stamp.short_message(), in.from, ": the sender's storage message is "
+                    "shorter than the ", buffer.bytes.numel(), " bytes it announced; the "
+                    "TensorDict is refused");
+  return rebuild(std::move(*in.metadata), buffer.bytes.narrow(0, 0, *in.total_bytes));
 }
 
 }  // namespace tensordict::dist::detail
+
+namespace tensordict::dist {
+
+int64_t default_max_total_bytes() { return default_storage_limit_bytes(); }
+
+}  // namespace tensordict::dist

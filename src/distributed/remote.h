@@ -26,22 +26,22 @@ TensorDict consolidated(const TensorDict& td, std::optional<at::Device> device);
 std::string metadata_pickle(const TensorDict& consolidated, const TransportFields& fields);
 
 // ---- torch's object-collective framing (CPU tensors, as Gloo's default device) ----
-// Receivers refuse a pickle length outside [1, kMaxMetadataJsonBytes] (ValueError) before
+// Every wait goes through the call's Waiter (its deadline, its error texts). Receivers refuse a pickle length outside [1, kMaxMetadataJsonBytes] (ValueError) before
 // allocating anything.
 
 /// send_object_list([obj]) then send(storage): int64[1] = L, uint8[L], uint8[storage], all tag
 /// 0, all posted before any is waited on. Blocks until the three are taken.
-void send_object_and_storage(const Peer& peer, const std::string& pickle,
+void send_object_and_storage(const Waiter& w, const Peer& peer, const std::string& pickle,
                              const at::Tensor& storage, at::Device framing_device);
 /// recv_object_list([None]): the pickle bytes.
-std::string recv_object(const char* call, const Peer& peer, at::Device framing_device);
+std::string recv_object(const Waiter& w, const Peer& peer, at::Device framing_device);
 /// broadcast_object_list([obj]); `pickle` is given on the root only.
-std::string broadcast_object(const char* call, const Peer& root, const std::string* pickle);
+std::string broadcast_object(const Waiter& w, const Peer& root, const std::string* pickle);
 /// all_gather_object: every rank's pickle, by group rank.
-std::vector<std::string> all_gather_objects(const char* call, const Group& group,
+std::vector<std::string> all_gather_objects(const Waiter& w, const Group& group,
                                             const std::string& pickle);
 /// scatter_object_list: this rank's pickle; `pickles` (one per rank) on the root only.
-std::string scatter_objects(const char* call, const Peer& root,
+std::string scatter_objects(const Waiter& w, const Peer& root,
                             const std::vector<std::string>* pickles);
 
 // ---- receiving ----
@@ -49,6 +49,7 @@ std::string scatter_objects(const char* call, const Peer& root,
 /// What a peer announced, checked. Errors are deferred when the storage transfer can still be
 /// joined (its size is known and within the bound), so that the other ranks complete.
 struct Incoming {
+  std::string from;                    // the peer, as messages name it
   std::optional<Metadata> metadata;
   std::optional<int64_t> total_bytes;  // known and sane
   std::optional<int64_t> max_bytes;    // scatter's padded size, known and sane
@@ -75,9 +76,26 @@ int64_t transfer_bytes(const Incoming& in, bool padded);
 at::Device receive_device(const std::string& from, std::optional<at::Device> device,
                           Incoming& in);
 
-/// After the transfer: rethrows the deferred error, or rebuilds the TensorDict from the first
-/// total_bytes of `buffer`.
-TensorDict finish(Incoming& in, const at::Tensor& buffer);
+/// `max_total_bytes` as given, or default_max_total_bytes() when unset; ValueError naming
+/// `call` when it is negative, before anything is sent or received.
+int64_t resolve_max_total_bytes(const char* call, std::optional<int64_t> max_total_bytes);
+
+/// What a peer's storage is received into: `bytes` (1-D uint8) and the stamp that tells a
+/// message shorter than announced.
+struct StorageBuffer {
+  at::Tensor bytes;
+  TailStamp stamp;
+};
+
+/// The buffer for a storage transfer of `n` bytes (transfer_bytes) on `device`. When the
+/// transfer is only drained (the peer's metadata was refused) and lands on the CPU, the buffer
+/// maps the same few MiB of memory over and over, so that a refused peer costs no memory for
+/// the storage it announced. A failed allocation is an error naming the peer and the size.
+StorageBuffer storage_buffer(const Incoming& in, int64_t n, at::Device device);
+
+/// After the transfer: rethrows the deferred error; refuses a storage message shorter than
+/// announced (ValueError); or rebuilds the TensorDict from the first total_bytes of `buffer`.
+TensorDict finish(Incoming& in, const StorageBuffer& buffer);
 
 /// A 1-D uint8 tensor of `n` bytes on `device`.
 at::Tensor byte_buffer(int64_t n, at::Device device, bool zeroed = false);

@@ -315,7 +315,9 @@ void Endpoint::transfer(Dir dir, void* data, size_t n, const at::Tensor& owner, 
     TORCH_CHECK(false, op_name, " ", what, ": peer ", peer_, ": ", failure_);
   }
   if (op->status == UCS_OK) {
-    TORCH_INTERNAL_ASSERT(dir != Dir::kRecv || op->length == n, "short stream receive");
+    // WAITALL fills the buffer or fails; a short completion must not pass as a full one.
+    TORCH_CHECK(dir != Dir::kRecv || op->length == n, op_name, " ", what, ": peer ", peer_,
+                " delivered ", op->length, " of ", n, " bytes");
     return;
   }
   if (closed_ && failure_.empty()) TORCH_CHECK(false, op_name, " ", what, ": the pipe to ", peer_, " was closed");

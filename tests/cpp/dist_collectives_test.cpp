@@ -292,7 +292,7 @@ struct Case {
   int64_t storage;       // bytes of the third message (-1: none)
   bool sender_completes;  // the receiver takes the storage before refusing
   const char* error;     // substring of the receiver's error
-  int64_t max_total_bytes = kDefaultMaxTotalBytes;
+  std::optional<int64_t> max_total_bytes{};
 };
 
 std::vector<Case> malformed_cases() {

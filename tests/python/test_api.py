@@ -229,7 +229,8 @@ def test_p2p_signatures_match_the_reference():
     for name in ("send", "recv", "isend", "irecv"):
         ours = inspect.signature(getattr(TensorDict, name))
         ref = inspect.signature(getattr(tensordict.TensorDict, name))
-        # The reference's parameters, then our extension `checked`.
+        # The reference's parameters, then our extensions `checked` and `timeout`.
         assert [(p.name, p.kind, p.default) for p in ours.parameters.values()] == [
             (p.name, p.kind, p.default) for p in ref.parameters.values()] + [
-            ("checked", inspect.Parameter.KEYWORD_ONLY, False)], name
+            ("checked", inspect.Parameter.KEYWORD_ONLY, False),
+            ("timeout", inspect.Parameter.KEYWORD_ONLY, None)], name

@@ -7,6 +7,7 @@
 #include <torch/csrc/distributed/c10d/ProcessGroup.hpp>
 #include <torch/csrc/distributed/c10d/Work.hpp>
 
+#include <chrono>
 #include <concepts>
 #include <cstdint>
 #include <optional>
@@ -69,6 +70,11 @@ class Group {
   BackendPtr backend_;
 };
 
+// Timeouts: every options struct has `timeout`, the longest the call waits for its messages,
+// all of them together. Unset, each wait runs under the group's own timeout. On expiry the
+// call raises DistBackendError naming the call, the peer, what was in flight and the time
+// waited (docs/reliability.md); Gloo then closes the group's connections (make a new group).
+
 /// Keyword arguments of send() and isend().
 struct SendOptions {
   Group group{};                         // empty: the default process group
@@ -81,6 +87,7 @@ struct SendOptions {
   /// error naming the difference instead of being aborted or half-filled. Both sides must
   /// pass it; see docs/reliability.md.
   bool checked = false;
+  std::optional<std::chrono::milliseconds> timeout{};  // see "Timeouts" above
 };
 
 /// Keyword arguments of recv() and irecv(); the sender's values must be passed.
@@ -91,12 +98,15 @@ struct RecvOptions {
   bool pseudo_rand = false;
   bool consolidated = false;
   bool checked = false;                  // must match the sender's (see SendOptions::checked)
+  std::optional<std::chrono::milliseconds> timeout{};  // see "Timeouts" above
 };
 
-/// The largest storage a peer may make this process receive, by default, when it sends a
-/// TensorDict whose structure the receiver does not know (from_remote_init, broadcast,
-/// all_gather, scatter): the peer's "_total_bytes" is refused above it (ValueError).
-inline constexpr int64_t kDefaultMaxTotalBytes = int64_t{1} << 36;  // 64 GiB
+/// The largest storage a peer may make this process receive when it sends a TensorDict whose
+/// structure the receiver does not know (from_remote_init, broadcast, all_gather, scatter) and
+/// the call leaves `max_total_bytes` unset: half of this machine's physical memory, so that
+/// what passes the check can be held. The peer's "_total_bytes" is refused above it
+/// (ValueError) before anything is allocated; pass max_total_bytes for more.
+int64_t default_max_total_bytes();
 
 /// Keyword arguments of init_remote().
 struct InitRemoteOptions {
@@ -110,6 +120,7 @@ struct InitRemoteOptions {
   /// A tensorclass's "<module>.<qualname>", sent as the metadata's "_tensorclass_type" so that
   /// the receiver can rebuild that class, as the reference's tensorclass init_remote does.
   std::optional<std::string> tensorclass_type{};
+  std::optional<std::chrono::milliseconds> timeout{};  // see "Timeouts" above
 };
 
 /// Keyword arguments of from_remote_init().
@@ -120,7 +131,8 @@ struct FromRemoteInitOptions {
   /// point-to-point; the sender's storage device with use_broadcast, if this process has it.
   std::optional<at::Device> device{};
   bool use_broadcast = false;            // must match the sender's
-  int64_t max_total_bytes = kDefaultMaxTotalBytes;
+  std::optional<int64_t> max_total_bytes{};  // unset: default_max_total_bytes()
+  std::optional<std::chrono::milliseconds> timeout{};  // see "Timeouts" above
 };
 
 /// Keyword arguments of broadcast().
@@ -130,15 +142,17 @@ struct BroadcastOptions {
   /// On the source: the storage's device if the TensorDict must be consolidated. Elsewhere:
   /// the result's device (default: the source's storage device, if this process has it).
   std::optional<at::Device> device{};
-  int64_t max_total_bytes = kDefaultMaxTotalBytes;
+  std::optional<int64_t> max_total_bytes{};  // unset: default_max_total_bytes()
   /// On the source: a tensorclass's "<module>.<qualname>", sent as "_tensorclass_type".
   std::optional<std::string> tensorclass_type{};
+  std::optional<std::chrono::milliseconds> timeout{};  // see "Timeouts" above
 };
 
 /// Keyword arguments of all_gather().
 struct AllGatherOptions {
   Group group{};
-  int64_t max_total_bytes = kDefaultMaxTotalBytes;  // bound on each rank's storage
+  std::optional<int64_t> max_total_bytes{};  // bound on each rank's storage (unset: the default)
+  std::optional<std::chrono::milliseconds> timeout{};  // see "Timeouts" above
 };
 
 /// Keyword arguments of scatter().
@@ -146,7 +160,8 @@ struct ScatterOptions {
   Group group{};
   std::optional<int64_t> group_src{};    // the source's rank in `group` (exclusive with src)
   std::optional<at::Device> device{};    // receivers: the result's device (default: the source's)
-  int64_t max_total_bytes = kDefaultMaxTotalBytes;  // bound on the padded storage
+  std::optional<int64_t> max_total_bytes{};  // bound on the padded storage (unset: the default)
+  std::optional<std::chrono::milliseconds> timeout{};  // see "Timeouts" above
 };
 
 /// Keyword arguments of all_reduce() and all_reduce_async().
@@ -154,6 +169,7 @@ struct AllReduceOptions {
   c10d::ReduceOp op = c10d::ReduceOp::SUM;
   bool async_op = false;                 // all_reduce(): post every leaf, then wait on them all
   Group group{};
+  std::optional<std::chrono::milliseconds> timeout{};  // see "Timeouts" above
 };
 
 /// Keyword arguments of reduce() and reduce_premature().
@@ -162,6 +178,7 @@ struct ReduceOptions {
   bool async_op = false;                 // reduce(): post every leaf, then wait on them all
   Group group{};
   std::optional<int64_t> group_dst{};    // destination's rank in `group` (exclusive with dst)
+  std::optional<std::chrono::milliseconds> timeout{};  // see "Timeouts" above
 };
 
 }  // namespace tensordict::dist

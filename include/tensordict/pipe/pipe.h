@@ -12,6 +12,7 @@
 #include <optional>
 #include <string>
 
+#include "tensordict/memory.h"
 #include "tensordict/tensor_dict.h"
 
 namespace tensordict::pipe {
@@ -31,7 +32,8 @@ struct PipeOptions {
   /// Largest metadata JSON (or uncollated header) a receive accepts, checked before allocating.
   int64_t max_metadata_bytes = int64_t{64} << 20;
   /// Largest storage (or sum of uncollated leaves) a receive accepts, checked before allocating.
-  int64_t max_storage_bytes = int64_t{16} << 30;
+  /// Default: half of this machine's physical memory (default_storage_limit_bytes()).
+  int64_t max_storage_bytes = default_storage_limit_bytes();
   /// How long close() waits, after sending its close marker, for the peer to read up to it and
   /// leave. UCX drops the bytes a peer has not read yet when the connection goes, so without
   /// this wait a producer that sends then closes could lose its last messages. Only a pipe that

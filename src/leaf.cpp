@@ -1,0 +1,39 @@
+#include "tensordict/leaf.h"
+
+#include <c10/util/Exception.h>
+
+#include "tensordict/dtypes.h"
+
+namespace tensordict {
+
+const char* untransferable_reason(const at::Tensor& leaf) {
+  if (!leaf.defined()) return "is an undefined tensor";
+  // Nested tensors report a strided layout on some builds: test them first.
+  if (leaf.is_nested()) return "is a nested (jagged) tensor, which has no single storage to send";
+  if (leaf.layout() != at::kStrided) {
+    return leaf.is_sparse() || leaf.is_sparse_csr()
+               ? "is a sparse tensor, which has no dense storage to send; call to_dense() first"
+               : "has a non-strided layout, which has no dense storage to send";
+  }
+  if (leaf.is_meta()) return "is on the meta device, which holds no data to send or receive";
+  if (c10::isQIntType(leaf.scalar_type())) {
+    return "has a quantized dtype, whose storage is not numel * element size bytes; "
+           "dequantize() it first";
+  }
+  if (!leaf.has_storage()) return "has no storage";
+  return nullptr;
+}
+
+void check_transferable(std::string_view who, std::string_view key, const at::Tensor& leaf) {
+  const char* reason = untransferable_reason(leaf);
+  if (reason == nullptr) return;
+  if (leaf.defined() && !leaf.is_nested() && leaf.layout() == at::kStrided && !leaf.is_meta() &&
+      c10::isQIntType(leaf.scalar_type())) {
+    TORCH_CHECK_VALUE(false, who, ": leaf ", key, " has the quantized dtype ",
+                      dtype_name(leaf.scalar_type()), ", whose storage is not numel * element "
+                      "size bytes; dequantize() it first");
+  }
+  TORCH_CHECK_VALUE(false, who, ": leaf ", key, " ", reason);
+}
+
+}  // namespace tensordict
