@@ -1,7 +1,8 @@
 // Fault injection on Gloo transfers: the sender or the receiver of a 64 MB transfer (per-leaf:
 // 8 leaves of 8 MB; consolidated: one 64 MB message) is SIGKILLed once the sender has written a
 // quarter of the bytes to its socket. The survivor must raise (not hang, not abort) within its
-// group timeout, with an error naming the peer or the timeout, and then exit 0.
+// group timeout, or its call's own timeout where it passes one, with an error naming the peer or
+// the timeout, and then exit 0.
 //
 // What Gloo does (torch 2.13): a pending send or recv whose peer died usually waits for the
 // whole group timeout ("Timed out waiting 5000ms for recv operation to complete"); sometimes
@@ -43,11 +44,16 @@ enum class Victim { kSender, kReceiver };
 struct Case {
   bool consolidated;
   Victim victim;
+  // The group keeps torch's default timeout (30 min); the transfer passes a 2 s timeout of its
+  // own, which alone must end the survivor's wait.
+  bool call_timeout = false;
 };
+constexpr auto kCallTimeout = 2s;
 
 std::string case_name(const ::testing::TestParamInfo<Case>& info) {
   return std::string(info.param.consolidated ? "Consolidated" : "PerLeaf") +
-         (info.param.victim == Victim::kSender ? "SenderKilled" : "ReceiverKilled");
+         (info.param.victim == Victim::kSender ? "SenderKilled" : "ReceiverKilled") +
+         (info.param.call_timeout ? "CallTimeout" : "");
 }
 // Names the case in the test list (gtest would print the struct's bytes, padding included).
 void PrintTo(const Case& c, std::ostream* os) { *os << case_name({c, 0}); }
@@ -109,7 +115,8 @@ void run_role(const std::string& name, const Case& c) {
                             .init_method = "file://" + role_dir() + "/store",
                             .rank = rank,
                             .world_size = 2,
-                            .timeout = kGroupTimeout,
+                            .timeout = c.call_timeout ? std::chrono::milliseconds(30min)
+                                                      : std::chrono::milliseconds(kGroupTimeout),
                             .gloo_hostname = "127.0.0.1"});
   TensorDict td = rank == 0 ? make_td(1) : make_td(0);
   if (c.consolidated) td = tensordict::consolidate(td);
@@ -126,10 +133,12 @@ void run_role(const std::string& name, const Case& c) {
   const int64_t start = now_ns();
   std::string error = "<no error>";
   try {
+    const auto timeout =
+        c.call_timeout ? std::optional<std::chrono::milliseconds>(kCallTimeout) : std::nullopt;
     if (rank == 0) {
-      dist::send(td, 1, {.consolidated = c.consolidated});
+      dist::send(td, 1, {.consolidated = c.consolidated, .timeout = timeout});
     } else {
-      dist::recv(td, 0, {.consolidated = c.consolidated});
+      dist::recv(td, 0, {.consolidated = c.consolidated, .timeout = timeout});
     }
   } catch (const c10::Error& e) {
     error = type_name(e) + ": " + e.msg();
@@ -175,7 +184,7 @@ TEST_P(DistFault, SurvivorRaisesWithinTheTimeoutAndExitsCleanly) {
   EXPECT_EQ(error.rfind("c10::DistBackendError: ", 0), 0u) << error;
   EXPECT_GE(end, *killed_at);
   const double after_kill_ms = ms_between(*killed_at, end);
-  EXPECT_LT(after_kill_ms, to_ms(kGroupTimeout + kSlack));
+  EXPECT_LT(after_kill_ms, to_ms((c.call_timeout ? kCallTimeout : kGroupTimeout) + kSlack));
   std::printf("[fault] %s: killed %.1f ms into the transfer; survivor raised %.1f ms after the "
               "kill: %s\n",
               case_name({c, 0}).c_str(), ms_between(start, *killed_at), after_kill_ms,
@@ -186,7 +195,9 @@ INSTANTIATE_TEST_SUITE_P(Modes, DistFault,
                          ::testing::Values(Case{false, Victim::kSender},
                                            Case{false, Victim::kReceiver},
                                            Case{true, Victim::kSender},
-                                           Case{true, Victim::kReceiver}),
+                                           Case{true, Victim::kReceiver},
+                                           Case{false, Victim::kSender, true},
+                                           Case{true, Victim::kReceiver, true}),
                          case_name);
 
 }  // namespace
