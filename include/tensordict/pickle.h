@@ -80,8 +80,8 @@ class Value {
 };
 
 /// The memory budget of a read, by default: kBaseBudgetBytes plus kBudgetPerInputByte per byte
-/// of input, at most kMaxBudgetBytes (enough for a reference metadata pickle of about 30,000
-/// leaves, which expands about 70-fold), plus the input's size again (so that a long string,
+/// of input, at most kMaxBudgetBytes (a metadata pickle of 20,000 leaves, which expands about
+/// 70-fold, fits: tests/cpp/pickle_test.cpp), plus the input's size again (so that a long string,
 /// which costs about its size, always fits).
 inline constexpr size_t kBaseBudgetBytes = size_t{1} << 20;
 inline constexpr size_t kBudgetPerInputByte = 128;

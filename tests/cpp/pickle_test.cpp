@@ -151,6 +151,33 @@ TEST(Pickle, BoundsDepthAndExpansion) {
   EXPECT_VALUE_ERROR(pk::loads(laughs), "more than");
 }
 
+// Memory a peer can make the reader spend is budgeted as it reads: memo copies count whole.
+TEST(Pickle, BudgetsTheBytesItMaterialises) {
+  // One 1 MiB string read back 100 times: 100 MiB from a pickle of 1 MiB.
+  std::string body = bytes({0x80, 4, ']', '(', 'X'});
+  const uint32_t n = 1 << 20;
+  for (int i = 0; i < 4; ++i) body.push_back(static_cast<char>(n >> (8 * i)));
+  body += std::string(n, 's') + bytes({0x94});
+  for (int i = 0; i < 99; ++i) body += bytes({'h', 0});
+  body += "e.";
+  EXPECT_VALUE_ERROR(pk::loads(body), "the values read would take more than");
+  // The budget is the caller's to raise.
+  EXPECT_EQ(pk::loads(body, {.max_bytes = size_t{256} << 20}).items().size(), 100u);
+
+  // Cheap values in bulk: a million Nones cost far more than the million bytes they take.
+  const std::string nones = bytes({0x80, 4, ']', '('}) + std::string(1'000'000, 'N') + "e.";
+  EXPECT_VALUE_ERROR(pk::loads(nones), "budget for a pickle of 1000006 bytes");
+
+  // A metadata pickle of 20,000 leaves, as a sender writes it, reads within the default.
+  tensordict::Metadata m;
+  for (int i = 0; i < 20000; ++i) {
+    const int64_t start = 8 * i;
+    m.leaves.push_back({"leaf_" + std::to_string(i), {at::kFloat, {2}, start, start + 8, 0}});
+  }
+  const std::string big = pk::dumps(tensordict::metadata_to_pickle(m, {}));
+  EXPECT_EQ(tensordict::metadata_from_pickle_bytes(big).leaves.size(), 20000u);
+}
+
 TEST(Pickle, AccessorsNameKinds) {
   EXPECT_VALUE_ERROR(Value::from_int(1).as_str(), "expected a str, got a int");
   EXPECT_VALUE_ERROR(Value().keys(), "expected a dict, got a None");
