@@ -46,6 +46,9 @@ std::string key_list(const TensorDictImpl& impl) {
 Value admit(const TensorDictImpl& level, const NestedKey& full_key, const Value& value) {
   TORCH_CHECK_TYPE(!value.is_tensor() || value.tensor().defined(), "cannot set key ",
                    full_key.str(), " to an undefined tensor");
+  // No fixed shape to check against the batch size (torch raises an internal error on asking).
+  TORCH_CHECK_TYPE(!value.is_tensor() || !value.tensor().is_nested(), "cannot set key ",
+                   full_key.str(), " to a nested (jagged) tensor: a leaf needs a fixed shape");
   if (value.is_non_tensor()) {
     // An empty batch size means "this level's", as the reference's assignment of a raw value.
     const NonTensorData& nt = value.non_tensor();

@@ -3,6 +3,7 @@
 #include <gtest/gtest.h>
 
 #include "tensordict/leaf.h"
+#include "tensordict/tensor_dict.h"
 
 namespace tensordict {
 namespace {
@@ -36,6 +37,18 @@ TEST(Leaf, StoragelessKindsAreRefusedByKey) {
             "send: leaf ('x', 'm') has the quantized dtype torch.qint8, whose storage is not "
             "numel * element size bytes; dequantize() it first");
   EXPECT_EQ(error_of(at::Tensor()), "send: leaf ('x', 'm') is an undefined tensor");
+}
+
+// A TensorDict does not even hold one: no fixed shape to check against its batch size.
+TEST(Leaf, NestedTensorsAreNoLeaves) {
+  const auto nested = at::_nested_tensor_from_tensor_list({at::ones({2}), at::ones({3})});
+  EXPECT_NE(untransferable_reason(nested), nullptr);
+  try {
+    TensorDict({{"n", nested}}, {2});
+    ADD_FAILURE() << "expected TypeError";
+  } catch (const c10::TypeError& e) {
+    EXPECT_EQ(e.msg(), "cannot set key 'n' to a nested (jagged) tensor: a leaf needs a fixed shape");
+  }
 }
 
 }  // namespace

@@ -106,3 +106,9 @@ def test_own_faults_and_timeouts():
 def test_a_key_that_is_not_a_string_is_a_type_error_naming_it():
     with pytest.raises(TypeError, match=r"key 1 \(int\) is not a str"):
         TensorDict({1: torch.zeros(2)}, batch_size=[2])
+
+
+def test_a_nested_tensor_leaf_is_a_type_error_naming_it():
+    nested = torch.nested.nested_tensor([torch.ones(2), torch.ones(3)], layout=torch.jagged)
+    with pytest.raises(TypeError, match="cannot set key 'n' to a nested"):
+        TensorDict(n=nested, batch_size=[2])
