@@ -100,7 +100,7 @@ def init_remote(self, dst: int | None = None, group: Any = None, device: Any = N
 
     Raises:
         ValueError: if ``dst`` is missing, this rank, or not in ``group``.
-        RuntimeError: if the transport fails or the group's timeout passes.
+        RuntimeError: if the transport fails or a timeout (``timeout``, else the group's) passes.
     """
     pg = _group(group)
     group_dst = None
@@ -154,7 +154,7 @@ def from_remote_init(cls, src: int, group: Any = None, device: Any = None,
         ValueError: for malformed metadata (a pickle outside the accepted subset, truncated,
             beyond the bounds, or whose layout does not fit the announced size), or a
             tensorclass name that is not known here.
-        RuntimeError: if the transport fails or the group's timeout passes.
+        RuntimeError: if the transport fails or a timeout (``timeout``, else the group's) passes.
     """
     pg = _group(group)
     group_src = _group_rank(pg, src)

@@ -18,6 +18,7 @@ from tensordict_cpp import _C
 #: A transfer's ``timeout``: seconds, a ``datetime.timedelta``, or ``None`` (the group's).
 Timeout = Union[float, datetime.timedelta, None]
 
+
 def _seconds(timeout: Timeout) -> float | None:
     """``timeout`` in seconds, for the core (which refuses one that is not positive)."""
     if timeout is None:
@@ -114,7 +115,7 @@ def send(self, dst: Any = None, *, group: Any = None, group_dst: int | None = No
         ValueError: if both or neither of ``dst`` and ``group_dst`` are given, if
             ``group_dst`` is given without ``group``, if ``dst`` is this rank or not in
             ``group``, or if ``init_tag`` is negative; if ``group_dst`` is given with a pipe.
-        RuntimeError: if the transport fails or the group's timeout passes
+        RuntimeError: if the transport fails or a timeout (``timeout``, else the group's) passes
             (``torch.distributed.DistBackendError`` for backend failures).
     """
     pipe = _pipe_peer(dst, group_dst, "dst")
@@ -184,7 +185,7 @@ def recv(self, src: Any = None, *, group: Any = None, group_src: int | None = No
             ``group_src`` is given without ``group``, if ``src`` is not in ``group``, or with
             ``consolidated=True`` on a TensorDict that is not consolidated; if ``group_src``
             is given with a pipe.
-        RuntimeError: if the transport fails or the group's timeout passes.
+        RuntimeError: if the transport fails or a timeout (``timeout``, else the group's) passes.
     """
     pipe = _pipe_peer(src, group_src, "src")
     if pipe is not None:

@@ -123,8 +123,8 @@ std::vector<WorkPtr> post_checked_recv(const Waiter& waiter, const TensorDict& t
   const TailStamp header_stamp(header_t);
   waiter.wait(recv_one(peer, header_t, tag), c10::str("the checked header (tag ", tag, ")"));
   TORCH_CHECK(!header_stamp.short_message(), call, "(checked=True): the peer's first message "
-              "is shorter than a checked-transfer header (", kCheckedHeaderBytes, " bytes); the sender "
-              "must pass checked=True too");
+              "is shorter than a checked-transfer header (", kCheckedHeaderBytes,
+              " bytes); the sender must pass checked=True too");
   header_t = header_t.cpu();
   const Header h = decode_header(call, header_t.data_ptr<uint8_t>());
 

@@ -26,8 +26,8 @@ TensorDict consolidated(const TensorDict& td, std::optional<at::Device> device);
 std::string metadata_pickle(const TensorDict& consolidated, const TransportFields& fields);
 
 // ---- torch's object-collective framing (CPU tensors, as Gloo's default device) ----
-// Every wait goes through the call's Waiter (its deadline, its error texts). Receivers refuse a pickle length outside [1, kMaxMetadataJsonBytes] (ValueError) before
-// allocating anything.
+// Every wait goes through the call's Waiter (its deadline, its error texts). Receivers refuse
+// a pickle length outside [1, kMaxMetadataJsonBytes] (ValueError) before allocating anything.
 
 /// send_object_list([obj]) then send(storage): int64[1] = L, uint8[L], uint8[storage], all tag
 /// 0, all posted before any is waited on. Blocks until the three are taken.
