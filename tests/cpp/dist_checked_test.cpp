@@ -17,6 +17,7 @@ namespace tensordict::dist {
 namespace {
 
 using testing::error_of;
+using testing::fnv1a;
 using testing::run_ranks;
 
 TensorDict sample(double base) {
@@ -208,12 +209,6 @@ TEST(DistChecked, ConsolidatedMismatches) {
 
 // A checked receiver facing a sender that did not pass checked, or a forged header from a raw
 // c10d peer: a clear error, no abort, no allocation of what the header claims.
-uint64_t fnv1a(const uint8_t* p, size_t n) {
-  uint64_t h = 0xcbf29ce484222325ULL;
-  for (size_t i = 0; i < n; ++i) h = (h ^ p[i]) * 0x100000001b3ULL;
-  return h;
-}
-
 at::Tensor forged_header(uint32_t version, uint32_t mode, uint64_t schema_bytes, bool good_hash) {
   at::Tensor h = at::zeros({64}, at::kByte);
   auto* p = h.data_ptr<uint8_t>();

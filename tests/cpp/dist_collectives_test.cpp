@@ -19,6 +19,7 @@
 namespace tensordict::dist {
 namespace {
 
+using testing::bytes_of;
 using testing::error_of;
 using testing::run_ranks;
 
@@ -274,12 +275,6 @@ TEST(DistCollectives, AllReduceAndReduceThreeRanks) {
 }
 
 // ---- malformed input from a raw peer ----
-
-at::Tensor bytes_of(const std::string& s) {
-  at::Tensor t = at::empty({int64_t(s.size())}, at::kByte);
-  std::memcpy(t.data_ptr(), s.data(), s.size());
-  return t;
-}
 
 std::string metadata_pickle_of(const TensorDict& td, const TransportFields& fields) {
   return pickle::dumps(metadata_to_pickle(metadata_of(td), fields));

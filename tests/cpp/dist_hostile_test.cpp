@@ -31,7 +31,9 @@ constexpr bool kMeasureMemory = true;
 namespace tensordict::dist {
 namespace {
 
+using testing::bytes_of;
 using testing::error_of;
+using testing::fnv1a;
 using testing::run_ranks;
 
 constexpr int64_t kMB = 1000 * 1000;
@@ -82,20 +84,8 @@ Growth measure(const std::function<void()>& fn) {
 
 // ---- crafting what the peer sends ----
 
-at::Tensor bytes_of(const std::string& s) {
-  at::Tensor t = at::empty({int64_t(s.size())}, at::kByte);
-  if (!s.empty()) std::memcpy(t.data_ptr(), s.data(), s.size());
-  return t;
-}
-
 void put(std::string& out, uint64_t v, int n) {
   for (int i = 0; i < n; ++i) out.push_back(static_cast<char>(v >> (8 * i)));
-}
-
-uint64_t fnv1a(const std::string& s) {
-  uint64_t h = 0xcbf29ce484222325ULL;
-  for (unsigned char c : s) h = (h ^ c) * 0x100000001b3ULL;
-  return h;
 }
 
 // A checked-transfer schema of one per-leaf float32 leaf "a" (docs/reliability.md).
@@ -118,10 +108,10 @@ std::string checked_header(uint64_t payload, const std::string& schema, uint64_t
   put(h, 0, 4);  // per leaf
   put(h, payload, 8);
   put(h, schema.size(), 8);
-  put(h, fnv1a(schema), 8);
+  put(h, fnv1a(schema.data(), schema.size()), 8);
   put(h, chunk, 8);
   put(h, 1, 8);  // leaves
-  put(h, fnv1a(h), 8);
+  put(h, fnv1a(h.data(), h.size()), 8);
   return h;
 }
 

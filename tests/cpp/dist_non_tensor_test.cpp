@@ -22,6 +22,7 @@
 namespace tensordict::dist {
 namespace {
 
+using testing::bytes_of;
 using testing::error_of;
 using testing::run_ranks;
 
@@ -199,12 +200,6 @@ TEST(DistNonTensor, CollectivesDeliverThem) {
       expect_non_tensors(got, c10::str("for", rank));
     }
   });
-}
-
-at::Tensor bytes_of(const std::string& s) {
-  at::Tensor t = at::empty({static_cast<int64_t>(s.size())}, at::kByte);
-  std::memcpy(t.data_ptr(), s.data(), s.size());
-  return t;
 }
 
 // A sender whose metadata pickle holds the non-tensor entry `entry` at the root.

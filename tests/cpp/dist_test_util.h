@@ -4,11 +4,14 @@
 // PR_SET_PDEATHSIG, the FileStore in a fresh temporary directory, the exit-code checks and the
 // watchdog). A rank's gtest failures make that rank fail, so the caller's test fails with it.
 
+#include <ATen/ATen.h>
 #include <ATen/Parallel.h>
 #include <c10/util/Exception.h>
 #include <gtest/gtest.h>
 
 #include <chrono>
+#include <cstdint>
+#include <cstring>
 #include <functional>
 #include <stdexcept>
 #include <string>
@@ -31,6 +34,21 @@ inline std::string error_of(const std::function<void()>& fn) {
     return e.msg();
   }
   return "<no error>";
+}
+
+/// A string's bytes as a 1-D uint8 CPU tensor: what a raw peer sends.
+inline at::Tensor bytes_of(const std::string& s) {
+  at::Tensor t = at::empty({static_cast<int64_t>(s.size())}, at::kByte);
+  if (!s.empty()) std::memcpy(t.data_ptr(), s.data(), s.size());  // null data when empty
+  return t;
+}
+
+/// 64-bit FNV-1a, the hash of checked transfers (docs/reliability.md), for tests that forge them.
+inline uint64_t fnv1a(const void* data, size_t n) {
+  const auto* p = static_cast<const uint8_t*>(data);
+  uint64_t h = 0xcbf29ce484222325ULL;
+  for (size_t i = 0; i < n; ++i) h = (h ^ p[i]) * 0x100000001b3ULL;
+  return h;
 }
 
 inline void run_ranks(int world_size, const std::function<void(int rank, int world_size)>& fn,
