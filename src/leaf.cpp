@@ -5,6 +5,13 @@
 #include "tensordict/dtypes.h"
 
 namespace tensordict {
+namespace {
+
+constexpr const char* kQuantized =
+    "has a quantized dtype, whose storage is not numel * element size bytes; dequantize() it "
+    "first";
+
+}  // namespace
 
 const char* untransferable_reason(const at::Tensor& leaf) {
   if (!leaf.defined()) return "is an undefined tensor";
@@ -16,10 +23,7 @@ const char* untransferable_reason(const at::Tensor& leaf) {
                : "has a non-strided layout, which has no dense storage to send";
   }
   if (leaf.is_meta()) return "is on the meta device, which holds no data to send or receive";
-  if (c10::isQIntType(leaf.scalar_type())) {
-    return "has a quantized dtype, whose storage is not numel * element size bytes; "
-           "dequantize() it first";
-  }
+  if (c10::isQIntType(leaf.scalar_type())) return kQuantized;
   if (!leaf.has_storage()) return "has no storage";
   return nullptr;
 }
@@ -27,8 +31,7 @@ const char* untransferable_reason(const at::Tensor& leaf) {
 void check_transferable(std::string_view who, std::string_view key, const at::Tensor& leaf) {
   const char* reason = untransferable_reason(leaf);
   if (reason == nullptr) return;
-  if (leaf.defined() && !leaf.is_nested() && leaf.layout() == at::kStrided && !leaf.is_meta() &&
-      c10::isQIntType(leaf.scalar_type())) {
+  if (reason == kQuantized) {  // named with its dtype
     TORCH_CHECK_VALUE(false, who, ": leaf ", key, " has the quantized dtype ",
                       dtype_name(leaf.scalar_type()), ", whose storage is not numel * element "
                       "size bytes; dequantize() it first");

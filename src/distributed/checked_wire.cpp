@@ -12,7 +12,6 @@
 #include <string_view>
 
 #include "tensordict/dtypes.h"
-#include "tensordict/leaf.h"
 #include "tensordict/nested_key.h"
 
 namespace tensordict::dist::detail {
@@ -196,7 +195,6 @@ Schema schema_of(const WireLeaves& leaves, const at::Tensor* storage) {
   Schema s;
   s.mode = storage ? Mode::kConsolidated : Mode::kPerLeaf;
   for (const auto& [path, leaf] : leaves) {
-    check_transferable("checked=True", NestedKey(path).str(), leaf);
     LeafSchema l;
     l.path = path;
     l.dtype = dtype_name(leaf.scalar_type());

@@ -60,7 +60,8 @@ using WireLeaves = std::vector<std::pair<std::vector<std::string>, at::Tensor>>;
 uint64_t fnv1a(const uint8_t* p, size_t n);
 
 /// The schema of `leaves` (a wire_order()), and with `storage`, of their consolidated layout.
-/// ValueError naming the key of a leaf whose bytes cannot travel (check_transferable).
+/// The leaves must be transferable: post_send / post_recv check them (check_leaves), and a
+/// consolidated TensorDict's leaves are views of its storage.
 Schema schema_of(const WireLeaves& leaves, const at::Tensor* storage);
 std::string encode(const Schema& s);
 std::string encode_header(const Header& h);

@@ -257,7 +257,10 @@ void check_leaves(const char* call, const TensorDict& td, const std::vector<at::
     if (untransferable_reason(leaf) == nullptr) continue;
     std::string key = "?";
     for (const auto& [path, t] : wire_order(td)) {
-      if (t.is_same(leaf)) key = NestedKey(path).str();
+      if (t.is_same(leaf)) {
+        key = NestedKey(path).str();
+        break;
+      }
     }
     check_transferable(call, key, leaf);
   }

@@ -105,7 +105,7 @@ WorkPtr post_in_place(const at::Tensor& leaf, bool reads_leaf, Post&& post);
 /// receive; if they are still there afterwards, the message stopped short of the end (by 8
 /// bytes or more; the chance that a full message ends with the same 8 bytes is 2^-64). A
 /// message shorter by 1 to 7 bytes leaves stamp bytes, never old memory. Buffers under 8
-/// bytes are zeroed instead, and short() is then always false.
+/// bytes are zeroed instead, and short_message() is then always false.
 class TailStamp {
  public:
   /// `bytes`: a contiguous 1-D uint8 tensor, on any device, about to be received into.
