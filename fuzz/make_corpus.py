@@ -38,7 +38,7 @@ def tds():
     """Varied TensorDicts, as (name, td)."""
     g = torch.Generator().manual_seed(0)
     out = []
-    # wire-format.md §3.4, the worked example.
+    # docs/wire-format.md §3.4, the worked example.
     out.append(("worked_example", TensorDict(
         a=torch.arange(4, dtype=torch.float32), b=torch.arange(12, dtype=torch.float32).reshape(4, 3),
         c=TensorDict(d=torch.arange(4), batch_size=[4]), batch_size=[4])))
@@ -79,7 +79,7 @@ def tds():
     out.append(("deep64", deepest))
     small = [d for d in dtypes if d is not torch.complex128]
     out.append(("many_leaves", TensorDict(
-        # (no complex128: the reference cannot view one at 8 mod 16, wire-format.md §7)
+        # (no complex128: the reference cannot view one at 8 mod 16, docs/wire-format.md §7.10)
         {f"k{i}": torch.full((i % 5,), i % 2, dtype=small[i % len(small)]) for i in range(200)},
         batch_size=[])))
     nt = TensorDict(a=torch.ones(2), batch_size=[2])
@@ -254,7 +254,7 @@ def main():
         except Exception as e:
             print(f"{name}: no uncollated pipe form ({e})", file=sys.stderr)
 
-    # wire-format.md §3.4 / §6.1: the 449-byte line, then a same-schema message and our close
+    # docs/wire-format.md §3.4 / §6.1: the 449-byte line, then a same-schema message and our close
     # marker.
     td = tds()[0][1]
     _, meta, storage = consolidated(td)

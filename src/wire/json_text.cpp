@@ -1,0 +1,610 @@
+// JSON text as Python's json module writes and reads it (wire/json_text.h).
+
+#include <c10/util/Exception.h>
+#include <c10/util/StringUtil.h>
+
+#include <algorithm>
+#include <bit>
+#include <charconv>
+#include <cmath>
+#include <cstring>
+#include <limits>
+#include <memory>
+#include <unordered_map>
+#include <unordered_set>
+
+#include "wire/json_text.h"
+#include "tensordict/errors.h"
+#include "tensordict/nested_key.h"
+
+namespace tensordict {
+namespace detail {
+namespace {
+
+// Maps up to this size find a duplicate key by a scan; larger ones through a hash index.
+constexpr size_t kScanKeys = 8;
+
+void append_u_escape(std::string& out, uint32_t unit) {
+  static constexpr char kHex[] = "0123456789abcdef";
+  out += "\\u";
+  for (int shift = 12; shift >= 0; shift -= 4) out += kHex[(unit >> shift) & 0xf];
+}
+
+// Decodes the UTF-8 sequence at s[i]; returns its length (0 when invalid) and the code point.
+int decode_utf8(std::string_view s, size_t i, uint32_t& cp) {
+  const auto c = static_cast<unsigned char>(s[i]);
+  if (c < 0x80) {
+    cp = c;
+    return 1;
+  }
+  const int len = c >= 0xf0 ? 4 : c >= 0xe0 ? 3 : c >= 0xc0 ? 2 : 0;
+  cp = len == 4 ? c & 0x07 : len == 3 ? c & 0x0f : c & 0x1f;
+  bool ok = len > 0 && c < 0xf5 && i + len <= s.size();
+  for (int k = 1; ok && k < len; ++k) {
+    const auto cc = static_cast<unsigned char>(s[i + k]);
+    ok = (cc & 0xc0) == 0x80;
+    cp = (cp << 6) | (cc & 0x3f);
+  }
+  static constexpr uint32_t kMin[] = {0, 0, 0x80, 0x800, 0x10000};
+  ok = ok && cp >= kMin[len] && cp <= 0x10ffff && !(cp >= 0xd800 && cp <= 0xdfff);
+  return ok ? len : 0;
+}
+
+void append_utf8(std::string& out, uint32_t cp) {
+  if (cp < 0x80) {
+    out += static_cast<char>(cp);
+  } else if (cp < 0x800) {
+    out += static_cast<char>(0xc0 | (cp >> 6));
+    out += static_cast<char>(0x80 | (cp & 0x3f));
+  } else if (cp < 0x10000) {
+    out += static_cast<char>(0xe0 | (cp >> 12));
+    out += static_cast<char>(0x80 | ((cp >> 6) & 0x3f));
+    out += static_cast<char>(0x80 | (cp & 0x3f));
+  } else {
+    out += static_cast<char>(0xf0 | (cp >> 18));
+    out += static_cast<char>(0x80 | ((cp >> 12) & 0x3f));
+    out += static_cast<char>(0x80 | ((cp >> 6) & 0x3f));
+    out += static_cast<char>(0x80 | (cp & 0x3f));
+  }
+}
+
+// ---- Python's repr of a str -----------------------------------------------------------------
+
+void append_python_str_repr(std::string& out, std::string_view s) {
+  const bool has_single = s.find('\'') != std::string_view::npos;
+  const bool has_double = s.find('"') != std::string_view::npos;
+  const char quote = has_single && !has_double ? '"' : '\'';
+  out += quote;
+  for (size_t i = 0; i < s.size();) {
+    uint32_t cp = 0;
+    int len = decode_utf8(s, i, cp);
+    if (len == 0) {  // not reachable for our validated strings; keep the byte visible
+      cp = static_cast<unsigned char>(s[i]);
+      len = 1;
+    }
+    if (cp == static_cast<uint32_t>(quote) || cp == '\\') {
+      out += '\\';
+      out += static_cast<char>(cp);
+    } else if (cp == '\n') {
+      out += "\\n";
+    } else if (cp == '\r') {
+      out += "\\r";
+    } else if (cp == '\t') {
+      out += "\\t";
+    } else if (cp < 0x20 || (cp >= 0x7f && cp <= 0xa0) || cp == 0xad) {
+      // Python escapes the characters it does not print; these are the common ones.
+      static constexpr char kHex[] = "0123456789abcdef";
+      out += "\\x";
+      out += kHex[cp >> 4];
+      out += kHex[cp & 15];
+    } else {
+      out.append(s.substr(i, static_cast<size_t>(len)));
+    }
+    i += static_cast<size_t>(len);
+  }
+  out += quote;
+}
+
+void append_python_repr(std::string& out, const JsonValue& v) {
+  if (v.is_null()) {
+    out += "None";
+  } else if (v.is_bool()) {
+    out += v.as_bool() ? "True" : "False";
+  } else if (v.is_int()) {
+    out += std::to_string(v.as_int());
+  } else if (v.is_float()) {
+    out += python_float_repr(v.as_float());
+  } else if (v.is_string()) {
+    append_python_str_repr(out, v.as_string());
+  } else if (v.is_list()) {
+    out += '[';
+    bool first = true;
+    for (const auto& item : v.as_list()) {
+      if (!first) out += ", ";
+      first = false;
+      append_python_repr(out, item);
+    }
+    out += ']';
+  } else {
+    out += '{';
+    bool first = true;
+    for (const auto& [key, item] : v.as_map()) {
+      if (!first) out += ", ";
+      first = false;
+      append_python_str_repr(out, key);
+      out += ": ";
+      append_python_repr(out, item);
+    }
+    out += '}';
+  }
+}
+
+// ---- parser ---------------------------------------------------------------------------------
+
+class Parser {
+ public:
+  Parser(std::string_view text, const JsonLimits& limits, const char* who)
+      : s_(text), limits_(limits), who_(who) {}
+
+  JsonValue run() {
+    skip_ws();
+    JsonValue v = value(0);
+    skip_ws();
+    fail_if(pos_ != s_.size(), "extra data");
+    return v;
+  }
+
+ private:
+  template <typename... Args>
+  void fail_if(bool cond, const Args&... args) const {
+    TORCH_CHECK_VALUE(!cond, who_, ": invalid JSON: ", c10::str(args...), " at byte ", pos_,
+                      " of ", s_.size());
+  }
+  void count() {
+    ++values_;
+    TORCH_CHECK_VALUE(values_ <= limits_.max_values, who_, ": more than ", limits_.max_values,
+                      " JSON values");
+  }
+  void skip_ws() {
+    while (pos_ < s_.size() &&
+           (s_[pos_] == ' ' || s_[pos_] == '\t' || s_[pos_] == '\n' || s_[pos_] == '\r')) {
+      ++pos_;
+    }
+  }
+  bool consume(std::string_view word) {
+    if (s_.substr(pos_, word.size()) == word) {
+      pos_ += word.size();
+      return true;
+    }
+    return false;
+  }
+
+  JsonValue value(size_t depth) {
+    fail_if(pos_ >= s_.size(), "unexpected end of text");
+    count();
+    const char c = s_[pos_];
+    switch (c) {
+      case '{': return map(depth + 1);
+      case '[': return list(depth + 1);
+      case '"': return JsonValue(string());
+      case 'n': fail_if(!consume("null"), "expected a value"); return JsonValue();
+      case 't': fail_if(!consume("true"), "expected a value"); return JsonValue(true);
+      case 'f': fail_if(!consume("false"), "expected a value"); return JsonValue(false);
+      case 'N':
+        fail_if(!consume("NaN"), "expected a value");
+        return JsonValue(std::numeric_limits<double>::quiet_NaN());
+      case 'I':
+        fail_if(!consume("Infinity"), "expected a value");
+        return JsonValue(std::numeric_limits<double>::infinity());
+      default:
+        if (c == '-' && s_.substr(pos_, 9) == "-Infinity") {
+          pos_ += 9;
+          return JsonValue(-std::numeric_limits<double>::infinity());
+        }
+        return number();
+    }
+  }
+
+  void enter(size_t depth) {
+    TORCH_CHECK_VALUE(depth <= limits_.max_depth, who_, ": JSON nested deeper than ",
+                      limits_.max_depth, " levels");
+  }
+
+  JsonValue list(size_t depth) {
+    enter(depth);
+    ++pos_;
+    JsonValue::List items;
+    skip_ws();
+    if (pos_ < s_.size() && s_[pos_] == ']') {
+      ++pos_;
+      return JsonValue(std::move(items));
+    }
+    while (true) {
+      skip_ws();
+      items.push_back(value(depth));
+      skip_ws();
+      fail_if(pos_ >= s_.size(), "unterminated list");
+      if (s_[pos_] == ',') {
+        ++pos_;
+        continue;
+      }
+      fail_if(s_[pos_] != ']', "expected ',' or ']'");
+      ++pos_;
+      return JsonValue(std::move(items));
+    }
+  }
+
+  JsonValue map(size_t depth) {
+    enter(depth);
+    ++pos_;
+    JsonValue::Map items;
+    std::unique_ptr<std::unordered_map<std::string, size_t>> index;
+    skip_ws();
+    if (pos_ < s_.size() && s_[pos_] == '}') {
+      ++pos_;
+      return JsonValue(std::move(items));
+    }
+    while (true) {
+      skip_ws();
+      fail_if(pos_ >= s_.size() || s_[pos_] != '"', "expected a key in double quotes");
+      std::string key = string();
+      skip_ws();
+      fail_if(pos_ >= s_.size() || s_[pos_] != ':', "expected ':'");
+      ++pos_;
+      skip_ws();
+      JsonValue v = value(depth);
+      // json.loads builds a dict: a repeated key keeps its first position and its last value.
+      size_t found = items.size();
+      if (index) {
+        if (auto it = index->find(key); it != index->end()) found = it->second;
+      } else {
+        for (size_t i = 0; i < items.size(); ++i) {
+          if (items[i].first == key) found = i;
+        }
+      }
+      if (found < items.size()) {
+        items[found].second = std::move(v);
+      } else {
+        if (index) index->emplace(key, items.size());
+        items.emplace_back(std::move(key), std::move(v));
+        if (!index && items.size() > kScanKeys) {
+          index = std::make_unique<std::unordered_map<std::string, size_t>>();
+          for (size_t i = 0; i < items.size(); ++i) index->emplace(items[i].first, i);
+        }
+      }
+      skip_ws();
+      fail_if(pos_ >= s_.size(), "unterminated object");
+      if (s_[pos_] == ',') {
+        ++pos_;
+        continue;
+      }
+      fail_if(s_[pos_] != '}', "expected ',' or '}'");
+      ++pos_;
+      return JsonValue(std::move(items));
+    }
+  }
+
+  uint32_t hex4() {
+    fail_if(s_.size() - pos_ < 4, "truncated \\u escape");
+    uint32_t v = 0;
+    for (int i = 0; i < 4; ++i) {
+      const char c = s_[pos_++];
+      v <<= 4;
+      if (c >= '0' && c <= '9') {
+        v |= static_cast<uint32_t>(c - '0');
+      } else if (c >= 'a' && c <= 'f') {
+        v |= static_cast<uint32_t>(c - 'a' + 10);
+      } else if (c >= 'A' && c <= 'F') {
+        v |= static_cast<uint32_t>(c - 'A' + 10);
+      } else {
+        --pos_;
+        fail_if(true, "bad \\u escape");
+      }
+    }
+    return v;
+  }
+
+  std::string string() {
+    ++pos_;  // the opening quote
+    std::string out;
+    while (true) {
+      fail_if(pos_ >= s_.size(), "unterminated string");
+      const auto c = static_cast<unsigned char>(s_[pos_]);
+      if (c == '"') {
+        ++pos_;
+        return out;
+      }
+      if (c == '\\') {
+        fail_if(pos_ + 1 >= s_.size(), "unterminated string");
+        const char e = s_[pos_ + 1];
+        pos_ += 2;
+        switch (e) {
+          case '"': out += '"'; break;
+          case '\\': out += '\\'; break;
+          case '/': out += '/'; break;
+          case 'b': out += '\b'; break;
+          case 'f': out += '\f'; break;
+          case 'n': out += '\n'; break;
+          case 'r': out += '\r'; break;
+          case 't': out += '\t'; break;
+          case 'u': {
+            uint32_t cp = hex4();
+            if (cp >= 0xd800 && cp <= 0xdbff && s_.substr(pos_, 2) == "\\u") {
+              pos_ += 2;
+              const uint32_t low = hex4();
+              fail_if(low < 0xdc00 || low > 0xdfff, "unpaired surrogate in a \\u escape");
+              cp = 0x10000 + ((cp - 0xd800) << 10) + (low - 0xdc00);
+            }
+            // Python would keep a lone surrogate; UTF-8 text cannot hold one.
+            fail_if(cp >= 0xd800 && cp <= 0xdfff, "unpaired surrogate in a \\u escape");
+            append_utf8(out, cp);
+            break;
+          }
+          default: --pos_; fail_if(true, "invalid escape");
+        }
+        continue;
+      }
+      fail_if(c < 0x20, "control character in a string");
+      uint32_t cp = 0;
+      const int len = decode_utf8(s_, pos_, cp);
+      fail_if(len == 0, "invalid UTF-8");
+      out.append(s_.substr(pos_, static_cast<size_t>(len)));
+      pos_ += static_cast<size_t>(len);
+    }
+  }
+
+  static bool digit(char c) { return c >= '0' && c <= '9'; }
+
+  JsonValue number() {
+    const size_t start = pos_;
+    if (pos_ < s_.size() && s_[pos_] == '-') ++pos_;
+    fail_if(pos_ >= s_.size() || !digit(s_[pos_]), "expected a value");
+    if (s_[pos_] == '0') {
+      ++pos_;
+    } else {
+      while (pos_ < s_.size() && digit(s_[pos_])) ++pos_;
+    }
+    bool is_float = false;
+    bool negative_exponent = false;
+    if (pos_ + 1 < s_.size() && s_[pos_] == '.' && digit(s_[pos_ + 1])) {
+      is_float = true;
+      ++pos_;
+      while (pos_ < s_.size() && digit(s_[pos_])) ++pos_;
+    }
+    if (pos_ < s_.size() && (s_[pos_] == 'e' || s_[pos_] == 'E')) {
+      size_t p = pos_ + 1;
+      if (p < s_.size() && (s_[p] == '+' || s_[p] == '-')) {
+        negative_exponent = s_[p] == '-';
+        ++p;
+      }
+      if (p < s_.size() && digit(s_[p])) {
+        is_float = true;
+        pos_ = p;
+        while (pos_ < s_.size() && digit(s_[pos_])) ++pos_;
+      }
+    }
+    const char* first = s_.data() + start;
+    const char* last = s_.data() + pos_;
+    if (!is_float) {
+      int64_t v = 0;
+      const auto r = std::from_chars(first, last, v);
+      fail_if(r.ec != std::errc() || r.ptr != last, "the integer ", std::string(first, last),
+              " is out of range (int64)");
+      return JsonValue(v);
+    }
+    double d = 0;
+    const auto r = std::from_chars(first, last, d);
+    if (r.ec == std::errc::result_out_of_range) {
+      // Python's float() gives inf on overflow and 0.0 on underflow.
+      const bool negative = *first == '-';
+      d = negative_exponent ? (negative ? -0.0 : 0.0)
+                            : (negative ? -std::numeric_limits<double>::infinity()
+                                        : std::numeric_limits<double>::infinity());
+    } else {
+      fail_if(r.ec != std::errc() || r.ptr != last, "bad number");
+    }
+    return JsonValue(d);
+  }
+
+  std::string_view s_;
+  JsonLimits limits_;
+  const char* who_;
+  size_t pos_ = 0;
+  size_t values_ = 0;
+};
+
+}  // namespace
+}  // namespace detail
+
+// ---- json_text.h --------------------------------------------------------------------------------
+
+namespace detail {
+
+bool valid_utf8(std::string_view s) {
+  uint32_t cp = 0;
+  for (size_t i = 0; i < s.size();) {
+    const int len = decode_utf8(s, i, cp);
+    if (len == 0) return false;
+    i += static_cast<size_t>(len);
+  }
+  return true;
+}
+
+void append_json_string(std::string& out, std::string_view s, const char* who) {
+  out += '"';
+  for (size_t i = 0; i < s.size();) {
+    const auto c = static_cast<unsigned char>(s[i]);
+    if (c < 0x80) {
+      switch (c) {
+        case '"': out += "\\\""; break;
+        case '\\': out += "\\\\"; break;
+        case '\n': out += "\\n"; break;
+        case '\r': out += "\\r"; break;
+        case '\t': out += "\\t"; break;
+        case '\b': out += "\\b"; break;
+        case '\f': out += "\\f"; break;
+        default:
+          if (c < 0x20 || c == 0x7f) {
+            append_u_escape(out, c);
+          } else {
+            out += static_cast<char>(c);
+          }
+      }
+      ++i;
+      continue;
+    }
+    uint32_t cp = 0;
+    const int len = decode_utf8(s, i, cp);
+    TORCH_CHECK_VALUE(len > 0, who, ": the string ", quote_key(s), " is not valid UTF-8 (byte ",
+                      i, ")");
+    if (cp >= 0x10000) {
+      append_u_escape(out, 0xd800 + ((cp - 0x10000) >> 10));
+      append_u_escape(out, 0xdc00 + ((cp - 0x10000) & 0x3ff));
+    } else {
+      append_u_escape(out, cp);
+    }
+    i += static_cast<size_t>(len);
+  }
+  out += '"';
+}
+
+std::string python_float_repr(double d) {
+  if (std::isnan(d)) return "nan";
+  if (std::isinf(d)) return d < 0 ? "-inf" : "inf";
+  char buf[64];
+  const auto r = std::to_chars(buf, buf + sizeof(buf), d, std::chars_format::scientific);
+  TORCH_INTERNAL_ASSERT(r.ec == std::errc());
+  // buf holds [-]d[.ddd]e[+-]xx: split it into the sign, the digits and the exponent.
+  std::string_view text(buf, static_cast<size_t>(r.ptr - buf));
+  std::string out;
+  if (text.front() == '-') {
+    out += '-';
+    text.remove_prefix(1);
+  }
+  const size_t e = text.find('e');
+  std::string digits;
+  for (char c : text.substr(0, e)) {
+    if (c != '.') digits += c;
+  }
+  int exponent = 0;
+  std::from_chars(text.data() + e + 1 + (text[e + 1] == '+'), text.data() + text.size(), exponent);
+  // The value is 0.DIGITS * 10^decpt; repr switches to exponent form outside (-4, 16].
+  const int decpt = exponent + 1;
+  const int n = static_cast<int>(digits.size());
+  if (decpt > -4 && decpt <= 16) {
+    if (decpt <= 0) {
+      out += "0." + std::string(static_cast<size_t>(-decpt), '0') + digits;
+    } else if (decpt >= n) {
+      out += digits + std::string(static_cast<size_t>(decpt - n), '0') + ".0";
+    } else {
+      out += digits.substr(0, static_cast<size_t>(decpt)) + "." +
+             digits.substr(static_cast<size_t>(decpt));
+    }
+    return out;
+  }
+  out += digits[0];
+  if (n > 1) out += "." + digits.substr(1);
+  const int shown = decpt - 1;
+  out += shown < 0 ? "e-" : "e+";
+  const std::string mag = std::to_string(shown < 0 ? -shown : shown);
+  if (mag.size() < 2) out += '0';
+  out += mag;
+  return out;
+}
+
+void append_json(std::string& out, const JsonValue& v, bool sort_keys) {
+  if (v.is_null()) {
+    out += "null";
+  } else if (v.is_bool()) {
+    out += v.as_bool() ? "true" : "false";
+  } else if (v.is_int()) {
+    out += std::to_string(v.as_int());
+  } else if (v.is_float()) {
+    const double d = v.as_float();
+    if (std::isnan(d)) {
+      out += "NaN";
+    } else if (std::isinf(d)) {
+      out += d < 0 ? "-Infinity" : "Infinity";
+    } else {
+      out += python_float_repr(d);
+    }
+  } else if (v.is_string()) {
+    append_json_string(out, v.as_string());
+  } else if (v.is_list()) {
+    out += '[';
+    bool first = true;
+    for (const auto& item : v.as_list()) {
+      if (!first) out += ", ";
+      first = false;
+      append_json(out, item, sort_keys);
+    }
+    out += ']';
+  } else {
+    const auto& map = v.as_map();
+    std::vector<const std::pair<std::string, JsonValue>*> members;
+    members.reserve(map.size());
+    for (const auto& m : map) members.push_back(&m);
+    if (sort_keys) {
+      // Python sorts str keys by code point, which is UTF-8 byte order.
+      std::sort(members.begin(), members.end(),
+                [](const auto* a, const auto* b) { return a->first < b->first; });
+    }
+    out += '{';
+    for (size_t i = 0; i < members.size(); ++i) {
+      if (i) out += ", ";
+      append_json_string(out, members[i]->first);
+      out += ": ";
+      append_json(out, members[i]->second, sort_keys);
+    }
+    out += '}';
+  }
+}
+
+std::string python_str(const JsonValue& value) {
+  if (value.is_string()) return value.as_string();
+  std::string out;
+  append_python_repr(out, value);
+  return out;
+}
+
+JsonValue parse_json(std::string_view text, const JsonLimits& limits, const char* who) {
+  return Parser(text, limits, who).run();
+}
+
+const char* json_type_name(const JsonValue& value) {
+  if (value.is_null()) return "NoneType";
+  if (value.is_bool()) return "bool";
+  if (value.is_int()) return "int";
+  if (value.is_float()) return "float";
+  if (value.is_string()) return "str";
+  if (value.is_list()) return "list";
+  return "dict";
+}
+
+bool json_identical(const JsonValue& a, const JsonValue& b) {
+  if (a.is_float() && b.is_float()) {
+    return std::bit_cast<uint64_t>(a.as_float()) == std::bit_cast<uint64_t>(b.as_float());
+  }
+  if (a.is_list() && b.is_list()) {
+    const auto& x = a.as_list();
+    const auto& y = b.as_list();
+    if (x.size() != y.size()) return false;
+    for (size_t i = 0; i < x.size(); ++i) {
+      if (!json_identical(x[i], y[i])) return false;
+    }
+    return true;
+  }
+  if (a.is_map() && b.is_map()) {
+    const auto& x = a.as_map();
+    const auto& y = b.as_map();
+    if (x.size() != y.size()) return false;
+    for (size_t i = 0; i < x.size(); ++i) {
+      if (x[i].first != y[i].first || !json_identical(x[i].second, y[i].second)) return false;
+    }
+    return true;
+  }
+  return a == b;
+}
+
+}  // namespace detail
+}  // namespace tensordict

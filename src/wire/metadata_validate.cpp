@@ -1,0 +1,217 @@
+// Validation of metadata (wire/metadata.h): what a layout must satisfy before any byte of a
+// storage is viewed through it (docs/wire-format.md §3.1-3.3).
+
+#include <ATen/ATen.h>
+#include <c10/util/safe_numerics.h>
+
+#include <algorithm>
+#include <array>
+#include <unordered_set>
+
+#include "tensordict/dtypes.h"
+#include "tensordict/nested_key.h"
+#include "wire/metadata.h"
+
+namespace tensordict::wire {
+namespace {
+
+// The reference's utils._TORCH_DTYPES: the dtypes whose names the metadata may carry.
+constexpr std::array kWireDtypes{
+    at::kBFloat16,     at::kBool,      at::kComplexDouble, at::kComplexHalf, at::kComplexFloat,
+    at::kHalf,         at::kFloat,     at::kDouble,        at::kShort,       at::kInt,
+    at::kLong,         at::kChar,      at::kQInt32,        at::kQInt8,       at::kQUInt4x2,
+    at::kQUInt8,       at::kByte,      at::kUInt16,        at::kUInt32,      at::kUInt64,
+};
+
+std::string node_str(const std::vector<std::string>& path) {
+  return path.empty() ? std::string("the root") : NestedKey(path).str();
+}
+
+bool starts_with(at::IntArrayRef shape, at::IntArrayRef prefix) {
+  return shape.size() >= prefix.size() && std::equal(prefix.begin(), prefix.end(), shape.begin());
+}
+
+std::string nth_leaf_path(const Metadata& m, int64_t& n, std::vector<std::string>& path) {
+  if (n < static_cast<int64_t>(m.leaves.size())) return path_str(path, m.leaves[n].first);
+  n -= static_cast<int64_t>(m.leaves.size());
+  for (const auto& [key, child] : m.children) {
+    path.push_back(key);
+    auto found = nth_leaf_path(child, n, path);
+    path.pop_back();
+    if (!found.empty()) return found;
+  }
+  return {};
+}
+
+struct Validator {
+  const Metadata& root;
+  std::optional<int64_t> storage_bytes;
+  int64_t storage_offset = 0;
+  int64_t entries = 0;
+  int64_t max_stop = 0;
+  int64_t leaf_index = 0;
+  struct Range { int64_t start, stop, leaf; };
+  std::vector<Range> ranges{};
+  std::vector<std::string> path{};
+
+  void node(const Metadata& m, at::IntArrayRef parent_batch, int depth) {
+    const auto here = [&] { return node_str(path); };
+    TORCH_CHECK_VALUE(depth <= kMaxMetadataDepth, "metadata: node ", here(), " is nested deeper than ",
+                      kMaxMetadataDepth, " levels");
+    // "module.qualname": a class reference (the reference's tensorclass node), rebuilt as a
+    // TensorDict node; only metadata_from_pickle makes one.
+    TORCH_CHECK_VALUE(m.cls == "TensorDict" || is_class_reference_name(m.cls), "metadata: node ",
+                      here(), " has cls '", m.cls, "'; only TensorDict nodes are supported");
+    entries += 1 + static_cast<int64_t>(m.leaves.size() + m.non_tensors.size());
+    TORCH_CHECK_VALUE(entries <= kMaxMetadataEntries, "metadata: more than ", kMaxMetadataEntries,
+                      " entries");
+    const auto& cm = m.cls_metadata;
+    const at::IntArrayRef batch(cm.batch_size);
+    for (int64_t d : batch) {
+      TORCH_CHECK_VALUE(d >= 0, "metadata: node ", here(), " has a negative batch dim in ", batch);
+    }
+    TORCH_CHECK_VALUE(starts_with(batch, parent_batch), "metadata: node ", here(), " has batch_size ",
+                      batch, ", which does not start with its parent's ", parent_batch);
+    TORCH_CHECK_VALUE(cm.names.size() == batch.size(), "metadata: node ", here(), " has ",
+                      cm.names.size(), " names for ", batch.size(), " batch dims");
+    if (cm.device) {
+      try {
+        (void)at::Device(*cm.device);
+      } catch (const std::exception&) {
+        TORCH_CHECK_VALUE(false, "metadata: node ", here(), " has device '", *cm.device,
+                          "', which is not a device name");
+      }
+    }
+    std::unordered_set<std::string_view> keys;
+    const auto unique = [&](const std::string& key) {
+      TORCH_CHECK_VALUE(keys.insert(key).second, "metadata: key ", path_str(path, key),
+                        " appears twice");
+    };
+    for (const auto& [key, nt] : m.non_tensors) {
+      unique(key);
+      non_tensor(key, nt, batch);
+    }
+    for (const auto& [key, leaf_md] : m.leaves) {
+      unique(key);
+      leaf(key, leaf_md, batch);
+    }
+    for (const auto& [key, child] : m.children) {
+      unique(key);
+      TORCH_CHECK_VALUE(!is_reserved_node_key(key), "metadata: nested key ", path_str(path, key),
+                        " collides with a field of the node");
+      path.push_back(key);
+      node(child, batch, depth + 1);
+      path.pop_back();
+    }
+  }
+
+  void non_tensor(const std::string& key, const NonTensorMetadata& nt, at::IntArrayRef batch) {
+    const at::IntArrayRef bs(nt.batch_size);
+    for (int64_t d : bs) {
+      TORCH_CHECK_VALUE(d >= 0, "metadata: non-tensor entry ", path_str(path, key),
+                        " has a negative dim in its batch_size ", bs);
+    }
+    TORCH_CHECK_VALUE(starts_with(bs, batch), "metadata: non-tensor entry ", path_str(path, key),
+                      " has batch_size ", bs, ", which does not start with the batch size ",
+                      batch);
+    if (nt.device) {
+      try {
+        (void)at::Device(*nt.device);
+      } catch (const std::exception&) {
+        TORCH_CHECK_VALUE(false, "metadata: non-tensor entry ", path_str(path, key),
+                          " has device '", *nt.device, "', which is not a device name");
+      }
+    }
+  }
+
+  void leaf(const std::string& key, const LeafMetadata& l, at::IntArrayRef batch) {
+    const auto where = [&] { return path_str(path, key); };
+    check_leaf_dtype(l.dtype, "metadata", where);
+    int64_t numel = 1;
+    for (int64_t d : l.shape) {
+      TORCH_CHECK_VALUE(d >= 0, "metadata: leaf ", where(), " has a negative dim in shape ",
+                        at::IntArrayRef(l.shape));
+      TORCH_CHECK_VALUE(!c10::mul_overflows(numel, d, &numel), "metadata: leaf ", where(),
+                        " has a shape whose size overflows: ", at::IntArrayRef(l.shape));
+    }
+    const int64_t esize = static_cast<int64_t>(c10::elementSize(l.dtype));
+    int64_t nbytes = 0;
+    TORCH_CHECK_VALUE(!c10::mul_overflows(numel, esize, &nbytes), "metadata: leaf ", where(),
+                      " has a shape whose byte size overflows: ", at::IntArrayRef(l.shape));
+    TORCH_CHECK_VALUE(starts_with(l.shape, batch), "metadata: leaf ", where(), " has shape ",
+                      at::IntArrayRef(l.shape), ", which does not start with the batch size ",
+                      batch);
+    TORCH_CHECK_VALUE(l.start >= 0 && l.start % kLeafAlign == 0 && l.stop >= l.start &&
+                          l.stop % kLeafAlign == 0,
+                      "metadata: leaf ", where(), " has the byte range [", l.start, ", ", l.stop,
+                      "); start and stop must be multiples of 8 with 0 <= start <= stop");
+    TORCH_CHECK_VALUE(l.pad >= 0 && l.pad < kLeafAlign && l.stop - l.start - l.pad == nbytes,
+                      "metadata: leaf ", where(), " is ", dtype_name(l.dtype),
+                      at::IntArrayRef(l.shape), " (", nbytes, " bytes) but its range [", l.start,
+                      ", ", l.stop, ") with pad ", l.pad, " holds ", l.stop - l.start - l.pad);
+    TORCH_CHECK_VALUE(!storage_bytes || l.stop <= *storage_bytes, "metadata: leaf ", where(),
+                      " ends at byte ", l.stop, ", past the end of the ", *storage_bytes,
+                      "-byte storage");
+    TORCH_CHECK_VALUE(numel == 0 || (storage_offset + l.start) % esize == 0, "metadata: leaf ",
+                      where(), " starts at byte ", storage_offset + l.start,
+                      " of its storage, which is not a multiple of the ", esize,
+                      "-byte element size of ", dtype_name(l.dtype));
+    if (l.stop > l.start) ranges.push_back({l.start, l.stop, leaf_index});
+    max_stop = std::max(max_stop, l.stop);
+    ++leaf_index;
+  }
+
+  void check_overlaps() {
+    // Depth-first order is already sorted for the reference's layouts: sort only if needed.
+    const auto by_start = [](const Range& a, const Range& b) { return a.start < b.start; };
+    if (!std::is_sorted(ranges.begin(), ranges.end(), by_start)) {
+      std::sort(ranges.begin(), ranges.end(), by_start);
+    }
+    for (size_t i = 1; i < ranges.size(); ++i) {
+      const auto& a = ranges[i - 1];
+      const auto& b = ranges[i];
+      if (b.start >= a.stop) continue;
+      const auto name = [&](int64_t n) {
+        std::vector<std::string> p;
+        return nth_leaf_path(root, n, p);
+      };
+      TORCH_CHECK_VALUE(false, "metadata: leaves ", name(a.leaf), " [", a.start, ", ", a.stop,
+                        ") and ", name(b.leaf), " [", b.start, ", ", b.stop, ") overlap");
+    }
+  }
+};
+
+}  // namespace
+
+int64_t validate(const Metadata& m, std::optional<int64_t> storage_bytes, int64_t storage_offset) {
+  Validator v{m, storage_bytes, storage_offset};
+  v.node(m, {}, 0);
+  v.check_overlaps();
+  return v.max_stop;
+}
+
+bool is_wire_dtype(at::ScalarType t) {
+  return std::find(kWireDtypes.begin(), kWireDtypes.end(), t) != kWireDtypes.end();
+}
+
+std::string path_str(std::vector<std::string> path, const std::string& key) {
+  path.push_back(key);
+  return NestedKey(std::move(path)).str();
+}
+
+const JsonScalar* ValidatedMetadata::field(std::string_view name) const {
+  for (const auto& [key, value] : transport_) {
+    if (key == name) return &value;
+  }
+  return nullptr;
+}
+
+ValidatedMetadata validated(Metadata metadata, TransportFields transport) {
+  ValidatedMetadata out;
+  out.storage_bytes_ = validate(metadata);
+  out.metadata_ = std::move(metadata);
+  out.transport_ = std::move(transport);
+  return out;
+}
+
+}  // namespace tensordict::wire
