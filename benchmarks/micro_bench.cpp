@@ -16,8 +16,8 @@
 #include <vector>
 
 #include "tensordict/consolidate.h"
-#include "tensordict/metadata_pickle.h"
-#include "tensordict/pickle.h"
+#include "wire/metadata_pickle.h"
+#include "wire/pickle.h"
 #include "tensordict/tensor_dict.h"
 #ifdef TENSORDICT_BENCH_DIST
 #include "tensordict/distributed/tags.h"
@@ -195,6 +195,24 @@ void BM_MetadataFromPickleBytes(benchmark::State& state) {
   }
 }
 BENCHMARK(BM_MetadataFromPickleBytes)->Unit(benchmark::kMicrosecond);
+
+void BM_MetadataToPickleBytes(benchmark::State& state) {
+  for (auto _ : state) {
+    auto bytes = pickle::dumps(metadata_to_pickle(small_metadata()));  // init_remote's send
+    benchmark::DoNotOptimize(bytes.data());
+  }
+}
+BENCHMARK(BM_MetadataToPickleBytes)->Unit(benchmark::kMicrosecond);
+
+void BM_Rebuild(benchmark::State& state) {
+  const TensorDict c = consolidate(case_td(kSmall));
+  const at::Tensor storage = consolidated_storage(c);
+  for (auto _ : state) {
+    TensorDict td = rebuild(small_metadata(), storage);  // views of the received storage
+    benchmark::DoNotOptimize(td.batch_size().data());
+  }
+}
+BENCHMARK(BM_Rebuild)->Unit(benchmark::kMicrosecond);
 
 }  // namespace
 

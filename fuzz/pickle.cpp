@@ -12,8 +12,8 @@
 #include <string_view>
 
 #include "fuzz_util.h"
-#include "tensordict/metadata_pickle.h"
-#include "tensordict/pickle.h"
+#include "wire/metadata_pickle.h"
+#include "wire/pickle.h"
 
 using namespace tensordict;
 

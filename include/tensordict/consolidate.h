@@ -11,6 +11,7 @@
 #include <cstddef>
 #include <cstdint>
 #include <memory>
+#include <mutex>
 #include <optional>
 #include <string>
 #include <string_view>
@@ -73,10 +74,22 @@ struct Metadata {
   bool operator==(const Metadata&) const = default;
 };
 
-/// What a consolidated TensorDict level carries (TensorDict::consolidated_state()).
+/// What a consolidated TensorDict level carries (TensorDict::consolidated_state()). Immutable
+/// once made (a change of the TensorDict makes a new state), so what is derived from it is kept.
 struct ConsolidatedState {
+  ConsolidatedState(at::Tensor storage, std::shared_ptr<const Metadata> metadata)
+      : storage(std::move(storage)), metadata(std::move(metadata)) {}
+
   at::Tensor storage;                        // the whole flat uint8 storage
   std::shared_ptr<const Metadata> metadata;  // this level's node (offsets absolute in storage)
+
+  /// metadata_to_json(*metadata, sort_keys=true): the schema the pipe compares. Made on first
+  /// use, by one thread, and kept; safe to call from any thread.
+  const std::string& sorted_json() const;
+
+ private:
+  mutable std::once_flag sorted_json_once_;
+  mutable std::string sorted_json_;
 };
 
 /// A scalar JSON value, for the transport fields ("_total_bytes", "_device", ...) that

@@ -16,58 +16,23 @@
 #include <sys/mman.h>
 #endif
 
-#include "json_text.h"
-#include "metadata_value.h"
 #include "tensor_dict_impl.h"
 #include "tensordict/dtypes.h"
+#include "wire/json_text.h"
+#include "wire/metadata.h"
 
 namespace tensordict {
 namespace {
 
 using detail::TensorDictImpl;
+using wire::check_leaf_dtype;
+using wire::is_reserved_node_key;
+using wire::path_str;
+using wire::validate;
 
-constexpr int64_t kAlign = 8;
+constexpr int64_t kAlign = wire::kLeafAlign;
 // Below this many bytes per thread, starting a thread costs more than the copy it saves.
 constexpr int64_t kMinBytesPerThread = int64_t{1} << 20;
-
-// The reference's utils._TORCH_DTYPES: the dtypes whose names the metadata may carry.
-constexpr std::array kWireDtypes{
-    at::kBFloat16,     at::kBool,      at::kComplexDouble, at::kComplexHalf, at::kComplexFloat,
-    at::kHalf,         at::kFloat,     at::kDouble,        at::kShort,       at::kInt,
-    at::kLong,         at::kChar,      at::kQInt32,        at::kQInt8,       at::kQUInt4x2,
-    at::kQUInt8,       at::kByte,      at::kUInt16,        at::kUInt32,      at::kUInt64,
-};
-
-bool is_wire_dtype(at::ScalarType t) {
-  return std::find(kWireDtypes.begin(), kWireDtypes.end(), t) != kWireDtypes.end();
-}
-
-// Quantized tensors cannot be viewed out of bytes, and the reference crashes on them.
-// `where` names the leaf; it is called only to report a fault.
-template <typename Where>
-void check_leaf_dtype(at::ScalarType t, const char* who, const Where& where) {
-  TORCH_CHECK_VALUE(is_wire_dtype(t), who, ": leaf ", where(), " has dtype ", dtype_name(t),
-                    ", which the consolidated format cannot carry");
-  TORCH_CHECK_VALUE(!c10::isQIntType(t), who, ": leaf ", where(), " has the quantized dtype ",
-                    dtype_name(t), ", which consolidate does not support");
-}
-
-bool is_reserved_node_key(std::string_view key) {
-  return key == "cls" || key == "non_tensors" || key == "leaves" || key == "cls_metadata";
-}
-
-std::string path_str(std::vector<std::string> path, const std::string& key) {
-  path.push_back(key);
-  return NestedKey(std::move(path)).str();
-}
-
-std::string node_str(const std::vector<std::string>& path) {
-  return path.empty() ? std::string("the root") : NestedKey(path).str();
-}
-
-bool starts_with(at::IntArrayRef shape, at::IntArrayRef prefix) {
-  return shape.size() >= prefix.size() && std::equal(prefix.begin(), prefix.end(), shape.begin());
-}
 
 // A tensor of `dtype` and `shape` over the bytes [start, ...) of `storage`. Built directly on
 // the storage, which is what narrow().view(dtype).view(shape) yields, without three dispatches
@@ -94,165 +59,6 @@ ClsMetadata cls_metadata_of(const TensorDict& td) {
   return ClsMetadata{device ? std::optional<std::string>(device->str()) : std::nullopt,
                      std::vector<std::optional<std::string>>(bs.size()),
                      std::vector<int64_t>(bs.begin(), bs.end()), td.is_locked()};
-}
-
-// ---- validation ---------------------------------------------------------------------------
-
-std::string nth_leaf_path(const Metadata& m, int64_t& n, std::vector<std::string>& path) {
-  if (n < static_cast<int64_t>(m.leaves.size())) return path_str(path, m.leaves[n].first);
-  n -= static_cast<int64_t>(m.leaves.size());
-  for (const auto& [key, child] : m.children) {
-    path.push_back(key);
-    auto found = nth_leaf_path(child, n, path);
-    path.pop_back();
-    if (!found.empty()) return found;
-  }
-  return {};
-}
-
-struct Validator {
-  const Metadata& root;
-  std::optional<int64_t> storage_bytes;
-  int64_t storage_offset = 0;
-  int64_t entries = 0;
-  int64_t max_stop = 0;
-  int64_t leaf_index = 0;
-  struct Range { int64_t start, stop, leaf; };
-  std::vector<Range> ranges{};
-  std::vector<std::string> path{};
-
-  void node(const Metadata& m, at::IntArrayRef parent_batch, int depth) {
-    const auto here = [&] { return node_str(path); };
-    TORCH_CHECK_VALUE(depth <= kMaxMetadataDepth, "metadata: node ", here(), " is nested deeper than ",
-                      kMaxMetadataDepth, " levels");
-    // "module.qualname": a class reference (the reference's tensorclass node), rebuilt as a
-    // TensorDict node; only metadata_from_pickle makes one.
-    TORCH_CHECK_VALUE(m.cls == "TensorDict" || detail::is_class_reference_name(m.cls), "metadata: node ",
-                      here(), " has cls '", m.cls, "'; only TensorDict nodes are supported");
-    entries += 1 + static_cast<int64_t>(m.leaves.size() + m.non_tensors.size());
-    TORCH_CHECK_VALUE(entries <= kMaxMetadataEntries, "metadata: more than ", kMaxMetadataEntries,
-                      " entries");
-    const auto& cm = m.cls_metadata;
-    const at::IntArrayRef batch(cm.batch_size);
-    for (int64_t d : batch) {
-      TORCH_CHECK_VALUE(d >= 0, "metadata: node ", here(), " has a negative batch dim in ", batch);
-    }
-    TORCH_CHECK_VALUE(starts_with(batch, parent_batch), "metadata: node ", here(), " has batch_size ",
-                      batch, ", which does not start with its parent's ", parent_batch);
-    TORCH_CHECK_VALUE(cm.names.size() == batch.size(), "metadata: node ", here(), " has ",
-                      cm.names.size(), " names for ", batch.size(), " batch dims");
-    if (cm.device) {
-      try {
-        (void)at::Device(*cm.device);
-      } catch (const std::exception&) {
-        TORCH_CHECK_VALUE(false, "metadata: node ", here(), " has device '", *cm.device,
-                          "', which is not a device name");
-      }
-    }
-    std::unordered_set<std::string_view> keys;
-    const auto unique = [&](const std::string& key) {
-      TORCH_CHECK_VALUE(keys.insert(key).second, "metadata: key ", path_str(path, key),
-                        " appears twice");
-    };
-    for (const auto& [key, nt] : m.non_tensors) {
-      unique(key);
-      non_tensor(key, nt, batch);
-    }
-    for (const auto& [key, leaf_md] : m.leaves) {
-      unique(key);
-      leaf(key, leaf_md, batch);
-    }
-    for (const auto& [key, child] : m.children) {
-      unique(key);
-      TORCH_CHECK_VALUE(!is_reserved_node_key(key), "metadata: nested key ", path_str(path, key),
-                        " collides with a field of the node");
-      path.push_back(key);
-      node(child, batch, depth + 1);
-      path.pop_back();
-    }
-  }
-
-  void non_tensor(const std::string& key, const NonTensorMetadata& nt, at::IntArrayRef batch) {
-    const at::IntArrayRef bs(nt.batch_size);
-    for (int64_t d : bs) {
-      TORCH_CHECK_VALUE(d >= 0, "metadata: non-tensor entry ", path_str(path, key),
-                        " has a negative dim in its batch_size ", bs);
-    }
-    TORCH_CHECK_VALUE(starts_with(bs, batch), "metadata: non-tensor entry ", path_str(path, key),
-                      " has batch_size ", bs, ", which does not start with the batch size ",
-                      batch);
-    if (nt.device) {
-      try {
-        (void)at::Device(*nt.device);
-      } catch (const std::exception&) {
-        TORCH_CHECK_VALUE(false, "metadata: non-tensor entry ", path_str(path, key),
-                          " has device '", *nt.device, "', which is not a device name");
-      }
-    }
-  }
-
-  void leaf(const std::string& key, const LeafMetadata& l, at::IntArrayRef batch) {
-    const auto where = [&] { return path_str(path, key); };
-    check_leaf_dtype(l.dtype, "metadata", where);
-    int64_t numel = 1;
-    for (int64_t d : l.shape) {
-      TORCH_CHECK_VALUE(d >= 0, "metadata: leaf ", where(), " has a negative dim in shape ",
-                        at::IntArrayRef(l.shape));
-      TORCH_CHECK_VALUE(!c10::mul_overflows(numel, d, &numel), "metadata: leaf ", where(),
-                        " has a shape whose size overflows: ", at::IntArrayRef(l.shape));
-    }
-    const int64_t esize = static_cast<int64_t>(c10::elementSize(l.dtype));
-    int64_t nbytes = 0;
-    TORCH_CHECK_VALUE(!c10::mul_overflows(numel, esize, &nbytes), "metadata: leaf ", where(),
-                      " has a shape whose byte size overflows: ", at::IntArrayRef(l.shape));
-    TORCH_CHECK_VALUE(starts_with(l.shape, batch), "metadata: leaf ", where(), " has shape ",
-                      at::IntArrayRef(l.shape), ", which does not start with the batch size ",
-                      batch);
-    TORCH_CHECK_VALUE(l.start >= 0 && l.start % kAlign == 0 && l.stop >= l.start &&
-                          l.stop % kAlign == 0,
-                      "metadata: leaf ", where(), " has the byte range [", l.start, ", ", l.stop,
-                      "); start and stop must be multiples of 8 with 0 <= start <= stop");
-    TORCH_CHECK_VALUE(l.pad >= 0 && l.pad < kAlign && l.stop - l.start - l.pad == nbytes,
-                      "metadata: leaf ", where(), " is ", dtype_name(l.dtype),
-                      at::IntArrayRef(l.shape), " (", nbytes, " bytes) but its range [", l.start,
-                      ", ", l.stop, ") with pad ", l.pad, " holds ", l.stop - l.start - l.pad);
-    TORCH_CHECK_VALUE(!storage_bytes || l.stop <= *storage_bytes, "metadata: leaf ", where(),
-                      " ends at byte ", l.stop, ", past the end of the ", *storage_bytes,
-                      "-byte storage");
-    TORCH_CHECK_VALUE(numel == 0 || (storage_offset + l.start) % esize == 0, "metadata: leaf ",
-                      where(), " starts at byte ", storage_offset + l.start,
-                      " of its storage, which is not a multiple of the ", esize,
-                      "-byte element size of ", dtype_name(l.dtype));
-    if (l.stop > l.start) ranges.push_back({l.start, l.stop, leaf_index});
-    max_stop = std::max(max_stop, l.stop);
-    ++leaf_index;
-  }
-
-  void check_overlaps() {
-    // Depth-first order is already sorted for the reference's layouts: sort only if needed.
-    const auto by_start = [](const Range& a, const Range& b) { return a.start < b.start; };
-    if (!std::is_sorted(ranges.begin(), ranges.end(), by_start)) {
-      std::sort(ranges.begin(), ranges.end(), by_start);
-    }
-    for (size_t i = 1; i < ranges.size(); ++i) {
-      const auto& a = ranges[i - 1];
-      const auto& b = ranges[i];
-      if (b.start >= a.stop) continue;
-      const auto name = [&](int64_t n) {
-        std::vector<std::string> p;
-        return nth_leaf_path(root, n, p);
-      };
-      TORCH_CHECK_VALUE(false, "metadata: leaves ", name(a.leaf), " [", a.start, ", ", a.stop,
-                        ") and ", name(b.leaf), " [", b.start, ", ", b.stop, ") overlap");
-    }
-  }
-};
-
-int64_t validate(const Metadata& m, std::optional<int64_t> storage_bytes, int64_t storage_offset) {
-  Validator v{m, storage_bytes, storage_offset};
-  v.node(m, {}, 0);
-  v.check_overlaps();
-  return v.max_stop;
 }
 
 // ---- consolidate --------------------------------------------------------------------------
@@ -462,7 +268,7 @@ bool views_match(const TensorDict& td, const Metadata& m, const at::Tensor& stor
   }
   for (const auto& [key, nt] : m.non_tensors) {
     const Value* v = impl.find(key);
-    if (!v || !v->is_non_tensor() || !detail::json_identical(v->non_tensor().data(), nt.data)) {
+    if (!v || !v->is_non_tensor() || !wire::json_identical(v->non_tensor().data(), nt.data)) {
       return false;
     }
   }
@@ -583,8 +389,8 @@ TensorDict consolidate_impl(const TensorDict& td, const ConsolidateOptions& o) {
   };
   TensorDict result = build(build, td, p.metadata);
   result.lock_();
-  set_checked_state(result, std::make_shared<const ConsolidatedState>(ConsolidatedState{
-      storage, std::make_shared<const Metadata>(std::move(p.metadata))}));
+  set_checked_state(result, std::make_shared<const ConsolidatedState>(
+                                storage, std::make_shared<const Metadata>(std::move(p.metadata))));
   return result;
 }
 
@@ -609,7 +415,7 @@ TensorDict rebuild_node(const std::shared_ptr<const Metadata>& root, const Metad
   }
   if (cm.is_locked) td.lock_();
   set_checked_state(td, std::make_shared<const ConsolidatedState>(
-      ConsolidatedState{storage, std::shared_ptr<const Metadata>(root, &m)}));
+                            storage, std::shared_ptr<const Metadata>(root, &m)));
   return td;
 }
 
@@ -626,8 +432,8 @@ TensorDict consolidate(const TensorDict& td, const ConsolidateOptions& options) 
       if (refresh_metadata(td, *state->metadata, nullptr)) {
         auto fresh = std::make_shared<Metadata>(*state->metadata);
         refresh_metadata(td, *state->metadata, fresh.get());
-        set_checked_state(td, std::make_shared<const ConsolidatedState>(
-            ConsolidatedState{state->storage, std::move(fresh)}));
+        set_checked_state(td, std::make_shared<const ConsolidatedState>(state->storage,
+                                                                        std::move(fresh)));
       } else if (!current) {
         set_checked_state(td, state);  // matched leaf by leaf: remember it
       }
@@ -635,6 +441,11 @@ TensorDict consolidate(const TensorDict& td, const ConsolidateOptions& options) 
     }
   }
   return consolidate_impl(td, options);
+}
+
+const std::string& ConsolidatedState::sorted_json() const {
+  std::call_once(sorted_json_once_, [this] { sorted_json_ = metadata_to_json(*metadata, true); });
+  return sorted_json_;
 }
 
 bool is_consolidated(const TensorDict& td) {
@@ -660,17 +471,44 @@ int64_t metadata_storage_bytes(const Metadata& metadata) {
   return validate(metadata, std::nullopt, 0);
 }
 
-TensorDict rebuild(Metadata metadata, const at::Tensor& storage) {
+namespace {
+
+void check_storage_tensor(const at::Tensor& storage) {
   TORCH_CHECK_VALUE(storage.defined() && storage.scalar_type() == at::kByte && storage.dim() == 1 &&
                         (storage.numel() <= 1 || storage.stride(0) == 1),
                     "rebuild: the storage must be a 1-D contiguous uint8 tensor, got ",
                     storage.defined() ? storage.toString() : std::string("an undefined tensor"),
                     storage.defined() ? c10::str(storage.sizes(), " with strides ", storage.strides())
                                       : std::string());
-  validate(metadata, storage.numel(), storage.storage_offset());
+}
+
+TensorDict rebuild_root(Metadata metadata, const at::Tensor& storage) {
   auto root = std::make_shared<const Metadata>(std::move(metadata));
   std::vector<std::string> path{};
   return rebuild_node(root, *root, storage, path);
 }
+
+}  // namespace
+
+TensorDict rebuild(Metadata metadata, const at::Tensor& storage) {
+  check_storage_tensor(storage);
+  validate(metadata, storage.numel(), storage.storage_offset());
+  return rebuild_root(std::move(metadata), storage);
+}
+
+namespace wire {
+
+TensorDict rebuild_validated(ValidatedMetadata metadata, const at::Tensor& storage) {
+  check_storage_tensor(storage);
+  // validate() checked alignment for a storage starting at offset 0; an offset that is a
+  // multiple of the largest element size (16) keeps it. Anything else is checked again.
+  constexpr int64_t kMaxElementSize = 16;
+  if (storage.numel() < metadata.storage_bytes() || storage.storage_offset() % kMaxElementSize) {
+    return rebuild(std::move(metadata.metadata()), storage);
+  }
+  return rebuild_root(std::move(metadata.metadata()), storage);
+}
+
+}  // namespace wire
 
 }  // namespace tensordict

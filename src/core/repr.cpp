@@ -6,7 +6,7 @@
 #include <algorithm>
 #include <sstream>
 
-#include "json_text.h"
+#include "wire/json_text.h"
 #include "tensordict/dtypes.h"
 #include "tensordict/tensor_dict.h"
 
@@ -75,7 +75,7 @@ size_t utf8_length(std::string_view s) {
 
 // NonTensorData.__repr__: str(data), cut to its first and last 20 characters past 200.
 std::string non_tensor_repr(const NonTensorData& nt) {
-  std::string data = detail::python_str(nt.data());
+  std::string data = wire::python_str(nt.data());
   if (utf8_length(data) > 200) {
     data = std::string(utf8_head(data, 20)) + "  ...  " + std::string(utf8_tail(data, 20));
   }

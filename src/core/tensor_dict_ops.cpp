@@ -7,7 +7,7 @@
 #include <set>
 #include <type_traits>
 
-#include "json_text.h"
+#include "wire/json_text.h"
 #include "tensor_dict_impl.h"
 
 namespace tensordict {
@@ -112,7 +112,7 @@ const NonTensorData& same_non_tensor(at::ArrayRef<TensorDict> tds, const std::st
     TORCH_CHECK_TYPE(v->is_non_tensor(), what, ": key ", path,
                      " is a non-tensor entry in tensordict 0 but ", detail::kind_name(*v),
                      " in tensordict ", i);
-    TORCH_CHECK_VALUE(detail::json_identical(v->non_tensor().data(), v0->non_tensor().data()), what,
+    TORCH_CHECK_VALUE(wire::json_identical(v->non_tensor().data(), v0->non_tensor().data()), what,
                       ": the non-tensor entry ", path, " holds ",
                       short_dump(v0->non_tensor().data()), " in tensordict 0 but ",
                       short_dump(v->non_tensor().data()), " in tensordict ", i,
@@ -484,7 +484,7 @@ TensorDict& TensorDict::update(const TensorDict& other, UpdateOptions options) {
     if (value.is_non_tensor()) {
       // An equal entry is left alone: no write, so a locked or consolidated TensorDict stays so.
       const bool same = have && mine.is_non_tensor() &&
-                        detail::json_identical(mine.non_tensor().data(), value.non_tensor().data()) &&
+                        wire::json_identical(mine.non_tensor().data(), value.non_tensor().data()) &&
                         mine.non_tensor().batch_size() == value.non_tensor().batch_size();
       if (!same) set(key, value);
     } else if (value.is_tensordict()) {

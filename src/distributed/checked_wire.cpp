@@ -12,7 +12,9 @@
 #include <string_view>
 
 #include "tensordict/dtypes.h"
+#include "tensordict/errors.h"
 #include "tensordict/nested_key.h"
+#include "wire/bytes.h"
 
 namespace tensordict::dist::detail {
 namespace {
@@ -29,57 +31,46 @@ const char* mode_name(Mode m) {
   return m == Mode::kConsolidated ? "consolidated=True" : "consolidated=False";
 }
 
-void put_u32(std::string& out, uint32_t v) {
-  for (int i = 0; i < 4; ++i) out.push_back(static_cast<char>(v >> (8 * i)));
-}
-
-void put_u64(std::string& out, uint64_t v) {
-  for (int i = 0; i < 8; ++i) out.push_back(static_cast<char>(v >> (8 * i)));
-}
+void put_u32(std::string& out, uint32_t v) { wire::append_le(out, v, 4); }
+void put_u64(std::string& out, uint64_t v) { wire::append_le(out, v, 8); }
 
 void put_str(std::string& out, std::string_view s) {
   put_u32(out, static_cast<uint32_t>(s.size()));
   out.append(s);
 }
 
-// Reads little-endian fields from a peer's bytes; every read is bounds-checked.
+// Little-endian fields of a peer's bytes; a read past the end is an error naming the field.
 class Reader {
  public:
   Reader(const char* call, const uint8_t* data, size_t size)
-      : call_(call), data_(data), size_(size) {}
+      : call_(call), bytes_(std::string_view(reinterpret_cast<const char*>(data), size)) {}
   uint64_t u64(const char* what) { return get(8, what); }
   uint32_t u32(const char* what) { return static_cast<uint32_t>(get(4, what)); }
   std::string str(uint32_t max, const char* what) {
     const uint32_t n = u32(what);
-    TORCH_CHECK(n <= max, call_, "(checked=True): the sender's schema has a ", what, " of ", n,
-                " bytes (at most ", max, ")");
+    TD_CHECK_AS(MalformedPeerDataError, n <= max, call_,
+                "(checked=True): the sender's schema has a ", what, " of ", n, " bytes (at most ",
+                max, ")");
     need(n, what);
-    std::string s(reinterpret_cast<const char*>(data_ + pos_), n);
-    pos_ += n;
-    return s;
+    return std::string(bytes_.take(n));
   }
-  size_t left() const { return size_ - pos_; }
+  size_t left() const { return bytes_.left(); }
 
  private:
   void need(size_t n, const char* what) const {
-    TORCH_CHECK(size_ - pos_ >= n, call_, "(checked=True): the sender's schema ends inside a ",
-                what);
+    TD_CHECK_AS(MalformedPeerDataError, bytes_.has(n), call_,
+                "(checked=True): the sender's schema ends inside a ", what);
   }
-  uint64_t get(int n, const char* what) {
+  uint64_t get(size_t n, const char* what) {
     need(n, what);
-    uint64_t v = 0;
-    for (int i = 0; i < n; ++i) v |= uint64_t{data_[pos_ + i]} << (8 * i);
-    pos_ += n;
-    return v;
+    return bytes_.le(n);
   }
   const char* call_;
-  const uint8_t* data_;
-  size_t size_;
-  size_t pos_ = 0;
+  wire::ByteReader bytes_;
 };
 
 int64_t checked_int(const char* call, uint64_t v, const char* what) {
-  TORCH_CHECK(v <= static_cast<uint64_t>(std::numeric_limits<int64_t>::max()), call,
+  TD_CHECK_AS(MalformedPeerDataError, v <= static_cast<uint64_t>(std::numeric_limits<int64_t>::max()), call,
               "(checked=True): the sender's ", what, " is out of range (", v, ")");
   return static_cast<int64_t>(v);
 }
@@ -93,34 +84,34 @@ uint64_t for_each_leaf(const char* call, Mode mode, const uint8_t* data, size_t 
                        int64_t& payload_bytes, Fn&& fn) {
   Reader r(call, data, size);
   const uint64_t count = r.u64("leaf count");
-  TORCH_CHECK(count <= kMaxLeaves && count <= r.left() / 12, call,
+  TD_CHECK_AS(MalformedPeerDataError, count <= kMaxLeaves && count <= r.left() / 12, call,
               "(checked=True): the sender's schema announces ", count, " leaves in ", size,
               " bytes");
   payload_bytes = 0;
   LeafSchema l;
   for (uint64_t i = 0; i < count; ++i) {
     const uint32_t depth = r.u32("key depth");
-    TORCH_CHECK(depth >= 1 && depth <= kMaxDepth, call,
+    TD_CHECK_AS(MalformedPeerDataError, depth >= 1 && depth <= kMaxDepth, call,
                 "(checked=True): the sender's schema has a key of depth ", depth);
     l.path.resize(depth);
     for (auto& part : l.path) part = r.str(std::numeric_limits<uint32_t>::max(), "key");
     l.dtype = r.str(kMaxDtypeName, "dtype name");
     const auto dtype = dtype_from_name(l.dtype);
-    TORCH_CHECK(dtype, call, "(checked=True): the sender's leaf ", NestedKey(l.path).str(),
+    TD_CHECK_AS(MalformedPeerDataError, dtype, call, "(checked=True): the sender's leaf ", NestedKey(l.path).str(),
                 " has an unknown dtype '", l.dtype, "'");
     const uint32_t ndim = r.u32("shape length");
-    TORCH_CHECK(ndim <= kMaxDims, call, "(checked=True): the sender's leaf ",
+    TD_CHECK_AS(MalformedPeerDataError, ndim <= kMaxDims, call, "(checked=True): the sender's leaf ",
                 NestedKey(l.path).str(), " has ", ndim, " dimensions");
     int64_t numel = 1;
     l.sizes.clear();
     for (uint32_t d = 0; d < ndim; ++d) {
       const int64_t dim = checked_int(call, r.u64("shape"), "shape");
       l.sizes.push_back(dim);
-      TORCH_CHECK(!__builtin_mul_overflow(numel, dim, &numel), call,
+      TD_CHECK_AS(MalformedPeerDataError, !__builtin_mul_overflow(numel, dim, &numel), call,
                   "(checked=True): the sender's leaf ", NestedKey(l.path).str(),
                   " has a shape whose size overflows");
     }
-    TORCH_CHECK(!__builtin_mul_overflow(numel, static_cast<int64_t>(c10::elementSize(*dtype)),
+    TD_CHECK_AS(MalformedPeerDataError, !__builtin_mul_overflow(numel, static_cast<int64_t>(c10::elementSize(*dtype)),
                                         &l.nbytes),
                 call, "(checked=True): the sender's leaf ", NestedKey(l.path).str(),
                 " has a byte size that overflows");
@@ -131,12 +122,12 @@ uint64_t for_each_leaf(const char* call, Mode mode, const uint8_t* data, size_t 
         l.strides.push_back(checked_int(call, r.u64("stride"), "stride"));
       }
     } else {
-      TORCH_CHECK(!__builtin_add_overflow(payload_bytes, l.nbytes, &payload_bytes), call,
+      TD_CHECK_AS(MalformedPeerDataError, !__builtin_add_overflow(payload_bytes, l.nbytes, &payload_bytes), call,
                   "(checked=True): the sender's leaves add up to more bytes than fit in 64 bits");
     }
     fn(static_cast<const LeafSchema&>(l));
   }
-  TORCH_CHECK(r.left() == 0, call, "(checked=True): ", r.left(),
+  TD_CHECK_AS(MalformedPeerDataError, r.left() == 0, call, "(checked=True): ", r.left(),
               " bytes follow the sender's schema");
   return count;
 }
@@ -246,12 +237,12 @@ std::string encode_header(const Header& h) {
 }
 
 Header decode_header(const char* call, const uint8_t* p) {
-  TORCH_CHECK(std::memcmp(p, kMagic.data(), kMagic.size()) == 0, call,
+  TD_CHECK_AS(MalformedPeerDataError, std::memcmp(p, kMagic.data(), kMagic.size()) == 0, call,
               "(checked=True): the peer's first message is not a checked-transfer header; the "
               "sender must pass checked=True too");
   Reader r(call, p + kMagic.size(), kHeaderBytes - kMagic.size());
   const uint32_t version = r.u32("version");
-  TORCH_CHECK(version == kVersion, call, "(checked=True): the sender speaks checked-transfer "
+  TD_CHECK_AS(MalformedPeerDataError, version == kVersion, call, "(checked=True): the sender speaks checked-transfer "
               "version ", version, ", this process version ", kVersion);
   const uint32_t mode = r.u32("mode");
   Header h;
@@ -261,13 +252,13 @@ Header decode_header(const char* call, const uint8_t* p) {
   h.chunk_bytes = r.u64("chunk size");
   h.leaf_count = r.u64("leaf count");
   const uint64_t hash = r.u64("header hash");
-  TORCH_CHECK(hash == fnv1a(p, kHeaderBytes - 8), call,
+  TD_CHECK_AS(MalformedPeerDataError, hash == fnv1a(p, kHeaderBytes - 8), call,
               "(checked=True): the checked-transfer header is corrupt (hash mismatch)");
-  TORCH_CHECK(mode <= 1, call, "(checked=True): the header has an unknown mode ", mode);
+  TD_CHECK_AS(MalformedPeerDataError, mode <= 1, call, "(checked=True): the header has an unknown mode ", mode);
   h.mode = static_cast<Mode>(mode);
-  TORCH_CHECK(h.schema_bytes <= kMaxSchemaBytes, call, "(checked=True): the sender's schema is ",
+  TD_CHECK_AS(MalformedPeerDataError, h.schema_bytes <= kMaxSchemaBytes, call, "(checked=True): the sender's schema is ",
               h.schema_bytes, " bytes, above the limit of ", kMaxSchemaBytes);
-  TORCH_CHECK(h.chunk_bytes >= kMinChunkBytes && h.chunk_bytes <= kMaxChunkBytes, call,
+  TD_CHECK_AS(MalformedPeerDataError, h.chunk_bytes >= kMinChunkBytes && h.chunk_bytes <= kMaxChunkBytes, call,
               "(checked=True): the header's chunk size ", h.chunk_bytes, " is not in [",
               kMinChunkBytes, ", ", kMaxChunkBytes, "]");
   checked_int(call, h.payload_bytes, "payload size");
@@ -293,7 +284,7 @@ std::string describe_mismatch(const char* call, const Header& h, const uint8_t* 
         }
         ++i;
       });
-  TORCH_CHECK(count == h.leaf_count &&
+  TD_CHECK_AS(MalformedPeerDataError, count == h.leaf_count &&
                   (h.mode == Mode::kConsolidated ||
                    static_cast<uint64_t>(leaf_bytes) == h.payload_bytes),
               call, "(checked=True): the sender's header and schema disagree");

@@ -1,5 +1,7 @@
 #include "peer.h"
 
+#include "tensordict/errors.h"
+
 #include <ATen/MemoryOverlap.h>
 #include <ATen/core/grad_mode.h>
 #include <c10/util/Exception.h>
@@ -123,12 +125,12 @@ void Waiter::timed_out(const std::string& what, const std::string& detail) const
                 std::chrono::duration<double>(std::chrono::steady_clock::now() - start_).count());
   std::string limit = timeout_ ? c10::str("the call's timeout of ", timeout_->count(), " ms")
                                : std::string("the group's timeout");
-  C10_THROW_ERROR(DistBackendError,
-                  c10::str(call_, ": timed out after ", waited, " s (",
+  TD_THROW(TimeoutError,
+                  call_, ": timed out after ", waited, " s (",
                            limit, ") waiting for ", peer_, ": ", what,
                            detail.empty() ? "" : " (" + detail + ")",
                            ". Gloo closes a group's connections when a wait times out: make a "
-                           "new group to go on"));
+                           "new group to go on");
 }
 
 namespace {
@@ -175,7 +177,8 @@ void Waiter::wait(const std::vector<WorkPtr>& works, const InFlight& what) const
           timed_out(what(i), text);
         }
         if (c10_error) throw;
-        C10_THROW_ERROR(DistBackendError, text);
+        // Gloo's transport errors: the connection to the peer reset or closed.
+        TD_THROW(PeerLostError, text);
       } catch (...) {
         first = std::current_exception();
       }

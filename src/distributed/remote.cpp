@@ -10,8 +10,10 @@
 #include <unistd.h>
 
 #include "tensordict/memory.h"
-#include "tensordict/metadata_pickle.h"
-#include "tensordict/pickle.h"
+#include "tensordict/errors.h"
+#include "wire/metadata.h"
+#include "wire/metadata_pickle.h"
+#include "wire/pickle.h"
 
 namespace tensordict::dist::detail {
 namespace {
@@ -46,7 +48,8 @@ std::string pickle_string(const at::Tensor& t, int64_t size) {
 }
 
 void check_pickle_size(const char* call, int64_t size, const char* what) {
-  TORCH_CHECK_VALUE(size > 0 && size <= kMaxPickleBytes, call, ": the peer announced ", what,
+  TD_CHECK_AS(MalformedPeerDataError, size > 0 && size <= kMaxPickleBytes, call,
+              ": the peer announced ", what,
                     " of ", size, " bytes; a metadata pickle must have 1 to ", kMaxPickleBytes,
                     " bytes");
 }
@@ -57,6 +60,7 @@ const JsonScalar* field(const TransportFields& fields, std::string_view name) {
   }
   return nullptr;
 }
+
 
 // The top-level scalar fields of a pickle whose metadata was refused, so that a sane
 // "_total_bytes" still lets the receiver drain the storage.
@@ -82,10 +86,11 @@ void defer(Incoming& in, std::exception_ptr e) {
   if (!in.error) in.error = std::move(e);
 }
 
+// A fault in what the peer sent, kept to be thrown once the transfer is joined.
 template <typename... Args>
-std::exception_ptr value_error(const Args&... args) {
-  return std::make_exception_ptr(c10::ValueError({__func__, __FILE__, uint32_t(__LINE__)},
-                                                 c10::str(args...)));
+std::exception_ptr peer_error(const Args&... args) {
+  return std::make_exception_ptr(MalformedPeerDataError(
+      {__func__, __FILE__, uint32_t(__LINE__)}, c10::str(args...)));
 }
 
 // An int transport field in [lo, hi]; records the fault otherwise.
@@ -93,12 +98,12 @@ std::optional<int64_t> size_field(const std::string& from, const TransportFields
                                   const char* name, int64_t lo, int64_t hi, Incoming& in) {
   const JsonScalar* v = field(fields, name);
   if (v == nullptr || !std::holds_alternative<int64_t>(*v)) {
-    defer(in, value_error(from, ": the metadata has no integer \"", name, "\""));
+    defer(in, peer_error(from, ": the metadata has no integer \"", name, "\""));
     return std::nullopt;
   }
   const int64_t n = std::get<int64_t>(*v);
   if (n < lo || n > hi) {
-    defer(in, value_error(from, ": the sender announces \"", name, "\" = ", n,
+    defer(in, peer_error(from, ": the sender announces \"", name, "\" = ", n,
                           " bytes; this receiver accepts ", lo, " to ", hi,
                           " (max_total_bytes bounds it)"));
     return std::nullopt;
@@ -149,7 +154,7 @@ TensorDict consolidated(const TensorDict& td, std::optional<at::Device> device) 
 }
 
 std::string metadata_pickle(const TensorDict& c, const TransportFields& fields) {
-  return pickle::dumps(metadata_to_pickle(*consolidated_metadata(c), fields));
+  return metadata_pickle_bytes(*consolidated_metadata(c), fields);
 }
 
 void send_object_and_storage(const Waiter& w, const Peer& peer, const std::string& pickle,
@@ -253,7 +258,8 @@ std::string scatter_objects(const Waiter& w, const Peer& root,
   }
   w.wait(root.group.scatter(length, lengths, sopts), "the metadata pickles' lengths");
   const int64_t n = int64_value(length[0]);
-  TORCH_CHECK_VALUE(n > 0 && n <= longest, w.call(), ": the peer announced a metadata pickle of ",
+  TD_CHECK_AS(MalformedPeerDataError, n > 0 && n <= longest, w.call(),
+              ": the peer announced a metadata pickle of ",
                     n, " bytes in a buffer of ", longest);
   return pickle_string(out[0], n);
 }
@@ -262,13 +268,14 @@ Incoming parse_incoming(const std::string& from, std::string_view bytes, int64_t
                         bool padded) {
   Incoming in;
   in.from = from;
-  TransportFields fields;
+  TransportFields salvaged;
   try {
-    in.metadata = metadata_from_pickle_bytes(bytes, &fields);
+    in.metadata = wire::read_metadata_pickle(bytes);
   } catch (const c10::Error& e) {
-    defer(in, value_error(from, ": the metadata from the sender is refused: ", e.msg()));
-    fields = salvage_fields(bytes);
+    defer(in, peer_error(from, ": the metadata from the sender is refused: ", e.msg()));
+    salvaged = salvage_fields(bytes);
   }
+  const TransportFields& fields = in.metadata ? in.metadata->transport() : salvaged;
   in.total_bytes = size_field(from, fields, "_total_bytes", 0, max_total_bytes, in);
   if (padded) {
     in.max_bytes = size_field(from, fields, "_max_bytes", in.total_bytes.value_or(0),
@@ -278,7 +285,7 @@ Incoming parse_incoming(const std::string& from, std::string_view bytes, int64_t
     if (std::holds_alternative<std::string>(*device)) {
       in.storage_device = std::get<std::string>(*device);
     } else {
-      defer(in, value_error(from, ": \"_storage_device\" is not a string"));
+      defer(in, peer_error(from, ": \"_storage_device\" is not a string"));
     }
   }
   if (const JsonScalar* tc = field(fields, "_tensorclass_type")) {
@@ -287,14 +294,14 @@ Incoming parse_incoming(const std::string& from, std::string_view bytes, int64_t
     if (name != nullptr && !name->empty() && name->size() <= kMaxTensorclassTypeBytes) {
       in.tensorclass_type = *name;
     } else {
-      defer(in, value_error(from, ": \"_tensorclass_type\" is not a string of 1 to ",
+      defer(in, peer_error(from, ": \"_tensorclass_type\" is not a string of 1 to ",
                             kMaxTensorclassTypeBytes, " bytes"));
     }
   }
   if (in.metadata && in.total_bytes) {
-    const int64_t needed = metadata_storage_bytes(*in.metadata);
+    const int64_t needed = in.metadata->storage_bytes();
     if (needed > *in.total_bytes) {
-      defer(in, value_error(from, ": the metadata lays its leaves out over ", needed,
+      defer(in, peer_error(from, ": the metadata lays its leaves out over ", needed,
                             " bytes, but \"_total_bytes\" is ", *in.total_bytes));
     }
   }
@@ -321,7 +328,7 @@ at::Device receive_device(const std::string& from, std::optional<at::Device> dev
   } catch (const c10::Error&) {
   }
   if (!d) {
-    defer(in, value_error(from, ": the sender's \"_storage_device\" '", label,
+    defer(in, peer_error(from, ": the sender's \"_storage_device\" '", label,
                           "' is not a device"));
     return at::kCPU;
   }
@@ -364,10 +371,11 @@ StorageBuffer storage_buffer(const Incoming& in, int64_t n, at::Device device) {
 
 TensorDict finish(Incoming& in, const StorageBuffer& buffer) {
   if (in.error) std::rethrow_exception(in.error);
-  TORCH_CHECK_VALUE(!buffer.stamp.short_message(), in.from, ": the sender's storage message is "
+  TD_CHECK_AS(MalformedPeerDataError, !buffer.stamp.short_message(), in.from, ": the sender's storage message is "
                     "shorter than the ", buffer.bytes.numel(), " bytes it announced; the "
                     "TensorDict is refused");
-  return rebuild(std::move(*in.metadata), buffer.bytes.narrow(0, 0, *in.total_bytes));
+  return wire::rebuild_validated(std::move(*in.metadata),
+                                 buffer.bytes.narrow(0, 0, *in.total_bytes));
 }
 
 }  // namespace tensordict::dist::detail

@@ -13,23 +13,15 @@
 #include <utility>
 #include <vector>
 
-#include "../json_text.h"
-#include "../metadata_value.h"
 #include "tensordict/consolidate.h"
 #include "tensordict/dtypes.h"
+#include "tensordict/errors.h"
 #include "tensordict/nested_key.h"
+#include "wire/bytes.h"
+#include "wire/json_text.h"
+#include "wire/metadata.h"
 
 namespace tensordict::pipe::detail {
-
-void put_u64_le(uint8_t* out, uint64_t v) {
-  for (int i = 0; i < 8; ++i) out[i] = static_cast<uint8_t>(v >> (8 * i));
-}
-
-uint64_t get_u64_le(const uint8_t* in) {
-  uint64_t v = 0;
-  for (int i = 0; i < 8; ++i) v |= static_cast<uint64_t>(in[i]) << (8 * i);
-  return v;
-}
 
 at::Tensor bytes_tensor(size_t n) { return at::empty({static_cast<int64_t>(n)}, at::kByte); }
 
@@ -44,14 +36,14 @@ FrameReader::FrameReader(FrameLimits limits) : limits_(limits), scratch_(bytes_t
 uint64_t FrameReader::read_length(ByteSource& src, const char* what, bool allow_close_marker) {
   auto* buf = scratch_.data_ptr<uint8_t>();
   src.read(buf, 8, scratch_, what);
-  const uint64_t n = get_u64_le(buf);
+  const uint64_t n = wire::get_le(buf);
   if (allow_close_marker && n == kCloseLength) src.peer_left();
   if (n > static_cast<uint64_t>(limits_.max_metadata_bytes)) {
     const std::string why = c10::str("recv: peer ", src.peer(), " announced ", what, " of ", n,
                                      " bytes, over the limit of ", limits_.max_metadata_bytes,
                                      " (PipeOptions::max_metadata_bytes)");
     src.fail(why);  // the rest of the message is left unread: the stream is out of step
-    TORCH_CHECK(false, why);
+    TD_THROW(MalformedPeerDataError, why);
   }
   return n;
 }
@@ -62,7 +54,7 @@ void FrameReader::check_storage_cap(ByteSource& src, int64_t n, const char* what
                                      " bytes, over the limit of ", limits_.max_storage_bytes,
                                      " (PipeOptions::max_storage_bytes)");
     src.fail(why);
-    TORCH_CHECK(false, why);
+    TD_THROW(MalformedPeerDataError, why);
   }
 }
 
@@ -71,7 +63,7 @@ bool FrameReader::can_recv_into(const TensorDict& td) const {
   const at::Tensor storage = consolidated_storage(td);
   if (storage.numel() != total_bytes_ || storage.device() != device_) return false;
   if (td_ && td.is_same(*td_)) return true;
-  return metadata_to_json(*consolidated_metadata(td), /*sort_keys=*/true) == schema_;
+  return td.consolidated_state()->sorted_json() == schema_;
 }
 
 // ---- consolidated mode (§6.1) -----------------------------------------------------------------
@@ -91,7 +83,7 @@ TensorDict FrameReader::recv_consolidated(ByteSource& src, const std::optional<T
           "Received same-schema flag but no consolidated TensorDict is available for in-place "
           "receive. The sender and receiver may be out of sync.";
       src.fail(why);
-      TORCH_CHECK(false, why);
+      TD_THROW(MalformedPeerDataError, why);
     }
     at::Tensor storage = consolidated_storage(*target);
     TORCH_INTERNAL_ASSERT(storage.numel() == total_bytes_);
@@ -104,20 +96,18 @@ TensorDict FrameReader::recv_consolidated(ByteSource& src, const std::optional<T
                                      "0123456789abcdef"[flag >> 4], "0123456789abcdef"[flag & 15],
                                      " from peer ", src.peer(), " (expected 0x00 or 0x01).");
     src.fail(why);
-    TORCH_CHECK(false, why);
+    TD_THROW(MalformedPeerDataError, why);
   }
   const uint64_t meta_len = read_length(src, "metadata", /*allow_close_marker=*/false);
   const at::Tensor meta_buf = bytes_tensor(meta_len);
   src.read(meta_buf.data_ptr(), meta_len, meta_buf, "the metadata");
-  TransportFields transport;
-  Metadata metadata;
+  std::optional<wire::ValidatedMetadata> metadata;
   int64_t total = -1;
   std::string sender_device = "cpu";
   try {
-    metadata = metadata_from_json(
-        std::string_view(static_cast<const char*>(meta_buf.const_data_ptr()), meta_len),
-        &transport);
-    for (const auto& [key, value] : transport) {
+    metadata = wire::read_metadata_json(
+        std::string_view(static_cast<const char*>(meta_buf.const_data_ptr()), meta_len));
+    for (const auto& [key, value] : metadata->transport()) {
       if (key == "_total_bytes") {
         TORCH_CHECK_VALUE(std::holds_alternative<int64_t>(value) && std::get<int64_t>(value) >= 0,
                           "_total_bytes must be a nonnegative integer");
@@ -129,13 +119,13 @@ TensorDict FrameReader::recv_consolidated(ByteSource& src, const std::optional<T
       }  // other transport keys (the reference's metadata pollution, §7.11) are dropped
     }
     TORCH_CHECK_VALUE(total >= 0, "the metadata has no _total_bytes");
-    TORCH_CHECK_VALUE(metadata_storage_bytes(metadata) <= total, "the leaves end past "
+    TORCH_CHECK_VALUE(metadata->storage_bytes() <= total, "the leaves end past "
                       "_total_bytes (", total, ")");
   } catch (const c10::Error& err) {
     const std::string why = c10::str("recv: invalid metadata from peer ", src.peer(), ": ",
                                      err.what_without_backtrace());
     src.fail(why);
-    TORCH_CHECK_VALUE(false, why);
+    TD_THROW(MalformedPeerDataError, why);
   }
   check_storage_cap(src, total, "a storage");
   at::Device target_device = at::kCPU;
@@ -155,10 +145,12 @@ TensorDict FrameReader::recv_consolidated(ByteSource& src, const std::optional<T
     TORCH_CHECK_VALUE(false, "recv: the storage would go to ", target_device,
                       "; this build of the pipe moves CPU memory only (pass device=cpu)");
   }
-  schema_ = metadata_to_json(metadata, /*sort_keys=*/true);
+  // The schema: the sorted JSON of the metadata read, transport fields left out, made once per
+  // new schema; a TensorDict's own is kept by its state (can_recv_into).
   total_bytes_ = total;
   device_ = target_device;
   have_schema_ = true;
+  schema_ = metadata_to_json(metadata->metadata(), /*sort_keys=*/true);
   td_.reset();
   if (td && can_recv_into(*td)) {
     at::Tensor storage = consolidated_storage(*td);
@@ -168,7 +160,7 @@ TensorDict FrameReader::recv_consolidated(ByteSource& src, const std::optional<T
     at::Tensor storage =
         at::empty({total}, at::TensorOptions().dtype(at::kByte).device(target_device));
     src.read(storage.data_ptr(), static_cast<size_t>(total), storage, "the storage");
-    td_ = rebuild(std::move(metadata), storage);
+    td_ = wire::rebuild_validated(std::move(*metadata), storage);
   }
   if (new_schema) *new_schema = true;
   return *td_;
@@ -196,10 +188,10 @@ TensorDict FrameReader::recv_uncollated(ByteSource& src, std::optional<at::Devic
   std::vector<std::pair<std::vector<std::string>, JsonValue>> non_tensors;
   std::vector<int64_t> batch_size;
   try {
-    const JsonValue header = tensordict::detail::parse_json(
+    const JsonValue header = wire::parse_json(
         std::string_view(static_cast<const char*>(buf.const_data_ptr()), len),
-        tensordict::detail::JsonLimits{.max_depth = tensordict::detail::kMaxMetadataJsonDepth,
-                                       .max_values = tensordict::detail::kMaxMetadataJsonValues},
+        wire::JsonLimits{.max_depth = wire::kMaxMetadataJsonDepth,
+                                       .max_values = wire::kMaxMetadataJsonValues},
         "the header");
     auto field = [&](const char* name) -> const JsonValue* {
       if (!header.is_map()) return nullptr;
@@ -301,7 +293,7 @@ TensorDict FrameReader::recv_uncollated(ByteSource& src, std::optional<at::Devic
     const std::string why = c10::str("recv: invalid uncollated header from peer ", src.peer(),
                                      ": ", err.what_without_backtrace());
     src.fail(why);
-    TORCH_CHECK_VALUE(false, why);
+    TD_THROW(MalformedPeerDataError, why);
   }
   TensorDict result({}, batch_size);
   for (const Leaf& leaf : leaves) {

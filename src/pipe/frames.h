@@ -24,9 +24,6 @@ inline constexpr uint8_t kSameSchemaFlag = 0x01;
 inline constexpr uint8_t kCloseFlag = 0xff;
 inline constexpr uint64_t kCloseLength = ~uint64_t{0};
 
-void put_u64_le(uint8_t* out, uint64_t v);
-uint64_t get_u64_le(const uint8_t* in);
-
 /// A CPU uint8 tensor of `n` bytes (uninitialised), or holding a copy of `s`.
 at::Tensor bytes_tensor(size_t n);
 at::Tensor bytes_tensor(const std::string& s);

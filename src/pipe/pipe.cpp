@@ -14,10 +14,12 @@
 #include <utility>
 #include <vector>
 
-#include "../json_text.h"
 #include "pipe_impl.h"
 #include "tensordict/consolidate.h"
 #include "tensordict/dtypes.h"
+#include "tensordict/errors.h"
+#include "wire/bytes.h"
+#include "wire/json_text.h"
 
 namespace tensordict::pipe {
 namespace detail {
@@ -40,7 +42,7 @@ void check_cpu(const at::Tensor& t, const char* what) {
 // Python's json.dumps of one string (ensure_ascii).
 std::string json_string(const std::string& s) {
   std::string out;
-  tensordict::detail::append_json_string(out, s, "send");
+  wire::append_json_string(out, s, "send");
   return out;
 }
 
@@ -83,12 +85,12 @@ PipeImpl::~PipeImpl() { close(); }
 
 std::shared_ptr<Endpoint> PipeImpl::endpoint(const char* op) {
   std::lock_guard<std::mutex> lk(ep_mu);
-  TORCH_CHECK(!closed.load(), "Cannot ", op, " on a closed pipe.");
-  TORCH_CHECK(!peer_closed.load(), op, ": the peer closed the pipe");
+  TD_CHECK_AS(PipeClosedError, !closed.load(), "Cannot ", op, " on a closed pipe.");
+  TD_CHECK_AS(PeerClosedError, !peer_closed.load(), op, ": the peer closed the pipe");
   if (ep) return ep;
   TORCH_INTERNAL_ASSERT(listener != nullptr);
   ep = listener->accept(options.timeout);
-  TORCH_CHECK(!closed.load(), "Cannot ", op, " on a closed pipe.");
+  TD_CHECK_AS(PipeClosedError, !closed.load(), "Cannot ", op, " on a closed pipe.");
   TORCH_CHECK(ep != nullptr, op, ": no client connected to port ", port, " within ",
               options.timeout.count(), " ms");
   return ep;
@@ -126,14 +128,15 @@ void PipeImpl::send_consolidated(Endpoint& e, const TensorDict& td) {
   const at::Tensor& storage = state->storage;
   check_cpu(storage, "the consolidated storage");
   // The schema is the sorted JSON text itself rather than its SHA-256 (the reference's
-  // _metadata_hash): comparing the text is exact, and no cheaper to get wrong. It is rebuilt
-  // only when the metadata object changes; a consolidated TensorDict keeps the same one.
+  // _metadata_hash): comparing the text is exact, and no cheaper to get wrong. The state makes
+  // it once and keeps it; it is compared only when the metadata object changes (a consolidated
+  // TensorDict keeps the same one).
   bool new_schema = false;
   if (state->metadata != last_sent_metadata) {
-    std::string schema = metadata_to_json(*state->metadata, /*sort_keys=*/true);
+    const std::string& schema = state->sorted_json();
     new_schema = schema != last_sent_schema;
     last_sent_metadata = state->metadata;
-    last_sent_schema = std::move(schema);
+    last_sent_schema = schema;
   }
   new_schema = new_schema || !sent_once;
   auto* scratch = send_scratch.data_ptr<uint8_t>();
@@ -142,7 +145,7 @@ void PipeImpl::send_consolidated(Endpoint& e, const TensorDict& td) {
         *state->metadata, /*sort_keys=*/true,
         {{"_total_bytes", storage.numel()}, {"_device", storage.device().str()}});
     scratch[0] = kNewSchemaFlag;
-    put_u64_le(scratch + 8, json.size());
+    wire::put_le(scratch + 8, json.size());
     send_bytes(e, scratch, 1, send_scratch, "the flag byte");
     send_bytes(e, scratch + 8, 8, send_scratch, "the metadata length");
     const at::Tensor json_bytes = bytes_tensor(json);
@@ -200,7 +203,7 @@ void PipeImpl::send_uncollated(Endpoint& e, const TensorDict& td) {
       // [key, data], as the reference sends a NonTensorData whose data is JSON-like.
       if (non_tensors.size() > 1) non_tensors += ", ";
       non_tensors += "[" + wire_key(key) + ", ";
-      tensordict::detail::append_json(non_tensors, value.non_tensor().data(), false);
+      wire::append_json(non_tensors, value.non_tensor().data(), false);
       non_tensors += "]";
       continue;
     }
@@ -220,7 +223,7 @@ void PipeImpl::send_uncollated(Endpoint& e, const TensorDict& td) {
                              json_ints(td.batch_size()) +
                              ", \"unbatched\": [], \"non_tensors\": " + non_tensors + "]}";
   auto* scratch = send_scratch.data_ptr<uint8_t>();
-  put_u64_le(scratch, header.size());
+  wire::put_le(scratch, header.size());
   send_bytes(e, scratch, 8, send_scratch, "the header length");
   const at::Tensor header_bytes = bytes_tensor(header);
   send_bytes(e, header_bytes.data_ptr(), header.size(), header_bytes, "the header");
@@ -238,7 +241,7 @@ void PipeImpl::peer_left(Endpoint& e) {
   peer_closed = true;
   // Our orderly close is the closer's cue that everything was read (see say_goodbye).
   e.close(options.timeout);
-  TORCH_CHECK(false, "recv: the peer ", e.peer(), " closed the pipe");
+  TD_THROW(PeerClosedError, "recv: the peer ", e.peer(), " closed the pipe");
 }
 
 void PipeImpl::say_goodbye(Endpoint& e) noexcept {

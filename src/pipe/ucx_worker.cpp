@@ -1,5 +1,7 @@
 #include "ucx_worker.h"
 
+#include "tensordict/errors.h"
+
 #include <arpa/inet.h>
 #include <netdb.h>
 #include <poll.h>
@@ -116,7 +118,7 @@ void Worker::call(const std::function<void()>& fn, Millis timeout, const char* w
     state->cv.notify_all();
   });
   std::unique_lock<std::mutex> lk(state->mu);
-  TORCH_CHECK(state->cv.wait_for(lk, timeout, [&] { return state->done; }),
+  TD_CHECK_AS(TimeoutError, state->cv.wait_for(lk, timeout, [&] { return state->done; }),
               "pipe: ", what, " timed out after ", to_ms(timeout), " ms (UCX progress thread busy)");
   if (state->error) std::rethrow_exception(state->error);
 }
@@ -279,8 +281,8 @@ void Endpoint::wait_gone(Millis timeout) {
 
 void Endpoint::throw_unusable(const char* op_name, const char* what) {
   // Called with mu_ held by the caller's scope.
-  if (closed_) TORCH_CHECK(false, op_name, " ", what, ": the pipe to ", peer_, " is closed");
-  TORCH_CHECK(false, op_name, " ", what, ": the pipe to ", peer_, " is broken: ", failure_);
+  if (closed_) TD_THROW(PipeClosedError, op_name, " ", what, ": the pipe to ", peer_, " is closed");
+  TD_THROW(PeerLostError, op_name, " ", what, ": the pipe to ", peer_, " is broken: ", failure_);
 }
 
 void Endpoint::transfer(Dir dir, void* data, size_t n, const at::Tensor& owner, const char* what,
@@ -312,7 +314,7 @@ void Endpoint::transfer(Dir dir, void* data, size_t n, const at::Tensor& owner, 
     worker_->post([self = shared_from_this()] { self->force_close_on_loop(); });
     lk.lock();
     cv_.wait_for(lk, kTeardownGrace, [&] { return op->done; });
-    TORCH_CHECK(false, op_name, " ", what, ": peer ", peer_, ": ", failure_);
+    TD_THROW(TimeoutError, op_name, " ", what, ": peer ", peer_, ": ", failure_);
   }
   if (op->status == UCS_OK) {
     // WAITALL fills the buffer or fails; a short completion must not pass as a full one.
@@ -320,13 +322,15 @@ void Endpoint::transfer(Dir dir, void* data, size_t n, const at::Tensor& owner, 
                 " delivered ", op->length, " of ", n, " bytes");
     return;
   }
-  if (closed_ && failure_.empty()) TORCH_CHECK(false, op_name, " ", what, ": the pipe to ", peer_, " was closed");
-  if (!failure_.empty()) {
-    TORCH_CHECK(false, op_name, " ", what, " (", n, " bytes): the pipe to ", peer_,
-                " is broken: ", failure_);
+  if (closed_ && failure_.empty()) {
+    TD_THROW(PipeClosedError, op_name, " ", what, ": the pipe to ", peer_, " was closed");
   }
-  TORCH_CHECK(false, op_name, " ", what, " (", n, " bytes): peer ", peer_, ": ",
-              ucs_status_string(op->status));
+  if (!failure_.empty()) {
+    TD_THROW(PeerLostError, op_name, " ", what, " (", n, " bytes): the pipe to ", peer_,
+             " is broken: ", failure_);
+  }
+  TD_THROW(PeerLostError, op_name, " ", what, " (", n, " bytes): peer ", peer_, ": ",
+           ucs_status_string(op->status));
 }
 
 void Endpoint::start_on_loop(const std::shared_ptr<Op>& op, Dir dir, void* data, size_t n) {

@@ -18,11 +18,8 @@
 #include "tensordict/nested_key.h"
 
 namespace tensordict {
-namespace detail {
+namespace wire {
 namespace {
-
-// Maps up to this size find a duplicate key by a scan; larger ones through a hash index.
-constexpr size_t kScanKeys = 8;
 
 void append_u_escape(std::string& out, uint32_t unit) {
   static constexpr char kHex[] = "0123456789abcdef";
@@ -414,11 +411,11 @@ class Parser {
 };
 
 }  // namespace
-}  // namespace detail
+}  // namespace wire
 
 // ---- json_text.h --------------------------------------------------------------------------------
 
-namespace detail {
+namespace wire {
 
 bool valid_utf8(std::string_view s) {
   uint32_t cp = 0;
@@ -606,5 +603,5 @@ bool json_identical(const JsonValue& a, const JsonValue& b) {
   return a == b;
 }
 
-}  // namespace detail
+}  // namespace wire
 }  // namespace tensordict

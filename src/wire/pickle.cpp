@@ -1,4 +1,4 @@
-#include "tensordict/pickle.h"
+#include "wire/pickle.h"
 
 #include <c10/util/Exception.h>
 
@@ -9,9 +9,13 @@
 #include <unordered_map>
 #include <unordered_set>
 
-#include "json_text.h"
+#include "wire/bytes.h"
+#include "wire/json_text.h"
 
 namespace tensordict::pickle {
+
+using wire::append_be;
+using wire::append_le;
 
 // ---- Value ---------------------------------------------------------------------------------
 
@@ -200,105 +204,32 @@ const char* dangerous_name(uint8_t code) {
 
 // ---- writer -----------------------------------------------------------------------------------
 
-void put_le(std::string& out, uint64_t v, int bytes) {
-  for (int i = 0; i < bytes; ++i) out.push_back(static_cast<char>((v >> (8 * i)) & 0xff));
-}
-
-void write_str(std::string& out, const std::string& s) {
-  if (s.size() < 256) {
-    out.push_back(static_cast<char>(op::SHORT_BINUNICODE));
-    put_le(out, s.size(), 1);
-  } else if (s.size() <= 0xffffffffu) {
-    out.push_back(static_cast<char>(op::BINUNICODE));
-    put_le(out, s.size(), 4);
-  } else {
-    out.push_back(static_cast<char>(op::BINUNICODE8));
-    put_le(out, s.size(), 8);
-  }
-  out += s;
-}
-
-void write_int(std::string& out, int64_t v) {
-  // The shortest form Python's pickler picks for each range.
-  if (v >= 0 && v <= 0xff) {
-    out.push_back(static_cast<char>(op::BININT1));
-    put_le(out, static_cast<uint64_t>(v), 1);
-  } else if (v >= 0 && v <= 0xffff) {
-    out.push_back(static_cast<char>(op::BININT2));
-    put_le(out, static_cast<uint64_t>(v), 2);
-  } else if (v >= INT32_MIN && v <= INT32_MAX) {
-    out.push_back(static_cast<char>(op::BININT));
-    put_le(out, static_cast<uint64_t>(static_cast<uint32_t>(static_cast<int32_t>(v))), 4);
-  } else {
-    // LONG1: minimal little-endian two's complement.
-    std::string bytes;
-    uint64_t u = static_cast<uint64_t>(v);
-    put_le(bytes, u, 8);
-    while (bytes.size() > 1) {
-      const auto last = static_cast<uint8_t>(bytes.back());
-      const auto prev = static_cast<uint8_t>(bytes[bytes.size() - 2]);
-      if ((last == 0x00 && !(prev & 0x80)) || (last == 0xff && (prev & 0x80))) {
-        bytes.pop_back();
-      } else {
-        break;
-      }
-    }
-    out.push_back(static_cast<char>(op::LONG1));
-    out.push_back(static_cast<char>(bytes.size()));
-    out += bytes;
-  }
-}
-
-void write_value(std::string& out, const Value& v) {
+void write_value(Writer& w, const Value& v) {
   switch (v.kind()) {
-    case Value::Kind::None: out.push_back(static_cast<char>(op::NONE)); return;
-    case Value::Kind::Bool:
-      out.push_back(static_cast<char>(v.as_bool() ? op::NEWTRUE : op::NEWFALSE));
-      return;
-    case Value::Kind::Int: write_int(out, v.as_int()); return;
-    case Value::Kind::Float: {
-      out.push_back(static_cast<char>(op::BINFLOAT));
-      const auto bits = std::bit_cast<uint64_t>(v.as_float());
-      for (int i = 7; i >= 0; --i) out.push_back(static_cast<char>((bits >> (8 * i)) & 0xff));
-      return;
-    }
-    case Value::Kind::Str: write_str(out, v.as_str()); return;
+    case Value::Kind::None: w.none(); return;
+    case Value::Kind::Bool: w.boolean(v.as_bool()); return;
+    case Value::Kind::Int: w.integer(v.as_int()); return;
+    case Value::Kind::Float: w.floating(v.as_float()); return;
+    case Value::Kind::Str: w.str(v.as_str()); return;
     case Value::Kind::List:
-      out.push_back(static_cast<char>(op::EMPTY_LIST));
-      if (!v.items().empty()) {
-        out.push_back(static_cast<char>(op::MARK));
-        for (const auto& item : v.items()) write_value(out, item);
-        out.push_back(static_cast<char>(op::APPENDS));
-      }
+      w.list_open(v.items().size());
+      for (const auto& item : v.items()) write_value(w, item);
+      w.list_close(v.items().size());
       return;
-    case Value::Kind::Tuple: {
-      const auto& items = v.items();
-      if (items.empty()) {
-        out.push_back(static_cast<char>(op::EMPTY_TUPLE));
-        return;
-      }
-      if (items.size() > 3) out.push_back(static_cast<char>(op::MARK));
-      for (const auto& item : items) write_value(out, item);
-      static constexpr uint8_t kSmall[] = {0, op::TUPLE1, op::TUPLE2, op::TUPLE3};
-      out.push_back(static_cast<char>(items.size() > 3 ? op::TUPLE : kSmall[items.size()]));
+    case Value::Kind::Tuple:
+      w.tuple_open(v.items().size());
+      for (const auto& item : v.items()) write_value(w, item);
+      w.tuple_close(v.items().size());
       return;
-    }
     case Value::Kind::Dict:
-      out.push_back(static_cast<char>(op::EMPTY_DICT));
-      if (!v.keys().empty()) {
-        out.push_back(static_cast<char>(op::MARK));
-        for (size_t i = 0; i < v.keys().size(); ++i) {
-          write_str(out, v.keys()[i]);
-          write_value(out, v.values()[i]);
-        }
-        out.push_back(static_cast<char>(op::SETITEMS));
+      w.dict_open(v.keys().size());
+      for (size_t i = 0; i < v.keys().size(); ++i) {
+        w.str(v.keys()[i]);
+        write_value(w, v.values()[i]);
       }
+      w.dict_close(v.keys().size());
       return;
-    case Value::Kind::ClassRef:
-      write_str(out, v.ref_module());
-      write_str(out, v.ref_qualname());
-      out.push_back(static_cast<char>(op::STACK_GLOBAL));
-      return;
+    case Value::Kind::ClassRef: w.class_ref(v.ref_module(), v.ref_qualname()); return;
   }
 }
 
@@ -596,7 +527,7 @@ class Reader {
   void push_str(size_t at, uint64_t n) {
     fail_if(n > data_.size() - pos_, at, "string of ", n, " bytes runs past the end");
     std::string_view s = data_.substr(pos_, n);
-    fail_if(!tensordict::detail::valid_utf8(s), at, "string is not valid UTF-8");
+    fail_if(!wire::valid_utf8(s), at, "string is not valid UTF-8");
     pos_ += n;
     push(Value::from_str(std::string(s)));
   }
@@ -705,12 +636,98 @@ class Reader {
 
 }  // namespace
 
+Writer::Writer(std::string& out) : out_(out) {
+  op(op::PROTO);
+  out_.push_back(4);
+}
+
+void Writer::none() { op(op::NONE); }
+void Writer::boolean(bool v) { op(v ? op::NEWTRUE : op::NEWFALSE); }
+
+void Writer::integer(int64_t v) {
+  // The shortest form Python's pickler picks for each range.
+  if (v >= 0 && v <= 0xff) {
+    op(op::BININT1);
+    append_le(out_, static_cast<uint64_t>(v), 1);
+  } else if (v >= 0 && v <= 0xffff) {
+    op(op::BININT2);
+    append_le(out_, static_cast<uint64_t>(v), 2);
+  } else if (v >= INT32_MIN && v <= INT32_MAX) {
+    op(op::BININT);
+    append_le(out_, static_cast<uint32_t>(static_cast<int32_t>(v)), 4);
+  } else {
+    // LONG1: minimal little-endian two's complement.
+    const auto u = static_cast<uint64_t>(v);
+    int n = 8;
+    while (n > 1) {
+      const auto last = static_cast<uint8_t>(u >> (8 * (n - 1)));
+      const bool prev_sign = (u >> (8 * (n - 1) - 1)) & 1;
+      if ((last == 0x00 && !prev_sign) || (last == 0xff && prev_sign)) {
+        --n;
+      } else {
+        break;
+      }
+    }
+    op(op::LONG1);
+    out_.push_back(static_cast<char>(n));
+    append_le(out_, u, n);
+  }
+}
+
+void Writer::floating(double v) {
+  op(op::BINFLOAT);
+  append_be(out_, std::bit_cast<uint64_t>(v), 8);  // pickle's one big-endian field
+}
+
+void Writer::str(std::string_view s) {
+  if (s.size() < 256) {
+    op(op::SHORT_BINUNICODE);
+    append_le(out_, s.size(), 1);
+  } else if (s.size() <= 0xffffffffu) {
+    op(op::BINUNICODE);
+    append_le(out_, s.size(), 4);
+  } else {
+    op(op::BINUNICODE8);
+    append_le(out_, s.size(), 8);
+  }
+  out_ += s;
+}
+
+void Writer::class_ref(std::string_view module, std::string_view qualname) {
+  str(module);
+  str(qualname);
+  op(op::STACK_GLOBAL);
+}
+
+void Writer::list_open(size_t n) {
+  op(op::EMPTY_LIST);
+  if (n) op(op::MARK);
+}
+void Writer::list_close(size_t n) {
+  if (n) op(op::APPENDS);
+}
+void Writer::tuple_open(size_t n) {
+  if (n == 0) op(op::EMPTY_TUPLE);
+  if (n > 3) op(op::MARK);
+}
+void Writer::tuple_close(size_t n) {
+  static constexpr uint8_t kSmall[] = {0, op::TUPLE1, op::TUPLE2, op::TUPLE3};
+  if (n) op(n > 3 ? op::TUPLE : kSmall[n]);
+}
+void Writer::dict_open(size_t n) {
+  op(op::EMPTY_DICT);
+  if (n) op(op::MARK);
+}
+void Writer::dict_close(size_t n) {
+  if (n) op(op::SETITEMS);
+}
+void Writer::finish() { op(op::STOP); }
+
 std::string dumps(const Value& value) {
   std::string out;
-  out.push_back(static_cast<char>(op::PROTO));
-  out.push_back(4);
-  write_value(out, value);
-  out.push_back(static_cast<char>(op::STOP));
+  Writer w(out);
+  write_value(w, value);
+  w.finish();
   return out;
 }
 

@@ -156,8 +156,10 @@ TEST(DistChecked, MismatchesAreNamedAndTheReceiverKeepsItsValues) {
         send(m.sent.apply([](const at::Tensor& t) { return t * 7; }), 1, {.checked = true});
       } else {
         TensorDict before = m.mine.clone();
-        const std::string err = error_of([&] { recv(m.mine, 0, {.checked = true}); });
+        std::string kind;
+        const std::string err = error_of([&] { recv(m.mine, 0, {.checked = true}); }, &kind);
         EXPECT_NE(err.find(m.needle), std::string::npos) << m.name << ": " << err;
+        EXPECT_EQ(kind, "SchemaMismatchError") << err;
         EXPECT_NE(err.find("this TensorDict is unchanged"), std::string::npos) << err;
         for (const auto& [path, leaf] : wire_order(before)) {
           EXPECT_TRUE(at::equal(leaf, m.mine.get(NestedKey(path)).tensor())) << m.name;
@@ -240,8 +242,10 @@ TEST(DistChecked, UncheckedSenderAndForgedHeaders) {
         pg->send(one, 1, 0)->wait();
       } else {
         TensorDict td({{"x", at::zeros({100})}}, {});
-        const std::string err = error_of([&] { recv(td, 0, {.checked = true}); });
+        std::string kind;
+        const std::string err = error_of([&] { recv(td, 0, {.checked = true}); }, &kind);
         EXPECT_NE(err.find(needle), std::string::npos) << err;
+        EXPECT_EQ(kind, "MalformedPeerDataError") << err;  // not a checked sender's bytes
         EXPECT_TRUE(td.get("x").tensor().eq(0).all().item<bool>());
       }
     }

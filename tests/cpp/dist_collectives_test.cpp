@@ -13,8 +13,8 @@
 #include "tensordict/distributed/init_remote.h"
 #include "tensordict/distributed/p2p.h"
 #include "tensordict/distributed/process_group.h"
-#include "tensordict/metadata_pickle.h"
-#include "tensordict/pickle.h"
+#include "wire/metadata_pickle.h"
+#include "wire/pickle.h"
 
 namespace tensordict::dist {
 namespace {

@@ -19,8 +19,8 @@
 #include "tensordict/distributed/init_remote.h"
 #include "tensordict/distributed/p2p.h"
 #include "tensordict/distributed/process_group.h"
-#include "tensordict/metadata_pickle.h"
-#include "tensordict/pickle.h"
+#include "wire/metadata_pickle.h"
+#include "wire/pickle.h"
 
 #if defined(__SANITIZE_ADDRESS__) || defined(__SANITIZE_THREAD__)
 constexpr bool kMeasureMemory = false;  // shadow memory and quarantine dwarf what we measure
@@ -267,9 +267,17 @@ TEST(DistHostile, EveryCaseIsANamedErrorWithBoundedMemory) {
           }
         }
       } else {
-        std::string error;
-        const Growth g = measure([&] { error = error_of([&] { c.receive(group); }); });
+        std::string error, kind;
+        const Growth g = measure([&] { error = error_of([&] { c.receive(group); }, &kind); });
         EXPECT_NE(error.find(c.error), std::string::npos) << error;
+        // A peer that stops sending mid-transfer times out, a well-formed other TensorDict is
+        // a mismatch; everything else is the peer's bad data.
+        const bool timeout = error.find("timed out") != std::string::npos;
+        const bool mismatch = error.find("does not match this one") != std::string::npos;
+        EXPECT_EQ(kind, timeout    ? "TimeoutError"
+                        : mismatch ? "SchemaMismatchError"
+                                   : "MalformedPeerDataError")
+            << error;
         std::printf("[hostile] %-40s peak growth: VmHWM %+.1f MB, Pss %+.1f MB; error: %.160s\n",
                     c.name, g.hwm_bytes / 1e6, g.pss_bytes / 1e6, error.c_str());
         if (kMeasureMemory) {
@@ -326,9 +334,10 @@ TEST(DistHostile, TimeoutsNameTheCallThePeerAndWhatWasInFlight) {
     }
     TensorDict td({{"b", at::zeros({2})}, {"a", at::zeros({2})}}, {});
     using std::chrono::milliseconds;
-    const auto timed = [](const std::function<void()>& fn, std::string& error) {
+    std::string kind;
+    const auto timed = [&kind](const std::function<void()>& fn, std::string& error) {
       const auto start = std::chrono::steady_clock::now();
-      error = error_of(fn);
+      error = error_of(fn, &kind);
       return std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count();
     };
     std::string error;
@@ -338,6 +347,7 @@ TEST(DistHostile, TimeoutsNameTheCallThePeerAndWhatWasInFlight) {
     }, error);
     EXPECT_LT(s, 0.9);  // the call's timeout, not the group's 1 s
     EXPECT_EQ(error.rfind("recv: timed out after 0.", 0), 0u) << error;
+    EXPECT_EQ(kind, "TimeoutError");
     EXPECT_NE(error.find("s (the call's timeout of 400 ms) waiting for rank 0: tag 5 (key 'a')"),
               std::string::npos) << error;
     s = timed([&] {
@@ -356,6 +366,7 @@ TEST(DistHostile, TimeoutsNameTheCallThePeerAndWhatWasInFlight) {
               std::string::npos) << error;
     EXPECT_NE(error.find("Timed out waiting 1000ms for recv operation"), std::string::npos)
         << error;
+    EXPECT_EQ(kind, "TimeoutError");
     EXPECT_EQ(error_of([&] { recv(td, 0, {.timeout = milliseconds(0)}); }),
               "recv: timeout must be positive, got 0 ms");
   }, {.watchdog = std::chrono::seconds(60)});

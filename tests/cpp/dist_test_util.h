@@ -17,6 +17,7 @@
 #include <string>
 
 #include "tensordict/distributed/runner.h"
+#include "tensordict/errors.h"
 
 namespace tensordict::testing {
 
@@ -26,13 +27,27 @@ struct RanksOptions {
   bool init_process_group = true;
 };
 
-/// The message of the c10::Error that fn throws, or "<no error>".
-inline std::string error_of(const std::function<void()>& fn) {
+/// The name of the most derived of our typed errors (tensordict/errors.h) that `e` is, or
+/// "c10::Error" when it is none of them.
+inline std::string kind_of(const c10::Error& e) {
+  if (dynamic_cast<const TimeoutError*>(&e)) return "TimeoutError";
+  if (dynamic_cast<const PeerLostError*>(&e)) return "PeerLostError";
+  if (dynamic_cast<const PipeClosedError*>(&e)) return "PipeClosedError";
+  if (dynamic_cast<const PeerClosedError*>(&e)) return "PeerClosedError";
+  if (dynamic_cast<const SchemaMismatchError*>(&e)) return "SchemaMismatchError";
+  if (dynamic_cast<const MalformedPeerDataError*>(&e)) return "MalformedPeerDataError";
+  return "c10::Error";
+}
+
+/// The message of the c10::Error that fn throws, or "<no error>"; its kind_of in `kind`.
+inline std::string error_of(const std::function<void()>& fn, std::string* kind = nullptr) {
   try {
     fn();
   } catch (const c10::Error& e) {
+    if (kind) *kind = kind_of(e);
     return e.msg();
   }
+  if (kind) kind->clear();
   return "<no error>";
 }
 

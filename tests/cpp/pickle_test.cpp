@@ -1,8 +1,8 @@
 #include <gtest/gtest.h>
 
 #include "tensordict/consolidate.h"
-#include "tensordict/metadata_pickle.h"
-#include "tensordict/pickle.h"
+#include "wire/metadata_pickle.h"
+#include "wire/pickle.h"
 #include "tensordict/tensor_dict.h"
 
 namespace pk = tensordict::pickle;

@@ -485,7 +485,7 @@ TEST(Pipe, SenderThatClosesAtOnceLosesNothing) {
     for (int i = 0; i < 3; ++i) expect_same(worked_example(i), server.recv());
     EXPECT_THROW_MSG(server.recv(), c10::Error, "closed the pipe");
     EXPECT_TRUE(server.peer_closed());
-    EXPECT_THROW_MSG(server.send(worked_example()), c10::Error, "the peer closed the pipe");
+    EXPECT_THROW_MSG(server.send(worked_example()), PeerClosedError, "the peer closed the pipe");
     producer.join();
     EXPECT_FALSE(client.peer_closed());
   }
@@ -525,11 +525,11 @@ TEST(Pipe, ClosedPipeErrors) {
   auto [server, client] = pair_of();
   client.close();
   EXPECT_TRUE(client.closed());
-  EXPECT_THROW_MSG(client.send(worked_example()), c10::Error, "Cannot send on a closed pipe.");
-  EXPECT_THROW_MSG(client.recv(), c10::Error, "Cannot recv on a closed pipe.");
+  EXPECT_THROW_MSG(client.send(worked_example()), PipeClosedError, "Cannot send on a closed pipe.");
+  EXPECT_THROW_MSG(client.recv(), PipeClosedError, "Cannot recv on a closed pipe.");
   client.close();  // idempotent
   server.close();
-  EXPECT_THROW_MSG(server.recv(), c10::Error, "Cannot recv on a closed pipe.");
+  EXPECT_THROW_MSG(server.recv(), PipeClosedError, "Cannot recv on a closed pipe.");
 }
 
 TEST(Pipe, CloseFromAnotherThreadUnblocksARecv) {

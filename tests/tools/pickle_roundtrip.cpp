@@ -9,7 +9,7 @@
 
 #include <c10/util/Exception.h>
 
-#include "tensordict/metadata_pickle.h"
+#include "wire/metadata_pickle.h"
 
 int main(int argc, char** argv) {
   const bool metadata = argc > 1 && std::strcmp(argv[1], "--metadata") == 0;

@@ -10,7 +10,10 @@
 
 #include "tensordict/json_value.h"
 
-namespace tensordict::detail {
+namespace tensordict::wire {
+
+/// Maps up to this size find a duplicate key by a scan; larger ones through a hash index.
+inline constexpr size_t kScanKeys = 8;
 
 /// Whether `s` is UTF-8 that Python's strict decoder accepts: no overlong form, surrogate or
 /// code point above U+10FFFF. Every peer string is checked with it, so that what we read we
@@ -53,4 +56,4 @@ const char* json_type_name(const JsonValue& value);
 /// same data", for the checks that a copy is unchanged (consolidated views, update, stack).
 bool json_identical(const JsonValue& a, const JsonValue& b);
 
-}  // namespace tensordict::detail
+}  // namespace tensordict::wire

@@ -1,19 +1,33 @@
 #pragma once
-// Private: metadata from an already parsed JSON-like tree (the JSON text's or a pickle's), so
-// that both codecs share one reader, its validation and its bounds.
+// Metadata as the wire carries it (docs/wire-format.md §3.2): the rules every reader of a peer's
+// metadata applies, and the readers themselves. A peer's metadata is parsed and validated once,
+// into ValidatedMetadata; the stages after (the storage transfer, rebuild) take that type and
+// trust it.
+
+#include <ATen/core/Tensor.h>
+#include <c10/core/ScalarType.h>
 
 #include <cstddef>
 #include <cstdint>
+#include <optional>
+#include <string>
+#include <string_view>
+#include <vector>
 
 #include "tensordict/consolidate.h"
-#include "tensordict/pickle.h"
+#include "tensordict/dtypes.h"
+#include "tensordict/errors.h"
+#include "wire/pickle.h"
 
-namespace tensordict::detail {
+namespace tensordict::wire {
 
 /// Bounds on the tree of a peer's metadata: node nesting, plus a node's fields, a leaf or
 /// non-tensor entry and the data of a non-tensor entry; and the number of values.
 inline constexpr size_t kMaxMetadataJsonDepth = 2 * kMaxMetadataDepth + 16;
 inline constexpr size_t kMaxMetadataJsonValues = 8 * static_cast<size_t>(kMaxMetadataEntries);
+
+/// Leaves start and end on multiples of this many bytes (docs/wire-format.md §3.1).
+inline constexpr int64_t kLeafAlign = 8;
 
 /// Whether a Metadata::cls is "module.qualname" from a peer's pickled class reference (a
 /// tensorclass node: rebuilt as a TensorDict node, written back as "TensorDict"), rather than a
@@ -22,7 +36,79 @@ inline bool is_class_reference_name(std::string_view cls) {
   return cls.find('.') != std::string_view::npos && pickle::valid_dotted_name(cls);
 }
 
-/// metadata_from_json after parsing: the same reading, validation and errors.
-Metadata metadata_from_value(const JsonValue& value, TransportFields* transport);
+/// The node fields a nested key may not be named after.
+inline bool is_reserved_node_key(std::string_view key) {
+  return key == "cls" || key == "non_tensors" || key == "leaves" || key == "cls_metadata";
+}
 
-}  // namespace tensordict::detail
+/// Whether the wire names `t` (the reference's utils._TORCH_DTYPES).
+bool is_wire_dtype(at::ScalarType t);
+
+/// ValueError, starting with `who` and naming the leaf `where()` (called only on a fault), for a
+/// dtype the consolidated format cannot carry or view (quantized).
+template <typename Where>
+void check_leaf_dtype(at::ScalarType t, const char* who, const Where& where) {
+  TORCH_CHECK_VALUE(is_wire_dtype(t), who, ": leaf ", where(), " has dtype ", dtype_name(t),
+                    ", which the consolidated format cannot carry");
+  TORCH_CHECK_VALUE(!c10::isQIntType(t), who, ": leaf ", where(), " has the quantized dtype ",
+                    dtype_name(t), ", which consolidate does not support");
+}
+
+/// The nested key path + key, as messages print it: 'a' or ('a', 'b').
+std::string path_str(std::vector<std::string> path, const std::string& key);
+
+/// Validates `m` (dtypes, shapes, ranges, alignment, overlaps, keys, bounds; ValueError naming
+/// the key path otherwise) for a storage of `storage_bytes` (unbounded if unset) whose first
+/// byte sits `storage_offset` bytes into its allocation. Returns the largest stop.
+int64_t validate(const Metadata& m, std::optional<int64_t> storage_bytes = std::nullopt,
+                 int64_t storage_offset = 0);
+
+/// Metadata that passed validate() once, with what it found: the bytes of storage the layout
+/// needs, and the transport fields that came with it. Made only by the readers below (and by
+/// validated()); rebuild_validated trusts it.
+class ValidatedMetadata {
+ public:
+  const Metadata& metadata() const { return metadata_; }
+  Metadata& metadata() { return metadata_; }
+  int64_t storage_bytes() const { return storage_bytes_; }
+  const TransportFields& transport() const { return transport_; }
+  /// The transport field `name`, or nullptr.
+  const JsonScalar* field(std::string_view name) const;
+
+ private:
+  friend ValidatedMetadata validated(Metadata metadata, TransportFields transport);
+  Metadata metadata_;
+  int64_t storage_bytes_ = 0;
+  TransportFields transport_;
+};
+
+/// Validates `metadata` (ValueError on any fault) and keeps the result.
+ValidatedMetadata validated(Metadata metadata, TransportFields transport = {});
+
+/// A peer's metadata JSON (the pipe's, docs/wire-format.md §6.1), parsed and validated: the
+/// errors and bounds of metadata_from_json. Top-level transport fields are kept.
+ValidatedMetadata read_metadata_json(std::string_view text);
+
+/// A peer's metadata pickle (init_remote and the collectives, §4.2), read by the restricted
+/// reader under metadata_pickle_limits() and validated.
+ValidatedMetadata read_metadata_pickle(std::string_view bytes);
+
+/// A TensorDict of views of `storage` laid out as `metadata` says, without validating again:
+/// only that the storage is a 1-D contiguous uint8 tensor of at least storage_bytes() bytes
+/// whose offset keeps every leaf aligned is checked (else this is rebuild()).
+TensorDict rebuild_validated(ValidatedMetadata metadata, const at::Tensor& storage);
+
+/// Runs `fn`; a ValueError it throws (a fault in a peer's bytes) becomes MalformedPeerDataError
+/// with the same message.
+template <typename Fn>
+auto as_peer_data(Fn&& fn) -> decltype(fn()) {
+  try {
+    return fn();
+  } catch (const MalformedPeerDataError&) {
+    throw;
+  } catch (const c10::ValueError& e) {
+    throw MalformedPeerDataError(e.msg());
+  }
+}
+
+}  // namespace tensordict::wire

@@ -101,6 +101,31 @@ struct Limits {
 /// a class reference's module and qualname must be.
 bool valid_dotted_name(std::string_view name);
 
+/// Writes a protocol-4 pickle opcode by opcode, as Python's pickler writes the subset without
+/// memo (what dumps() and the metadata writer emit): open a container with its element count,
+/// write the elements, close it with the same count.
+class Writer {
+ public:
+  explicit Writer(std::string& out);  // appends PROTO 4
+  void none();
+  void boolean(bool v);
+  void integer(int64_t v);
+  void floating(double v);
+  void str(std::string_view s);
+  void class_ref(std::string_view module, std::string_view qualname);  // STACK_GLOBAL
+  void list_open(size_t n);
+  void list_close(size_t n);
+  void tuple_open(size_t n);
+  void tuple_close(size_t n);
+  void dict_open(size_t n);  // then n times: str(key), the value
+  void dict_close(size_t n);
+  void finish();  // STOP
+
+ private:
+  void op(uint8_t code) { out_.push_back(static_cast<char>(code)); }
+  std::string& out_;
+};
+
 /// Serialises `value` as a protocol-4 pickle that Python's pickle.loads reads back equal (a
 /// class reference is written as STACK_GLOBAL, which Python's loads would import).
 std::string dumps(const Value& value);
