@@ -27,6 +27,7 @@ import torch
 
 from tensordict_cpp import _C
 from tensordict_cpp._td import TensorDict
+from tensordict_cpp.errors import PeerClosedError, PipeClosedError
 
 __all__ = ["TensorDictPipe", "TensorDictServer"]
 
@@ -147,8 +148,10 @@ class TensorDictPipe:
         first, on each call: consolidate it once and update it in place to avoid the copy.
 
         Raises:
-            RuntimeError: on a closed or broken pipe, a peer error or a timeout
-                ("Cannot send on a closed pipe." when closed).
+            RuntimeError: on a closed or broken pipe, a peer error or a timeout: a
+                :class:`~tensordict_cpp.errors.PipeClosedError` ("Cannot send on a closed
+                pipe.") when this end is closed, a
+                :class:`~tensordict_cpp.errors.PeerClosedError` after the peer closed it.
             ValueError: for a TensorDict the wire cannot carry.
             TypeError: if ``td`` is not a tensordict_cpp.TensorDict.
         """
@@ -174,9 +177,10 @@ class TensorDictPipe:
 
         Raises:
             RuntimeError: on a closed or broken pipe, a peer error, a timeout, a clean close by
-                the peer ("the peer closed the pipe", see :attr:`peer_closed`), or framing
-                errors (unknown flag, sizes over the caps, a same-schema message with nothing
-                to receive into).
+                the peer (:class:`~tensordict_cpp.errors.PeerClosedError`, "the peer closed
+                the pipe", see :attr:`peer_closed`), or framing errors (unknown flag, sizes
+                over the caps, a same-schema message with nothing to receive into); a
+                :class:`~tensordict_cpp.errors.PipeClosedError` when this end is closed.
             ValueError: for invalid metadata from the peer.
         """
         return self._recv_blocking(td, device)
@@ -275,12 +279,10 @@ class TensorDictPipe:
     async def __anext__(self) -> TensorDict:
         try:
             return await self.arecv()
-        except RuntimeError:
+        except (PeerClosedError, PipeClosedError):
             # A clean end: the peer's close marker, or this end closed on purpose. Anything
             # else (a lost peer, a timeout, a framing error) is raised.
-            if self._cpp.peer_closed or self._cpp.closed:
-                raise StopAsyncIteration from None
-            raise
+            raise StopAsyncIteration from None
 
     def __repr__(self) -> str:
         state = "closed" if self.closed else ("peer closed" if self.peer_closed else "open")
@@ -295,7 +297,7 @@ class TensorDictPipe:
             ex = getattr(self, name)
             if ex is None:
                 if self._cpp.closed:  # no thread for a pipe that close() will not see again
-                    raise RuntimeError(f"Cannot {op} on a closed pipe.")
+                    raise PipeClosedError(f"Cannot {op} on a closed pipe.")
                 ex = concurrent.futures.ThreadPoolExecutor(1, thread_name_prefix=f"td-pipe-{op}")
                 setattr(self, name, ex)
             return ex
