@@ -109,8 +109,9 @@ def init_remote(self, dst: int | None = None, group: Any = None, device: Any = N
             raise ValueError("init_remote: `dst` is required unless use_broadcast=True")
         group_dst = _group_rank(pg, dst)
         _c10d._check_not_self_rank(pg, group_dst, "destination")
-    _C.init_remote(self._cpp, group_dst, pg, device, use_broadcast, _tensorclass_type,
-                   _seconds(timeout))
+    _C.init_remote(self._cpp, group_dst=group_dst, group=pg, device=device,
+                   use_broadcast=use_broadcast, _tensorclass_type=_tensorclass_type,
+                   timeout=_seconds(timeout))
 
 
 @classmethod
@@ -160,8 +161,9 @@ def from_remote_init(cls, src: int, group: Any = None, device: Any = None,
     group_src = _group_rank(pg, src)
     if not use_broadcast:
         _c10d._check_not_self_rank(pg, group_src, "source")
-    received = _C.from_remote_init(group_src, pg, device, use_broadcast,
-                                   max_total_bytes, _seconds(timeout))
+    received = _C.from_remote_init(group_src, group=pg, device=device,
+                                   use_broadcast=use_broadcast,
+                                   max_total_bytes=max_total_bytes, timeout=_seconds(timeout))
     return _typed(cls._wrap, received, allow_import)
 
 
@@ -204,11 +206,12 @@ def broadcast(self, src: int, *, group: Any = None, device: Any = None,
         ValueError: on receivers, for a tensorclass name that is not known here.
     """
     pg = _group(group)
-    cpp, type_str = _C.broadcast(self._cpp, _group_rank(pg, src), pg, device, max_total_bytes,
-                                 _tensorclass_type, _seconds(timeout))
+    cpp, type_str = _C.broadcast(self._cpp, _group_rank(pg, src), group=pg, device=device,
+                                 max_total_bytes=max_total_bytes,
+                                 _tensorclass_type=_tensorclass_type, timeout=_seconds(timeout))
     if pg.rank() == _group_rank(pg, src):
-        return _wrap(cpp)  # the source: a tensorclass wraps its own result
-    return _typed(_wrap, (cpp, type_str), allow_import)
+        return self._wrap(cpp)  # the source: a tensorclass wraps its own result
+    return _typed(self._wrap, (cpp, type_str), allow_import)
 
 
 def all_gather(self, *, group: Any = None, max_total_bytes: int | None = None,
@@ -232,8 +235,9 @@ def all_gather(self, *, group: Any = None, max_total_bytes: int | None = None,
     Returns:
         A list of new consolidated TensorDicts, one per rank of the group (this one's too).
     """
-    return [_wrap(t) for t in _C.all_gather(self._cpp, _group(group), max_total_bytes,
-                                            _seconds(timeout))]
+    return [self._wrap(t) for t in _C.all_gather(self._cpp, group=_group(group),
+                                                 max_total_bytes=max_total_bytes,
+                                                 timeout=_seconds(timeout))]
 
 
 def scatter(self, src: int, tensordicts: Sequence | None = None, *, group: Any = None,
@@ -279,7 +283,8 @@ def scatter(self, src: int, tensordicts: Sequence | None = None, *, group: Any =
         if tensordicts is None:
             raise ValueError("scatter: the source rank must pass `tensordicts`")
         tds = [_cpp_of(td) for td in tensordicts]
-    return _wrap(_C.scatter(group_src, tds, pg, device, max_total_bytes, _seconds(timeout)))
+    return self._wrap(_C.scatter(group_src, tds, group=pg, device=device,
+                                 max_total_bytes=max_total_bytes, timeout=_seconds(timeout)))
 
 
 def all_reduce(self, op: Any = None, *, group: Any = None, async_op: bool = False,
@@ -308,7 +313,8 @@ def all_reduce(self, op: Any = None, *, group: Any = None, async_op: bool = Fals
         With ``async_op=True``, the list of ``Work`` objects; otherwise ``None``.
     """
     _no_buckets(bucket_bytes)
-    return _C.all_reduce(self._cpp, _op(op), async_op, _group(group), _seconds(timeout))
+    return _C.all_reduce(self._cpp, _op(op), async_op=async_op, group=_group(group),
+                         timeout=_seconds(timeout))
 
 
 def reduce(self, dst: int, op: Any = None, async_op: bool = False,
@@ -345,5 +351,5 @@ def reduce(self, dst: int, op: Any = None, async_op: bool = False,
     """
     _no_buckets(bucket_bytes)
     pg = _group(group)
-    return _C.reduce(self._cpp, _group_rank(pg, dst), _op(op), async_op, return_premature, pg,
-                     _seconds(timeout))
+    return _C.reduce(self._cpp, _group_rank(pg, dst), _op(op), async_op=async_op,
+                     return_premature=return_premature, group=pg, timeout=_seconds(timeout))

@@ -127,8 +127,9 @@ def send(self, dst: Any = None, *, group: Any = None, group_dst: int | None = No
     if mapped:
         # torch.distributed.send refuses to send to oneself.
         _c10d._check_not_self_rank(group, group_dst, "destination")
-    _C.send(self._cpp, dst, group, group_dst, init_tag, pseudo_rand, consolidated, checked,
-            _seconds(timeout))
+    _C.send(self._cpp, dst, group=group, group_dst=group_dst, init_tag=init_tag,
+            pseudo_rand=pseudo_rand, consolidated=consolidated, checked=checked,
+            timeout=_seconds(timeout))
 
 
 def recv(self, src: Any = None, *, group: Any = None, group_src: int | None = None,
@@ -195,8 +196,9 @@ def recv(self, src: Any = None, *, group: Any = None, group_src: int | None = No
     if mapped:
         # torch.distributed.recv refuses to receive from oneself (Gloo has no pair to itself).
         _c10d._check_not_self_rank(group, group_src, "source")
-    return _C.recv(self._cpp, src, group, group_src, init_tag, pseudo_rand, consolidated,
-                   checked, _seconds(timeout))
+    return _C.recv(self._cpp, src, group=group, group_src=group_src, init_tag=init_tag,
+                   pseudo_rand=pseudo_rand, consolidated=consolidated, checked=checked,
+                   timeout=_seconds(timeout))
 
 
 def isend(self, dst: int | None = None, *, group: Any = None, group_dst: int | None = None,
@@ -256,11 +258,10 @@ def isend(self, dst: int | None = None, *, group: Any = None, group_dst: int | N
         RuntimeError: if the transport fails (when waiting: here, or in ``Work.wait()``).
     """
     dst, group, group_dst = _resolve(dst, group, group_dst)
-    if return_early:
-        return _C.isend_early(self._cpp, dst, group, group_dst, init_tag, pseudo_rand,
-                              consolidated, checked, _seconds(timeout))
-    return _C.isend(self._cpp, dst, group, group_dst, init_tag, pseudo_rand, consolidated,
-                    checked, _seconds(timeout))
+    call = _C.isend_early if return_early else _C.isend
+    return call(self._cpp, dst, group=group, group_dst=group_dst, init_tag=init_tag,
+                pseudo_rand=pseudo_rand, consolidated=consolidated, checked=checked,
+                timeout=_seconds(timeout))
 
 
 def irecv(self, src: int | None = None, *, group: Any = None, group_src: int | None = None,
@@ -318,12 +319,11 @@ def irecv(self, src: int | None = None, *, group: Any = None, group_src: int | N
         RuntimeError: if the transport fails (when waiting: here, or in ``Work.wait()``).
     """
     src, group, group_src = _resolve(src, group, group_src)
-    if return_premature:
-        return _C.irecv_premature(self._cpp, src, group, group_src, init_tag, pseudo_rand,
-                                  consolidated, checked, _seconds(timeout))
-    _C.irecv(self._cpp, src, group, group_src, init_tag, pseudo_rand, consolidated, checked,
-             _seconds(timeout))
-    return None
+    call = _C.irecv_premature if return_premature else _C.irecv
+    works = call(self._cpp, src, group=group, group_src=group_src, init_tag=init_tag,
+                 pseudo_rand=pseudo_rand, consolidated=consolidated, checked=checked,
+                 timeout=_seconds(timeout))
+    return works if return_premature else None
 
 
 async def asend(self, dst: Any) -> None:

@@ -110,7 +110,7 @@ class TensorDictPipe:
             ValueError: for a bad port or host.
         """
         _require_pipe()
-        return cls(_C.Pipe.listen(port, host, **{**_DEFAULTS, **options}))
+        return cls(_C.Pipe.listen(port=port, host=host, **{**_DEFAULTS, **options}))
 
     @classmethod
     def connect_sync(cls, host: str, port: int, **options: Any) -> "TensorDictPipe":
@@ -120,7 +120,7 @@ class TensorDictPipe:
             RuntimeError: if the peer is unreachable or refuses, or on timeout.
         """
         _require_pipe()
-        return cls(_C.Pipe.connect(host, port, **{**_DEFAULTS, **options}))
+        return cls(_C.Pipe.connect(host=host, port=port, **{**_DEFAULTS, **options}))
 
     @classmethod
     async def listen(cls, port: int = 0, host: str = "127.0.0.1", **options: Any) -> "TensorDictPipe":
@@ -205,7 +205,7 @@ class TensorDictPipe:
             raise
 
     def _recv_blocking(self, td: TensorDict | None, device: Any) -> TensorDict:
-        out = self._cpp.recv(_cpp_td(td), _device(device))
+        out = self._cpp.recv(_cpp_td(td), device=_device(device))
         with self._lock:
             # The same C++ TensorDict as before (same schema): the same Python object too.
             for known in (self._last, td):
@@ -326,7 +326,7 @@ class TensorDictServer:
 
     def __init__(self, port: int = 0, host: str = "127.0.0.1", **options: Any) -> None:
         _require_pipe()
-        self._cpp = _C.PipeServer(port, host, **{**_DEFAULTS, **options})
+        self._cpp = _C.PipeServer(port=port, host=host, **{**_DEFAULTS, **options})
         self._closed = False
         self._lock = threading.Lock()
         self._accept_ex = concurrent.futures.ThreadPoolExecutor(
@@ -354,7 +354,7 @@ class TensorDictServer:
         """The next client's pipe, waiting up to ``timeout`` seconds (default: the pipes'
         timeout); ``None`` when none came in time or the server is closed."""
         try:
-            cpp = self._cpp.accept(timeout)
+            cpp = self._cpp.accept(timeout=timeout)
         except RuntimeError:
             if self._closed:
                 return None
