@@ -6,13 +6,19 @@ of the group here, by torch.distributed itself, and ``group=None`` becomes torch
 group: the groups of a Python program live in torch.distributed's Python registry. The C++
 side therefore always receives a group and, where a peer is named, its rank in that group.
 
+A layer below ``_td``, as ``_p2p``: the functions take the TensorDict as ``self`` (or its class
+as ``cls``) and use only its ``_cpp`` and ``_wrap``, so this module imports nothing of the
+package but ``_C`` and ``_p2p``. A sender's tensorclass name is resolved by the function that
+the tensorclass layer (above) registers with :func:`_set_tensorclass_resolver` when it is
+imported, which the package's ``__init__`` always does.
+
 Metadata travels as pickles in torch's object-collective framing, byte-compatible with the
 reference ``tensordict``; our C++ code writes and reads them (a restricted reader that never
 imports or calls anything): Python's ``pickle`` never sees bytes from a peer.
 """
 from __future__ import annotations
 
-from typing import Any, Sequence
+from typing import Any, Callable, Sequence
 
 import torch.distributed as dist
 from torch.distributed import distributed_c10d as _c10d
@@ -43,10 +49,23 @@ def _no_buckets(bucket_bytes: int | None) -> None:
         raise NotImplementedError("bucket_bytes is not supported: each leaf is one collective")
 
 
-def _wrap(cpp: Any):
-    from tensordict_cpp._td import TensorDict
+def _cpp_of(td: Any) -> Any:
+    """The ``_C.TensorDict`` behind a tensordict_cpp.TensorDict (its ``_cpp``); TypeError for
+    anything else."""
+    cpp = getattr(td, "_cpp", None)
+    if not isinstance(cpp, _C.TensorDict):
+        raise TypeError(f"expected a TensorDict, got {type(td)}")
+    return cpp
 
-    return TensorDict._wrap(cpp)
+
+#: ``resolver(type_str, allow_import)``: the tensorclass a sender names (set by tensorclass).
+_tensorclass_resolver: Callable[[str, bool], Any] | None = None
+
+
+def _set_tensorclass_resolver(resolver: Callable[[str, bool], Any]) -> None:
+    """Called by ``tensordict_cpp.tensorclass`` with its ``_resolve_tensorclass_type``."""
+    global _tensorclass_resolver
+    _tensorclass_resolver = resolver
 
 
 def _typed(wrap: Any, received: tuple, allow_import: bool):
@@ -59,9 +78,10 @@ def _typed(wrap: Any, received: tuple, allow_import: bool):
     td = wrap(cpp)
     if type_str is None:
         return td
-    from tensordict_cpp.tensorclass import _resolve_tensorclass_type
-
-    return _resolve_tensorclass_type(type_str, allow_import).from_tensordict(td)
+    if _tensorclass_resolver is None:  # only when tensordict_cpp.tensorclass was never imported
+        raise ValueError(f"the sender's tensorclass {type_str!r} cannot be resolved: "
+                         "import tensordict_cpp first")
+    return _tensorclass_resolver(type_str, allow_import).from_tensordict(td)
 
 
 def init_remote(self, dst: int | None = None, group: Any = None, device: Any = None,
@@ -274,8 +294,6 @@ def scatter(self, src: int, tensordicts: Sequence | None = None, *, group: Any =
         ValueError: on the source, if ``tensordicts`` is missing or does not hold one
             TensorDict per rank.
     """
-    from tensordict_cpp._td import _cpp_of
-
     pg = _group(group)
     group_src = _group_rank(pg, src)
     tds = []

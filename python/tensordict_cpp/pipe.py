@@ -90,6 +90,11 @@ class TensorDictPipe:
             Defaults to ``10``.
     """
 
+    # The marker by which TensorDict.send / recv / asend / arecv (tensordict_cpp._p2p, a layer
+    # below that cannot import this module) recognise a pipe as their `dst` / `src`: they then
+    # call its send(td) / recv(td) / asend(td) / arecv(td, device=...).
+    _tensordict_pipe = True
+
     def __init__(self, cpp: Any) -> None:
         self._cpp = cpp
         self._lock = threading.Lock()
