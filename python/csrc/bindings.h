@@ -4,6 +4,9 @@
 
 #include <torch/csrc/utils/pybind.h>
 
+#include <tuple>
+#include <utility>
+
 #include "tensordict/tensor_dict.h"
 #ifdef TENSORDICT_WITH_DIST
 #include "tensordict/distributed/options.h"
@@ -26,8 +29,22 @@ py::object value_to_py(const Value& value);
 /// anything else, ValueError for an int outside int64 or data nested too deep.
 JsonValue json_from_py(py::handle value, const NestedKey& key);
 
+/// Binds `fn` as `scope.name` (a module function or a method) with the extras of `args`, a tuple
+/// of py::arg, py::arg_v and py::kw_only: the bindings of one area build that tuple in one helper
+/// (p2p_args, pipe_option_args, ...), so each argument's name and default is written once and
+/// help() shows them.
+template <class Scope, class F, class... Extra>
+void def(Scope& scope, const char* name, F&& fn, const std::tuple<Extra...>& args) {
+  std::apply([&](const Extra&... extra) { scope.def(name, std::forward<F>(fn), extra...); }, args);
+}
+
 void bind_tensor_dict(py::module_& m);
 #ifdef TENSORDICT_WITH_DIST
+/// `group=None`: a torch ProcessGroup, a c10d Backend, or None (see group_from_py).
+inline py::arg_v group_arg() { return py::arg("group") = py::none(); }
+/// `timeout=None`: a transfer's timeout in seconds, None for the group's (see timeout_from_py).
+inline py::arg_v timeout_arg() { return py::arg("timeout") = py::none(); }
+
 /// A torch ProcessGroup, a bare c10d Backend, or None (the default group). TypeError otherwise.
 dist::Group group_from_py(py::handle group);
 /// torch's Python Work objects.

@@ -90,77 +90,103 @@ py::list works_to_py(const std::vector<dist::WorkPtr>& works) {
   return out;
 }
 
+namespace {
+
+// The arguments of every point-to-point binding, as the reference's send / recv name them (with
+// `peer` "dst" or "src"), and ours: checked and timeout. Defaults are those of the options.
+auto p2p_args(const char* peer, const char* group_peer) {
+  const dist::SendOptions d;
+  return std::make_tuple(py::arg("td"), py::arg(peer) = py::none(), py::kw_only(), group_arg(),
+                         py::arg(group_peer) = py::none(), py::arg("init_tag") = d.init_tag,
+                         py::arg("pseudo_rand") = d.pseudo_rand,
+                         py::arg("consolidated") = d.consolidated,
+                         py::arg("checked") = d.checked, timeout_arg());
+}
+
+}  // namespace
+
 void bind_distributed(py::module_& m) {
   // Each call converts its arguments with the GIL held, then releases it for the transfer.
-  m.def("send",
-        [](const TensorDict& td, std::optional<int64_t> dst, py::handle group,
-           std::optional<int64_t> group_dst, int64_t init_tag, bool pseudo_rand,
-           bool consolidated, bool checked, std::optional<double> timeout) {
-          auto options = send_options(group, group_dst, init_tag, pseudo_rand, consolidated,
-                                      checked, timeout);
+  const auto send_args = p2p_args("dst", "group_dst");
+  const auto recv_args = p2p_args("src", "group_src");
+  def(m, "send",
+      [](const TensorDict& td, std::optional<int64_t> dst, py::object group,
+         std::optional<int64_t> group_dst, int64_t init_tag, bool pseudo_rand,
+         bool consolidated, bool checked, std::optional<double> timeout) {
+        auto options = send_options(group, group_dst, init_tag, pseudo_rand, consolidated,
+                                    checked, timeout);
+        py::gil_scoped_release nogil;
+        dist::send(td, dst, options);
+      },
+      send_args);
+  def(m, "isend",
+      [](const TensorDict& td, std::optional<int64_t> dst, py::object group,
+         std::optional<int64_t> group_dst, int64_t init_tag, bool pseudo_rand,
+         bool consolidated, bool checked, std::optional<double> timeout) {
+        auto options = send_options(group, group_dst, init_tag, pseudo_rand, consolidated,
+                                    checked, timeout);
+        py::gil_scoped_release nogil;
+        return dist::isend(td, dst, options);
+      },
+      send_args);
+  def(m, "isend_early",
+      [](const TensorDict& td, std::optional<int64_t> dst, py::object group,
+         std::optional<int64_t> group_dst, int64_t init_tag, bool pseudo_rand,
+         bool consolidated, bool checked, std::optional<double> timeout) {
+        auto options = send_options(group, group_dst, init_tag, pseudo_rand, consolidated,
+                                    checked, timeout);
+        std::vector<dist::WorkPtr> works;
+        {
           py::gil_scoped_release nogil;
-          dist::send(td, dst, options);
-        });
-  m.def("isend",
-        [](const TensorDict& td, std::optional<int64_t> dst, py::handle group,
-           std::optional<int64_t> group_dst, int64_t init_tag, bool pseudo_rand,
-           bool consolidated, bool checked, std::optional<double> timeout) {
-          auto options = send_options(group, group_dst, init_tag, pseudo_rand, consolidated,
-                                      checked, timeout);
+          works = dist::isend_early(td, dst, options);
+        }
+        return works_to_py(works);
+      },
+      send_args);
+  def(m, "recv",
+      [](const TensorDict& td, std::optional<int64_t> src, py::object group,
+         std::optional<int64_t> group_src, int64_t init_tag, bool pseudo_rand,
+         bool consolidated, bool checked, std::optional<double> timeout) {
+        auto options = recv_options(group, group_src, init_tag, pseudo_rand, consolidated,
+                                    checked, timeout);
+        py::gil_scoped_release nogil;
+        return dist::recv(td, src, options);
+      },
+      recv_args);
+  def(m, "irecv",
+      [](const TensorDict& td, std::optional<int64_t> src, py::object group,
+         std::optional<int64_t> group_src, int64_t init_tag, bool pseudo_rand,
+         bool consolidated, bool checked, std::optional<double> timeout) {
+        auto options = recv_options(group, group_src, init_tag, pseudo_rand, consolidated,
+                                    checked, timeout);
+        py::gil_scoped_release nogil;
+        dist::irecv(td, src, options);
+      },
+      recv_args);
+  def(m, "irecv_premature",
+      [](const TensorDict& td, std::optional<int64_t> src, py::object group,
+         std::optional<int64_t> group_src, int64_t init_tag, bool pseudo_rand,
+         bool consolidated, bool checked, std::optional<double> timeout) {
+        auto options = recv_options(group, group_src, init_tag, pseudo_rand, consolidated,
+                                    checked, timeout);
+        std::vector<dist::WorkPtr> works;
+        {
           py::gil_scoped_release nogil;
-          return dist::isend(td, dst, options);
-        });
-  m.def("isend_early",
-        [](const TensorDict& td, std::optional<int64_t> dst, py::handle group,
-           std::optional<int64_t> group_dst, int64_t init_tag, bool pseudo_rand,
-           bool consolidated, bool checked, std::optional<double> timeout) {
-          auto options = send_options(group, group_dst, init_tag, pseudo_rand, consolidated,
-                                      checked, timeout);
-          std::vector<dist::WorkPtr> works;
-          {
-            py::gil_scoped_release nogil;
-            works = dist::isend_early(td, dst, options);
-          }
-          return works_to_py(works);
-        });
-  m.def("recv",
-        [](const TensorDict& td, std::optional<int64_t> src, py::handle group,
-           std::optional<int64_t> group_src, int64_t init_tag, bool pseudo_rand,
-           bool consolidated, bool checked, std::optional<double> timeout) {
-          auto options = recv_options(group, group_src, init_tag, pseudo_rand, consolidated,
-                                      checked, timeout);
-          py::gil_scoped_release nogil;
-          return dist::recv(td, src, options);
-        });
-  m.def("irecv",
-        [](const TensorDict& td, std::optional<int64_t> src, py::handle group,
-           std::optional<int64_t> group_src, int64_t init_tag, bool pseudo_rand,
-           bool consolidated, bool checked, std::optional<double> timeout) {
-          auto options = recv_options(group, group_src, init_tag, pseudo_rand, consolidated,
-                                      checked, timeout);
-          py::gil_scoped_release nogil;
-          dist::irecv(td, src, options);
-        });
-  m.def("irecv_premature",
-        [](const TensorDict& td, std::optional<int64_t> src, py::handle group,
-           std::optional<int64_t> group_src, int64_t init_tag, bool pseudo_rand,
-           bool consolidated, bool checked, std::optional<double> timeout) {
-          auto options = recv_options(group, group_src, init_tag, pseudo_rand, consolidated,
-                                      checked, timeout);
-          std::vector<dist::WorkPtr> works;
-          {
-            py::gil_scoped_release nogil;
-            works = dist::irecv_premature(td, src, options);
-          }
-          return works_to_py(works);
-        });
-  m.def("wire_order", [](const TensorDict& td) {
-    py::list out;
-    for (const auto& [path, t] : dist::wire_order(td)) {
-      out.append(py::make_tuple(key_to_py(NestedKey(path)), t));
-    }
-    return out;
-  });
+          works = dist::irecv_premature(td, src, options);
+        }
+        return works_to_py(works);
+      },
+      recv_args);
+  m.def(
+      "wire_order",
+      [](const TensorDict& td) {
+        py::list out;
+        for (const auto& [path, t] : dist::wire_order(td)) {
+          out.append(py::make_tuple(key_to_py(NestedKey(path)), t));
+        }
+        return out;
+      },
+      py::arg("td"));
 }
 
 }  // namespace tensordict::python

@@ -6,6 +6,7 @@
 #include <chrono>
 #include <optional>
 #include <string>
+#include <tuple>
 
 #include "bindings.h"
 #include "tensordict/pipe/pipe.h"
@@ -35,38 +36,58 @@ PipeOptions options(bool consolidated, double timeout, int64_t max_metadata_byte
   return o;
 }
 
-// The keyword arguments of every constructor, with PipeOptions' defaults.
-#define TD_PIPE_OPTION_ARGS                                                             \
-  py::kw_only(), py::arg("consolidated") = true, py::arg("timeout") = 30.0,             \
-      py::arg("max_metadata_bytes") = PipeOptions{}.max_metadata_bytes,                 \
-      py::arg("max_storage_bytes") = PipeOptions{}.max_storage_bytes,                   \
-      py::arg("linger") = 10.0
+double seconds(std::chrono::milliseconds ms) { return static_cast<double>(ms.count()) / 1000.0; }
+
+// The keyword arguments of every constructor (listen, connect, PipeServer), with PipeOptions'
+// defaults: each name and default is written here only.
+auto pipe_option_args() {
+  const PipeOptions d;
+  return std::make_tuple(py::kw_only(), py::arg("consolidated") = d.consolidated,
+                         py::arg("timeout") = seconds(d.timeout),
+                         py::arg("max_metadata_bytes") = d.max_metadata_bytes,
+                         py::arg("max_storage_bytes") = d.max_storage_bytes,
+                         py::arg("linger") = seconds(d.linger));
+}
 
 }  // namespace
 
 void bind_pipe(py::module_& m) {
-  py::class_<Pipe>(m, "Pipe")
-      .def_static(
-          "listen",
-          [](int port, const std::string& host, bool consolidated, double timeout,
-             int64_t max_meta, int64_t max_storage, double linger) {
-            auto o = options(consolidated, timeout, max_meta, max_storage, linger);
-            py::gil_scoped_release nogil;
-            return Pipe::listen(port, host, o);
-          },
-          py::arg("port"), py::arg("host"), TD_PIPE_OPTION_ARGS)
-      .def_static(
-          "connect",
-          [](const std::string& host, int port, bool consolidated, double timeout,
-             int64_t max_meta, int64_t max_storage, double linger) {
-            auto o = options(consolidated, timeout, max_meta, max_storage, linger);
-            py::gil_scoped_release nogil;
-            return Pipe::connect(host, port, o);
-          },
-          py::arg("host"), py::arg("port"), TD_PIPE_OPTION_ARGS)
-      .def("send", &Pipe::send, py::arg("td"), py::call_guard<py::gil_scoped_release>())
-      .def("recv", &Pipe::recv, py::arg("td"), py::arg("device"),
-           py::call_guard<py::gil_scoped_release>())
+  py::class_<Pipe> pipe(m, "Pipe");
+  const auto listen_args =
+      std::tuple_cat(std::make_tuple(py::arg("port"), py::arg("host")), pipe_option_args());
+  std::apply(
+      [&](const auto&... args) {
+        pipe.def_static(
+            "listen",
+            [](int port, const std::string& host, bool consolidated, double timeout,
+               int64_t max_metadata_bytes, int64_t max_storage_bytes, double linger) {
+              auto o = options(consolidated, timeout, max_metadata_bytes, max_storage_bytes,
+                               linger);
+              py::gil_scoped_release nogil;
+              return Pipe::listen(port, host, o);
+            },
+            args...);
+      },
+      listen_args);
+  const auto connect_args =
+      std::tuple_cat(std::make_tuple(py::arg("host"), py::arg("port")), pipe_option_args());
+  std::apply(
+      [&](const auto&... args) {
+        pipe.def_static(
+            "connect",
+            [](const std::string& host, int port, bool consolidated, double timeout,
+               int64_t max_metadata_bytes, int64_t max_storage_bytes, double linger) {
+              auto o = options(consolidated, timeout, max_metadata_bytes, max_storage_bytes,
+                               linger);
+              py::gil_scoped_release nogil;
+              return Pipe::connect(host, port, o);
+            },
+            args...);
+      },
+      connect_args);
+  pipe.def("send", &Pipe::send, py::arg("td"), py::call_guard<py::gil_scoped_release>())
+      .def("recv", &Pipe::recv, py::arg("td") = py::none(), py::kw_only(),
+           py::arg("device") = py::none(), py::call_guard<py::gil_scoped_release>())
       .def("accept", &Pipe::accept, py::call_guard<py::gil_scoped_release>())
       .def("close", &Pipe::close, py::call_guard<py::gil_scoped_release>())
       .def_property_readonly("closed", &Pipe::closed)
@@ -86,32 +107,43 @@ void bind_pipe(py::module_& m) {
              d["bytes_received"] = s.bytes_received;
              return d;
            })
-      .def("send_raw",
-           [](Pipe& p, const py::bytes& data) {
-             std::string s = data;
-             py::gil_scoped_release nogil;
-             p.send_raw(s.data(), s.size());
-           })
-      .def("recv_raw", [](Pipe& p, size_t n) {
-        std::string s;
-        {
-          py::gil_scoped_release nogil;
-          s = p.recv_raw(n);
-        }
-        return py::bytes(s);
-      });
+      .def(
+          "send_raw",
+          [](Pipe& p, const py::bytes& data) {
+            std::string s = data;
+            py::gil_scoped_release nogil;
+            p.send_raw(s.data(), s.size());
+          },
+          py::arg("data"))
+      .def(
+          "recv_raw",
+          [](Pipe& p, size_t n) {
+            std::string s;
+            {
+              py::gil_scoped_release nogil;
+              s = p.recv_raw(n);
+            }
+            return py::bytes(s);
+          },
+          py::arg("n"));
 
   // serve() is not bound: its handlers run on C++ threads; the Python server runs them as
   // asyncio tasks over accept() instead.
-  py::class_<TensorDictServer>(m, "PipeServer")
-      .def(py::init([](int port, const std::string& host, bool consolidated, double timeout,
-                       int64_t max_meta, int64_t max_storage, double linger) {
-             auto o = options(consolidated, timeout, max_meta, max_storage, linger);
-             py::gil_scoped_release nogil;
-             return std::make_unique<TensorDictServer>(port, host, o);
-           }),
-           py::arg("port"), py::arg("host"), TD_PIPE_OPTION_ARGS)
-      .def_property_readonly("port", &TensorDictServer::port)
+  py::class_<TensorDictServer> server(m, "PipeServer");
+  std::apply(
+      [&](const auto&... args) {
+        server.def(py::init([](int port, const std::string& host, bool consolidated,
+                               double timeout, int64_t max_metadata_bytes,
+                               int64_t max_storage_bytes, double linger) {
+                     auto o = options(consolidated, timeout, max_metadata_bytes,
+                                      max_storage_bytes, linger);
+                     py::gil_scoped_release nogil;
+                     return std::make_unique<TensorDictServer>(port, host, o);
+                   }),
+                   args...);
+      },
+      listen_args);
+  server.def_property_readonly("port", &TensorDictServer::port)
       .def_property_readonly("clients", &TensorDictServer::clients)
       .def(
           "accept",

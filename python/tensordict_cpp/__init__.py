@@ -10,6 +10,8 @@
 import torch
 import torch.distributed  # noqa: F401
 
+# errors first: _C looks its classes up while it is imported (errors imports nothing else).
+from tensordict_cpp import errors
 from tensordict_cpp import _C
 from tensordict_cpp._td import NonTensorData, TensorDict, cat, stack
 from tensordict_cpp.pipe import TensorDictPipe, TensorDictServer

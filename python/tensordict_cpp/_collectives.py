@@ -6,13 +6,19 @@ of the group here, by torch.distributed itself, and ``group=None`` becomes torch
 group: the groups of a Python program live in torch.distributed's Python registry. The C++
 side therefore always receives a group and, where a peer is named, its rank in that group.
 
+A layer below ``_td``, as ``_p2p``: the functions take the TensorDict as ``self`` (or its class
+as ``cls``) and use only its ``_cpp`` and ``_wrap``, so this module imports nothing of the
+package but ``_C`` and ``_p2p``. A sender's tensorclass name is resolved by the function that
+the tensorclass layer (above) registers with :func:`_set_tensorclass_resolver` when it is
+imported, which the package's ``__init__`` always does.
+
 Metadata travels as pickles in torch's object-collective framing, byte-compatible with the
 reference ``tensordict``; our C++ code writes and reads them (a restricted reader that never
 imports or calls anything): Python's ``pickle`` never sees bytes from a peer.
 """
 from __future__ import annotations
 
-from typing import Any, Sequence
+from typing import Any, Callable, Sequence
 
 import torch.distributed as dist
 from torch.distributed import distributed_c10d as _c10d
@@ -43,10 +49,23 @@ def _no_buckets(bucket_bytes: int | None) -> None:
         raise NotImplementedError("bucket_bytes is not supported: each leaf is one collective")
 
 
-def _wrap(cpp: Any):
-    from tensordict_cpp._td import TensorDict
+def _cpp_of(td: Any) -> Any:
+    """The ``_C.TensorDict`` behind a tensordict_cpp.TensorDict (its ``_cpp``); TypeError for
+    anything else."""
+    cpp = getattr(td, "_cpp", None)
+    if not isinstance(cpp, _C.TensorDict):
+        raise TypeError(f"expected a TensorDict, got {type(td)}")
+    return cpp
 
-    return TensorDict._wrap(cpp)
+
+#: ``resolver(type_str, allow_import)``: the tensorclass a sender names (set by tensorclass).
+_tensorclass_resolver: Callable[[str, bool], Any] | None = None
+
+
+def _set_tensorclass_resolver(resolver: Callable[[str, bool], Any]) -> None:
+    """Called by ``tensordict_cpp.tensorclass`` with its ``_resolve_tensorclass_type``."""
+    global _tensorclass_resolver
+    _tensorclass_resolver = resolver
 
 
 def _typed(wrap: Any, received: tuple, allow_import: bool):
@@ -59,9 +78,10 @@ def _typed(wrap: Any, received: tuple, allow_import: bool):
     td = wrap(cpp)
     if type_str is None:
         return td
-    from tensordict_cpp.tensorclass import _resolve_tensorclass_type
-
-    return _resolve_tensorclass_type(type_str, allow_import).from_tensordict(td)
+    if _tensorclass_resolver is None:  # only when tensordict_cpp.tensorclass was never imported
+        raise ValueError(f"the sender's tensorclass {type_str!r} cannot be resolved: "
+                         "import tensordict_cpp first")
+    return _tensorclass_resolver(type_str, allow_import).from_tensordict(td)
 
 
 def init_remote(self, dst: int | None = None, group: Any = None, device: Any = None,
@@ -109,8 +129,9 @@ def init_remote(self, dst: int | None = None, group: Any = None, device: Any = N
             raise ValueError("init_remote: `dst` is required unless use_broadcast=True")
         group_dst = _group_rank(pg, dst)
         _c10d._check_not_self_rank(pg, group_dst, "destination")
-    _C.init_remote(self._cpp, group_dst, pg, device, use_broadcast, _tensorclass_type,
-                   _seconds(timeout))
+    _C.init_remote(self._cpp, group_dst=group_dst, group=pg, device=device,
+                   use_broadcast=use_broadcast, _tensorclass_type=_tensorclass_type,
+                   timeout=_seconds(timeout))
 
 
 @classmethod
@@ -160,8 +181,9 @@ def from_remote_init(cls, src: int, group: Any = None, device: Any = None,
     group_src = _group_rank(pg, src)
     if not use_broadcast:
         _c10d._check_not_self_rank(pg, group_src, "source")
-    received = _C.from_remote_init(group_src, pg, device, use_broadcast,
-                                   max_total_bytes, _seconds(timeout))
+    received = _C.from_remote_init(group_src, group=pg, device=device,
+                                   use_broadcast=use_broadcast,
+                                   max_total_bytes=max_total_bytes, timeout=_seconds(timeout))
     return _typed(cls._wrap, received, allow_import)
 
 
@@ -204,11 +226,12 @@ def broadcast(self, src: int, *, group: Any = None, device: Any = None,
         ValueError: on receivers, for a tensorclass name that is not known here.
     """
     pg = _group(group)
-    cpp, type_str = _C.broadcast(self._cpp, _group_rank(pg, src), pg, device, max_total_bytes,
-                                 _tensorclass_type, _seconds(timeout))
+    cpp, type_str = _C.broadcast(self._cpp, _group_rank(pg, src), group=pg, device=device,
+                                 max_total_bytes=max_total_bytes,
+                                 _tensorclass_type=_tensorclass_type, timeout=_seconds(timeout))
     if pg.rank() == _group_rank(pg, src):
-        return _wrap(cpp)  # the source: a tensorclass wraps its own result
-    return _typed(_wrap, (cpp, type_str), allow_import)
+        return self._wrap(cpp)  # the source: a tensorclass wraps its own result
+    return _typed(self._wrap, (cpp, type_str), allow_import)
 
 
 def all_gather(self, *, group: Any = None, max_total_bytes: int | None = None,
@@ -232,8 +255,9 @@ def all_gather(self, *, group: Any = None, max_total_bytes: int | None = None,
     Returns:
         A list of new consolidated TensorDicts, one per rank of the group (this one's too).
     """
-    return [_wrap(t) for t in _C.all_gather(self._cpp, _group(group), max_total_bytes,
-                                            _seconds(timeout))]
+    return [self._wrap(t) for t in _C.all_gather(self._cpp, group=_group(group),
+                                                 max_total_bytes=max_total_bytes,
+                                                 timeout=_seconds(timeout))]
 
 
 def scatter(self, src: int, tensordicts: Sequence | None = None, *, group: Any = None,
@@ -270,8 +294,6 @@ def scatter(self, src: int, tensordicts: Sequence | None = None, *, group: Any =
         ValueError: on the source, if ``tensordicts`` is missing or does not hold one
             TensorDict per rank.
     """
-    from tensordict_cpp._td import _cpp_of
-
     pg = _group(group)
     group_src = _group_rank(pg, src)
     tds = []
@@ -279,7 +301,8 @@ def scatter(self, src: int, tensordicts: Sequence | None = None, *, group: Any =
         if tensordicts is None:
             raise ValueError("scatter: the source rank must pass `tensordicts`")
         tds = [_cpp_of(td) for td in tensordicts]
-    return _wrap(_C.scatter(group_src, tds, pg, device, max_total_bytes, _seconds(timeout)))
+    return self._wrap(_C.scatter(group_src, tds, group=pg, device=device,
+                                 max_total_bytes=max_total_bytes, timeout=_seconds(timeout)))
 
 
 def all_reduce(self, op: Any = None, *, group: Any = None, async_op: bool = False,
@@ -308,7 +331,8 @@ def all_reduce(self, op: Any = None, *, group: Any = None, async_op: bool = Fals
         With ``async_op=True``, the list of ``Work`` objects; otherwise ``None``.
     """
     _no_buckets(bucket_bytes)
-    return _C.all_reduce(self._cpp, _op(op), async_op, _group(group), _seconds(timeout))
+    return _C.all_reduce(self._cpp, _op(op), async_op=async_op, group=_group(group),
+                         timeout=_seconds(timeout))
 
 
 def reduce(self, dst: int, op: Any = None, async_op: bool = False,
@@ -345,5 +369,5 @@ def reduce(self, dst: int, op: Any = None, async_op: bool = False,
     """
     _no_buckets(bucket_bytes)
     pg = _group(group)
-    return _C.reduce(self._cpp, _group_rank(pg, dst), _op(op), async_op, return_premature, pg,
-                     _seconds(timeout))
+    return _C.reduce(self._cpp, _group_rank(pg, dst), _op(op), async_op=async_op,
+                     return_premature=return_premature, group=pg, timeout=_seconds(timeout))

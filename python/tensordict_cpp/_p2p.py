@@ -1,5 +1,11 @@
 """send / recv / isend / irecv of tensordict_cpp.TensorDict (bound as its methods).
 
+A layer below ``_td``: these functions take the TensorDict as ``self`` and use only its ``_cpp``
+(the ``_C.TensorDict``), so this module imports nothing of the package but ``_C``. A pipe
+(``tensordict_cpp.pipe``, a layer above) is recognised by protocol, not by import: an object
+whose class sets ``_tensordict_pipe = True`` and has ``send(td)`` / ``recv(td)`` /
+``asend(td)`` / ``arecv(td, device=...)`` taking a TensorDict (see ``_is_pipe``).
+
 The transfers run in C++ with the GIL released. Global ranks (``dst`` / ``src``) are turned
 into ranks of the group here, by torch.distributed itself, because the groups a Python program
 uses live in torch.distributed's Python registry; everything else is checked by the C++ core,
@@ -44,13 +50,15 @@ def _mapped(peer, group_peer):
     return peer is not None and group_peer is None
 
 
+def _is_pipe(obj: Any) -> bool:
+    """Whether ``obj`` is a TensorDictPipe: its class says so with ``_tensordict_pipe = True``
+    (the pipe module is above this one, so it cannot be imported here for an isinstance)."""
+    return getattr(type(obj), "_tensordict_pipe", False) is True
+
+
 def _pipe_peer(peer: Any, group_peer: int | None, name: str) -> Any:
     """``peer`` when it is a TensorDictPipe (then no group peer is allowed), else None."""
-    if peer is None or isinstance(peer, int):
-        return None  # the usual case, without the import below (~10 us a call)
-    from tensordict_cpp.pipe import TensorDictPipe
-
-    if not isinstance(peer, TensorDictPipe):
+    if peer is None or isinstance(peer, int) or not _is_pipe(peer):
         return None
     if group_peer is not None:
         raise ValueError(f"`group_{name}` cannot be used when `{name}` is a TensorDictPipe.")
@@ -127,8 +135,9 @@ def send(self, dst: Any = None, *, group: Any = None, group_dst: int | None = No
     if mapped:
         # torch.distributed.send refuses to send to oneself.
         _c10d._check_not_self_rank(group, group_dst, "destination")
-    _C.send(self._cpp, dst, group, group_dst, init_tag, pseudo_rand, consolidated, checked,
-            _seconds(timeout))
+    _C.send(self._cpp, dst, group=group, group_dst=group_dst, init_tag=init_tag,
+            pseudo_rand=pseudo_rand, consolidated=consolidated, checked=checked,
+            timeout=_seconds(timeout))
 
 
 def recv(self, src: Any = None, *, group: Any = None, group_src: int | None = None,
@@ -195,8 +204,9 @@ def recv(self, src: Any = None, *, group: Any = None, group_src: int | None = No
     if mapped:
         # torch.distributed.recv refuses to receive from oneself (Gloo has no pair to itself).
         _c10d._check_not_self_rank(group, group_src, "source")
-    return _C.recv(self._cpp, src, group, group_src, init_tag, pseudo_rand, consolidated,
-                   checked, _seconds(timeout))
+    return _C.recv(self._cpp, src, group=group, group_src=group_src, init_tag=init_tag,
+                   pseudo_rand=pseudo_rand, consolidated=consolidated, checked=checked,
+                   timeout=_seconds(timeout))
 
 
 def isend(self, dst: int | None = None, *, group: Any = None, group_dst: int | None = None,
@@ -256,11 +266,10 @@ def isend(self, dst: int | None = None, *, group: Any = None, group_dst: int | N
         RuntimeError: if the transport fails (when waiting: here, or in ``Work.wait()``).
     """
     dst, group, group_dst = _resolve(dst, group, group_dst)
-    if return_early:
-        return _C.isend_early(self._cpp, dst, group, group_dst, init_tag, pseudo_rand,
-                              consolidated, checked, _seconds(timeout))
-    return _C.isend(self._cpp, dst, group, group_dst, init_tag, pseudo_rand, consolidated,
-                    checked, _seconds(timeout))
+    call = _C.isend_early if return_early else _C.isend
+    return call(self._cpp, dst, group=group, group_dst=group_dst, init_tag=init_tag,
+                pseudo_rand=pseudo_rand, consolidated=consolidated, checked=checked,
+                timeout=_seconds(timeout))
 
 
 def irecv(self, src: int | None = None, *, group: Any = None, group_src: int | None = None,
@@ -318,12 +327,11 @@ def irecv(self, src: int | None = None, *, group: Any = None, group_src: int | N
         RuntimeError: if the transport fails (when waiting: here, or in ``Work.wait()``).
     """
     src, group, group_src = _resolve(src, group, group_src)
-    if return_premature:
-        return _C.irecv_premature(self._cpp, src, group, group_src, init_tag, pseudo_rand,
-                                  consolidated, checked, _seconds(timeout))
-    _C.irecv(self._cpp, src, group, group_src, init_tag, pseudo_rand, consolidated, checked,
-             _seconds(timeout))
-    return None
+    call = _C.irecv_premature if return_premature else _C.irecv
+    works = call(self._cpp, src, group=group, group_src=group_src, init_tag=init_tag,
+                 pseudo_rand=pseudo_rand, consolidated=consolidated, checked=checked,
+                 timeout=_seconds(timeout))
+    return works if return_premature else None
 
 
 async def asend(self, dst: Any) -> None:
@@ -333,9 +341,7 @@ async def asend(self, dst: Any) -> None:
     Raises:
         TypeError: if ``dst`` is not a TensorDictPipe.
     """
-    from tensordict_cpp.pipe import TensorDictPipe
-
-    if not isinstance(dst, TensorDictPipe):
+    if not _is_pipe(dst):
         raise TypeError(f"asend: dst must be a TensorDictPipe, got {type(dst)}")
     await dst.asend(self)
 
@@ -348,8 +354,6 @@ async def arecv(self, src: Any, *, device: Any = None) -> Any:
     Raises:
         TypeError: if ``src`` is not a TensorDictPipe.
     """
-    from tensordict_cpp.pipe import TensorDictPipe
-
-    if not isinstance(src, TensorDictPipe):
+    if not _is_pipe(src):
         raise TypeError(f"arecv: src must be a TensorDictPipe, got {type(src)}")
     return await src.arecv(self, device=device)

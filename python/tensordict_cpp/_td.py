@@ -1,5 +1,10 @@
 """The Python face of the C++ TensorDict: the reference tensordict's calling conventions over
-``tensordict_cpp._C.TensorDict``, which does the work."""
+``tensordict_cpp._C.TensorDict``, which does the work.
+
+Imports go one way through the package (tests/python/test_imports.py checks it): errors, _C,
+then _p2p and _collectives (transfers over ``self._cpp``), then this module, which binds them
+as TensorDict's methods, then tensorclass, pipe and the package's ``__init__``.
+"""
 from __future__ import annotations
 
 import numbers
@@ -8,7 +13,7 @@ from typing import Any, Callable, Sequence
 
 import torch
 
-from tensordict_cpp import _C
+from tensordict_cpp import _C, _collectives, _p2p
 
 _NO_DEFAULT = object()
 _CTD = _C.TensorDict
@@ -574,11 +579,13 @@ class TensorDict:
         return NotImplemented
 
     # ---- point-to-point transfers ------------------------------------------------------------
-    from tensordict_cpp._p2p import send, recv, isend, irecv, asend, arecv  # noqa: E402
+    send, recv, isend, irecv = _p2p.send, _p2p.recv, _p2p.isend, _p2p.irecv
+    asend, arecv = _p2p.asend, _p2p.arecv
 
     # ---- init_remote and collectives ---------------------------------------------------------
-    from tensordict_cpp._collectives import (  # noqa: E402
-        init_remote, from_remote_init, broadcast, all_gather, scatter, all_reduce, reduce)
+    init_remote, from_remote_init = _collectives.init_remote, _collectives.from_remote_init
+    broadcast, all_gather = _collectives.broadcast, _collectives.all_gather
+    scatter, all_reduce, reduce = _collectives.scatter, _collectives.all_reduce, _collectives.reduce
 
 
 # help() names the class, not the module the methods are written in.

@@ -27,6 +27,7 @@ import torch
 
 from tensordict_cpp import _C
 from tensordict_cpp._td import TensorDict
+from tensordict_cpp.errors import PeerClosedError, PipeClosedError
 
 __all__ = ["TensorDictPipe", "TensorDictServer"]
 
@@ -89,6 +90,11 @@ class TensorDictPipe:
             Defaults to ``10``.
     """
 
+    # The marker by which TensorDict.send / recv / asend / arecv (tensordict_cpp._p2p, a layer
+    # below that cannot import this module) recognise a pipe as their `dst` / `src`: they then
+    # call its send(td) / recv(td) / asend(td) / arecv(td, device=...).
+    _tensordict_pipe = True
+
     def __init__(self, cpp: Any) -> None:
         self._cpp = cpp
         self._lock = threading.Lock()
@@ -109,7 +115,7 @@ class TensorDictPipe:
             ValueError: for a bad port or host.
         """
         _require_pipe()
-        return cls(_C.Pipe.listen(port, host, **{**_DEFAULTS, **options}))
+        return cls(_C.Pipe.listen(port=port, host=host, **{**_DEFAULTS, **options}))
 
     @classmethod
     def connect_sync(cls, host: str, port: int, **options: Any) -> "TensorDictPipe":
@@ -119,7 +125,7 @@ class TensorDictPipe:
             RuntimeError: if the peer is unreachable or refuses, or on timeout.
         """
         _require_pipe()
-        return cls(_C.Pipe.connect(host, port, **{**_DEFAULTS, **options}))
+        return cls(_C.Pipe.connect(host=host, port=port, **{**_DEFAULTS, **options}))
 
     @classmethod
     async def listen(cls, port: int = 0, host: str = "127.0.0.1", **options: Any) -> "TensorDictPipe":
@@ -147,8 +153,10 @@ class TensorDictPipe:
         first, on each call: consolidate it once and update it in place to avoid the copy.
 
         Raises:
-            RuntimeError: on a closed or broken pipe, a peer error or a timeout
-                ("Cannot send on a closed pipe." when closed).
+            RuntimeError: on a closed or broken pipe, a peer error or a timeout: a
+                :class:`~tensordict_cpp.errors.PipeClosedError` ("Cannot send on a closed
+                pipe.") when this end is closed, a
+                :class:`~tensordict_cpp.errors.PeerClosedError` after the peer closed it.
             ValueError: for a TensorDict the wire cannot carry.
             TypeError: if ``td`` is not a tensordict_cpp.TensorDict.
         """
@@ -174,9 +182,10 @@ class TensorDictPipe:
 
         Raises:
             RuntimeError: on a closed or broken pipe, a peer error, a timeout, a clean close by
-                the peer ("the peer closed the pipe", see :attr:`peer_closed`), or framing
-                errors (unknown flag, sizes over the caps, a same-schema message with nothing
-                to receive into).
+                the peer (:class:`~tensordict_cpp.errors.PeerClosedError`, "the peer closed
+                the pipe", see :attr:`peer_closed`), or framing errors (unknown flag, sizes
+                over the caps, a same-schema message with nothing to receive into); a
+                :class:`~tensordict_cpp.errors.PipeClosedError` when this end is closed.
             ValueError: for invalid metadata from the peer.
         """
         return self._recv_blocking(td, device)
@@ -201,7 +210,7 @@ class TensorDictPipe:
             raise
 
     def _recv_blocking(self, td: TensorDict | None, device: Any) -> TensorDict:
-        out = self._cpp.recv(_cpp_td(td), _device(device))
+        out = self._cpp.recv(_cpp_td(td), device=_device(device))
         with self._lock:
             # The same C++ TensorDict as before (same schema): the same Python object too.
             for known in (self._last, td):
@@ -275,12 +284,10 @@ class TensorDictPipe:
     async def __anext__(self) -> TensorDict:
         try:
             return await self.arecv()
-        except RuntimeError:
+        except (PeerClosedError, PipeClosedError):
             # A clean end: the peer's close marker, or this end closed on purpose. Anything
             # else (a lost peer, a timeout, a framing error) is raised.
-            if self._cpp.peer_closed or self._cpp.closed:
-                raise StopAsyncIteration from None
-            raise
+            raise StopAsyncIteration from None
 
     def __repr__(self) -> str:
         state = "closed" if self.closed else ("peer closed" if self.peer_closed else "open")
@@ -295,7 +302,7 @@ class TensorDictPipe:
             ex = getattr(self, name)
             if ex is None:
                 if self._cpp.closed:  # no thread for a pipe that close() will not see again
-                    raise RuntimeError(f"Cannot {op} on a closed pipe.")
+                    raise PipeClosedError(f"Cannot {op} on a closed pipe.")
                 ex = concurrent.futures.ThreadPoolExecutor(1, thread_name_prefix=f"td-pipe-{op}")
                 setattr(self, name, ex)
             return ex
@@ -324,7 +331,7 @@ class TensorDictServer:
 
     def __init__(self, port: int = 0, host: str = "127.0.0.1", **options: Any) -> None:
         _require_pipe()
-        self._cpp = _C.PipeServer(port, host, **{**_DEFAULTS, **options})
+        self._cpp = _C.PipeServer(port=port, host=host, **{**_DEFAULTS, **options})
         self._closed = False
         self._lock = threading.Lock()
         self._accept_ex = concurrent.futures.ThreadPoolExecutor(
@@ -352,7 +359,7 @@ class TensorDictServer:
         """The next client's pipe, waiting up to ``timeout`` seconds (default: the pipes'
         timeout); ``None`` when none came in time or the server is closed."""
         try:
-            cpp = self._cpp.accept(timeout)
+            cpp = self._cpp.accept(timeout=timeout)
         except RuntimeError:
             if self._closed:
                 return None

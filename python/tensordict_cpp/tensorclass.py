@@ -38,6 +38,7 @@ from typing import Any, Callable
 
 import torch
 
+from tensordict_cpp import _collectives
 from tensordict_cpp._td import TensorDict
 
 __all__ = ["tensorclass", "is_tensorclass"]
@@ -913,3 +914,8 @@ def _lookup(type_str: str) -> type | None:
         if alias is not None and rest:
             found = _REGISTRY.get(f"{alias}.{rest}")
     return found
+
+
+# from_remote_init and broadcast (in _collectives, a layer below) resolve a sender's
+# tensorclass name through this module's registry.
+_collectives._set_tensorclass_resolver(_resolve_tensorclass_type)

@@ -1,5 +1,6 @@
-"""C++ errors reach Python as the Errors table of STYLE.md says, with texts and no C++
+"""C++ errors reach Python as the table of docs/errors.md says, with texts and no C++
 backtrace; the p2p argument checks raise the reference's exact ValueError texts."""
+import builtins
 import datetime
 import os
 
@@ -9,7 +10,7 @@ import torch
 import torch.distributed as dist
 
 import tensordict_cpp
-from tensordict_cpp import TensorDict, _C
+from tensordict_cpp import TensorDict, _C, errors
 
 os.environ.setdefault("GLOO_SOCKET_IFNAME", "lo")  # the one-rank groups below bind to loopback
 
@@ -21,6 +22,9 @@ os.environ.setdefault("GLOO_SOCKET_IFNAME", "lo")  # the one-rank groups below b
     ("IndexError", IndexError),
     ("NotImplementedError", NotImplementedError),
     ("DistBackendError", dist.DistBackendError),
+    ("DistNetworkError", dist.DistNetworkError),
+    ("DistStoreError", dist.DistStoreError),
+    ("DistError", dist.DistError),
     ("RuntimeError", RuntimeError),
     ("InternalAssert", RuntimeError),
 ])
@@ -30,6 +34,69 @@ def test_each_cpp_error_type_maps_to_its_python_class(kind, expected):
     assert type(info.value) is expected
     assert "the message" in str(info.value)
     assert "Exception raised from" not in str(info.value)  # no C++ backtrace
+
+
+# Each typed error of errors.h: its Python class, and the built-in classes (the types raised
+# before the typed errors existed) that it must still be an instance of.
+TYPED = [
+    ("TimeoutError", errors.TimeoutError,
+     (dist.DistBackendError, dist.DistError, RuntimeError, builtins.TimeoutError, OSError)),
+    ("PeerLostError", errors.PeerLostError, (dist.DistBackendError, dist.DistError, RuntimeError)),
+    ("PipeClosedError", errors.PipeClosedError, (RuntimeError,)),
+    ("PeerClosedError", errors.PeerClosedError, (RuntimeError,)),
+    ("SchemaMismatchError", errors.SchemaMismatchError, (RuntimeError,)),
+    ("MalformedPeerDataError", errors.MalformedPeerDataError, (ValueError,)),
+]
+
+
+@pytest.mark.parametrize("kind, cls, bases", TYPED, ids=[t[0] for t in TYPED])
+def test_each_typed_cpp_error_maps_to_its_errors_class(kind, cls, bases):
+    with pytest.raises(cls) as info:
+        _C._raise_for_test(kind, "the message")
+    assert type(info.value) is cls
+    assert cls.__name__ == kind and cls.__module__ == "tensordict_cpp.errors"
+    assert str(info.value) == "the message"  # the whole text, no C++ backtrace
+    for base in bases:
+        assert isinstance(info.value, base), base
+        assert issubclass(cls, base)
+    assert len(cls.__doc__.strip().splitlines()) == 1  # a one-line docstring
+
+
+@pytest.mark.parametrize("kind, cls, bases", TYPED, ids=[t[0] for t in TYPED])
+def test_typed_errors_are_caught_as_before(kind, cls, bases):
+    # The except clauses a caller wrote before the typed errors existed still catch them.
+    caught = None
+    try:
+        _C._raise_for_test(kind, "m")
+    except ValueError as e:
+        caught = ("ValueError", e)
+    except builtins.TimeoutError as e:
+        caught = ("TimeoutError", e)
+    except RuntimeError as e:
+        caught = ("RuntimeError", e)
+    assert caught is not None and type(caught[1]) is cls
+    if issubclass(cls, ValueError):
+        assert caught[0] == "ValueError"
+    elif issubclass(cls, builtins.TimeoutError):
+        assert caught[0] == "TimeoutError"
+        with pytest.raises(RuntimeError):  # also still a RuntimeError (DistBackendError)
+            _C._raise_for_test(kind, "m")
+    else:
+        assert caught[0] == "RuntimeError"
+    if issubclass(cls, dist.DistBackendError):
+        with pytest.raises(dist.DistBackendError):
+            _C._raise_for_test(kind, "m")
+
+
+def test_the_typed_error_classes_are_the_errors_module():
+    assert tensordict_cpp.errors is errors
+    assert set(errors.__all__) == {t[0] for t in TYPED}
+    assert dist.DistBackendError is torch._C._DistBackendError  # the class torch raises
+
+
+def test_unknown_raise_for_test_kind_is_a_value_error():
+    with pytest.raises(ValueError, match="unknown kind"):
+        _C._raise_for_test("NoSuchError", "m")
 
 
 def td():

@@ -1,5 +1,6 @@
 """Point-to-point transfers between tensordict_cpp processes, started by
 tensordict_cpp.distributed.run (spawn, a FileStore per run, Gloo on 127.0.0.1)."""
+import builtins
 import datetime
 import functools
 import os
@@ -14,7 +15,7 @@ import torch
 import torch.distributed as dist
 import torch.multiprocessing as tmp
 
-from tensordict_cpp import TensorDict
+from tensordict_cpp import TensorDict, errors
 from tensordict_cpp.distributed import run
 
 RUN = dict(timeout=90, group_timeout=20)
@@ -225,3 +226,32 @@ def checked_ranks(rank, world_size):
 
 def test_checked_transfers_name_a_mismatch():
     run(checked_ranks, world_size=2, **RUN)
+
+
+def typed_error_ranks(rank, world_size):
+    torch.set_num_threads(1)
+    # A checked receive whose TensorDict differs: SchemaMismatchError, still a RuntimeError.
+    if rank == 0:
+        structure(4).send(dst=1, checked=True)
+    else:
+        td = structure(0)
+        td["n", "y"] = torch.zeros(4, dtype=torch.float32)
+        with pytest.raises(errors.SchemaMismatchError,
+                           match=r"key \('n', 'y'\) has dtype torch.float16 on the sender"):
+            td.recv(src=0, checked=True)
+        assert_filled(td, 0)
+    # A receive with a timeout and no sender: tensordict_cpp.errors.TimeoutError, which is
+    # also the built-in TimeoutError and a DistBackendError. On a group of its own: Gloo closes
+    # a group's connections once a wait timed out.
+    group = dist.new_group([0, 1], timeout=datetime.timedelta(seconds=20))
+    if rank == 1:
+        with pytest.raises(errors.TimeoutError, match=r"recv: timed out after") as info:
+            structure(0).recv(src=0, group=group, timeout=0.5)
+        assert isinstance(info.value, builtins.TimeoutError)
+        assert isinstance(info.value, dist.DistBackendError)
+    else:
+        time.sleep(2.5)
+
+
+def test_transfer_failures_raise_the_typed_errors():
+    run(typed_error_ranks, world_size=2, **RUN)

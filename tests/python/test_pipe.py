@@ -10,6 +10,7 @@ os.environ["UCX_NET_DEVICES"] = "lo"
 os.environ["UCX_WARN_UNUSED_ENV_VARS"] = "n"
 
 import asyncio  # noqa: E402
+import builtins  # noqa: E402
 import gc  # noqa: E402
 import json  # noqa: E402
 import signal  # noqa: E402
@@ -23,7 +24,7 @@ import time  # noqa: E402
 import pytest  # noqa: E402
 import torch  # noqa: E402
 
-from tensordict_cpp import TensorDict, TensorDictPipe, TensorDictServer  # noqa: E402
+from tensordict_cpp import TensorDict, TensorDictPipe, TensorDictServer, errors  # noqa: E402
 
 # A short linger: tests often close one end while the other (same thread) is not reading.
 OPTS = dict(timeout=5.0, linger=1.0)
@@ -343,6 +344,41 @@ def test_closed_pipe_errors_and_context_managers():
         run(client.arecv())
     client.close()  # idempotent
     server.close()
+
+
+def test_a_closed_pipe_raises_pipe_closed_error():
+    server, client = pair()
+    client.close()
+    for call in (lambda: client.send(sample()), client.recv, lambda: run(client.arecv()),
+                 lambda: run(client.asend(sample()))):
+        with pytest.raises(errors.PipeClosedError,
+                           match=r"^Cannot (send|recv) on a closed pipe\.$"):
+            call()
+    server.close()
+
+
+def test_the_peer_s_close_raises_peer_closed_error():
+    server, client = pair()
+    client.send(sample())
+    client.close()
+    assert_same(server.recv(), sample())
+    with pytest.raises(errors.PeerClosedError, match="the peer closed the pipe"):
+        server.recv()
+    with pytest.raises(errors.PeerClosedError, match="the peer closed the pipe"):
+        server.send(sample())
+    assert server.peer_closed
+    server.close()
+
+
+def test_a_pipe_timeout_raises_timeout_error():
+    server, client = pair(timeout=0.5)
+    with server, client:
+        start = time.monotonic()
+        with pytest.raises(errors.TimeoutError, match="timed out") as info:
+            client.recv()  # the server sends nothing
+        assert isinstance(info.value, builtins.TimeoutError)
+        assert isinstance(info.value, RuntimeError)  # as before the typed errors
+        assert time.monotonic() - start < 3.0
 
 
 # ---- server -----------------------------------------------------------------------------------

@@ -1,0 +1,39 @@
+"""The failure kinds of a transfer, as typed exceptions (docs/errors.md has the table).
+
+Each class mirrors one of include/tensordict/errors.h and derives from the built-in type the
+same failure raised before, so every existing ``except RuntimeError`` / ``except ValueError`` /
+``except TimeoutError`` still catches it. The C++ binding (python/csrc/module.cpp) raises them.
+
+This module imports nothing from the rest of the package: the C++ module looks its classes
+up while it is being imported, and a caller may import it to catch errors without the rest.
+"""
+import builtins
+
+from torch.distributed import DistBackendError
+
+__all__ = ["TimeoutError", "PeerLostError", "PipeClosedError", "PeerClosedError",
+           "SchemaMismatchError", "MalformedPeerDataError"]
+
+
+class TimeoutError(DistBackendError, builtins.TimeoutError):  # noqa: A001 - mirrors the C++ name
+    """A transfer waited past its deadline: the call's ``timeout``, the group's, or the pipe's."""
+
+
+class PeerLostError(DistBackendError):
+    """The peer went away mid-transfer: its connection reset or closed, its endpoint failed."""
+
+
+class PipeClosedError(RuntimeError):
+    """An operation on a pipe that this process closed."""
+
+
+class PeerClosedError(RuntimeError):
+    """The peer closed the pipe cleanly: its close marker arrived."""
+
+
+class SchemaMismatchError(RuntimeError):
+    """A checked receive found that the sender's TensorDict has other keys, dtypes or shapes."""
+
+
+class MalformedPeerDataError(ValueError):
+    """Bytes from a peer that break the wire format (docs/wire-format.md)."""
