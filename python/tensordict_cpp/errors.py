@@ -35,5 +35,7 @@ class SchemaMismatchError(RuntimeError):
     """A checked receive found that the sender's TensorDict has other keys, dtypes or shapes."""
 
 
-class MalformedPeerDataError(ValueError):
+# Both bases: bad metadata, lengths, offsets, dtypes and pickles raised ValueError before, bad
+# pipe frames and checked-transfer headers RuntimeError.
+class MalformedPeerDataError(ValueError, RuntimeError):
     """Bytes from a peer that break the wire format (docs/wire-format.md)."""

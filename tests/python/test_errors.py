@@ -45,7 +45,7 @@ TYPED = [
     ("PipeClosedError", errors.PipeClosedError, (RuntimeError,)),
     ("PeerClosedError", errors.PeerClosedError, (RuntimeError,)),
     ("SchemaMismatchError", errors.SchemaMismatchError, (RuntimeError,)),
-    ("MalformedPeerDataError", errors.MalformedPeerDataError, (ValueError,)),
+    ("MalformedPeerDataError", errors.MalformedPeerDataError, (ValueError, RuntimeError)),
 ]
 
 

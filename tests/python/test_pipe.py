@@ -358,12 +358,20 @@ def test_a_closed_pipe_raises_pipe_closed_error():
 
 
 def test_the_peer_s_close_raises_peer_closed_error():
-    server, client = pair()
-    client.send(sample())
-    client.close()
+    server, client = pair(linger=10.0)
+
+    def produce():
+        client.send(sample())
+        client.close()  # lingers until the server has read up to the close marker
+
+    producer = threading.Thread(target=produce)
+    producer.start()
     assert_same(server.recv(), sample())
-    with pytest.raises(errors.PeerClosedError, match="the peer closed the pipe"):
+    first = r"^recv: the peer 127\.0\.0\.1:\d+ closed the pipe$"  # then "recv: the peer closed ..."
+    with pytest.raises(errors.PeerClosedError, match=first):
         server.recv()
+    producer.join(10)
+    assert not producer.is_alive()
     with pytest.raises(errors.PeerClosedError, match="the peer closed the pipe"):
         server.send(sample())
     assert server.peer_closed
