@@ -420,6 +420,10 @@ namespace wire {
 bool valid_utf8(std::string_view s) {
   uint32_t cp = 0;
   for (size_t i = 0; i < s.size();) {
+    if (static_cast<unsigned char>(s[i]) < 0x80) {  // ASCII, the common case: no decoding
+      ++i;
+      continue;
+    }
     const int len = decode_utf8(s, i, cp);
     if (len == 0) return false;
     i += static_cast<size_t>(len);

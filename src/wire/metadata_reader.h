@@ -148,7 +148,7 @@ struct Reader {
   }
 
   Metadata node(const Json& j, int depth, TransportFields* transport) {
-    const auto members = object(j, at("the node"));
+    const auto& members = object(j, at("the node"));  // a reference or a small view
     TORCH_CHECK_VALUE(depth <= kMaxMetadataDepth, "metadata: ", at("the node"),
                       " is nested deeper than ", kMaxMetadataDepth, " levels");
     Metadata m;

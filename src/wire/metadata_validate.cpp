@@ -82,10 +82,22 @@ struct Validator {
                           "', which is not a device name");
       }
     }
-    std::unordered_set<std::string_view> keys;
+    // Duplicate keys: a scan in the common small node, a hash set in a large one.
+    constexpr size_t kScanKeys = 8;
+    const size_t n_keys = m.non_tensors.size() + m.leaves.size() + m.children.size();
+    std::array<std::string_view, kScanKeys> few;
+    size_t n_few = 0;
+    std::unordered_set<std::string_view> many;
+    if (n_keys > kScanKeys) many.reserve(n_keys);
     const auto unique = [&](const std::string& key) {
-      TORCH_CHECK_VALUE(keys.insert(key).second, "metadata: key ", path_str(path, key),
-                        " appears twice");
+      bool fresh = true;
+      if (n_keys <= kScanKeys) {
+        fresh = std::find(few.begin(), few.begin() + n_few, key) == few.begin() + n_few;
+        few[n_few++] = key;
+      } else {
+        fresh = many.insert(key).second;
+      }
+      TORCH_CHECK_VALUE(fresh, "metadata: key ", path_str(path, key), " appears twice");
     };
     for (const auto& [key, nt] : m.non_tensors) {
       unique(key);

@@ -5,6 +5,7 @@
 #include <algorithm>
 #include <bit>
 #include <cstring>
+#include <deque>
 #include <memory>
 #include <unordered_map>
 #include <unordered_set>
@@ -43,9 +44,9 @@ const char* Value::kind_name(Kind kind) {
   return "?";
 }
 
-Value Value::from_bool(bool v) { Value r; r.kind_ = Kind::Bool; r.b_ = v; return r; }
-Value Value::from_int(int64_t v) { Value r; r.kind_ = Kind::Int; r.i_ = v; return r; }
-Value Value::from_float(double v) { Value r; r.kind_ = Kind::Float; r.f_ = v; return r; }
+Value Value::from_bool(bool v) { Value r; r.kind_ = Kind::Bool; r.scalar_.b = v; return r; }
+Value Value::from_int(int64_t v) { Value r; r.kind_ = Kind::Int; r.scalar_.i = v; return r; }
+Value Value::from_float(double v) { Value r; r.kind_ = Kind::Float; r.scalar_.f = v; return r; }
 Value Value::from_str(std::string v) { Value r; r.kind_ = Kind::Str; r.s_ = std::move(v); return r; }
 Value Value::list(std::vector<Value> items) {
   Value r; r.kind_ = Kind::List; r.items_ = std::move(items); return r;
@@ -60,8 +61,24 @@ Value Value::class_ref(std::string module, std::string qualname) {
   Value r;
   r.kind_ = Kind::ClassRef;
   r.s_ = std::move(module);
-  r.q_ = std::move(qualname);
+  r.keys_.push_back(std::move(qualname));
   return r;
+}
+
+size_t Value::position(std::string_view key) const {
+  if (keys_.size() <= kScanKeys) {
+    for (size_t i = 0; i < keys_.size(); ++i) {
+      if (keys_[i] == key) return i;
+    }
+    return keys_.size();
+  }
+  if (!index_ || index_->size() != keys_.size()) {
+    index_ = std::make_unique<KeyIndex>();
+    index_->reserve(keys_.size());
+    for (size_t i = 0; i < keys_.size(); ++i) index_->emplace(keys_[i], i);
+  }
+  auto it = index_->find(key);
+  return it == index_->end() ? keys_.size() : it->second;
 }
 
 bool valid_dotted_name(std::string_view name) {
@@ -83,16 +100,16 @@ bool valid_dotted_name(std::string_view name) {
 
 bool Value::as_bool() const {
   if (kind_ != Kind::Bool) wrong_kind(Kind::Bool, kind_);
-  return b_;
+  return scalar_.b;
 }
 int64_t Value::as_int() const {
   if (kind_ != Kind::Int) wrong_kind(Kind::Int, kind_);
-  return i_;
+  return scalar_.i;
 }
 double Value::as_float() const {
-  if (kind_ == Kind::Int) return static_cast<double>(i_);
+  if (kind_ == Kind::Int) return static_cast<double>(scalar_.i);
   if (kind_ != Kind::Float) wrong_kind(Kind::Float, kind_);
-  return f_;
+  return scalar_.f;
 }
 const std::string& Value::as_str() const {
   if (kind_ != Kind::Str) wrong_kind(Kind::Str, kind_);
@@ -104,7 +121,7 @@ const std::string& Value::ref_module() const {
 }
 const std::string& Value::ref_qualname() const {
   if (kind_ != Kind::ClassRef) wrong_kind(Kind::ClassRef, kind_);
-  return q_;
+  return keys_.front();
 }
 const std::vector<Value>& Value::items() const {
   if (kind_ != Kind::List && kind_ != Kind::Tuple) wrong_kind(Kind::List, kind_);
@@ -124,32 +141,35 @@ const std::vector<Value>& Value::values() const {
 }
 const Value* Value::find(std::string_view key) const {
   if (kind_ != Kind::Dict) wrong_kind(Kind::Dict, kind_);
-  auto it = index_.find(key);
-  return it == index_.end() ? nullptr : &items_[it->second];
+  const size_t i = position(key);
+  return i == keys_.size() ? nullptr : &items_[i];
 }
 Value& Value::set(std::string key, Value value) {
   if (kind_ != Kind::Dict) wrong_kind(Kind::Dict, kind_);
-  if (auto it = index_.find(key); it != index_.end()) {
-    Value& slot = items_[it->second];
-    slot = std::move(value);
-    return slot;
+  if (const size_t i = position(key); i != keys_.size()) {
+    items_[i] = std::move(value);
+    return items_[i];
   }
-  index_.emplace(key, keys_.size());
+  if (index_) index_->emplace(key, keys_.size());
   keys_.push_back(std::move(key));
   items_.push_back(std::move(value));
   return items_.back();
 }
+std::string Value::take_str() {
+  if (kind_ != Kind::Str) wrong_kind(Kind::Str, kind_);
+  return std::move(s_);
+}
+void Value::reserve(size_t n) {
+  if (kind_ == Kind::Dict) keys_.reserve(keys_.size() + n);
+  items_.reserve(items_.size() + n);
+}
 bool Value::erase(std::string_view key) {
   if (kind_ != Kind::Dict) wrong_kind(Kind::Dict, kind_);
-  auto it = index_.find(key);
-  if (it == index_.end()) return false;
-  const size_t pos = it->second;
-  index_.erase(it);
+  const size_t pos = position(key);
+  if (pos == keys_.size()) return false;
   keys_.erase(keys_.begin() + static_cast<std::ptrdiff_t>(pos));
   items_.erase(items_.begin() + static_cast<std::ptrdiff_t>(pos));
-  for (auto& [k, i] : index_) {
-    if (i > pos) --i;
-  }
+  index_.reset();  // positions moved: rebuilt on the next lookup
   return true;
 }
 
@@ -157,14 +177,14 @@ bool operator==(const Value& a, const Value& b) {
   if (a.kind_ != b.kind_) return false;
   switch (a.kind_) {
     case Value::Kind::None: return true;
-    case Value::Kind::Bool: return a.b_ == b.b_;
-    case Value::Kind::Int: return a.i_ == b.i_;
-    case Value::Kind::Float: return a.f_ == b.f_;
+    case Value::Kind::Bool: return a.scalar_.b == b.scalar_.b;
+    case Value::Kind::Int: return a.scalar_.i == b.scalar_.i;
+    case Value::Kind::Float: return a.scalar_.f == b.scalar_.f;
     case Value::Kind::Str: return a.s_ == b.s_;
     case Value::Kind::List:
     case Value::Kind::Tuple: return a.items_ == b.items_;
     case Value::Kind::Dict: return a.keys_ == b.keys_ && a.items_ == b.items_;
-    case Value::Kind::ClassRef: return a.s_ == b.s_ && a.q_ == b.q_;
+    case Value::Kind::ClassRef: return a.s_ == b.s_ && a.keys_ == b.keys_;
   }
   return false;
 }
@@ -303,20 +323,33 @@ MemoReads memo_reads(std::string_view data, size_t max_indices) {
   return reads;
 }
 
-// A value on the stack plus the bookkeeping that bounds what a reader may build. Shared with
-// the memo, which must see a container filled after it was memoized.
-struct Node {
-  Value value;
+// The bookkeeping that bounds what a reader may build, for a value and everything inside it.
+struct Cost {
   size_t depth = 0;  // container nesting, 0 for scalars
   size_t nodes = 1;  // values inside, itself included
   size_t bytes = 0;  // what the value costs in memory, everything inside included (budget)
 };
-using Slot = std::shared_ptr<Node>;
+
+// A value the memo holds for a later GET: shared with the stack, since the container may be
+// filled after it was memoized. Only entries some GET reads (MemoReads) are kept.
+struct Shared {
+  Value value;
+  Cost cost;
+};
+
+// A value on the stack: held in place, or (once memoized for a GET) in a Shared.
+struct Node {
+  Value value;
+  Cost cost;
+  std::shared_ptr<Shared> shared;
+};
 
 // What the reader charges its byte budget, close to what each piece costs in memory.
-constexpr size_t kValueBytes = sizeof(Node) + 32;  // a value, its node and allocation overhead
-constexpr size_t kDictEntryBytes = 64;             // a dict key's index entry, beyond its bytes
-constexpr size_t kMemoIndexBytes = 48;             // one memo index the first pass records
+constexpr size_t kValueBytes = sizeof(Node) + 32;  // a value on the stack, with overhead
+constexpr size_t kDictEntryBytes = 64;              // a dict key's index entry, beyond its bytes
+constexpr size_t kMemoIndexBytes = 48;              // one memo index the first pass records
+// Memo indices below this are tracked in a bitmap; a sparse set takes the (odd) larger ones.
+constexpr uint64_t kDenseMemo = uint64_t{1} << 24;
 
 size_t budget_for(std::string_view data, const Limits& limits) {
   if (limits.max_bytes != 0) return limits.max_bytes;
@@ -327,7 +360,7 @@ size_t budget_for(std::string_view data, const Limits& limits) {
 class Reader {
  public:
   Reader(std::string_view data, const Limits& limits)
-      : data_(data),
+      : in_(data),
         limits_(limits),
         budget_(budget_for(data, limits)),
         reads_(memo_reads(data, budget_ / kMemoIndexBytes)) {
@@ -337,7 +370,7 @@ class Reader {
 
   Value run() {
     while (true) {
-      const size_t at = pos_;
+      const size_t at = in_.pos();
       const uint8_t code = u8();
       switch (code) {
         case op::PROTO: {
@@ -347,14 +380,13 @@ class Reader {
         }
         case op::FRAME: {
           const uint64_t n = le(8);
-          fail_if(n > data_.size() - pos_, at, "truncated pickle: frame of ", n,
-                  " bytes runs past the end");
+          fail_if(!in_.has(n), at, "truncated pickle: frame of ", n, " bytes runs past the end");
           break;
         }
         case op::STOP: {
           fail_if(stack_.size() != 1 || !marks_.empty(), at, "STOP with ", stack_.size(),
                   " values on the stack");
-          fail_if(pos_ != data_.size(), at, data_.size() - pos_, " bytes after STOP");
+          fail_if(in_.left() != 0, at, in_.left(), " bytes after STOP");
           return take(stack_.back());
         }
         case op::NONE: push(Value()); break;
@@ -374,9 +406,8 @@ class Reader {
           break;
         }
         case op::BINFLOAT: {
-          uint64_t bits = 0;
-          for (int i = 0; i < 8; ++i) bits = (bits << 8) | u8();
-          push(Value::from_float(std::bit_cast<double>(bits)));
+          need(8);
+          push(Value::from_float(std::bit_cast<double>(in_.be(8))));
           break;
         }
         case op::SHORT_BINUNICODE: push_str(at, le(1)); break;
@@ -389,44 +420,35 @@ class Reader {
           fail_if(marks_.size() >= limits_.max_depth * 4, at, "too many nested marks");
           marks_.push_back(stack_.size());
           break;
-        case op::LIST: push_container(Value::list(), pop_mark(at), at); break;
-        case op::TUPLE: push_container(Value::tuple(), pop_mark(at), at); break;
+        case op::LIST: collect(Value::list(), pop_mark(at), at); break;
+        case op::TUPLE: collect(Value::tuple(), pop_mark(at), at); break;
         case op::TUPLE1: case op::TUPLE2: case op::TUPLE3: {
           const size_t n = code - op::TUPLE1 + 1;
           fail_if(stack_.size() < n + floor(), at, "TUPLE", n, " on a short stack");
-          std::vector<Slot> items(stack_.end() - static_cast<std::ptrdiff_t>(n), stack_.end());
-          stack_.resize(stack_.size() - n);
-          push_container(Value::tuple(), std::move(items), at);
+          collect(Value::tuple(), stack_.size() - n, at);
           break;
         }
         case op::DICT: {
-          Slot d = make(Value::dict());
-          fill_dict(d, pop_mark(at), at);
+          const size_t first = pop_mark(at);
+          Node d = make(Value::dict());
+          fill_dict(d, first, at);
           stack_.push_back(std::move(d));
           break;
         }
-        case op::APPEND: {
+        case op::APPEND:
           fail_if(stack_.size() < 2 + floor(), at, "APPEND on a short stack");
-          std::vector<Slot> one{stack_.back()};
-          stack_.pop_back();
-          extend(top(at, Value::Kind::List), std::move(one), at);
+          extend(stack_.size() - 1, at);
           break;
-        }
-        case op::APPENDS: {
-          auto items = pop_mark(at);
-          extend(top(at, Value::Kind::List), std::move(items), at);
-          break;
-        }
+        case op::APPENDS: extend(pop_mark(at), at); break;
         case op::SETITEM: {
           fail_if(stack_.size() < 3 + floor(), at, "SETITEM on a short stack");
-          std::vector<Slot> kv(stack_.end() - 2, stack_.end());
-          stack_.resize(stack_.size() - 2);
-          fill_dict(top(at, Value::Kind::Dict), std::move(kv), at);
+          const size_t first = stack_.size() - 2;
+          fill_dict(below(first, at, Value::Kind::Dict), first, at);
           break;
         }
         case op::SETITEMS: {
-          auto kv = pop_mark(at);
-          fill_dict(top(at, Value::Kind::Dict), std::move(kv), at);
+          const size_t first = pop_mark(at);
+          fill_dict(below(first, at, Value::Kind::Dict), first, at);
           break;
         }
         case op::GLOBAL: {
@@ -438,8 +460,8 @@ class Reader {
         }
         case op::STACK_GLOBAL: {
           fail_if(stack_.size() < 2 + floor(), at, "STACK_GLOBAL on a short stack");
-          const Value& module = stack_[stack_.size() - 2]->value;
-          const Value& name = stack_.back()->value;
+          const Value& module = value_of(stack_[stack_.size() - 2]);
+          const Value& name = value_of(stack_.back());
           fail_if(module.kind() != Value::Kind::Str || name.kind() != Value::Kind::Str, at,
                   "STACK_GLOBAL needs two str, got a ", Value::kind_name(module.kind()),
                   " and a ", Value::kind_name(name.kind()));
@@ -448,7 +470,7 @@ class Reader {
           push(std::move(ref));
           break;
         }
-        case op::MEMOIZE: memo_put(at, memo_.size()); break;
+        case op::MEMOIZE: memo_put(at, memo_count_); break;
         case op::BINPUT: memo_put(at, le(1)); break;
         case op::LONG_BINPUT: memo_put(at, le(4)); break;
         case op::BINGET: memo_get(at, le(1)); break;
@@ -467,7 +489,7 @@ class Reader {
   template <typename... Args>
   void fail_if(bool cond, size_t at, const Args&... args) {
     TORCH_CHECK_VALUE(!cond, "pickle: ", c10::str(args...), " (at byte ", at, " of ",
-                      data_.size(), ")");
+                      in_.size(), ")");
   }
   static std::string hex(uint8_t c) {
     static constexpr char kDigits[] = "0123456789abcdef";
@@ -486,26 +508,29 @@ class Reader {
     if (s.size() > 64) out += "...";
     return out;
   }
+  void need(size_t n) { fail_if(!in_.has(n), in_.pos(), "truncated pickle"); }
   uint8_t u8() {
-    fail_if(pos_ >= data_.size(), pos_, "truncated pickle");
-    return static_cast<uint8_t>(data_[pos_++]);
+    need(1);
+    return in_.u8();
   }
   uint64_t le(size_t n) {
-    fail_if(data_.size() - pos_ < n, pos_, "truncated pickle");
-    uint64_t v = 0;
-    for (size_t i = 0; i < n; ++i) v |= uint64_t{static_cast<uint8_t>(data_[pos_ + i])} << (8 * i);
-    pos_ += n;
-    return v;
+    need(n);
+    return in_.le(n);
   }
   size_t floor() const { return marks_.empty() ? 0 : marks_.back(); }
 
-  Slot make(Value v) {
+  // The value a stack node stands for, wherever it is held.
+  static Value& value_of(Node& n) { return n.shared ? n.shared->value : n.value; }
+  static const Value& value_of(const Node& n) { return n.shared ? n.shared->value : n.value; }
+  static Cost& cost_of(Node& n) { return n.shared ? n.shared->cost : n.cost; }
+
+  Node make(Value v) {
     count(1);
     size_t bytes = kValueBytes;
     if (v.kind() == Value::Kind::Str) bytes += v.as_str().size();
     if (v.kind() == Value::Kind::ClassRef) bytes += v.ref_module().size() + v.ref_qualname().size();
     charge(bytes);
-    return std::make_shared<Node>(Node{std::move(v), 0, 1, bytes});
+    return Node{std::move(v), Cost{0, 1, bytes}, nullptr};
   }
   // Every byte the reader makes counts, copies of memoized values included, so that a small
   // pickle cannot make it build a large tree (one long string read back by many GETs).
@@ -515,7 +540,7 @@ class Reader {
   }
   std::string over_budget_text() const {
     return c10::str("the values read would take more than ", budget_, " bytes of memory, the "
-                    "budget for a pickle of ", data_.size(), " bytes; a metadata pickle never "
+                    "budget for a pickle of ", in_.size(), " bytes; a metadata pickle never "
                     "expands that much");
   }
   void count(size_t n) {
@@ -525,22 +550,21 @@ class Reader {
   }
   void push(Value v) { stack_.push_back(make(std::move(v))); }
   void push_str(size_t at, uint64_t n) {
-    fail_if(n > data_.size() - pos_, at, "string of ", n, " bytes runs past the end");
-    std::string_view s = data_.substr(pos_, n);
+    fail_if(!in_.has(n), at, "string of ", n, " bytes runs past the end");
+    const std::string_view s = in_.take(n);
     fail_if(!wire::valid_utf8(s), at, "string is not valid UTF-8");
-    pos_ += n;
     push(Value::from_str(std::string(s)));
   }
   // GLOBAL's newline-terminated argument, at most max_name_bytes long, as UTF-8.
   std::string line(size_t at, const char* what) {
-    const size_t window = std::min(data_.size() - pos_, limits_.max_name_bytes + 1);
-    const size_t nl = data_.substr(pos_, window).find('\n');
-    fail_if(nl == std::string_view::npos && window > limits_.max_name_bytes, at, "GLOBAL ",
-            what, " is longer than ", limits_.max_name_bytes, " bytes");
+    const std::string_view window = in_.rest().substr(0, limits_.max_name_bytes + 1);
+    const size_t nl = window.find('\n');
+    fail_if(nl == std::string_view::npos && window.size() > limits_.max_name_bytes, at,
+            "GLOBAL ", what, " is longer than ", limits_.max_name_bytes, " bytes");
     fail_if(nl == std::string_view::npos, at, "truncated pickle: GLOBAL ", what,
             " has no end of line");
-    std::string out(data_.substr(pos_, nl));
-    pos_ += nl + 1;
+    std::string out(in_.take(nl));
+    in_.skip(1);
     return out;
   }
   // An inert class reference, its names checked (and bounded) before they are kept.
@@ -554,83 +578,133 @@ class Reader {
     }
     return Value::class_ref(std::move(module), std::move(name));
   }
-  std::vector<Slot> pop_mark(size_t at) {
+  // The stack position of the last MARK's first item; the mark is dropped.
+  size_t pop_mark(size_t at) {
     fail_if(marks_.empty(), at, "no MARK on the stack");
     const size_t m = marks_.back();
     marks_.pop_back();
-    std::vector<Slot> items(stack_.begin() + static_cast<std::ptrdiff_t>(m), stack_.end());
-    stack_.resize(m);
-    return items;
+    return m;
   }
-  Slot& top(size_t at, Value::Kind kind) {
-    fail_if(stack_.size() <= floor(), at, "empty stack");
-    Slot& s = stack_.back();
-    fail_if(s->value.kind() != kind, at, "expected a ", Value::kind_name(kind),
-            " on the stack, got a ", Value::kind_name(s->value.kind()));
-    return s;
+  // The container just below stack position `first` (the target of APPENDS / SETITEMS).
+  Node& below(size_t first, size_t at, Value::Kind kind) {
+    fail_if(first <= floor() || first == 0, at, "empty stack");
+    Node& n = stack_[first - 1];
+    fail_if(value_of(n).kind() != kind, at, "expected a ", Value::kind_name(kind),
+            " on the stack, got a ", Value::kind_name(value_of(n).kind()));
+    return n;
   }
-  void adopt(Slot& parent, const Slot& child, size_t at) {
-    parent->depth = std::max(parent->depth, child->depth + 1);
-    parent->nodes += child->nodes;
-    parent->bytes += child->bytes;
-    fail_if(parent->depth > limits_.max_depth, at, "nesting deeper than ", limits_.max_depth);
+  void adopt(Cost& parent, const Cost& child, size_t at) {
+    parent.depth = std::max(parent.depth, child.depth + 1);
+    parent.nodes += child.nodes;
+    parent.bytes += child.bytes;
+    fail_if(parent.depth > limits_.max_depth, at, "nesting deeper than ", limits_.max_depth);
   }
   // A finished value for its parent: moved when nothing else holds it (no memo entry a GET
   // will read), copied (and charged) otherwise.
-  Value take(Slot& s) {
-    if (s.use_count() == 1) return std::move(s->value);
-    charge(s->bytes);
-    return s->value;
+  Value take(Node& n) {
+    if (!n.shared) return std::move(n.value);
+    if (n.shared.use_count() == 1) return std::move(n.shared->value);
+    charge(n.shared->cost.bytes);
+    return n.shared->value;
   }
-  void extend(Slot& list, std::vector<Slot> items, size_t at) {
-    list->value.items().reserve(list->value.items().size() + items.size());
-    for (auto& item : items) {
-      adopt(list, item, at);
-      list->value.items().push_back(take(item));
+  // Moves stack_[first, end) into the list below `first`, then drops them from the stack.
+  void extend(size_t first, size_t at) {
+    Node& list = below(first, at, Value::Kind::List);
+    Value& target = value_of(list);
+    Cost& cost = cost_of(list);
+    target.reserve(stack_.size() - first);
+    for (size_t i = first; i < stack_.size(); ++i) {
+      adopt(cost, cost_of(stack_[i]), at);
+      target.items().push_back(take(stack_[i]));
     }
+    stack_.resize(first);
   }
-  void push_container(Value v, std::vector<Slot> items, size_t at) {
-    Slot s = make(std::move(v));
-    extend(s, std::move(items), at);
-    stack_.push_back(std::move(s));
+  // Replaces stack_[first, end) by the container `v` holding them.
+  void collect(Value v, size_t first, size_t at) {
+    Node c = make(std::move(v));
+    c.value.reserve(stack_.size() - first);
+    for (size_t i = first; i < stack_.size(); ++i) {
+      adopt(c.cost, cost_of(stack_[i]), at);
+      c.value.items().push_back(take(stack_[i]));
+    }
+    stack_.resize(first);
+    stack_.push_back(std::move(c));
   }
-  void fill_dict(Slot& d, std::vector<Slot> kv, size_t at) {
-    fail_if(kv.size() % 2 != 0, at, "odd number of items for a dict");
-    for (size_t i = 0; i < kv.size(); i += 2) {
-      fail_if(kv[i]->value.kind() != Value::Kind::Str, at, "dict key is a ",
-              Value::kind_name(kv[i]->value.kind()), "; only str keys are supported");
-      adopt(d, kv[i + 1], at);
-      const size_t entry = kDictEntryBytes + kv[i]->value.as_str().size();
+  // Moves the key/value pairs stack_[first, end) into the dict `d`, then drops them. `d` is
+  // below `first` on the stack, or a node not on it yet.
+  void fill_dict(Node& d, size_t first, size_t at) {
+    fail_if((stack_.size() - first) % 2 != 0, at, "odd number of items for a dict");
+    Value& target = value_of(d);
+    Cost& cost = cost_of(d);
+    target.reserve((stack_.size() - first) / 2);
+    for (size_t i = first; i < stack_.size(); i += 2) {
+      const Value& key = value_of(stack_[i]);
+      fail_if(key.kind() != Value::Kind::Str, at, "dict key is a ",
+              Value::kind_name(key.kind()), "; only str keys are supported");
+      adopt(cost, cost_of(stack_[i + 1]), at);
+      const size_t entry = kDictEntryBytes + key.as_str().size();
       charge(entry);
-      d->bytes += entry;
-      d->value.set(take(kv[i]).as_str(), take(kv[i + 1]));
+      cost.bytes += entry;
+      std::string k = stack_[i].shared ? key.as_str() : stack_[i].value.take_str();
+      target.set(std::move(k), take(stack_[i + 1]));
     }
+    stack_.resize(first);
+  }
+  // Whether memo index `index` is stored already; stores it.
+  bool define(uint64_t index) {
+    if (index < kDenseMemo) {
+      if (index >= defined_.size()) defined_.resize(index + 1, false);
+      if (defined_[index]) return false;
+      defined_[index] = true;
+    } else if (!sparse_defined_.insert(index).second) {
+      return false;
+    }
+    ++memo_count_;
+    return true;
+  }
+  bool is_defined(uint64_t index) const {
+    return index < kDenseMemo ? index < defined_.size() && defined_[index]
+                              : sparse_defined_.contains(index);
   }
   void memo_put(size_t at, uint64_t index) {
     fail_if(stack_.size() <= floor(), at, "memo store from an empty stack");
-    fail_if(memo_.size() >= limits_.max_elements, at, "memo too large");
+    fail_if(memo_count_ >= limits_.max_elements, at, "memo too large");
+    define(index);
     // An entry no GET reads is only counted (MEMOIZE numbers entries by the memo's size).
-    memo_[index] = reads_.contains(index) ? stack_.back() : nullptr;
+    if (!reads_.contains(index)) {
+      memo_.erase(index);
+      return;
+    }
+    Node& top = stack_.back();
+    if (!top.shared) {
+      top.shared = std::make_shared<Shared>(Shared{std::move(top.value), top.cost});
+    }
+    memo_[index] = top.shared;
   }
   void memo_get(size_t at, uint64_t index) {
+    fail_if(!is_defined(index), at, "memo entry ", index, " is undefined");
     auto it = memo_.find(index);
-    fail_if(it == memo_.end(), at, "memo entry ", index, " is undefined");
-    TORCH_INTERNAL_ASSERT(it->second, "pickle: memo entry ", index, " was not kept");
+    TORCH_INTERNAL_ASSERT(it != memo_.end(), "pickle: memo entry ", index, " was not kept");
     // A reference is read again as a copy: count it whole, so shared references cannot blow up.
-    count(it->second->nodes);
-    charge(it->second->bytes);
-    stack_.push_back(std::make_shared<Node>(*it->second));
+    const Shared& s = *it->second;
+    count(s.cost.nodes);
+    charge(s.cost.bytes);
+    stack_.push_back(Node{s.value, s.cost, nullptr});
   }
 
-  std::string_view data_;
+  wire::ByteReader in_;
   Limits limits_;
   size_t budget_;
   size_t spent_ = 0;
-  size_t pos_ = 0;
   size_t elements_ = 0;
-  std::vector<Slot> stack_;
+  // A deque: it grows without moving (or briefly doubling) what it holds, so that the budget's
+  // charge per value is what a value costs.
+  std::deque<Node> stack_;
   std::vector<size_t> marks_;
-  std::unordered_map<uint64_t, Slot> memo_;
+  uint64_t memo_count_ = 0;            // distinct memo indices stored
+  std::vector<bool> defined_;          // memo indices below kDenseMemo that are stored
+  std::unordered_set<uint64_t> sparse_defined_;
+  std::unordered_map<uint64_t, std::shared_ptr<Shared>> memo_;  // the entries a GET reads
   MemoReads reads_;
 };
 

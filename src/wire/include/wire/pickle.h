@@ -8,6 +8,7 @@
 
 #include <cstdint>
 #include <string>
+#include <memory>
 #include <string_view>
 #include <unordered_map>
 #include <utility>
@@ -21,6 +22,15 @@ class Value {
   enum class Kind { None, Bool, Int, Float, Str, List, Tuple, Dict, ClassRef };
 
   Value() = default;  // None
+  Value(const Value& other)  // the key index is not copied: rebuilt when needed
+      : kind_(other.kind_), scalar_(other.scalar_), s_(other.s_), items_(other.items_),
+        keys_(other.keys_) {}
+  Value& operator=(const Value& other) {
+    if (this != &other) *this = Value(other);
+    return *this;
+  }
+  Value(Value&&) noexcept = default;
+  Value& operator=(Value&&) noexcept = default;
   static Value from_bool(bool v);
   static Value from_int(int64_t v);
   static Value from_float(double v);
@@ -52,6 +62,10 @@ class Value {
   const Value* find(std::string_view key) const;
   /// Sets a dict entry (replacing an existing key in place, as Python does).
   Value& set(std::string key, Value value);
+  /// Moves a str's text out (the value keeps an empty str).
+  std::string take_str();
+  /// Room for `n` more elements of a list or tuple, or entries of a dict.
+  void reserve(size_t n);
   /// Removes a dict entry if present; returns whether it was.
   bool erase(std::string_view key);
 
@@ -61,22 +75,29 @@ class Value {
   friend bool operator==(const Value& a, const Value& b);
 
  private:
-  Kind kind_ = Kind::None;
-  bool b_ = false;
-  int64_t i_ = 0;
-  double f_ = 0;
-  std::string s_;                 // str, or a class reference's module
-  std::string q_;                 // a class reference's qualname
-  std::vector<Value> items_;     // list / tuple elements, or dict values
-  std::vector<std::string> keys_;  // dict keys
-  // key -> position, so that building a dict of n keys from a peer costs O(n), not O(n^2).
+  // Lean on purpose: a metadata pickle reads into tens of thousands of these. A dict keeps its
+  // keys in order and finds one by a scan up to kScanKeys keys; a larger dict builds a hash
+  // index on first lookup (not copied with the value: rebuilt when needed).
+  static constexpr size_t kScanKeys = 8;
   struct KeyHash {
     using is_transparent = void;
     size_t operator()(std::string_view s) const noexcept {
       return std::hash<std::string_view>{}(s);
     }
   };
-  std::unordered_map<std::string, size_t, KeyHash, std::equal_to<>> index_;
+  // key -> position, so that building a dict of n keys from a peer costs O(n), not O(n^2).
+  using KeyIndex = std::unordered_map<std::string, size_t, KeyHash, std::equal_to<>>;
+  size_t position(std::string_view key) const;  // keys_.size() when absent
+  Kind kind_ = Kind::None;
+  union Scalar {
+    bool b;
+    int64_t i = 0;
+    double f;
+  } scalar_;
+  std::string s_;                  // str, or a class reference's module
+  std::vector<Value> items_;       // list / tuple elements, or dict values
+  std::vector<std::string> keys_;  // dict keys; a class reference's qualname alone
+  mutable std::unique_ptr<KeyIndex> index_;
 };
 
 /// The memory budget of a read, by default: kBaseBudgetBytes plus kBudgetPerInputByte per byte
