@@ -4,6 +4,7 @@
 
 #include <algorithm>
 #include <cstring>
+#include <memory>
 #include <string>
 
 #include "checked_wire.h"
@@ -54,6 +55,36 @@ void drain(const Waiter& waiter, const Peer& peer, int tag, const Header& h, con
   });
 }
 
+// A schema with its encoding and hash.
+struct EncodedSchema {
+  Schema schema;
+  std::string blob;
+  uint64_t hash = 0;
+};
+
+EncodedSchema encoded(Schema schema) {
+  EncodedSchema out{std::move(schema), {}, 0};
+  out.blob = encode(out.schema);
+  out.hash = fnv1a(reinterpret_cast<const uint8_t*>(out.blob.data()), out.blob.size());
+  return out;
+}
+
+// The schema of a consolidated TensorDict `c`, kept per thread for the last consolidated state
+// seen: a state never changes, and a loop moves the same TensorDict again and again. Only a
+// TensorDict that still holds its consolidation's views is served from it.
+const EncodedSchema& consolidated_schema(const TensorDict& c) {
+  thread_local std::weak_ptr<const ConsolidatedState> last;
+  thread_local EncodedSchema cached;
+  const auto state = c.consolidated_state();
+  const bool holds = state && is_consolidated(c);
+  if (!holds || last.lock() != state) {
+    at::Tensor storage = consolidated_storage(c);
+    cached = encoded(schema_of(wire_order(c), &storage));
+    last = holds ? state : nullptr;
+  }
+  return cached;
+}
+
 at::Device device_of(const std::vector<at::Tensor>& tensors) {
   return tensors.empty() ? at::Device(at::kCPU) : tensors.front().device();
 }
@@ -62,26 +93,27 @@ at::Device device_of(const std::vector<at::Tensor>& tensors) {
 
 std::vector<WorkPtr> post_checked_send(const TensorDict& td, const Peer& peer, int tag,
                                        bool consolidated) {
-  Schema schema;
+  EncodedSchema per_leaf;
+  const EncodedSchema* mine = &per_leaf;
   std::vector<at::Tensor> payload;  // 1-D uint8 views, in wire order
   if (consolidated) {
     TensorDict c = is_consolidated(td) ? td : consolidate(td);
-    at::Tensor storage = consolidated_storage(c);
-    schema = schema_of(wire_order(c), &storage);
-    payload.push_back(bytes_of(storage.contiguous()));
+    mine = &consolidated_schema(c);
+    payload.push_back(bytes_of(consolidated_storage(c).contiguous()));
   } else {
     const WireLeaves leaves = wire_order(td);
-    schema = schema_of(leaves, nullptr);
+    per_leaf = encoded(schema_of(leaves, nullptr));
     for (const auto& [path, leaf] : leaves) {
       if (leaf.numel() > 0) payload.push_back(bytes_of(sendable(leaf)));
     }
   }
-  const std::string blob = encode(schema);
+  const Schema& schema = mine->schema;
+  const std::string& blob = mine->blob;
   Header h;
   h.mode = schema.mode;
   h.payload_bytes = static_cast<uint64_t>(schema.payload_bytes);
   h.schema_bytes = blob.size();
-  h.schema_hash = fnv1a(reinterpret_cast<const uint8_t*>(blob.data()), blob.size());
+  h.schema_hash = mine->hash;
   h.chunk_bytes = kChunkBytes;
   h.leaf_count = schema.leaves.size();
   TORCH_CHECK_VALUE(h.schema_bytes <= kMaxSchemaBytes, "send(checked=True): the schema of this "
@@ -101,21 +133,22 @@ std::vector<WorkPtr> post_checked_send(const TensorDict& td, const Peer& peer, i
 std::vector<WorkPtr> post_checked_recv(const Waiter& waiter, const TensorDict& td,
                                        const Peer& peer, int tag, bool consolidated) {
   const char* call = waiter.call();
-  Schema mine;
+  EncodedSchema per_leaf;
+  const EncodedSchema* encoded_mine = &per_leaf;
   std::vector<at::Tensor> targets;  // what the payload lands in, in wire order
   if (consolidated) {
-    at::Tensor storage = consolidated_storage(td);
-    mine = schema_of(wire_order(td), &storage);
-    targets.push_back(storage);
+    encoded_mine = &consolidated_schema(td);
+    targets.push_back(consolidated_storage(td));
   } else {
     const WireLeaves leaves = wire_order(td);
-    mine = schema_of(leaves, nullptr);
+    per_leaf = encoded(schema_of(leaves, nullptr));
     for (const auto& [path, leaf] : leaves) {
       check_writable(call, leaf, "receive into", "receiver");
       targets.push_back(leaf);
     }
   }
-  const std::string mine_blob = encode(mine);
+  const Schema& mine = encoded_mine->schema;
+  const std::string& mine_blob = encoded_mine->blob;
   const at::Device device = device_of(targets);
 
   at::Tensor header_t = at::empty({static_cast<int64_t>(kCheckedHeaderBytes)},
