@@ -556,8 +556,10 @@ The run keeps both cores busy itself, so the load average read before a case inc
 previous case; a value well above 2 means other work shared the machine.
 
 On a 2-core VM small transfers are bimodal: a fast mode of tens of µs, and a slow one near a
-4 ms scheduler tick (shared/behaviours.md §7). The median follows whichever mode dominates in
-that run; the p25 column shows the fast mode.
+4 ms scheduler tick (a rank that is not woken at once runs at the next tick of the kernel's
+250 Hz timer, and the share of such iterations varies from run to run, from under 1% to about
+30%). The median follows whichever mode dominates in that run; the p25 column shows the fast
+mode.
 
 ## Transfers
 

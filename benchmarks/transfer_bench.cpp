@@ -370,7 +370,7 @@ nlohmann::json run_case(const Config& cfg, const CaseSpec& s, int rank, Peers& p
 
 int main(int argc, char** argv) {
   const Config cfg = parse(argc, argv);
-  // UCX over loopback TCP (behaviours.md 6.7); the caller's settings win.
+  // UCX over loopback TCP (as the pipe tests run it: docs/pipe.md); the caller's settings win.
   setenv("UCX_TLS", "tcp", 0);
   setenv("UCX_NET_DEVICES", "lo", 0);
   setenv("UCX_WARN_UNUSED_ENV_VARS", "n", 0);

@@ -1,6 +1,6 @@
 #pragma once
 // consolidate(): every leaf of a TensorDict copied into one flat uint8 storage, in the byte
-// layout of the reference tensordict (wire-format.md §3); the metadata that describes the
+// layout of the reference tensordict (docs/wire-format.md §3); the metadata that describes the
 // layout, as a value and as JSON text; and rebuild(), which turns (metadata, storage) back into
 // a TensorDict of views. No transport here: the transports move the storage and the metadata.
 

@@ -41,7 +41,7 @@ void walk(const TensorDict& td, std::vector<std::string>* path, Fn& fn) {
       fn(path, entry->second.tensor());
     } else if (entry->second.is_tensordict()) {
       walk(entry->second.tensordict(), path, fn);
-    }  // a non-tensor entry is skipped and takes no tag, as in the reference (§1.2)
+    }  // a non-tensor entry takes no tag, as in the reference (docs/wire-format.md §1.2)
     if (path) {
       path->pop_back();
     }

@@ -1,5 +1,5 @@
 #pragma once
-// The receive half of TensorDictPipe's framing (wire-format.md §6.1, §6.2) over an abstract
+// The receive half of TensorDictPipe's framing (docs/wire-format.md §6.1, §6.2) over an abstract
 // byte source: the flag byte, the lengths, the metadata JSON or the uncollated header, their
 // validation against the caps, and the storage or leaves they announce. No UCX here: PipeImpl
 // feeds a FrameReader from its endpoint, fuzz/pipe_frames.cpp from a buffer.

@@ -1,4 +1,4 @@
-// TensorDictPipe: the framing of wire-format.md §6.1 / §6.2 on top of a UCP stream endpoint.
+// TensorDictPipe: the framing of docs/wire-format.md §6.1 / §6.2 on top of a UCP stream endpoint.
 // Each logical message of the reference (flag byte, u64 length, JSON, storage, leaves) is sent
 // in order on one stream, so the byte sequence equals the reference's message sequence.
 #include "tensordict/pipe/pipe.h"

@@ -1,6 +1,6 @@
 // consolidate(): layout, views, options; metadata JSON; rebuild and its validation of
 // untrusted metadata. Byte-compatibility with the reference is proven by
-// tests/python/test_consolidate_compat.py; here the layout rules of wire-format.md §3 are
+// tests/python/test_consolidate_compat.py; here the layout rules of docs/wire-format.md §3 are
 // checked directly.
 #include <ATen/ATen.h>
 #include <ATen/MapAllocator.h>
@@ -18,7 +18,7 @@ using namespace tensordict;
 
 namespace {
 
-// wire-format.md §3.4: a=float32[4], b=float32[4,3], c={d: int64[4]}, batch [4].
+// docs/wire-format.md §3.4: a=float32[4], b=float32[4,3], c={d: int64[4]}, batch [4].
 TensorDict worked_example() {
   TensorDict c({{"d", at::arange(4, at::kLong)}}, {4});
   return TensorDict({{"a", at::arange(4, at::kFloat)},
@@ -91,7 +91,7 @@ TEST(ConsolidateLayout, WorkedExample) {
 }
 
 TEST(ConsolidateLayout, WorkedExampleSortedJsonIsThePipeLine) {
-  // The 449-byte line of wire-format.md §3.4 (its sha256 is checked by the Python tests).
+  // The 449-byte line of docs/wire-format.md §3.4 (its sha256 is checked by the Python tests).
   const std::string line =
       R"({"_device": "cpu", "_total_bytes": 96, "c": {"cls": "TensorDict", "cls_metadata": )"
       R"({"batch_size": [4], "device": null, "is_locked": false, "names": [null]}, "leaves": )"

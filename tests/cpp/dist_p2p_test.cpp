@@ -517,7 +517,7 @@ TEST(DistP2P, RawC10dPeerSeesTheWireFormat) {
       TensorDict td = sample(0.0, true);
       recv(td, 1, {.pseudo_rand = true});
       expect_values(td, 2.0);
-      // wire-format.md §3.4: a f32[4], b f32[4,3], c/d i64[4] -> 96 bytes; and the padding
+      // docs/wire-format.md §3.4: a f32[4], b f32[4,3], c/d i64[4] -> 96 bytes; and the padding
       // example x f32[3], y bool[5], z f64[] -> 32 bytes with zero pads.
       TensorDict example({{"a", at::arange(4, at::kFloat)},
                           {"b", at::arange(12, at::kFloat).view({4, 3}) + 100},
@@ -544,7 +544,7 @@ TEST(DistP2P, RawC10dPeerSeesTheWireFormat) {
         const double want = 1.0 + double(expected.size() - 1 - i);
         EXPECT_TRUE(bufs[i][0].eq(want).all().item<bool>()) << "tag " << expected.rbegin()[i].first;
       }
-      // Now raw sends with the pseudo-random tags of wire-format.md §2.7, init_tag 0.
+      // Now raw sends with the pseudo-random tags of docs/wire-format.md §2.7, init_tag 0.
       const std::vector<int> tags = {9651, 3450, 3834, 3840};
       const std::vector<std::vector<int64_t>> shapes = {{2, 1, 5}, {2, 2}, {2}, {2, 3}};
       std::vector<WorkPtr> sends;

@@ -1,4 +1,4 @@
-// The pseudo-random tag chain against the vectors of wire-format.md §2.7 (tests/python/
+// The pseudo-random tag chain against the vectors of docs/wire-format.md §2.7 (tests/python/
 // test_tags.py compares it with numpy itself over many seeds).
 #include <gtest/gtest.h>
 
@@ -46,7 +46,7 @@ TEST(DistTags, PseudoRandLeafTags) {
   EXPECT_EQ(chain(10, 5, true), (std::vector<int64_t>{6756, 6546, 9770, 8695, 1548}));
   EXPECT_EQ(chain(5, 4, true), (std::vector<int64_t>{1262, 841, 4077, 6859}));
   EXPECT_EQ(chain(100, 5, true), (std::vector<int64_t>{8789, 6018, 7690, 90, 8792}));
-  // The chain cycles: leaf 107 reuses leaf 7's tag (behaviours.md §3.2).
+  // The chain cycles: leaf 107 reuses leaf 7's tag (docs/wire-format.md §2.7).
   auto long_chain = chain(0, 108, true);
   EXPECT_EQ(long_chain[107], 676);
   EXPECT_EQ(long_chain[7], 676);

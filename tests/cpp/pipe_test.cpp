@@ -1,4 +1,4 @@
-// TensorDictPipe over real UCX on loopback: the framing byte for byte (wire-format.md §6.1),
+// TensorDictPipe over real UCX on loopback: the framing byte for byte (docs/wire-format.md §6.1),
 // the steady state without allocation, the uncollated mode, and every error path bounded in
 // time. The pipes of a test live in one process (one or two threads).
 #include <ATen/ATen.h>
@@ -21,7 +21,8 @@ using tensordict::pipe::PipeOptions;
 
 namespace {
 
-// The 449-byte line of wire-format.md §3.4: the reference's metadata message for worked_example().
+// The 449-byte line of docs/wire-format.md §3.4: the reference's metadata message for
+// worked_example().
 const char* kWorkedExampleJson =
     R"({"_device": "cpu", "_total_bytes": 96, "c": {"cls": "TensorDict", "cls_metadata": {"batch_size": [4], "device": null, "is_locked": false, "names": [null]}, "leaves": {"d": ["torch.int64", [4], 64, 96, 0]}, "non_tensors": {}}, "cls": "TensorDict", "cls_metadata": {"batch_size": [4], "device": null, "is_locked": false, "names": [null]}, "leaves": {"a": ["torch.float32", [4], 0, 16, 0], "b": ["torch.float32", [4, 3], 16, 64, 0]}, "non_tensors": {}})";
 

@@ -132,7 +132,7 @@ inline void expect_same(const tensordict::TensorDict& a, const tensordict::Tenso
   EXPECT_EQ(a.batch_size(), b.batch_size());
 }
 
-// wire-format.md §3.4: a=float32[4], b=float32[4,3], c={d: int64[4]}, batch [4].
+// docs/wire-format.md §3.4: a=float32[4], b=float32[4,3], c={d: int64[4]}, batch [4].
 inline tensordict::TensorDict worked_example(float offset = 0) {
   using tensordict::TensorDict;
   TensorDict c({{"d", at::arange(4, at::kLong) + static_cast<int64_t>(offset)}}, {4});

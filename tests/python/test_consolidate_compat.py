@@ -309,7 +309,7 @@ def test_we_rebuild_the_reference_output(name, tmp_path):
 
 
 def test_worked_example_hash_and_pipe_line(tmp_path):
-    """wire-format.md §3.4: the 449-byte pipe line and the schema hash."""
+    """docs/wire-format.md §3.4: the 449-byte pipe line and the schema hash."""
     case = make_case("worked_example")
     py_meta, _ = reference_consolidate(case.td)
     _, cpp_sorted, _ = cpp_consolidate(case, tmp_path)
@@ -326,7 +326,7 @@ def test_worked_example_hash_and_pipe_line(tmp_path):
 
 
 def test_transport_keys_are_ignored_where_the_reference_crashes(tmp_path):
-    """wire-format.md §6.5.7: "_storage_device" left in the metadata breaks the reference."""
+    """docs/wire-format.md §6.5.7: "_storage_device" left in the metadata breaks the reference."""
     case = make_case("worked_example")
     py_meta, py_storage = reference_consolidate(case.td)
     polluted = {**py_meta, "_total_bytes": len(py_storage), "_storage_device": "cpu"}

@@ -309,8 +309,8 @@ def test_pipe_bytes_equal_the_references(consolidated):
             assert raw.recv_raw(1) == want[:1] == b"\x00"
             (n,) = struct.unpack("<Q", raw.recv_raw(8))
             text = raw.recv_raw(n)
-            # Ours is json.dumps(sort_keys=True) (wire-format.md §6.1); the installed reference
-            # writes the same metadata unsorted. Same bytes once sorted, non-tensor data included.
+            # Ours is json.dumps(sort_keys=True) (docs/wire-format.md §6.1); the installed
+            # reference writes the same metadata unsorted. Same bytes once sorted, non-tensor data included.
             assert len(text) == n == struct.unpack("<Q", want[1:9])[0]
             assert text == json.dumps(json.loads(want[9:9 + n]), sort_keys=True).encode()
             assert json.loads(text)["a"]["non_tensors"]["a0"][0]["lr"] == 1e-07
@@ -381,7 +381,8 @@ def interop(rank, world_size):
                 check_leaves(td, 8.0)
                 check_non_tensors(td, who)
 
-    # behaviours.md 23 (TestInitRemoteNonTensor), both directions, then richer data.
+    # The reference's TestInitRemoteNonTensor (a non-tensor label through init_remote), both
+    # directions, then richer data.
     for sender, receiver in ((0, 1), (2, 0)):
         if rank == sender:
             td = cls(a=torch.ones(3), batch_size=[3])

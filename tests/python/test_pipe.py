@@ -1,4 +1,6 @@
-"""TensorDictPipe / TensorDictServer over real UCX on loopback (behaviours.md 43-54, 56, §4.1-4.3):
+"""TensorDictPipe / TensorDictServer over real UCX on loopback (the reference's protocol,
+round-trip and server cases, its closed-pipe, same-schema and pipe/group-peer errors;
+docs/pipe.md, docs/wire-format.md §6):
 one-task listen/connect/exchange, the reference's framing, steady state without allocation,
 sync calls inside a running loop, async iteration that ends only on a clean close, a killed
 peer, malformed frames, 8 concurrent clients and a server that closes without leaks."""
@@ -170,7 +172,7 @@ def test_td_send_recv_asend_arecv_go_through_the_pipe():
 
 
 def test_group_peer_with_a_pipe_is_a_value_error():
-    """§4.1, the reference's texts."""
+    """The reference's error texts (docs/pipe.md)."""
     server, client = pair()
     with server, client:
         with pytest.raises(ValueError, match=r"^`group_dst` cannot be used when `dst` is a "

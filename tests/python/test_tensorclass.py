@@ -798,7 +798,8 @@ def interop_class_name(modules_dir, rank, world_size):
     MyDistData = main_class(decorator)
 
     # init_remote, both directions: the receiver's TensorDict.from_remote_init returns ITS
-    # MyDistData (behaviours 25), then the steady state (21).
+    # MyDistData (the reference's TestTensorclassInitRemote), then the steady state (its
+    # TestTensorclassSendConsolidated).
     for sender in (0, 1):
         if rank == sender:
             x = dist_data(MyDistData, 1, 2)
@@ -817,7 +818,8 @@ def interop_class_name(modules_dir, rank, world_size):
         dist_data(MyDistData, 5, 6).init_remote(dst=1)
     else:
         check_dist_data(MyDistData.from_remote_init(src=0), MyDistData, 5, 6)
-    # init_remote(use_broadcast=True) and broadcast, both directions (behaviours 27).
+    # init_remote(use_broadcast=True) and broadcast, both directions (the reference's
+    # TestInitRemoteBroadcast / TestTensorclassBroadcast).
     for root in (0, 1):
         if rank == root:
             dist_data(MyDistData, 7, 8).init_remote(use_broadcast=True)
@@ -826,7 +828,7 @@ def interop_class_name(modules_dir, rank, world_size):
         mine = dist_data(MyDistData, 9, 10) if rank == root else dist_data(MyDistData, 0, 0, 1)[0]
         check_dist_data(mine.broadcast(src=root), MyDistData, 9, 10)
 
-    # Non-tensor fields travel in the metadata, both ways (behaviours 23).
+    # Non-tensor fields travel in the metadata, both ways (the reference's TestInitRemoteNonTensor).
     Tagged = main_class(decorator, "Tagged", {"obs": torch.Tensor, "label": str, "step": int})
     for sender in (0, 1):
         if rank == sender:

@@ -1,6 +1,6 @@
 #pragma once
 // Collectives over a c10d group with the reference tensordict's semantics and wire format
-// (wire-format.md §5): broadcast, all_gather and scatter move whole TensorDicts to ranks that
+// (docs/wire-format.md §5): broadcast, all_gather and scatter move whole TensorDicts to ranks that
 // need not know their structure (metadata as a pickle in torch's object-collective framing,
 // then the consolidated storage); all_reduce and reduce combine leaves in place.
 //

@@ -1,6 +1,6 @@
 #pragma once
 // init_remote / from_remote_init: send a TensorDict to a rank that does not know its
-// structure, with the reference tensordict's wire format (wire-format.md §4), so either side
+// structure, with the reference tensordict's wire format (docs/wire-format.md §4), so either side
 // may be a Python process running the reference.
 //
 // Point-to-point (the default), three tag-0 messages on the group, as torch's

@@ -1,7 +1,7 @@
 #pragma once
 // Point-to-point transfer of a TensorDict over c10d: send / recv / isend / irecv with the
-// reference tensordict's semantics and wire format (wire-format.md §1), so a Python peer using
-// the reference interoperates with a C++ peer using these.
+// reference tensordict's semantics and wire format (docs/wire-format.md §1), so a Python peer
+// using the reference interoperates with a C++ peer using these.
 //
 // Free functions rather than TensorDict methods: the core header must not see c10d.
 // `dist::send(td, 1, {.init_tag = 8})` is Python's `td.send(1, init_tag=8)`, and
@@ -13,7 +13,7 @@
 // TensorDict must have the same keys, shapes and dtypes (nothing about them travels).
 // Non-tensor entries are skipped and take no tag, as in the reference: the receiver keeps its
 // own (init_remote and the collectives deliver them).
-// Consolidated: one message, tag 0, carrying the consolidated storage (wire-format.md §3).
+// Consolidated: one message, tag 0, carrying the consolidated storage (docs/wire-format.md §3).
 //
 // Peers: `dst`/`src` are global ranks, translated for `group` (default: the default group);
 // `group_dst`/`group_src` are ranks inside `group`, which is then used as given (it may be a

@@ -1,5 +1,5 @@
 #pragma once
-// Message tags of the per-leaf transfers (wire-format.md §1.3 and §2).
+// Message tags of the per-leaf transfers (docs/wire-format.md §1.3 and §2).
 
 #include <cstdint>
 

@@ -1,7 +1,8 @@
 #pragma once
 // TensorDictPipe: a point-to-point channel that streams TensorDicts between two processes (or
 // two threads) over UCX, addressed by host and port, without a process group. The framing is
-// the reference's (wire-format.md §6.1, §6.2); the limits and timeouts are ours (docs/pipe.md).
+// the reference's (docs/wire-format.md §6.1, §6.2); the limits and timeouts are ours
+// (docs/pipe.md).
 
 #include <c10/core/Device.h>
 

@@ -2,7 +2,7 @@
 // Tensorclasses over the UCX pipe. Sending needs nothing new: a tensorclass is a
 // `const TensorDict&`, so pipe.send(tc) sends its TensorDict (non-tensor fields travel in the
 // consolidated metadata). Receiving as a tensorclass is recv<T>() below. The uncollated mode
-// carries tensor leaves only (wire-format.md §6.2), so a tensorclass with a nested or a
+// carries tensor leaves only (docs/wire-format.md §6.2), so a tensorclass with a nested or a
 // non-tensor field cannot be received through it (recv<T> reports the missing field).
 
 #include <c10/core/Device.h>
