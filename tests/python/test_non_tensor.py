@@ -310,7 +310,8 @@ def test_pipe_bytes_equal_the_references(consolidated):
             (n,) = struct.unpack("<Q", raw.recv_raw(8))
             text = raw.recv_raw(n)
             # Ours is json.dumps(sort_keys=True) (docs/wire-format.md §6.1); the installed
-            # reference writes the same metadata unsorted. Same bytes once sorted, non-tensor data included.
+            # reference writes the same metadata unsorted. Same bytes once sorted, non-tensor data
+            # included.
             assert len(text) == n == struct.unpack("<Q", want[1:9])[0]
             assert text == json.dumps(json.loads(want[9:9 + n]), sort_keys=True).encode()
             assert json.loads(text)["a"]["non_tensors"]["a0"][0]["lr"] == 1e-07
