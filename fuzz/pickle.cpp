@@ -8,6 +8,7 @@
 
 #include <cstddef>
 #include <cstdint>
+#include <optional>
 #include <string>
 #include <string_view>
 
@@ -45,13 +46,25 @@ extern "C" int LLVMFuzzerTestOneInput(const uint8_t* data, size_t size) {
     fuzz::fail("pickle::loads raised an error that is not a ValueError");
   }
 
-  // 2. The metadata path of the object collectives' receivers.
-  TransportFields transport;
+  // 2. The metadata path of the object collectives' receivers: its fast path must agree with
+  // the general reader (pickle::loads, then the tree) on what it accepts and what it reads.
+  TransportFields transport, general_transport;
+  std::optional<Metadata> general;
+  try {
+    general = metadata_from_pickle(pickle::loads(bytes, metadata_pickle_limits()),
+                                   &general_transport);
+  } catch (const c10::Error&) {
+  }
   Metadata metadata;
   try {
     metadata = metadata_from_pickle_bytes(bytes, &transport);
   } catch (const c10::Error&) {
+    if (general) fuzz::fail("metadata_from_pickle_bytes refused what the general reader read");
     return 0;
+  }
+  if (!general) fuzz::fail("metadata_from_pickle_bytes read what the general reader refused");
+  if (!fuzz::same_metadata(*general, metadata) || !(general_transport == transport)) {
+    fuzz::fail("metadata_from_pickle_bytes read other metadata than the general reader");
   }
   Metadata again;
   try {

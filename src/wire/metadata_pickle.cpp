@@ -8,8 +8,13 @@
 
 #include "wire/metadata_pickle.h"
 
+#include <bit>
+#include <optional>
+#include <unordered_set>
+
 #include "metadata_reader.h"
 #include "tensordict/dtypes.h"
+#include "wire/bytes.h"
 #include "wire/json_text.h"
 #include "wire/metadata.h"
 
@@ -270,6 +275,436 @@ struct PickleTraits {
   static std::string dump(const Value& v) { return to_json(v).dump(); }
 };
 
+// ---- fast path --------------------------------------------------------------------------------
+// The metadata pickles Python's pickler and ours write, read without building pickle::Values:
+// strings stay views of the input, containers are ranges of an arena, memo entries are node
+// numbers. It takes only the plain shape (no class reference outside "cls", no GET of a
+// container, no duplicate key, no GLOBAL), applies the bounds of pickle::loads with the same
+// charges (an upper bound of them), and gives up on anything else: read_validated then reads
+// the pickle the general way, which also makes every error message. So it accepts only what
+// the general way accepts, and builds the same metadata from it.
+
+namespace fast {
+
+using Kind = Value::Kind;
+
+struct Node {
+  Kind kind = Kind::None;
+  uint16_t depth = 0;  // container nesting, 0 for scalars
+  bool b = false;
+  union {
+    int64_t i = 0;
+    double f;
+  };
+  std::string_view s;  // str, or a class reference's module
+  std::string_view q;  // a class reference's qualname
+  uint32_t first = 0;  // container: its items (dict: key, value, ...) in Tree::kids
+  uint32_t count = 0;
+};
+
+struct Tree {
+  std::vector<Node> nodes;
+  std::vector<uint32_t> kids;
+};
+
+struct GiveUp {};  // not the plain shape: read it the general way
+
+class Parser {
+ public:
+  Parser(std::string_view data, const pickle::Limits& limits, Tree& tree)
+      : in_(data), limits_(limits), budget_(pickle::detail::read_budget(data, limits)),
+        tree_(tree) {}
+
+  uint32_t run() {
+    while (true) {
+      if (!in_.has(1)) throw GiveUp{};
+      const uint8_t code = in_.u8();
+      switch (code) {
+        case 0x80: {  // PROTO
+          const uint8_t v = u8();
+          if (v < 2 || v > 5) throw GiveUp{};
+          break;
+        }
+        case 0x95: {  // FRAME
+          if (le(8) > in_.left()) throw GiveUp{};
+          break;
+        }
+        case '.':  // STOP
+          if (stack_.size() != 1 || !marks_.empty() || in_.left() != 0) throw GiveUp{};
+          return stack_.back();
+        case 'N': push(Node{}); break;
+        case 0x88: case 0x89: {  // NEWTRUE, NEWFALSE
+          Node n{.kind = Kind::Bool};
+          n.b = code == 0x88;
+          push(n);
+          break;
+        }
+        case 'K': push_int(static_cast<int64_t>(le(1))); break;
+        case 'M': push_int(static_cast<int64_t>(le(2))); break;
+        case 'J': push_int(static_cast<int32_t>(static_cast<uint32_t>(le(4)))); break;
+        case 0x8a: {  // LONG1
+          const uint8_t n = u8();
+          if (n > 8) throw GiveUp{};
+          uint64_t u = n ? le(n) : 0;
+          if (n && n < 8 && (u >> (8 * n - 1)) & 1) u |= ~uint64_t{0} << (8 * n);
+          push_int(static_cast<int64_t>(u));
+          break;
+        }
+        case 'G': {  // BINFLOAT
+          if (!in_.has(8)) throw GiveUp{};
+          Node n{.kind = Kind::Float};
+          n.f = std::bit_cast<double>(in_.be(8));
+          push(n);
+          break;
+        }
+        case 0x8c: push_str(le(1)); break;  // SHORT_BINUNICODE
+        case 'X': push_str(le(4)); break;   // BINUNICODE
+        case 0x8d: push_str(le(8)); break;  // BINUNICODE8
+        case ']': push(Node{.kind = Kind::List}); break;
+        case '}': push(Node{.kind = Kind::Dict}); break;
+        case ')': push(Node{.kind = Kind::Tuple}); break;
+        case '(':  // MARK
+          if (marks_.size() >= limits_.max_depth * 4) throw GiveUp{};
+          marks_.push_back(stack_.size());
+          break;
+        case 'l': collect(Kind::List, pop_mark()); break;
+        case 't': collect(Kind::Tuple, pop_mark()); break;
+        case 0x85: case 0x86: case 0x87: {  // TUPLE1..3
+          const size_t n = code - 0x85 + 1;
+          if (stack_.size() < n + floor()) throw GiveUp{};
+          collect(Kind::Tuple, stack_.size() - n);
+          break;
+        }
+        case 'a':  // APPEND
+          if (stack_.size() < 2 + floor()) throw GiveUp{};
+          extend(Kind::List, stack_.size() - 1);
+          break;
+        case 'e': extend(Kind::List, pop_mark()); break;  // APPENDS
+        case 's':  // SETITEM
+          if (stack_.size() < 3 + floor()) throw GiveUp{};
+          extend(Kind::Dict, stack_.size() - 2);
+          break;
+        case 'u': extend(Kind::Dict, pop_mark()); break;  // SETITEMS
+        case 0x93: stack_global(); break;                 // STACK_GLOBAL
+        case 0x94: memo_put(memo_count_); break;          // MEMOIZE
+        case 'q': memo_put(le(1)); break;                 // BINPUT
+        case 'r': memo_put(le(4)); break;                 // LONG_BINPUT
+        case 'h': memo_get(le(1)); break;                 // BINGET
+        case 'j': memo_get(le(4)); break;                 // LONG_BINGET
+        default: throw GiveUp{};
+      }
+    }
+  }
+
+ private:
+  uint8_t u8() {
+    if (!in_.has(1)) throw GiveUp{};
+    return in_.u8();
+  }
+  uint64_t le(size_t n) {
+    if (!in_.has(n)) throw GiveUp{};
+    return in_.le(n);
+  }
+  size_t floor() const { return marks_.empty() ? 0 : marks_.back(); }
+  // pickle::loads' counts and charges, as it would make them (GETs of a str charged twice:
+  // the copy, and the shared original's copy when its parent takes it).
+  void value(size_t bytes) {
+    if (++elements_ > limits_.max_elements) throw GiveUp{};
+    charge(pickle::detail::kValueCharge + bytes);
+  }
+  void charge(size_t bytes) {
+    spent_ += bytes;
+    if (spent_ > budget_) throw GiveUp{};
+  }
+  void push(const Node& n) {
+    value(n.kind == Kind::Str ? n.s.size() : 0);
+    if (tree_.nodes.size() >= UINT32_MAX) throw GiveUp{};
+    stack_.push_back(static_cast<uint32_t>(tree_.nodes.size()));
+    tree_.nodes.push_back(n);
+  }
+  void push_int(int64_t v) {
+    Node n{.kind = Kind::Int};
+    n.i = v;
+    push(n);
+  }
+  void push_str(uint64_t n) {
+    if (!in_.has(n)) throw GiveUp{};
+    Node s{.kind = Kind::Str};
+    s.s = in_.take(n);
+    if (!wire::valid_utf8(s.s)) throw GiveUp{};
+    push(s);
+  }
+  size_t pop_mark() {
+    if (marks_.empty()) throw GiveUp{};
+    const size_t m = marks_.back();
+    marks_.pop_back();
+    return m;
+  }
+  void adopt(Node& parent, const Node& child) {
+    parent.depth = std::max<uint16_t>(parent.depth, static_cast<uint16_t>(child.depth + 1));
+    if (parent.depth > limits_.max_depth) throw GiveUp{};
+  }
+  // Appends the nodes stack_[first, end) to container `c`'s items (moving its earlier items to
+  // the end of the arena first, when another container's items were written since).
+  void append_items(uint32_t c, size_t first) {
+    Node& n = tree_.nodes[c];
+    if (n.first + n.count != tree_.kids.size()) {
+      const auto old = static_cast<uint32_t>(tree_.kids.size());
+      for (uint32_t k = 0; k < n.count; ++k) tree_.kids.push_back(tree_.kids[n.first + k]);
+      n.first = old;
+    }
+    for (size_t i = first; i < stack_.size(); ++i) {
+      adopt(tree_.nodes[c], tree_.nodes[stack_[i]]);
+      tree_.kids.push_back(stack_[i]);
+    }
+    tree_.nodes[c].count += static_cast<uint32_t>(stack_.size() - first);
+    stack_.resize(first);
+  }
+  void collect(Kind kind, size_t first) {
+    Node n{.kind = kind};
+    value(0);
+    n.first = static_cast<uint32_t>(tree_.kids.size());
+    const auto c = static_cast<uint32_t>(tree_.nodes.size());
+    tree_.nodes.push_back(n);
+    append_items(c, first);
+    stack_.push_back(c);
+  }
+  // APPEND(S) / SETITEM(S) into the container below `first`.
+  void extend(Kind kind, size_t first) {
+    if (first <= floor() || first == 0) throw GiveUp{};
+    const uint32_t c = stack_[first - 1];
+    if (tree_.nodes[c].kind != kind) throw GiveUp{};
+    if (kind == Kind::Dict) {
+      if ((stack_.size() - first) % 2) throw GiveUp{};
+      for (size_t i = first; i < stack_.size(); i += 2) {
+        const Node& key = tree_.nodes[stack_[i]];
+        if (key.kind != Kind::Str) throw GiveUp{};
+        charge(pickle::detail::kDictEntryCharge + key.s.size());
+      }
+    }
+    append_items(c, first);
+    if (kind == Kind::Dict) check_unique(c);
+  }
+  // A dict with a repeated key keeps the key's first place and its last value in Python: the
+  // general way does that.
+  void check_unique(uint32_t c) {
+    const Node& d = tree_.nodes[c];
+    const uint32_t n = d.count / 2;
+    const auto key = [&](uint32_t k) { return tree_.nodes[tree_.kids[d.first + 2 * k]].s; };
+    if (n <= 8) {
+      for (uint32_t a = 1; a < n; ++a) {
+        for (uint32_t b = 0; b < a; ++b) {
+          if (key(a) == key(b)) throw GiveUp{};
+        }
+      }
+      return;
+    }
+    std::unordered_set<std::string_view> seen;
+    seen.reserve(n);
+    for (uint32_t k = 0; k < n; ++k) {
+      if (!seen.insert(key(k)).second) throw GiveUp{};
+    }
+  }
+  void stack_global() {
+    if (stack_.size() < 2 + floor()) throw GiveUp{};
+    const Node& module = tree_.nodes[stack_[stack_.size() - 2]];
+    const Node& name = tree_.nodes[stack_.back()];
+    if (module.kind != Kind::Str || name.kind != Kind::Str) throw GiveUp{};
+    for (const auto part : {module.s, name.s}) {
+      if (part.size() > limits_.max_name_bytes || !pickle::valid_dotted_name(part)) {
+        throw GiveUp{};
+      }
+    }
+    Node ref{.kind = Kind::ClassRef};
+    ref.s = module.s;
+    ref.q = name.s;
+    stack_.resize(stack_.size() - 2);
+    value(ref.s.size() + ref.q.size());
+    stack_.push_back(static_cast<uint32_t>(tree_.nodes.size()));
+    tree_.nodes.push_back(ref);
+  }
+  void memo_put(uint64_t index) {
+    if (stack_.size() <= floor() || memo_count_ >= limits_.max_elements) throw GiveUp{};
+    if (index > memo_.size()) throw GiveUp{};  // Python numbers entries in order
+    if (index == memo_.size()) {
+      memo_.push_back(stack_.back());
+      ++memo_count_;
+    } else {
+      memo_[index] = stack_.back();
+    }
+  }
+  void memo_get(uint64_t index) {
+    if (index >= memo_.size()) throw GiveUp{};
+    const uint32_t n = memo_[index];
+    const Node& v = tree_.nodes[n];
+    if (v.kind == Kind::List || v.kind == Kind::Tuple || v.kind == Kind::Dict) throw GiveUp{};
+    if (gets_.insert(index).second) {
+      charge(pickle::detail::kMemoIndexCharge + pickle::detail::kValueCharge + v.s.size());
+    }
+    value(v.s.size() + v.q.size());
+    stack_.push_back(n);  // the same immutable node: a str or a scalar
+  }
+  wire::ByteReader in_;
+  pickle::Limits limits_;
+  size_t budget_;
+  Tree& tree_;
+  size_t spent_ = 0;
+  size_t elements_ = 0;
+  uint64_t memo_count_ = 0;
+  std::vector<uint32_t> stack_;
+  std::vector<size_t> marks_;
+  std::vector<uint32_t> memo_;
+  std::unordered_set<uint64_t> gets_;  // distinct memo indices read
+};
+
+// A node of the arena as metadata_reader.h reads trees.
+struct Ref {
+  const Tree* tree;
+  uint32_t index;
+  const Node& node() const { return tree->nodes[index]; }
+};
+
+class Items {
+ public:
+  Items(const Tree* t, const Node& n) : t_(t), first_(n.first), count_(n.count) {}
+  size_t size() const { return count_; }
+  Ref operator[](size_t i) const { return {t_, t_->kids[first_ + i]}; }
+  class iterator {
+   public:
+    iterator(const Items& items, size_t i) : items_(items), i_(i) {}
+    Ref operator*() const { return items_[i_]; }
+    iterator& operator++() {
+      ++i_;
+      return *this;
+    }
+    bool operator!=(const iterator& o) const { return i_ != o.i_; }
+
+   private:
+    const Items& items_;
+    size_t i_;
+  };
+  iterator begin() const { return {*this, 0}; }
+  iterator end() const { return {*this, count_}; }
+
+ private:
+  const Tree* t_;
+  uint32_t first_, count_;
+};
+
+class Members {
+ public:
+  explicit Members(Items items) : items_(items) {}
+  class iterator {
+   public:
+    iterator(const Items& items, size_t i) : items_(items), i_(i) {}
+    std::pair<std::string, Ref> operator*() const {
+      return {std::string(items_[i_].node().s), items_[i_ + 1]};
+    }
+    iterator& operator++() {
+      i_ += 2;
+      return *this;
+    }
+    bool operator!=(const iterator& o) const { return i_ != o.i_; }
+
+   private:
+    const Items& items_;
+    size_t i_;
+  };
+  iterator begin() const { return {items_, 0}; }
+  iterator end() const { return {items_, items_.size()}; }
+
+ private:
+  Items items_;
+};
+
+JsonValue to_json(const Ref& r) {
+  const Node& n = r.node();
+  switch (n.kind) {
+    case Kind::None: return JsonValue();
+    case Kind::Bool: return JsonValue(n.b);
+    case Kind::Int: return JsonValue(n.i);
+    case Kind::Float: return JsonValue(n.f);
+    case Kind::Str: return JsonValue(n.s);
+    case Kind::List:
+    case Kind::Tuple: {
+      JsonValue::List out;
+      out.reserve(n.count);
+      for (const Ref& e : Items(r.tree, n)) out.push_back(to_json(e));
+      return JsonValue(std::move(out));
+    }
+    case Kind::Dict: {
+      JsonValue::Map out;
+      out.reserve(n.count / 2);
+      for (const auto& [k, e] : Members(Items(r.tree, n))) out.emplace_back(k, to_json(e));
+      return JsonValue(std::move(out));
+    }
+    case Kind::ClassRef: throw GiveUp{};  // refused outside "cls": the general way says so
+  }
+  throw GiveUp{};
+}
+
+struct Traits {
+  using Value = Ref;
+  using Members = fast::Members;
+  static bool is_null(const Ref& v) { return v.node().kind == Kind::None; }
+  static bool is_bool(const Ref& v) { return v.node().kind == Kind::Bool; }
+  static bool is_int(const Ref& v) { return v.node().kind == Kind::Int; }
+  static bool is_number(const Ref& v) { return is_int(v) || v.node().kind == Kind::Float; }
+  static bool is_string(const Ref& v) { return v.node().kind == Kind::Str; }
+  static bool is_list(const Ref& v) {
+    return v.node().kind == Kind::List || v.node().kind == Kind::Tuple;
+  }
+  static bool is_map(const Ref& v) { return v.node().kind == Kind::Dict; }
+  static bool is_class_ref(const Ref& v) { return v.node().kind == Kind::ClassRef; }
+  static std::string class_name(const Ref& v) {
+    return c10::str(v.node().s, ".", v.node().q);
+  }
+  static bool as_bool(const Ref& v) { return v.node().b; }
+  static int64_t as_int(const Ref& v) { return v.node().i; }
+  static std::string as_string(const Ref& v) { return std::string(v.node().s); }
+  static Items items(const Ref& v) { return Items(v.tree, v.node()); }
+  static Members members(const Ref& v) { return Members(Items(v.tree, v.node())); }
+  static JsonValue to_json(const Ref& v) { return fast::to_json(v); }
+  static std::string dump(const Ref&) { throw GiveUp{}; }  // an error: the general way's text
+};
+
+// A class reference outside a node's "cls" (the general way refuses it, naming where).
+void check_class_refs(const Ref& r, bool is_node) {
+  const Node& n = r.node();
+  if (n.kind == Kind::ClassRef) throw GiveUp{};
+  if (n.kind == Kind::List || n.kind == Kind::Tuple) {
+    for (const Ref& e : Items(r.tree, n)) check_class_refs(e, false);
+  } else if (n.kind == Kind::Dict) {
+    for (const auto& [k, e] : Members(Items(r.tree, n))) {
+      const Kind ek = e.node().kind;
+      if (is_node && k == "cls" && ek == Kind::ClassRef) continue;
+      check_class_refs(e, is_node && ek == Kind::Dict && k != "non_tensors" && k != "leaves" &&
+                              k != "cls_metadata");
+    }
+  }
+}
+
+// The validated metadata of `bytes`, or nullopt where the general way must read them.
+std::optional<wire::ValidatedMetadata> read(std::string_view bytes) {
+  try {
+    Tree tree;
+    tree.nodes.reserve(bytes.size() / 3);  // a value takes 2 bytes or more
+    tree.kids.reserve(bytes.size() / 3);
+    const uint32_t root = Parser(bytes, metadata_pickle_limits(), tree).run();
+    const Ref top{&tree, root};
+    if (!Traits::is_map(top)) return std::nullopt;
+    check_class_refs(top, /*is_node=*/true);
+    TransportFields transport;
+    Metadata m = wire::reader::read_root<Traits>(top, &transport);
+    return wire::validated(std::move(m), std::move(transport));
+  } catch (const GiveUp&) {
+  } catch (const c10::Error&) {
+  }
+  return std::nullopt;
+}
+
+}  // namespace fast
+
 wire::ValidatedMetadata read_validated(const pickle::Value& value) {
   TORCH_CHECK_VALUE(value.kind() == pickle::Value::Kind::Dict, "metadata: expected a dict, got a ",
                     pickle::Value::kind_name(value.kind()));
@@ -310,12 +745,15 @@ pickle::Limits metadata_pickle_limits() {
 }
 
 Metadata metadata_from_pickle_bytes(std::string_view bytes, TransportFields* transport) {
-  return metadata_from_pickle(pickle::loads(bytes, metadata_pickle_limits()), transport);
+  wire::ValidatedMetadata v = wire::read_metadata_pickle(bytes);
+  if (transport) *transport = v.transport();
+  return std::move(v.metadata());
 }
 
 namespace wire {
 
 ValidatedMetadata read_metadata_pickle(std::string_view bytes) {
+  if (auto fast = fast::read(bytes)) return std::move(*fast);
   return read_validated(pickle::loads(bytes, metadata_pickle_limits()));
 }
 

@@ -345,16 +345,15 @@ struct Node {
 };
 
 // What the reader charges its byte budget, close to what each piece costs in memory.
-constexpr size_t kValueBytes = sizeof(Node) + 32;  // a value on the stack, with overhead
-constexpr size_t kDictEntryBytes = 64;              // a dict key's index entry, beyond its bytes
-constexpr size_t kMemoIndexBytes = 48;              // one memo index the first pass records
+constexpr size_t kValueBytes = detail::kValueCharge;  // a value on the stack, with overhead
+static_assert(sizeof(Node) + 32 <= kValueBytes);
+constexpr size_t kDictEntryBytes = detail::kDictEntryCharge;  // a key's entry, beyond its bytes
+constexpr size_t kMemoIndexBytes = detail::kMemoIndexCharge;  // a memo index a GET reads
 // Memo indices below this are tracked in a bitmap; a sparse set takes the (odd) larger ones.
 constexpr uint64_t kDenseMemo = uint64_t{1} << 24;
 
 size_t budget_for(std::string_view data, const Limits& limits) {
-  if (limits.max_bytes != 0) return limits.max_bytes;
-  return std::min(kMaxBudgetBytes, kBaseBudgetBytes + kBudgetPerInputByte * data.size()) +
-         data.size();
+  return detail::read_budget(data, limits);
 }
 
 class Reader {
@@ -709,6 +708,12 @@ class Reader {
 };
 
 }  // namespace
+
+size_t detail::read_budget(std::string_view data, const Limits& limits) {
+  if (limits.max_bytes != 0) return limits.max_bytes;
+  return std::min(kMaxBudgetBytes, kBaseBudgetBytes + kBudgetPerInputByte * data.size()) +
+         data.size();
+}
 
 Writer::Writer(std::string& out) : out_(out) {
   op(op::PROTO);

@@ -118,6 +118,17 @@ struct Limits {
   size_t max_bytes = 0;
 };
 
+namespace detail {
+/// What a read charges its memory budget: per value made or copied (plus a str's bytes), per
+/// dict entry (plus its key's bytes), per memo index a GET reads. Shared by loads() and the
+/// metadata reader's fast path, so that both refuse the same pickles.
+inline constexpr size_t kValueCharge = 256;
+inline constexpr size_t kDictEntryCharge = 64;
+inline constexpr size_t kMemoIndexCharge = 48;
+/// The budget of a read of `data` under `limits` (Limits::max_bytes, or the default above).
+size_t read_budget(std::string_view data, const Limits& limits);
+}  // namespace detail
+
 /// Whether `name` is a dotted name of ASCII identifiers ("a", "pkg.mod", "Outer.Inner"): what
 /// a class reference's module and qualname must be.
 bool valid_dotted_name(std::string_view name);
