@@ -308,7 +308,8 @@ def run_micro(build: pathlib.Path, quick: bool) -> dict[str, float]:
            f"--benchmark_repetitions={1 if quick else 5}", "--benchmark_report_aggregates_only=true",
            f"--benchmark_min_time={0.01 if quick else 0.2}"]
     if quick:  # the large consolidate cases take seconds to build
-        cmd.append("--benchmark_filter=BM_IntGenerator|BM_SortedKeys|BM_Metadata|BM_Pickle|case:2")
+        cmd.append("--benchmark_filter="
+                   "BM_IntGenerator|BM_SortedKeys|BM_Metadata|BM_Pickle|BM_Rebuild|case:2")
     proc = subprocess.run(cmd, capture_output=True, text=True, timeout=600)
     if proc.returncode != 0:
         raise SystemExit(f"benchmarks/run: micro_bench failed:\n{proc.stderr}")
@@ -370,6 +371,8 @@ def reference_micro(quick: bool) -> dict[str, float]:
     out["BM_MetadataToJson"] = time_python(lambda: js.dumps(metadata, sort_keys=True), quick)
     out["BM_MetadataFromJson"] = time_python(lambda: js.loads(text), quick)
     out["BM_PickleLoads"] = time_python(lambda: pickle.loads(data), quick)
+    out["BM_MetadataFromPickleBytes"] = out["BM_PickleLoads"]  # Python's read, unvalidated
+    out["BM_MetadataToPickleBytes"] = time_python(lambda: pickle.dumps(metadata), quick)
     return out
 
 
@@ -388,8 +391,47 @@ MICRO_ROWS = [  # micro_bench name, label, what the comparison column ran
     ("BM_MetadataToJson", "metadata -> JSON, 1000 leaves", "json.dumps (C)"),
     ("BM_MetadataFromJson", "JSON -> metadata, validated", "json.loads (C, no validation)"),
     ("BM_PickleLoads", "restricted pickle read, 1000-leaf metadata", "pickle.loads (C)"),
-    ("BM_MetadataFromPickleBytes", "pickle -> metadata, validated", ""),
+    ("BM_MetadataFromPickleBytes", "pickle -> metadata, validated", "pickle.loads (C)"),
+    ("BM_MetadataToPickleBytes", "metadata -> pickle, 1000 leaves", "pickle.dumps (C)"),
+    ("BM_Rebuild", "rebuild 1000 views from metadata + storage", ""),
 ]
+
+# The ratios issue 16 set as goals, each computed from arms or micro-benchmarks of this run:
+# (label, what it divides, the goal as text, whether it is met).
+def target_rows(rows: list[dict], ours: dict[str, float], theirs: dict[str, float]) -> list:
+    med = {(r["case"], r["arm"]): r["median"] for r in rows}
+
+    def over(case, arm, floor):
+        a, b = med.get((case, arm)), med.get((case, floor))
+        return a / b if a and b else None
+
+    def faster(name):
+        return theirs[name] / ours[name] if name in ours and name in theirs else None
+
+    return [
+        ("init_remote / from_remote_init, 1000 x 64 B, × one raw send (C++)",
+         over("1000x64B", "cpp.init_remote", "floor.raw_one"), "≤ 5", lambda x: x <= 5),
+        ("init_remote / from_remote_init, 100 x 1 KB, × one raw send (C++)",
+         over("100x1KB", "cpp.init_remote", "floor.raw_one"), "≤ 3", lambda x: x <= 3),
+        ("checked consolidated send, 1000 leaves, × the unchecked one (C++)",
+         over("1000x64B", "cpp.consolidated_checked", "cpp.consolidated"), "≤ 1.5",
+         lambda x: x <= 1.5),
+        ("validated metadata read (JSON, 1000 leaves), × faster than json.loads",
+         faster("BM_MetadataFromJson"), "≥ 20", lambda x: x >= 20),
+        ("restricted pickle read (1000-leaf metadata), × faster than pickle.loads",
+         faster("BM_PickleLoads"), "≥ 10", lambda x: x >= 10),
+        ("pickle -> validated metadata (1000 leaves), × faster than pickle.loads",
+         faster("BM_MetadataFromPickleBytes"), "≥ 10", lambda x: x >= 10),
+    ]
+
+
+def target_table(rows: list[dict], ours: dict[str, float], theirs: dict[str, float]) -> str:
+    out = ["| ratio | this run | goal | met |", "|---|--:|--:|---|"]
+    for label, value, goal, met in target_rows(rows, ours, theirs):
+        shown = f"{value:.2f}" if value is not None else "–"
+        ok = "" if value is None else ("yes" if met(value) else "**no**")
+        out.append(f"| {label} | {shown} | {goal} | {ok} |")
+    return "\n".join(out)
 
 
 # ---- report ----------------------------------------------------------------------------------
@@ -507,8 +549,8 @@ def machine() -> dict:
             "date": datetime.datetime.now().astimezone().strftime("%Y-%m-%d %H:%M %Z")}
 
 
-def write_docs(info: dict, transfer: str, micro: str, command: str, loads: list[float],
-               note: str) -> None:
+def write_docs(info: dict, transfer: str, micro: str, targets: str, command: str,
+               loads: list[float], note: str) -> None:
     docs = ROOT / "docs"
     doc = f"""# Benchmarks
 
@@ -570,9 +612,17 @@ mode.
 ## Micro-benchmarks
 
 `build/micro_bench` (Google Benchmark, median of repetitions); the comparison column ran the
-same work in the reference or in Python's C-accelerated modules, in one process.
+same work in the reference or in Python's C-accelerated modules, in one process. Python's
+times include its garbage collector, as a caller's would.
 
 {micro}
+
+## Goals
+
+The ratios set as goals for the wire layer (issue 16), from the arms and micro-benchmarks
+above.
+
+{targets}
 """
     (docs / "benchmarks.md").write_text(doc)
 
@@ -627,10 +677,13 @@ def main() -> int:
         ref_micro = reference_micro(args.quick)
     rows = merge(results)
     transfer, micro_md = transfer_table(rows), micro_table(micro, ref_micro)
+    targets = target_table(rows, micro, ref_micro)
     verified = all(r["verified"] is not False for r in rows)
     print(transfer)
     print()
     print(micro_md)
+    print()
+    print(targets)
     print()
     elapsed = time.monotonic() - t_start
     print(f"data verification: {'passed' if verified else 'FAILED'}; {elapsed:.0f} s; "
@@ -644,7 +697,7 @@ def main() -> int:
         shown = [f"--case {c}" for c in args.case or []] + (["--quick"] if args.quick else [])
         command = " ".join(["benchmarks/run", *shown])
         note = os.environ.get("TENSORDICT_BENCH_NOTE", "")
-        write_docs(machine(), transfer, micro_md, command, loads,
+        write_docs(machine(), transfer, micro_md, targets, command, loads,
                    f"\n{note}\n" if note else "")
         plot(rows, ROOT / "docs" / "benchmarks.png")
         print("wrote docs/benchmarks.md and docs/benchmarks.png")

@@ -12,6 +12,17 @@ function(run)
 endfunction()
 
 run(${CMAKE_COMMAND} --install "${BUILD_DIR}" --prefix "${prefix}")
+# Only public headers are installed (CMakeLists.txt lists them), and none reaches an internal one.
+file(GLOB_RECURSE installed RELATIVE "${prefix}/include" "${prefix}/include/*")
+foreach(header IN LISTS installed)
+  if(NOT EXISTS "${SOURCE_DIR}/include/${header}")
+    message(FATAL_ERROR "installed ${header}, which is not a public header under include/")
+  endif()
+  file(STRINGS "${prefix}/include/${header}" internal REGEX "#include \"wire/")
+  if(internal)
+    message(FATAL_ERROR "the installed ${header} includes an internal header: ${internal}")
+  endif()
+endforeach()
 run(${CMAKE_COMMAND} -S "${SOURCE_DIR}/tests/consumer" -B "${work}" -G "${GENERATOR}"
     "-DCMAKE_PREFIX_PATH=${prefix}" "-DTorch_DIR=${TORCH_PREFIX}")
 run(${CMAKE_COMMAND} --build "${work}")
