@@ -38,6 +38,13 @@ void def(Scope& scope, const char* name, F&& fn, const std::tuple<Extra...>& arg
   std::apply([&](const Extra&... extra) { scope.def(name, std::forward<F>(fn), extra...); }, args);
 }
 
+/// The same for a static method of a bound class.
+template <class Class, class F, class... Extra>
+void def_static(Class& cls, const char* name, F&& fn, const std::tuple<Extra...>& args) {
+  std::apply([&](const Extra&... extra) { cls.def_static(name, std::forward<F>(fn), extra...); },
+             args);
+}
+
 void bind_tensor_dict(py::module_& m);
 #ifdef TENSORDICT_WITH_DIST
 /// `group=None`: a torch ProcessGroup, a c10d Backend, or None (see group_from_py).

@@ -103,80 +103,49 @@ auto p2p_args(const char* peer, const char* group_peer) {
                          py::arg("checked") = d.checked, timeout_arg());
 }
 
+// A point-to-point binding: the Python arguments p2p_args names become the call's options
+// (made by `options`, with the GIL held), then `call(td, peer, options)` runs.
+template <typename MakeOptions, typename Call>
+auto p2p(MakeOptions options, Call call) {
+  return [options, call](const TensorDict& td, std::optional<int64_t> peer, py::object group,
+                         std::optional<int64_t> group_peer, int64_t init_tag, bool pseudo_rand,
+                         bool consolidated, bool checked, std::optional<double> timeout) {
+    return call(td, peer,
+                options(group, group_peer, init_tag, pseudo_rand, consolidated, checked, timeout));
+  };
+}
+
+// The transfer with the GIL released; Work handles leave as torch's Python objects.
+template <auto Fn>
+auto released = [](const TensorDict& td, std::optional<int64_t> peer, const auto& options) {
+  using Result = decltype(Fn(td, peer, options));
+  if constexpr (std::is_void_v<Result>) {
+    py::gil_scoped_release nogil;
+    Fn(td, peer, options);
+  } else if constexpr (std::is_same_v<Result, std::vector<dist::WorkPtr>>) {
+    Result works;
+    {
+      py::gil_scoped_release nogil;
+      works = Fn(td, peer, options);
+    }
+    return works_to_py(works);
+  } else {
+    py::gil_scoped_release nogil;
+    return Fn(td, peer, options);
+  }
+};
+
 }  // namespace
 
 void bind_distributed(py::module_& m) {
-  // Each call converts its arguments with the GIL held, then releases it for the transfer.
   const auto send_args = p2p_args("dst", "group_dst");
   const auto recv_args = p2p_args("src", "group_src");
-  def(m, "send",
-      [](const TensorDict& td, std::optional<int64_t> dst, py::object group,
-         std::optional<int64_t> group_dst, int64_t init_tag, bool pseudo_rand,
-         bool consolidated, bool checked, std::optional<double> timeout) {
-        auto options = send_options(group, group_dst, init_tag, pseudo_rand, consolidated,
-                                    checked, timeout);
-        py::gil_scoped_release nogil;
-        dist::send(td, dst, options);
-      },
-      send_args);
-  def(m, "isend",
-      [](const TensorDict& td, std::optional<int64_t> dst, py::object group,
-         std::optional<int64_t> group_dst, int64_t init_tag, bool pseudo_rand,
-         bool consolidated, bool checked, std::optional<double> timeout) {
-        auto options = send_options(group, group_dst, init_tag, pseudo_rand, consolidated,
-                                    checked, timeout);
-        py::gil_scoped_release nogil;
-        return dist::isend(td, dst, options);
-      },
-      send_args);
-  def(m, "isend_early",
-      [](const TensorDict& td, std::optional<int64_t> dst, py::object group,
-         std::optional<int64_t> group_dst, int64_t init_tag, bool pseudo_rand,
-         bool consolidated, bool checked, std::optional<double> timeout) {
-        auto options = send_options(group, group_dst, init_tag, pseudo_rand, consolidated,
-                                    checked, timeout);
-        std::vector<dist::WorkPtr> works;
-        {
-          py::gil_scoped_release nogil;
-          works = dist::isend_early(td, dst, options);
-        }
-        return works_to_py(works);
-      },
-      send_args);
-  def(m, "recv",
-      [](const TensorDict& td, std::optional<int64_t> src, py::object group,
-         std::optional<int64_t> group_src, int64_t init_tag, bool pseudo_rand,
-         bool consolidated, bool checked, std::optional<double> timeout) {
-        auto options = recv_options(group, group_src, init_tag, pseudo_rand, consolidated,
-                                    checked, timeout);
-        py::gil_scoped_release nogil;
-        return dist::recv(td, src, options);
-      },
-      recv_args);
-  def(m, "irecv",
-      [](const TensorDict& td, std::optional<int64_t> src, py::object group,
-         std::optional<int64_t> group_src, int64_t init_tag, bool pseudo_rand,
-         bool consolidated, bool checked, std::optional<double> timeout) {
-        auto options = recv_options(group, group_src, init_tag, pseudo_rand, consolidated,
-                                    checked, timeout);
-        py::gil_scoped_release nogil;
-        dist::irecv(td, src, options);
-      },
-      recv_args);
-  def(m, "irecv_premature",
-      [](const TensorDict& td, std::optional<int64_t> src, py::object group,
-         std::optional<int64_t> group_src, int64_t init_tag, bool pseudo_rand,
-         bool consolidated, bool checked, std::optional<double> timeout) {
-        auto options = recv_options(group, group_src, init_tag, pseudo_rand, consolidated,
-                                    checked, timeout);
-        std::vector<dist::WorkPtr> works;
-        {
-          py::gil_scoped_release nogil;
-          works = dist::irecv_premature(td, src, options);
-        }
-        return works_to_py(works);
-      },
-      recv_args);
+  def(m, "send", p2p(send_options, released<&dist::send>), send_args);
+  def(m, "isend", p2p(send_options, released<&dist::isend>), send_args);
+  def(m, "isend_early", p2p(send_options, released<&dist::isend_early>), send_args);
+  def(m, "recv", p2p(recv_options, released<&dist::recv>), recv_args);
+  def(m, "irecv", p2p(recv_options, released<&dist::irecv>), recv_args);
+  def(m, "irecv_premature", p2p(recv_options, released<&dist::irecv_premature>), recv_args);
   m.def(
       "wire_order",
       [](const TensorDict& td) {

@@ -55,36 +55,24 @@ void bind_pipe(py::module_& m) {
   py::class_<Pipe> pipe(m, "Pipe");
   const auto listen_args =
       std::tuple_cat(std::make_tuple(py::arg("port"), py::arg("host")), pipe_option_args());
-  std::apply(
-      [&](const auto&... args) {
-        pipe.def_static(
-            "listen",
-            [](int port, const std::string& host, bool consolidated, double timeout,
-               int64_t max_metadata_bytes, int64_t max_storage_bytes, double linger) {
-              auto o = options(consolidated, timeout, max_metadata_bytes, max_storage_bytes,
-                               linger);
-              py::gil_scoped_release nogil;
-              return Pipe::listen(port, host, o);
-            },
-            args...);
+  def_static(
+      pipe, "listen",
+      [](int port, const std::string& host, bool consolidated, double timeout,
+         int64_t max_metadata_bytes, int64_t max_storage_bytes, double linger) {
+        auto o = options(consolidated, timeout, max_metadata_bytes, max_storage_bytes, linger);
+        py::gil_scoped_release nogil;
+        return Pipe::listen(port, host, o);
       },
       listen_args);
-  const auto connect_args =
-      std::tuple_cat(std::make_tuple(py::arg("host"), py::arg("port")), pipe_option_args());
-  std::apply(
-      [&](const auto&... args) {
-        pipe.def_static(
-            "connect",
-            [](const std::string& host, int port, bool consolidated, double timeout,
-               int64_t max_metadata_bytes, int64_t max_storage_bytes, double linger) {
-              auto o = options(consolidated, timeout, max_metadata_bytes, max_storage_bytes,
-                               linger);
-              py::gil_scoped_release nogil;
-              return Pipe::connect(host, port, o);
-            },
-            args...);
+  def_static(
+      pipe, "connect",
+      [](const std::string& host, int port, bool consolidated, double timeout,
+         int64_t max_metadata_bytes, int64_t max_storage_bytes, double linger) {
+        auto o = options(consolidated, timeout, max_metadata_bytes, max_storage_bytes, linger);
+        py::gil_scoped_release nogil;
+        return Pipe::connect(host, port, o);
       },
-      connect_args);
+      std::tuple_cat(std::make_tuple(py::arg("host"), py::arg("port")), pipe_option_args()));
   pipe.def("send", &Pipe::send, py::arg("td"), py::call_guard<py::gil_scoped_release>())
       .def("recv", &Pipe::recv, py::arg("td") = py::none(), py::kw_only(),
            py::arg("device") = py::none(), py::call_guard<py::gil_scoped_release>())
