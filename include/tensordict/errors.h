@@ -82,5 +82,8 @@ template <class E>
     TD_THROW(Type, __VA_ARGS__);                                                           \
   }
 
+/// Like TORCH_CHECK, but throws tensordict::MalformedPeerDataError: a fault in a peer's bytes.
+#define TD_CHECK_PEER(cond, ...) TD_CHECK_AS(MalformedPeerDataError, cond, __VA_ARGS__)
+
 /// Like TORCH_CHECK, but throws tensordict::KeyError.
 #define TD_CHECK_KEY(cond, ...) TD_CHECK_AS(KeyError, cond, __VA_ARGS__)

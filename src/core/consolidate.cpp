@@ -4,13 +4,10 @@
 #include <ATen/DeviceAccelerator.h>
 #include <ATen/MapAllocator.h>
 #include <c10/core/TensorImpl.h>
-#include <c10/util/safe_numerics.h>
 
 #include <algorithm>
-#include <array>
 #include <cstring>
 #include <thread>
-#include <unordered_set>
 
 #ifdef __linux__
 #include <sys/mman.h>

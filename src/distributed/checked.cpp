@@ -155,7 +155,7 @@ std::vector<WorkPtr> post_checked_recv(const Waiter& waiter, const TensorDict& t
                                   at::TensorOptions().dtype(at::kByte).device(device));
   const TailStamp header_stamp(header_t);
   waiter.wait(recv_one(peer, header_t, tag), c10::str("the checked header (tag ", tag, ")"));
-  TD_CHECK_AS(MalformedPeerDataError, !header_stamp.short_message(), call, "(checked=True): the peer's first message "
+  TD_CHECK_PEER(!header_stamp.short_message(), call, "(checked=True): the peer's first message "
               "is shorter than a checked-transfer header (", kCheckedHeaderBytes,
               " bytes); the sender must pass checked=True too");
   header_t = header_t.cpu();
@@ -165,11 +165,11 @@ std::vector<WorkPtr> post_checked_recv(const Waiter& waiter, const TensorDict& t
                                 at::TensorOptions().dtype(at::kByte).device(device));
   const TailStamp blob_stamp(blob_t);
   waiter.wait(recv_one(peer, blob_t, tag), c10::str("the checked schema (tag ", tag, ")"));
-  TD_CHECK_AS(MalformedPeerDataError, !blob_stamp.short_message(), call, "(checked=True): the sender's schema message "
+  TD_CHECK_PEER(!blob_stamp.short_message(), call, "(checked=True): the sender's schema message "
               "is shorter than the ", h.schema_bytes, " bytes its header announced");
   blob_t = blob_t.cpu();
   const auto* blob = blob_t.data_ptr<uint8_t>();
-  TD_CHECK_AS(MalformedPeerDataError, fnv1a(blob, h.schema_bytes) == h.schema_hash, call,
+  TD_CHECK_PEER(fnv1a(blob, h.schema_bytes) == h.schema_hash, call,
               "(checked=True): the sender's schema does not match the header's hash");
   const auto chunk_bytes = static_cast<int64_t>(h.chunk_bytes);
 
@@ -179,10 +179,10 @@ std::vector<WorkPtr> post_checked_recv(const Waiter& waiter, const TensorDict& t
   if (!same) {
     const std::string difference = describe_mismatch(call, h, blob, mine);
     drain(waiter, peer, tag, h, blob, device);
-    TD_THROW(SchemaMismatchError, call, "(checked=True): the sender's TensorDict does not match this one: ",
-                difference,
-                ". The sender's payload was received into scratch space and dropped; this "
-                "TensorDict is unchanged");
+    TD_THROW(SchemaMismatchError, call,
+             "(checked=True): the sender's TensorDict does not match this one: ", difference,
+             ". The sender's payload was received into scratch space and dropped; this "
+             "TensorDict is unchanged");
   }
 
   std::vector<WorkPtr> works;

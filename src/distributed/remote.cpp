@@ -48,10 +48,9 @@ std::string pickle_string(const at::Tensor& t, int64_t size) {
 }
 
 void check_pickle_size(const char* call, int64_t size, const char* what) {
-  TD_CHECK_AS(MalformedPeerDataError, size > 0 && size <= kMaxPickleBytes, call,
-              ": the peer announced ", what,
-                    " of ", size, " bytes; a metadata pickle must have 1 to ", kMaxPickleBytes,
-                    " bytes");
+  TD_CHECK_PEER(size > 0 && size <= kMaxPickleBytes, call,
+              ": the peer announced ", what, " of ", size,
+              " bytes; a metadata pickle must have 1 to ", kMaxPickleBytes, " bytes");
 }
 
 const JsonScalar* field(const TransportFields& fields, std::string_view name) {
@@ -60,7 +59,6 @@ const JsonScalar* field(const TransportFields& fields, std::string_view name) {
   }
   return nullptr;
 }
-
 
 // The top-level scalar fields of a pickle whose metadata was refused, so that a sane
 // "_total_bytes" still lets the receiver drain the storage.
@@ -104,8 +102,8 @@ std::optional<int64_t> size_field(const std::string& from, const TransportFields
   const int64_t n = std::get<int64_t>(*v);
   if (n < lo || n > hi) {
     defer(in, peer_error(from, ": the sender announces \"", name, "\" = ", n,
-                          " bytes; this receiver accepts ", lo, " to ", hi,
-                          " (max_total_bytes bounds it)"));
+                         " bytes; this receiver accepts ", lo, " to ", hi,
+                         " (max_total_bytes bounds it)"));
     return std::nullopt;
   }
   return n;
@@ -258,9 +256,8 @@ std::string scatter_objects(const Waiter& w, const Peer& root,
   }
   w.wait(root.group.scatter(length, lengths, sopts), "the metadata pickles' lengths");
   const int64_t n = int64_value(length[0]);
-  TD_CHECK_AS(MalformedPeerDataError, n > 0 && n <= longest, w.call(),
-              ": the peer announced a metadata pickle of ",
-                    n, " bytes in a buffer of ", longest);
+  TD_CHECK_PEER(n > 0 && n <= longest, w.call(),
+              ": the peer announced a metadata pickle of ", n, " bytes in a buffer of ", longest);
   return pickle_string(out[0], n);
 }
 
@@ -295,14 +292,14 @@ Incoming parse_incoming(const std::string& from, std::string_view bytes, int64_t
       in.tensorclass_type = *name;
     } else {
       defer(in, peer_error(from, ": \"_tensorclass_type\" is not a string of 1 to ",
-                            kMaxTensorclassTypeBytes, " bytes"));
+                           kMaxTensorclassTypeBytes, " bytes"));
     }
   }
   if (in.metadata && in.total_bytes) {
     const int64_t needed = in.metadata->storage_bytes();
     if (needed > *in.total_bytes) {
       defer(in, peer_error(from, ": the metadata lays its leaves out over ", needed,
-                            " bytes, but \"_total_bytes\" is ", *in.total_bytes));
+                           " bytes, but \"_total_bytes\" is ", *in.total_bytes));
     }
   }
   return in;
@@ -329,7 +326,7 @@ at::Device receive_device(const std::string& from, std::optional<at::Device> dev
   }
   if (!d) {
     defer(in, peer_error(from, ": the sender's \"_storage_device\" '", label,
-                          "' is not a device"));
+                         "' is not a device"));
     return at::kCPU;
   }
   if (d->is_cpu()) return *d;
@@ -371,9 +368,9 @@ StorageBuffer storage_buffer(const Incoming& in, int64_t n, at::Device device) {
 
 TensorDict finish(Incoming& in, const StorageBuffer& buffer) {
   if (in.error) std::rethrow_exception(in.error);
-  TD_CHECK_AS(MalformedPeerDataError, !buffer.stamp.short_message(), in.from, ": the sender's storage message is "
-                    "shorter than the ", buffer.bytes.numel(), " bytes it announced; the "
-                    "TensorDict is refused");
+  TD_CHECK_PEER(!buffer.stamp.short_message(), in.from,
+              ": the sender's storage message is shorter than the ", buffer.bytes.numel(),
+              " bytes it announced; the TensorDict is refused");
   return wire::rebuild_validated(std::move(*in.metadata),
                                  buffer.bytes.narrow(0, 0, *in.total_bytes));
 }

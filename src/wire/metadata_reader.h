@@ -93,21 +93,21 @@ struct Reader {
 
   LeafMetadata leaf(const std::string& key, const Json& j) const {
     const auto what = at("leaf", key);
-    TORCH_CHECK_VALUE(T::is_list(j), "metadata: ", what, " must be [dtype, shape, start, stop, pad], got ",
-                      type_name(j));
+    TORCH_CHECK_VALUE(T::is_list(j), "metadata: ", what,
+                      " must be [dtype, shape, start, stop, pad], got ", type_name(j));
     const auto& l = T::items(j);
     TORCH_CHECK_VALUE(l.size() != 6, "metadata: ", what,
                       " is a nested (jagged) tensor part, which is not supported");
     TORCH_CHECK_VALUE(l.size() == 5, "metadata: ", what,
                       " must be [dtype, shape, start, stop, pad], got ", l.size(), " elements");
-    TORCH_CHECK_VALUE(T::is_string(l[0]), "metadata: the dtype of ", what, " must be a string, got ",
-                      type_name(l[0]));
+    TORCH_CHECK_VALUE(T::is_string(l[0]), "metadata: the dtype of ", what,
+                      " must be a string, got ", type_name(l[0]));
     const auto& name = T::as_string(l[0]);
     const auto dtype = dtype_from_name(name);
     TORCH_CHECK_VALUE(dtype, "metadata: ", what, " has the unknown dtype ", quote_key(name));
     return LeafMetadata{*dtype, as_ints(l[1], what.of("the shape of ")),
-                        as_int(l[2], what.of("the start of ")), as_int(l[3], what.of("the stop of ")),
-                        as_int(l[4], what.of("the pad of "))};
+                        as_int(l[2], what.of("the start of ")),
+                        as_int(l[3], what.of("the stop of ")), as_int(l[4], what.of("the pad of "))};
   }
 
   NonTensorMetadata non_tensor(const std::string& key, const Json& j) const {
@@ -129,7 +129,9 @@ struct Reader {
         cm.device = as_optional_string(v, what.of("the device in "));
       } else if (k == "names") {
         TORCH_CHECK_VALUE(T::is_list(v), "metadata: the names in ", what, " must be a list");
-        for (const auto& n : T::items(v)) cm.names.push_back(as_optional_string(n, what.of("a name in ")));
+        for (const auto& n : T::items(v)) {
+          cm.names.push_back(as_optional_string(n, what.of("a name in ")));
+        }
         has_names = true;
       } else if (k == "batch_size") {
         cm.batch_size = as_ints(v, what.of("the batch_size in "));
