@@ -501,9 +501,9 @@ TensorDict rebuild_validated(ValidatedMetadata metadata, const at::Tensor& stora
   // multiple of the largest element size (16) keeps it. Anything else is checked again.
   constexpr int64_t kMaxElementSize = 16;
   if (storage.numel() < metadata.storage_bytes() || storage.storage_offset() % kMaxElementSize) {
-    return rebuild(std::move(metadata.metadata()), storage);
+    return rebuild(std::move(metadata).take(), storage);
   }
-  return rebuild_root(std::move(metadata.metadata()), storage);
+  return rebuild_root(std::move(metadata).take(), storage);
 }
 
 }  // namespace wire

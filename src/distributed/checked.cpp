@@ -10,6 +10,7 @@
 #include "checked_wire.h"
 #include "tensordict/consolidate.h"
 #include "tensordict/distributed/p2p.h"
+#include "tensordict/errors.h"
 
 namespace tensordict::dist::detail {
 namespace {

@@ -736,7 +736,7 @@ pickle::Value metadata_to_pickle(const Metadata& metadata, const TransportFields
 Metadata metadata_from_pickle(const pickle::Value& value, TransportFields* transport) {
   wire::ValidatedMetadata v = read_validated(value);
   if (transport) *transport = v.transport();
-  return std::move(v.metadata());
+  return std::move(v).take();
 }
 
 pickle::Limits metadata_pickle_limits() {
@@ -747,7 +747,7 @@ pickle::Limits metadata_pickle_limits() {
 Metadata metadata_from_pickle_bytes(std::string_view bytes, TransportFields* transport) {
   wire::ValidatedMetadata v = wire::read_metadata_pickle(bytes);
   if (transport) *transport = v.transport();
-  return std::move(v.metadata());
+  return std::move(v).take();
 }
 
 namespace wire {

@@ -16,7 +16,6 @@
 
 #include "tensordict/consolidate.h"
 #include "tensordict/dtypes.h"
-#include "tensordict/errors.h"
 #include "wire/pickle.h"
 
 namespace tensordict::wire {
@@ -69,7 +68,8 @@ int64_t validate(const Metadata& m, std::optional<int64_t> storage_bytes = std::
 class ValidatedMetadata {
  public:
   const Metadata& metadata() const { return metadata_; }
-  Metadata& metadata() { return metadata_; }
+  /// The metadata moved out; this value is spent.
+  Metadata take() && { return std::move(metadata_); }
   int64_t storage_bytes() const { return storage_bytes_; }
   const TransportFields& transport() const { return transport_; }
   /// The transport field `name`, or nullptr.
@@ -97,18 +97,5 @@ ValidatedMetadata read_metadata_pickle(std::string_view bytes);
 /// only that the storage is a 1-D contiguous uint8 tensor of at least storage_bytes() bytes
 /// whose offset keeps every leaf aligned is checked (else this is rebuild()).
 TensorDict rebuild_validated(ValidatedMetadata metadata, const at::Tensor& storage);
-
-/// Runs `fn`; a ValueError it throws (a fault in a peer's bytes) becomes MalformedPeerDataError
-/// with the same message.
-template <typename Fn>
-auto as_peer_data(Fn&& fn) -> decltype(fn()) {
-  try {
-    return fn();
-  } catch (const MalformedPeerDataError&) {
-    throw;
-  } catch (const c10::ValueError& e) {
-    throw MalformedPeerDataError(e.msg());
-  }
-}
 
 }  // namespace tensordict::wire
