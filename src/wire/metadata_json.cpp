@@ -158,8 +158,7 @@ std::string metadata_to_json(const Metadata& metadata, bool sort_keys,
 
 Metadata metadata_from_json(std::string_view text, TransportFields* transport) {
   wire::ValidatedMetadata v = wire::read_metadata_json(text);
-  if (transport) *transport = v.transport();
-  return std::move(v).take();
+  return std::move(v).take(transport);
 }
 
 namespace wire {

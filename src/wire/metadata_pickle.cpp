@@ -302,6 +302,12 @@ struct Node {
   uint32_t count = 0;
 };
 
+Node node_of(Kind kind) {
+  Node n;
+  n.kind = kind;
+  return n;
+}
+
 struct Tree {
   std::vector<Node> nodes;
   std::vector<uint32_t> kids;
@@ -334,7 +340,7 @@ class Parser {
           return stack_.back();
         case 'N': push(Node{}); break;
         case 0x88: case 0x89: {  // NEWTRUE, NEWFALSE
-          Node n{.kind = Kind::Bool};
+          Node n = node_of(Kind::Bool);
           n.b = code == 0x88;
           push(n);
           break;
@@ -352,7 +358,7 @@ class Parser {
         }
         case 'G': {  // BINFLOAT
           if (!in_.has(8)) throw GiveUp{};
-          Node n{.kind = Kind::Float};
+          Node n = node_of(Kind::Float);
           n.f = std::bit_cast<double>(in_.be(8));
           push(n);
           break;
@@ -360,9 +366,9 @@ class Parser {
         case 0x8c: push_str(le(1)); break;  // SHORT_BINUNICODE
         case 'X': push_str(le(4)); break;   // BINUNICODE
         case 0x8d: push_str(le(8)); break;  // BINUNICODE8
-        case ']': push(Node{.kind = Kind::List}); break;
-        case '}': push(Node{.kind = Kind::Dict}); break;
-        case ')': push(Node{.kind = Kind::Tuple}); break;
+        case ']': push(node_of(Kind::List)); break;
+        case '}': push(node_of(Kind::Dict)); break;
+        case ')': push(node_of(Kind::Tuple)); break;
         case '(':  // MARK
           if (marks_.size() >= limits_.max_depth * 4) throw GiveUp{};
           marks_.push_back(stack_.size());
@@ -423,13 +429,13 @@ class Parser {
     tree_.nodes.push_back(n);
   }
   void push_int(int64_t v) {
-    Node n{.kind = Kind::Int};
+    Node n = node_of(Kind::Int);
     n.i = v;
     push(n);
   }
   void push_str(uint64_t n) {
     if (!in_.has(n)) throw GiveUp{};
-    Node s{.kind = Kind::Str};
+    Node s = node_of(Kind::Str);
     s.s = in_.take(n);
     if (!wire::valid_utf8(s.s)) throw GiveUp{};
     push(s);
@@ -461,7 +467,7 @@ class Parser {
     stack_.resize(first);
   }
   void collect(Kind kind, size_t first) {
-    Node n{.kind = kind};
+    Node n = node_of(kind);
     value(0);
     n.first = static_cast<uint32_t>(tree_.kids.size());
     const auto c = static_cast<uint32_t>(tree_.nodes.size());
@@ -491,7 +497,7 @@ class Parser {
     const Node& d = tree_.nodes[c];
     const uint32_t n = d.count / 2;
     const auto key = [&](uint32_t k) { return tree_.nodes[tree_.kids[d.first + 2 * k]].s; };
-    if (n <= 8) {
+    if (n <= wire::kScanKeys) {
       for (uint32_t a = 1; a < n; ++a) {
         for (uint32_t b = 0; b < a; ++b) {
           if (key(a) == key(b)) throw GiveUp{};
@@ -515,7 +521,7 @@ class Parser {
         throw GiveUp{};
       }
     }
-    Node ref{.kind = Kind::ClassRef};
+    Node ref = node_of(Kind::ClassRef);
     ref.s = module.s;
     ref.q = name.s;
     stack_.resize(stack_.size() - 2);
@@ -735,8 +741,7 @@ pickle::Value metadata_to_pickle(const Metadata& metadata, const TransportFields
 
 Metadata metadata_from_pickle(const pickle::Value& value, TransportFields* transport) {
   wire::ValidatedMetadata v = read_validated(value);
-  if (transport) *transport = v.transport();
-  return std::move(v).take();
+  return std::move(v).take(transport);
 }
 
 pickle::Limits metadata_pickle_limits() {
@@ -746,8 +751,7 @@ pickle::Limits metadata_pickle_limits() {
 
 Metadata metadata_from_pickle_bytes(std::string_view bytes, TransportFields* transport) {
   wire::ValidatedMetadata v = wire::read_metadata_pickle(bytes);
-  if (transport) *transport = v.transport();
-  return std::move(v).take();
+  return std::move(v).take(transport);
 }
 
 namespace wire {

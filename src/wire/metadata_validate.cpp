@@ -10,6 +10,7 @@
 
 #include "tensordict/dtypes.h"
 #include "tensordict/nested_key.h"
+#include "wire/json_text.h"
 #include "wire/metadata.h"
 
 namespace tensordict::wire {
@@ -83,7 +84,6 @@ struct Validator {
       }
     }
     // Duplicate keys: a scan in the common small node, a hash set in a large one.
-    constexpr size_t kScanKeys = 8;
     const size_t n_keys = m.non_tensors.size() + m.leaves.size() + m.children.size();
     std::array<std::string_view, kScanKeys> few;
     size_t n_few = 0;
@@ -209,13 +209,6 @@ bool is_wire_dtype(at::ScalarType t) {
 std::string path_str(std::vector<std::string> path, const std::string& key) {
   path.push_back(key);
   return NestedKey(std::move(path)).str();
-}
-
-const JsonScalar* ValidatedMetadata::field(std::string_view name) const {
-  for (const auto& [key, value] : transport_) {
-    if (key == name) return &value;
-  }
-  return nullptr;
 }
 
 ValidatedMetadata validated(Metadata metadata, TransportFields transport) {

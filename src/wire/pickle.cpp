@@ -66,7 +66,7 @@ Value Value::class_ref(std::string module, std::string qualname) {
 }
 
 size_t Value::position(std::string_view key) const {
-  if (keys_.size() <= kScanKeys) {
+  if (keys_.size() <= wire::kScanKeys) {
     for (size_t i = 0; i < keys_.size(); ++i) {
       if (keys_[i] == key) return i;
     }
@@ -352,16 +352,12 @@ constexpr size_t kMemoIndexBytes = detail::kMemoIndexCharge;  // a memo index a 
 // Memo indices below this are tracked in a bitmap; a sparse set takes the (odd) larger ones.
 constexpr uint64_t kDenseMemo = uint64_t{1} << 24;
 
-size_t budget_for(std::string_view data, const Limits& limits) {
-  return detail::read_budget(data, limits);
-}
-
 class Reader {
  public:
   Reader(std::string_view data, const Limits& limits)
       : in_(data),
         limits_(limits),
-        budget_(budget_for(data, limits)),
+        budget_(detail::read_budget(data, limits)),
         reads_(memo_reads(data, budget_ / kMemoIndexBytes)) {
     TORCH_CHECK_VALUE(!reads_.over_budget, "pickle: ", over_budget_text());
     charge(reads_.indices.size() * kMemoIndexBytes);

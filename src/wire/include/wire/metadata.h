@@ -68,12 +68,14 @@ int64_t validate(const Metadata& m, std::optional<int64_t> storage_bytes = std::
 class ValidatedMetadata {
  public:
   const Metadata& metadata() const { return metadata_; }
-  /// The metadata moved out; this value is spent.
-  Metadata take() && { return std::move(metadata_); }
+  /// The metadata moved out, and the transport fields into `transport` if given; this value is
+  /// spent.
+  Metadata take(TransportFields* transport = nullptr) && {
+    if (transport) *transport = std::move(transport_);
+    return std::move(metadata_);
+  }
   int64_t storage_bytes() const { return storage_bytes_; }
   const TransportFields& transport() const { return transport_; }
-  /// The transport field `name`, or nullptr.
-  const JsonScalar* field(std::string_view name) const;
 
  private:
   friend ValidatedMetadata validated(Metadata metadata, TransportFields transport);

@@ -7,8 +7,8 @@
 // bytes from a peer can be read safely.
 
 #include <cstdint>
-#include <string>
 #include <memory>
+#include <string>
 #include <string_view>
 #include <unordered_map>
 #include <utility>
@@ -76,9 +76,8 @@ class Value {
 
  private:
   // Lean on purpose: a metadata pickle reads into tens of thousands of these. A dict keeps its
-  // keys in order and finds one by a scan up to kScanKeys keys; a larger dict builds a hash
-  // index on first lookup (not copied with the value: rebuilt when needed).
-  static constexpr size_t kScanKeys = 8;
+  // keys in order and finds one by a scan up to wire::kScanKeys keys; a larger dict builds a
+  // hash index on first lookup (not copied with the value: rebuilt when needed).
   struct KeyHash {
     using is_transparent = void;
     size_t operator()(std::string_view s) const noexcept {
