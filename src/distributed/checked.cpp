@@ -162,51 +162,79 @@ std::vector<WorkPtr> post_checked_recv(const Waiter& waiter, const TensorDict& t
   header_t = header_t.cpu();
   const Header h = decode_header(call, header_t.data_ptr<uint8_t>());
 
+  const auto chunk_bytes = static_cast<int64_t>(h.chunk_bytes);
+  // Posts the payload's receives into td; on failure, no work is left behind.
+  const auto post_payload = [&] {
+    std::vector<WorkPtr> works;
+    try {
+      for (const auto& target : targets) {
+        if (target.numel() == 0) continue;
+        const bool direct = target.is_contiguous();
+        at::Tensor buffer = direct ? target : at::empty_like(target, at::MemoryFormat::Contiguous);
+        std::vector<at::Tensor> chunks;
+        chunk(bytes_of(buffer), chunk_bytes, chunks);
+        const size_t first = works.size();
+        for (const auto& c : chunks) works.push_back(recv_one(peer, c, tag));
+        if (!direct) {
+          std::vector<WorkPtr> leaf_works(works.begin() + first, works.end());
+          works.resize(first);
+          works.push_back(copy_back_work(std::move(leaf_works), target, buffer));
+        }
+      }
+    } catch (...) {
+      abandon(works);
+      throw;
+    }
+    return works;
+  };
+  // A header announcing this receiver's own schema size, hash and payload: the schema's and the
+  // payload's receives are posted together, saving a message latency. A schema that then
+  // differs all the same (a hash collision, or a lying peer) has written the payload.
+  const bool announced_same = h.mode == mine.mode && h.schema_bytes == mine_blob.size() &&
+                              h.schema_hash == encoded_mine->hash &&
+                              static_cast<int64_t>(h.payload_bytes) == mine.payload_bytes;
+
   at::Tensor blob_t = at::empty({static_cast<int64_t>(h.schema_bytes)},
                                 at::TensorOptions().dtype(at::kByte).device(device));
   const TailStamp blob_stamp(blob_t);
-  waiter.wait(recv_one(peer, blob_t, tag), c10::str("the checked schema (tag ", tag, ")"));
-  TD_CHECK_PEER(!blob_stamp.short_message(), call, "(checked=True): the sender's schema message "
-              "is shorter than the ", h.schema_bytes, " bytes its header announced");
-  blob_t = blob_t.cpu();
-  const auto* blob = blob_t.data_ptr<uint8_t>();
-  TD_CHECK_PEER(fnv1a(blob, h.schema_bytes) == h.schema_hash, call,
-              "(checked=True): the sender's schema does not match the header's hash");
-  const auto chunk_bytes = static_cast<int64_t>(h.chunk_bytes);
-
-  const bool same = h.mode == mine.mode && h.schema_bytes == mine_blob.size() &&
-                    std::memcmp(blob, mine_blob.data(), mine_blob.size()) == 0 &&
-                    static_cast<int64_t>(h.payload_bytes) == mine.payload_bytes;
-  if (!same) {
-    const std::string difference = describe_mismatch(call, h, blob, mine);
-    drain(waiter, peer, tag, h, blob, device);
-    TD_THROW(SchemaMismatchError, call,
-             "(checked=True): the sender's TensorDict does not match this one: ", difference,
-             ". The sender's payload was received into scratch space and dropped; this "
-             "TensorDict is unchanged");
-  }
-
+  WorkPtr blob_work = recv_one(peer, blob_t, tag);
   std::vector<WorkPtr> works;
+  if (announced_same) works = post_payload();
   try {
-    for (const auto& target : targets) {
-      if (target.numel() == 0) continue;
-      const bool direct = target.is_contiguous();
-      at::Tensor buffer = direct ? target : at::empty_like(target, at::MemoryFormat::Contiguous);
-      std::vector<at::Tensor> chunks;
-      chunk(bytes_of(buffer), chunk_bytes, chunks);
-      const size_t first = works.size();
-      for (const auto& c : chunks) works.push_back(recv_one(peer, c, tag));
-      if (!direct) {
-        std::vector<WorkPtr> leaf_works(works.begin() + first, works.end());
-        works.resize(first);
-        works.push_back(copy_back_work(std::move(leaf_works), target, buffer));
-      }
-    }
+    waiter.wait(blob_work, c10::str("the checked schema (tag ", tag, ")"));
   } catch (...) {
     abandon(works);
     throw;
   }
-  return works;
+  if (blob_stamp.short_message()) {
+    abandon(works);
+    TD_THROW(MalformedPeerDataError, call, "(checked=True): the sender's schema message is "
+             "shorter than the ", h.schema_bytes, " bytes its header announced");
+  }
+  blob_t = blob_t.cpu();
+  const auto* blob = blob_t.data_ptr<uint8_t>();
+  // Equal to our own bytes, the schema has our hash, which the header announced.
+  const bool same = announced_same && std::memcmp(blob, mine_blob.data(), mine_blob.size()) == 0;
+  if (same) return works;
+  if (announced_same) {
+    waiter.wait(works, [](size_t) { return std::string("the payload"); });
+    TD_CHECK_PEER(fnv1a(blob, h.schema_bytes) == h.schema_hash, call,
+                "(checked=True): the sender's schema does not match the header's hash");
+    TD_THROW(SchemaMismatchError, call,
+             "(checked=True): the sender's TensorDict does not match this one: ",
+             describe_mismatch(call, h, blob, mine),
+             ". Its schema's size and hash announced this one's, so its payload was received "
+             "into this TensorDict");
+  }
+  // A different schema (an equal one would have announced our size and hash).
+  TD_CHECK_PEER(fnv1a(blob, h.schema_bytes) == h.schema_hash, call,
+              "(checked=True): the sender's schema does not match the header's hash");
+  const std::string difference = describe_mismatch(call, h, blob, mine);
+  drain(waiter, peer, tag, h, blob, device);
+  TD_THROW(SchemaMismatchError, call,
+           "(checked=True): the sender's TensorDict does not match this one: ", difference,
+           ". The sender's payload was received into scratch space and dropped; this "
+           "TensorDict is unchanged");
 }
 
 }  // namespace tensordict::dist::detail

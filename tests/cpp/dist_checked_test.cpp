@@ -253,6 +253,46 @@ TEST(DistChecked, UncheckedSenderAndForgedHeaders) {
   });
 }
 
+// A header announcing the receiver's own schema (size and hash) lets it post the payload's
+// receives with the schema's. A schema that then differs has written the payload, and the
+// error says so. Rank 1 takes two genuine checked sends apart (of 'k' and of 'j', schemas of
+// one size) and sends back the header of 'k' with the schema and payload of 'j'.
+TEST(DistChecked, HeaderAnnouncingTheReceiversSchema) {
+  run_ranks(2, [](int rank, int) {
+    auto pg = default_group();
+    TensorDict mine({{"k", at::zeros({3}, at::kShort)}}, {});
+    if (rank == 0) {
+      send(mine, 1, {.checked = true});
+      send(TensorDict({{"j", at::ones({3}, at::kShort)}}, {}), 1, {.checked = true});
+      std::string kind;
+      const std::string err = error_of([&] { recv(mine, 1, {.checked = true}); }, &kind);
+      EXPECT_NE(err.find("does not match the header's hash"), std::string::npos) << err;
+      EXPECT_EQ(kind, "MalformedPeerDataError") << err;
+      EXPECT_TRUE(mine.get("k").tensor().eq(1).all().item<bool>());  // the payload landed
+    } else {
+      const auto take = [&](int64_t n) {
+        std::vector<at::Tensor> one{at::zeros({n}, at::kByte)};
+        pg->recv(one, 0, 0)->wait();
+        return one[0];
+      };
+      std::vector<std::vector<at::Tensor>> parts;  // header, schema, payload of each send
+      for (int i = 0; i < 2; ++i) {
+        at::Tensor header = take(64);
+        int64_t schema_bytes = 0;
+        std::memcpy(&schema_bytes, header.data_ptr<uint8_t>() + 24, 8);
+        at::Tensor schema = take(schema_bytes);
+        parts.push_back({header, schema, take(6)});
+      }
+      ASSERT_EQ(parts[0][1].numel(), parts[1][1].numel());
+      for (const at::Tensor& m : {parts[0][0], parts[1][1], parts[1][2]}) {
+        std::vector<at::Tensor> one{m};
+        pg->send(one, 0, 0)->wait();
+      }
+    }
+    round_trip_after(rank);
+  });
+}
+
 // A quantized leaf's storage is not numel * element size bytes: refused before any message.
 TEST(DistChecked, QuantizedLeavesAreRefused) {
   run_ranks(2, [](int rank, int) {
