@@ -272,16 +272,40 @@ bool views_match(const TensorDict& td, const Metadata& m, const at::Tensor& stor
   return true;
 }
 
-// Appends the generations of td's level and of its nested levels that `m` names, pre-order,
-// and watches those levels. td must match m's structure (just built, or views_match said so).
-void record_generations(const TensorDict& td, const Metadata& m, std::vector<uint64_t>& out) {
-  auto& impl = TensorDictImpl::of(td);
-  impl.watched = true;
-  out.push_back(impl.generation);
-  for (const auto& [key, child] : m.children) record_generations(impl.find(key)->tensordict(), child, out);
-}
+// The levels of a consolidation, pre-order, with the generations they had when they were
+// known to hold its views. Walking the metadata keeps nested levels that are not part of it
+// (none, when td matches m) out.
+struct CheckedLevels {
+  struct Level {
+    TensorDictImpl* impl;
+    const Metadata* metadata;
+    uint32_t begin, end;  // the level's subtree in `generations`
+  };
+  std::vector<Level> levels;
+  std::shared_ptr<std::vector<uint64_t>> generations = std::make_shared<std::vector<uint64_t>>();
 
-// Whether no level's entries changed since record_generations. An unchanged level still holds
+  void add(const TensorDict& td, const Metadata& m) {
+    auto& impl = TensorDictImpl::of(td);
+    impl.watched = true;
+    const size_t i = levels.size();
+    const auto begin = static_cast<uint32_t>(generations->size());
+    levels.push_back({&impl, &m, begin, 0});
+    generations->push_back(impl.generation);
+    for (const auto& [key, child] : m.children) add(impl.find(key)->tensordict(), child);
+    levels[i].end = static_cast<uint32_t>(generations->size());
+  }
+
+  // Gives a level its state and its slice of the shared generations.
+  void check(const Level& l, std::shared_ptr<const ConsolidatedState> state, uint64_t epoch) const {
+    l.impl->consolidated = std::move(state);
+    l.impl->checked_generations = generations;
+    l.impl->checked_begin = l.begin;
+    l.impl->checked_end = l.end;
+    l.impl->checked_epoch.store(epoch, std::memory_order_relaxed);
+  }
+};
+
+// Whether no level's entries changed since they were recorded. An unchanged level still holds
 // the same nested levels, so walking them by key is safe.
 bool generations_unchanged(const TensorDict& td, const Metadata& m, const uint64_t*& next,
                            const uint64_t* end) {
@@ -293,26 +317,26 @@ bool generations_unchanged(const TensorDict& td, const Metadata& m, const uint64
   return true;
 }
 
+uint64_t current_epoch() { return detail::watched_changes.load(std::memory_order_relaxed); }
+
 // Gives td a consolidation whose views it is known to hold, remembering its generations.
 void set_checked_state(const TensorDict& td, std::shared_ptr<const ConsolidatedState> state) {
-  TensorDict handle(td);
-  handle.set_consolidated_state(std::move(state));
-  auto& impl = TensorDictImpl::of(td);
-  record_generations(td, *impl.consolidated->metadata, impl.checked_generations);
-  impl.checked_epoch.store(detail::watched_changes.load(std::memory_order_relaxed),
-                           std::memory_order_relaxed);
+  CheckedLevels levels;
+  levels.add(td, *state->metadata);
+  levels.check(levels.levels.front(), std::move(state), current_epoch());
 }
 
 // Whether no level's entries changed since td's consolidation was last known to match: at
 // once when no watched level changed anywhere since, by walking the levels otherwise.
 bool generations_current(const TensorDict& td, const Metadata& m) {
   const auto& impl = TensorDictImpl::of(td);
-  const auto& gens = impl.checked_generations;
-  if (gens.empty()) return false;
-  const uint64_t epoch = detail::watched_changes.load(std::memory_order_relaxed);
+  if (!impl.checked_generations) return false;
+  const uint64_t epoch = current_epoch();
   if (impl.checked_epoch.load(std::memory_order_relaxed) == epoch) return true;
-  const uint64_t* next = gens.data();
-  if (!generations_unchanged(td, m, next, gens.data() + gens.size())) return false;
+  const uint64_t* next = impl.checked_generations->data() + impl.checked_begin;
+  if (!generations_unchanged(td, m, next, impl.checked_generations->data() + impl.checked_end)) {
+    return false;
+  }
   impl.checked_epoch.store(epoch, std::memory_order_relaxed);  // the next call is O(1) again
   return true;
 }
@@ -391,13 +415,13 @@ TensorDict consolidate_impl(const TensorDict& td, const ConsolidateOptions& o) {
   return result;
 }
 
-TensorDict rebuild_node(const std::shared_ptr<const Metadata>& root, const Metadata& m,
-                        const at::Tensor& storage, std::vector<std::string>& path) {
+TensorDict rebuild_node(const Metadata& m, const at::Tensor& storage, bool parent_locked) {
   const auto& cm = m.cls_metadata;
   // The peer's device label is not trusted: the data lives where the storage is.
   TensorDict td = TensorDictImpl::make(
       cm.batch_size, cm.device ? std::optional<at::Device>(storage.device()) : std::nullopt);
   auto& impl = TensorDictImpl::of(td);
+  impl.entries.reserve(m.non_tensors.size() + m.leaves.size() + m.children.size());
   // Non-tensor entries first, then leaves, then nested nodes: the reference's rebuild order.
   for (const auto& [key, nt] : m.non_tensors) {
     impl.put(key, NonTensorData(nt.data, nt.batch_size,
@@ -405,14 +429,10 @@ TensorDict rebuild_node(const std::shared_ptr<const Metadata>& root, const Metad
                                           : std::nullopt));
   }
   for (const auto& [key, leaf] : m.leaves) impl.put(key, leaf_view(storage, leaf));
-  for (const auto& [key, child] : m.children) {
-    path.push_back(key);
-    impl.put(key, rebuild_node(root, child, storage, path));
-    path.pop_back();
-  }
-  if (cm.is_locked) td.lock_();
-  set_checked_state(td, std::make_shared<const ConsolidatedState>(
-                            storage, std::shared_ptr<const Metadata>(root, &m)));
+  // A locked level locks the levels below, as lock_() would (without walking them again).
+  const bool locked = cm.is_locked || parent_locked;
+  for (const auto& [key, child] : m.children) impl.put(key, rebuild_node(child, storage, locked));
+  impl.locked = locked;
   return td;
 }
 
@@ -479,10 +499,19 @@ void check_storage_tensor(const at::Tensor& storage) {
                                       : std::string());
 }
 
+// Every level of the result holds its node of the consolidation (is_consolidated() of a nested
+// level is true, as after the reference's from_consolidated).
 TensorDict rebuild_root(Metadata metadata, const at::Tensor& storage) {
   auto root = std::make_shared<const Metadata>(std::move(metadata));
-  std::vector<std::string> path{};
-  return rebuild_node(root, *root, storage, path);
+  TensorDict td = rebuild_node(*root, storage, /*parent_locked=*/false);
+  CheckedLevels levels;
+  levels.add(td, *root);
+  const uint64_t epoch = current_epoch();
+  for (const auto& l : levels.levels) {
+    levels.check(l, std::make_shared<const ConsolidatedState>(
+                        storage, std::shared_ptr<const Metadata>(root, l.metadata)), epoch);
+  }
+  return td;
 }
 
 }  // namespace

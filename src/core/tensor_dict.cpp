@@ -244,14 +244,9 @@ Value TensorDict::pop(const NestedKey& key) {
   TD_CHECK_KEY(level != nullptr && level->find(key.back()) != nullptr, "key ", key.str(),
                " not found in TensorDict with keys ", key_list(level ? *level : *impl_));
   TORCH_CHECK(!level->locked, kLockedMessage);
-  const size_t pos = level->index.at(key.back());
+  const size_t pos = level->position(key.back());
   Value out = level->entries[pos].second;
-  level->entries.erase(level->entries.begin() + static_cast<std::ptrdiff_t>(pos));
-  level->index.erase(key.back());
-  level->changed();
-  for (auto& [k, i] : level->index) {
-    if (i > pos) --i;
-  }
+  level->erase_at(pos);
   level->consolidated.reset();
   return out;
 }
@@ -322,7 +317,7 @@ std::shared_ptr<const ConsolidatedState> TensorDict::consolidated_state() const 
 
 void TensorDict::set_consolidated_state(std::shared_ptr<const ConsolidatedState> state) {
   impl_->consolidated = std::move(state);
-  impl_->checked_generations.clear();  // a state from outside is checked on first use
+  impl_->checked_generations.reset();  // a state from outside is checked on first use
 }
 
 }  // namespace tensordict

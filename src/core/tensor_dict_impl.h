@@ -18,8 +18,14 @@ namespace tensordict::detail {
 extern std::atomic<uint64_t> watched_changes;
 
 struct TensorDictImpl {
+  // Levels up to this many entries find keys by a scan; larger ones keep `index`. Most levels
+  // on the wire are small, and a map per level is most of what building one costs.
+  static constexpr size_t kScanEntries = 8;
+  static constexpr size_t npos = static_cast<size_t>(-1);
+
   std::vector<TensorDict::Entry> entries;
-  std::unordered_map<std::string, size_t> index;  // key -> position in entries
+  // key -> position in entries; filled exactly while entries.size() > kScanEntries.
+  std::unordered_map<std::string_view, size_t> index;
   std::vector<int64_t> batch_size;
   std::optional<at::Device> device;
   bool locked = false;
@@ -31,8 +37,11 @@ struct TensorDictImpl {
   // Part of some consolidation's check: a change is also counted in watched_changes.
   bool watched = false;
   // The generations of this level and its nested levels (pre-order of the metadata's
-  // children) when `consolidated` last matched the views; empty: not known to match.
-  std::vector<uint64_t> checked_generations;
+  // children) when `consolidated` last matched the views: the slice [checked_begin,
+  // checked_end) of a list that the levels of one consolidation share (a level's subtree is
+  // contiguous in its root's pre-order). Null: not known to match.
+  std::shared_ptr<const std::vector<uint64_t>> checked_generations;
+  uint32_t checked_begin = 0, checked_end = 0;
   // watched_changes when the generations last held: while it has not moved, no watched level
   // changed anywhere, and the levels need no walk (the nested benchmark has 1111 of them).
   // Atomic because a successful walk in the const is_consolidated() refreshes it.
@@ -49,22 +58,56 @@ struct TensorDictImpl {
   /// Appends or replaces an entry without validation (callers validated it).
   void put(const std::string& key, Value value) {
     changed();
-    auto it = index.find(key);
-    if (it == index.end()) {
-      index.emplace(key, entries.size());
-      entries.emplace_back(key, std::move(value));
-    } else {
-      entries[it->second].second = std::move(value);
+    const size_t pos = position(key);
+    if (pos != npos) {
+      entries[pos].second = std::move(value);
+      return;
     }
+    // Views of the keys live in entries: a reallocation moves short strings' characters.
+    const bool rehash = entries.size() == entries.capacity();
+    entries.emplace_back(key, std::move(value));
+    if (entries.size() > kScanEntries) {
+      if (rehash || index.empty()) {
+        reindex();
+      } else {
+        index.emplace(entries.back().first, entries.size() - 1);
+      }
+    }
+  }
+  /// Removes the entry at `pos`.
+  void erase_at(size_t pos) {
+    changed();
+    entries.erase(entries.begin() + static_cast<std::ptrdiff_t>(pos));
+    reindex();
   }
   void changed() {
     ++generation;
     if (watched) watched_changes.fetch_add(1, std::memory_order_relaxed);
   }
-  const Value* find(const std::string& key) const {
+  size_t position(std::string_view key) const {
+    if (entries.size() <= kScanEntries) {
+      for (size_t i = 0; i < entries.size(); ++i) {
+        if (entries[i].first == key) return i;
+      }
+      return npos;
+    }
     auto it = index.find(key);
-    return it == index.end() ? nullptr : &entries[it->second].second;
+    return it == index.end() ? npos : it->second;
   }
+  const Value* find(std::string_view key) const {
+    const size_t pos = position(key);
+    return pos == npos ? nullptr : &entries[pos].second;
+  }
+
+ private:
+  void reindex() {
+    index.clear();
+    if (entries.size() <= kScanEntries) return;
+    index.reserve(entries.size());
+    for (size_t i = 0; i < entries.size(); ++i) index.emplace(entries[i].first, i);
+  }
+
+ public:
 };
 
 /// The shape an entry contributes to batch checks: a leaf's sizes, a TensorDict's or a
