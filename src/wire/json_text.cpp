@@ -305,6 +305,15 @@ class Parser {
     ++pos_;  // the opening quote
     std::string out;
     while (true) {
+      // A run of plain ASCII (most keys and dtype names) is taken at once.
+      size_t end = pos_;
+      while (end < s_.size()) {
+        const auto a = static_cast<unsigned char>(s_[end]);
+        if (a < 0x20 || a >= 0x80 || a == '"' || a == '\\') break;
+        ++end;
+      }
+      out.append(s_.data() + pos_, end - pos_);
+      pos_ = end;
       fail_if(pos_ >= s_.size(), "unterminated string");
       const auto c = static_cast<unsigned char>(s_[pos_]);
       if (c == '"') {

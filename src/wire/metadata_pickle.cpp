@@ -288,18 +288,19 @@ namespace fast {
 
 using Kind = Value::Kind;
 
+// 16 bytes, so that the arena of a 1000-leaf pickle stays in cache.
 struct Node {
   Kind kind = Kind::None;
-  uint16_t depth = 0;  // container nesting, 0 for scalars
   bool b = false;
+  uint16_t depth = 0;  // container nesting, 0 for scalars
+  uint32_t count = 0;  // container: its items; str: its bytes; class ref: its Tree::refs index
   union {
     int64_t i = 0;
     double f;
+    const char* p;   // str: its bytes, in the pickle
+    uint32_t first;  // container: its items (dict: key, value, ...) in Tree::kids
   };
-  std::string_view s;  // str, or a class reference's module
-  std::string_view q;  // a class reference's qualname
-  uint32_t first = 0;  // container: its items (dict: key, value, ...) in Tree::kids
-  uint32_t count = 0;
+  std::string_view s() const { return {p, count}; }
 };
 
 Node node_of(Kind kind) {
@@ -311,6 +312,13 @@ Node node_of(Kind kind) {
 struct Tree {
   std::vector<Node> nodes;
   std::vector<uint32_t> kids;
+  std::vector<std::pair<std::string_view, std::string_view>> refs;  // (module, qualname)
+  // The bytes a str or class reference node holds, as the budget counts them.
+  size_t text_bytes(const Node& n) const {
+    if (n.kind == Kind::Str) return n.count;
+    if (n.kind == Kind::ClassRef) return refs[n.count].first.size() + refs[n.count].second.size();
+    return 0;
+  }
 };
 
 struct GiveUp {};  // not the plain shape: read it the general way
@@ -423,7 +431,7 @@ class Parser {
     if (spent_ > budget_) throw GiveUp{};
   }
   void push(const Node& n) {
-    value(n.kind == Kind::Str ? n.s.size() : 0);
+    value(n.kind == Kind::Str ? n.count : 0);
     if (tree_.nodes.size() >= UINT32_MAX) throw GiveUp{};
     stack_.push_back(static_cast<uint32_t>(tree_.nodes.size()));
     tree_.nodes.push_back(n);
@@ -435,9 +443,12 @@ class Parser {
   }
   void push_str(uint64_t n) {
     if (!in_.has(n)) throw GiveUp{};
+    if (n > UINT32_MAX) throw GiveUp{};
+    const std::string_view text = in_.take(n);
+    if (!wire::valid_utf8(text)) throw GiveUp{};
     Node s = node_of(Kind::Str);
-    s.s = in_.take(n);
-    if (!wire::valid_utf8(s.s)) throw GiveUp{};
+    s.p = text.data();
+    s.count = static_cast<uint32_t>(n);
     push(s);
   }
   size_t pop_mark() {
@@ -485,7 +496,7 @@ class Parser {
       for (size_t i = first; i < stack_.size(); i += 2) {
         const Node& key = tree_.nodes[stack_[i]];
         if (key.kind != Kind::Str) throw GiveUp{};
-        charge(pickle::detail::kDictEntryCharge + key.s.size());
+        charge(pickle::detail::kDictEntryCharge + key.count);
       }
     }
     append_items(c, first);
@@ -496,7 +507,7 @@ class Parser {
   void check_unique(uint32_t c) {
     const Node& d = tree_.nodes[c];
     const uint32_t n = d.count / 2;
-    const auto key = [&](uint32_t k) { return tree_.nodes[tree_.kids[d.first + 2 * k]].s; };
+    const auto key = [&](uint32_t k) { return tree_.nodes[tree_.kids[d.first + 2 * k]].s(); };
     if (n <= wire::kScanKeys) {
       for (uint32_t a = 1; a < n; ++a) {
         for (uint32_t b = 0; b < a; ++b) {
@@ -516,16 +527,16 @@ class Parser {
     const Node& module = tree_.nodes[stack_[stack_.size() - 2]];
     const Node& name = tree_.nodes[stack_.back()];
     if (module.kind != Kind::Str || name.kind != Kind::Str) throw GiveUp{};
-    for (const auto part : {module.s, name.s}) {
+    for (const auto part : {module.s(), name.s()}) {
       if (part.size() > limits_.max_name_bytes || !pickle::valid_dotted_name(part)) {
         throw GiveUp{};
       }
     }
     Node ref = node_of(Kind::ClassRef);
-    ref.s = module.s;
-    ref.q = name.s;
+    ref.count = static_cast<uint32_t>(tree_.refs.size());
+    tree_.refs.emplace_back(module.s(), name.s());
     stack_.resize(stack_.size() - 2);
-    value(ref.s.size() + ref.q.size());
+    value(tree_.text_bytes(ref));
     stack_.push_back(static_cast<uint32_t>(tree_.nodes.size()));
     tree_.nodes.push_back(ref);
   }
@@ -534,6 +545,7 @@ class Parser {
     if (index > memo_.size()) throw GiveUp{};  // Python numbers entries in order
     if (index == memo_.size()) {
       memo_.push_back(stack_.back());
+      read_.push_back(false);
       ++memo_count_;
     } else {
       memo_[index] = stack_.back();
@@ -544,10 +556,14 @@ class Parser {
     const uint32_t n = memo_[index];
     const Node& v = tree_.nodes[n];
     if (v.kind == Kind::List || v.kind == Kind::Tuple || v.kind == Kind::Dict) throw GiveUp{};
-    if (gets_.insert(index).second) {
-      charge(pickle::detail::kMemoIndexCharge + pickle::detail::kValueCharge + v.s.size());
+    if (!read_[index]) {
+      read_[index] = true;
+      const size_t text = v.kind == Kind::Str        ? v.count
+                          : v.kind == Kind::ClassRef ? tree_.refs[v.count].first.size()
+                                                     : 0;
+      charge(pickle::detail::kMemoIndexCharge + pickle::detail::kValueCharge + text);
     }
-    value(v.s.size() + v.q.size());
+    value(tree_.text_bytes(v));
     stack_.push_back(n);  // the same immutable node: a str or a scalar
   }
   wire::ByteReader in_;
@@ -560,7 +576,7 @@ class Parser {
   std::vector<uint32_t> stack_;
   std::vector<size_t> marks_;
   std::vector<uint32_t> memo_;
-  std::unordered_set<uint64_t> gets_;  // distinct memo indices read
+  std::vector<bool> read_;  // per memo index: read by a GET already
 };
 
 // A node of the arena as metadata_reader.h reads trees.
@@ -603,8 +619,8 @@ class Members {
   class iterator {
    public:
     iterator(const Items& items, size_t i) : items_(items), i_(i) {}
-    std::pair<std::string, Ref> operator*() const {
-      return {std::string(items_[i_].node().s), items_[i_ + 1]};
+    std::pair<std::string_view, Ref> operator*() const {
+      return {items_[i_].node().s(), items_[i_ + 1]};
     }
     iterator& operator++() {
       i_ += 2;
@@ -630,7 +646,7 @@ JsonValue to_json(const Ref& r) {
     case Kind::Bool: return JsonValue(n.b);
     case Kind::Int: return JsonValue(n.i);
     case Kind::Float: return JsonValue(n.f);
-    case Kind::Str: return JsonValue(n.s);
+    case Kind::Str: return JsonValue(n.s());
     case Kind::List:
     case Kind::Tuple: {
       JsonValue::List out;
@@ -663,11 +679,14 @@ struct Traits {
   static bool is_map(const Ref& v) { return v.node().kind == Kind::Dict; }
   static bool is_class_ref(const Ref& v) { return v.node().kind == Kind::ClassRef; }
   static std::string class_name(const Ref& v) {
-    return c10::str(v.node().s, ".", v.node().q);
+    const auto& [module, qualname] = v.tree->refs[v.node().count];
+    std::string out;
+    out.reserve(module.size() + 1 + qualname.size());
+    return out.append(module).append(1, '.').append(qualname);
   }
   static bool as_bool(const Ref& v) { return v.node().b; }
   static int64_t as_int(const Ref& v) { return v.node().i; }
-  static std::string as_string(const Ref& v) { return std::string(v.node().s); }
+  static std::string as_string(const Ref& v) { return std::string(v.node().s()); }
   static Items items(const Ref& v) { return Items(v.tree, v.node()); }
   static Members members(const Ref& v) { return Members(Items(v.tree, v.node())); }
   static JsonValue to_json(const Ref& v) { return fast::to_json(v); }
@@ -692,8 +711,19 @@ void check_class_refs(const Ref& r, bool is_node) {
 
 // The validated metadata of `bytes`, or nullopt where the general way must read them.
 std::optional<wire::ValidatedMetadata> read(std::string_view bytes) {
+  // The arena is kept per thread: fresh pages for it would cost more than the parse. One that
+  // a large pickle grew is given back after use.
+  constexpr size_t kKeptNodes = size_t{1} << 16;
+  thread_local Tree tree;
+  struct Reset {
+    ~Reset() {
+      tree.nodes.clear();
+      tree.kids.clear();
+      tree.refs.clear();
+      if (tree.nodes.capacity() > kKeptNodes) tree = Tree{};
+    }
+  } reset;
   try {
-    Tree tree;
     tree.nodes.reserve(bytes.size() / 3);  // a value takes 2 bytes or more
     tree.kids.reserve(bytes.size() / 3);
     const uint32_t root = Parser(bytes, metadata_pickle_limits(), tree).run();

@@ -33,7 +33,7 @@ std::string short_dump(const typename T::Value& j) {
 struct What {
   const std::vector<std::string>* path;
   std::string_view what;
-  const std::string* key = nullptr;  // "<what> <path.key>"; none: "<what> of <path>"
+  std::optional<std::string_view> key = std::nullopt;  // "<what> <path.key>"; none: "<what> of <path>"
   std::string_view prefix = {};      // put before, as in "the shape of "
 
   What of(std::string_view p) const { return {path, what, key, p}; }
@@ -41,7 +41,7 @@ struct What {
     os << w.prefix << w.what;
     if (w.key) {
       auto p = *w.path;
-      p.push_back(*w.key);
+      p.emplace_back(*w.key);
       return os << " " << NestedKey(std::move(p)).str();
     }
     return os << " of " << (w.path->empty() ? std::string("the root") : NestedKey(*w.path).str());
@@ -55,7 +55,7 @@ struct Reader {
   std::vector<std::string> path;
 
   What at(std::string_view what) const { return {&path, what}; }
-  What at(std::string_view what, const std::string& key) const { return {&path, what, &key}; }
+  What at(std::string_view what, std::string_view key) const { return {&path, what, key}; }
 
   // JSON's names of the types, as the messages have always said them.
   static const char* type_name(const Json& j) {
@@ -91,7 +91,7 @@ struct Reader {
     return T::members(j);
   }
 
-  LeafMetadata leaf(const std::string& key, const Json& j) const {
+  LeafMetadata leaf(std::string_view key, const Json& j) const {
     const auto what = at("leaf", key);
     TORCH_CHECK_VALUE(T::is_list(j), "metadata: ", what,
                       " must be [dtype, shape, start, stop, pad], got ", type_name(j));
@@ -110,7 +110,7 @@ struct Reader {
                         as_int(l[3], what.of("the stop of ")), as_int(l[4], what.of("the pad of "))};
   }
 
-  NonTensorMetadata non_tensor(const std::string& key, const Json& j) const {
+  NonTensorMetadata non_tensor(std::string_view key, const Json& j) const {
     const auto what = at("non-tensor entry", key);
     TORCH_CHECK_VALUE(T::is_list(j) && T::items(j).size() == 3, "metadata: ", what,
                       " must be [data, batch_size, device], got ", type_name(j), " ",
@@ -199,7 +199,7 @@ struct Reader {
       } else {
         TORCH_CHECK_VALUE(T::is_map(v), "metadata: ", at("the key", k), " holds a ", type_name(v),
                           ", not a nested node");
-        path.push_back(k);
+        path.emplace_back(k);
         auto child = node(v, depth + 1, nullptr);
         path.pop_back();
         m.children.emplace_back(k, std::move(child));
