@@ -408,29 +408,38 @@ def target_rows(rows: list[dict], ours: dict[str, float], theirs: dict[str, floa
     def faster(name):
         return theirs[name] / ours[name] if name in ours and name in theirs else None
 
+    # The same ratio at 1 x 1 KB, where there is next to no work: what the message sequence
+    # the wire prescribes costs by itself (init_remote: a length, the pickle, the storage, each
+    # taken before the next is posted; checked: a header before the rest).
+    init_floor = over("1x1KB", "cpp.init_remote", "floor.raw_one")
+    checked_floor = over("1x1KB", "cpp.consolidated_checked", "cpp.consolidated")
     return [
         ("init_remote / from_remote_init, 1000 x 64 B, × one raw send (C++)",
-         over("1000x64B", "cpp.init_remote", "floor.raw_one"), "≤ 5", lambda x: x <= 5),
+         over("1000x64B", "cpp.init_remote", "floor.raw_one"), init_floor, "≤ 5",
+         lambda x: x <= 5),
         ("init_remote / from_remote_init, 100 x 1 KB, × one raw send (C++)",
-         over("100x1KB", "cpp.init_remote", "floor.raw_one"), "≤ 3", lambda x: x <= 3),
+         over("100x1KB", "cpp.init_remote", "floor.raw_one"), init_floor, "≤ 3",
+         lambda x: x <= 3),
         ("checked consolidated send, 1000 leaves, × the unchecked one (C++)",
-         over("1000x64B", "cpp.consolidated_checked", "cpp.consolidated"), "≤ 1.5",
-         lambda x: x <= 1.5),
+         over("1000x64B", "cpp.consolidated_checked", "cpp.consolidated"), checked_floor,
+         "≤ 1.5", lambda x: x <= 1.5),
         ("validated metadata read (JSON, 1000 leaves), × faster than json.loads",
-         faster("BM_MetadataFromJson"), "≥ 20", lambda x: x >= 20),
+         faster("BM_MetadataFromJson"), None, "≥ 20", lambda x: x >= 20),
         ("restricted pickle read (1000-leaf metadata), × faster than pickle.loads",
-         faster("BM_PickleLoads"), "≥ 10", lambda x: x >= 10),
+         faster("BM_PickleLoads"), None, "≥ 10", lambda x: x >= 10),
         ("pickle -> validated metadata (1000 leaves), × faster than pickle.loads",
-         faster("BM_MetadataFromPickleBytes"), "≥ 10", lambda x: x >= 10),
+         faster("BM_MetadataFromPickleBytes"), None, "≥ 10", lambda x: x >= 10),
     ]
 
 
 def target_table(rows: list[dict], ours: dict[str, float], theirs: dict[str, float]) -> str:
-    out = ["| ratio | this run | goal | met |", "|---|--:|--:|---|"]
-    for label, value, goal, met in target_rows(rows, ours, theirs):
+    out = ["| ratio | this run | at 1 x 1 KB (the messages alone) | goal | met |",
+           "|---|--:|--:|--:|---|"]
+    for label, value, floor, goal, met in target_rows(rows, ours, theirs):
         shown = f"{value:.2f}" if value is not None else "–"
+        shown_floor = f"{floor:.2f}" if floor is not None else ""
         ok = "" if value is None else ("yes" if met(value) else "**no**")
-        out.append(f"| {label} | {shown} | {goal} | {ok} |")
+        out.append(f"| {label} | {shown} | {shown_floor} | {goal} | {ok} |")
     return "\n".join(out)
 
 
@@ -620,7 +629,12 @@ times include its garbage collector, as a caller's would.
 ## Goals
 
 The ratios set as goals for the wire layer (issue 16), from the arms and micro-benchmarks
-above.
+above. The third column is the same ratio for one 1 KB leaf, where there is next to no work
+to do: it is what the sequence of messages costs by itself. init_remote's wire (the
+reference's) is three messages, each received before the next can be posted (the pickle's
+length, the pickle, then the storage, whose size the pickle gives); a checked transfer's
+receiver reads the header before it posts anything else. On this machine each such step costs
+a thread wake-up, so a goal below that column cannot be met without another wire.
 
 {targets}
 """

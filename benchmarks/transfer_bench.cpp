@@ -4,6 +4,7 @@
 //
 //   transfer_bench --case NAME:LEAVES:BYTES_PER_LEAF:NESTED ... --json PATH
 //                  [--cap SECONDS] [--min-reps N] [--max-reps N] [--warmup N]
+//                  [--arms ID,ID,...]   (only these arms and floor.raw_one: to profile one)
 //
 // Arms (JSON ids): floor.raw_one (one raw c10d send of the consolidated storage's bytes),
 // floor.raw_n (one raw message per leaf, all posted then waited; only with several leaves),
@@ -75,6 +76,7 @@ struct Config {
   int min_reps = 5;
   int max_reps = 2000;
   int warmup = 3;
+  std::string arms;  // comma-separated ids; empty: all
 };
 
 Config parse(int argc, char** argv) {
@@ -101,6 +103,8 @@ Config parse(int argc, char** argv) {
       c.max_reps = std::atoi(v.c_str());
     } else if (k == "--warmup") {
       c.warmup = std::atoi(v.c_str());
+    } else if (k == "--arms") {
+      c.arms = "," + v + ",";
     } else {
       TORCH_CHECK_VALUE(false, "unknown option ", k);
     }
@@ -288,6 +292,11 @@ Stats stats(std::vector<double> v) {
 nlohmann::json run_case(const Config& cfg, const CaseSpec& s, int rank, Peers& peers) {
   auto& pg = peers.pg;
   auto arms = make_arms(s, rank, peers);
+  if (!cfg.arms.empty()) {
+    std::erase_if(arms, [&](const Arm& a) {
+      return a.id != "floor.raw_one" && cfg.arms.find("," + a.id + ",") == std::string::npos;
+    });
+  }
   std::vector<std::vector<double>> times(arms.size());
   std::vector<at::Tensor> ack{at::zeros({1})}, ctrl{at::zeros({1}, at::kInt)};
   const auto start = Clock::now();
