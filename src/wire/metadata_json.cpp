@@ -182,6 +182,7 @@ struct JsonTraits {
   static const std::string& as_string(const Value& v) { return v.as_string(); }
   static const JsonValue::List& items(const Value& v) { return v.as_list(); }
   static Members members(const Value& v) { return v.as_map(); }
+  static void ignored(const Value&) {}
   static const JsonValue& to_json(const Value& v) { return v; }
   static std::string dump(const Value& v) { return v.dump(); }
 };

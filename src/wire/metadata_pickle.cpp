@@ -271,6 +271,7 @@ struct PickleTraits {
   static const std::string& as_string(const Value& v) { return v.as_str(); }
   static const std::vector<Value>& items(const Value& v) { return v.items(); }
   static Members members(const Value& v) { return DictMembers(v); }
+  static void ignored(const Value&) {}  // refuse_class_refs saw every value first
   static JsonValue to_json(const Value& v) { return ::tensordict::to_json(v); }
   static std::string dump(const Value& v) { return to_json(v).dump(); }
 };
@@ -665,6 +666,16 @@ JsonValue to_json(const Ref& r) {
   throw GiveUp{};
 }
 
+// A class reference in a value the reader skips (the general way refuses it, naming where);
+// everywhere else the reader's own type checks meet it.
+void check_class_refs(const Ref& r) {
+  const Node& n = r.node();
+  if (n.kind == Kind::ClassRef) throw GiveUp{};
+  if (n.kind == Kind::List || n.kind == Kind::Tuple || n.kind == Kind::Dict) {
+    for (const Ref& e : Items(r.tree, n)) check_class_refs(e);
+  }
+}
+
 struct Traits {
   using Value = Ref;
   using Members = fast::Members;
@@ -691,23 +702,8 @@ struct Traits {
   static Members members(const Ref& v) { return Members(Items(v.tree, v.node())); }
   static JsonValue to_json(const Ref& v) { return fast::to_json(v); }
   static std::string dump(const Ref&) { throw GiveUp{}; }  // an error: the general way's text
+  static void ignored(const Ref& v) { check_class_refs(v); }
 };
-
-// A class reference outside a node's "cls" (the general way refuses it, naming where).
-void check_class_refs(const Ref& r, bool is_node) {
-  const Node& n = r.node();
-  if (n.kind == Kind::ClassRef) throw GiveUp{};
-  if (n.kind == Kind::List || n.kind == Kind::Tuple) {
-    for (const Ref& e : Items(r.tree, n)) check_class_refs(e, false);
-  } else if (n.kind == Kind::Dict) {
-    for (const auto& [k, e] : Members(Items(r.tree, n))) {
-      const Kind ek = e.node().kind;
-      if (is_node && k == "cls" && ek == Kind::ClassRef) continue;
-      check_class_refs(e, is_node && ek == Kind::Dict && k != "non_tensors" && k != "leaves" &&
-                              k != "cls_metadata");
-    }
-  }
-}
 
 // The validated metadata of `bytes`, or nullopt where the general way must read them.
 std::optional<wire::ValidatedMetadata> read(std::string_view bytes) {
@@ -729,7 +725,6 @@ std::optional<wire::ValidatedMetadata> read(std::string_view bytes) {
     const uint32_t root = Parser(bytes, metadata_pickle_limits(), tree).run();
     const Ref top{&tree, root};
     if (!Traits::is_map(top)) return std::nullopt;
-    check_class_refs(top, /*is_node=*/true);
     TransportFields transport;
     Metadata m = wire::reader::read_root<Traits>(top, &transport);
     return wire::validated(std::move(m), std::move(transport));

@@ -4,8 +4,9 @@
 // faults. `T` adapts a parsed tree (JsonValue or pickle::Value): T::Value, the kind tests
 // (is_null, is_bool, is_int, is_number, is_string, is_list, is_map, is_class_ref), as_bool,
 // as_int, as_string, items (a list's or tuple's elements), members (a map's (key, value) pairs),
-// class_name, to_json (a non-tensor entry's data) and dump (for messages). Validation of the
-// result is validate()'s (metadata_validate.cpp), done once by the caller.
+// class_name, to_json (a non-tensor entry's data), dump (for messages) and ignored (called on
+// each value the reader skips, which a reader that checks values lazily inspects there).
+// Validation of the result is validate()'s (metadata_validate.cpp), done once by the caller.
 
 #include <c10/util/Exception.h>
 
@@ -185,6 +186,7 @@ struct Reader {
         // Transport fields ("_total_bytes", "_storage_device", ...) and the file variant's
         // "size" are not nodes; the reference would take them for nodes and crash. A "_" key
         // that holds an object is a nested TensorDict of that name.
+        T::ignored(v);
         if (transport && depth == 0 && k.starts_with("_")) {
           JsonScalar value = nullptr;
           if (T::is_bool(v)) {
