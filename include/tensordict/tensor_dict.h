@@ -8,11 +8,13 @@
 #include <c10/core/Scalar.h>
 #include <c10/core/ScalarType.h>
 
+#include <concepts>
 #include <functional>
 #include <memory>
 #include <optional>
 #include <ostream>
 #include <string>
+#include <type_traits>
 #include <utility>
 #include <variant>
 #include <vector>
@@ -53,17 +55,28 @@ class TensorDict {
 
   /// An empty TensorDict with batch_size [] and no device.
   TensorDict();
-  /// From entries in the given order. Each value must start with batch_size (ValueError
-  /// naming the key otherwise). With a device, every leaf is moved there, as the reference
-  /// does. Duplicate keys: the last value wins, at the first key's position.
-  TensorDict(std::vector<Entry> entries, at::IntArrayRef batch_size = {},
+  /// From entries in the given order. A key of several parts ({"a", "b"}) makes the nested
+  /// levels it names, with this batch size and device, as set() does (the reference's
+  /// TensorDict({("a", "b"): x})). Each value must start with its level's batch_size
+  /// (ValueError naming the key otherwise). With a device, every leaf is moved there, as the
+  /// reference does. Duplicate keys: the last value wins, at the first key's position.
+  TensorDict(std::vector<std::pair<NestedKey, Value>> entries, at::IntArrayRef batch_size = {},
              std::optional<at::Device> device = std::nullopt);
+  /// The same from entries keyed by one string each (entries() of another TensorDict). A
+  /// template, so that a braced list of entries always means the constructor above.
+  template <typename Entries>
+    requires std::same_as<std::remove_cvref_t<Entries>, std::vector<Entry>>
+  TensorDict(Entries&& entries, at::IntArrayRef batch_size = {},
+             std::optional<at::Device> device = std::nullopt)
+      : TensorDict(FlatEntries{}, std::vector<Entry>(std::forward<Entries>(entries)), batch_size,
+                   device) {}
   /// From any map-like container of key -> Value (std::map, std::unordered_map, ...), in the
   /// container's iteration order.
   template <typename Map, typename = typename Map::mapped_type>
   explicit TensorDict(const Map& map, at::IntArrayRef batch_size = {},
                       std::optional<at::Device> device = std::nullopt)
-      : TensorDict(std::vector<Entry>(map.begin(), map.end()), batch_size, device) {}
+      : TensorDict(FlatEntries{}, std::vector<Entry>(map.begin(), map.end()), batch_size,
+                   device) {}
 
   // ---- identity and shape ------------------------------------------------------------------
   /// True when both handles refer to the same dictionary.
@@ -170,6 +183,9 @@ class TensorDict {
 
  private:
   explicit TensorDict(std::shared_ptr<detail::TensorDictImpl> impl) : impl_(std::move(impl)) {}
+  struct FlatEntries {};
+  TensorDict(FlatEntries, std::vector<Entry> entries, at::IntArrayRef batch_size,
+             std::optional<at::Device> device);
   friend struct detail::TensorDictImpl;
   std::shared_ptr<detail::TensorDictImpl> impl_;
 };

@@ -15,16 +15,26 @@
 namespace tensordict::python {
 namespace {
 
-void flatten_key(py::handle key, std::vector<std::string>& parts) {
+// tensordict_cpp.errors.InvalidKeyError: a KeyError, as the reference raises, and a TypeError.
+[[noreturn]] void invalid_key(py::handle key) {
+  static const py::handle kind =
+      py::object(py::module_::import("tensordict_cpp.errors").attr("InvalidKeyError")).release();
+  const std::string text = c10::str("a key must be a str or a tuple of str (not empty), got ",
+                                    py::repr(key).cast<std::string>(), " (",
+                                    py::str(py::type::of(key)).cast<std::string>(), ")");
+  PyErr_SetString(kind.ptr(), text.c_str());
+  throw py::error_already_set();
+}
+
+void flatten_key(py::handle key, py::handle whole, std::vector<std::string>& parts) {
   if (py::isinstance<py::str>(key)) {
     parts.push_back(key.cast<std::string>());
-  } else if (py::isinstance<py::tuple>(key)) {
+  } else if (py::isinstance<py::tuple>(key) && py::len(key) > 0) {
     for (py::handle part : key) {
-      flatten_key(part, parts);
+      flatten_key(part, whole, parts);
     }
   } else {
-    C10_THROW_ERROR(TypeError, c10::str("a key must be a str or a tuple of str, got ",
-                                        py::str(py::type::of(key)).cast<std::string>()));
+    invalid_key(whole);
   }
 }
 
@@ -152,7 +162,7 @@ py::list py_list(const std::vector<TensorDict>& tds) {
 
 NestedKey key_from_py(py::handle key) {
   std::vector<std::string> parts;
-  flatten_key(key, parts);
+  flatten_key(key, key, parts);
   return NestedKey(std::move(parts));
 }
 
@@ -208,11 +218,11 @@ void bind_tensor_dict(py::module_& m) {
   py::class_<TD>(m, "TensorDict")
       .def(py::init([](const py::list& entries, const py::object& batch_size,
                        std::optional<at::Device> device) {
-             std::vector<TD::Entry> es;
+             std::vector<std::pair<NestedKey, Value>> es;  // a tuple key makes nested levels
              es.reserve(entries.size());
              for (py::handle e : entries) {
                auto pair = e.cast<py::tuple>();
-               es.emplace_back(pair[0].cast<std::string>(), value_from_py(pair[1]));
+               es.emplace_back(key_from_py(pair[0]), value_from_py(pair[1]));
              }
              return TD(std::move(es), ints(batch_size), device);
            }),

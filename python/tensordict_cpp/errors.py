@@ -12,7 +12,7 @@ import builtins
 from torch.distributed import DistBackendError
 
 __all__ = ["TimeoutError", "PeerLostError", "PipeClosedError", "PeerClosedError",
-           "SchemaMismatchError", "MalformedPeerDataError"]
+           "SchemaMismatchError", "MalformedPeerDataError", "InvalidKeyError"]
 
 
 class TimeoutError(DistBackendError, builtins.TimeoutError):  # noqa: A001 - mirrors the C++ name
@@ -39,3 +39,12 @@ class SchemaMismatchError(RuntimeError):
 # pipe frames and checked-transfer headers RuntimeError.
 class MalformedPeerDataError(ValueError, RuntimeError):
     """Bytes from a peer that break the wire format (docs/wire-format.md)."""
+
+
+# KeyError as the reference raises it ("Only NestedKeys are supported"), TypeError as what the
+# fault is: either ``except`` catches it.
+class InvalidKeyError(KeyError, TypeError):
+    """A key that is neither a str nor a non-empty (possibly nested) tuple of str."""
+
+    def __str__(self) -> str:  # the message, not KeyError's repr of it
+        return str(self.args[0]) if self.args else ""

@@ -137,16 +137,32 @@ const NonTensorData& Value::non_tensor() const {
 
 TensorDict::TensorDict() : TensorDict(std::make_shared<TensorDictImpl>()) {}
 
-TensorDict::TensorDict(std::vector<Entry> entries, at::IntArrayRef batch_size,
-                       std::optional<at::Device> device)
-    : TensorDict(std::make_shared<TensorDictImpl>()) {
+namespace {
+
+std::shared_ptr<TensorDictImpl> empty_impl(at::IntArrayRef batch_size,
+                                           std::optional<at::Device> device, size_t entries) {
   for (int64_t d : batch_size) {
     TORCH_CHECK_VALUE(d >= 0, "batch_size ", batch_size, " has a negative dimension");
   }
-  impl_->batch_size = batch_size.vec();
-  impl_->device = device;
-  impl_->entries.reserve(entries.size());
+  auto impl = std::make_shared<TensorDictImpl>();
+  impl->batch_size = batch_size.vec();
+  impl->device = device;
+  impl->entries.reserve(entries);
+  return impl;
+}
+
+}  // namespace
+
+TensorDict::TensorDict(FlatEntries, std::vector<Entry> entries, at::IntArrayRef batch_size,
+                       std::optional<at::Device> device)
+    : TensorDict(empty_impl(batch_size, device, entries.size())) {
   for (auto& [key, value] : entries) impl_->put(key, admit(*impl_, NestedKey(key), value));
+}
+
+TensorDict::TensorDict(std::vector<std::pair<NestedKey, Value>> entries,
+                       at::IntArrayRef batch_size, std::optional<at::Device> device)
+    : TensorDict(empty_impl(batch_size, device, entries.size())) {
+  for (auto& [key, value] : entries) set(key, value);
 }
 
 at::IntArrayRef TensorDict::batch_size() const { return impl_->batch_size; }

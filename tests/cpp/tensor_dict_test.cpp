@@ -48,6 +48,22 @@ TEST(TensorDict, ConstructFromListKeepsInsertionOrder) {
   EXPECT_EQ(td.numel(), 2);
 }
 
+TEST(TensorDict, ConstructWithNestedKeysMakesLevels) {
+  // As the reference's TensorDict({("a", "b"): x, "c": y, ("a", "d", "e"): z}, [2]).
+  TensorDict td({{{"a", "b"}, at::arange(2)}, {"c", at::ones({2})}, {{"a", "d", "e"}, at::ones({2, 3})}},
+                {2});
+  EXPECT_EQ(strs(td.keys({.include_nested = true})),
+            (std::vector<std::string>{"('a', 'b')", "('a', 'd', 'e')", "('a', 'd')", "'a'", "'c'"}));
+  EXPECT_EQ(td.get("a").tensordict().batch_size(), at::IntArrayRef({2}));
+  EXPECT_EQ(td.get({"a", "d"}).tensordict().batch_size(), at::IntArrayRef({2}));
+  EXPECT_EQ(td.get({"a", "b"}).tensor()[1].item<int64_t>(), 1);
+  // The entries of another TensorDict still construct one (a template: braced lists above).
+  TensorDict copy(td.entries(), {2});
+  EXPECT_TRUE(copy.get("a").tensordict().is_same(td.get("a").tensordict()));
+  EXPECT_THROW_MSG(TensorDict({{{"a", "b"}, at::ones({3})}}, {2}), c10::ValueError,
+                   "key ('a', 'b') has shape [3], which does not start with [2]");
+}
+
 TEST(TensorDict, ConstructFromMap) {
   std::map<std::string, Value> m{{"b", at::ones({3})}, {"a", at::zeros({3})}};
   TensorDict td(m, {3});

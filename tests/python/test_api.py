@@ -1,6 +1,7 @@
 """The Python surface of tensordict_cpp.TensorDict, checked against the reference where they
 share behaviour."""
 import pydoc
+import re
 
 import pytest
 import tensordict
@@ -36,6 +37,42 @@ def test_constructor_forms():
     assert copy["n", "x"] is not None and copy.keys() == ["a", "n"]
     with pytest.raises(ValueError, match="not both"):
         TensorDict({"a": torch.ones(1)}, a=torch.ones(1))
+
+
+def _structure(td):
+    """Keys (nested, in order), each leaf's shape and values, and each level's batch size."""
+    out = []
+    for key in td.keys(include_nested=True):
+        value = td.get(key)
+        if isinstance(value, torch.Tensor):
+            out.append((key, tuple(value.shape), value.tolist()))
+        else:
+            out.append((key, tuple(value.batch_size)))
+    return out
+
+
+@pytest.mark.parametrize("source", [
+    lambda: {("a", "b"): torch.arange(2.0)},
+    lambda: {"c": torch.ones(2), ("a", "b"): torch.arange(2.0), ("a", "d", "e"): torch.zeros(2, 3)},
+    lambda: {"a": {"x": torch.ones(2)}, ("a", "b"): torch.arange(2.0)},  # into a given level
+    lambda: {("a",): torch.ones(2), ("n", ("m", "k")): torch.ones(2, 1)},  # nested tuples flatten
+    lambda: {("a", "b"): torch.ones(2), ("a", "b"): torch.zeros(2)},  # noqa: F601, last wins
+])
+def test_tuple_keys_in_the_constructor_make_nested_levels_as_the_reference(source):
+    ours = TensorDict(source(), batch_size=[2])
+    ref = tensordict.TensorDict(source(), batch_size=[2])
+    assert _structure(ours) == _structure(ref)  # levels' batch sizes included
+
+
+def test_bad_keys_name_the_key_as_keyerror_and_typeerror():
+    for key in (1, ("a", 2), (), None):
+        for kind in (KeyError, TypeError):  # the reference's KeyError; what the fault is
+            with pytest.raises(kind, match=re.escape(f"key {key!r}")):
+                TensorDict({key: torch.ones(2)}, batch_size=[2])
+        with pytest.raises(tensordict_cpp.errors.InvalidKeyError, match=re.escape(repr(key))):
+            TensorDict(a=torch.ones(2), batch_size=[2]).get(key)
+    with pytest.raises(ValueError, match=r"\('a', 'b'\)"):  # the nested level's batch size
+        TensorDict({("a", "b"): torch.ones(3)}, batch_size=[2])
 
 
 def test_item_access_with_str_and_tuple_keys():
