@@ -2,18 +2,20 @@
 ``tensordict_cpp._C.TensorDict``, which does the work.
 
 Imports go one way through the package (tests/python/test_imports.py checks it): errors, _C,
-then _p2p and _collectives (transfers over ``self._cpp``), then this module, which binds them
-as TensorDict's methods, then tensorclass, pipe and the package's ``__init__``.
+then _p2p and _collectives (transfers over ``self._cpp``) and _reference (the reference's
+objects), then this module, which binds them as TensorDict's methods, then tensorclass, pipe
+and the package's ``__init__``.
 """
 from __future__ import annotations
 
+import functools
 import numbers
 from collections.abc import Mapping
 from typing import Any, Callable, Sequence
 
 import torch
 
-from tensordict_cpp import _C, _collectives, _p2p
+from tensordict_cpp import _C, _collectives, _p2p, _reference, errors
 
 _NO_DEFAULT = object()
 _CTD = _C.TensorDict
@@ -115,14 +117,16 @@ class TensorDict:
     Entries are tensors (leaves), nested TensorDicts or non-tensor entries (JSON-like data, see
     :class:`NonTensorData`), kept in insertion order; every entry's shape (a non-tensor
     entry's batch size) starts with ``batch_size``. Keys are strings; a tuple of strings reaches into nested
-    levels. Indexing with anything else (ints, slices, masks, index tensors) indexes the batch
+    levels, in the constructor's mapping as in ``td[key]``, :meth:`get` and :meth:`set`. Indexing with anything else (ints, slices, masks, index tensors) indexes the batch
     dimensions of every leaf at once. A TensorDict behaves like the reference
     ``tensordict.TensorDict`` for the methods it has, and exchanges data with it through
     :meth:`send` / :meth:`recv` and their asynchronous forms.
 
     Args:
         source (dict or TensorDict, optional): the initial entries. Nested dicts become nested
-            TensorDicts with the same batch size and device. Exclusive with ``**kwargs``.
+            TensorDicts with the same batch size and device, and so do the missing levels of a
+            tuple key (``{("a", "b"): x}`` makes ``a`` holding ``b``). Exclusive with
+            ``**kwargs``.
         batch_size (sequence of int, torch.Size or int, optional): the leading dimensions that
             every entry shares. Defaults to ``None``: no batch dimensions.
         device (torch.device, str or int, optional): if given, every leaf is moved there and
@@ -132,9 +136,11 @@ class TensorDict:
     Raises:
         ValueError: if both ``source`` and keyword entries are given, or an entry does not
             start with ``batch_size``.
-        TypeError: if a value is neither a tensor, a number, a dict, a TensorDict, nor
-            JSON-like non-tensor data (str, None, a list that is not numeric, a
-            :class:`NonTensorData`).
+        InvalidKeyError: (a KeyError, as the reference raises, and a TypeError) if a key is
+            neither a str nor a non-empty tuple of str.
+        TypeError: if a value is neither a
+            tensor, a number, a dict, a TensorDict, nor JSON-like non-tensor data (str, None,
+            a list that is not numeric, a :class:`NonTensorData`).
 
     Examples:
         >>> td = TensorDict(a=torch.ones(4), b=torch.ones(4, 3), batch_size=[4])
@@ -152,6 +158,12 @@ class TensorDict:
             raise ValueError(
                 "Either a dictionary or a sequence of kwargs must be provided, not both.")
         source = kwargs if kwargs else source
+        if _reference.is_reference(source):
+            converted = _reference.from_reference(source)  # the leaves shared, not copied
+            if batch_size is None and device is None:
+                self._cpp = converted
+                return
+            source = TensorDict._wrap(converted)
         if isinstance(source, TensorDict):
             source = dict(source.items())
         if source is not None and not isinstance(source, Mapping):
@@ -159,13 +171,42 @@ class TensorDict:
         bs = _batch_size(batch_size)
         dev = _device(device)
         for k in source or {}:
-            if not isinstance(k, str):
-                raise TypeError(f"TensorDict: key {k!r} ({type(k).__name__}) is not a str; keys "
-                                f"are strings, and a nested level is a dict or TensorDict value")
+            if not _is_key(k):
+                raise errors.InvalidKeyError(
+                    f"TensorDict: key {k!r} ({type(k).__name__}) is not a str or a non-empty "
+                    f"tuple of str; a tuple such as ('a', 'b') makes nested levels")
         entries = [(k, _to_value(v, bs, dev, k)) for k, v in (source or {}).items()]
         entries = [(k, _C.NonTensorData(v.data, [], None, k) if isinstance(v, _RawNonTensor) else v)
                    for k, v in entries]
         self._cpp = _CTD(entries, bs, dev)
+
+    @classmethod
+    def from_tensordict(cls, td: Any) -> "TensorDict":
+        """``td`` as a tensordict_cpp.TensorDict: itself when it is one, else a TensorDict sharing
+        the leaves of a reference ``tensordict.TensorDict`` (or of a reference tensorclass's
+        TensorDict), with its batch size, device, nested levels, non-tensor entries and lock.
+        Nothing is copied: values written into the result (a ``recv``) land in ``td``'s
+        tensors.
+
+        Raises:
+            TypeError: for anything else, naming its class (a reference lazy stack among
+                them).
+        """
+        if isinstance(td, TensorDict):
+            return td
+        if _reference.is_reference(td):
+            return cls._wrap(_reference.from_reference(td))
+        raise TypeError(f"expected a TensorDict or a reference tensordict object, got "
+                        f"{type(td).__module__}.{type(td).__qualname__}")
+
+    def to_tensordict(self) -> Any:
+        """A reference ``tensordict.TensorDict`` sharing this TensorDict's leaves (no copy),
+        with its batch size, device, nested levels, non-tensor entries and lock.
+
+        Raises:
+            ImportError: when the reference package ``tensordict`` is not installed.
+        """
+        return _reference.to_reference(self._cpp)
 
     @classmethod
     def _wrap(cls, cpp: _CTD) -> "TensorDict":
@@ -594,6 +635,35 @@ for _name in ("send", "recv", "isend", "irecv", "asend", "arecv", "init_remote",
     _fn = TensorDict.__dict__[_name]
     getattr(_fn, "__func__", _fn).__qualname__ = f"TensorDict.{_name}"
 del _name, _fn
+
+
+def _transfer_function(name: str) -> Callable:
+    """``tensordict_cpp.<name>(td, ...)``: ``td.<name>(...)``, where ``td`` may also be a
+    reference tensordict object (through TensorDict.from_tensordict: its leaves are shared, so
+    what is received lands in them)."""
+    method = getattr(TensorDict, name)
+
+    @functools.wraps(method)
+    def call(td: Any, *args: Any, **kwargs: Any) -> Any:
+        if _reference.is_reference(td):
+            td = TensorDict.from_tensordict(td)
+        elif not hasattr(td, name):  # ours and our tensorclasses have the method
+            raise TypeError(f"{name}: expected a TensorDict, a tensorclass or a reference "
+                            f"tensordict object, got {type(td).__module__}."
+                            f"{type(td).__qualname__}")
+        return getattr(td, name)(*args, **kwargs)
+
+    call.__qualname__ = call.__name__ = name
+    call.__doc__ = (f"``tensordict_cpp.{name}(td, ...)`` is ``td.{name}(...)``; ``td`` may also "
+                    f"be a reference ``tensordict`` TensorDict or tensorclass, whose leaves are "
+                    f"shared (received values land in them).\n\n{method.__doc__ or ''}")
+    return call
+
+
+send, recv, isend, irecv = (_transfer_function(n) for n in ("send", "recv", "isend", "irecv"))
+init_remote, consolidate = _transfer_function("init_remote"), _transfer_function("consolidate")
+broadcast, all_gather = _transfer_function("broadcast"), _transfer_function("all_gather")
+scatter, all_reduce, reduce = (_transfer_function(n) for n in ("scatter", "all_reduce", "reduce"))
 
 
 def stack(list_of_tds: Sequence[TensorDict], dim: int = 0) -> TensorDict:

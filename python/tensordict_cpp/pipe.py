@@ -25,7 +25,7 @@ from typing import Any, AsyncIterator, Awaitable, Callable
 
 import torch
 
-from tensordict_cpp import _C
+from tensordict_cpp import _C, _reference
 from tensordict_cpp._td import TensorDict
 from tensordict_cpp.errors import PeerClosedError, PipeClosedError
 
@@ -36,11 +36,13 @@ _DEFAULTS = dict(consolidated=True, timeout=30.0, max_metadata_bytes=64 << 20, l
 
 
 def _cpp_td(td: Any) -> Any:
+    """The _C.TensorDict of ours, or of a reference TensorDict (its leaves shared)."""
     if td is None:
         return None
-    if not isinstance(td, TensorDict):
-        raise TypeError(f"expected a tensordict_cpp.TensorDict, got {type(td)}")
-    return td._cpp
+    if not isinstance(td, TensorDict) and not _reference.is_reference(td):
+        raise TypeError(f"expected a tensordict_cpp.TensorDict or a reference TensorDict, got "
+                        f"{type(td)}")
+    return TensorDict.from_tensordict(td)._cpp
 
 
 def _device(device: Any) -> torch.device | None:
@@ -158,7 +160,8 @@ class TensorDictPipe:
                 pipe.") when this end is closed, a
                 :class:`~tensordict_cpp.errors.PeerClosedError` after the peer closed it.
             ValueError: for a TensorDict the wire cannot carry.
-            TypeError: if ``td`` is not a tensordict_cpp.TensorDict.
+            TypeError: if ``td`` is neither a tensordict_cpp.TensorDict nor a reference
+                ``tensordict.TensorDict`` (sent as it is: its leaves are shared, not copied).
         """
         self._cpp.send(_cpp_td(td))
 
@@ -174,7 +177,9 @@ class TensorDictPipe:
         Args:
             td (TensorDict, optional): a consolidated TensorDict to receive into when its
                 layout matches the message. Otherwise the pipe returns the TensorDict of its
-                previous receive (same structure) or a new one: use the return value.
+                previous receive (same structure) or a new one: use the return value. A
+                reference ``tensordict.TensorDict`` is taken as one of ours sharing its leaves
+                (it does not carry the reference's consolidation, so a new one is returned).
 
         Keyword Args:
             device: the device of a newly allocated storage. Defaults to the sender's device
@@ -209,8 +214,11 @@ class TensorDictPipe:
                     self._orphan = cf
             raise
 
-    def _recv_blocking(self, td: TensorDict | None, device: Any) -> TensorDict:
-        out = self._cpp.recv(_cpp_td(td), device=_device(device))
+    def _recv_blocking(self, td: Any, device: Any) -> Any:
+        into = _cpp_td(td)
+        out = self._cpp.recv(into, device=_device(device))
+        if into is not None and not isinstance(td, TensorDict) and into.is_same(out):
+            return td  # a reference TensorDict, received into its own tensors
         with self._lock:
             # The same C++ TensorDict as before (same schema): the same Python object too.
             for known in (self._last, td):

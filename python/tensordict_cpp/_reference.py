@@ -1,0 +1,84 @@
+"""Zero-copy exchange with the reference ``tensordict``'s objects.
+
+The reference stays an optional import: it is looked up in ``sys.modules`` only, so an object
+of it can exist only where the user imported it, and nothing here imports it unless a caller
+asks for a reference object (``to_reference``). Leaves are shared, never copied: a value
+received into a converted TensorDict lands in the user's tensors.
+
+A layer below ``_td``: this module imports nothing of the package but ``_C``.
+"""
+from __future__ import annotations
+
+import sys
+from typing import Any
+
+import torch
+
+from tensordict_cpp import _C
+
+
+def _module() -> Any:
+    return sys.modules.get("tensordict")
+
+
+def is_reference(obj: Any) -> bool:
+    """Whether ``obj`` is one of the reference's tensor collections (a TensorDictBase or a
+    tensorclass instance)."""
+    ref = _module()
+    if ref is None:
+        return False
+    return isinstance(obj, ref.TensorDictBase) or (
+        not isinstance(obj, type) and ref.is_tensorclass(obj))
+
+
+def from_reference(obj: Any) -> _C.TensorDict:
+    """The ``_C.TensorDict`` holding the leaves of the reference object ``obj``, shared, with its
+    batch size, device, nested levels, non-tensor entries and lock. TypeError naming the class
+    for a collection we do not convert."""
+    ref = _module()
+    if not isinstance(obj, ref.TensorDictBase):
+        obj = obj._tensordict  # a tensorclass: its TensorDict, as ours do it
+    if type(obj) is not ref.TensorDict:
+        raise TypeError(f"cannot convert the reference's {type(obj).__module__}."
+                        f"{type(obj).__qualname__} to a tensordict_cpp.TensorDict: only "
+                        f"tensordict.TensorDict (and tensorclasses over one) are supported")
+    batch_size = list(obj.batch_size)
+    device = obj.device
+    entries = []
+    for key, value in obj.items():
+        if isinstance(value, ref.TensorDictBase) or (
+                not isinstance(value, torch.Tensor) and ref.is_tensorclass(value)):
+            if ref.is_non_tensor(value):
+                if not isinstance(value, ref.NonTensorData):
+                    raise TypeError(f"key {key!r}: cannot convert the reference's "
+                                    f"{type(value).__qualname__} (a stack of non-tensor data)")
+                value = _C.NonTensorData(value.data, list(value.batch_size), value.device, key)
+            else:
+                value = from_reference(value)
+        entries.append((key, value))
+    out = _C.TensorDict(entries, batch_size, device)
+    if obj.is_locked:
+        out.lock_()
+    return out
+
+
+def to_reference(cpp: _C.TensorDict) -> Any:
+    """A reference ``tensordict.TensorDict`` sharing the leaves of ``cpp``. ImportError naming
+    the package when it is not installed."""
+    try:
+        import tensordict as ref
+    except ImportError as e:
+        raise ImportError("to_tensordict() needs the reference package `tensordict` "
+                          "(pip install tensordict)") from e
+    source = {}
+    for key, value in cpp.items(False, False):
+        if isinstance(value, _C.TensorDict):
+            value = to_reference(value)
+        elif isinstance(value, _C.NonTensorData):
+            value = ref.NonTensorData(data=value.data, batch_size=value.batch_size,
+                                      device=value.device)
+        source[key] = value
+    out = ref.TensorDict(source, batch_size=cpp.batch_size, device=cpp.device)
+    if cpp.is_locked():
+        out.lock_()
+    return out
