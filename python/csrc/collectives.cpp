@@ -125,6 +125,22 @@ void bind_collectives(py::module_& m) {
       },
       std::make_tuple(py::arg("group_src"), py::arg("tensordicts"), py::kw_only(), group_arg(),
                       device_arg(), max_total_bytes_arg(), timeout_arg()));
+  def(m, "gather_and_stack",
+      [](const TensorDict& td, int64_t group_dst, py::object group,
+         std::optional<int64_t> max_total_bytes, std::optional<double> timeout) -> py::object {
+        dist::GatherAndStackOptions o{.group = group_from_py(group),
+                                      .group_dst = group_dst,
+                                      .max_total_bytes = max_total_bytes,
+                                      .timeout = timeout_from_py(timeout)};
+        std::optional<TensorDict> out;
+        {
+          py::gil_scoped_release nogil;
+          out = dist::gather_and_stack(td, std::nullopt, o);
+        }
+        return out ? py::cast(*out) : py::object(py::none());
+      },
+      std::make_tuple(py::arg("td"), py::arg("group_dst"), py::kw_only(), group_arg(),
+                      max_total_bytes_arg(), timeout_arg()));
   def(m, "all_reduce",
       [](const TensorDict& td, const c10d::ReduceOp& op, bool async_op, py::object group,
          std::optional<double> timeout) -> py::object {

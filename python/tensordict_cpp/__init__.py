@@ -14,8 +14,8 @@ import torch.distributed  # noqa: F401
 from tensordict_cpp import errors
 from tensordict_cpp import _C
 from tensordict_cpp._td import (NonTensorData, TensorDict, all_gather, all_reduce, broadcast,
-                                cat, consolidate, init_remote, irecv, isend, recv, reduce,
-                                scatter, send, stack)
+                                cat, consolidate, gather_and_stack, init_remote, irecv, isend,
+                                recv, reduce, scatter, send, stack)
 from tensordict_cpp.pipe import TensorDictPipe, TensorDictServer
 # As in the reference, the name `tensorclass` is the decorator; the module stays reachable as
 # `from tensordict_cpp.tensorclass import ...` (through sys.modules).
@@ -23,5 +23,6 @@ from tensordict_cpp.tensorclass import is_tensorclass, tensorclass
 
 __all__ = ["TensorDict", "NonTensorData", "stack", "cat", "TensorDictPipe", "TensorDictServer",
            "tensorclass", "is_tensorclass", "send", "recv", "isend", "irecv", "init_remote",
-           "consolidate", "broadcast", "all_gather", "scatter", "all_reduce", "reduce"]
+           "consolidate", "broadcast", "all_gather", "scatter", "all_reduce", "reduce",
+           "gather_and_stack"]
 __version__ = "0.1.0"

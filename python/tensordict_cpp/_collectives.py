@@ -305,6 +305,43 @@ def scatter(self, src: int, tensordicts: Sequence | None = None, *, group: Any =
                                  max_total_bytes=max_total_bytes, timeout=_seconds(timeout)))
 
 
+def gather_and_stack(self, dst: int, group: Any = None, *, max_total_bytes: int | None = None,
+                     timeout: Timeout = None):
+    """Gathers every other rank's TensorDict on rank ``dst`` and writes them, stacked in rank
+    order, into the rows of this TensorDict there.
+
+    Every rank of the group calls it. On ``dst`` the first batch dimension of this TensorDict
+    is the group's size - 1 (one row per other rank, in rank order), and it is updated in
+    place; elsewhere it is sent, consolidated. Wire format: the reference's on Gloo (an
+    all_gather of small headers, then a gather of each storage and its metadata, padded to the
+    largest). A reference peer that could not consolidate sends a pickled TensorDict, which is
+    refused, never unpickled.
+
+    Args:
+        dst (int): the destination's global rank (translated into a rank of ``group``).
+        group (torch.distributed.ProcessGroup, optional): the process group. Defaults to
+            ``None``: the default process group.
+
+    Keyword Args:
+        max_total_bytes (int, optional): the largest storage a rank may announce, checked on
+            every rank before anything is allocated. Defaults to ``None``: half of this
+            machine's physical memory.
+        timeout (float or datetime.timedelta, optional): the longest the call may wait for
+            its messages, all of them together. Defaults to ``None``: the group's own timeout.
+
+    Returns:
+        This TensorDict on ``dst``, ``None`` elsewhere.
+
+    Raises:
+        ValueError: on ``dst``, when a received leaf does not fit this TensorDict's rows
+            (naming the key); on every rank, for a header outside the bounds.
+    """
+    pg = _group(group)
+    out = _C.gather_and_stack(_cpp_of(self), _group_rank(pg, dst), group=pg,
+                              max_total_bytes=max_total_bytes, timeout=_seconds(timeout))
+    return None if out is None else self
+
+
 def all_reduce(self, op: Any = None, *, group: Any = None, async_op: bool = False,
                bucket_bytes: int | None = None, timeout: Timeout = None) -> list | None:
     """Reduces every leaf in place over the group, so that every rank holds the result.

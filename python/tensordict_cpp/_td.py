@@ -627,11 +627,13 @@ class TensorDict:
     init_remote, from_remote_init = _collectives.init_remote, _collectives.from_remote_init
     broadcast, all_gather = _collectives.broadcast, _collectives.all_gather
     scatter, all_reduce, reduce = _collectives.scatter, _collectives.all_reduce, _collectives.reduce
+    gather_and_stack = _collectives.gather_and_stack
 
 
 # help() names the class, not the module the methods are written in.
 for _name in ("send", "recv", "isend", "irecv", "asend", "arecv", "init_remote",
-              "from_remote_init", "broadcast", "all_gather", "scatter", "all_reduce", "reduce"):
+              "from_remote_init", "broadcast", "all_gather", "scatter", "all_reduce", "reduce",
+              "gather_and_stack"):
     _fn = TensorDict.__dict__[_name]
     getattr(_fn, "__func__", _fn).__qualname__ = f"TensorDict.{_name}"
 del _name, _fn
@@ -664,6 +666,7 @@ send, recv, isend, irecv = (_transfer_function(n) for n in ("send", "recv", "ise
 init_remote, consolidate = _transfer_function("init_remote"), _transfer_function("consolidate")
 broadcast, all_gather = _transfer_function("broadcast"), _transfer_function("all_gather")
 scatter, all_reduce, reduce = (_transfer_function(n) for n in ("scatter", "all_reduce", "reduce"))
+gather_and_stack = _transfer_function("gather_and_stack")
 
 
 def stack(list_of_tds: Sequence[TensorDict], dim: int = 0) -> TensorDict:

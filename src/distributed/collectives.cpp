@@ -4,8 +4,10 @@
 #include <c10/util/Exception.h>
 
 #include <algorithm>
+#include <cstring>
 
 #include "remote.h"
+#include "tensordict/errors.h"
 #include "tensordict/distributed/p2p.h"
 #include "tensordict/leaf.h"
 #include "tensordict/nested_key.h"
@@ -172,6 +174,93 @@ std::vector<TensorDict> all_gather(const TensorDict& td, const AllGatherOptions&
   for (int r = 0; r < size; ++r) {
     out.push_back(detail::finish(incoming[r], buffers[r]));
   }
+  return out;
+}
+
+std::optional<TensorDict> gather_and_stack(const TensorDict& td, std::optional<int64_t> dst,
+                                           const GatherAndStackOptions& options) {
+  constexpr const char* kCall = "gather_and_stack";
+  // The reference's header kinds (docs/wire-format.md §5.6).
+  constexpr int64_t kNothing = 0, kPickle = 1, kStorage = 2;
+  const auto root = detail::resolve_peer(kCall, dst, options.group_dst, options.group, "dst",
+                                         "group_dst", /*refuse_self=*/false);
+  const int64_t max_total_bytes = detail::resolve_max_total_bytes(kCall, options.max_total_bytes);
+  const detail::Waiter w(kCall, options.timeout,
+                         c10::str("the group (destination rank ", root.rank, ")"));
+  const int me = root.group.rank(), size = root.group.size();
+  const bool is_dst = me == root.rank;
+
+  at::Tensor storage;
+  std::string pickle;
+  if (!is_dst) {
+    TensorDict c = detail::consolidated(td, std::nullopt);
+    storage = consolidated_storage(c);
+    TORCH_CHECK_VALUE(storage.is_cpu(), kCall, ": Gloo gathers CPU tensors; this rank's storage is on ",
+                      storage.device());
+    pickle = detail::metadata_pickle(c, {});  // the reference reads no transport field here
+  }
+  const int64_t storage_bytes = is_dst ? 0 : storage.numel();
+  const int64_t buffer_bytes = storage_bytes + static_cast<int64_t>(pickle.size());
+  std::vector<at::Tensor> header{at::tensor({is_dst ? kNothing : kStorage, storage_bytes,
+                                             buffer_bytes}, at::kLong)};
+  std::vector<std::vector<at::Tensor>> headers(1);
+  for (int r = 0; r < size; ++r) headers[0].push_back(at::empty({3}, at::kLong));
+  w.wait(root.group.allgather(headers, header), "the headers");
+
+  // Every rank checks every header the same way, so that all refuse before the gather.
+  int64_t longest = 0;
+  for (int r = 0; r < size; ++r) {
+    const auto* h = headers[0][r].const_data_ptr<int64_t>();
+    const std::string who = describe(kCall, r);
+    if (r == root.rank) {
+      TD_CHECK_PEER(h[2] == 0, who, ": the destination announces ", h[2], " bytes to send");
+      continue;
+    }
+    TD_CHECK_PEER(h[0] != kPickle, who, " sent a pickled TensorDict (it could not consolidate "
+                  "it); pickles of objects are never loaded here");
+    TD_CHECK_PEER(h[0] == kStorage, who, ": unknown header kind ", h[0]);
+    TD_CHECK_PEER(h[1] >= 0 && h[1] <= max_total_bytes, who, ": a storage of ", h[1],
+                  " bytes, outside [0, max_total_bytes = ", max_total_bytes, "]");
+    TD_CHECK_PEER(h[2] > h[1] && h[2] - h[1] <= static_cast<int64_t>(kMaxMetadataJsonBytes), who,
+                  ": a metadata pickle of ", h[2] - h[1], " bytes, outside [1, ",
+                  kMaxMetadataJsonBytes, "]");
+    longest = std::max(longest, h[2]);
+  }
+  std::vector<at::Tensor> mine{detail::byte_buffer(longest, at::kCPU, /*zeroed=*/true)};
+  if (!is_dst) {
+    auto* out = mine[0].data_ptr<uint8_t>();
+    std::memcpy(out, storage.const_data_ptr(), static_cast<size_t>(storage_bytes));
+    std::memcpy(out + storage_bytes, pickle.data(), pickle.size());
+  }
+  std::vector<std::vector<at::Tensor>> gathered(is_dst ? 1 : 0);
+  if (is_dst) {
+    for (int r = 0; r < size; ++r) gathered[0].push_back(detail::byte_buffer(longest, at::kCPU));
+  }
+  c10d::GatherOptions opts;
+  opts.rootRank = root.rank;
+  w.wait(root.group.gather(gathered, mine, opts), c10::str("the buffers, ", longest, " bytes each"));
+  if (!is_dst) return std::nullopt;
+
+  std::vector<TensorDict> rows;
+  for (int r = 0; r < size; ++r) {
+    if (r == root.rank) continue;
+    const auto* h = headers[0][r].const_data_ptr<int64_t>();
+    const at::Tensor& got = gathered[0][r];
+    const std::string_view bytes(reinterpret_cast<const char*>(got.const_data_ptr<uint8_t>()) + h[1],
+                                 static_cast<size_t>(h[2] - h[1]));
+    wire::ValidatedMetadata m = [&] {
+      try {
+        return wire::read_metadata_pickle(bytes);
+      } catch (const c10::Error& e) {
+        TD_THROW(MalformedPeerDataError, describe(kCall, r), ": the metadata is refused: ", e.msg());
+      }
+    }();
+    TD_CHECK_PEER(m.storage_bytes() <= h[1], describe(kCall, r), ": the layout needs ",
+                  m.storage_bytes(), " bytes of a ", h[1], "-byte storage");
+    rows.push_back(wire::rebuild_validated(std::move(m), got.narrow(0, 0, h[1])));
+  }
+  TensorDict out(td);
+  out.update(stack(rows, 0), {.inplace = true});
   return out;
 }
 

@@ -57,6 +57,12 @@ WorkPtr Group::scatter(std::vector<at::Tensor>& outputs,
                         : backend_->scatter(outputs, inputs, opts);
 }
 
+WorkPtr Group::gather(std::vector<std::vector<at::Tensor>>& outputs,
+                      std::vector<at::Tensor>& inputs, const c10d::GatherOptions& opts) const {
+  return process_group_ ? process_group_->gather(outputs, inputs, opts)
+                        : backend_->gather(outputs, inputs, opts);
+}
+
 WorkPtr Group::allreduce(std::vector<at::Tensor>& tensors,
                          const c10d::AllreduceOptions& opts) const {
   return process_group_ ? process_group_->allreduce(tensors, opts)

@@ -230,6 +230,63 @@ void expect_all(const TensorDict& td, double value) {
   }
 }
 
+// gather_and_stack on 3 ranks, each rank the destination once: the others' TensorDicts land
+// in its rows, in rank order; headers a peer forges are refused on every rank alike.
+TEST(DistCollectives, GatherAndStackThreeRanks) {
+  run_ranks(3, [](int rank, int) {
+    for (int dst = 0; dst < 3; ++dst) {
+      if (rank == dst) {
+        TensorDict rows = stack(std::vector<TensorDict>{sample(0.0), sample(0.0)}, 0);
+        const at::Tensor b = rows.get("b").tensor();
+        auto out = gather_and_stack(rows, dst);
+        ASSERT_TRUE(out.has_value());
+        EXPECT_TRUE(out->is_same(rows));
+        EXPECT_TRUE(rows.get("b").tensor().is_same(b));  // written in place
+        int row = 0;
+        for (int r = 0; r < 3; ++r) {
+          if (r == dst) continue;
+          EXPECT_TRUE(rows.get({"n", "z"}).tensor()[row].eq(10 + r).all().item<bool>()) << r;
+          EXPECT_TRUE(rows.get("b").tensor()[row].eq(10 + r).all().item<bool>()) << r;
+          ++row;
+        }
+      } else {
+        EXPECT_FALSE(gather_and_stack(sample(10.0 + rank), dst).has_value());
+      }
+    }
+    // A destination whose rows do not fit: a named ValueError there, the others complete.
+    if (rank == 0) {
+      TensorDict wrong = stack(std::vector<TensorDict>{sample(0.0, 1), sample(0.0, 1)}, 0);
+      wrong.set("b", at::zeros({2, 3, 5}));
+      EXPECT_NE(error_of([&] { gather_and_stack(wrong, 0); }).find("'b'"), std::string::npos);
+    } else {
+      gather_and_stack(sample(1.0), 0);
+    }
+    // A rank announcing a storage above the bound: every rank refuses before the gather.
+    auto pg = default_group();
+    const int64_t forged = rank == 2 ? int64_t{1} << 40 : 0;
+    if (rank == 2) {
+      std::vector<at::Tensor> header{at::tensor({int64_t{2}, forged, forged + 10}, at::kLong)};
+      std::vector<std::vector<at::Tensor>> headers(1);
+      for (int r = 0; r < 3; ++r) headers[0].push_back(at::empty({3}, at::kLong));
+      pg->allgather(headers, header)->wait();
+    } else {
+      const std::string err = error_of([&] {
+        gather_and_stack(rank == 0 ? stack(std::vector<TensorDict>{sample(0.0), sample(0.0)}, 0)
+                                   : sample(1.0),
+                         0, {.max_total_bytes = int64_t{1} << 30});
+      });
+      EXPECT_NE(err.find("gather_and_stack (from group rank 2): a storage of 1099511627776 bytes"),
+                std::string::npos) << err;
+    }
+    // All three stayed in step: the next gather works.
+    TensorDict rows = stack(std::vector<TensorDict>{sample(0.0), sample(0.0)}, 0);
+    gather_and_stack(rank == 1 ? rows : sample(5.0 + rank), 1);
+    if (rank == 1) {
+      EXPECT_TRUE(rows.get("a").tensor()[1].eq(7.0).all().item<bool>());
+    }
+  });
+}
+
 TEST(DistCollectives, AllReduceAndReduceThreeRanks) {
   run_ranks(3, [](int rank, int) {
     auto sub = new_group({1, 2});

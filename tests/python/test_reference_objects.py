@@ -107,3 +107,40 @@ def exchange(rank, world_size):
 
 def test_reference_objects_go_straight_to_our_transfers():
     run(exchange, world_size=2, timeout=120, group_timeout=20)
+
+
+def gather(rank, world_size):
+    torch.set_num_threads(1)
+    # Rank 1 runs the reference, ranks 0 and 2 ours; each of 0 and 1 is the destination once.
+    cls = tensordict.TensorDict if rank == 1 else TensorDict
+
+    def sample(fill):
+        td = cls({"a": torch.full((3,), float(fill)), "n": {"x": torch.full((3, 2), fill)}}, [3])
+        return td
+
+    for dst in (0, 1):
+        if rank == dst:
+            rows = cls({"a": torch.zeros(2, 3), "n": {"x": torch.zeros(2, 3, 2, dtype=torch.int64)}},
+                       [2, 3])
+            out = rows.gather_and_stack(dst)
+            assert out is rows
+            others = [r for r in range(3) if r != dst]
+            for row, r in enumerate(others):
+                assert (rows["a"][row] == 10 + r).all() and (rows["n", "x"][row] == 10 + r).all()
+        else:
+            assert sample(10 + rank).gather_and_stack(dst) is None
+    # Ours through the module function, on a reference TensorDict (rank 1's).
+    if rank == 0:
+        rows = TensorDict({"a": torch.zeros(2, 3), "n": {"x": torch.zeros(2, 3, 2, dtype=torch.int64)}},
+                          [2, 3])
+        tensordict_cpp.gather_and_stack(rows, 0)
+        assert (rows["a"][0] == 11).all() and (rows["a"][1] == 12).all()
+    elif rank == 1:
+        assert tensordict_cpp.gather_and_stack(sample(11), 0) is None
+    else:
+        sample(12).gather_and_stack(0)
+    torch.distributed.barrier()
+
+
+def test_gather_and_stack_with_the_reference_on_three_ranks():
+    run(gather, world_size=3, timeout=120, group_timeout=20)

@@ -46,6 +46,20 @@ TensorDict broadcast(const TensorDict& td, std::optional<int64_t> src,
 /// longest), then an all_gather of the storages zero-padded to the largest "_total_bytes".
 std::vector<TensorDict> all_gather(const TensorDict& td, const AllGatherOptions& options = {});
 
+/// The reference's gather_and_stack: the rank `dst` (a global rank, or options.group_dst)
+/// receives every other rank's TensorDict and writes them, stacked in group-rank order, into
+/// the rows of `td`, whose first batch dim must be the group's size - 1 (updated in place:
+/// ValueError naming the key when a leaf does not fit). Returns `td` on the destination and
+/// nullopt elsewhere. Wire, as the reference's on Gloo: an all_gather of int64[3] headers
+/// (kind: 0 for the destination, 2 for a consolidated storage; the storage's size; the buffer's
+/// size), then a gather of buffers zero-padded to the largest: each the consolidated storage
+/// followed by its metadata pickle (without transport fields). A reference peer that could not
+/// consolidate sends a pickled TensorDict instead (kind 1), which is refused, never unpickled.
+/// Sizes are checked on every rank before anything is allocated, so that all ranks refuse
+/// together.
+std::optional<TensorDict> gather_and_stack(const TensorDict& td, std::optional<int64_t> dst,
+                                           const GatherAndStackOptions& options = {});
+
 /// On the source, `tensordicts` holds one TensorDict per group rank (structures may differ);
 /// elsewhere it is ignored, as in the reference. Returns this rank's TensorDict, new and consolidated (on the
 /// source too). Wire: scatter_object_list (a broadcast of the longest pickle's length, a

@@ -62,6 +62,8 @@ class Group {
                     std::vector<at::Tensor>& inputs) const;
   WorkPtr scatter(std::vector<at::Tensor>& outputs, std::vector<std::vector<at::Tensor>>& inputs,
                   const c10d::ScatterOptions& opts) const;
+  WorkPtr gather(std::vector<std::vector<at::Tensor>>& outputs, std::vector<at::Tensor>& inputs,
+                 const c10d::GatherOptions& opts) const;
   WorkPtr allreduce(std::vector<at::Tensor>& tensors, const c10d::AllreduceOptions& opts) const;
   WorkPtr reduce(std::vector<at::Tensor>& tensors, const c10d::ReduceOptions& opts) const;
 
@@ -161,6 +163,14 @@ struct ScatterOptions {
   std::optional<int64_t> group_src{};    // the source's rank in `group` (exclusive with src)
   std::optional<at::Device> device{};    // receivers: the result's device (default: the source's)
   std::optional<int64_t> max_total_bytes{};  // bound on the padded storage (unset: the default)
+  std::optional<std::chrono::milliseconds> timeout{};  // see "Timeouts" above
+};
+
+/// Keyword arguments of gather_and_stack().
+struct GatherAndStackOptions {
+  Group group{};
+  std::optional<int64_t> group_dst{};    // the destination's rank in `group` (exclusive with dst)
+  std::optional<int64_t> max_total_bytes{};  // destination: bound on each rank's storage
   std::optional<std::chrono::milliseconds> timeout{};  // see "Timeouts" above
 };
 
