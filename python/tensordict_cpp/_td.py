@@ -208,6 +208,77 @@ class TensorDict:
         """
         return _reference.to_reference(self._cpp)
 
+    # ---- modules -----------------------------------------------------------------------------
+    @classmethod
+    def from_module(cls, module: torch.nn.Module, as_module: bool = False, lock: bool = False,
+                    use_state_dict: bool = False, filter_empty: bool = True) -> "TensorDict":
+        """A TensorDict holding the parameters and buffers of ``module`` themselves (not
+        copies), a nested TensorDict per submodule, with batch size ``[]``, as the reference.
+
+        Args:
+            module (torch.nn.Module): the module to read.
+            as_module (bool, optional): the reference's TensorDictParams result; not supported
+                (NotImplementedError). Defaults to ``False``.
+            lock (bool, optional): lock the result. Defaults to ``False``.
+            use_state_dict (bool, optional): read ``module.state_dict(keep_vars=True)`` (its
+                hooks run), unflattened at the dots. Defaults to ``False``.
+            filter_empty (bool, optional): leave out submodules without parameters or buffers
+                (``nn.ReLU``). Defaults to ``True``.
+        """
+        if as_module:
+            raise NotImplementedError("from_module(as_module=True): TensorDictParams is the "
+                                      "reference's; use the reference for it")
+        if not isinstance(module, torch.nn.Module):
+            raise TypeError(f"from_module: expected a torch.nn.Module, got {type(module)}")
+        if use_state_dict:
+            out = cls({})
+            for name, value in module.state_dict(keep_vars=True).items():
+                out[tuple(name.split("."))] = value
+        else:
+            out = cls._wrap(_module_entries(module, filter_empty) or _CTD([], [], None))
+        if lock:
+            out.lock_()
+        return out
+
+    def to_module(self, module: torch.nn.Module, *, inplace: bool | None = None,
+                  return_swap: bool = True, swap_dest: Any = None, use_state_dict: bool = False,
+                  non_blocking: bool = False, preserve_module_state: bool = True,
+                  memo: Any = None) -> "TensorDict | None":
+        """Writes this TensorDict's leaves into the parameters and buffers of ``module``
+        (nested keys are submodules), as the reference; returns the values the module held
+        before (a TensorDict, or ``swap_dest`` updated with them) when ``return_swap``.
+
+        Keyword Args:
+            inplace (bool, optional): copy into the existing tensors, which keep their identity;
+                otherwise the leaves replace them. Defaults to ``None`` (``False``).
+            return_swap (bool, optional): return the previous values. Defaults to ``True``.
+            swap_dest (TensorDict, optional): where to write the previous values.
+            use_state_dict (bool, optional): load through ``module.load_state_dict`` (its hooks
+                run). Defaults to ``False``.
+            non_blocking (bool, optional): asynchronous copies with ``inplace``.
+            preserve_module_state (bool, optional): a leaf replacing a parameter becomes a
+                parameter with the old ``requires_grad``, one replacing a buffer a buffer.
+                Defaults to ``True``.
+
+        Raises:
+            KeyError: a key that is not a parameter, buffer or submodule of ``module``.
+            RuntimeError: ``memo`` (no longer accepted, as in the reference), or ``inplace``
+                with ``use_state_dict``.
+        """
+        if memo is not None:
+            raise RuntimeError("memo cannot be passed to the public to_module anymore.")
+        if use_state_dict:
+            if inplace is not None:
+                raise RuntimeError("inplace argument cannot be passed when use_state_dict=True.")
+            old = TensorDict.from_module(module, use_state_dict=True).clone() if return_swap else None
+            flat = {".".join((k,) if isinstance(k, str) else k): v
+                    for k, v in self.items(include_nested=True, leaves_only=True)}
+            module.load_state_dict(flat, strict=True)
+            return _swap_result(old, swap_dest) if return_swap else None
+        old = _write_module(self, module, bool(inplace), non_blocking, preserve_module_state,
+                            return_swap)
+        return _swap_result(TensorDict._wrap(old), swap_dest) if return_swap else None
+
     @classmethod
     def _wrap(cls, cpp: _CTD) -> "TensorDict":
         out = cls.__new__(cls)
@@ -679,6 +750,69 @@ def cat(list_of_tds: Sequence[TensorDict], dim: int = 0) -> TensorDict:
     """Concatenates TensorDicts with the same keys along batch dimension ``dim`` (also
     reached through ``torch.cat``)."""
     return TensorDict._wrap(_C.cat([_cpp_of(td) for td in list_of_tds], dim))
+
+
+def _module_entries(module: torch.nn.Module, filter_empty: bool) -> _CTD | None:
+    """The parameters, buffers and (recursively) submodules of ``module``; None when it has
+    none and ``filter_empty``."""
+    entries = [(k, v) for k, v in module._parameters.items() if v is not None]
+    entries += [(k, v) for k, v in module._buffers.items() if v is not None]
+    for name, child in module._modules.items():
+        if child is None:
+            continue
+        nested = _module_entries(child, filter_empty)
+        if nested is not None:
+            entries.append((name, nested))
+    if not entries and filter_empty:
+        return None
+    return _CTD(entries, [], None)
+
+
+def _write_module(td: TensorDict, module: torch.nn.Module, inplace: bool, non_blocking: bool,
+                  preserve: bool, swap: bool) -> _CTD:
+    """Writes td into module (see TensorDict.to_module); the previous values, as a _C
+    TensorDict."""
+    old = []
+    for key, value in td._cpp.items(False, False):
+        if isinstance(value, _CTD):
+            child = module._modules.get(key)
+            if child is None:
+                raise KeyError(f"to_module: {key!r} is not a submodule of "
+                               f"{type(module).__name__}")
+            old.append((key, _write_module(TensorDict._wrap(value), child, inplace, non_blocking,
+                                           preserve, swap)))
+            continue
+        if isinstance(value, _C.NonTensorData):
+            raise TypeError(f"to_module: key {key!r} is a non-tensor entry, not a tensor")
+        if key in module._parameters:
+            current, table = module._parameters[key], module._parameters
+        elif key in module._buffers:
+            current, table = module._buffers[key], module._buffers
+        elif hasattr(module, key) and isinstance(getattr(module, key), torch.Tensor):
+            current, table = getattr(module, key), None
+        else:
+            raise KeyError(f"to_module: {key!r} is not a parameter or buffer of "
+                           f"{type(module).__name__}")
+        if current is not None and swap:
+            old.append((key, current.clone() if inplace else current))
+        if inplace:
+            with torch.no_grad():
+                current.copy_(value, non_blocking=non_blocking)
+        elif table is module._parameters and preserve and not isinstance(value, torch.nn.Parameter):
+            requires_grad = current.requires_grad if current is not None else True
+            table[key] = torch.nn.Parameter(value, requires_grad=requires_grad and value.is_floating_point())
+        elif table is not None:
+            table[key] = value
+        else:
+            setattr(module, key, value)
+    return _CTD(old, [], None)
+
+
+def _swap_result(old: TensorDict, swap_dest: Any) -> Any:
+    if swap_dest is None:
+        return old
+    swap_dest.update(old)
+    return swap_dest
 
 
 def _cpp_of(td: Any) -> _CTD:
