@@ -218,7 +218,17 @@ void bind_tensor_dict(py::module_& m) {
   py::class_<TD>(m, "TensorDict")
       .def(py::init([](const py::list& entries, const py::object& batch_size,
                        std::optional<at::Device> device) {
-             std::vector<std::pair<NestedKey, Value>> es;  // a tuple key makes nested levels
+             // str keys (the common case) take the flat constructor; a tuple key makes nested
+             // levels through the NestedKey one.
+             std::vector<TD::Entry> flat;
+             flat.reserve(entries.size());
+             for (py::handle e : entries) {
+               auto pair = py::reinterpret_borrow<py::tuple>(e);
+               if (!PyUnicode_Check(pair[0].ptr())) break;
+               flat.emplace_back(pair[0].cast<std::string>(), value_from_py(pair[1]));
+             }
+             if (flat.size() == entries.size()) return TD(std::move(flat), ints(batch_size), device);
+             std::vector<std::pair<NestedKey, Value>> es;
              es.reserve(entries.size());
              for (py::handle e : entries) {
                auto pair = e.cast<py::tuple>();
@@ -265,6 +275,12 @@ void bind_tensor_dict(py::module_& m) {
       .def("items",
            [](const TD& td, bool include_nested, bool leaves_only) {
              py::list out;
+             if (!include_nested && !leaves_only) {  // this level as it is: no key paths to build
+               for (const auto& [k, v] : td.entries()) {
+                 out.append(py::make_tuple(py::str(k), value_to_py(v)));
+               }
+               return out;
+             }
              for (const auto& [k, v] : td.items({include_nested, leaves_only})) {
                out.append(py::make_tuple(key_to_py(k), value_to_py(v)));
              }
