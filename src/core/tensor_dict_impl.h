@@ -63,11 +63,11 @@ struct TensorDictImpl {
       entries[pos].second = std::move(value);
       return;
     }
-    // Views of the keys live in entries: a reallocation moves short strings' characters.
-    const bool rehash = entries.size() == entries.capacity();
+    // The index views the keys in entries: a reallocation moves short strings' characters.
+    const bool reallocates = entries.size() == entries.capacity();
     entries.emplace_back(key, std::move(value));
     if (entries.size() > kScanEntries) {
-      if (rehash || index.empty()) {
+      if (reallocates || index.empty()) {
         reindex();
       } else {
         index.emplace(entries.back().first, entries.size() - 1);
@@ -98,16 +98,13 @@ struct TensorDictImpl {
     const size_t pos = position(key);
     return pos == npos ? nullptr : &entries[pos].second;
   }
-
- private:
+  // Rebuilds `index` from entries (empty when they are few enough to scan).
   void reindex() {
     index.clear();
     if (entries.size() <= kScanEntries) return;
     index.reserve(entries.size());
     for (size_t i = 0; i < entries.size(); ++i) index.emplace(entries[i].first, i);
   }
-
- public:
 };
 
 /// The shape an entry contributes to batch checks: a leaf's sizes, a TensorDict's or a
