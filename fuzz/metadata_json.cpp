@@ -5,16 +5,19 @@
 // text and the storage is empty). The first storage byte mod 8 also picks the storage offset of
 // the view the rebuild gets (the collectives rebuild from narrowed buffers).
 // Expected errors: c10::Error (ValueError) from the parser, the validation or rebuild().
-// Findings: crashes, sanitizer reports, and broken invariants (a parse of our own JSON output
-// that differs, a rebuilt TensorDict that is not consolidated or leaves its storage).
+// Findings: crashes, sanitizer reports, and broken invariants (the fast path reading other than
+// the general reader, a parse of our own JSON output that differs, a rebuilt TensorDict that
+// is not consolidated or leaves its storage).
 
 #include <cstddef>
 #include <cstdint>
+#include <optional>
 #include <string>
 #include <string_view>
 
 #include "fuzz_util.h"
 #include "tensordict/consolidate.h"
+#include "wire/metadata.h"
 
 using namespace tensordict;
 
@@ -30,12 +33,25 @@ extern "C" int LLVMFuzzerTestOneInput(const uint8_t* data, size_t size) {
   const std::string_view bytes =
       split == std::string_view::npos ? std::string_view() : input.substr(split + 1);
 
+  // The fast path must agree with the general reader on what it accepts and what it reads.
+  std::optional<wire::ValidatedMetadata> general;
+  try {
+    general = wire::read_metadata_json_general(text);
+  } catch (const c10::Error&) {
+  }
   TransportFields transport;
   Metadata metadata;
   try {
     metadata = metadata_from_json(text, &transport);
   } catch (const c10::Error&) {
+    if (general) fuzz::fail("metadata_from_json refused what the general reader read");
     return 0;  // refused, as it should be
+  }
+  if (!general) fuzz::fail("metadata_from_json read what the general reader refused");
+  TransportFields general_transport;
+  if (!fuzz::same_metadata(std::move(*general).take(&general_transport), metadata) ||
+      !(general_transport == transport)) {
+    fuzz::fail("metadata_from_json read other metadata than the general reader");
   }
   // What we accept we must be able to write back and read back the same: in insertion order
   // (the order is part of the layout), and sorted as the pipe writes it (stable text).

@@ -3,11 +3,13 @@
 // peer and validates what it read once.
 
 #include <algorithm>
+#include <charconv>
 #include <functional>
 #include <limits>
 #include <ostream>
 
 #include "metadata_reader.h"
+#include "metadata_tree.h"
 #include "tensordict/consolidate.h"
 #include "tensordict/dtypes.h"
 #include "wire/json_text.h"
@@ -187,9 +189,173 @@ struct JsonTraits {
   static std::string dump(const Value& v) { return v.dump(); }
 };
 
+// The plain shape of a metadata text into the arena of metadata_tree.h: strings without
+// escapes (views of the text), numbers that parse as parse_json's do, no NaN or Infinity, no
+// repeated key, within parse_json's bounds (values counted as it counts them). Anything else
+// gives up, and parse_json reads the text (and words any error).
+class FastJson {
+ public:
+  FastJson(std::string_view text, tree::Tree& t) : s_(text), t_(t) {}
+
+  uint32_t run() {
+    ws();
+    const uint32_t root = value(0);
+    ws();
+    if (pos_ != s_.size()) throw tree::GiveUp{};
+    return root;
+  }
+
+ private:
+  using Kind = tree::Kind;
+
+  void ws() {
+    while (pos_ < s_.size() &&
+           (s_[pos_] == ' ' || s_[pos_] == '\t' || s_[pos_] == '\n' || s_[pos_] == '\r')) {
+      ++pos_;
+    }
+  }
+  char peek() const {
+    if (pos_ >= s_.size()) throw tree::GiveUp{};
+    return s_[pos_];
+  }
+  void expect(char c) {
+    if (peek() != c) throw tree::GiveUp{};
+    ++pos_;
+  }
+  void word(std::string_view w) {
+    if (s_.substr(pos_, w.size()) != w) throw tree::GiveUp{};
+    pos_ += w.size();
+  }
+  uint32_t add(const tree::Node& n) {
+    t_.nodes.push_back(n);
+    return static_cast<uint32_t>(t_.nodes.size() - 1);
+  }
+  uint32_t value(size_t depth) {
+    if (++values_ > kMaxMetadataJsonValues) throw tree::GiveUp{};
+    tree::Node n;
+    switch (peek()) {
+      case '{': return container(depth + 1, true);
+      case '[': return container(depth + 1, false);
+      case '"': return string();
+      case 'n': word("null"); return add(tree::node_of(Kind::None));
+      case 't':
+        word("true");
+        n = tree::node_of(Kind::Bool);
+        n.b = true;
+        return add(n);
+      case 'f': word("false"); return add(tree::node_of(Kind::Bool));
+      default: return number();
+    }
+  }
+  uint32_t container(size_t depth, bool is_map) {
+    if (depth > kMaxMetadataJsonDepth) throw tree::GiveUp{};
+    ++pos_;
+    const size_t base = stack_.size();
+    const char close = is_map ? '}' : ']';
+    ws();
+    if (peek() == close) {
+      ++pos_;
+    } else {
+      while (true) {
+        ws();
+        if (is_map) {
+          if (peek() != '"') throw tree::GiveUp{};
+          stack_.push_back(string());  // a key: not a value for the count
+          ws();
+          expect(':');
+          ws();
+        }
+        stack_.push_back(value(depth));
+        ws();
+        if (peek() == ',') {
+          ++pos_;
+          continue;
+        }
+        expect(close);
+        break;
+      }
+    }
+    tree::Node n = tree::node_of(is_map ? Kind::Dict : Kind::List);
+    n.first = static_cast<uint32_t>(t_.kids.size());
+    n.count = static_cast<uint32_t>(stack_.size() - base);
+    t_.kids.insert(t_.kids.end(), stack_.begin() + static_cast<std::ptrdiff_t>(base), stack_.end());
+    stack_.resize(base);
+    if (is_map) tree::check_unique_keys(t_, n);
+    return add(n);
+  }
+  uint32_t string() {
+    const size_t start = ++pos_;
+    bool ascii = true;
+    while (true) {
+      const auto c = static_cast<unsigned char>(peek());
+      if (c == '"') break;
+      if (c == '\\' || c < 0x20) throw tree::GiveUp{};  // escapes: parse_json decodes them
+      ascii &= c < 0x80;
+      ++pos_;
+    }
+    const std::string_view text = s_.substr(start, pos_ - start);
+    ++pos_;
+    if (!ascii && !valid_utf8(text)) throw tree::GiveUp{};
+    tree::Node n = tree::node_of(Kind::Str);
+    n.p = text.data();
+    n.count = static_cast<uint32_t>(text.size());
+    return add(n);
+  }
+  static bool digit(char c) { return c >= '0' && c <= '9'; }
+  // parse_json's grammar: -?(0|[1-9][0-9]*)(.[0-9]+)?([eE][+-]?[0-9]+)?
+  uint32_t number() {
+    const size_t start = pos_;
+    if (pos_ < s_.size() && s_[pos_] == '-') ++pos_;
+    if (pos_ >= s_.size() || !digit(s_[pos_])) throw tree::GiveUp{};
+    if (s_[pos_] == '0') {
+      ++pos_;
+    } else {
+      while (pos_ < s_.size() && digit(s_[pos_])) ++pos_;
+    }
+    bool is_float = false;
+    if (pos_ + 1 < s_.size() && s_[pos_] == '.' && digit(s_[pos_ + 1])) {
+      is_float = true;
+      ++pos_;
+      while (pos_ < s_.size() && digit(s_[pos_])) ++pos_;
+    }
+    if (pos_ < s_.size() && (s_[pos_] == 'e' || s_[pos_] == 'E')) {
+      size_t p = pos_ + 1;
+      if (p < s_.size() && (s_[p] == '+' || s_[p] == '-')) ++p;
+      if (p < s_.size() && digit(s_[p])) {
+        is_float = true;
+        pos_ = p;
+        while (pos_ < s_.size() && digit(s_[pos_])) ++pos_;
+      }
+    }
+    const char* first = s_.data() + start;
+    const char* last = s_.data() + pos_;
+    tree::Node n = tree::node_of(is_float ? Kind::Float : Kind::Int);
+    const auto r = is_float ? std::from_chars(first, last, n.f) : std::from_chars(first, last, n.i);
+    if (r.ec != std::errc() || r.ptr != last) throw tree::GiveUp{};  // out of range: parse_json
+    return add(n);
+  }
+
+  std::string_view s_;
+  tree::Tree& t_;
+  size_t pos_ = 0;
+  size_t values_ = 0;
+  std::vector<uint32_t> stack_;
+};
+
 }  // namespace
 
 ValidatedMetadata read_metadata_json(std::string_view text) {
+  TORCH_CHECK_VALUE(text.size() <= kMaxMetadataJsonBytes, "metadata: ", text.size(),
+                    " bytes of JSON, more than the limit of ", kMaxMetadataJsonBytes);
+  if (auto fast = tree::read_fast(text, [](std::string_view in, tree::Tree& t) {
+        return FastJson(in, t).run();
+      })) {
+    return std::move(*fast);
+  }
+  return read_metadata_json_general(text);
+}
+
+ValidatedMetadata read_metadata_json_general(std::string_view text) {
   TORCH_CHECK_VALUE(text.size() <= kMaxMetadataJsonBytes, "metadata: ", text.size(),
                     " bytes of JSON, more than the limit of ", kMaxMetadataJsonBytes);
   const JsonValue j = parse_json(

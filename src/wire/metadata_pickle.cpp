@@ -13,6 +13,7 @@
 #include <unordered_set>
 
 #include "metadata_reader.h"
+#include "metadata_tree.h"
 #include "tensordict/dtypes.h"
 #include "wire/bytes.h"
 #include "wire/json_text.h"
@@ -287,42 +288,11 @@ struct PickleTraits {
 
 namespace fast {
 
-using Kind = Value::Kind;
-
-// 16 bytes, so that the arena of a 1000-leaf pickle stays in cache.
-struct Node {
-  Kind kind = Kind::None;
-  bool b = false;
-  uint16_t depth = 0;  // container nesting, 0 for scalars
-  uint32_t count = 0;  // container: its items; str: its bytes; class ref: its Tree::refs index
-  union {
-    int64_t i = 0;
-    double f;
-    const char* p;   // str: its bytes, in the pickle
-    uint32_t first;  // container: its items (dict: key, value, ...) in Tree::kids
-  };
-  std::string_view s() const { return {p, count}; }
-};
-
-Node node_of(Kind kind) {
-  Node n;
-  n.kind = kind;
-  return n;
-}
-
-struct Tree {
-  std::vector<Node> nodes;
-  std::vector<uint32_t> kids;
-  std::vector<std::pair<std::string_view, std::string_view>> refs;  // (module, qualname)
-  // The bytes a str or class reference node holds, as the budget counts them.
-  size_t text_bytes(const Node& n) const {
-    if (n.kind == Kind::Str) return n.count;
-    if (n.kind == Kind::ClassRef) return refs[n.count].first.size() + refs[n.count].second.size();
-    return 0;
-  }
-};
-
-struct GiveUp {};  // not the plain shape: read it the general way
+using wire::tree::GiveUp;
+using wire::tree::Kind;
+using wire::tree::Node;
+using wire::tree::node_of;
+using wire::tree::Tree;
 
 class Parser {
  public:
@@ -503,26 +473,7 @@ class Parser {
     append_items(c, first);
     if (kind == Kind::Dict) check_unique(c);
   }
-  // A dict with a repeated key keeps the key's first place and its last value in Python: the
-  // general way does that.
-  void check_unique(uint32_t c) {
-    const Node& d = tree_.nodes[c];
-    const uint32_t n = d.count / 2;
-    const auto key = [&](uint32_t k) { return tree_.nodes[tree_.kids[d.first + 2 * k]].s(); };
-    if (n <= wire::kScanKeys) {
-      for (uint32_t a = 1; a < n; ++a) {
-        for (uint32_t b = 0; b < a; ++b) {
-          if (key(a) == key(b)) throw GiveUp{};
-        }
-      }
-      return;
-    }
-    std::unordered_set<std::string_view> seen;
-    seen.reserve(n);
-    for (uint32_t k = 0; k < n; ++k) {
-      if (!seen.insert(key(k)).second) throw GiveUp{};
-    }
-  }
+  void check_unique(uint32_t c) { wire::tree::check_unique_keys(tree_, tree_.nodes[c]); }
   void stack_global() {
     if (stack_.size() < 2 + floor()) throw GiveUp{};
     const Node& module = tree_.nodes[stack_[stack_.size() - 2]];
@@ -580,158 +531,11 @@ class Parser {
   std::vector<bool> read_;  // per memo index: read by a GET already
 };
 
-// A node of the arena as metadata_reader.h reads trees.
-struct Ref {
-  const Tree* tree;
-  uint32_t index;
-  const Node& node() const { return tree->nodes[index]; }
-};
-
-class Items {
- public:
-  Items(const Tree* t, const Node& n) : t_(t), first_(n.first), count_(n.count) {}
-  size_t size() const { return count_; }
-  Ref operator[](size_t i) const { return {t_, t_->kids[first_ + i]}; }
-  class iterator {
-   public:
-    iterator(const Items& items, size_t i) : items_(items), i_(i) {}
-    Ref operator*() const { return items_[i_]; }
-    iterator& operator++() {
-      ++i_;
-      return *this;
-    }
-    bool operator!=(const iterator& o) const { return i_ != o.i_; }
-
-   private:
-    const Items& items_;
-    size_t i_;
-  };
-  iterator begin() const { return {*this, 0}; }
-  iterator end() const { return {*this, count_}; }
-
- private:
-  const Tree* t_;
-  uint32_t first_, count_;
-};
-
-class Members {
- public:
-  explicit Members(Items items) : items_(items) {}
-  class iterator {
-   public:
-    iterator(const Items& items, size_t i) : items_(items), i_(i) {}
-    std::pair<std::string_view, Ref> operator*() const {
-      return {items_[i_].node().s(), items_[i_ + 1]};
-    }
-    iterator& operator++() {
-      i_ += 2;
-      return *this;
-    }
-    bool operator!=(const iterator& o) const { return i_ != o.i_; }
-
-   private:
-    const Items& items_;
-    size_t i_;
-  };
-  iterator begin() const { return {items_, 0}; }
-  iterator end() const { return {items_, items_.size()}; }
-
- private:
-  Items items_;
-};
-
-JsonValue to_json(const Ref& r) {
-  const Node& n = r.node();
-  switch (n.kind) {
-    case Kind::None: return JsonValue();
-    case Kind::Bool: return JsonValue(n.b);
-    case Kind::Int: return JsonValue(n.i);
-    case Kind::Float: return JsonValue(n.f);
-    case Kind::Str: return JsonValue(n.s());
-    case Kind::List:
-    case Kind::Tuple: {
-      JsonValue::List out;
-      out.reserve(n.count);
-      for (const Ref& e : Items(r.tree, n)) out.push_back(to_json(e));
-      return JsonValue(std::move(out));
-    }
-    case Kind::Dict: {
-      JsonValue::Map out;
-      out.reserve(n.count / 2);
-      for (const auto& [k, e] : Members(Items(r.tree, n))) out.emplace_back(k, to_json(e));
-      return JsonValue(std::move(out));
-    }
-    case Kind::ClassRef: throw GiveUp{};  // refused outside "cls": the general way says so
-  }
-  throw GiveUp{};
-}
-
-// A class reference in a value the reader skips (the general way refuses it, naming where);
-// everywhere else the reader's own type checks meet it.
-void check_class_refs(const Ref& r) {
-  const Node& n = r.node();
-  if (n.kind == Kind::ClassRef) throw GiveUp{};
-  if (n.kind == Kind::List || n.kind == Kind::Tuple || n.kind == Kind::Dict) {
-    for (const Ref& e : Items(r.tree, n)) check_class_refs(e);
-  }
-}
-
-struct Traits {
-  using Value = Ref;
-  using Members = fast::Members;
-  static bool is_null(const Ref& v) { return v.node().kind == Kind::None; }
-  static bool is_bool(const Ref& v) { return v.node().kind == Kind::Bool; }
-  static bool is_int(const Ref& v) { return v.node().kind == Kind::Int; }
-  static bool is_number(const Ref& v) { return is_int(v) || v.node().kind == Kind::Float; }
-  static bool is_string(const Ref& v) { return v.node().kind == Kind::Str; }
-  static bool is_list(const Ref& v) {
-    return v.node().kind == Kind::List || v.node().kind == Kind::Tuple;
-  }
-  static bool is_map(const Ref& v) { return v.node().kind == Kind::Dict; }
-  static bool is_class_ref(const Ref& v) { return v.node().kind == Kind::ClassRef; }
-  static std::string class_name(const Ref& v) {
-    const auto& [module, qualname] = v.tree->refs[v.node().count];
-    std::string out;
-    out.reserve(module.size() + 1 + qualname.size());
-    return out.append(module).append(1, '.').append(qualname);
-  }
-  static bool as_bool(const Ref& v) { return v.node().b; }
-  static int64_t as_int(const Ref& v) { return v.node().i; }
-  static std::string as_string(const Ref& v) { return std::string(v.node().s()); }
-  static Items items(const Ref& v) { return Items(v.tree, v.node()); }
-  static Members members(const Ref& v) { return Members(Items(v.tree, v.node())); }
-  static JsonValue to_json(const Ref& v) { return fast::to_json(v); }
-  static std::string dump(const Ref&) { throw GiveUp{}; }  // an error: the general way's text
-  static void ignored(const Ref& v) { check_class_refs(v); }
-};
-
 // The validated metadata of `bytes`, or nullopt where the general way must read them.
 std::optional<wire::ValidatedMetadata> read(std::string_view bytes) {
-  // The arena is kept per thread: fresh pages for it would cost more than the parse. One that
-  // a large pickle grew is given back after use.
-  constexpr size_t kKeptNodes = size_t{1} << 16;
-  thread_local Tree tree;
-  struct Reset {
-    ~Reset() {
-      tree.nodes.clear();
-      tree.kids.clear();
-      tree.refs.clear();
-      if (tree.nodes.capacity() > kKeptNodes) tree = Tree{};
-    }
-  } reset;
-  try {
-    tree.nodes.reserve(bytes.size() / 3);  // a value takes 2 bytes or more
-    tree.kids.reserve(bytes.size() / 3);
-    const uint32_t root = Parser(bytes, metadata_pickle_limits(), tree).run();
-    const Ref top{&tree, root};
-    if (!Traits::is_map(top)) return std::nullopt;
-    TransportFields transport;
-    Metadata m = wire::reader::read_root<Traits>(top, &transport);
-    return wire::validated(std::move(m), std::move(transport));
-  } catch (const GiveUp&) {
-  } catch (const c10::Error&) {
-  }
-  return std::nullopt;
+  return wire::tree::read_fast(bytes, [](std::string_view in, Tree& tree) {
+    return Parser(in, metadata_pickle_limits(), tree).run();
+  });
 }
 
 }  // namespace fast

@@ -90,6 +90,9 @@ ValidatedMetadata validated(Metadata metadata, TransportFields transport = {});
 /// A peer's metadata JSON (the pipe's, docs/wire-format.md §6.1), parsed and validated: the
 /// errors and bounds of metadata_from_json. Top-level transport fields are kept.
 ValidatedMetadata read_metadata_json(std::string_view text);
+/// The general reader behind read_metadata_json (parse_json, then the tree), which its fast
+/// path must agree with (fuzz/metadata_json.cpp checks it); ValueError as there.
+ValidatedMetadata read_metadata_json_general(std::string_view text);
 
 /// A peer's metadata pickle (init_remote and the collectives, §4.2), read by the restricted
 /// reader under metadata_pickle_limits() and validated.
