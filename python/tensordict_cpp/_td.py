@@ -116,11 +116,13 @@ class TensorDict:
 
     Entries are tensors (leaves), nested TensorDicts or non-tensor entries (JSON-like data, see
     :class:`NonTensorData`), kept in insertion order; every entry's shape (a non-tensor
-    entry's batch size) starts with ``batch_size``. Keys are strings; a tuple of strings reaches into nested
-    levels, in the constructor's mapping as in ``td[key]``, :meth:`get` and :meth:`set`. Indexing with anything else (ints, slices, masks, index tensors) indexes the batch
-    dimensions of every leaf at once. A TensorDict behaves like the reference
-    ``tensordict.TensorDict`` for the methods it has, and exchanges data with it through
-    :meth:`send` / :meth:`recv` and their asynchronous forms.
+    entry's batch size) starts with ``batch_size``. Keys are strings; a tuple of strings
+    reaches into nested levels, in the constructor's mapping as in ``td[key]``, :meth:`get`
+    and :meth:`set`. Indexing with anything else (ints, slices, masks, index tensors) indexes
+    the batch dimensions of every leaf at once. A TensorDict behaves like the reference
+    ``tensordict.TensorDict`` for the methods it has, exchanges data with it through
+    :meth:`send` / :meth:`recv` and their asynchronous forms, and converts from and to its
+    objects without copies (:meth:`from_tensordict`, :meth:`to_tensordict`).
 
     Args:
         source (dict or TensorDict, optional): the initial entries. Nested dicts become nested
