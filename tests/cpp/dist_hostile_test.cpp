@@ -266,6 +266,9 @@ TEST(DistHostile, EveryCaseIsANamedErrorWithBoundedMemory) {
           } catch (const std::exception&) {  // a receiver that stopped early: Gloo's timeout
           }
         }
+        // The next case's group connects within its 3 s timeout: wait until the receiver is
+        // done with this one (it may itself be waiting out a 3 s timeout, by design).
+        store->wait({std::string(c.name) + "/done"}, std::chrono::seconds(120));
       } else {
         std::string error, kind;
         const Growth g = measure([&] { error = error_of([&] { c.receive(group); }, &kind); });
@@ -283,6 +286,7 @@ TEST(DistHostile, EveryCaseIsANamedErrorWithBoundedMemory) {
         if (kMeasureMemory) {
           EXPECT_LT(c.use_pss ? g.pss_bytes : g.hwm_bytes, 100 * kMB);
         }
+        store->set(std::string(c.name) + "/done", {1});
       }
     }
   }, {.watchdog = std::chrono::seconds(150)});
