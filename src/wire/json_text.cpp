@@ -359,36 +359,13 @@ class Parser {
     }
   }
 
-  static bool digit(char c) { return c >= '0' && c <= '9'; }
-
   JsonValue number() {
     const size_t start = pos_;
-    if (pos_ < s_.size() && s_[pos_] == '-') ++pos_;
-    fail_if(pos_ >= s_.size() || !digit(s_[pos_]), "expected a value");
-    if (s_[pos_] == '0') {
-      ++pos_;
-    } else {
-      while (pos_ < s_.size() && digit(s_[pos_])) ++pos_;
-    }
-    bool is_float = false;
-    bool negative_exponent = false;
-    if (pos_ + 1 < s_.size() && s_[pos_] == '.' && digit(s_[pos_ + 1])) {
-      is_float = true;
-      ++pos_;
-      while (pos_ < s_.size() && digit(s_[pos_])) ++pos_;
-    }
-    if (pos_ < s_.size() && (s_[pos_] == 'e' || s_[pos_] == 'E')) {
-      size_t p = pos_ + 1;
-      if (p < s_.size() && (s_[p] == '+' || s_[p] == '-')) {
-        negative_exponent = s_[p] == '-';
-        ++p;
-      }
-      if (p < s_.size() && digit(s_[p])) {
-        is_float = true;
-        pos_ = p;
-        while (pos_ < s_.size() && digit(s_[pos_])) ++pos_;
-      }
-    }
+    const JsonNumber num = scan_json_number(s_.substr(pos_));
+    if (num.length == 0 && s_[pos_] == '-') ++pos_;  // the error names the byte after the minus
+    fail_if(num.length == 0, "expected a value");
+    pos_ += num.length;
+    const bool is_float = num.is_float, negative_exponent = num.negative_exponent;
     const char* first = s_.data() + start;
     const char* last = s_.data() + pos_;
     if (!is_float) {
@@ -438,6 +415,37 @@ bool valid_utf8(std::string_view s) {
     i += static_cast<size_t>(len);
   }
   return true;
+}
+
+JsonNumber scan_json_number(std::string_view s) {
+  const auto digit = [&](size_t i) { return i < s.size() && s[i] >= '0' && s[i] <= '9'; };
+  JsonNumber n;
+  size_t p = 0;
+  if (p < s.size() && s[p] == '-') ++p;
+  if (!digit(p)) return n;
+  if (s[p] == '0') {
+    ++p;
+  } else {
+    while (digit(p)) ++p;
+  }
+  if (p < s.size() && s[p] == '.' && digit(p + 1)) {
+    n.is_float = true;
+    ++p;
+    while (digit(p)) ++p;
+  }
+  if (p < s.size() && (s[p] == 'e' || s[p] == 'E')) {
+    size_t q = p + 1;
+    const bool minus = q < s.size() && s[q] == '-';
+    if (q < s.size() && (s[q] == '+' || s[q] == '-')) ++q;
+    if (digit(q)) {  // "1e" or "1e+" ends before the 'e', as parse_json reads it
+      n.is_float = true;
+      n.negative_exponent = minus;
+      p = q;
+      while (digit(p)) ++p;
+    }
+  }
+  n.length = p;
+  return n;
 }
 
 void append_json_string(std::string& out, std::string_view s, const char* who) {

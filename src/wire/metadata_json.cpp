@@ -301,32 +301,12 @@ class FastJson {
     n.count = static_cast<uint32_t>(text.size());
     return add(n);
   }
-  static bool digit(char c) { return c >= '0' && c <= '9'; }
-  // parse_json's grammar: -?(0|[1-9][0-9]*)(.[0-9]+)?([eE][+-]?[0-9]+)?
   uint32_t number() {
+    const JsonNumber num = scan_json_number(s_.substr(pos_));
+    if (num.length == 0) throw tree::GiveUp{};
     const size_t start = pos_;
-    if (pos_ < s_.size() && s_[pos_] == '-') ++pos_;
-    if (pos_ >= s_.size() || !digit(s_[pos_])) throw tree::GiveUp{};
-    if (s_[pos_] == '0') {
-      ++pos_;
-    } else {
-      while (pos_ < s_.size() && digit(s_[pos_])) ++pos_;
-    }
-    bool is_float = false;
-    if (pos_ + 1 < s_.size() && s_[pos_] == '.' && digit(s_[pos_ + 1])) {
-      is_float = true;
-      ++pos_;
-      while (pos_ < s_.size() && digit(s_[pos_])) ++pos_;
-    }
-    if (pos_ < s_.size() && (s_[pos_] == 'e' || s_[pos_] == 'E')) {
-      size_t p = pos_ + 1;
-      if (p < s_.size() && (s_[p] == '+' || s_[p] == '-')) ++p;
-      if (p < s_.size() && digit(s_[p])) {
-        is_float = true;
-        pos_ = p;
-        while (pos_ < s_.size() && digit(s_[pos_])) ++pos_;
-      }
-    }
+    pos_ += num.length;
+    const bool is_float = num.is_float;
     const char* first = s_.data() + start;
     const char* last = s_.data() + pos_;
     tree::Node n = tree::node_of(is_float ? Kind::Float : Kind::Int);

@@ -20,6 +20,17 @@ inline constexpr size_t kScanKeys = 8;
 /// can write back.
 bool valid_utf8(std::string_view s);
 
+/// A JSON number at the start of a text, by parse_json's grammar
+/// -?(0|[1-9][0-9]*)(.[0-9]+)?([eE][+-]?[0-9]+)?: where it ends (0 when no digit comes after
+/// the optional minus), whether it is a float (it has a fraction or an exponent) and whether
+/// its exponent is negative.
+struct JsonNumber {
+  size_t length = 0;
+  bool is_float = false;
+  bool negative_exponent = false;
+};
+JsonNumber scan_json_number(std::string_view s);
+
 /// Appends `s` as a JSON string literal the way json.dumps(ensure_ascii=True) writes it.
 /// ValueError (starting with `who`) when `s` is not valid UTF-8.
 void append_json_string(std::string& out, std::string_view s, const char* who = "json");
