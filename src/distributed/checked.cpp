@@ -216,25 +216,19 @@ std::vector<WorkPtr> post_checked_recv(const Waiter& waiter, const TensorDict& t
   // Equal to our own bytes, the schema has our hash, which the header announced.
   const bool same = announced_same && std::memcmp(blob, mine_blob.data(), mine_blob.size()) == 0;
   if (same) return works;
-  if (announced_same) {
-    waiter.wait(works, [](size_t) { return std::string("the payload"); });
-    TD_CHECK_PEER(fnv1a(blob, h.schema_bytes) == h.schema_hash, call,
-                "(checked=True): the sender's schema does not match the header's hash");
-    TD_THROW(SchemaMismatchError, call,
-             "(checked=True): the sender's TensorDict does not match this one: ",
-             describe_mismatch(call, h, blob, mine),
-             ". Its schema's size and hash announced this one's, so its payload was received "
-             "into this TensorDict");
-  }
-  // A different schema (an equal one would have announced our size and hash).
+  // A different schema. Announced as ours, its payload is already on its way into td: let it
+  // land. Otherwise it is drained into scratch space and td stays as it was.
+  if (announced_same) waiter.wait(works, [](size_t) { return std::string("the payload"); });
   TD_CHECK_PEER(fnv1a(blob, h.schema_bytes) == h.schema_hash, call,
               "(checked=True): the sender's schema does not match the header's hash");
   const std::string difference = describe_mismatch(call, h, blob, mine);
-  drain(waiter, peer, tag, h, blob, device);
+  if (!announced_same) drain(waiter, peer, tag, h, blob, device);
   TD_THROW(SchemaMismatchError, call,
            "(checked=True): the sender's TensorDict does not match this one: ", difference,
-           ". The sender's payload was received into scratch space and dropped; this "
-           "TensorDict is unchanged");
+           announced_same ? ". Its schema's size and hash announced this one's, so its payload "
+                            "was received into this TensorDict"
+                          : ". The sender's payload was received into scratch space and "
+                            "dropped; this TensorDict is unchanged");
 }
 
 }  // namespace tensordict::dist::detail
