@@ -25,7 +25,7 @@ from typing import Any, AsyncIterator, Awaitable, Callable
 
 import torch
 
-from tensordict_cpp import _C, _reference
+from tensordict_cpp import _C
 from tensordict_cpp._td import TensorDict
 from tensordict_cpp.errors import PeerClosedError, PipeClosedError
 
@@ -37,12 +37,8 @@ _DEFAULTS = dict(consolidated=True, timeout=30.0, max_metadata_bytes=64 << 20, l
 
 def _cpp_td(td: Any) -> Any:
     """The _C.TensorDict of ours, or of a reference TensorDict (its leaves shared)."""
-    if td is None:
-        return None
-    if not isinstance(td, TensorDict) and not _reference.is_reference(td):
-        raise TypeError(f"expected a tensordict_cpp.TensorDict or a reference TensorDict, got "
-                        f"{type(td)}")
-    return TensorDict.from_tensordict(td)._cpp
+    # from_tensordict raises the TypeError for anything else.
+    return None if td is None else TensorDict.from_tensordict(td)._cpp
 
 
 def _device(device: Any) -> torch.device | None:
