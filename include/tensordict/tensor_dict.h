@@ -48,7 +48,11 @@ struct UpdateOptions {
 /// A TensorDict is a handle: copying it copies a reference to the same dictionary, as a Python
 /// variable does (and as at::Tensor does). clone() makes an independent copy. Entries keep
 /// insertion order; each is a tensor (a leaf), a nested TensorDict, or a non-tensor entry
-/// (NonTensorData, JSON-like data), and each starts with batch_size. A handle is not thread-safe for concurrent mutation; concurrent reads are fine.
+/// (NonTensorData, JSON-like data), and each starts with batch_size. A handle is not
+/// thread-safe for concurrent mutation; concurrent reads are fine.
+///
+/// A handle may also be a lazy stack of TensorDicts (is_lazy_stack(); lazy_stack.h): the same
+/// methods then read and write its members, as the reference's LazyStackedTensorDict does.
 class TensorDict {
  public:
   using Entry = std::pair<std::string, Value>;
@@ -112,8 +116,11 @@ class TensorDict {
   /// Removes the entry and returns it.
   Value pop(const NestedKey& key);
 
-  /// Direct entries in insertion order, without copying.
+  /// Direct entries in insertion order, without copying. A lazy stack's entries are its
+  /// members, keyed "0", "1", ... (the keys its consolidated metadata gives them).
   const std::vector<Entry>& entries() const;
+  /// True when this handle is a LazyStackedTensorDict (lazy_stack.h).
+  bool is_lazy_stack() const;
   std::vector<NestedKey> keys(KeysOptions options = {}) const;
   std::vector<Value> values(KeysOptions options = {}) const;
   std::vector<std::pair<NestedKey, Value>> items(KeysOptions options = {}) const;
@@ -181,8 +188,10 @@ class TensorDict {
   std::shared_ptr<const ConsolidatedState> consolidated_state() const;
   void set_consolidated_state(std::shared_ptr<const ConsolidatedState> state);
 
- private:
+ protected:
   explicit TensorDict(std::shared_ptr<detail::TensorDictImpl> impl) : impl_(std::move(impl)) {}
+
+ private:
   struct FlatEntries {};
   TensorDict(FlatEntries, std::vector<Entry> entries, at::IntArrayRef batch_size,
              std::optional<at::Device> device);

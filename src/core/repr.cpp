@@ -8,6 +8,7 @@
 
 #include "wire/json_text.h"
 #include "tensordict/dtypes.h"
+#include "tensordict/lazy_stack.h"
 #include "tensordict/tensor_dict.h"
 
 namespace tensordict {
@@ -83,23 +84,95 @@ std::string non_tensor_repr(const NonTensorData& nt) {
          ", device=" + device_repr(nt.device()) + ")";
 }
 
-}  // namespace
+std::string value_repr(const Value& value) {
+  return value.is_tensor()       ? tensor_repr(value.tensor())
+         : value.is_non_tensor() ? non_tensor_repr(value.non_tensor())
+                                 : value.tensordict().repr();
+}
 
-std::string TensorDict::repr() const {
-  std::vector<std::string> fields;
-  for (const auto& [key, value] : entries()) {
-    fields.push_back(key + ": " +
-                     (value.is_tensor()       ? tensor_repr(value.tensor())
-                      : value.is_non_tensor() ? non_tensor_repr(value.non_tensor())
-                                              : value.tensordict().repr()));
-  }
-  // The reference sorts the formatted "key: value" strings, not the keys.
+// "\nkey: value,\nkey: value" sorted as the reference sorts them: by the formatted strings.
+std::string fields_repr(std::vector<std::string> fields) {
   std::sort(fields.begin(), fields.end());
   std::string joined = "\n";
   for (size_t i = 0; i < fields.size(); ++i) joined += (i ? ",\n" : "") + fields[i];
+  return joined;
+}
+
+// A lazy stack's leaf as the reference shows it without stacking: the stacked shape, -1 where
+// the members differ.
+std::string stacked_leaf_repr(const LazyStackedTensorDict& td, const std::string& key) {
+  const auto members = td.tensordicts();
+  const at::Tensor first = members.front().get(key).tensor();
+  std::vector<int64_t> shape = first.sizes().vec();
+  bool shared = is_shared(first);
+  for (const auto& m : members) {
+    const at::Tensor t = m.get(key).tensor();
+    shared = shared && is_shared(t);
+    if (t.dim() != first.dim()) return tensor_repr(first);  // no common shape to show
+    for (size_t d = 0; d < shape.size(); ++d) {
+      if (t.size(static_cast<int64_t>(d)) != shape[d]) shape[d] = -1;
+    }
+  }
+  shape.insert(shape.begin() + td.stack_dim(), static_cast<int64_t>(members.size()));
+  return "Tensor(shape=" + size_repr(shape) + ", device=" + first.device().str() +
+         ", dtype=" + dtype_name(first.scalar_type()) + ", is_shared=" +
+         (shared ? "True" : "False") + ")";
+}
+
+std::string lazy_repr(const LazyStackedTensorDict& td) {
+  std::vector<std::string> fields;
+  std::vector<std::string> common;
+  for (const auto& key : td.keys()) {
+    const std::string& k = key.front();
+    common.push_back(k);
+    const Value first = td.tensordicts().front().get(k);
+    std::string shown;
+    if (first.is_tensor()) {
+      shown = stacked_leaf_repr(td, k);
+    } else {
+      try {  // a repr never throws: members whose levels or data differ show member 0's
+        shown = value_repr(td.get(k));
+      } catch (const c10::Error&) {
+        shown = value_repr(first);
+      }
+    }
+    fields.push_back(k + ": " + shown);
+  }
+  std::string exclusive = "\n";
+  const auto members = td.tensordicts();
+  bool any = false;
+  for (size_t i = 0; i < members.size(); ++i) {
+    std::vector<std::string> own;
+    for (const auto& [k, v] : members[i].entries()) {
+      if (std::find(common.begin(), common.end(), k) == common.end()) own.push_back(k + ": " + value_repr(v));
+    }
+    if (own.empty()) continue;
+    exclusive += std::string(any ? ",\n" : "") + indent(std::to_string(i) + " ->" + indent(fields_repr(own)));
+    any = true;
+  }
+  const bool shared = td.device().has_value() && td.device()->is_cuda();
+  std::vector<std::string> parts = {
+      indent("fields={" + indent(fields_repr(fields)) + "}"),
+      indent("exclusive_fields={" + exclusive + "}"),
+      indent("batch_size=" + size_repr(td.batch_size())),
+      indent("device=" + device_repr(td.device())),
+      indent(std::string("is_shared=") + (shared ? "True" : "False")),
+      indent("stack_dim=" + std::to_string(td.stack_dim())),
+  };
+  std::string out = "LazyStackedTensorDict(\n";
+  for (size_t i = 0; i < parts.size(); ++i) out += (i ? ",\n" : "") + parts[i];
+  return out + ")";
+}
+
+}  // namespace
+
+std::string TensorDict::repr() const {
+  if (is_lazy_stack()) return lazy_repr(LazyStackedTensorDict::of(*this));
+  std::vector<std::string> fields;
+  for (const auto& [key, value] : entries()) fields.push_back(key + ": " + value_repr(value));
   const bool shared = device().has_value() && device()->is_cuda();
   std::vector<std::string> parts = {
-      indent("fields={" + indent(joined) + "}"),
+      indent("fields={" + indent(fields_repr(std::move(fields))) + "}"),
       indent("batch_size=" + size_repr(batch_size())),
       indent("device=" + device_repr(device())),
       indent(std::string("is_shared=") + (shared ? "True" : "False")),

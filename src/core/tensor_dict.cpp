@@ -72,16 +72,28 @@ Value admit(const TensorDictImpl& level, const NestedKey& full_key, const Value&
 
 // The level holding `key`'s last part, walking through nested TensorDicts. With `create`,
 // missing levels are made (clearing consolidated state on the way, since the layout changes).
-// Returns nullptr when a level is missing and `create` is false.
-TensorDictImpl* walk(TensorDictImpl* level, const NestedKey& key, bool create, bool for_write) {
+// `impl` is nullptr when a level is missing and `create` is false. A lazy stack on the way ends
+// the walk there (`handle` is it, `depth` the parts of key that reach it): the caller hands
+// the rest of the key to the lazy stack's own methods.
+struct Level {
+  TensorDictImpl* impl = nullptr;
+  const TensorDict* handle = nullptr;
+  size_t depth = 0;
+  bool lazy() const { return impl != nullptr && impl->lazy.has_value(); }
+};
+
+Level walk(const TensorDict& root, const NestedKey& key, bool create, bool for_write) {
+  Level at{&TensorDictImpl::of(root), &root, 0};
   for (size_t i = 0; i + 1 < key.size(); ++i) {
+    if (at.lazy()) return at;
+    TensorDictImpl* level = at.impl;
     if (for_write) {
       TORCH_CHECK(!level->locked, kLockedMessage);
       level->consolidated.reset();
     }
     const Value* v = level->find(key[i]);
     if (v == nullptr) {
-      if (!create) return nullptr;
+      if (!create) return {};
       TensorDict child = TensorDictImpl::make(level->batch_size, level->device);
       level->put(key[i], child);
       v = level->find(key[i]);
@@ -89,21 +101,47 @@ TensorDictImpl* walk(TensorDictImpl* level, const NestedKey& key, bool create, b
     if (!v->is_tensordict()) {
       TD_CHECK_KEY(!for_write && !create, "cannot reach key ", key.str(), ": ",
                    quote_key(key[i]), " is ", detail::kind_name(*v), ", not a TensorDict");
-      return nullptr;
+      return {};
     }
-    level = &TensorDictImpl::of(v->tensordict());
+    at = {&TensorDictImpl::of(v->tensordict()), &v->tensordict(), i + 1};
   }
-  return level;
+  return at;
+}
+
+// The parts of `key` from `from` on.
+NestedKey tail(const NestedKey& key, size_t from) {
+  return NestedKey(std::vector<std::string>(key.parts().begin() + static_cast<std::ptrdiff_t>(from),
+                                            key.parts().end()));
 }
 
 void collect(const TensorDict& td, const KeysOptions& opts, const std::vector<std::string>& prefix,
-             std::vector<std::pair<NestedKey, Value>>& out) {
+             bool with_values, std::vector<std::pair<NestedKey, Value>>& out) {
+  if (detail::is_lazy(td)) {
+    // The keys every member has; a nested level is the stack of the members' levels, and a
+    // leaf's value is stacked only when values are asked for.
+    for (const auto& key : detail::lazy::common_keys(td)) {
+      std::vector<std::string> path = prefix;
+      path.push_back(key);
+      const Value first = detail::members_of(td).front().get(key);
+      if (!first.is_tensordict()) {
+        if (first.is_tensor() || !opts.leaves_only) {
+          out.emplace_back(NestedKey(std::move(path)),
+                           with_values ? detail::lazy::get(td, key) : first);
+        }
+        continue;
+      }
+      const Value level = detail::lazy::get(td, key);  // a lazy stack of views: no copy
+      if (opts.include_nested) collect(level.tensordict(), opts, path, with_values, out);
+      if (!opts.leaves_only) out.emplace_back(NestedKey(std::move(path)), level);
+    }
+    return;
+  }
   for (const auto& [key, value] : td.entries()) {
     std::vector<std::string> path = prefix;
     path.push_back(key);
     if (value.is_tensordict()) {
       // The reference yields a nested level's keys before the level itself.
-      if (opts.include_nested) collect(value.tensordict(), opts, path, out);
+      if (opts.include_nested) collect(value.tensordict(), opts, path, with_values, out);
       if (!opts.leaves_only) out.emplace_back(NestedKey(std::move(path)), value);
     } else if (value.is_non_tensor()) {
       // Not a leaf for the reference (its _default_is_leaf counts tensors only).
@@ -168,6 +206,9 @@ TensorDict::TensorDict(std::vector<std::pair<NestedKey, Value>> entries,
 at::IntArrayRef TensorDict::batch_size() const { return impl_->batch_size; }
 
 TensorDict& TensorDict::set_batch_size(at::IntArrayRef batch_size) {
+  TORCH_CHECK(!impl_->lazy, "set_batch_size: the batch size of a LazyStackedTensorDict is its "
+              "members' with the stack dim; modifying it is not permitted (call contiguous() for "
+              "a dense TensorDict first)");
   for (int64_t d : batch_size) {
     TORCH_CHECK_VALUE(d >= 0, "batch_size ", batch_size, " has a negative dimension");
   }
@@ -187,32 +228,45 @@ std::optional<at::Device> TensorDict::device() const { return impl_->device; }
 // ---- entries -----------------------------------------------------------------------------------
 
 bool TensorDict::contains(const NestedKey& key) const {
-  const TensorDictImpl* level = walk(impl_.get(), key, false, false);
-  return level != nullptr && level->find(key.back()) != nullptr;
+  const Level level = walk(*this, key, false, false);
+  if (level.lazy()) return detail::lazy::contains(*level.handle, tail(key, level.depth));
+  return level.impl != nullptr && level.impl->find(key.back()) != nullptr;
 }
 
 Value TensorDict::get(const NestedKey& key) const {
   const TensorDictImpl* level = impl_.get();
+  const TensorDict* handle = this;
   for (size_t i = 0; i < key.size(); ++i) {
+    if (level->lazy) return detail::lazy::get(*handle, tail(key, i));
     const Value* v = level->find(key[i]);
     TD_CHECK_KEY(v != nullptr, "key ", key.str(), " not found in TensorDict with keys ",
                  key_list(*level));
     if (i + 1 == key.size()) return *v;
     TD_CHECK_KEY(v->is_tensordict(), "key ", key.str(), " not found: ", quote_key(key[i]),
                  " is ", detail::kind_name(*v), ", not a TensorDict");
-    level = &TensorDictImpl::of(v->tensordict());
+    handle = &v->tensordict();
+    level = &TensorDictImpl::of(*handle);
   }
   TORCH_INTERNAL_ASSERT(false);
 }
 
 Value TensorDict::get(const NestedKey& key, const Value& default_value) const {
-  const TensorDictImpl* level = walk(impl_.get(), key, false, false);
-  const Value* v = level ? level->find(key.back()) : nullptr;
+  const Level level = walk(*this, key, false, false);
+  if (level.lazy()) {
+    auto v = detail::lazy::find(*level.handle, tail(key, level.depth));
+    return v ? *v : default_value;
+  }
+  const Value* v = level.impl ? level.impl->find(key.back()) : nullptr;
   return v ? *v : default_value;
 }
 
 TensorDict& TensorDict::set(const NestedKey& key, const Value& value) {
-  TensorDictImpl* level = walk(impl_.get(), key, true, true);
+  const Level at = walk(*this, key, true, true);
+  if (at.lazy()) {
+    detail::lazy::set(*at.handle, tail(key, at.depth), value);
+    return *this;
+  }
+  TensorDictImpl* level = at.impl;
   TORCH_CHECK(!level->locked, kLockedMessage);
   Value admitted = admit(*level, key, value);
   level->consolidated.reset();
@@ -221,7 +275,12 @@ TensorDict& TensorDict::set(const NestedKey& key, const Value& value) {
 }
 
 TensorDict& TensorDict::set_non_tensor(const NestedKey& key, JsonValue data) {
-  TensorDictImpl* level = walk(impl_.get(), key, true, true);
+  const Level at = walk(*this, key, true, true);
+  if (at.lazy()) {
+    detail::lazy::set_non_tensor(*at.handle, tail(key, at.depth), data);
+    return *this;
+  }
+  TensorDictImpl* level = at.impl;
   TORCH_CHECK(!level->locked, kLockedMessage);
   level->consolidated.reset();
   level->put(key.back(), NonTensorData(std::move(data), level->batch_size, level->device));
@@ -229,7 +288,15 @@ TensorDict& TensorDict::set_non_tensor(const NestedKey& key, JsonValue data) {
 }
 
 const JsonValue& TensorDict::get_non_tensor(const NestedKey& key) const {
-  const TensorDictImpl* level = walk(impl_.get(), key, false, false);
+  const Level at = walk(*this, key, false, false);
+  if (at.lazy()) {
+    // Members hold their own copies; the data is the same in all of them (lazy::get checks).
+    const Value v = detail::lazy::get(*at.handle, tail(key, at.depth));
+    TORCH_CHECK_TYPE(v.is_non_tensor(), "get_non_tensor: key ", key.str(), " holds ",
+                     detail::kind_name(v), ", not a non-tensor entry");
+    return detail::members_of(*at.handle).front().get_non_tensor(tail(key, at.depth));
+  }
+  const TensorDictImpl* level = at.impl;
   const Value* v = level ? level->find(key.back()) : nullptr;
   TD_CHECK_KEY(v != nullptr, "key ", key.str(), " not found in TensorDict with keys ",
                key_list(level ? *level : *impl_));
@@ -239,6 +306,11 @@ const JsonValue& TensorDict::get_non_tensor(const NestedKey& key) const {
 }
 
 TensorDict& TensorDict::set_(const NestedKey& key, const at::Tensor& tensor) {
+  const Level at = walk(*this, key, false, false);
+  if (at.lazy()) {
+    detail::lazy::set_(*at.handle, tail(key, at.depth), tensor);
+    return *this;
+  }
   const Value current = get(key);
   TORCH_CHECK_TYPE(current.is_tensor(), "set_: key ", key.str(), " holds ",
                    detail::kind_name(current), "; set_ writes into an existing tensor");
@@ -256,7 +328,9 @@ TensorDict& TensorDict::erase(const NestedKey& key) {
 }
 
 Value TensorDict::pop(const NestedKey& key) {
-  TensorDictImpl* level = walk(impl_.get(), key, false, true);
+  const Level at = walk(*this, key, false, true);
+  if (at.lazy()) return detail::lazy::pop(*at.handle, tail(key, at.depth));
+  TensorDictImpl* level = at.impl;
   TD_CHECK_KEY(level != nullptr && level->find(key.back()) != nullptr, "key ", key.str(),
                " not found in TensorDict with keys ", key_list(level ? *level : *impl_));
   TORCH_CHECK(!level->locked, kLockedMessage);
@@ -269,15 +343,20 @@ Value TensorDict::pop(const NestedKey& key) {
 
 const std::vector<TensorDict::Entry>& TensorDict::entries() const { return impl_->entries; }
 
+bool TensorDict::is_lazy_stack() const { return impl_->lazy.has_value(); }
+
 std::vector<std::pair<NestedKey, Value>> TensorDict::items(KeysOptions options) const {
   std::vector<std::pair<NestedKey, Value>> out;
-  collect(*this, options, {}, out);
+  collect(*this, options, {}, /*with_values=*/true, out);
   return out;
 }
 
 std::vector<NestedKey> TensorDict::keys(KeysOptions options) const {
+  std::vector<std::pair<NestedKey, Value>> items;
+  collect(*this, options, {}, /*with_values=*/false, items);
   std::vector<NestedKey> out;
-  for (auto& [k, v] : items(options)) out.push_back(std::move(k));
+  out.reserve(items.size());
+  for (auto& [k, v] : items) out.push_back(std::move(k));
   return out;
 }
 
@@ -288,6 +367,11 @@ std::vector<Value> TensorDict::values(KeysOptions options) const {
 }
 
 std::vector<std::string> TensorDict::sorted_keys() const {
+  if (impl_->lazy) {
+    auto keys = detail::lazy::common_keys(*this);
+    std::sort(keys.begin(), keys.end());
+    return keys;
+  }
   // Sorting views moves 16 bytes a swap instead of a string. Bytes compare as UTF-8 code
   // points do, which is Python's order.
   std::vector<std::string_view> order;
@@ -298,6 +382,7 @@ std::vector<std::string> TensorDict::sorted_keys() const {
 }
 
 bool TensorDict::is_empty() const {
+  // A lazy stack's entries are its members: empty when every member is.
   for (const auto& [key, value] : impl_->entries) {
     // A non-tensor entry counts, as in the reference's TensorDict.is_empty.
     if (!value.is_tensordict() || !value.tensordict().is_empty()) return false;

@@ -29,6 +29,13 @@ struct TensorDictImpl {
   std::vector<int64_t> batch_size;
   std::optional<at::Device> device;
   bool locked = false;
+  // Set on a lazy stack, whose entries are its members keyed "0", "1", ... (their batch size
+  // is batch_size without stack_dim).
+  struct LazyStack {
+    int64_t stack_dim = 0;
+    std::optional<std::string> stack_dim_name;
+  };
+  std::optional<LazyStack> lazy;
   std::shared_ptr<const ConsolidatedState> consolidated;
   // Bumped by every change of `entries`. With it, a consolidation checked against the views
   // once is trusted until some level's entries change, so that is_consolidated() costs one
@@ -54,6 +61,10 @@ struct TensorDictImpl {
     return TensorDict(std::move(impl));
   }
   static TensorDictImpl& of(const TensorDict& td) { return *td.impl_; }
+  /// A lazy stack of `members` (non-empty, same batch size: callers checked) along the
+  /// non-negative `stack_dim`.
+  static TensorDict make_lazy(std::vector<TensorDict> members, int64_t stack_dim,
+                              std::optional<std::string> stack_dim_name = std::nullopt);
 
   /// Appends or replaces an entry without validation (callers validated it).
   void put(const std::string& key, Value value) {
@@ -119,5 +130,31 @@ const char* kind_name(const Value& v);
 
 /// ValueError unless `shape` starts with `batch_size`, naming the key and both shapes.
 void check_batch_prefix(const NestedKey& key, at::IntArrayRef shape, at::IntArrayRef batch_size);
+
+/// A lazy stack's members and stack dim (lazy_stack.cpp holds what the TensorDict methods do
+/// on a lazy stack).
+inline bool is_lazy(const TensorDict& td) { return TensorDictImpl::of(td).lazy.has_value(); }
+inline int64_t stack_dim_of(const TensorDict& td) { return TensorDictImpl::of(td).lazy->stack_dim; }
+std::vector<TensorDict> members_of(const TensorDict& td);
+
+namespace lazy {
+// The TensorDict methods on a lazy stack `td`, with the meaning lazy_stack.h gives them.
+bool contains(const TensorDict& td, const NestedKey& key);
+std::optional<Value> find(const TensorDict& td, const NestedKey& key);  // nullopt: absent
+Value get(const TensorDict& td, const NestedKey& key);
+void set(const TensorDict& td, const NestedKey& key, const Value& value);
+void set_(const TensorDict& td, const NestedKey& key, const at::Tensor& tensor);
+void set_non_tensor(const TensorDict& td, const NestedKey& key, const JsonValue& data);
+Value pop(const TensorDict& td, const NestedKey& key);
+/// The direct keys every member has, in member 0's order.
+std::vector<std::string> common_keys(const TensorDict& td);
+TensorDict index(const TensorDict& td, at::ArrayRef<at::indexing::TensorIndex> indices);
+std::vector<TensorDict> unbind(const TensorDict& td, int64_t dim);
+/// A lazy stack with fn applied to each member (same stack dim).
+TensorDict map_members(const TensorDict& td, const std::function<TensorDict(const TensorDict&)>& fn);
+/// The dense TensorDict the stack stands for (torch.stack of every leaf).
+TensorDict dense(const TensorDict& td);
+std::string repr(const TensorDict& td);
+}  // namespace lazy
 
 }  // namespace tensordict::detail

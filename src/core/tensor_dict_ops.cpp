@@ -17,6 +17,7 @@ using detail::TensorDictImpl;
 namespace {
 
 using LeafFn = std::function<std::vector<at::Tensor>(const at::Tensor&)>;
+using LazyFn = std::function<std::vector<TensorDict>(const TensorDict&)>;
 
 std::vector<int64_t> concat(at::IntArrayRef head, at::IntArrayRef tail) {
   std::vector<int64_t> out(head.begin(), head.end());
@@ -27,10 +28,12 @@ std::vector<int64_t> concat(at::IntArrayRef head, at::IntArrayRef tail) {
 // The core of every batch operation. `fn` maps a tensor to its results (one per output
 // TensorDict) by acting on its first `old_dims` dims only, so the same fn serves leaves and the
 // leaves of nested levels (whose batch sizes start with ours). Output i gets batch size
-// new_batches[i]; a nested level keeps its extra batch dims after them.
+// new_batches[i]; a nested level keeps its extra batch dims after them. A nested lazy stack
+// gets `lazy_fn`, the same operation on a whole TensorDict, where the caller has one that keeps
+// it lazy (index, unbind); otherwise its dense stack is mapped.
 std::vector<TensorDict> map_batch(const TensorDict& td, size_t old_dims,
                                   const std::vector<std::vector<int64_t>>& new_batches,
-                                  const LeafFn& fn) {
+                                  const LeafFn& fn, const LazyFn& lazy_fn = nullptr) {
   std::vector<TensorDict> out;
   out.reserve(new_batches.size());
   for (const auto& b : new_batches) out.push_back(TensorDictImpl::make(b, td.device()));
@@ -48,13 +51,18 @@ std::vector<TensorDict> map_batch(const TensorDict& td, size_t old_dims,
         TensorDictImpl::of(out[i]).put(
             key, NonTensorData(nt.data(), concat(new_batches[i], extra), nt.device()));
       }
+    } else if (value.tensordict().is_lazy_stack() && lazy_fn) {
+      auto parts = lazy_fn(value.tensordict());
+      for (size_t i = 0; i < out.size(); ++i) TensorDictImpl::of(out[i]).put(key, parts[i]);
     } else {
-      const TensorDict& child = value.tensordict();
+      const TensorDict child = value.tensordict().is_lazy_stack()
+                                   ? detail::lazy::dense(value.tensordict())
+                                   : value.tensordict();
       // new_batches hold this level's batch sizes: keep the child's dims beyond this level's.
       const auto extra = child.batch_size().slice(td.batch_size().size());
       std::vector<std::vector<int64_t>> child_batches;
       for (const auto& b : new_batches) child_batches.push_back(concat(b, extra));
-      auto parts = map_batch(child, old_dims, child_batches, fn);
+      auto parts = map_batch(child, old_dims, child_batches, fn, lazy_fn);
       for (size_t i = 0; i < out.size(); ++i) TensorDictImpl::of(out[i]).put(key, parts[i]);
     }
   }
@@ -73,8 +81,14 @@ enum class NonTensors { kKeep, kMove, kDrop };
 // Same structure and batch size, each leaf replaced; used by clone, to, contiguous, ==.
 // Non-tensor entries are kept as they are (the data is immutable, so a copy is a clone), given
 // `device` (kMove, for to(device)), or left out (kDrop, for results that hold only tensors).
+// A lazy stack stays one, member by member.
 TensorDict map_leaves(const TensorDict& td, const std::function<at::Tensor(const at::Tensor&)>& fn,
                       std::optional<at::Device> device, NonTensors non_tensors = NonTensors::kKeep) {
+  if (td.is_lazy_stack()) {
+    return detail::lazy::map_members(td, [&](const TensorDict& m) {
+      return map_leaves(m, fn, device.has_value() ? device : m.device(), non_tensors);
+    });
+  }
   TensorDict out = TensorDictImpl::make(td.batch_size().vec(), device);
   for (const auto& [key, value] : td.entries()) {
     if (value.is_tensor()) {
@@ -132,9 +146,8 @@ std::vector<int64_t> shape_after(const TensorDict& td,
 
 // Leaves of `a` and `b` paired by key; KeyError naming the keys only one side has.
 void check_same_keys(const TensorDict& a, const TensorDict& b, const char* what) {
-  std::set<std::string> ka, kb;
-  for (const auto& e : a.entries()) ka.insert(e.first);
-  for (const auto& e : b.entries()) kb.insert(e.first);
+  const auto ka_list = a.sorted_keys(), kb_list = b.sorted_keys();
+  const std::set<std::string> ka(ka_list.begin(), ka_list.end()), kb(kb_list.begin(), kb_list.end());
   if (ka == kb) return;
   std::string only_a, only_b;
   for (const auto& k : ka) {
@@ -180,18 +193,23 @@ std::vector<at::indexing::TensorIndex> expand_ellipsis(at::ArrayRef<at::indexing
 // ---- batch operations ----------------------------------------------------------------------------
 
 TensorDict TensorDict::index(at::ArrayRef<at::indexing::TensorIndex> indices) const {
+  if (is_lazy_stack()) return detail::lazy::index(*this, indices);
   const auto idx = expand_ellipsis(indices, batch_dims());
   auto fn = [&](const at::Tensor& t) { return t.index(idx); };
-  return map_one(*this, shape_after(*this, fn), fn);
+  return map_batch(*this, batch_size().size(), {shape_after(*this, fn)},
+                   [&](const at::Tensor& t) { return std::vector<at::Tensor>{fn(t)}; },
+                   [&](const TensorDict& child) { return std::vector<TensorDict>{child.index(idx)}; })[0];
 }
 
 std::vector<TensorDict> TensorDict::unbind(int64_t dim) const {
+  if (is_lazy_stack()) return detail::lazy::unbind(*this, dim);
   const int64_t d = wrap(dim, batch_dims());
   std::vector<int64_t> b = batch_size().vec();
   const int64_t n = b[d];
   b.erase(b.begin() + d);
   return map_batch(*this, batch_size().size(), std::vector<std::vector<int64_t>>(n, b),
-                   [d](const at::Tensor& t) { return t.unbind(d); });
+                   [d](const at::Tensor& t) { return t.unbind(d); },
+                   [d](const TensorDict& child) { return child.unbind(d); });
 }
 
 namespace {
@@ -220,6 +238,7 @@ std::vector<int64_t> infer_batch(const TensorDict& td, at::IntArrayRef shape, co
 }  // namespace
 
 TensorDict TensorDict::reshape(at::IntArrayRef shape) const {
+  if (is_lazy_stack()) return detail::lazy::dense(*this).reshape(shape);  // on the dense copy
   const auto nb = infer_batch(*this, shape, "reshape");
   const size_t old = batch_size().size();
   return map_one(*this, nb,
@@ -227,6 +246,7 @@ TensorDict TensorDict::reshape(at::IntArrayRef shape) const {
 }
 
 TensorDict TensorDict::view(at::IntArrayRef shape) const {
+  if (is_lazy_stack()) return detail::lazy::dense(*this).view(shape);  // on the dense copy
   const auto nb = infer_batch(*this, shape, "view");
   const size_t old = batch_size().size();
   return map_one(*this, nb,
@@ -234,6 +254,7 @@ TensorDict TensorDict::view(at::IntArrayRef shape) const {
 }
 
 TensorDict TensorDict::expand(at::IntArrayRef shape) const {
+  if (is_lazy_stack()) return detail::lazy::dense(*this).expand(shape);  // on the dense copy
   const auto b = batch_size();
   TORCH_CHECK_VALUE(shape.size() >= b.size(), "expand: the new shape ", shape,
                     " has fewer dims than the batch size ", b);
@@ -257,6 +278,7 @@ TensorDict TensorDict::expand(at::IntArrayRef shape) const {
 }
 
 TensorDict TensorDict::unsqueeze(int64_t dim) const {
+  if (is_lazy_stack()) return detail::lazy::dense(*this).unsqueeze(dim);  // on the dense copy
   const int64_t d = wrap(dim, batch_dims() + 1);
   std::vector<int64_t> nb = batch_size().vec();
   nb.insert(nb.begin() + d, 1);
@@ -264,6 +286,7 @@ TensorDict TensorDict::unsqueeze(int64_t dim) const {
 }
 
 TensorDict TensorDict::squeeze(std::optional<int64_t> dim) const {
+  if (is_lazy_stack()) return detail::lazy::dense(*this).squeeze(dim);  // on the dense copy
   std::vector<int64_t> dims;  // batch dims to drop, descending so that indices stay valid
   if (dim.has_value()) {
     const int64_t d = wrap(*dim, batch_dims());
@@ -293,6 +316,7 @@ std::vector<TensorDict> TensorDict::split(int64_t split_size, int64_t dim) const
 }
 
 std::vector<TensorDict> TensorDict::split(at::IntArrayRef split_sizes, int64_t dim) const {
+  if (is_lazy_stack()) return detail::lazy::dense(*this).split(split_sizes, dim);  // on the dense copy
   const int64_t d = wrap(dim, batch_dims());
   int64_t total = 0;
   for (int64_t s : split_sizes) {
@@ -344,8 +368,19 @@ std::vector<T> parts_of(at::ArrayRef<TensorDict> tds, const std::string& key,
   return parts;
 }
 
-TensorDict stack_at(at::ArrayRef<TensorDict> tds, int64_t dim, const std::vector<std::string>& prefix) {
-  TORCH_CHECK_VALUE(!tds.empty(), "stack: expected a non-empty list of TensorDicts");
+// The inputs with lazy stacks replaced by their dense stacks (stack and cat make dense results).
+std::vector<TensorDict> densified(at::ArrayRef<TensorDict> tds) {
+  std::vector<TensorDict> out(tds.begin(), tds.end());
+  for (auto& td : out) {
+    if (td.is_lazy_stack()) td = detail::lazy::dense(td);
+  }
+  return out;
+}
+
+TensorDict stack_at(at::ArrayRef<TensorDict> inputs, int64_t dim,
+                    const std::vector<std::string>& prefix) {
+  TORCH_CHECK_VALUE(!inputs.empty(), "stack: expected a non-empty list of TensorDicts");
+  const std::vector<TensorDict> tds = densified(inputs);
   const TensorDict& first = tds[0];
   const int64_t d = c10::maybe_wrap_dim(dim, first.batch_dims() + 1);
   std::optional<at::Device> device = first.device();
@@ -367,6 +402,11 @@ TensorDict stack_at(at::ArrayRef<TensorDict> tds, int64_t dim, const std::vector
       TensorDictImpl::of(out).put(key, NonTensorData(nt.data(), std::move(bs), nt.device()));
     } else if (value.is_tensor()) {
       const auto parts = parts_of<at::Tensor>(tds, key, prefix, "stack");
+      for (size_t i = 1; i < parts.size(); ++i) {
+        TORCH_CHECK(parts[i].sizes() == parts[0].sizes(), "stack: key ", path_str(prefix, key),
+                    " has shape ", parts[0].sizes(), " in tensordict 0 but ", parts[i].sizes(),
+                    " in tensordict ", i);
+      }
       TensorDictImpl::of(out).put(key, at::stack(parts, d));
     } else {
       const auto parts = parts_of<TensorDict>(tds, key, prefix, "stack");
@@ -376,8 +416,10 @@ TensorDict stack_at(at::ArrayRef<TensorDict> tds, int64_t dim, const std::vector
   return out;
 }
 
-TensorDict cat_at(at::ArrayRef<TensorDict> tds, int64_t dim, const std::vector<std::string>& prefix) {
-  TORCH_CHECK_VALUE(!tds.empty(), "cat: expected a non-empty list of TensorDicts");
+TensorDict cat_at(at::ArrayRef<TensorDict> inputs, int64_t dim,
+                  const std::vector<std::string>& prefix) {
+  TORCH_CHECK_VALUE(!inputs.empty(), "cat: expected a non-empty list of TensorDicts");
+  const std::vector<TensorDict> tds = densified(inputs);
   const TensorDict& first = tds[0];
   TORCH_CHECK_VALUE(first.batch_dims() > 0, "cat: TensorDicts with batch_size [] cannot be concatenated");
   const int64_t d = c10::maybe_wrap_dim(dim, first.batch_dims());
@@ -434,10 +476,14 @@ TensorDict TensorDict::to(at::ScalarType dtype) const {
 }
 
 TensorDict TensorDict::contiguous() const {
+  if (is_lazy_stack()) return detail::lazy::dense(*this);
   return map_leaves(*this, [](const at::Tensor& t) { return t.contiguous(); }, device());
 }
 
 TensorDict TensorDict::apply(const std::function<at::Tensor(const at::Tensor&)>& fn) const {
+  if (is_lazy_stack()) {
+    return detail::lazy::map_members(*this, [&](const TensorDict& m) { return m.apply(fn); });
+  }
   TensorDict out = TensorDictImpl::make(batch_size().vec(), device());
   for (const auto& [key, value] : entries()) {
     if (value.is_tensor()) {
@@ -455,6 +501,16 @@ TensorDict TensorDict::apply(const std::function<at::Tensor(const at::Tensor&)>&
 TensorDict TensorDict::apply(
     const std::function<at::Tensor(const at::Tensor&, const at::Tensor&)>& fn,
     const TensorDict& other) const {
+  if (is_lazy_stack()) {
+    // Member i with other's slice i along the stack dim.
+    const auto others = other.unbind(detail::stack_dim_of(*this));
+    TORCH_CHECK_VALUE(others.size() == entries().size(), "apply: the other TensorDict has ",
+                      others.size(), " entries along the stack dim, this lazy stack ",
+                      entries().size());
+    size_t i = 0;
+    return detail::lazy::map_members(
+        *this, [&](const TensorDict& m) { return m.apply(fn, others[i++]); });
+  }
   TensorDict out = TensorDictImpl::make(batch_size().vec(), device());
   for (const auto& [key, value] : entries()) {
     if (value.is_non_tensor()) {
@@ -478,7 +534,13 @@ TensorDict TensorDict::apply(
 }
 
 TensorDict& TensorDict::update(const TensorDict& other, UpdateOptions options) {
-  for (const auto& [key, value] : other.entries()) {
+  std::vector<Entry> stacked;  // a lazy stack's direct entries are read (stacked) first
+  if (other.is_lazy_stack()) {
+    for (const auto& key : detail::lazy::common_keys(other)) {
+      stacked.emplace_back(key, detail::lazy::get(other, key));
+    }
+  }
+  for (const auto& [key, value] : other.is_lazy_stack() ? stacked : other.entries()) {
     const Value mine = get(key, at::Tensor());
     const bool have = !mine.is_tensor() || mine.tensor().defined();
     if (value.is_non_tensor()) {
@@ -518,11 +580,20 @@ TensorDict& TensorDict::fill_(const NestedKey& key, const at::Scalar& value) {
   TORCH_CHECK_TYPE(!v.is_non_tensor(), "fill_: key ", key.str(),
                    " holds a non-tensor entry, which cannot be filled");
   if (v.is_tensor()) {
-    at::Tensor(v.tensor()).fill_(value);
+    // set_ writes into the leaf itself, also when get() stacked it from a lazy stack's members.
+    set_(key, at::scalar_tensor(value, v.tensor().options()));
   } else {
-    for (const auto& leaf : v.tensordict().values({.include_nested = true, .leaves_only = true})) {
-      at::Tensor(leaf.tensor()).fill_(value);
-    }
+    // The level's own leaves (a lazy stack's level holds its members' levels).
+    const auto fill_all = [&](const auto& self, const TensorDict& td) -> void {
+      for (const auto& [k, e] : td.entries()) {
+        if (e.is_tensor()) {
+          at::Tensor(e.tensor()).fill_(value);
+        } else if (e.is_tensordict()) {
+          self(self, e.tensordict());
+        }
+      }
+    };
+    fill_all(fill_all, v.tensordict());
   }
   return *this;
 }
@@ -532,6 +603,17 @@ namespace {
 // a == b (or !=) key by key. Two non-tensor entries compare their data, giving a bool tensor
 // of their batch size, as the reference's NonTensorData.__eq__ does.
 TensorDict compare(const TensorDict& a, const TensorDict& b, bool eq, const char* what) {
+  if (a.is_lazy_stack() || b.is_lazy_stack()) {
+    // Slice by slice along the lazy stack's dim, giving a lazy stack.
+    const TensorDict& lazy = a.is_lazy_stack() ? a : b;
+    const int64_t d = detail::stack_dim_of(lazy);
+    TORCH_CHECK_VALUE(a.batch_size() == b.batch_size(), what, ": batch sizes differ, ",
+                      a.batch_size(), " and ", b.batch_size());
+    const auto as = a.unbind(d), bs = b.unbind(d);
+    std::vector<TensorDict> parts;
+    for (size_t i = 0; i < as.size(); ++i) parts.push_back(compare(as[i], bs[i], eq, what));
+    return TensorDictImpl::make_lazy(std::move(parts), d);
+  }
   check_same_keys(a, b, what);
   TensorDict out = TensorDictImpl::make(a.batch_size().vec(), a.device());
   for (const auto& [key, value] : a.entries()) {
@@ -577,21 +659,39 @@ TensorDict TensorDict::operator!=(const at::Scalar& other) const {
                     NonTensors::kDrop);
 }
 
+// all() and any() visit the leaves where they are (a lazy stack's in its members), so that
+// nothing is stacked.
 bool TensorDict::all() const {
-  for (const auto& v : values({.include_nested = true, .leaves_only = true})) {
-    if (!v.tensor().all().item<bool>()) return false;
+  for (const auto& [key, v] : entries()) {
+    if (v.is_tensor() ? !v.tensor().all().item<bool>()
+                      : v.is_tensordict() && !v.tensordict().all()) {
+      return false;
+    }
   }
   return true;
 }
 
 bool TensorDict::any() const {
-  for (const auto& v : values({.include_nested = true, .leaves_only = true})) {
-    if (v.tensor().any().item<bool>()) return true;
+  for (const auto& [key, v] : entries()) {
+    if (v.is_tensor() ? v.tensor().any().item<bool>()
+                      : v.is_tensordict() && v.tensordict().any()) {
+      return true;
+    }
   }
   return false;
 }
 
 bool TensorDict::allclose(const TensorDict& other, double rtol, double atol, bool equal_nan) const {
+  if (is_lazy_stack() || other.is_lazy_stack()) {
+    if (batch_size() != other.batch_size()) return false;
+    // Slice by slice along a lazy stack's dim, so that heterogeneous members compare too.
+    const int64_t d = detail::stack_dim_of(is_lazy_stack() ? *this : other);
+    const auto mine = unbind(d), theirs = other.unbind(d);
+    for (size_t i = 0; i < mine.size(); ++i) {
+      if (!mine[i].allclose(theirs[i], rtol, atol, equal_nan)) return false;
+    }
+    return true;
+  }
   // Non-tensor entries must hold equal data at the same keys.
   const auto non_tensors = [](const TensorDict& td) {
     std::vector<std::pair<NestedKey, Value>> out;
