@@ -27,11 +27,17 @@ inline void init() { at::set_num_threads(1); }
   std::abort();
 }
 
-// Sums every byte of every leaf (nested levels included) and checks that each leaf lies inside
+// Sums every byte of every leaf (nested levels and lazy stacks' members included, where the
+// leaves are: items() would stack a lazy stack's) and checks that each leaf lies inside
 // `storage` when one is given (the rebuilt views must never leave it).
 inline uint64_t touch(const TensorDict& td, const at::Tensor* storage = nullptr) {
   uint64_t sum = 0;
-  for (const auto& [key, value] : td.items({.include_nested = true, .leaves_only = true})) {
+  for (const auto& [key, value] : td.entries()) {
+    if (value.is_tensordict()) {
+      sum += touch(value.tensordict(), storage);
+      continue;
+    }
+    if (!value.is_tensor()) continue;
     const at::Tensor& t = value.tensor();
     if (!t.is_contiguous()) fail("a rebuilt leaf is not contiguous");
     const size_t n = t.nbytes();

@@ -52,21 +52,31 @@ struct NonTensorMetadata {
   bool operator==(const NonTensorMetadata&) const = default;
 };
 
-/// A node's "cls_metadata".
+/// A node's "cls_metadata". A TensorDict node's is {"device", "names", "batch_size",
+/// "is_locked"}; a lazy stack's {"stack_dim", "stack_dim_name", "is_locked"}, and its
+/// batch_size here is the stack's (its members' with the stack dim), which the wire leaves out.
 struct ClsMetadata {
   std::optional<std::string> device;             // str(device) or null
   std::vector<std::optional<std::string>> names;  // one per batch dim; null when unnamed
   std::vector<int64_t> batch_size;
   bool is_locked = false;  // as it was before consolidate() locked its result
+  int64_t stack_dim = 0;   // lazy stacks only
+  std::optional<std::string> stack_dim_name;  // lazy stacks only
   bool operator==(const ClsMetadata&) const = default;
 };
+
+/// The cls of a lazy stack's node, whose children are its members keyed "0", "1", ... and
+/// which has no leaves or non-tensors of its own.
+inline constexpr std::string_view kLazyStackCls = "LazyStackedTensorDict";
 
 /// The metadata of one collection node, root or nested, in the reference's structure and
 /// order: cls, non_tensors, leaves, cls_metadata, then the nested nodes by local key.
 struct Metadata {
-  // "TensorDict", or "module.qualname" where a peer's pickle named a class (the reference's
-  // tensorclass node): such a node is rebuilt as a TensorDict and written as "TensorDict".
+  // "TensorDict", kLazyStackCls, or "module.qualname" where a peer's pickle named a class (the
+  // reference's tensorclass node): such a node is rebuilt as a TensorDict and written as
+  // "TensorDict".
   std::string cls = "TensorDict";
+  bool is_lazy_stack() const { return cls == kLazyStackCls; }
   std::vector<std::pair<std::string, NonTensorMetadata>> non_tensors;
   std::vector<std::pair<std::string, LeafMetadata>> leaves;
   ClsMetadata cls_metadata;

@@ -52,10 +52,20 @@ at::Tensor leaf_view(const at::Tensor& storage, const LeafMetadata& leaf) {
 
 ClsMetadata cls_metadata_of(const TensorDict& td) {
   const auto bs = td.batch_size();
+  if (td.is_lazy_stack()) {
+    const auto& lazy = *TensorDictImpl::of(td).lazy;
+    ClsMetadata cm;
+    cm.names.assign(bs.size(), std::nullopt);
+    cm.batch_size.assign(bs.begin(), bs.end());
+    cm.is_locked = td.is_locked();
+    cm.stack_dim = lazy.stack_dim;
+    cm.stack_dim_name = lazy.stack_dim_name;
+    return cm;
+  }
   const auto device = td.device();
   return ClsMetadata{device ? std::optional<std::string>(device->str()) : std::nullopt,
                      std::vector<std::optional<std::string>>(bs.size()),
-                     std::vector<int64_t>(bs.begin(), bs.end()), td.is_locked()};
+                     std::vector<int64_t>(bs.begin(), bs.end()), td.is_locked(), 0, std::nullopt};
 }
 
 // ---- consolidate --------------------------------------------------------------------------
@@ -67,9 +77,13 @@ struct Planner {
   int64_t offset = 0;
   std::vector<std::string> path{};
 
+  // A lazy stack's members are its entries, so they become its children "0", "1", ...
   void node(const TensorDict& td, Metadata& m, int depth, std::vector<at::Tensor>& srcs) {
+    if (td.is_lazy_stack()) m.cls = std::string(kLazyStackCls);
     m.cls_metadata = cls_metadata_of(td);
-    if (device_override && td.device()) m.cls_metadata.device = device_override->str();
+    if (device_override && td.device() && !td.is_lazy_stack()) {
+      m.cls_metadata.device = device_override->str();
+    }
     size_t n_leaves = 0, n_children = 0;
     for (const auto& [key, value] : td.entries()) {
       n_leaves += value.is_tensor();
@@ -245,7 +259,8 @@ void copy_leaves(const std::vector<at::Tensor>& srcs, const std::vector<const Le
 // handle does not clear its parents' state, so the state alone is not proof.
 bool views_match(const TensorDict& td, const Metadata& m, const at::Tensor& storage) {
   const auto& impl = TensorDictImpl::of(td);
-  if (impl.entries.size() != m.leaves.size() + m.children.size() + m.non_tensors.size()) {
+  if (impl.entries.size() != m.leaves.size() + m.children.size() + m.non_tensors.size() ||
+      impl.lazy.has_value() != m.is_lazy_stack()) {
     return false;
   }
   const auto* base = static_cast<const uint8_t*>(storage.const_data_ptr());
@@ -389,6 +404,15 @@ TensorDict consolidate_impl(const TensorDict& td, const ConsolidateOptions& o) {
 
   // The result mirrors td's entry order; its leaves are views of the storage.
   const auto build = [&](const auto& self, const TensorDict& src, const Metadata& m) -> TensorDict {
+    if (src.is_lazy_stack()) {
+      std::vector<TensorDict> members;
+      size_t ci = 0;
+      for (const auto& [key, value] : src.entries()) {
+        members.push_back(self(self, value.tensordict(), m.children[ci++].second));
+      }
+      const auto& lazy = *TensorDictImpl::of(src).lazy;
+      return TensorDictImpl::make_lazy(std::move(members), lazy.stack_dim, lazy.stack_dim_name);
+    }
     auto dev = src.device();
     if (dev && moved) dev = device;
     auto bs = src.batch_size();
@@ -417,6 +441,15 @@ TensorDict consolidate_impl(const TensorDict& td, const ConsolidateOptions& o) {
 
 TensorDict rebuild_node(const Metadata& m, const at::Tensor& storage, bool parent_locked) {
   const auto& cm = m.cls_metadata;
+  const bool locked = cm.is_locked || parent_locked;
+  if (m.is_lazy_stack()) {  // validated: members "0", "1", ... with one batch size
+    std::vector<TensorDict> members;
+    members.reserve(m.children.size());
+    for (const auto& [key, child] : m.children) members.push_back(rebuild_node(child, storage, locked));
+    TensorDict td = TensorDictImpl::make_lazy(std::move(members), cm.stack_dim, cm.stack_dim_name);
+    TensorDictImpl::of(td).locked = locked;
+    return td;
+  }
   // The peer's device label is not trusted: the data lives where the storage is.
   TensorDict td = TensorDictImpl::make(
       cm.batch_size, cm.device ? std::optional<at::Device>(storage.device()) : std::nullopt);
@@ -430,7 +463,6 @@ TensorDict rebuild_node(const Metadata& m, const at::Tensor& storage, bool paren
   }
   for (const auto& [key, leaf] : m.leaves) impl.put(key, leaf_view(storage, leaf));
   // A locked level locks the levels below, as lock_() would (without walking them again).
-  const bool locked = cm.is_locked || parent_locked;
   for (const auto& [key, child] : m.children) impl.put(key, rebuild_node(child, storage, locked));
   impl.locked = locked;
   return td;

@@ -109,6 +109,13 @@ void append_node(std::string& out, const Metadata& m, bool sort, const Transport
   node.add("cls_metadata", [&] {
     const auto& cm = m.cls_metadata;
     ObjectWriter w(out, sort);
+    if (m.is_lazy_stack()) {  // the reference's LazyStackedTensorDict._reduce_get_metadata
+      w.add("stack_dim", [&] { out += std::to_string(cm.stack_dim); });
+      w.add("stack_dim_name", [&] { append_optional(out, cm.stack_dim_name); });
+      w.add("is_locked", [&] { out += cm.is_locked ? "true" : "false"; });
+      w.write();
+      return;
+    }
     w.add("device", [&] { append_optional(out, cm.device); });
     w.add("names", [&] {
       out += '[';

@@ -107,6 +107,16 @@ void write_node(pickle::Writer& w, const Metadata& m, const TransportFields* tra
   w.dict_close(m.leaves.size());
   w.str("cls_metadata");
   const auto& cm = m.cls_metadata;
+  if (m.is_lazy_stack()) {  // the reference's LazyStackedTensorDict._reduce_get_metadata
+    w.dict_open(3);
+    w.str("stack_dim");
+    w.integer(cm.stack_dim);
+    w.str("stack_dim_name");
+    write_optional(w, cm.stack_dim_name);
+    w.str("is_locked");
+    w.boolean(cm.is_locked);
+    w.dict_close(3);
+  } else {
   w.dict_open(4);
   w.str("device");
   write_optional(w, cm.device);
@@ -119,6 +129,7 @@ void write_node(pickle::Writer& w, const Metadata& m, const TransportFields* tra
   w.str("is_locked");
   w.boolean(cm.is_locked);
   w.dict_close(4);
+  }
   for (const auto& [key, child] : m.children) {
     write_str(w, key);
     write_node(w, child, nullptr);

@@ -121,6 +121,31 @@ struct Reader {
                              as_optional_string(l[2], what.of("the device of "))};
   }
 
+  // A lazy stack's {"stack_dim", "stack_dim_name", "is_locked"}; its batch size is derived
+  // from its members once they are read.
+  ClsMetadata lazy_cls_metadata(const Json& j) const {
+    const auto what = at("cls_metadata");
+    ClsMetadata cm;
+    bool has_stack_dim = false;
+    for (const auto& [k, v] : object(j, what)) {
+      if (k == "stack_dim") {
+        cm.stack_dim = as_int(v, what.of("the stack_dim in "));
+        has_stack_dim = true;
+      } else if (k == "stack_dim_name") {
+        cm.stack_dim_name = as_optional_string(v, what.of("the stack_dim_name in "));
+      } else if (k == "is_locked") {
+        TORCH_CHECK_VALUE(T::is_bool(v), "metadata: is_locked in ", what, " must be a bool, got ",
+                          type_name(v));
+        cm.is_locked = T::as_bool(v);
+      } else {
+        TORCH_CHECK_VALUE(false, "metadata: ", what, " of a lazy stack has the unexpected field ",
+                          quote_key(k));
+      }
+    }
+    TORCH_CHECK_VALUE(has_stack_dim, "metadata: ", what, " of a lazy stack has no stack_dim");
+    return cm;
+  }
+
   ClsMetadata cls_metadata(const Json& j) const {
     const auto what = at("cls_metadata");
     ClsMetadata cm;
@@ -156,6 +181,7 @@ struct Reader {
                       " is nested deeper than ", kMaxMetadataDepth, " levels");
     Metadata m;
     int seen = 0;  // bit per required field
+    const Json* cls_metadata_json = nullptr;  // read once cls is known, wherever it came
     for (const auto& [k, v] : members) {
       if (k == "cls" && T::is_class_ref(v)) {
         m.cls = T::class_name(v);  // a pickled tensorclass node, read as a TensorDict node
@@ -180,7 +206,7 @@ struct Reader {
         }
         seen |= 4;
       } else if (k == "cls_metadata") {
-        m.cls_metadata = cls_metadata(v);
+        cls_metadata_json = &v;
         seen |= 8;
       } else if (!T::is_map(v) && ((depth == 0 && k.starts_with("_")) || k == "size")) {
         // Transport fields ("_total_bytes", "_storage_device", ...) and the file variant's
@@ -209,6 +235,15 @@ struct Reader {
     }
     TORCH_CHECK_VALUE(seen == 15, "metadata: ", at("the node"),
                       " lacks one of cls, non_tensors, leaves, cls_metadata");
+    if (m.is_lazy_stack()) {
+      m.cls_metadata = lazy_cls_metadata(*cls_metadata_json);
+      if (auto bs = lazy_stack_batch_size(m)) {  // otherwise validation says what is wrong
+        m.cls_metadata.names.assign(bs->size(), std::nullopt);
+        m.cls_metadata.batch_size = std::move(*bs);
+      }
+    } else {
+      m.cls_metadata = cls_metadata(*cls_metadata_json);
+    }
     return m;
   }
 };

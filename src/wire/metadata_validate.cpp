@@ -61,8 +61,9 @@ struct Validator {
                       kMaxMetadataDepth, " levels");
     // "module.qualname": a class reference (the reference's tensorclass node), rebuilt as a
     // TensorDict node; only metadata_from_pickle makes one.
-    TORCH_CHECK_VALUE(m.cls == "TensorDict" || is_class_reference_name(m.cls), "metadata: node ",
-                      here(), " has cls '", m.cls, "'; only TensorDict nodes are supported");
+    TORCH_CHECK_VALUE(m.cls == "TensorDict" || m.is_lazy_stack() || is_class_reference_name(m.cls),
+                      "metadata: node ", here(), " has cls '", m.cls,
+                      "'; only TensorDict and LazyStackedTensorDict nodes are supported");
     entries += 1 + static_cast<int64_t>(m.leaves.size() + m.non_tensors.size());
     TORCH_CHECK_VALUE(entries <= kMaxMetadataEntries, "metadata: more than ", kMaxMetadataEntries,
                       " entries");
@@ -75,6 +76,10 @@ struct Validator {
                       batch, ", which does not start with its parent's ", parent_batch);
     TORCH_CHECK_VALUE(cm.names.size() == batch.size(), "metadata: node ", here(), " has ",
                       cm.names.size(), " names for ", batch.size(), " batch dims");
+    if (m.is_lazy_stack()) {
+      lazy_stack(m, depth);
+      return;
+    }
     if (cm.device) {
       try {
         (void)at::Device(*cm.device);
@@ -113,6 +118,38 @@ struct Validator {
                         " collides with a field of the node");
       path.push_back(key);
       node(child, batch, depth + 1);
+      path.pop_back();
+    }
+  }
+
+  // A lazy stack's node: members "0", "1", ... sharing a batch size, nothing of its own.
+  void lazy_stack(const Metadata& m, int depth) {
+    const auto here = [&] { return node_str(path); };
+    TORCH_CHECK_VALUE(m.leaves.empty() && m.non_tensors.empty(), "metadata: the lazy stack ",
+                      here(), " has leaves or non-tensors of its own; its members hold them");
+    TORCH_CHECK_VALUE(!m.children.empty(), "metadata: the lazy stack ", here(), " has no members");
+    for (size_t i = 0; i < m.children.size(); ++i) {
+      TORCH_CHECK_VALUE(m.children[i].first == std::to_string(i), "metadata: member ", i,
+                        " of the lazy stack ", here(), " is keyed ",
+                        quote_key(m.children[i].first), ", not '", i, "'");
+      TORCH_CHECK_VALUE(m.children[i].second.cls_metadata.batch_size ==
+                            m.children[0].second.cls_metadata.batch_size,
+                        "metadata: the members of the lazy stack ", here(),
+                        " have different batch sizes, ",
+                        at::IntArrayRef(m.children[0].second.cls_metadata.batch_size), " and ",
+                        at::IntArrayRef(m.children[i].second.cls_metadata.batch_size));
+    }
+    const auto member_dims = static_cast<int64_t>(m.children[0].second.cls_metadata.batch_size.size());
+    TORCH_CHECK_VALUE(m.cls_metadata.stack_dim >= 0 && m.cls_metadata.stack_dim <= member_dims,
+                      "metadata: the lazy stack ", here(), " has stack_dim ",
+                      m.cls_metadata.stack_dim, " for members with ", member_dims, " batch dims");
+    TORCH_CHECK_VALUE(lazy_stack_batch_size(m) == m.cls_metadata.batch_size,
+                      "metadata: the lazy stack ", here(), " has batch_size ",
+                      at::IntArrayRef(m.cls_metadata.batch_size),
+                      ", which is not its members' with the stack dim");
+    for (const auto& [key, child] : m.children) {
+      path.push_back(key);
+      node(child, {}, depth + 1);  // the members' batch sizes were checked above
       path.pop_back();
     }
   }
@@ -194,6 +231,15 @@ struct Validator {
 };
 
 }  // namespace
+
+std::optional<std::vector<int64_t>> lazy_stack_batch_size(const Metadata& m) {
+  if (!m.is_lazy_stack() || m.children.empty()) return std::nullopt;
+  std::vector<int64_t> bs = m.children[0].second.cls_metadata.batch_size;
+  const int64_t d = m.cls_metadata.stack_dim;
+  if (d < 0 || d > static_cast<int64_t>(bs.size())) return std::nullopt;
+  bs.insert(bs.begin() + d, static_cast<int64_t>(m.children.size()));
+  return bs;
+}
 
 int64_t validate(const Metadata& m, std::optional<int64_t> storage_bytes, int64_t storage_offset) {
   Validator v{m, storage_bytes, storage_offset};

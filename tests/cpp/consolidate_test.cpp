@@ -80,7 +80,7 @@ TEST(ConsolidateLayout, WorkedExample) {
 
   Metadata expected;
   expected.leaves = {{"a", {at::kFloat, {4}, 0, 16, 0}}, {"b", {at::kFloat, {4, 3}, 16, 64, 0}}};
-  expected.cls_metadata = {std::nullopt, {std::nullopt}, {4}, false};
+  expected.cls_metadata = {std::nullopt, {std::nullopt}, {4}, false, 0, std::nullopt};
   Metadata child;
   child.leaves = {{"d", {at::kLong, {4}, 64, 96, 0}}};
   child.cls_metadata = expected.cls_metadata;
@@ -236,9 +236,9 @@ TEST(ConsolidateLayout, BatchSizeDeviceAndLockAreRecorded) {
   TensorDict td({{"inner", inner}, {"y", at::ones({2})}}, {2}, at::Device(at::kCPU));
   td.lock_();
   auto m = metadata_of(td);
-  EXPECT_EQ(m.cls_metadata, (ClsMetadata{"cpu", {std::nullopt}, {2}, true}));
+  EXPECT_EQ(m.cls_metadata, (ClsMetadata{"cpu", {std::nullopt}, {2}, true, 0, std::nullopt}));
   EXPECT_EQ(m.children[0].second.cls_metadata,
-            (ClsMetadata{"cpu", {std::nullopt, std::nullopt}, {2, 3}, true}));
+            (ClsMetadata{"cpu", {std::nullopt, std::nullopt}, {2, 3}, true, 0, std::nullopt}));
   TensorDict c = consolidate(td);
   EXPECT_EQ(c.device(), at::Device(at::kCPU));
   EXPECT_EQ(c.get("inner").tensordict().batch_size(), at::IntArrayRef({2, 3}));
@@ -681,8 +681,11 @@ const std::vector<Malformed> kMalformed = {
     {"ClsNotAString", R"({"cls": 1, "non_tensors": {}, "leaves": {}, "cls_metadata": {"batch_size": []}})",
      "cls of the root must be a string"},
     {"ClsNotSupported",
+     R"({"cls": "NonTensorStack", "non_tensors": {}, "leaves": {}, "cls_metadata": {"batch_size": []}})",
+     "only TensorDict and LazyStackedTensorDict nodes"},
+    {"LazyStackWithATensorDictsFields",
      R"({"cls": "LazyStackedTensorDict", "non_tensors": {}, "leaves": {}, "cls_metadata": {"batch_size": []}})",
-     "only TensorDict nodes"},
+     "of a lazy stack has the unexpected field 'batch_size'"},
     {"MissingField", R"({"cls": "TensorDict", "leaves": {}, "cls_metadata": {"batch_size": []}})",
      "lacks one of"},
     {"NodeNotAnObject", "[1, 2]", "must be an object, got array"},

@@ -59,6 +59,11 @@ std::string path_str(std::vector<std::string> path, const std::string& key);
 /// Validates `m` (dtypes, shapes, ranges, alignment, overlaps, keys, bounds; ValueError naming
 /// the key path otherwise) for a storage of `storage_bytes` (unbounded if unset) whose first
 /// byte sits `storage_offset` bytes into its allocation. Returns the largest stop.
+/// A lazy stack node's batch size: its members' (the children "0", "1", ..., which share one)
+/// with their count inserted at stack_dim; nullopt when the node is not such a stack (validate()
+/// says why). The wire leaves it out, so readers and metadata_of() fill it in with this.
+std::optional<std::vector<int64_t>> lazy_stack_batch_size(const Metadata& m);
+
 int64_t validate(const Metadata& m, std::optional<int64_t> storage_bytes = std::nullopt,
                  int64_t storage_offset = 0);
 
