@@ -72,15 +72,56 @@ std::vector<at::Tensor> all_reduce_leaves(const TensorDict& td, const AllReduceO
   return leaves;
 }
 
+// reduce's leaves in the reference's order: each level's keys sorted; a lazy stack's common
+// keys, each leaf stacked from the members (LazyStackedTensorDict._reduce): that copy is
+// reduced, and at dst written back into the members (`lazy` and `key` say where).
+struct ReduceLeaf {
+  std::vector<std::string> path;
+  at::Tensor leaf;
+  std::optional<TensorDict> lazy;
+  std::string key;
+};
+
+void reduce_order(const TensorDict& td, std::vector<std::string>& path,
+                  std::vector<ReduceLeaf>& out) {
+  for (const auto& key : td.sorted_keys()) {
+    const Value v = td.get(key);
+    path.push_back(key);
+    if (v.is_tensor()) {
+      out.push_back({path, v.tensor(), td.is_lazy_stack() ? std::optional(td) : std::nullopt, key});
+    } else if (v.is_tensordict()) {
+      reduce_order(v.tensordict(), path, out);
+    }  // non-tensor entries are skipped, as in the reference
+    path.pop_back();
+  }
+}
+
 struct Reducer {
-  std::vector<at::Tensor> leaves;
+  std::vector<ReduceLeaf> leaves;
   Group group;
   c10d::ReduceOptions opts;
+  bool is_dst = false;
+  // With `callbacks`, a stacked leaf is written back when its reduction completes (the
+  // reference's future.then); without, write_back() does it after the waits.
+  bool callbacks = false;
   WorkPtr operator()(size_t i) const {
-    return detail::post_in_place(leaves[i], /*reads_leaf=*/true, [&](const at::Tensor& t) {
+    WorkPtr work = detail::post_in_place(leaves[i].leaf, /*reads_leaf=*/true, [&](const at::Tensor& t) {
       std::vector<at::Tensor> one{t};
       return group.reduce(one, opts);
     });
+    if (callbacks && is_dst && leaves[i].lazy) {
+      const ReduceLeaf l = leaves[i];
+      work->getFuture()->addCallback([l](c10::ivalue::Future&) {
+        TensorDict(*l.lazy).set_(l.key, l.leaf);
+      });
+    }
+    return work;
+  }
+  void write_back() const {
+    if (!is_dst) return;
+    for (const auto& l : leaves) {
+      if (l.lazy) TensorDict(*l.lazy).set_(l.key, l.leaf);
+    }
   }
 };
 
@@ -91,10 +132,12 @@ Reducer make_reducer(const TensorDict& td, std::optional<int64_t> dst, const Red
   Reducer r{{}, root.group, {}};
   r.opts.reduceOp = o.op;
   r.opts.rootRank = root.rank;
-  for (auto& [path, leaf] : wire_order(td)) {
-    check_transferable("reduce", NestedKey(path).str(), leaf);
-    detail::check_writable("reduce", leaf, "reduce into", "reducing rank");
-    r.leaves.push_back(std::move(leaf));
+  r.is_dst = root.group.rank() == root.rank;
+  std::vector<std::string> path;
+  reduce_order(td, path, r.leaves);
+  for (const auto& l : r.leaves) {
+    check_transferable("reduce", NestedKey(l.path).str(), l.leaf);
+    if (!l.lazy) detail::check_writable("reduce", l.leaf, "reduce into", "reducing rank");
   }
   return r;
 }
@@ -333,11 +376,13 @@ void reduce(const TensorDict& td, std::optional<int64_t> dst, const ReduceOption
   const detail::Waiter w("reduce", options.timeout, "the group");
   const Reducer post = make_reducer(td, dst, options);
   run_each(w, post.leaves.size(), options.async_op, post);
+  post.write_back();
 }
 
 std::vector<WorkPtr> reduce_premature(const TensorDict& td, std::optional<int64_t> dst,
                                       const ReduceOptions& options) {
-  const Reducer post = make_reducer(td, dst, options);
+  Reducer post = make_reducer(td, dst, options);
+  post.callbacks = true;
   return detail::post_all(post.leaves.size(), post);
 }
 

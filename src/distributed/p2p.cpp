@@ -22,7 +22,7 @@ using detail::sendable;
 
 // Calls [fn(path, leaf)] in wire order: each level's keys sorted by code point (std::string's
 // ordering compares as unsigned char, i.e. UTF-8 byte order), nested levels at their key's
-// position, non-tensor entries left out.
+// position, non-tensor entries left out; a lazy stack's members in stack order.
 template <typename Fn>
 void walk(const TensorDict& td, std::vector<std::string>* path, Fn& fn) {
   const auto& entries = td.entries();
@@ -31,8 +31,12 @@ void walk(const TensorDict& td, std::vector<std::string>* path, Fn& fn) {
   for (const auto& entry : entries) {
     sorted.push_back(&entry);
   }
-  std::sort(sorted.begin(), sorted.end(),
-            [](const auto* a, const auto* b) { return a->first < b->first; });
+  // A lazy stack's members go in stack order, each with its own sorted keys (the reference's
+  // LazyStackedTensorDict._send walks self.tensordicts).
+  if (!td.is_lazy_stack()) {
+    std::sort(sorted.begin(), sorted.end(),
+              [](const auto* a, const auto* b) { return a->first < b->first; });
+  }
   for (const auto* entry : sorted) {
     if (path) {
       path->push_back(entry->first);

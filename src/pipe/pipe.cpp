@@ -25,13 +25,20 @@ namespace tensordict::pipe {
 namespace detail {
 namespace {
 
+std::optional<at::Device> first_leaf_device(const TensorDict& td) {
+  for (const auto& [key, value] : td.entries()) {  // a lazy stack's entries: its members
+    if (value.is_tensor()) return value.tensor().device();
+    if (value.is_tensordict()) {
+      if (auto d = first_leaf_device(value.tensordict())) return d;
+    }
+  }
+  return std::nullopt;
+}
+
 // The reference's _infer_device: the TensorDict's device, else its first leaf's, else the CPU.
 at::Device infer_device(const TensorDict& td) {
   if (td.device()) return *td.device();
-  for (const auto& [key, value] : td.items({.include_nested = true, .leaves_only = true})) {
-    return value.tensor().device();
-  }
-  return at::kCPU;
+  return first_leaf_device(td).value_or(at::Device(at::kCPU));
 }
 
 void check_cpu(const at::Tensor& t, const char* what) {

@@ -9,7 +9,10 @@
 
 #include "dist_test_util.h"
 #include "tensordict/consolidate.h"
+#include "tensordict/distributed/collectives.h"
+#include "tensordict/distributed/init_remote.h"
 #include "tensordict/distributed/p2p.h"
+#include "tensordict/lazy_stack.h"
 #include "tensordict/distributed/process_group.h"
 #include "tensordict/distributed/tags.h"
 
@@ -266,6 +269,47 @@ TEST(DistP2P, NestedThreeDeep) {
         EXPECT_TRUE((td == deep(true, false)).all());
       }
     }
+  });
+}
+
+// A heterogeneous lazy stack (member 1's leaf y is wider, member 0 alone has e) inside a
+// TensorDict, every leaf holding `fill`.
+TensorDict lazy_sample(double fill) {
+  TensorDict a({{"x", at::full({3}, fill)}, {"e", at::full({3, 2}, fill)}, {{"n", "y"}, at::full({3, 2}, fill)}},
+               {3});
+  TensorDict b({{"x", at::full({3}, fill)}, {{"n", "y"}, at::full({3, 4}, fill)}}, {3});
+  return TensorDict({{"z", at::full({2, 3}, fill)}, {"s", LazyStackedTensorDict({a, b}, 0)}}, {2, 3});
+}
+
+bool all_equal(const TensorDict& td, double fill) {
+  for (const auto& [path, leaf] : wire_order(td)) {
+    if (!leaf.eq(fill).all().item<bool>()) return false;
+  }
+  return !wire_order(td).empty();
+}
+
+TEST(DistP2P, LazyStacksPerLeafInitRemoteAndAllReduce) {
+  run_ranks(2, [](int rank, int) {
+    if (rank == 0) {
+      send(lazy_sample(1), 1);
+      init_remote(lazy_sample(2), 1);
+    } else {
+      TensorDict td = lazy_sample(0);
+      const at::Tensor wide = LazyStackedTensorDict::of(td.get("s").tensordict())
+                                  .tensordicts()[1].get({"n", "y"}).tensor();
+      EXPECT_EQ(recv(td, 0), 5);  // 6 leaves: z, then member 0's 3 and member 1's 2
+      EXPECT_TRUE(all_equal(td, 1));
+      EXPECT_TRUE(wide.eq(1).all().item<bool>());  // received in place
+      const TensorDict got = from_remote_init(0);
+      ASSERT_TRUE(got.get("s").tensordict().is_lazy_stack());
+      EXPECT_EQ(LazyStackedTensorDict::of(got.get("s").tensordict()).tensordicts()[1]
+                    .get({"n", "y"}).tensor().sizes(),
+                at::IntArrayRef({3, 4}));
+      EXPECT_TRUE(all_equal(got, 2));
+    }
+    TensorDict mine = lazy_sample(rank + 1.0);
+    all_reduce(mine);
+    EXPECT_TRUE(all_equal(mine, 3));
   });
 }
 
