@@ -11,6 +11,7 @@
 
 #include "bindings.h"
 #include "tensordict/consolidate.h"
+#include "tensordict/lazy_stack.h"
 
 namespace tensordict::python {
 namespace {
@@ -275,7 +276,8 @@ void bind_tensor_dict(py::module_& m) {
       .def("items",
            [](const TD& td, bool include_nested, bool leaves_only) {
              py::list out;
-             if (!include_nested && !leaves_only) {  // this level as it is: no key paths to build
+             // This level as it is: no key paths to build (a lazy stack's entries are its members).
+             if (!include_nested && !leaves_only && !td.is_lazy_stack()) {
                for (const auto& [k, v] : td.entries()) {
                  out.append(py::make_tuple(py::str(k), value_to_py(v)));
                }
@@ -288,6 +290,25 @@ void bind_tensor_dict(py::module_& m) {
            },
            py::arg("include_nested"), py::arg("leaves_only"))
       .def("sorted_keys", &TD::sorted_keys)
+      .def("is_lazy_stack", &TD::is_lazy_stack)
+      .def("has_lazy_stack",
+           [](const TD& td) {  // whether any level is one (their leaves read as copies)
+             const auto any = [](const auto& self, const TD& t) -> bool {
+               if (t.is_lazy_stack()) return true;
+               for (const auto& [k, v] : t.entries()) {
+                 if (v.is_tensordict() && self(self, v.tensordict())) return true;
+               }
+               return false;
+             };
+             return any(any, td);
+           })
+      .def("tensordicts",
+           [](const TD& td) { return py_list(LazyStackedTensorDict::of(td).tensordicts()); })
+      .def_property_readonly("stack_dim",
+                             [](const TD& td) { return LazyStackedTensorDict::of(td).stack_dim(); })
+      .def_property_readonly(
+          "stack_dim_name",
+          [](const TD& td) { return LazyStackedTensorDict::of(td).stack_dim_name(); })
       .def("is_empty", &TD::is_empty)
       .def("is_locked", &TD::is_locked)
       .def("lock_", [](TD& td) { td.lock_(); })
@@ -357,10 +378,19 @@ void bind_tensor_dict(py::module_& m) {
                                      .num_threads = num_threads});
            })
       .def("is_consolidated", [](const TD& td) { return is_consolidated(td); })
-      .def("consolidated_storage", [](const TD& td) { return consolidated_storage(td); });
+      .def("consolidated_storage", [](const TD& td) { return consolidated_storage(td); })
+      // The metadata as the reference's json.dumps(td._consolidated["metadata"]) writes it.
+      .def("consolidated_metadata_json",
+           [](const TD& td, bool sort_keys) {
+             return metadata_to_json(*consolidated_metadata(td), sort_keys);
+           },
+           py::arg("sort_keys") = false);
 
   m.def("stack", [](const std::vector<TD>& tds, int64_t dim) { return stack(tds, dim); });
   m.def("cat", [](const std::vector<TD>& tds, int64_t dim) { return cat(tds, dim); });
+  m.def("lazy_stack", [](const std::vector<TD>& tds, int64_t dim, std::optional<std::string> name) {
+    return TD(LazyStackedTensorDict(tds, dim, std::move(name)));
+  });
 }
 
 }  // namespace tensordict::python

@@ -42,16 +42,23 @@ def from_reference(obj: Any) -> _C.TensorDict:
 
 
 def _convert(obj: Any, ref: Any) -> _C.TensorDict:
+    if type(obj) is ref.LazyStackedTensorDict:
+        out = _C.lazy_stack([from_reference(td) for td in obj.tensordicts], obj.stack_dim,
+                            obj._td_dim_name)
+        if obj.is_locked:
+            out.lock_()
+        return out
     if type(obj) is not ref.TensorDict:
         raise TypeError(f"cannot convert the reference's {type(obj).__module__}."
                         f"{type(obj).__qualname__} to a tensordict_cpp.TensorDict: only "
-                        f"tensordict.TensorDict (and tensorclasses over one) are supported")
+                        f"tensordict.TensorDict, LazyStackedTensorDict and tensorclasses over "
+                        f"them are supported")
     entries = []
     for key, value in obj.items():
         # Exact types first: the ABC checks below cost about a microsecond each.
         if isinstance(value, torch.Tensor):
             pass
-        elif type(value) is ref.TensorDict:
+        elif type(value) is ref.TensorDict or type(value) is ref.LazyStackedTensorDict:
             value = _convert(value, ref)
         elif ref.is_non_tensor(value):
             if not isinstance(value, ref.NonTensorData):
@@ -75,6 +82,13 @@ def to_reference(cpp: _C.TensorDict) -> Any:
     except ImportError as e:
         raise ImportError("to_tensordict() needs the reference package `tensordict` "
                           "(pip install tensordict)") from e
+    if cpp.is_lazy_stack():
+        out = ref.LazyStackedTensorDict(*(to_reference(t) for t in cpp.tensordicts()),
+                                        stack_dim=cpp.stack_dim,
+                                        stack_dim_name=cpp.stack_dim_name)
+        if cpp.is_locked():
+            out.lock_()
+        return out
     source = {}
     for key, value in cpp.items(False, False):
         if isinstance(value, _C.TensorDict):

@@ -164,6 +164,8 @@ class TensorDict:
             converted = _reference.from_reference(source)  # the leaves shared, not copied
             if batch_size is None and device is None:
                 self._cpp = converted
+                if converted.is_lazy_stack():  # same slots: the object becomes what it holds
+                    self.__class__ = LazyStackedTensorDict
                 return
             source = TensorDict._wrap(converted)
         if isinstance(source, TensorDict):
@@ -186,13 +188,13 @@ class TensorDict:
     def from_tensordict(cls, td: Any) -> "TensorDict":
         """``td`` as a tensordict_cpp.TensorDict: itself when it is one, else a TensorDict sharing
         the leaves of a reference ``tensordict.TensorDict`` (or of a reference tensorclass's
-        TensorDict), with its batch size, device, nested levels, non-tensor entries and lock.
+        TensorDict), with its batch size, device, nested levels, non-tensor entries and lock;
+        a reference ``LazyStackedTensorDict`` becomes ours, over its converted members.
         Nothing is copied: values written into the result (a ``recv``) land in ``td``'s
         tensors.
 
         Raises:
-            TypeError: for anything else, naming its class (a reference lazy stack among
-                them).
+            TypeError: for anything else, naming its class.
         """
         if isinstance(td, TensorDict):
             return td
@@ -203,7 +205,8 @@ class TensorDict:
 
     def to_tensordict(self) -> Any:
         """A reference ``tensordict.TensorDict`` sharing this TensorDict's leaves (no copy),
-        with its batch size, device, nested levels, non-tensor entries and lock.
+        with its batch size, device, nested levels, non-tensor entries and lock (a reference
+        ``LazyStackedTensorDict`` for a lazy stack, at any level).
 
         Raises:
             ImportError: when the reference package ``tensordict`` is not installed.
@@ -283,6 +286,10 @@ class TensorDict:
 
     @classmethod
     def _wrap(cls, cpp: _CTD) -> "TensorDict":
+        if cpp.is_lazy_stack():
+            cls = LazyStackedTensorDict if cls is TensorDict else cls
+        elif cls is LazyStackedTensorDict:
+            cls = TensorDict
         out = cls.__new__(cls)
         out._cpp = cpp
         return out
@@ -366,6 +373,24 @@ class TensorDict:
                 self._cpp.set(index, value)
             return
         index = _as_index(index)
+        if self._cpp.has_lazy_stack():
+            # A lazy stack's leaves read as stacked copies, so the write goes through views of
+            # its members' leaves: those of the indexed TensorDict, for basic indices.
+            if not any(isinstance(i, (torch.Tensor, list)) for i in index):
+                target = self._cpp.index(index)
+                if isinstance(value, TensorDict):
+                    target.update(value._cpp, False, True)
+                else:
+                    value = torch.as_tensor(value)
+                    for key in target.keys(True, True):
+                        target.set_(key, value)
+                return
+            # Advanced indices copy: each leaf is read stacked, written, and written back.
+            for key in self._cpp.keys(True, True):
+                leaf = self._cpp.get(key)
+                leaf[index] = value[key] if isinstance(value, TensorDict) else value
+                self._cpp.set_(key, leaf)
+            return
         for key, leaf in self._cpp.items(True, True):
             if isinstance(value, TensorDict):
                 leaf[index] = value[key]
@@ -710,6 +735,84 @@ for _name in ("send", "recv", "isend", "irecv", "asend", "arecv", "init_remote",
     _fn = TensorDict.__dict__[_name]
     getattr(_fn, "__func__", _fn).__qualname__ = f"TensorDict.{_name}"
 del _name, _fn
+
+
+class LazyStackedTensorDict(TensorDict):
+    """TensorDicts stacked along a new batch dimension ``stack_dim`` without copying them, as
+    the reference's ``tensordict.LazyStackedTensorDict``: the members keep their own leaves,
+    which may differ in shape (a heterogeneous stack), and every method reads or writes them.
+
+    Keys are those every member has (``exclusive_keys`` lists the others). Reading a leaf
+    stacks the members' tensors (a copy; RuntimeError naming the key and the shapes when they
+    differ); a nested level reads as the lazy stack of the members' levels. Writing (``set``,
+    ``td[key] = v``, ``update``, ``fill_``, ``zero_``, ``td[index] = v``) writes into the
+    members. ``td[i]`` at the stack dim is member ``i``; a slice or an index tensor there
+    gives a lazy stack of the chosen members; ``unbind(stack_dim)`` gives the members.
+    ``contiguous()`` is the dense TensorDict. Every transfer takes it with the reference's
+    wire: per-leaf transfers walk the members in order, ``consolidate()`` writes the
+    reference's lazy-stack node, and ``init_remote``/``from_remote_init``, the collectives
+    and the pipe deliver a lazy stack.
+
+    Args:
+        *tensordicts (TensorDict): the members (reference TensorDicts are converted without
+            copies), all with the same batch size; a single list of them is accepted too.
+
+    Keyword Args:
+        stack_dim (int, optional): where the new dimension goes; negative counts from the end.
+            Defaults to ``0``.
+        stack_dim_name (str, optional): a name for that dimension, kept in the metadata.
+
+    Raises:
+        ValueError: no members, or members with different batch sizes.
+        RuntimeError: ``stack_dim`` out of range, as the reference's message.
+    """
+
+    __slots__ = ()
+
+    def __init__(self, *tensordicts: Any, stack_dim: int = 0,
+                 stack_dim_name: str | None = None) -> None:
+        if len(tensordicts) == 1 and isinstance(tensordicts[0], (list, tuple)):
+            tensordicts = tuple(tensordicts[0])
+        members = [TensorDict.from_tensordict(td)._cpp for td in tensordicts]
+        self._cpp = _C.lazy_stack(members, stack_dim, stack_dim_name)
+
+    @classmethod
+    def lazy_stack(cls, items: Sequence[Any], dim: int = 0, *,
+                   stack_dim_name: str | None = None) -> "LazyStackedTensorDict":
+        """``LazyStackedTensorDict(*items, stack_dim=dim)``, as the reference's classmethod."""
+        return cls(*items, stack_dim=dim, stack_dim_name=stack_dim_name)
+
+    @property
+    def tensordicts(self) -> list[TensorDict]:
+        """The members, in stack order: the same TensorDicts (shared), each a new Python
+        object."""
+        return [TensorDict._wrap(t) for t in self._cpp.tensordicts()]
+
+    @property
+    def stack_dim(self) -> int:
+        """The batch dimension the members are stacked along."""
+        return self._cpp.stack_dim
+
+    @property
+    def stack_dim_name(self) -> str | None:
+        """The name given to the stack dimension, if any."""
+        return self._cpp.stack_dim_name
+
+    def exclusive_keys(self) -> list[list]:
+        """For each member, its keys (nested ones as tuples) that some other member lacks."""
+        common = set(self.keys(True))
+        return [[k for k in TensorDict._wrap(t).keys(True) if k not in common]
+                for t in self._cpp.tensordicts()]
+
+
+def lazy_stack(input: Sequence[Any], dim: int = 0, *, out: Any = None,
+               stack_dim_name: str | None = None) -> LazyStackedTensorDict:
+    """Stacks TensorDicts lazily along a new batch dimension ``dim``: a
+    :class:`LazyStackedTensorDict` sharing them, as the reference's ``tensordict.lazy_stack``.
+    ``out`` is not supported (ValueError when given)."""
+    if out is not None:
+        raise ValueError("lazy_stack: out= is not supported; the result shares its inputs")
+    return LazyStackedTensorDict(*input, stack_dim=dim, stack_dim_name=stack_dim_name)
 
 
 def _transfer_function(name: str) -> Callable:

@@ -57,10 +57,10 @@ def test_a_reference_tensorclass_converts_through_its_tensordict():
 
 
 def test_unsupported_reference_objects_name_their_class():
-    lazy = tensordict.LazyStackedTensorDict(tensordict.TensorDict(a=torch.ones(2)),
-                                            tensordict.TensorDict(a=torch.ones(3)))
-    with pytest.raises(TypeError, match="LazyStackedTensorDict"):
-        TensorDict(lazy)
+    stack = tensordict.NonTensorStack(tensordict.NonTensorData("a"),
+                                      tensordict.NonTensorData("b"))
+    with pytest.raises(TypeError, match="NonTensorStack"):
+        TensorDict(stack)
     with pytest.raises(TypeError, match="builtins.dict"):
         TensorDict.from_tensordict({"a": torch.ones(1)})
     with pytest.raises(TypeError, match="send: expected a TensorDict.*builtins.list"):
