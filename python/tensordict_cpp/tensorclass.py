@@ -38,7 +38,7 @@ from typing import Any, Callable
 
 import torch
 
-from tensordict_cpp import _collectives
+from tensordict_cpp import _collectives, _reference
 from tensordict_cpp._td import TensorDict
 
 __all__ = ["tensorclass", "is_tensorclass"]
@@ -382,14 +382,17 @@ class _Methods:
         are, which keeps a received consolidated TensorDict intact.
 
         Args:
-            tensordict (TensorDict): a ``tensordict_cpp.TensorDict``.
+            tensordict (TensorDict): a ``tensordict_cpp.TensorDict``, or a reference
+                ``tensordict.TensorDict``, converted without copies (its leaves are shared).
 
         Raises:
-            TypeError: if ``tensordict`` is not a ``tensordict_cpp.TensorDict``, or an entry has
-                the wrong kind for its field.
+            TypeError: if ``tensordict`` is neither, or an entry has the wrong kind for its
+                field.
             ValueError: for a key that is not a field, or a missing field that cannot be None;
                 the message names it.
         """
+        if _reference.is_reference(tensordict):
+            tensordict = TensorDict.from_tensordict(tensordict)
         _check_tensordict(cls, tensordict)
         return cls._wrap(tensordict)
 

@@ -231,7 +231,13 @@ def test_from_tensordict_to_tensordict():
         Sample.from_tensordict(bad)
     with pytest.raises(TypeError, match="expected a tensordict_cpp.TensorDict"):
         Sample.from_tensordict({"obs": torch.zeros(3, 4)})
-    with pytest.raises(TypeError, match=r"expected a tensordict_cpp.TensorDict, got tensordict\._td\.TensorDict"):
+    # A reference TensorDict is taken without a copy: writes land in its tensors.
+    ref_td = sample(3).to_tensordict().to_tensordict()
+    from_ref = Sample.from_tensordict(ref_td)
+    assert type(from_ref) is Sample and type(from_ref.pose) is Pose
+    from_ref.obs.fill_(9)
+    assert (ref_td["obs"] == 9).all()
+    with pytest.raises(ValueError, match="field 'reward' is missing"):
         Sample.from_tensordict(tensordict.TensorDict(obs=torch.zeros(3, 4), batch_size=[3]))
 
 
