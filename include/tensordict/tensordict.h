@@ -4,6 +4,7 @@
 #include "tensordict/consolidate.h"
 #include "tensordict/dtypes.h"
 #include "tensordict/errors.h"
+#include "tensordict/memmap.h"
 #include "tensordict/module.h"
 #include "tensordict/nested_key.h"
 #include "tensordict/tensor_dict.h"
