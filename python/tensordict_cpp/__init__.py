@@ -13,6 +13,7 @@ import torch.distributed  # noqa: F401
 # errors first: _C looks its classes up while it is imported (errors imports nothing else).
 from tensordict_cpp import errors
 from tensordict_cpp import _C
+from tensordict_cpp.memmap import MemoryMappedTensor
 from tensordict_cpp._td import (NonTensorData, TensorDict, all_gather, all_reduce, broadcast,
                                 cat, consolidate, gather_and_stack, init_remote, irecv, isend,
                                 recv, reduce, scatter, send, stack)
@@ -21,8 +22,8 @@ from tensordict_cpp.pipe import TensorDictPipe, TensorDictServer
 # `from tensordict_cpp.tensorclass import ...` (through sys.modules).
 from tensordict_cpp.tensorclass import is_tensorclass, tensorclass
 
-__all__ = ["TensorDict", "NonTensorData", "stack", "cat", "TensorDictPipe", "TensorDictServer",
-           "tensorclass", "is_tensorclass", "send", "recv", "isend", "irecv", "init_remote",
-           "consolidate", "broadcast", "all_gather", "scatter", "all_reduce", "reduce",
-           "gather_and_stack"]
+__all__ = ["TensorDict", "NonTensorData", "MemoryMappedTensor", "stack", "cat", "TensorDictPipe",
+           "TensorDictServer", "tensorclass", "is_tensorclass", "send", "recv", "isend", "irecv",
+           "init_remote", "consolidate", "broadcast", "all_gather", "scatter", "all_reduce",
+           "reduce", "gather_and_stack"]
 __version__ = "0.1.0"
