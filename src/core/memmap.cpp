@@ -40,6 +40,7 @@ struct Mapping {
   void* base = nullptr;
   size_t size = 0;
   std::string filename;  // absolute; empty for anonymous memory
+  bool shared = true;    // false: copy-on-write, writes do not reach the file
 };
 
 void delete_mapping(void* ctx) {
@@ -503,8 +504,11 @@ at::Tensor MemoryMappedTensor::from_tensor(const at::Tensor& tensor,
     const auto existing = memmap_filename(tensor);
     if (!filename && !existing) return tensor;
     if (filename && existing) {
-      if (absolute_path(fn, *filename) == *existing) return tensor;
-      TORCH_CHECK(options.copy_existing, fn, ": the tensor is mapped to ", *existing,
+      // A copy-on-write mapping may hold writes its file lacks: it is written out instead.
+      const Mapping* m = our_mapping(tensor);
+      if (absolute_path(fn, *filename) == *existing && (m == nullptr || m->shared)) return tensor;
+      TORCH_CHECK(options.copy_existing || absolute_path(fn, *filename) == *existing, fn,
+                  ": the tensor is mapped to ", *existing,
                   " already; pass copy_existing to copy it to ", *filename);
     }
   }
@@ -549,7 +553,7 @@ at::Tensor MemoryMappedTensor::from_filename(const std::string& filename, at::Sc
     }
   }
   ::close(fd);
-  return tensor_over(new Mapping{base, nbytes, path}, dtype, shape);
+  return tensor_over(new Mapping{base, nbytes, path, writable}, dtype, shape);
 }
 
 at::Tensor MemoryMappedTensor::empty(at::IntArrayRef shape, at::ScalarType dtype,

@@ -316,3 +316,27 @@ TEST_F(Memmap, LoadRefusesBadMetadataNamingPathAndKey) {
   EXPECT_THROW_MSG(load_memmap(dir_.string()), c10::Error, path("n/b.memmap"));
   EXPECT_THROW_MSG(load_memmap(path("missing")), c10::Error, path("missing/meta.json"));
 }
+
+TEST_F(Memmap, ExistingFilesAndMappedLeavesFollowTheOptions) {
+  TensorDict td({{"a", at::arange(3, at::kFloat)}});
+  memmap(td, path("p"));
+  EXPECT_THROW_MSG(memmap(td, path("p"), {.existsok = false}), c10::Error,
+                   path("p/a.memmap") + " already exists");
+  // Leaves mapped to other files need copy_existing to be copied elsewhere.
+  TensorDict loaded = load_memmap(path("p"));
+  EXPECT_THROW_MSG(memmap(loaded, path("q")), c10::Error, "copy_existing");
+  EXPECT_FALSE(fs::exists(path("q/a.memmap")));
+  TensorDict copied = memmap(loaded, path("q"), {.copy_existing = true});
+  EXPECT_EQ(memmap_filename(copied.get("a").tensor()), path("q/a.memmap"));
+  EXPECT_TRUE(copied.allclose(td));
+}
+
+TEST_F(Memmap, AReadOnlyFileIsMappedCopyOnWrite) {
+  if (::geteuid() == 0) GTEST_SKIP() << "root opens read-only files for writing";
+  MemoryMappedTensor::from_tensor(at::ones({2}), path("ro.memmap"));
+  fs::permissions(path("ro.memmap"), fs::perms::owner_read);
+  at::Tensor t = MemoryMappedTensor::from_filename(path("ro.memmap"), at::kFloat, {2});
+  t.fill_(5);  // stays in memory
+  EXPECT_EQ(read_all(path("ro.memmap")), bytes_of(at::ones({2})));
+  EXPECT_EQ(memmap_filename(t), path("ro.memmap"));
+}
