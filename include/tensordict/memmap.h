@@ -32,7 +32,8 @@ struct MemoryMappedTensorOptions {
 /// existsok, and then it is unlinked and created again, so that tensors still mapping the old
 /// file keep their bytes (no SIGBUS from a file shrunk under them). A path that is a symlink is
 /// refused. A missing or read-only directory: RuntimeError naming the path and the reason. A
-/// zero-byte tensor gets an empty file.
+/// zero-byte tensor gets an empty file. The factories may be called from several threads at
+/// once (for different files); the tensors they return are as thread-safe as any tensor.
 class MemoryMappedTensor final {
  public:
   MemoryMappedTensor() = delete;
