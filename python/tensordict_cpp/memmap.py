@@ -57,6 +57,38 @@ class MemoryMappedTensor(torch.Tensor):
 
     __torch_function__ = torch._C._disabled_torch_function_impl
 
+    def __new__(cls, source: Any, *, dtype: torch.dtype | None = None, shape: Any = None,
+                index: Any = None, device: Any = None,
+                filename: Any = None) -> "MemoryMappedTensor":
+        """The reference's constructor forms: a path ``source`` maps that file (``dtype`` and
+        ``shape`` required), a tensor with ``filename`` is copied there, and a tensor that is
+        memory-mapped already is wrapped (same storage). A tensor that is not memory-mapped,
+        without ``filename``, raises a TypeError: the reference would wrap it without a mapping
+        (a MemoryMappedTensor in name only); use :meth:`from_tensor` to copy it."""
+        if device is not None and torch.device(device).type != "cpu":
+            raise ValueError(f"{cls} device must be cpu!")
+        if isinstance(source, (str, os.PathLike)):
+            if filename is not None:
+                raise TypeError("Duplicated filename argument.")
+            if dtype is None or shape is None:
+                raise TypeError("dtype and shape are required to map a file.")
+            return cls.from_filename(source, dtype, shape, index)
+        if not isinstance(source, torch.Tensor):
+            raise TypeError(f"MemoryMappedTensor takes a tensor or a path, got {type(source)}")
+        if dtype is not None:
+            raise TypeError("Cannot pass new dtype if source is provided.")
+        if filename is not None:
+            out = cls.from_tensor(source, filename=filename, shape=shape)
+        elif _C._is_memmap(source):
+            out = cls._wrap(source)
+        else:
+            raise TypeError("MemoryMappedTensor(tensor) needs a memory-mapped tensor or a "
+                            "filename; use MemoryMappedTensor.from_tensor(tensor) to copy it")
+        return out if index is None else out[index]
+
+    def __init__(self, *args: Any, **kwargs: Any) -> None:
+        pass  # __new__ did the work (torch.Tensor.__init__ takes no arguments)
+
     @classmethod
     def _wrap(cls, tensor: torch.Tensor) -> "MemoryMappedTensor":
         # An alias of the same storage (a new TensorImpl): no copy.

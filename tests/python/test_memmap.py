@@ -257,3 +257,19 @@ def test_recv_writes_into_the_memory_mapped_files(tmp_path):
     loaded = ref.TensorDict.load_memmap(tmp_path)
     assert torch.equal(loaded["a"], torch.arange(4, dtype=torch.float32))
     assert torch.equal(loaded["n", "b"], torch.full((4, 2), 7, dtype=torch.int64))
+
+
+def test_the_constructor_forms(tmp_path):
+    src = torch.arange(6, dtype=torch.int32)
+    by_copy = MemoryMappedTensor(src, filename=tmp_path / "c.memmap")
+    assert type(by_copy) is MemoryMappedTensor and by_copy.filename == str(tmp_path / "c.memmap")
+    by_path = MemoryMappedTensor(str(tmp_path / "c.memmap"), dtype=torch.int32, shape=(2, 3))
+    assert torch.equal(by_path, src.reshape(2, 3))
+    same = MemoryMappedTensor(torch.from_file(str(tmp_path / "c.memmap"), shared=True, size=6,
+                                              dtype=torch.int32))
+    same[0] = 9  # the same storage as the file's mapping
+    assert by_path[0, 0] == 9
+    with pytest.raises(TypeError, match="from_tensor"):
+        MemoryMappedTensor(src)
+    with pytest.raises(TypeError, match="dtype and shape"):
+        MemoryMappedTensor(str(tmp_path / "c.memmap"))
