@@ -5,6 +5,7 @@
 #include "tensordict/dtypes.h"
 #include "tensordict/errors.h"
 #include "tensordict/lazy_stack.h"
+#include "tensordict/memmap.h"
 #include "tensordict/module.h"
 #include "tensordict/nested_key.h"
 #include "tensordict/tensor_dict.h"

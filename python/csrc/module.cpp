@@ -1,6 +1,6 @@
 // tensordict_cpp._C: the pybind11 module. Errors cross to Python in translate() below, the one
 // mapping point, as the table of docs/errors.md says; everything else is in tensor_dict.cpp,
-// distributed.cpp, collectives.cpp and pipe.cpp.
+// memmap.cpp, distributed.cpp, collectives.cpp and pipe.cpp.
 
 #include <c10/util/Exception.h>
 
@@ -110,6 +110,7 @@ PYBIND11_MODULE(_C, m) {
   pybind11::register_exception_translator(&tp::translate);
   m.def("_raise_for_test", &tp::raise_for_test, pybind11::arg("kind"), pybind11::arg("msg"));
   tp::bind_tensor_dict(m);
+  tp::bind_memmap(m);
 #ifdef TENSORDICT_WITH_DIST
   tp::bind_distributed(m);
   tp::bind_collectives(m);

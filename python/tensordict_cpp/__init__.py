@@ -13,6 +13,7 @@ import torch.distributed  # noqa: F401
 # errors first: _C looks its classes up while it is imported (errors imports nothing else).
 from tensordict_cpp import errors
 from tensordict_cpp import _C
+from tensordict_cpp.memmap import MemoryMappedTensor
 from tensordict_cpp._td import (LazyStackedTensorDict, NonTensorData, TensorDict, all_gather,
                                 all_reduce, broadcast, cat, consolidate, gather_and_stack,
                                 init_remote, irecv, isend, lazy_stack, recv, reduce, scatter, send,
@@ -22,8 +23,8 @@ from tensordict_cpp.pipe import TensorDictPipe, TensorDictServer
 # `from tensordict_cpp.tensorclass import ...` (through sys.modules).
 from tensordict_cpp.tensorclass import is_tensorclass, tensorclass
 
-__all__ = ["TensorDict", "LazyStackedTensorDict", "NonTensorData", "stack", "cat", "lazy_stack", "TensorDictPipe", "TensorDictServer",
-           "tensorclass", "is_tensorclass", "send", "recv", "isend", "irecv", "init_remote",
-           "consolidate", "broadcast", "all_gather", "scatter", "all_reduce", "reduce",
-           "gather_and_stack"]
+__all__ = ["TensorDict", "LazyStackedTensorDict", "NonTensorData", "MemoryMappedTensor", "stack",
+           "cat", "lazy_stack", "TensorDictPipe", "TensorDictServer", "tensorclass",
+           "is_tensorclass", "send", "recv", "isend", "irecv", "init_remote", "consolidate",
+           "broadcast", "all_gather", "scatter", "all_reduce", "reduce", "gather_and_stack"]
 __version__ = "0.1.0"

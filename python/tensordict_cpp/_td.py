@@ -16,6 +16,7 @@ from typing import Any, Callable, Sequence
 import torch
 
 from tensordict_cpp import _C, _collectives, _p2p, _reference, errors
+from tensordict_cpp import memmap as _memmap
 
 _NO_DEFAULT = object()
 _CTD = _C.TensorDict
@@ -727,11 +728,16 @@ class TensorDict:
     scatter, all_reduce, reduce = _collectives.scatter, _collectives.all_reduce, _collectives.reduce
     gather_and_stack = _collectives.gather_and_stack
 
+    # ---- memory-mapped storage (tensordict_cpp/memmap.py) ----------------------------------
+    memmap, memmap_, memmap_like = _memmap.memmap, _memmap.memmap_, _memmap.memmap_like
+    is_memmap, load_memmap = _memmap.is_memmap, classmethod(_memmap.load_memmap)
+
 
 # help() names the class, not the module the methods are written in.
 for _name in ("send", "recv", "isend", "irecv", "asend", "arecv", "init_remote",
               "from_remote_init", "broadcast", "all_gather", "scatter", "all_reduce", "reduce",
-              "gather_and_stack"):
+              "gather_and_stack", "memmap", "memmap_", "memmap_like", "is_memmap",
+              "load_memmap"):
     _fn = TensorDict.__dict__[_name]
     getattr(_fn, "__func__", _fn).__qualname__ = f"TensorDict.{_name}"
 del _name, _fn

@@ -286,3 +286,9 @@ def test_the_pipe_carries_lazy_stacks():
         client.send(sample(ours, 2.0))  # same schema: received in place
         again = server.recv()
         assert_same(again, sample(ours, 2.0))
+
+
+def test_memory_mapping_a_lazy_stack_is_refused_by_name(tmp_path):
+    with pytest.raises(NotImplementedError, match="'s' is a LazyStackedTensorDict"):
+        sample(ours).memmap(str(tmp_path / "td"))
+    assert not (tmp_path / "td").exists()  # refused before anything is written

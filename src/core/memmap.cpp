@@ -1,0 +1,652 @@
+#include "tensordict/memmap.h"
+
+#include <ATen/ATen.h>
+#include <ATen/MapAllocator.h>
+
+#include <fcntl.h>
+#include <sys/mman.h>
+#include <sys/stat.h>
+#include <unistd.h>
+
+#include <cerrno>
+#include <cstring>
+#include <filesystem>
+#include <limits>
+#include <string_view>
+#include <utility>
+#include <vector>
+
+#include "tensordict/dtypes.h"
+#include "tensordict/errors.h"
+
+namespace tensordict {
+namespace {
+
+namespace fs = std::filesystem;
+
+// The strings the reference writes and reads (tensordict/_td_memmap.py _save_metadata,
+// tensordict/tensorclass.py NonTensorData._memmap_).
+constexpr std::string_view kTensorDictType = "<class 'tensordict._td.TensorDict'>";
+constexpr std::string_view kTensorDictClass = "tensordict:TensorDict";
+constexpr std::string_view kNonTensorType = "<class 'tensordict.tensorclass.NonTensorData'>";
+constexpr int64_t kFormatVersion = 1;
+// meta.json is small (a few hundred bytes per key); a bigger one is not ours to parse.
+constexpr off_t kMaxMetaBytes = 64 << 20;
+constexpr int kMaxDepth = 64;
+
+// The storage context of our mappings: the deleter identifies them (is_memmap) and the
+// context keeps the file name (memmap_filename), as at::MapAllocator does for torch.from_file.
+struct Mapping {
+  void* base = nullptr;
+  size_t size = 0;
+  std::string filename;  // absolute; empty for anonymous memory
+  bool shared = true;    // false: copy-on-write, writes do not reach the file
+};
+
+void delete_mapping(void* ctx) {
+  auto* m = static_cast<Mapping*>(ctx);
+  if (m->size != 0) ::munmap(m->base, m->size);
+  delete m;
+}
+
+[[noreturn]] void fail_errno(const char* fn, const char* what, const std::string& path, int err) {
+  TORCH_CHECK(false, fn, ": cannot ", what, " ", path, ": ", std::strerror(err));
+}
+
+std::string absolute_path(const char* fn, const std::string& filename) {
+  TORCH_CHECK_VALUE(!filename.empty(), fn, ": filename is empty");
+  std::error_code ec;
+  fs::path p = fs::absolute(fs::path(filename), ec);
+  TORCH_CHECK(!ec, fn, ": cannot make ", filename, " absolute: ", ec.message());
+  return p.lexically_normal().string();
+}
+
+size_t checked_nbytes(const char* fn, at::IntArrayRef shape, at::ScalarType dtype) {
+  uint64_t n = c10::elementSize(dtype);
+  for (int64_t d : shape) {
+    TORCH_CHECK_VALUE(d >= 0, fn, ": negative dim ", d, " in shape ", shape);
+    TORCH_CHECK_VALUE(!__builtin_mul_overflow(n, static_cast<uint64_t>(d), &n) &&
+                          n <= static_cast<uint64_t>(std::numeric_limits<int64_t>::max()),
+                      fn, ": shape ", shape, " of ", dtype_name(dtype), " overflows 64-bit bytes");
+  }
+  return static_cast<size_t>(n);
+}
+
+at::Tensor tensor_over(Mapping* m, at::ScalarType dtype, at::IntArrayRef shape) {
+  at::DataPtr ptr(m->base, m, &delete_mapping, at::Device(at::kCPU));
+  c10::Storage storage(c10::Storage::use_byte_size_t(), m->size, std::move(ptr),
+                       /*allocator=*/nullptr, /*resizable=*/false);
+  return at::empty({0}, at::TensorOptions().dtype(dtype)).set_(storage, 0, shape);
+}
+
+// A new file of nbytes at `path` (already absolute), mapped shared.
+Mapping* map_new_file(const char* fn, const std::string& path, size_t nbytes, bool existsok) {
+  struct stat st{};
+  if (::lstat(path.c_str(), &st) == 0) {
+    TORCH_CHECK(!S_ISLNK(st.st_mode), fn, ": refusing to write through the symlink ", path);
+    TORCH_CHECK(!S_ISDIR(st.st_mode), fn, ": ", path, " is a directory");
+    TORCH_CHECK(existsok, fn, ": the file ", path, " already exists (existsok=false)");
+    // A new inode: tensors still mapping the old file keep its bytes.
+    if (::unlink(path.c_str()) != 0) fail_errno(fn, "replace", path, errno);
+  } else if (errno != ENOENT) {
+    fail_errno(fn, "stat", path, errno);
+  }
+  const int fd = ::open(path.c_str(), O_RDWR | O_CREAT | O_EXCL | O_CLOEXEC | O_NOFOLLOW, 0666);
+  if (fd < 0) fail_errno(fn, "create", path, errno);
+  auto fail = [&](const char* what, int err) {
+    ::close(fd);
+    ::unlink(path.c_str());
+    fail_errno(fn, what, path, err);
+  };
+  void* base = nullptr;
+  if (nbytes != 0) {
+    // Blocks reserved now: a full disk fails here, not as SIGBUS on a later write.
+    if (int err = ::posix_fallocate(fd, 0, static_cast<off_t>(nbytes)); err != 0) {
+      fail("allocate", err);
+    }
+    base = ::mmap(nullptr, nbytes, PROT_READ | PROT_WRITE, MAP_SHARED, fd, 0);
+    if (base == MAP_FAILED) fail("map", errno);
+  }
+  ::close(fd);  // the mapping keeps the file
+  return new Mapping{base, nbytes, path};
+}
+
+Mapping* map_anonymous(const char* fn, size_t nbytes) {
+  void* base = nullptr;
+  if (nbytes != 0) {
+    base = ::mmap(nullptr, nbytes, PROT_READ | PROT_WRITE, MAP_SHARED | MAP_ANONYMOUS, -1, 0);
+    TORCH_CHECK(base != MAP_FAILED, fn, ": cannot map ", nbytes, " bytes of shared memory: ",
+                std::strerror(errno));
+  }
+  return new Mapping{base, nbytes, {}};
+}
+
+at::Tensor make_mapped(const char* fn, at::IntArrayRef shape, at::ScalarType dtype,
+                       const std::optional<std::string>& filename,
+                       const MemoryMappedTensorOptions& options) {
+  const size_t nbytes = checked_nbytes(fn, shape, dtype);
+  Mapping* m = filename ? map_new_file(fn, absolute_path(fn, *filename), nbytes, options.existsok)
+                        : map_anonymous(fn, nbytes);
+  return tensor_over(m, dtype, shape);
+}
+
+void check_plain(const char* fn, const at::Tensor& t, const std::string& what) {
+  TORCH_CHECK_VALUE(t.defined(), fn, ": ", what, " is an undefined tensor");
+  TORCH_CHECK_TYPE(t.layout() == at::kStrided && !t.is_nested() && !t.is_quantized(), fn, ": ",
+                   what, " is a ", t.layout(), t.is_nested() ? " nested" : "",
+                   t.is_quantized() ? " quantized" : "",
+                   " tensor; only dense strided tensors can be memory-mapped");
+}
+
+Mapping* our_mapping(const at::Tensor& t) {
+  if (!t.defined() || !t.has_storage()) return nullptr;
+  const at::DataPtr& ptr = t.storage().data_ptr();
+  if (ptr.get_deleter() != &delete_mapping) return nullptr;
+  return static_cast<Mapping*>(ptr.get_context());
+}
+
+at::MapAllocator* torch_file_mapping(const at::Tensor& t) {
+  if (!t.defined() || !t.has_storage()) return nullptr;
+  at::MapAllocator* a = at::MapAllocator::fromDataPtr(t.storage().data_ptr());
+  // Shared-memory segments (share_memory_, /dev/shm names) are not files of the user.
+  if (a == nullptr || (a->flags() & at::ALLOCATOR_MAPPED_SHAREDMEM) != 0) return nullptr;
+  return a;
+}
+
+// ---- TensorDict layout -------------------------------------------------------------------
+
+std::string path_str(const std::vector<std::string>& path, const std::string& key) {
+  std::string out = "(";
+  for (const auto& p : path) out += "'" + p + "', ";
+  out += "'" + key + "')";
+  return path.empty() ? "'" + key + "'" : out;
+}
+
+// The keys the reference writes under their own name (tensordict/_utils_key_json.py
+// _encode_key_for_filesystem leaves them unchanged); it percent-encodes the others, which we
+// refuse instead of encoding (docs/memmap.md).
+bool is_safe_key(const std::string& key) {
+  if (key.empty() || key == "." || key == "..") return false;
+  for (unsigned char c : key) {
+    if (c < 32 || c == 127) return false;
+    if (std::string_view("/<>:\"|?*\\ %").find(static_cast<char>(c)) != std::string_view::npos) {
+      return false;
+    }
+  }
+  return true;
+}
+
+// The fields of a level's meta.json beside its entries.
+bool is_reserved_key(const std::string& key) {
+  return key == "shape" || key == "device" || key == "_type" || key == "_format_version" ||
+         key == "_class";
+}
+
+void check_key(const char* fn, const std::vector<std::string>& path, const std::string& key) {
+  TORCH_CHECK_VALUE(!is_reserved_key(key), fn, ": key ", path_str(path, key),
+                    " is the name of a meta.json field of its level (shape, device, _type, "
+                    "_format_version, _class); rename it to memory-map it");
+  TORCH_CHECK_VALUE(is_safe_key(key), fn, ": key ", path_str(path, key),
+                    " is not a safe file name (empty, '.', '..', or holding '/', '\\\\', '%', a "
+                    "space, a control character or one of <>:\"|?*); rename it to memory-map it");
+}
+
+void validate(const char* fn, const TensorDict& td, std::vector<std::string>& path) {
+  TORCH_CHECK_VALUE(path.size() < kMaxDepth, fn, ": more than ", kMaxDepth, " nested levels");
+  // Its entries are its members: written as a TensorDict they would make a wrong directory.
+  TORCH_CHECK_NOT_IMPLEMENTED(!td.is_lazy_stack(), fn, ": ",
+                              path.empty() ? std::string("the TensorDict") : NestedKey(path).str(),
+                              " is a LazyStackedTensorDict, which cannot be memory-mapped yet; "
+                              "memory-map its contiguous() copy or each of its tensordicts()");
+  for (const auto& [key, value] : td.entries()) {
+    check_key(fn, path, key);
+    if (value.is_tensordict()) {
+      path.push_back(key);
+      validate(fn, value.tensordict(), path);
+      path.pop_back();
+    } else if (value.is_tensor()) {
+      check_plain(fn, value.tensor(), "key " + path_str(path, key));
+    }
+  }
+}
+
+JsonValue shape_json(at::IntArrayRef shape) {
+  JsonValue::List out;
+  for (int64_t d : shape) out.emplace_back(d);
+  return JsonValue(std::move(out));
+}
+
+void write_text(const char* fn, const fs::path& file, const std::string& text) {
+  const std::string path = file.string();
+  const int fd = ::open(path.c_str(), O_WRONLY | O_CREAT | O_TRUNC | O_CLOEXEC | O_NOFOLLOW, 0666);
+  if (fd < 0) fail_errno(fn, "write", path, errno);
+  size_t done = 0;
+  while (done < text.size()) {
+    const ssize_t n = ::write(fd, text.data() + done, text.size() - done);
+    if (n < 0 && errno == EINTR) continue;
+    if (n < 0) {
+      const int err = errno;
+      ::close(fd);
+      fail_errno(fn, "write", path, err);
+    }
+    done += static_cast<size_t>(n);
+  }
+  if (::close(fd) != 0) fail_errno(fn, "write", path, errno);
+}
+
+void make_dir(const char* fn, const fs::path& dir, bool nested) {
+  std::error_code ec;
+  if (nested) {
+    TORCH_CHECK(!fs::is_symlink(fs::symlink_status(dir, ec)), fn,
+                ": refusing to write a nested TensorDict through the symlink ", dir.string());
+  }
+  fs::create_directories(dir, ec);
+  TORCH_CHECK(!ec, fn, ": cannot create the directory ", dir.string(), ": ", ec.message());
+  TORCH_CHECK(fs::is_directory(dir, ec), fn, ": ", dir.string(), " is not a directory");
+}
+
+enum class Fill { kCopy, kZeros };
+
+struct Writer {
+  const char* fn;
+  Fill fill;
+  MemmapOptions options;
+
+  at::Tensor leaf(const at::Tensor& t, const std::optional<fs::path>& file) const {
+    std::optional<std::string> name;
+    if (file) name = file->string();
+    MemoryMappedTensorOptions o{.existsok = options.existsok,
+                                .copy_existing = options.copy_existing};
+    if (fill == Fill::kZeros) return make_mapped(fn, t.sizes(), t.scalar_type(), name, o);
+    // Gradients do not travel into files (the reference maps value.data).
+    return MemoryMappedTensor::from_tensor(t.requires_grad() ? t.detach() : t, name, o);
+  }
+
+  // Writes one level; returns the new TensorDict of its mapped leaves.
+  TensorDict level(const TensorDict& td, const std::optional<fs::path>& dir, bool nested) const {
+    if (dir) make_dir(fn, *dir, nested);
+    JsonValue::Map meta;
+    std::vector<TensorDict::Entry> out;
+    for (const auto& [key, value] : td.entries()) {
+      std::optional<fs::path> sub;
+      if (dir) sub = *dir / key;
+      if (value.is_tensordict()) {
+        TensorDict child = level(value.tensordict(), sub, /*nested=*/true);
+        if (dir) meta.emplace_back(key, JsonValue::map({{"type", "TensorDict"}}));
+        out.emplace_back(key, child);
+      } else if (value.is_non_tensor()) {
+        if (dir) {
+          make_dir(fn, *sub, /*nested=*/true);
+          JsonValue nt = JsonValue::map({{"_type", std::string(kNonTensorType)},
+                                         {"data", value.non_tensor().data()},
+                                         {"_metadata", nullptr},
+                                         {"_is_non_tensor", true}});
+          write_text(fn, *sub / "meta.json", nt.dump());
+          meta.emplace_back(key, JsonValue::map({{"type", "NonTensorData"}}));
+        }
+        out.emplace_back(key, value);
+      } else {
+        const at::Tensor& t = value.tensor();
+        std::optional<fs::path> file;
+        if (dir) file = *dir / (key + ".memmap");
+        at::Tensor mapped = leaf(t, file);
+        if (dir) {
+          meta.emplace_back(key, JsonValue::map({{"device", t.device().str()},
+                                                 {"shape", shape_json(t.sizes())},
+                                                 {"dtype", dtype_name(t.scalar_type())},
+                                                 {"is_nested", false}}));
+        }
+        out.emplace_back(key, std::move(mapped));
+      }
+    }
+    if (dir) {
+      meta.emplace_back("shape", shape_json(td.batch_size()));
+      meta.emplace_back("device", "cpu");
+      meta.emplace_back("_type", std::string(kTensorDictType));
+      meta.emplace_back("_format_version", kFormatVersion);
+      meta.emplace_back("_class", std::string(kTensorDictClass));
+      write_text(fn, *dir / "meta.json", JsonValue(std::move(meta)).dump());
+    }
+    return TensorDict(std::move(out), td.batch_size(), at::Device(at::kCPU));
+  }
+};
+
+TensorDict write_all(const char* fn, const TensorDict& td, const std::optional<std::string>& prefix,
+                     const Writer& writer) {
+  std::vector<std::string> path;
+  validate(fn, td, path);
+  std::optional<fs::path> dir;
+  if (prefix) dir = fs::path(absolute_path(fn, *prefix));
+  TensorDict out = writer.level(td, dir, /*nested=*/false);
+  out.lock_();
+  return out;
+}
+
+// Points every leaf of `td` at the leaf of `mapped` (same structure) at the same key, through
+// the nested levels' own handles. Nothing here can fail halfway: the files are written already.
+void swap_in(TensorDict td, const TensorDict& mapped) {
+  for (const auto& [key, value] : td.entries()) {
+    if (value.is_tensordict()) {
+      swap_in(value.tensordict(), mapped.get(key).tensordict());
+    } else if (value.is_tensor()) {
+      td.set(key, mapped.get(key).tensor());
+    }
+  }
+}
+
+// ---- loading -----------------------------------------------------------------------------
+
+std::string read_meta(const fs::path& file) {
+  const std::string path = file.string();
+  const int fd = ::open(path.c_str(), O_RDONLY | O_CLOEXEC);
+  if (fd < 0) fail_errno("load_memmap", "read", path, errno);
+  struct stat st{};
+  if (::fstat(fd, &st) != 0 || !S_ISREG(st.st_mode) || st.st_size > kMaxMetaBytes) {
+    ::close(fd);
+    TORCH_CHECK_VALUE(false, "load_memmap: ", path, " is not a regular file of at most ",
+                      kMaxMetaBytes, " bytes");
+  }
+  std::string text(static_cast<size_t>(st.st_size), '\0');
+  size_t done = 0;
+  while (done < text.size()) {
+    const ssize_t n = ::read(fd, text.data() + done, text.size() - done);
+    if (n < 0 && errno == EINTR) continue;
+    if (n <= 0) {
+      const int err = n < 0 ? errno : EIO;
+      ::close(fd);
+      fail_errno("load_memmap", "read", path, err);
+    }
+    done += static_cast<size_t>(n);
+  }
+  ::close(fd);
+  return text;
+}
+
+JsonValue parse_meta(const fs::path& file) {
+  const std::string text = read_meta(file);
+  JsonValue meta;
+  try {
+    meta = JsonValue::parse(text);
+  } catch (const c10::Error& e) {
+    TORCH_CHECK_VALUE(false, "load_memmap: ", file.string(), " is not valid JSON: ",
+                      e.what_without_backtrace());
+  }
+  TORCH_CHECK_VALUE(meta.is_map(), "load_memmap: ", file.string(), " does not hold a JSON object");
+  return meta;
+}
+
+const JsonValue* find(const JsonValue& map, std::string_view key) {
+  for (const auto& [k, v] : map.as_map()) {
+    if (k == key) return &v;
+  }
+  return nullptr;
+}
+
+std::vector<int64_t> shape_from(const JsonValue* v, const std::string& file, const std::string& what) {
+  TORCH_CHECK_VALUE(v != nullptr && v->is_list(), "load_memmap: ", file, ": ", what,
+                    " has no shape list");
+  std::vector<int64_t> shape;
+  for (const auto& d : v->as_list()) {
+    TORCH_CHECK_VALUE(d.is_int() && d.as_int() >= 0, "load_memmap: ", file, ": ", what,
+                      " has a shape entry that is not a non-negative integer");
+    shape.push_back(d.as_int());
+  }
+  return shape;
+}
+
+at::Tensor load_leaf(const fs::path& dir, const std::string& key, const JsonValue& entry,
+                     const std::string& where) {
+  const std::string meta_file = (dir / "meta.json").string();
+  const JsonValue* dtype_v = find(entry, "dtype");
+  TORCH_CHECK_VALUE(dtype_v != nullptr && dtype_v->is_string(), "load_memmap: ", meta_file,
+                    ": key ", where, " has no dtype name");
+  const auto dtype = dtype_from_name(dtype_v->as_string());
+  TORCH_CHECK_VALUE(dtype.has_value(), "load_memmap: ", meta_file, ": key ", where,
+                    " has the unknown dtype '", dtype_v->as_string(), "'");
+  const auto shape = shape_from(find(entry, "shape"), meta_file, "key " + where);
+  const JsonValue* nested = find(entry, "is_nested");
+  TORCH_CHECK_VALUE(nested == nullptr || (nested->is_bool() && !nested->as_bool()),
+                    "load_memmap: ", meta_file, ": key ", where,
+                    " is a nested tensor, which is not supported");
+  const fs::path file = dir / (key + ".memmap");
+  const size_t nbytes = checked_nbytes("load_memmap", shape, *dtype);
+  std::error_code ec;
+  if (nbytes == 0 && !fs::exists(fs::symlink_status(file, ec))) {
+    // The reference writes no file for an empty leaf.
+    return at::empty(shape, at::TensorOptions().dtype(*dtype));
+  }
+  try {
+    return MemoryMappedTensor::from_filename(file.string(), *dtype, shape);
+  } catch (const c10::Error& e) {
+    TORCH_CHECK(false, "load_memmap: key ", where, ": ", e.what_without_backtrace());
+  }
+}
+
+JsonValue load_non_tensor(const fs::path& dir, const std::string& where) {
+  const fs::path file = dir / "meta.json";
+  const JsonValue meta = parse_meta(file);
+  const JsonValue* type = find(meta, "_type");
+  TORCH_CHECK_VALUE(type != nullptr && type->is_string() && type->as_string() == kNonTensorType,
+                    "load_memmap: ", file.string(), ": key ", where,
+                    " is not a NonTensorData entry (its _type is not ", kNonTensorType, ")");
+  const JsonValue* data = find(meta, "data");
+  std::error_code ec;
+  TORCH_CHECK_VALUE(data != nullptr && !fs::exists(dir / "other.pickle", ec), "load_memmap: ",
+                    file.string(), ": key ", where,
+                    " holds pickled data (other.pickle), which is not loaded; only JSON data is");
+  return *data;
+}
+
+TensorDict load_level(const fs::path& dir, std::vector<std::string>& path) {
+  TORCH_CHECK_VALUE(path.size() < kMaxDepth, "load_memmap: more than ", kMaxDepth,
+                    " nested levels under ", dir.string());
+  const fs::path file = dir / "meta.json";
+  const std::string file_s = file.string();
+  const JsonValue meta = parse_meta(file);
+  if (const JsonValue* v = find(meta, "_format_version"); v != nullptr && v->is_int()) {
+    TORCH_CHECK_VALUE(v->as_int() <= kFormatVersion, "load_memmap: ", file_s,
+                      " was saved in the format version ", v->as_int(), "; this reads up to ",
+                      kFormatVersion);
+  }
+  const JsonValue* type = find(meta, "_type");
+  const JsonValue* cls = find(meta, "_class");
+  const bool is_td = (type != nullptr && type->is_string() && type->as_string() == kTensorDictType) ||
+                     (cls != nullptr && cls->is_string() && cls->as_string() == kTensorDictClass);
+  TORCH_CHECK_VALUE(is_td, "load_memmap: ", file_s, " does not hold a TensorDict (its _type is ",
+                    type != nullptr && type->is_string() ? type->as_string() : "missing",
+                    "); only TensorDict directories are loaded");
+  const auto batch_size = shape_from(find(meta, "shape"), file_s, "the TensorDict");
+  if (const JsonValue* d = find(meta, "device"); d != nullptr) {
+    TORCH_CHECK_VALUE(d->is_null() || (d->is_string() && (d->as_string() == "cpu" ||
+                                                          d->as_string() == "None")),
+                      "load_memmap: ", file_s, ": device ", d->is_string() ? d->as_string() : "?",
+                      " is not supported (only cpu)");
+  }
+  std::vector<TensorDict::Entry> entries;
+  for (const auto& [key, entry] : meta.as_map()) {
+    // The level's own fields ("shape", "device", "_type", ...) are not objects.
+    if (!entry.is_map()) continue;
+    const std::string where = path_str(path, key);
+    TORCH_CHECK_VALUE(is_safe_key(key), "load_memmap: ", file_s, ": key ", where,
+                      " is not a safe file name");
+    if (const JsonValue* t = find(entry, "type"); t != nullptr) {
+      TORCH_CHECK_VALUE(t->is_string(), "load_memmap: ", file_s, ": key ", where,
+                        " has a type that is not a string");
+      const fs::path sub = dir / key;
+      if (t->as_string() == "TensorDict") {
+        path.push_back(key);
+        entries.emplace_back(key, load_level(sub, path));
+        path.pop_back();
+      } else if (t->as_string() == "NonTensorData") {
+        entries.emplace_back(key, NonTensorData(load_non_tensor(sub, where)));
+      } else {
+        TORCH_CHECK_VALUE(false, "load_memmap: ", file_s, ": key ", where, " is a ",
+                          t->as_string(), ", which is not supported (TensorDict and "
+                          "NonTensorData are)");
+      }
+      continue;
+    }
+    entries.emplace_back(key, load_leaf(dir, key, entry, where));
+  }
+  try {
+    return TensorDict(std::move(entries), batch_size, at::Device(at::kCPU));
+  } catch (const c10::Error& e) {
+    TORCH_CHECK_VALUE(false, "load_memmap: ", file_s, ": ", e.what_without_backtrace());
+  }
+}
+
+}  // namespace
+
+// ---- MemoryMappedTensor --------------------------------------------------------------------
+
+at::Tensor MemoryMappedTensor::from_tensor(const at::Tensor& tensor,
+                                           const std::optional<std::string>& filename,
+                                           const MemoryMappedTensorOptions& options) {
+  constexpr const char* fn = "MemoryMappedTensor.from_tensor";
+  check_plain(fn, tensor, "the input");
+  TORCH_CHECK(!tensor.requires_grad(), fn, ": the input requires grad; pass tensor.detach()");
+  if (is_memmap(tensor)) {
+    const auto existing = memmap_filename(tensor);
+    if (!filename && !existing) return tensor;
+    if (filename && existing) {
+      // A copy-on-write mapping may hold writes its file lacks: it is written out instead.
+      const Mapping* m = our_mapping(tensor);
+      if (absolute_path(fn, *filename) == *existing && (m == nullptr || m->shared)) return tensor;
+      TORCH_CHECK(options.copy_existing || absolute_path(fn, *filename) == *existing, fn,
+                  ": the tensor is mapped to ", *existing,
+                  " already; pass copy_existing to copy it to ", *filename);
+    }
+  }
+  at::Tensor out = make_mapped(fn, tensor.sizes(), tensor.scalar_type(), filename, options);
+  out.copy_(tensor);
+  return out;
+}
+
+at::Tensor MemoryMappedTensor::from_filename(const std::string& filename, at::ScalarType dtype,
+                                             at::IntArrayRef shape) {
+  constexpr const char* fn = "MemoryMappedTensor.from_filename";
+  const size_t nbytes = checked_nbytes(fn, shape, dtype);
+  const std::string path = absolute_path(fn, filename);
+  bool writable = true;
+  int fd = ::open(path.c_str(), O_RDWR | O_CLOEXEC);
+  if (fd < 0 && (errno == EACCES || errno == EROFS || errno == EPERM)) {
+    // As the reference's mode=None: a file we cannot write is mapped copy-on-write.
+    writable = false;
+    fd = ::open(path.c_str(), O_RDONLY | O_CLOEXEC);
+  }
+  if (fd < 0) fail_errno(fn, "open", path, errno);
+  struct stat st{};
+  if (::fstat(fd, &st) != 0) {
+    const int err = errno;
+    ::close(fd);
+    fail_errno(fn, "stat", path, err);
+  }
+  if (!S_ISREG(st.st_mode) || static_cast<uint64_t>(st.st_size) < nbytes) {
+    ::close(fd);
+    TORCH_CHECK(S_ISREG(st.st_mode), fn, ": ", path, " is not a regular file");
+    TORCH_CHECK(false, fn, ": ", path, " holds ", st.st_size, " bytes, too few for ",
+                dtype_name(dtype), " of shape ", shape, " (", nbytes, " bytes)");
+  }
+  void* base = nullptr;
+  if (nbytes != 0) {
+    base = ::mmap(nullptr, nbytes, PROT_READ | PROT_WRITE, writable ? MAP_SHARED : MAP_PRIVATE,
+                  fd, 0);
+    if (base == MAP_FAILED) {
+      const int err = errno;
+      ::close(fd);
+      fail_errno(fn, "map", path, err);
+    }
+  }
+  ::close(fd);
+  return tensor_over(new Mapping{base, nbytes, path, writable}, dtype, shape);
+}
+
+at::Tensor MemoryMappedTensor::empty(at::IntArrayRef shape, at::ScalarType dtype,
+                                     const std::optional<std::string>& filename,
+                                     const MemoryMappedTensorOptions& options) {
+  return make_mapped("MemoryMappedTensor.empty", shape, dtype, filename, options);
+}
+
+at::Tensor MemoryMappedTensor::zeros(at::IntArrayRef shape, at::ScalarType dtype,
+                                     const std::optional<std::string>& filename,
+                                     const MemoryMappedTensorOptions& options) {
+  // A new file or anonymous mapping reads as zeros already.
+  return make_mapped("MemoryMappedTensor.zeros", shape, dtype, filename, options);
+}
+
+at::Tensor MemoryMappedTensor::ones(at::IntArrayRef shape, at::ScalarType dtype,
+                                    const std::optional<std::string>& filename,
+                                    const MemoryMappedTensorOptions& options) {
+  return make_mapped("MemoryMappedTensor.ones", shape, dtype, filename, options).fill_(1);
+}
+
+at::Tensor MemoryMappedTensor::full(at::IntArrayRef shape, const at::Scalar& fill_value,
+                                    at::ScalarType dtype,
+                                    const std::optional<std::string>& filename,
+                                    const MemoryMappedTensorOptions& options) {
+  return make_mapped("MemoryMappedTensor.full", shape, dtype, filename, options).fill_(fill_value);
+}
+
+at::Tensor MemoryMappedTensor::empty_like(const at::Tensor& tensor,
+                                          const std::optional<std::string>& filename,
+                                          const MemoryMappedTensorOptions& options) {
+  constexpr const char* fn = "MemoryMappedTensor.empty_like";
+  check_plain(fn, tensor, "the input");
+  return make_mapped(fn, tensor.sizes(), tensor.scalar_type(), filename, options);
+}
+
+bool is_memmap(const at::Tensor& tensor) {
+  return our_mapping(tensor) != nullptr || torch_file_mapping(tensor) != nullptr;
+}
+
+std::optional<std::string> memmap_filename(const at::Tensor& tensor) {
+  if (const Mapping* m = our_mapping(tensor)) {
+    if (m->filename.empty()) return std::nullopt;
+    return m->filename;
+  }
+  if (const at::MapAllocator* a = torch_file_mapping(tensor)) {
+    return absolute_path("memmap_filename", a->filename());
+  }
+  return std::nullopt;
+}
+
+// ---- TensorDict ----------------------------------------------------------------------------
+
+TensorDict memmap(const TensorDict& td, const std::optional<std::string>& prefix,
+                  const MemmapOptions& options) {
+  return write_all("memmap", td, prefix, Writer{"memmap", Fill::kCopy, options});
+}
+
+TensorDict& memmap_(TensorDict& td, const std::optional<std::string>& prefix,
+                    const MemmapOptions& options) {
+  // Every file first, so that a failure leaves `td` as it was.
+  const TensorDict mapped = write_all("memmap_", td, prefix, Writer{"memmap_", Fill::kCopy, options});
+  // Leaves are replaced through set(), which a lock forbids; memmap_ locks at the end anyway.
+  td.unlock_();
+  swap_in(td, mapped);
+  td.lock_();
+  return td;
+}
+
+TensorDict memmap_like(const TensorDict& td, const std::optional<std::string>& prefix,
+                       const MemmapOptions& options) {
+  return write_all("memmap_like", td, prefix, Writer{"memmap_like", Fill::kZeros, options});
+}
+
+TensorDict load_memmap(const std::string& prefix) {
+  std::vector<std::string> path;
+  return load_level(fs::path(absolute_path("load_memmap", prefix)), path);
+}
+
+bool is_memmap(const TensorDict& td) {
+  if (!td.is_locked()) return false;
+  for (const auto& [key, value] : td.entries()) {  // the leaves where they are (no stacking)
+    if (value.is_tensor() ? !is_memmap(value.tensor())
+                          : value.is_tensordict() && !is_memmap(value.tensordict())) {
+      return false;
+    }
+  }
+  return true;
+}
+
+}  // namespace tensordict
