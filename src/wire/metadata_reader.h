@@ -181,7 +181,15 @@ struct Reader {
                       " is nested deeper than ", kMaxMetadataDepth, " levels");
     Metadata m;
     int seen = 0;  // bit per required field
-    const Json* cls_metadata_json = nullptr;  // read once cls is known, wherever it came
+    // cls_metadata's fields depend on cls, which a peer may send after it. (A scan: iterators
+    // of some trees yield values by copy, so a pointer to one would not outlive its step.)
+    bool lazy = false;
+    for (const auto& [k, v] : members) {
+      if (k == "cls") {
+        lazy = T::is_string(v) && T::as_string(v) == kLazyStackCls;
+        break;
+      }
+    }
     for (const auto& [k, v] : members) {
       if (k == "cls" && T::is_class_ref(v)) {
         m.cls = T::class_name(v);  // a pickled tensorclass node, read as a TensorDict node
@@ -206,7 +214,7 @@ struct Reader {
         }
         seen |= 4;
       } else if (k == "cls_metadata") {
-        cls_metadata_json = &v;
+        m.cls_metadata = lazy ? lazy_cls_metadata(v) : cls_metadata(v);
         seen |= 8;
       } else if (!T::is_map(v) && ((depth == 0 && k.starts_with("_")) || k == "size")) {
         // Transport fields ("_total_bytes", "_storage_device", ...) and the file variant's
@@ -236,13 +244,10 @@ struct Reader {
     TORCH_CHECK_VALUE(seen == 15, "metadata: ", at("the node"),
                       " lacks one of cls, non_tensors, leaves, cls_metadata");
     if (m.is_lazy_stack()) {
-      m.cls_metadata = lazy_cls_metadata(*cls_metadata_json);
       if (auto bs = lazy_stack_batch_size(m)) {  // otherwise validation says what is wrong
         m.cls_metadata.names.assign(bs->size(), std::nullopt);
         m.cls_metadata.batch_size = std::move(*bs);
       }
-    } else {
-      m.cls_metadata = cls_metadata(*cls_metadata_json);
     }
     return m;
   }
