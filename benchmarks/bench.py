@@ -45,13 +45,15 @@ CTRL_TAG = ACK_TAG + 1
 TIGHT_CI = 0.03
 CI_MIN_REPS = 30
 
-# name, leaves, bytes per leaf, nested 3 deep
+# name, leaves, bytes per leaf, nested 3 deep, lazy-stack members (0: a plain TensorDict).
+# A lazy stack's case runs in the Python program only, ours beside the reference's.
 CASES = [
-    ("1x1KB", 1, 1024, False),
-    ("100x1KB", 100, 1024, False),
-    ("1000x64B", 1000, 64, True),
-    ("16x8MB", 16, 8 << 20, False),
-    ("1x100MB", 1, 100 << 20, False),
+    ("1x1KB", 1, 1024, False, 0),
+    ("100x1KB", 100, 1024, False, 0),
+    ("1000x64B", 1000, 64, True, 0),
+    ("16x8MB", 16, 8 << 20, False, 0),
+    ("1x100MB", 1, 100 << 20, False, 0),
+    ("lazy4x16x1KB", 64, 1024, False, 4),
 ]
 QUICK_CASE = "1x1KB"
 
@@ -136,18 +138,24 @@ def python_rank(cfg: dict, rank: int, world_size: int) -> None:
     ack = torch.zeros(1)
     ctrl = torch.zeros(1, dtype=torch.int32)
     results = []
-    for name, leaves, nbytes, nested in cfg["cases"]:
-        paths = leaf_paths(leaves, nested)
+    for name, leaves, nbytes, nested, members in cfg["cases"]:
+        paths = leaf_paths(leaves // max(members, 1), nested)
         floats = nbytes // 4
 
         def make(lib, filled=sender):
-            td = lib.TensorDict({}, batch_size=[])
-            for i, p in enumerate(paths):
-                td[p] = pattern(torch, i, floats) if filled else torch.zeros(floats)
-            return td
+            tds = []
+            for j in range(max(members, 1)):  # member j holds leaves j * len(paths) + i
+                td = lib.TensorDict({}, batch_size=[])
+                for i, p in enumerate(paths):
+                    k = j * len(paths) + i
+                    td[p] = pattern(torch, k, floats) if filled else torch.zeros(floats)
+                tds.append(td)
+            return lib.lazy_stack(tds) if members else tds[0]
 
         def check(td):
-            return all(torch.equal(td[p], pattern(torch, i, floats)) for i, p in enumerate(paths))
+            tds = td.tensordicts if members else [td]
+            return all(torch.equal(m[p], pattern(torch, j * len(paths) + i, floats))
+                       for j, m in enumerate(tds) for i, p in enumerate(paths))
 
         ref_td, our_td = make(ref), make(ours)
         ref_cons = make(ref).consolidate(metadata=True)
@@ -255,7 +263,7 @@ def run_cpp(build: pathlib.Path, cases, settings, tmp) -> dict:
     cmd = [str(build / "transfer_bench"), "--json", str(out), "--cap", str(settings["cpp_cap"]),
            "--min-reps", str(settings["min_reps"]), "--max-reps", str(settings["max_reps"]),
            "--warmup", str(settings["warmup"])]
-    for name, leaves, nbytes, nested in cases:
+    for name, leaves, nbytes, nested, _ in cases:
         cmd += ["--case", f"{name}:{leaves}:{nbytes}:{int(nested)}"]
     proc = subprocess.run(cmd, capture_output=True, text=True, timeout=1200)
     if proc.returncode != 0:
@@ -704,10 +712,11 @@ def main() -> int:
     with tempfile.TemporaryDirectory(prefix="tensordict_bench_") as tmp:
         for case in cases:
             loads.append(os.getloadavg()[0])
-            name, leaves, nbytes, _ = case
+            name, leaves, nbytes, _, members = case
             print(f"benchmarks/run: {name} ...", file=sys.stderr, flush=True)
             t0 = time.monotonic()
-            cpp = run_cpp(build, [case], settings, tmp)["cases"][0]
+            cpp = ({"arms": {}} if members  # the C++ program has no lazy stacks to send
+                   else run_cpp(build, [case], settings, tmp)["cases"][0])
             t1 = time.monotonic()
             py = run_python([case], settings, tmp)["cases"][0]
             t2 = time.monotonic()

@@ -220,6 +220,23 @@ def interop(rank, world_size):
             assert_same(td, sample(lib, 4.0))
             assert {k: v.data_ptr() for k, v in leaves_of(td).items()} == before
         dist.barrier()
+    # a lazy stack at the root, per leaf with pseudo_rand tags, and its init_remote, both ways
+    root = lambda fill: lib.lazy_stack(list(members(lib, fill)), 1)  # noqa: E731
+    for src, dst in ((0, 2), (2, 0)):
+        if rank == src:
+            root(30.0).send(dst=dst, pseudo_rand=True)
+            root(31.0).isend(dst=dst, pseudo_rand=True, init_tag=5)
+            root(32.0).init_remote(dst=dst)
+        elif rank == dst:
+            td = root(0.0)
+            td.recv(src=src, pseudo_rand=True)
+            assert_same(td, root(30.0))
+            td.irecv(src=src, pseudo_rand=True, init_tag=5)
+            assert_same(td, root(31.0))
+            got = lib.TensorDict.from_remote_init(src=src)
+            assert isinstance(got, lib.LazyStackedTensorDict) and got.stack_dim == 1
+            assert_same(got, root(32.0))
+        dist.barrier()
     # consolidated send into a consolidated receiver, ours -> reference and back
     for src, dst in ((2, 0), (0, 2)):
         if rank == src:

@@ -233,30 +233,38 @@ def test_bad_metadata_from_the_reference_layout_is_refused(tmp_path):
         TensorDict.load_memmap(tmp_path)
 
 
-# ---- a received TensorDict writes into its files ---------------------------------------------
+# ---- a received TensorDict writes into its files, with the reference on the other rank ------
+def _values(cls, k):
+    return cls(a=torch.arange(4, dtype=torch.float32) + k,
+               n=cls(b=torch.full((4, 2), 7 + k, dtype=torch.int64), batch_size=[4]),
+               batch_size=[4])
+
+
 def _send_into_memmap(prefix, rank, world_size):
     torch.set_num_threads(1)
-    if rank == 0:
-        TensorDict(a=torch.arange(4, dtype=torch.float32),
-                   n=TensorDict(b=torch.full((4, 2), 7, dtype=torch.int64), batch_size=[4]),
-                   batch_size=[4]).send(dst=1)
-    else:
-        td = TensorDict(a=torch.zeros(4), n=TensorDict(b=torch.zeros(4, 2, dtype=torch.int64),
-                                                       batch_size=[4]),
-                        batch_size=[4]).memmap(prefix)
-        before = td["a"].data_ptr()
-        td.recv(src=0)
-        assert td["a"].data_ptr() == before  # received in place, into the mapping
-    dist.barrier()
+    cls = ref.TensorDict if rank == 0 else TensorDict
+    # Each rank sends from memory-mapped leaves of its own and receives into others: the
+    # reference (rank 0) first, then ours.
+    for src in (0, 1):
+        if rank == src:
+            _values(cls, src).memmap(f"{prefix}/send{rank}").send(dst=1 - rank)
+        else:
+            td = _values(cls, -100).memmap(f"{prefix}/recv{rank}")
+            before = td["a"].data_ptr()
+            td.recv(src=src)
+            assert td["a"].data_ptr() == before  # received in place, into the mapping
+        dist.barrier()
 
 
 def test_recv_writes_into_the_memory_mapped_files(tmp_path):
     run(functools.partial(_send_into_memmap, str(tmp_path)), world_size=2, timeout=90,
         group_timeout=20)
-    # The files (read by the reference, in this process) hold the received bytes.
-    loaded = ref.TensorDict.load_memmap(tmp_path)
-    assert torch.equal(loaded["a"], torch.arange(4, dtype=torch.float32))
-    assert torch.equal(loaded["n", "b"], torch.full((4, 2), 7, dtype=torch.int64))
+    # The files hold the received bytes: ours (rank 1) got the reference's, read here by the
+    # reference; the reference's got ours, read here by ours.
+    for loaded, k in ((ref.TensorDict.load_memmap(tmp_path / "recv1"), 0),
+                      (TensorDict.load_memmap(str(tmp_path / "recv0")), 1)):
+        assert torch.equal(loaded["a"], torch.arange(4, dtype=torch.float32) + k)
+        assert torch.equal(loaded["n", "b"], torch.full((4, 2), 7 + k, dtype=torch.int64))
 
 
 def test_the_constructor_forms(tmp_path):
