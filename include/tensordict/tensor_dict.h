@@ -45,6 +45,22 @@ struct UpdateOptions {
   bool inplace = false;  // copy into existing tensors (shapes and dtypes must match)
 };
 
+/// Options of select().
+struct SelectOptions {
+  bool inplace = false;  // drop the other keys from this TensorDict and return it
+  bool strict = true;    // a missing key is a KeyError (otherwise it is skipped)
+};
+
+/// Options of the reductions sum(), mean(), std(), max() and min(), named like the reference's
+/// keywords. Without dims, every leaf is reduced over all of its elements (batch size []).
+struct ReductionOptions {
+  std::vector<int64_t> dims;              // batch dims to reduce (negative: from the end)
+  bool feature = false;                   // reduce every leaf's feature dims instead
+  bool keepdim = false;
+  std::optional<at::ScalarType> dtype{};  // sum and mean
+  int64_t correction = 1;                 // std
+};
+
 /// A TensorDict is a handle: copying it copies a reference to the same dictionary, as a Python
 /// variable does (and as at::Tensor does). clone() makes an independent copy. Entries keep
 /// insertion order; each is a tensor (a leaf), a nested TensorDict, or a non-tensor entry
@@ -177,6 +193,103 @@ class TensorDict {
   bool any() const;
   bool allclose(const TensorDict& other, double rtol = 1e-5, double atol = 1e-8,
                 bool equal_nan = false) const;
+
+  // ---- the reference's everyday methods (docs/api-coverage.md) -----------------------------
+  /// A TensorDict of the given keys only (nested keys keep their levels), sharing the leaves.
+  TensorDict select(const std::vector<NestedKey>& keys, const SelectOptions& options = {}) const;
+  /// A TensorDict without the given keys (missing ones are ignored), sharing the leaves.
+  TensorDict exclude(const std::vector<NestedKey>& keys, bool inplace = false) const;
+  /// Nested levels flattened into keys joined by `separator` ({"a", "b"} -> "a.b").
+  TensorDict flatten_keys(const std::string& separator = ".") const;
+  /// The inverse: keys holding `separator` become nested levels.
+  TensorDict unflatten_keys(const std::string& separator = ".") const;
+  /// Moves the entry at old_key to new_key (KeyError if old_key is absent; with `safe`, a
+  /// KeyError if new_key exists).
+  TensorDict& rename_key_(const NestedKey& old_key, const NestedKey& new_key, bool safe = false);
+  /// The entry at `key`, setting `default_value` there first when it is absent.
+  Value setdefault(const NestedKey& key, const Value& default_value);
+  /// Copies every leaf of `other` into the existing leaf at the same key (KeyError naming a
+  /// key this TensorDict lacks); with keys_to_update, only those.
+  TensorDict& update_(const TensorDict& other, const std::vector<NestedKey>& keys_to_update = {});
+  /// Writes `value` into the leaf at `key`, at `index` of its batch dims.
+  TensorDict& set_at_(const NestedKey& key, const at::Tensor& value,
+                      at::ArrayRef<at::indexing::TensorIndex> index);
+  /// The leaf at `key`, indexed by `index`.
+  at::Tensor get_at(const NestedKey& key, at::ArrayRef<at::indexing::TensorIndex> index) const;
+  /// The same TensorDict without its non-tensor entries (at every level).
+  TensorDict filter_non_tensor_data() const;
+  /// A TensorDict with the same batch size and device and no leaves (with `recurse`, the same
+  /// nested levels, empty).
+  TensorDict empty(bool recurse = false) const;
+  /// A new structure sharing the leaves (the reference's copy(), clone(recurse=False)).
+  TensorDict copy() const;
+  /// Copies every leaf of `src` (same keys and shapes) into this TensorDict's leaves.
+  TensorDict& copy_(const TensorDict& src);
+
+  std::vector<TensorDict> chunk(int64_t chunks, int64_t dim = 0) const;
+  /// Batch dims start_dim..end_dim merged into one.
+  TensorDict flatten(int64_t start_dim = 0, int64_t end_dim = -1) const;
+  /// Batch dim `dim` split into `sizes` (one may be -1).
+  TensorDict unflatten(int64_t dim, at::IntArrayRef sizes) const;
+  TensorDict permute(at::IntArrayRef dims) const;
+  TensorDict transpose(int64_t dim0, int64_t dim1) const;
+
+  /// fn applied to every leaf in place: each leaf is replaced by (or, when fn returns the same
+  /// tensor, keeps) fn's result. Returns this TensorDict.
+  TensorDict& apply_(const std::function<at::Tensor(const at::Tensor&)>& fn);
+  /// apply() with the leaf's key: the full path (nested_keys) or the last part.
+  TensorDict named_apply(const std::function<at::Tensor(const NestedKey&, const at::Tensor&)>& fn,
+                         bool nested_keys = false) const;
+  /// Every leaf with `value` where `mask` (broadcast over the leaf's feature dims) is true.
+  TensorDict masked_fill(const at::Tensor& mask, const at::Scalar& value) const;
+  TensorDict& masked_fill_(const at::Tensor& mask, const at::Scalar& value);
+  /// torch.where(condition, leaf, other's leaf) for every leaf.
+  TensorDict where(const at::Tensor& condition, const TensorDict& other) const;
+  TensorDict where(const at::Tensor& condition, const at::Scalar& other) const;
+  TensorDict detach() const;
+  TensorDict& detach_();
+  TensorDict abs() const;
+  TensorDict isfinite() const;
+  TensorDict sum(const ReductionOptions& options = {}) const;
+  TensorDict mean(const ReductionOptions& options = {}) const;
+  TensorDict std(const ReductionOptions& options = {}) const;
+  /// With one batch dim: the values and the indices, as torch.max(dim) gives; without dims,
+  /// every leaf's maximum (indices undefined).
+  std::pair<TensorDict, std::optional<TensorDict>> max(const ReductionOptions& options = {}) const;
+  std::pair<TensorDict, std::optional<TensorDict>> min(const ReductionOptions& options = {}) const;
+  /// The reference's reduce=True: one tensor over every leaf (sum, mean, std, max or min of
+  /// all their elements; with dims, of the reduced leaves, which must then share a shape).
+  at::Tensor reduce_all(const char* op, const ReductionOptions& options = {}) const;
+  /// In place, leaf by leaf: other may be a TensorDict with the same keys, a tensor or a scalar.
+  TensorDict& add_(const TensorDict& other, const at::Scalar& alpha = 1);
+  TensorDict& add_(const at::Tensor& other, const at::Scalar& alpha = 1);
+  TensorDict& add_(const at::Scalar& other, const at::Scalar& alpha = 1);
+  TensorDict& mul_(const TensorDict& other);
+  TensorDict& mul_(const at::Tensor& other);
+  TensorDict& mul_(const at::Scalar& other);
+  TensorDict& lerp_(const TensorDict& end, const at::Scalar& weight);
+  TensorDict& lerp_(const TensorDict& end, const TensorDict& weight);
+  /// Elementwise arithmetic with a TensorDict of the same keys, or a tensor or scalar broadcast
+  /// to every leaf (a new TensorDict).
+  TensorDict operator+(const TensorDict& other) const;
+  TensorDict operator-(const TensorDict& other) const;
+  TensorDict operator*(const TensorDict& other) const;
+  TensorDict operator/(const TensorDict& other) const;
+  TensorDict operator+(const at::Tensor& other) const;
+  TensorDict operator-(const at::Tensor& other) const;
+  TensorDict operator*(const at::Tensor& other) const;
+  TensorDict operator/(const at::Tensor& other) const;
+  TensorDict operator+(const at::Scalar& other) const;
+  TensorDict operator-(const at::Scalar& other) const;
+  TensorDict operator*(const at::Scalar& other) const;
+  TensorDict operator/(const at::Scalar& other) const;
+  /// Every leaf in page-locked memory (needs an accelerator backend; RuntimeError otherwise).
+  TensorDict pin_memory() const;
+  /// Every CPU leaf moved to shared memory (as torch's share_memory_); locks the TensorDict, as
+  /// the reference does.
+  TensorDict& share_memory_();
+  /// True when every leaf is in shared (or CUDA) memory and there is at least one.
+  bool is_shared() const;
 
   /// The reference's detailed repr: TensorDict(fields={...}, batch_size=..., device=...,
   /// is_shared=...).

@@ -85,6 +85,16 @@ struct TensorDictImpl {
       }
     }
   }
+  /// Appends entries copied from a level (whose keys are unique) without looking each up:
+  /// building a level key by key costs a lookup and an index update per entry.
+  void append_unique(const std::string& key, Value value) {
+    entries.emplace_back(key, std::move(value));
+  }
+  /// Call after the last append_unique().
+  void appended() {
+    changed();
+    reindex();
+  }
   /// Removes the entry at `pos`.
   void erase_at(size_t pos) {
     changed();
@@ -130,6 +140,24 @@ const char* kind_name(const Value& v);
 
 /// ValueError unless `shape` starts with `batch_size`, naming the key and both shapes.
 void check_batch_prefix(const NestedKey& key, at::IntArrayRef shape, at::IntArrayRef batch_size);
+
+// The walks the batch and tensor-like operations are built on (tensor_dict_ops.cpp).
+using LeafFn = std::function<std::vector<at::Tensor>(const at::Tensor&)>;
+using LazyFn = std::function<std::vector<TensorDict>(const TensorDict&)>;
+/// One TensorDict per new batch size, each leaf mapped by fn (which acts on the first
+/// old_dims dims); a nested lazy stack gets lazy_fn, or is mapped as its dense stack.
+std::vector<TensorDict> map_batch(const TensorDict& td, size_t old_dims,
+                                  const std::vector<std::vector<int64_t>>& new_batches,
+                                  const LeafFn& fn, const LazyFn& lazy_fn = nullptr);
+/// map_batch with one result of batch size new_batch.
+TensorDict map_one(const TensorDict& td, std::vector<int64_t> new_batch,
+                   const std::function<at::Tensor(const at::Tensor&)>& fn);
+/// What map_leaves does with a non-tensor entry: keep it, give it `device`, or drop it.
+enum class NonTensors { kKeep, kMove, kDrop };
+/// The same structure and batch size with every leaf replaced by fn's result (lazy stacks
+/// member by member).
+TensorDict map_leaves(const TensorDict& td, const std::function<at::Tensor(const at::Tensor&)>& fn,
+                      std::optional<at::Device> device, NonTensors non_tensors = NonTensors::kKeep);
 
 /// A lazy stack's members and stack dim (lazy_stack.cpp holds what the TensorDict methods do
 /// on a lazy stack).

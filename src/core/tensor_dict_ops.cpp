@@ -16,14 +16,15 @@ using detail::TensorDictImpl;
 
 namespace {
 
-using LeafFn = std::function<std::vector<at::Tensor>(const at::Tensor&)>;
-using LazyFn = std::function<std::vector<TensorDict>(const TensorDict&)>;
-
 std::vector<int64_t> concat(at::IntArrayRef head, at::IntArrayRef tail) {
   std::vector<int64_t> out(head.begin(), head.end());
   out.insert(out.end(), tail.begin(), tail.end());
   return out;
 }
+
+}  // namespace
+
+namespace detail {
 
 // The core of every batch operation. `fn` maps a tensor to its results (one per output
 // TensorDict) by acting on its first `old_dims` dims only, so the same fn serves leaves and the
@@ -33,27 +34,30 @@ std::vector<int64_t> concat(at::IntArrayRef head, at::IntArrayRef tail) {
 // it lazy (index, unbind); otherwise its dense stack is mapped.
 std::vector<TensorDict> map_batch(const TensorDict& td, size_t old_dims,
                                   const std::vector<std::vector<int64_t>>& new_batches,
-                                  const LeafFn& fn, const LazyFn& lazy_fn = nullptr) {
+                                  const LeafFn& fn, const LazyFn& lazy_fn) {
   std::vector<TensorDict> out;
   out.reserve(new_batches.size());
-  for (const auto& b : new_batches) out.push_back(TensorDictImpl::make(b, td.device()));
+  for (const auto& b : new_batches) {
+    out.push_back(TensorDictImpl::make(b, td.device()));
+    TensorDictImpl::of(out.back()).entries.reserve(td.entries().size());
+  }
   for (const auto& [key, value] : td.entries()) {
     if (value.is_tensor()) {
       std::vector<at::Tensor> parts = fn(value.tensor());
       TORCH_INTERNAL_ASSERT(parts.size() == out.size());
-      for (size_t i = 0; i < out.size(); ++i) TensorDictImpl::of(out[i]).put(key, parts[i]);
+      for (size_t i = 0; i < out.size(); ++i) TensorDictImpl::of(out[i]).append_unique(key, parts[i]);
     } else if (value.is_non_tensor()) {
       // The data is kept; the batch size follows the level's, as the reference's NonTensorData
       // does (its extra batch dims, if any, stay after the new ones).
       const NonTensorData& nt = value.non_tensor();
       const auto extra = nt.batch_size().slice(td.batch_size().size());
       for (size_t i = 0; i < out.size(); ++i) {
-        TensorDictImpl::of(out[i]).put(
+        TensorDictImpl::of(out[i]).append_unique(
             key, NonTensorData(nt.data(), concat(new_batches[i], extra), nt.device()));
       }
     } else if (value.tensordict().is_lazy_stack() && lazy_fn) {
       auto parts = lazy_fn(value.tensordict());
-      for (size_t i = 0; i < out.size(); ++i) TensorDictImpl::of(out[i]).put(key, parts[i]);
+      for (size_t i = 0; i < out.size(); ++i) TensorDictImpl::of(out[i]).append_unique(key, parts[i]);
     } else {
       const TensorDict child = value.tensordict().is_lazy_stack()
                                    ? detail::lazy::dense(value.tensordict())
@@ -63,9 +67,10 @@ std::vector<TensorDict> map_batch(const TensorDict& td, size_t old_dims,
       std::vector<std::vector<int64_t>> child_batches;
       for (const auto& b : new_batches) child_batches.push_back(concat(b, extra));
       auto parts = map_batch(child, old_dims, child_batches, fn, lazy_fn);
-      for (size_t i = 0; i < out.size(); ++i) TensorDictImpl::of(out[i]).put(key, parts[i]);
+      for (size_t i = 0; i < out.size(); ++i) TensorDictImpl::of(out[i]).append_unique(key, parts[i]);
     }
   }
+  for (auto& o : out) TensorDictImpl::of(o).appended();
   return out;
 }
 
@@ -75,39 +80,48 @@ TensorDict map_one(const TensorDict& td, std::vector<int64_t> new_batch,
                    [&](const at::Tensor& t) { return std::vector<at::Tensor>{fn(t)}; })[0];
 }
 
-// What map_leaves does with a non-tensor entry.
-enum class NonTensors { kKeep, kMove, kDrop };
-
 // Same structure and batch size, each leaf replaced; used by clone, to, contiguous, ==.
 // Non-tensor entries are kept as they are (the data is immutable, so a copy is a clone), given
 // `device` (kMove, for to(device)), or left out (kDrop, for results that hold only tensors).
 // A lazy stack stays one, member by member.
 TensorDict map_leaves(const TensorDict& td, const std::function<at::Tensor(const at::Tensor&)>& fn,
-                      std::optional<at::Device> device, NonTensors non_tensors = NonTensors::kKeep) {
+                      std::optional<at::Device> device, NonTensors non_tensors) {
   if (td.is_lazy_stack()) {
     return detail::lazy::map_members(td, [&](const TensorDict& m) {
       return map_leaves(m, fn, device.has_value() ? device : m.device(), non_tensors);
     });
   }
   TensorDict out = TensorDictImpl::make(td.batch_size().vec(), device);
+  auto& impl = TensorDictImpl::of(out);
+  impl.entries.reserve(td.entries().size());
   for (const auto& [key, value] : td.entries()) {
     if (value.is_tensor()) {
-      TensorDictImpl::of(out).put(key, fn(value.tensor()));
+      impl.append_unique(key, fn(value.tensor()));
     } else if (value.is_non_tensor()) {
       const NonTensorData& nt = value.non_tensor();
       if (non_tensors == NonTensors::kKeep) {
-        TensorDictImpl::of(out).put(key, value);
+        impl.append_unique(key, value);
       } else if (non_tensors == NonTensors::kMove) {
-        TensorDictImpl::of(out).put(key, NonTensorData(nt.data(), nt.batch_size().vec(), device));
+        impl.append_unique(key, NonTensorData(nt.data(), nt.batch_size().vec(), device));
       }
     } else {
       const TensorDict& child = value.tensordict();
-      TensorDictImpl::of(out).put(
+      impl.append_unique(
           key, map_leaves(child, fn, device.has_value() ? device : child.device(), non_tensors));
     }
   }
+  impl.appended();
   return out;
 }
+
+}  // namespace detail
+
+namespace {
+
+using detail::map_batch;
+using detail::map_leaves;
+using detail::map_one;
+using detail::NonTensors;
 
 std::string short_dump(const JsonValue& v) {
   std::string text = v.dump();
