@@ -21,10 +21,11 @@ from tensordict_cpp._td import (LazyStackedTensorDict, NonTensorData, TensorDict
 from tensordict_cpp.pipe import TensorDictPipe, TensorDictServer
 # As in the reference, the name `tensorclass` is the decorator; the module stays reachable as
 # `from tensordict_cpp.tensorclass import ...` (through sys.modules).
-from tensordict_cpp.tensorclass import is_tensorclass, tensorclass
+from tensordict_cpp.tensorclass import is_tensor_collection, is_tensorclass, tensorclass
 
 __all__ = ["TensorDict", "LazyStackedTensorDict", "NonTensorData", "MemoryMappedTensor", "stack",
            "cat", "lazy_stack", "TensorDictPipe", "TensorDictServer", "tensorclass",
            "is_tensorclass", "send", "recv", "isend", "irecv", "init_remote", "consolidate",
-           "broadcast", "all_gather", "scatter", "all_reduce", "reduce", "gather_and_stack"]
+           "broadcast", "all_gather", "scatter", "all_reduce", "reduce", "gather_and_stack",
+           "is_tensor_collection"]
 __version__ = "0.1.0"

@@ -31,6 +31,12 @@ def is_reference(obj: Any) -> bool:
         not isinstance(obj, type) and ref.is_tensorclass(obj))
 
 
+def is_reference_class(cls: type) -> bool:
+    """Whether ``cls`` is one of the reference's tensor collection classes."""
+    ref = _module()
+    return ref is not None and (issubclass(cls, ref.TensorDictBase) or ref.is_tensorclass(cls))
+
+
 def from_reference(obj: Any) -> _C.TensorDict:
     """The ``_C.TensorDict`` holding the leaves of the reference object ``obj``, shared, with its
     batch size, device, nested levels, non-tensor entries and lock. TypeError naming the class

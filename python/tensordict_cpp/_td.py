@@ -348,11 +348,16 @@ class TensorDict:
         every leaf's batch dimensions and returns a new TensorDict; ints and slices give views.
         IndexError or ValueError when the index does not fit the batch size.
         """
-        if _is_key(index):
+        if type(index) is str:  # the common case first: a tensor at a str key
+            value = self._cpp.get_str(index)
+            if type(value) is torch.Tensor:
+                return value
+        elif _is_key(index):
             value = self._cpp.get(index)
-            # As the reference: a non-tensor entry reads as its data.
-            return value.data if isinstance(value, _C.NonTensorData) else _from_value(value)
-        return TensorDict._wrap(self._cpp.index(_as_index(index)))
+        else:
+            return TensorDict._wrap(self._cpp.index(_as_index(index)))
+        # As the reference: a non-tensor entry reads as its data.
+        return value.data if isinstance(value, _C.NonTensorData) else _from_value(value)
 
     def __setitem__(self, index: Any, value: Any) -> None:
         """``td[key] = value`` sets an entry; ``td[index] = value`` writes into the batch.
@@ -469,7 +474,8 @@ class TensorDict:
             return default
         return _from_value(self._cpp.pop(key))
 
-    def keys(self, include_nested: bool = False, leaves_only: bool = False) -> list:
+    def keys(self, include_nested: bool = False, leaves_only: bool = False,
+             is_leaf: Callable | None = None) -> list:
         """The keys, in insertion order.
 
         Args:
@@ -477,8 +483,22 @@ class TensorDict:
                 tuple keys such as ``("a", "b")``. Defaults to ``False``.
             leaves_only (bool, optional): keep only tensors: leave out nested TensorDicts and,
                 as the reference does, non-tensor entries. Defaults to ``False``.
+            is_leaf (callable, optional): called with an entry's type: what ``leaves_only``
+                keeps (a nested TensorDict for which it returns True is listed too, after its
+                entries). Defaults to tensors being the leaves.
         """
-        return self._cpp.keys(include_nested, leaves_only)
+        if is_leaf is None:
+            return self._cpp.keys(include_nested, leaves_only)
+        out = []
+        for key, value in self.items():
+            leaf = bool(is_leaf(type(value)))
+            nested = isinstance(value, TensorDict)
+            if nested and include_nested:  # entered whatever is_leaf says, as the reference
+                out += [(key, *(k if isinstance(k, tuple) else (k,)))
+                        for k in value.keys(True, leaves_only, is_leaf)]
+            if leaf or not leaves_only:
+                out.append(key)
+        return out
 
     def values(self, include_nested: bool = False, leaves_only: bool = False) -> list:
         """The entries, in the order of :meth:`keys` with the same arguments."""
@@ -558,9 +578,10 @@ class TensorDict:
         return tuple(TensorDict._wrap(t) for t in self._cpp.split(sizes, dim))
 
     # ---- tensor-like operations --------------------------------------------------------------
-    def clone(self) -> "TensorDict":
-        """An independent copy: every leaf is cloned, every level rebuilt."""
-        return TensorDict._wrap(self._cpp.clone())
+    def clone(self, recurse: bool = True, **kwargs: Any) -> "TensorDict":
+        """An independent copy: every leaf is cloned, every level rebuilt. With
+        ``recurse=False``, only the structure is new and the leaves are shared (:meth:`copy`)."""
+        return TensorDict._wrap(self._cpp.clone() if recurse else self._cpp.copy())
 
     def to(self, *args: Any, **kwargs: Any) -> "TensorDict":
         """A TensorDict with every leaf moved to a device or cast to a dtype.
@@ -580,7 +601,8 @@ class TensorDict:
         """A TensorDict whose leaves are contiguous (copies only where needed)."""
         return TensorDict._wrap(self._cpp.contiguous())
 
-    def apply(self, fn: Callable, *others: "TensorDict") -> "TensorDict":
+    def apply(self, fn: Callable, *others: "TensorDict", batch_size: Any = None,
+              names: Any = None, **kwargs: Any) -> "TensorDict":
         """A new TensorDict with ``fn`` applied to every leaf; nested levels are kept.
 
         Non-tensor entries are kept as they are, as in the reference.
@@ -589,7 +611,20 @@ class TensorDict:
             fn (callable): called as ``fn(leaf)``, or ``fn(leaf, other_leaf)`` with one other
                 TensorDict; returns a tensor, or ``None`` to leave the leaf out.
             *others (TensorDict): at most one TensorDict holding every key of this one.
+            batch_size (sequence of int, optional): the result's batch size, for an ``fn``
+                that changes the batch dims (every level gets it). Defaults to this one's.
+            names: the reference's dim names; only ``None`` is supported.
         """
+        if names is not None:
+            raise NotImplementedError("apply: names= (dim names) is not supported")
+        if batch_size is not None:
+            leaves = {k: (fn(v, *(o[k] for o in others)) if isinstance(v, torch.Tensor) else v)
+                      for k, v in self.items(True, True)}
+            out = TensorDict({}, batch_size=batch_size, device=self.device)
+            for key, value in leaves.items():
+                if value is not None:
+                    out[key] = value
+            return out
         if not others:
             return TensorDict._wrap(self._cpp.apply(fn))
         if len(others) > 1:
@@ -698,6 +733,353 @@ class TensorDict:
         leaf tensor in place through its own handle (``Tensor.set_``, ``resize_``,
         ``unsqueeze_``, ...) is not seen, as in the reference."""
         return self._cpp.is_consolidated()
+
+    # ---- the reference's everyday methods (docs/api-coverage.md) -------------------------
+    def select(self, *keys: Any, inplace: bool = False, strict: bool = True,
+               as_tensordict: bool = False) -> "TensorDict":
+        """A TensorDict of ``keys`` only, sharing the leaves (with ``inplace``, this one loses
+        the others). KeyError for a missing key unless ``strict=False``."""
+        return self._same_or_new(self._cpp.select(list(keys), inplace, strict), inplace)
+
+    def exclude(self, *keys: Any, inplace: bool = False) -> "TensorDict":
+        """A TensorDict without ``keys`` (missing ones are ignored), sharing the leaves."""
+        return self._same_or_new(self._cpp.exclude(list(keys), inplace), inplace)
+
+    def flatten_keys(self, separator: str = ".", inplace: bool = False,
+                     is_leaf: Any = None) -> "TensorDict":
+        """Nested levels flattened into keys joined by ``separator`` (``("a", "b")`` ->
+        ``"a.b"``)."""
+        return self._replace(self._cpp.flatten_keys(separator), inplace)
+
+    def unflatten_keys(self, separator: str = ".", inplace: bool = False) -> "TensorDict":
+        """Keys holding ``separator`` become nested levels (the inverse of flatten_keys)."""
+        return self._replace(self._cpp.unflatten_keys(separator), inplace)
+
+    def rename_key_(self, old_key: Any, new_key: Any, safe: bool = False) -> "TensorDict":
+        """Moves the entry at ``old_key`` to ``new_key`` (KeyError if absent; with ``safe``,
+        KeyError if ``new_key`` exists)."""
+        self._cpp.rename_key_(old_key, new_key, safe)
+        return self
+
+    def setdefault(self, key: Any, default: Any, inplace: bool = False) -> Any:
+        """The entry at ``key``, setting ``default`` there first when it is absent."""
+        if key not in self:
+            self.set(key, default)
+        return self.get(key)
+
+    def del_(self, key: Any) -> "TensorDict":
+        """Removes the entry at ``key`` and returns the TensorDict."""
+        self._cpp.erase(key)
+        return self
+
+    def update_(self, input_dict_or_td: Any = None, clone: bool = False, *,
+                non_blocking: bool = False, keys_to_update: Any = None,
+                **kwargs: Any) -> "TensorDict":
+        """Copies the leaves of ``input_dict_or_td`` into the existing leaves at their keys
+        (KeyError naming a key this TensorDict lacks)."""
+        source = input_dict_or_td if input_dict_or_td is not None else kwargs
+        self._cpp.update_(_to_cpp_td(source, self), keys_to_update)
+        return self
+
+    def set_at_(self, key: Any, value: Any, index: Any, *,
+                non_blocking: bool = False) -> "TensorDict":
+        """Writes ``value`` into the leaf at ``key``, at ``index`` of its batch dims."""
+        self._cpp.set_at_(key, torch.as_tensor(value), _as_index(index))
+        return self
+
+    def get_at(self, key: Any, index: Any, default: Any = _NO_DEFAULT) -> Any:
+        """The leaf at ``key`` indexed by ``index``; ``default`` when the key is missing."""
+        if default is not _NO_DEFAULT and key not in self:
+            return default
+        return self._cpp.get_at(key, _as_index(index))
+
+    def filter_non_tensor_data(self) -> "TensorDict":
+        """This TensorDict without its non-tensor entries, at every level."""
+        return TensorDict._wrap(self._cpp.filter_non_tensor_data())
+
+    def empty(self, recurse: bool = False, *, batch_size: Any = None, device: Any = _NO_DEFAULT,
+              names: Any = _NO_DEFAULT) -> "TensorDict":
+        """A TensorDict with this batch size and device and no leaves; with ``recurse``, the
+        same nested levels, empty."""
+        out = TensorDict._wrap(self._cpp.empty(recurse))
+        if batch_size is not None:
+            out.batch_size = batch_size
+        if device is not _NO_DEFAULT and device is not None:
+            out = out.to(device)
+        return out
+
+    def copy(self) -> "TensorDict":
+        """A new structure sharing the leaves (``clone(recurse=False)``)."""
+        return TensorDict._wrap(self._cpp.copy())
+
+    def copy_(self, tensordict: "TensorDict", non_blocking: bool = False) -> "TensorDict":
+        """Copies every leaf of ``tensordict`` into this TensorDict's leaves (same keys)."""
+        self._cpp.copy_(_to_cpp_td(tensordict, self))
+        return self
+
+    def to_dict(self, *, retain_none: bool = True, convert_tensors: bool = False,
+                tolist_first: bool = False) -> dict:
+        """A nested dict of the entries: tensors as they are (or their ``tolist()`` with
+        ``convert_tensors``), nested TensorDicts as dicts, non-tensor entries as their data."""
+        out = {}
+        for key, value in self._cpp.items(False, False):
+            if isinstance(value, _CTD):
+                out[key] = TensorDict._wrap(value).to_dict(convert_tensors=convert_tensors)
+            elif isinstance(value, _C.NonTensorData):
+                out[key] = value.data
+            else:
+                out[key] = value.tolist() if convert_tensors else value
+        return out
+
+    @classmethod
+    def from_dict(cls, input_dict: Any, *, auto_batch_size: bool | None = None,
+                  batch_size: Any = None, device: Any = None, batch_dims: int | None = None,
+                  names: Any = None) -> "TensorDict":
+        """A TensorDict from a (nested) dict. With ``auto_batch_size``, the batch size is the
+        longest leading shape every leaf shares (at most ``batch_dims`` dims)."""
+        td = cls(input_dict, batch_size=batch_size, device=device)
+        if auto_batch_size and batch_size is None:
+            shapes = [v.shape for v in td.values(True, True)]
+            common = []
+            for dims in zip(*shapes) if shapes else ():
+                if len(set(dims)) != 1 or (batch_dims is not None and len(common) == batch_dims):
+                    break
+                common.append(dims[0])
+            _set_batch_sizes(td, common)
+        return td
+
+    def tolist(self, *, convert_nodes: bool = True, convert_tensors: bool = False,
+               tolist_first: bool = False, as_linked_list: bool = False) -> list:
+        """The batch as nested lists (one level per batch dim) of dicts (``to_dict()`` of each
+        element)."""
+        if self.batch_dims == 0:
+            return self.to_dict(convert_tensors=convert_tensors)
+        return [td.tolist(convert_tensors=convert_tensors) for td in self.unbind(0)]
+
+    def chunk(self, chunks: int, dim: int = 0) -> tuple["TensorDict", ...]:
+        """``chunks`` pieces along batch dim ``dim``, as torch.chunk."""
+        return tuple(TensorDict._wrap(t) for t in self._cpp.chunk(chunks, dim))
+
+    def flatten(self, start_dim: int | None = None, end_dim: int | None = None, *,
+                inplace: bool = False) -> "TensorDict":
+        """Batch dims ``start_dim`` to ``end_dim`` merged into one."""
+        out = self._cpp.flatten(0 if start_dim is None else start_dim,
+                                -1 if end_dim is None else end_dim)
+        return self._replace(out, inplace)
+
+    def unflatten(self, dim: int, unflattened_size: Sequence[int], *,
+                  inplace: bool = False) -> "TensorDict":
+        """Batch dim ``dim`` split into ``unflattened_size``."""
+        return self._replace(self._cpp.unflatten(dim, list(unflattened_size)), inplace)
+
+    def permute(self, *dims: Any, **kwargs: Any) -> "TensorDict":
+        """The batch dims permuted (feature dims stay in place)."""
+        dims = kwargs.get("dims", dims)
+        return TensorDict._wrap(self._cpp.permute(_shape_args(tuple(dims))))
+
+    def transpose(self, dim0: int, dim1: int) -> "TensorDict":
+        """Batch dims ``dim0`` and ``dim1`` swapped."""
+        return TensorDict._wrap(self._cpp.transpose(dim0, dim1))
+
+    def apply_(self, fn: Callable, *others: Any, **kwargs: Any) -> "TensorDict":
+        """``fn`` applied to every leaf in place (its result copied into the leaf)."""
+        if others:
+            for key, leaf in self._cpp.items(True, True):
+                self._cpp.set_(key, fn(leaf, *(o[key] for o in others)))
+            return self
+        self._cpp.apply_(fn)
+        return self
+
+    def named_apply(self, fn: Callable, *others: Any, nested_keys: bool = False,
+                    **kwargs: Any) -> "TensorDict":
+        """:meth:`apply` with the leaf's key first: ``fn(key, leaf)``."""
+        if others:
+            raise NotImplementedError("named_apply: other TensorDicts are not supported")
+        return TensorDict._wrap(self._cpp.named_apply(fn, nested_keys))
+
+    def masked_fill(self, mask: torch.Tensor, value: Any) -> "TensorDict":
+        """Every leaf with ``value`` where ``mask`` (over the batch dims) is true."""
+        return TensorDict._wrap(self._cpp.masked_fill(mask, value))
+
+    def masked_fill_(self, mask: torch.Tensor, value: Any) -> "TensorDict":
+        """:meth:`masked_fill` in place."""
+        self._cpp.masked_fill_(mask, value)
+        return self
+
+    def where(self, condition: torch.Tensor, other: Any, *, out: Any = None,
+              pad: Any = None, update_batch_size: bool = False) -> "TensorDict":
+        """``torch.where(condition, leaf, other's leaf)`` for every leaf (``other`` a
+        TensorDict or a number)."""
+        if out is not None or pad is not None:
+            raise NotImplementedError("where: out= and pad= are not supported")
+        other = other._cpp if isinstance(other, TensorDict) else other
+        return TensorDict._wrap(self._cpp.where(condition, other))
+
+    def detach(self) -> "TensorDict":
+        """Every leaf detached from autograd."""
+        return TensorDict._wrap(self._cpp.detach())
+
+    def detach_(self) -> "TensorDict":
+        """Every leaf detached in place."""
+        self._cpp.detach_()
+        return self
+
+    def abs(self) -> "TensorDict":
+        """Every leaf's absolute value."""
+        return TensorDict._wrap(self._cpp.abs())
+
+    def isfinite(self) -> "TensorDict":
+        """Every leaf's ``torch.isfinite`` (bool leaves)."""
+        return TensorDict._wrap(self._cpp.isfinite())
+
+    def _reduce_call(self, op: str, dim: Any, keepdim: Any, dtype: Any = None,
+                     correction: int = 1, reduce: bool | None = None) -> Any:
+        dim = None if dim is _NO_DEFAULT else dim
+        keepdim = False if keepdim is _NO_DEFAULT else bool(keepdim)
+        out = self._cpp.reduction(op, dim, keepdim, dtype, correction, bool(reduce))
+        if isinstance(out, tuple):
+            return torch.return_types.max((TensorDict._wrap(out[0]), TensorDict._wrap(out[1]))) \
+                if op == "max" else torch.return_types.min((TensorDict._wrap(out[0]),
+                                                            TensorDict._wrap(out[1])))
+        return TensorDict._wrap(out) if isinstance(out, _CTD) else out
+
+    def sum(self, dim: Any = _NO_DEFAULT, keepdim: Any = _NO_DEFAULT, *, dtype: Any = None,
+            reduce: bool | None = None) -> Any:
+        """Every leaf summed over all its elements, batch dims ``dim`` or (``"feature"``) its
+        feature dims; with ``reduce=True``, one tensor over every leaf."""
+        return self._reduce_call("sum", dim, keepdim, dtype, reduce=reduce)
+
+    def mean(self, dim: Any = _NO_DEFAULT, keepdim: Any = _NO_DEFAULT, *, dtype: Any = None,
+             reduce: bool | None = None) -> Any:
+        """As :meth:`sum`, the mean."""
+        return self._reduce_call("mean", dim, keepdim, dtype, reduce=reduce)
+
+    def std(self, dim: Any = _NO_DEFAULT, keepdim: Any = _NO_DEFAULT, *, correction: int = 1,
+            reduce: bool | None = None) -> Any:
+        """As :meth:`sum`, the standard deviation (``correction`` as in torch.std)."""
+        return self._reduce_call("std", dim, keepdim, correction=correction, reduce=reduce)
+
+    def max(self, dim: Any = _NO_DEFAULT, keepdim: bool = False, *, reduce: bool | None = None,
+            return_indices: bool = True) -> Any:
+        """Every leaf's maximum; with a batch ``dim``, ``torch.return_types.max`` of value and
+        index TensorDicts (values only without ``return_indices``)."""
+        out = self._reduce_call("max", dim, keepdim, reduce=reduce)
+        return out if return_indices or not isinstance(out, tuple) else out.values
+
+    def min(self, dim: Any = _NO_DEFAULT, keepdim: bool = False, *, reduce: bool | None = None,
+            return_indices: bool = True) -> Any:
+        """As :meth:`max`, the minimum."""
+        out = self._reduce_call("min", dim, keepdim, reduce=reduce)
+        return out if return_indices or not isinstance(out, tuple) else out.values
+
+    def add_(self, other: Any, *, alpha: float | None = None) -> "TensorDict":
+        """``leaf += alpha * other`` for every leaf (``other`` a TensorDict, tensor or number)."""
+        self._cpp.add_(other._cpp if isinstance(other, TensorDict) else other, alpha)
+        return self
+
+    def mul_(self, other: Any) -> "TensorDict":
+        """``leaf *= other`` for every leaf."""
+        self._cpp.mul_(other._cpp if isinstance(other, TensorDict) else other)
+        return self
+
+    def lerp_(self, end: "TensorDict", weight: Any) -> "TensorDict":
+        """``leaf.lerp_(end's leaf, weight)`` for every leaf (weight a number or TensorDict)."""
+        self._cpp.lerp_(_to_cpp_td(end, self),
+                        weight._cpp if isinstance(weight, TensorDict) else weight)
+        return self
+
+    def _arith(self, op: str, other: Any) -> "TensorDict":
+        return TensorDict._wrap(self._cpp.arith(op, other._cpp if isinstance(other, TensorDict)
+                                                else other))
+
+    def __add__(self, other: Any) -> "TensorDict":
+        return self._arith("+", other)
+
+    def __sub__(self, other: Any) -> "TensorDict":
+        return self._arith("-", other)
+
+    def __mul__(self, other: Any) -> "TensorDict":
+        return self._arith("*", other)
+
+    def __truediv__(self, other: Any) -> "TensorDict":
+        return self._arith("/", other)
+
+    __radd__, __rmul__ = __add__, __mul__
+
+    def __rsub__(self, other: Any) -> "TensorDict":
+        return self._arith("-", other) * -1
+
+    def float(self, *, cast_filter: Any = None) -> "TensorDict":
+        """Every leaf cast to ``torch.float32`` (``cast_filter`` is accepted and ignored)."""
+        return self.to(torch.float32)
+
+    def double(self, *, cast_filter: Any = None) -> "TensorDict":
+        """Every leaf cast to ``torch.float64`` (``cast_filter`` is accepted and ignored)."""
+        return self.to(torch.float64)
+
+    def half(self, *, cast_filter: Any = None) -> "TensorDict":
+        """Every leaf cast to ``torch.float16`` (``cast_filter`` is accepted and ignored)."""
+        return self.to(torch.float16)
+
+    def bfloat16(self, *, cast_filter: Any = None) -> "TensorDict":
+        """Every leaf cast to ``torch.bfloat16`` (``cast_filter`` is accepted and ignored)."""
+        return self.to(torch.bfloat16)
+
+    def int(self, *, cast_filter: Any = None) -> "TensorDict":
+        """Every leaf cast to ``torch.int32`` (``cast_filter`` is accepted and ignored)."""
+        return self.to(torch.int32)
+
+    def long(self, *, cast_filter: Any = None) -> "TensorDict":
+        """Every leaf cast to ``torch.int64`` (``cast_filter`` is accepted and ignored)."""
+        return self.to(torch.int64)
+
+    def bool(self, *, cast_filter: Any = None) -> "TensorDict":
+        """Every leaf cast to ``torch.bool`` (``cast_filter`` is accepted and ignored)."""
+        return self.to(torch.bool)
+
+    def cpu(self, **kwargs: Any) -> "TensorDict":
+        """Every leaf on the CPU (``to("cpu")``)."""
+        return self.to("cpu")
+
+    def cuda(self, device: Any = None, **kwargs: Any) -> "TensorDict":
+        """Every leaf on a CUDA device (``device`` an index or a device; the current one by
+        default)."""
+        return self.to(torch.device("cuda") if device is None else torch.device("cuda", device)
+                       if isinstance(device, int) else device)
+
+    def pin_memory(self, num_threads: int | None = None, inplace: bool = False) -> "TensorDict":
+        """Every leaf in page-locked memory (RuntimeError without an accelerator)."""
+        return self._replace(self._cpp.pin_memory(), inplace)
+
+    def share_memory_(self) -> "TensorDict":
+        """Every CPU leaf moved into shared memory, then the TensorDict locked, as the
+        reference."""
+        self._cpp.share_memory_()
+        return self
+
+    def is_shared(self) -> bool:
+        """True when every leaf is in shared or CUDA memory."""
+        return self._cpp.is_shared()
+
+    def numpy(self) -> Any:
+        """The leaves as numpy arrays, in a nested dict (an array for one leaf at the root)."""
+        return {k: (TensorDict._wrap(v).numpy() if isinstance(v, _CTD) else
+                    v.data if isinstance(v, _C.NonTensorData) else v.numpy())
+                for k, v in self._cpp.items(False, False)}
+
+    def _same_or_new(self, cpp: _CTD, inplace: bool) -> "TensorDict":
+        return self if inplace else TensorDict._wrap(cpp)
+
+    def _replace(self, cpp: _CTD, inplace: bool) -> "TensorDict":
+        """``cpp`` as the result, or with ``inplace`` as this TensorDict's new contents."""
+        if not inplace:
+            return TensorDict._wrap(cpp)
+        for key in self._cpp.keys(False, False):
+            self._cpp.erase(key)
+        self._cpp.set_batch_size(cpp.batch_size)
+        for key, value in cpp.items(False, False):
+            self._cpp.set(key, value)
+        return self
 
     # ---- printing ----------------------------------------------------------------------------
     def __repr__(self) -> str:
@@ -863,6 +1245,14 @@ def cat(list_of_tds: Sequence[TensorDict], dim: int = 0) -> TensorDict:
     return TensorDict._wrap(_C.cat([_cpp_of(td) for td in list_of_tds], dim))
 
 
+def _set_batch_sizes(td: TensorDict, batch_size: list[int]) -> None:
+    """The batch size of ``td`` and of its nested levels, whose sizes start with it."""
+    for value in td._cpp.values(False, False):
+        if isinstance(value, _CTD):
+            _set_batch_sizes(TensorDict._wrap(value), batch_size)
+    td._cpp.set_batch_size(batch_size)
+
+
 def _module_entries(module: torch.nn.Module, filter_empty: bool) -> _CTD | None:
     """The parameters, buffers and (recursively) submodules of ``module``; None when it has
     none and ``filter_empty``."""
@@ -979,6 +1369,8 @@ def _to_value(value: Any, batch_size: list[int], device: torch.device | None,
 
 
 def _from_value(value: Any) -> Any:
+    if isinstance(value, torch.Tensor):
+        return value
     if isinstance(value, _CTD):
         return TensorDict._wrap(value)
     if isinstance(value, _C.NonTensorData):

@@ -658,6 +658,16 @@ def _entry_repr(obj: Any, key: str) -> str:
     return repr(obj._tensordict.get(key))  # the NonTensorData wrapper: the reference's repr
 
 
+def is_tensor_collection(datatype: Any) -> bool:
+    """True for a TensorDict, a tensorclass (instance or class) of ours, and the reference's
+    tensor collections, as the reference's ``is_tensor_collection``."""
+    if isinstance(datatype, type):
+        return issubclass(datatype, TensorDict) or is_tensorclass(datatype) or (
+            _reference.is_reference_class(datatype))
+    return isinstance(datatype, TensorDict) or is_tensorclass(datatype) or \
+        _reference.is_reference(datatype)
+
+
 def _check_tensordict(cls: type, td: Any, where: str = "") -> None:
     """from_tensordict's checks, recursively through nested tensorclass fields."""
     name = f"{cls.__name__}.from_tensordict"
