@@ -92,6 +92,41 @@ void BM_SortedKeys(benchmark::State& state) {
 }
 BENCHMARK(BM_SortedKeys)->Unit(benchmark::kMicrosecond);
 
+// ---- everyday methods (docs/api-coverage.md) on 100 leaves, half of them one level down -------
+const TensorDict& hundred_leaves() {
+  static const TensorDict td = [] {
+    TensorDict t({}, {4, 3});
+    for (int i = 0; i < 100; ++i) {
+      const std::string k = "k" + std::to_string(i);
+      t.set(i < 50 ? NestedKey(k) : NestedKey({"n", k}), at::full({4, 3}, double(i)));
+    }
+    return t;
+  }();
+  return td;
+}
+
+void BM_Method(benchmark::State& state) {
+  const TensorDict& td = hundred_leaves();
+  const std::vector<NestedKey> ten = {"k0", "k1", "k2", "k3", "k4", "k5", "k6", "k7", "k8", "k9"};
+  const auto call = [&]() -> size_t {
+    switch (state.range(0)) {
+      case 0: return td.get("k0").tensor().numel() > 0;
+      case 1: return td.keys({.include_nested = true, .leaves_only = true}).size();
+      case 2: return td.select(ten).entries().size();
+      case 3: return td.exclude(ten).entries().size();
+      case 4: return td.copy().entries().size();
+      case 5: return td.clone().entries().size();
+      case 6: return (td + td).entries().size();
+      default: return td.sum({.dims = {0}}).entries().size();
+    }
+  };
+  for (auto _ : state) benchmark::DoNotOptimize(call());
+  static const char* names[] = {"get", "keys(nested, leaves)", "select(10)", "exclude(10)",
+                                "copy", "clone", "td + td", "sum(dim=0)"};
+  state.SetLabel(names[state.range(0)]);
+}
+BENCHMARK(BM_Method)->DenseRange(0, 7)->Unit(benchmark::kMicrosecond);
+
 // ---- consolidate ----------------------------------------------------------------------------
 void BM_Consolidate(benchmark::State& state) {
   const auto& td = case_td(static_cast<int>(state.range(0)));
