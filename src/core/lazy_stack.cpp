@@ -18,10 +18,6 @@ using detail::TensorDictImpl;
 
 namespace {
 
-constexpr const char* kLockedMessage =
-    "Cannot modify locked TensorDict. For in-place modification, consider using the `set_()` "
-    "method and make sure the key is present.";
-
 std::vector<int64_t> with_dim(at::IntArrayRef sizes, int64_t dim, int64_t n) {
   std::vector<int64_t> out = sizes.vec();
   out.insert(out.begin() + dim, n);
@@ -145,7 +141,7 @@ std::vector<Value> split_value(const TensorDict& td, const NestedKey& key, const
 // Throws what member.set(key, ...) would throw on the way to key's level, before any member is
 // written: a locked member, or a part of the path that is not a TensorDict.
 void check_writable(const TensorDict& member, const NestedKey& key) {
-  TORCH_CHECK(!member.is_locked(), kLockedMessage);
+  TORCH_CHECK(!member.is_locked(), detail::kLockedMessage);
   std::vector<std::string> prefix;
   for (size_t i = 0; i + 1 < key.size(); ++i) {
     prefix.push_back(key[i]);
@@ -154,7 +150,7 @@ void check_writable(const TensorDict& member, const NestedKey& key) {
     TD_CHECK_KEY(v.is_tensordict(), "cannot reach key ", key.str(), ": ", quote_key(key[i]),
                  " is ", detail::kind_name(v), ", not a TensorDict");
     if (v.tensordict().is_lazy_stack()) return;  // its own set() checks its members
-    TORCH_CHECK(!v.tensordict().is_locked(), kLockedMessage);
+    TORCH_CHECK(!v.tensordict().is_locked(), detail::kLockedMessage);
   }
 }
 
@@ -299,7 +295,7 @@ Value get(const TensorDict& td, const NestedKey& key) {
 
 void set(const TensorDict& td, const NestedKey& key, const Value& value) {
   auto& impl = TensorDictImpl::of(td);
-  TORCH_CHECK(!impl.locked, kLockedMessage);
+  TORCH_CHECK(!impl.locked, detail::kLockedMessage);
   const auto parts = split_value(td, key, value);
   const auto members = members_of(td);
   for (const auto& m : members) check_writable(m, key);
@@ -336,7 +332,7 @@ void set_(const TensorDict& td, const NestedKey& key, const at::Tensor& tensor) 
 
 void set_non_tensor(const TensorDict& td, const NestedKey& key, const JsonValue& data) {
   auto& impl = TensorDictImpl::of(td);
-  TORCH_CHECK(!impl.locked, kLockedMessage);
+  TORCH_CHECK(!impl.locked, detail::kLockedMessage);
   const auto members = members_of(td);
   for (const auto& m : members) check_writable(m, key);
   impl.consolidated.reset();
@@ -346,7 +342,7 @@ void set_non_tensor(const TensorDict& td, const NestedKey& key, const JsonValue&
 Value pop(const TensorDict& td, const NestedKey& key) {
   auto& impl = TensorDictImpl::of(td);
   const Value out = get(td, key);  // every member has it
-  TORCH_CHECK(!impl.locked, kLockedMessage);
+  TORCH_CHECK(!impl.locked, detail::kLockedMessage);
   const auto members = members_of(td);
   for (const auto& m : members) check_writable(m, key);
   impl.consolidated.reset();

@@ -6,6 +6,7 @@
 
 namespace tensordict {
 
+using detail::kLockedMessage;
 using detail::TensorDictImpl;
 
 namespace detail {
@@ -26,10 +27,6 @@ const char* kind_name(const Value& v) {
 }  // namespace detail
 
 namespace {
-
-constexpr const char* kLockedMessage =
-    "Cannot modify locked TensorDict. For in-place modification, consider using the `set_()` "
-    "method and make sure the key is present.";
 
 std::string key_list(const TensorDictImpl& impl) {
   std::vector<std::string> keys;

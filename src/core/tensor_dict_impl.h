@@ -128,6 +128,11 @@ struct TensorDictImpl {
   }
 };
 
+/// The reference's error for a change of a locked TensorDict.
+inline constexpr const char* kLockedMessage =
+    "Cannot modify locked TensorDict. For in-place modification, consider using the `set_()` "
+    "method and make sure the key is present.";
+
 /// The shape an entry contributes to batch checks: a leaf's sizes, a TensorDict's or a
 /// non-tensor entry's batch size.
 inline at::IntArrayRef entry_shape(const Value& v) {

@@ -153,8 +153,7 @@ TensorDict TensorDict::select(const std::vector<NestedKey>& keys, const SelectOp
   }
   if (!o.inplace) return out;
   auto& impl = *impl_;  // this dictionary takes the selection's entries
-  TORCH_CHECK(!impl.locked, "Cannot modify locked TensorDict. For in-place modification, "
-              "consider using the `set_()` method and make sure the key is present.");
+  TORCH_CHECK(!impl.locked, detail::kLockedMessage);
   impl.changed();
   impl.consolidated.reset();
   impl.entries = std::move(TensorDictImpl::of(out).entries);
@@ -240,8 +239,7 @@ TensorDict& TensorDict::rename_key_(const NestedKey& old_key, const NestedKey& n
   TD_CHECK_KEY(contains(old_key), "rename_key_: key ", old_key.str(), " not found");
   TD_CHECK_KEY(!safe || !contains(new_key), "key ", new_key.str(),
                " already present in TensorDict.");
-  TORCH_CHECK(!is_locked(), "Cannot modify locked TensorDict. For in-place modification, "
-              "consider using the `set_()` method and make sure the key is present.");
+  TORCH_CHECK(!is_locked(), detail::kLockedMessage);
   const Value v = get(old_key);
   set(new_key, v);
   if (!(old_key == new_key)) erase(old_key);
