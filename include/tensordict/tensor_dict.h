@@ -14,6 +14,7 @@
 #include <optional>
 #include <ostream>
 #include <string>
+#include <string_view>
 #include <type_traits>
 #include <utility>
 #include <variant>
@@ -37,6 +38,17 @@ struct TensorDictImpl;
 struct KeysOptions {
   bool include_nested = false;  // also yield the entries of nested levels, as paths
   bool leaves_only = false;     // skip the nested TensorDicts themselves
+  /// The reference's is_leaf: which entries count as leaves for leaves_only (a nested level
+  /// for which it returns true is listed too, after its own entries, which include_nested
+  /// still visits). Unset: tensors are the leaves.
+  std::function<bool(const Value&)> is_leaf{};
+};
+
+/// Options of apply().
+struct ApplyOptions {
+  /// The result's batch size, for a function that changes the batch dims: the result is built
+  /// leaf by leaf at that batch size (every nested level gets it). Unset: this one's.
+  std::optional<std::vector<int64_t>> batch_size{};
 };
 
 /// Options of update().
@@ -111,6 +123,10 @@ class TensorDict {
 
   // ---- entries -----------------------------------------------------------------------------
   bool contains(const NestedKey& key) const;
+  /// The entry at the one-part key `key` of this level, or nullptr when absent: no KeyError and
+  /// no copy, for lookups by a plain string on hot paths. Always null on a lazy stack (whose
+  /// entries are its members). Valid until this level changes.
+  const Value* find(std::string_view key) const;
   /// The entry at `key`; KeyError naming the missing level otherwise.
   Value get(const NestedKey& key) const;
   /// The entry at `key`, or `default_value` when any level is missing.
@@ -173,10 +189,11 @@ class TensorDict {
   TensorDict contiguous() const;
   /// A new TensorDict with fn applied to every leaf (nested levels kept). A leaf for which fn
   /// returns an undefined tensor is left out.
-  TensorDict apply(const std::function<at::Tensor(const at::Tensor&)>& fn) const;
+  TensorDict apply(const std::function<at::Tensor(const at::Tensor&)>& fn,
+                   const ApplyOptions& options = {}) const;
   /// fn(leaf, other's leaf at the same key) for every leaf; other needs every key of this.
   TensorDict apply(const std::function<at::Tensor(const at::Tensor&, const at::Tensor&)>& fn,
-                   const TensorDict& other) const;
+                   const TensorDict& other, const ApplyOptions& options = {}) const;
   /// Sets every entry of `other` here (nested levels merged key by key).
   TensorDict& update(const TensorDict& other, UpdateOptions options = {});
   TensorDict& zero_();

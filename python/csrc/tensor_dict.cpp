@@ -4,8 +4,12 @@
 
 #include <ATen/TensorIndexing.h>
 #include <torch/csrc/autograd/python_variable.h>
+// After Python.h (python_variable.h): PyMemberDef, the layout of a __slots__ member.
+#include <structmember.h>
 
+#include <cstring>
 #include <optional>
+#include <string_view>
 #include <string>
 #include <vector>
 
@@ -243,6 +247,66 @@ JsonValue json_from_py(py::handle value, const NestedKey& key) {
   return json_from_py(value, key, "", 0);
 }
 
+namespace {
+
+// td[key] for a str key naming a tensor of the top level, as a raw CPython method: pybind11's
+// dispatch (argument loaders, the overload walk, the key's std::string) costs more than the
+// lookup itself, and td[key] is the call that data code makes most. Every other case goes to
+// the Python __getitem__ it replaces.
+struct FastGetitem {
+  Py_ssize_t cpp_offset;   // the `_cpp` slot's place in instances of the Python class
+  PyTypeObject* cpp_type;  // _C.TensorDict
+  PyObject* fallback;      // the Python __getitem__
+};
+const FastGetitem* fast_getitem = nullptr;
+
+const TensorDict* cpp_of(PyObject* self) {
+  PyObject* cpp =
+      *reinterpret_cast<PyObject**>(reinterpret_cast<char*>(self) + fast_getitem->cpp_offset);
+  if (cpp == nullptr || Py_TYPE(cpp) != fast_getitem->cpp_type) return nullptr;
+  auto* inst = reinterpret_cast<py::detail::instance*>(cpp);
+  if (!inst->simple_layout || !inst->simple_holder_constructed) return nullptr;
+  return static_cast<const TensorDict*>(inst->simple_value_holder[0]);
+}
+
+PyObject* fast_getitem_call(PyObject* self, PyObject* index) {
+  if (PyUnicode_CheckExact(index)) {
+    if (const TensorDict* td = cpp_of(self)) {
+      Py_ssize_t n = 0;
+      const char* s = PyUnicode_AsUTF8AndSize(index, &n);
+      if (s == nullptr) return nullptr;
+      const Value* v = td->find(std::string_view(s, static_cast<size_t>(n)));
+      if (v != nullptr && v->is_tensor()) return THPVariable_Wrap(v->tensor());
+    }
+  }
+  PyObject* args[] = {self, index};
+  return PyObject_Vectorcall(fast_getitem->fallback, args, 2, nullptr);
+}
+
+// Replaces cls.__getitem__ (a Python function) by the fast path, which falls back to it.
+void install_fast_getitem(const py::type& cls) {
+  TORCH_CHECK(fast_getitem == nullptr, "_install_getitem: already installed");
+  py::object slot = cls.attr("__dict__")["_cpp"];
+  TORCH_CHECK(Py_TYPE(slot.ptr()) == &PyMemberDescr_Type, "_install_getitem: ",
+              py::str(cls).cast<std::string>(), "._cpp is not a __slots__ member");
+  py::object fallback = cls.attr("__dict__")["__getitem__"];
+  const Py_ssize_t offset = reinterpret_cast<PyMemberDescrObject*>(slot.ptr())->d_member->offset;
+  // Both live as long as the class: never freed (the interpreter may use them at exit).
+  py::object cpp_type = py::module_::import("tensordict_cpp._C").attr("TensorDict");
+  fast_getitem = new FastGetitem{offset, reinterpret_cast<PyTypeObject*>(cpp_type.release().ptr()),
+                                 fallback.release().ptr()};
+  py::object doc = py::getattr(py::handle(fast_getitem->fallback), "__doc__", py::none());
+  static PyMethodDef def{"__getitem__", reinterpret_cast<PyCFunction>(&fast_getitem_call), METH_O,
+                         nullptr};
+  if (!doc.is_none()) def.ml_doc = strdup(doc.cast<std::string>().c_str());
+  py::object descr = py::reinterpret_steal<py::object>(
+      PyDescr_NewMethod(reinterpret_cast<PyTypeObject*>(cls.ptr()), &def));
+  if (!descr) throw py::error_already_set();
+  py::setattr(cls, "__getitem__", descr);
+}
+
+}  // namespace
+
 void bind_tensor_dict(py::module_& m) {
   using TD = TensorDict;
   // The core's non-tensor entry; tensordict_cpp.NonTensorData is the Python face.
@@ -258,6 +322,7 @@ void bind_tensor_dict(py::module_& m) {
                              [](const NonTensorData& nt) { return nt.batch_size().vec(); })
       .def_property_readonly("device", &NonTensorData::device);
 
+  m.def("_install_getitem", &install_fast_getitem, py::arg("cls"));
   py::class_<TD>(m, "TensorDict")
       .def(py::init([](const py::list& entries, const py::object& batch_size,
                        std::optional<at::Device> device) {
@@ -289,8 +354,6 @@ void bind_tensor_dict(py::module_& m) {
       .def_property_readonly("device", &TD::device)
       .def("contains", [](const TD& td, py::handle key) { return td.contains(key_from_py(key)); })
       .def("get", [](const TD& td, py::handle key) { return value_to_py(td.get(key_from_py(key))); })
-      .def("get_str",  // td[key] with a str key: no key conversion
-           [](const TD& td, const std::string& key) { return value_to_py(td.get(NestedKey(key))); })
       .def("set", [](TD& td, py::handle key, py::handle value) {
         td.set(key_from_py(key), value_from_py(value));
       })
@@ -304,12 +367,16 @@ void bind_tensor_dict(py::module_& m) {
       .def("erase", [](TD& td, py::handle key) { td.erase(key_from_py(key)); })
       .def("pop", [](TD& td, py::handle key) { return value_to_py(td.pop(key_from_py(key))); })
       .def("keys",
-           [](const TD& td, bool include_nested, bool leaves_only) {
+           [](const TD& td, bool include_nested, bool leaves_only, const py::object& is_leaf) {
+             KeysOptions options{include_nested, leaves_only};
+             if (!is_leaf.is_none()) {  // called with the entry, as the Python layer wraps it
+               options.is_leaf = [&](const Value& v) { return is_leaf(value_to_py(v)).cast<bool>(); };
+             }
              py::list out;
-             for (const auto& k : td.keys({include_nested, leaves_only})) out.append(key_to_py(k));
+             for (const auto& k : td.keys(options)) out.append(key_to_py(k));
              return out;
            },
-           py::arg("include_nested"), py::arg("leaves_only"))
+           py::arg("include_nested"), py::arg("leaves_only"), py::arg("is_leaf") = py::none())
       .def("values",
            [](const TD& td, bool include_nested, bool leaves_only) {
              py::list out;
@@ -381,21 +448,27 @@ void bind_tensor_dict(py::module_& m) {
       .def("contiguous", &TD::contiguous)
       // fn runs with the GIL held (it is Python); a None result leaves the leaf out.
       .def("apply",
-           [](const TD& td, const py::function& fn) {
-             return td.apply([&](const at::Tensor& t) {
-               py::object r = fn(t);
-               return r.is_none() ? at::Tensor() : r.cast<at::Tensor>();
-             });
-           })
+           [](const TD& td, const py::function& fn,
+              std::optional<std::vector<int64_t>> batch_size) {
+             return td.apply(
+                 [&](const at::Tensor& t) {
+                   py::object r = fn(t);
+                   return r.is_none() ? at::Tensor() : r.cast<at::Tensor>();
+                 },
+                 {.batch_size = std::move(batch_size)});
+           },
+           py::arg("fn"), py::arg("batch_size") = py::none())
       .def("apply2",
-           [](const TD& td, const py::function& fn, const TD& other) {
+           [](const TD& td, const py::function& fn, const TD& other,
+              std::optional<std::vector<int64_t>> batch_size) {
              return td.apply(
                  [&](const at::Tensor& a, const at::Tensor& b) {
                    py::object r = fn(a, b);
                    return r.is_none() ? at::Tensor() : r.cast<at::Tensor>();
                  },
-                 other);
-           })
+                 other, {.batch_size = std::move(batch_size)});
+           },
+           py::arg("fn"), py::arg("other"), py::arg("batch_size") = py::none())
       .def("update",
            [](TD& td, const TD& other, bool clone, bool inplace) {
              td.update(other, {.clone = clone, .inplace = inplace});

@@ -348,11 +348,9 @@ class TensorDict:
         every leaf's batch dimensions and returns a new TensorDict; ints and slices give views.
         IndexError or ValueError when the index does not fit the batch size.
         """
-        if type(index) is str:  # the common case first: a tensor at a str key
-            value = self._cpp.get_str(index)
-            if type(value) is torch.Tensor:
-                return value
-        elif _is_key(index):
+        # A str key naming a tensor never gets here: _C._install_getitem (below the class)
+        # serves it in C++ and calls this method for the rest.
+        if _is_key(index):
             value = self._cpp.get(index)
         else:
             return TensorDict._wrap(self._cpp.index(_as_index(index)))
@@ -489,16 +487,8 @@ class TensorDict:
         """
         if is_leaf is None:
             return self._cpp.keys(include_nested, leaves_only)
-        out = []
-        for key, value in self.items():
-            leaf = bool(is_leaf(type(value)))
-            nested = isinstance(value, TensorDict)
-            if nested and include_nested:  # entered whatever is_leaf says, as the reference
-                out += [(key, *(k if isinstance(k, tuple) else (k,)))
-                        for k in value.keys(True, leaves_only, is_leaf)]
-            if leaf or not leaves_only:
-                out.append(key)
-        return out
+        return self._cpp.keys(include_nested, leaves_only,
+                              lambda value: bool(is_leaf(type(_from_value(value)))))
 
     def values(self, include_nested: bool = False, leaves_only: bool = False) -> list:
         """The entries, in the order of :meth:`keys` with the same arguments."""
@@ -618,18 +608,12 @@ class TensorDict:
         if names is not None:
             raise NotImplementedError("apply: names= (dim names) is not supported")
         if batch_size is not None:
-            leaves = {k: (fn(v, *(o[k] for o in others)) if isinstance(v, torch.Tensor) else v)
-                      for k, v in self.items(True, True)}
-            out = TensorDict({}, batch_size=batch_size, device=self.device)
-            for key, value in leaves.items():
-                if value is not None:
-                    out[key] = value
-            return out
+            batch_size = _batch_size(batch_size)
         if not others:
-            return TensorDict._wrap(self._cpp.apply(fn))
+            return TensorDict._wrap(self._cpp.apply(fn, batch_size))
         if len(others) > 1:
             raise NotImplementedError("apply() takes at most one other TensorDict")
-        return TensorDict._wrap(self._cpp.apply2(fn, _to_cpp_td(others[0], self)))
+        return TensorDict._wrap(self._cpp.apply2(fn, _to_cpp_td(others[0], self), batch_size))
 
     def update(self, input_dict_or_td: Any, clone: bool = False,
                inplace: bool = False) -> "TensorDict":
@@ -1123,6 +1107,9 @@ for _name in ("send", "recv", "isend", "irecv", "asend", "arecv", "init_remote",
     _fn = TensorDict.__dict__[_name]
     getattr(_fn, "__func__", _fn).__qualname__ = f"TensorDict.{_name}"
 del _name, _fn
+
+
+_C._install_getitem(TensorDict)
 
 
 class LazyStackedTensorDict(TensorDict):

@@ -111,6 +111,12 @@ NestedKey tail(const NestedKey& key, size_t from) {
                                             key.parts().end()));
 }
 
+// What leaves_only keeps: is_leaf's choice, else tensors (non-tensor entries are no leaves for
+// the reference's _default_is_leaf either).
+bool is_leaf(const KeysOptions& opts, const Value& value) {
+  return opts.is_leaf ? opts.is_leaf(value) : value.is_tensor();
+}
+
 void collect(const TensorDict& td, const KeysOptions& opts, const std::vector<std::string>& prefix,
              bool with_values, std::vector<std::pair<NestedKey, Value>>& out) {
   if (detail::is_lazy(td)) {
@@ -121,7 +127,7 @@ void collect(const TensorDict& td, const KeysOptions& opts, const std::vector<st
       path.push_back(key);
       const Value first = detail::members_of(td).front().get(key);
       if (!first.is_tensordict()) {
-        if (first.is_tensor() || !opts.leaves_only) {
+        if (!opts.leaves_only || is_leaf(opts, first)) {
           out.emplace_back(NestedKey(std::move(path)),
                            with_values ? detail::lazy::get(td, key) : first);
         }
@@ -129,21 +135,21 @@ void collect(const TensorDict& td, const KeysOptions& opts, const std::vector<st
       }
       const Value level = detail::lazy::get(td, key);  // a lazy stack of views: no copy
       if (opts.include_nested) collect(level.tensordict(), opts, path, with_values, out);
-      if (!opts.leaves_only) out.emplace_back(NestedKey(std::move(path)), level);
+      if (!opts.leaves_only || is_leaf(opts, level)) {
+        out.emplace_back(NestedKey(std::move(path)), level);
+      }
     }
     return;
   }
   for (const auto& [key, value] : td.entries()) {
     std::vector<std::string> path = prefix;
     path.push_back(key);
-    if (value.is_tensordict()) {
-      // The reference yields a nested level's keys before the level itself.
-      if (opts.include_nested) collect(value.tensordict(), opts, path, with_values, out);
-      if (!opts.leaves_only) out.emplace_back(NestedKey(std::move(path)), value);
-    } else if (value.is_non_tensor()) {
-      // Not a leaf for the reference (its _default_is_leaf counts tensors only).
-      if (!opts.leaves_only) out.emplace_back(NestedKey(std::move(path)), value);
-    } else {
+    // The reference yields a nested level's keys before the level itself, and enters it
+    // whatever is_leaf says.
+    if (value.is_tensordict() && opts.include_nested) {
+      collect(value.tensordict(), opts, path, with_values, out);
+    }
+    if (!opts.leaves_only || is_leaf(opts, value)) {
       out.emplace_back(NestedKey(std::move(path)), value);
     }
   }
@@ -223,6 +229,10 @@ int64_t TensorDict::numel() const { return c10::multiply_integers(impl_->batch_s
 std::optional<at::Device> TensorDict::device() const { return impl_->device; }
 
 // ---- entries -----------------------------------------------------------------------------------
+
+const Value* TensorDict::find(std::string_view key) const {
+  return impl_->lazy ? nullptr : impl_->find(key);
+}
 
 bool TensorDict::contains(const NestedKey& key) const {
   const Level level = walk(*this, key, false, false);

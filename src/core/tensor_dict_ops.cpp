@@ -494,7 +494,28 @@ TensorDict TensorDict::contiguous() const {
   return map_leaves(*this, [](const at::Tensor& t) { return t.contiguous(); }, device());
 }
 
-TensorDict TensorDict::apply(const std::function<at::Tensor(const at::Tensor&)>& fn) const {
+namespace {
+// apply() with ApplyOptions::batch_size: each leaf's result set at its key in a new TensorDict of
+// that batch size (missing levels made with it), as the reference builds it; non-tensor entries
+// are left out, as the reference's leaves are tensors.
+TensorDict apply_at_batch(
+    const TensorDict& td, const std::vector<int64_t>& batch_size,
+    const std::function<at::Tensor(const NestedKey&, const at::Tensor&)>& fn) {
+  TensorDict out(std::vector<std::pair<NestedKey, Value>>{}, batch_size, td.device());
+  for (const auto& [key, value] : td.items({.include_nested = true, .leaves_only = true})) {
+    at::Tensor r = fn(key, value.tensor());
+    if (r.defined()) out.set(key, r);
+  }
+  return out;
+}
+}  // namespace
+
+TensorDict TensorDict::apply(const std::function<at::Tensor(const at::Tensor&)>& fn,
+                             const ApplyOptions& options) const {
+  if (options.batch_size) {
+    return apply_at_batch(*this, *options.batch_size,
+                          [&](const NestedKey&, const at::Tensor& t) { return fn(t); });
+  }
   if (is_lazy_stack()) {
     return detail::lazy::map_members(*this, [&](const TensorDict& m) { return m.apply(fn); });
   }
@@ -514,7 +535,13 @@ TensorDict TensorDict::apply(const std::function<at::Tensor(const at::Tensor&)>&
 
 TensorDict TensorDict::apply(
     const std::function<at::Tensor(const at::Tensor&, const at::Tensor&)>& fn,
-    const TensorDict& other) const {
+    const TensorDict& other, const ApplyOptions& options) const {
+  if (options.batch_size) {
+    return apply_at_batch(*this, *options.batch_size,
+                          [&](const NestedKey& key, const at::Tensor& t) {
+                            return fn(t, other.get(key).tensor());
+                          });
+  }
   if (is_lazy_stack()) {
     // Member i with other's slice i along the stack dim.
     const auto others = other.unbind(detail::stack_dim_of(*this));

@@ -54,6 +54,42 @@ TEST(Methods, SelectExcludeAndKeys) {
   EXPECT_TRUE(td.empty(true).get("n").tensordict().keys().empty());
 }
 
+TEST(Methods, KeysWithIsLeafAndFind) {
+  TensorDict td = sample();
+  td.set_non_tensor("tag", "x");
+  // The reference's is_leaf: nested levels are entered whatever it says, and what it calls a
+  // leaf is listed after its own entries.
+  KeysOptions options{.include_nested = true, .leaves_only = true};
+  options.is_leaf = [](const Value& v) { return !v.is_non_tensor(); };
+  EXPECT_EQ(td.keys(options), (std::vector<NestedKey>{"a", "i", {"n", "x"}, "n"}));
+  options.is_leaf = [](const Value& v) { return v.is_non_tensor(); };
+  EXPECT_EQ(td.keys(options), (std::vector<NestedKey>{"tag"}));
+  // find: a one-part key of this level, without copy or KeyError.
+  ASSERT_NE(td.find("a"), nullptr);
+  EXPECT_TRUE(td.find("a")->tensor().is_same(leaf(td, "a")));
+  EXPECT_TRUE(td.find("n")->is_tensordict());
+  EXPECT_EQ(td.find("zz"), nullptr);
+  EXPECT_EQ(td.find("n.x"), nullptr);
+  EXPECT_EQ(lazy_stack({td.get("n").tensordict(), td.get("n").tensordict()}).find("x"), nullptr);
+}
+
+TEST(Methods, ApplyWithABatchSize) {
+  const TensorDict td = sample();
+  // A function that drops the batch dims: the result gets the batch size asked for.
+  const TensorDict flat = td.apply([](const at::Tensor& t) { return t.flatten(0, 1); },
+                                   {.batch_size = std::vector<int64_t>{6}});
+  EXPECT_EQ(flat.batch_size(), at::IntArrayRef({6}));
+  EXPECT_EQ(flat.get("n").tensordict().batch_size(), at::IntArrayRef({6}));
+  EXPECT_TRUE(leaf(flat, {"n", "x"}).equal(leaf(td, {"n", "x"}).flatten(0, 1)));
+  const TensorDict sum = td.apply(
+      [](const at::Tensor& a, const at::Tensor& b) { return (a + b).sum(0); }, td,
+      {.batch_size = std::vector<int64_t>{3}});
+  EXPECT_TRUE(leaf(sum, "i").equal((leaf(td, "i") * 2).sum(0)));
+  EXPECT_THROW_MSG(td.apply([](const at::Tensor& t) { return t; },
+                            {.batch_size = std::vector<int64_t>{5}}),
+                   c10::ValueError, "batch");
+}
+
 TEST(Methods, InPlaceWritesLandInTheLeaves) {
   TensorDict td = sample().exclude({"i"});  // float leaves: lerp_ and a float mul_
   const at::Tensor a = leaf(td, "a");
