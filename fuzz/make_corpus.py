@@ -9,6 +9,7 @@ pickles its init_remote / broadcast / scatter send, and the bytes its TensorDict
 Seeds are named seed-*; regression inputs (crash-*, from findings) are kept as they are.
 """
 import asyncio
+import hashlib
 import json
 import os
 import pickle
@@ -263,6 +264,13 @@ def main():
     raw = storage.numpy().tobytes()
     write("pipe_frames", "wire_format_449",
           b"\x00" + b"\x00" + struct.pack("<Q", 449) + line + raw + b"\x01" + raw + b"\xff")
+    # The same after ucxx's peer-info exchange (control bit 3): a tag of ours and its checksum,
+    # hash64bits of ucxx (docs/wire-format.md §6.6).
+    tag = (0x7464637070 << 24) | 1
+    checksum = int(hashlib.sha1(repr((tag,)).encode()).hexdigest()[:16], 16)
+    write("pipe_frames", "wire_format_449-peer_info",
+          b"\x08" + struct.pack("<QQ", tag, checksum) + b"\x00" + struct.pack("<Q", 449) + line +
+          raw + b"\x01" + raw + b"\xff")
     write("metadata_json", "wire_format_449", line + b"\0" + raw)
 
     # Plain pickles of the subset (and a few outside it, which must be refused).

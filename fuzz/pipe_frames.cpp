@@ -4,8 +4,9 @@
 //
 // Input: one control byte, then the stream. Control bit 0: uncollated mode (else
 // consolidated); bit 1: pass the previous result as recv()'s `td`; bit 2: pass a consolidated
-// copy of it instead (same schema, another storage). Up to 8 messages are read, until the
-// first error.
+// copy of it instead (same schema, another storage); bit 3: the stream starts with the 16 bytes
+// of ucxx's peer-info exchange (read_peer_info), which must pass its checksum for the frames to
+// be read. Up to 8 messages are read, until the first error.
 // Expected errors: c10::Error from the reader (a peer fault, after which the stream must have
 // been broken with ByteSource::fail) or from the source (the input ended). Findings: crashes,
 // sanitizer reports, a fault that leaves the stream unbroken, a result whose leaves leave its
@@ -26,6 +27,9 @@ using namespace tensordict;
 using tensordict::pipe::detail::ByteSource;
 using tensordict::pipe::detail::FrameLimits;
 using tensordict::pipe::detail::FrameReader;
+using tensordict::pipe::detail::PeerInfo;
+using tensordict::pipe::detail::read_peer_info;
+using tensordict::pipe::detail::write_peer_info;
 
 namespace {
 
@@ -75,7 +79,20 @@ extern "C" int LLVMFuzzerTestOneInput(const uint8_t* data, size_t size) {
   if (size == 0) return 0;
   const uint8_t control = data[0];
   const bool consolidated = !(control & 1);
-  BufferSource src(std::string_view(reinterpret_cast<const char*>(data) + 1, size - 1));
+  std::string_view stream(reinterpret_cast<const char*>(data) + 1, size - 1);
+  if (control & 8) {
+    if (stream.size() < 16) return 0;
+    try {
+      const PeerInfo info = read_peer_info(reinterpret_cast<const uint8_t*>(stream.data()));
+      uint8_t again[16];
+      write_peer_info(info.tag, again);  // what was accepted is what a peer would have sent
+      if (std::memcmp(again, stream.data(), 16) != 0) fuzz::fail("peer info accepted unchanged");
+    } catch (const MalformedPeerDataError&) {
+      return 0;  // the connection is refused
+    }
+    stream.remove_prefix(16);
+  }
+  BufferSource src(stream);
   FrameReader reader(FrameLimits{kCap, kCap});
   std::optional<TensorDict> previous;
   for (int i = 0; i < 8; ++i) {

@@ -25,15 +25,66 @@ std::chrono::milliseconds millis(double seconds, const char* what) {
   return std::chrono::milliseconds(static_cast<int64_t>(seconds * 1000.0 + 0.5));
 }
 
-PipeOptions options(bool consolidated, double timeout, int64_t max_metadata_bytes,
-                    int64_t max_storage_bytes, double linger) {
+// The keyword arguments of every constructor, in pipe_option_args()'s order.
+struct OptionArgs {
+  bool consolidated;
+  double timeout;
+  int64_t max_metadata_bytes;
+  int64_t max_storage_bytes;
+  double linger;
+  int64_t max_unreceived;
+  double spin;
+};
+
+PipeOptions options(const OptionArgs& a) {
   PipeOptions o;
-  o.consolidated = consolidated;
-  o.timeout = millis(timeout, "timeout");
-  o.max_metadata_bytes = max_metadata_bytes;
-  o.max_storage_bytes = max_storage_bytes;
-  o.linger = millis(linger, "linger");
+  o.consolidated = a.consolidated;
+  o.timeout = millis(a.timeout, "timeout");
+  o.max_metadata_bytes = a.max_metadata_bytes;
+  o.max_storage_bytes = a.max_storage_bytes;
+  o.linger = millis(a.linger, "linger");
+  o.max_unreceived = a.max_unreceived;
+  TORCH_CHECK_VALUE(a.spin >= 0 && a.spin < 1e3, "spin must be a nonnegative number of seconds "
+                    "(under 1000), got ", a.spin);
+  o.spin = std::chrono::microseconds(static_cast<int64_t>(a.spin * 1e6 + 0.5));
   return o;
+}
+
+// A Python callable held by C++ code that may drop it on a thread without the GIL.
+struct PyCallable {
+  py::object fn;
+  explicit PyCallable(py::object f) : fn(std::move(f)) {}
+  ~PyCallable() {
+    py::gil_scoped_acquire gil;
+    fn = py::object();
+  }
+};
+
+// Pipe.over's link: each message crosses as a memoryview of the pipe's own buffer (no copy).
+pipe::PipeLink link_from_py(py::object send, py::object recv, py::object close, std::string peer,
+                            std::optional<uint64_t> peer_tag) {
+  pipe::PipeLink link;
+  auto s = std::make_shared<PyCallable>(std::move(send));
+  auto r = std::make_shared<PyCallable>(std::move(recv));
+  link.send = [s](const void* data, size_t n) {
+    py::gil_scoped_acquire gil;
+    s->fn(py::memoryview::from_memory(const_cast<void*>(data), static_cast<py::ssize_t>(n),
+                                      /*readonly=*/true));
+  };
+  link.recv = [r](void* data, size_t n) {
+    py::gil_scoped_acquire gil;
+    r->fn(py::memoryview::from_memory(data, static_cast<py::ssize_t>(n)));
+  };
+  if (!close.is_none()) {
+    auto c = std::make_shared<PyCallable>(std::move(close));
+    link.close = [c] {
+      py::gil_scoped_acquire gil;
+      c->fn();
+    };
+  }
+  link.peer = std::move(peer);
+  link.peer_tag = peer_tag;
+  return link;
 }
 
 double seconds(std::chrono::milliseconds ms) { return static_cast<double>(ms.count()) / 1000.0; }
@@ -46,7 +97,9 @@ auto pipe_option_args() {
                          py::arg("timeout") = seconds(d.timeout),
                          py::arg("max_metadata_bytes") = d.max_metadata_bytes,
                          py::arg("max_storage_bytes") = d.max_storage_bytes,
-                         py::arg("linger") = seconds(d.linger));
+                         py::arg("linger") = seconds(d.linger),
+                         py::arg("max_unreceived") = d.max_unreceived,
+                         py::arg("spin") = static_cast<double>(d.spin.count()) / 1e6);
 }
 
 }  // namespace
@@ -58,8 +111,10 @@ void bind_pipe(py::module_& m) {
   def_static(
       pipe, "listen",
       [](int port, const std::string& host, bool consolidated, double timeout,
-         int64_t max_metadata_bytes, int64_t max_storage_bytes, double linger) {
-        auto o = options(consolidated, timeout, max_metadata_bytes, max_storage_bytes, linger);
+         int64_t max_metadata_bytes, int64_t max_storage_bytes, double linger,
+         int64_t max_unreceived, double spin) {
+        auto o = options({consolidated, timeout, max_metadata_bytes, max_storage_bytes, linger,
+                          max_unreceived, spin});
         py::gil_scoped_release nogil;
         return Pipe::listen(port, host, o);
       },
@@ -67,12 +122,33 @@ void bind_pipe(py::module_& m) {
   def_static(
       pipe, "connect",
       [](const std::string& host, int port, bool consolidated, double timeout,
-         int64_t max_metadata_bytes, int64_t max_storage_bytes, double linger) {
-        auto o = options(consolidated, timeout, max_metadata_bytes, max_storage_bytes, linger);
+         int64_t max_metadata_bytes, int64_t max_storage_bytes, double linger,
+         int64_t max_unreceived, double spin) {
+        auto o = options({consolidated, timeout, max_metadata_bytes, max_storage_bytes, linger,
+                          max_unreceived, spin});
         py::gil_scoped_release nogil;
         return Pipe::connect(host, port, o);
       },
       std::tuple_cat(std::make_tuple(py::arg("host"), py::arg("port")), pipe_option_args()));
+  // A pipe over a transport of the caller's (tensordict_cpp.pipe passes a ucxx endpoint's):
+  // send(memoryview) and recv(memoryview) move one message each, blocking; close() ends it.
+  def_static(
+      pipe, "over",
+      [](py::object send, py::object recv, py::object close, std::string peer,
+         std::optional<uint64_t> peer_tag, bool consolidated, double timeout,
+         int64_t max_metadata_bytes, int64_t max_storage_bytes, double linger,
+         int64_t max_unreceived, double spin) {
+        auto o = options({consolidated, timeout, max_metadata_bytes, max_storage_bytes, linger,
+                          max_unreceived, spin});
+        return Pipe::over(link_from_py(std::move(send), std::move(recv), std::move(close),
+                                       std::move(peer), peer_tag),
+                          o);
+      },
+      std::tuple_cat(std::make_tuple(py::arg("send"), py::arg("recv"),
+                                     py::arg("close") = py::none(),
+                                     py::arg("peer") = "a caller's link",
+                                     py::arg("peer_tag") = py::none()),
+                     pipe_option_args()));
   pipe.def("send", &Pipe::send, py::arg("td"), py::call_guard<py::gil_scoped_release>())
       .def("recv", &Pipe::recv, py::arg("td") = py::none(), py::kw_only(),
            py::arg("device") = py::none(), py::call_guard<py::gil_scoped_release>())
@@ -82,6 +158,8 @@ void bind_pipe(py::module_& m) {
       .def_property_readonly("peer_closed", &Pipe::peer_closed)
       .def_property_readonly("port", &Pipe::port)
       .def_property_readonly("peer", &Pipe::peer)
+      .def_property_readonly("transports", &Pipe::transports)
+      .def_property_readonly("peer_is_tensordict_cpp", &Pipe::peer_is_tensordict_cpp)
       .def_property_readonly("consolidated", [](const Pipe& p) { return p.options().consolidated; })
       .def("stats",
            [](const Pipe& p) {
@@ -122,9 +200,10 @@ void bind_pipe(py::module_& m) {
       [&](const auto&... args) {
         server.def(py::init([](int port, const std::string& host, bool consolidated,
                                double timeout, int64_t max_metadata_bytes,
-                               int64_t max_storage_bytes, double linger) {
-                     auto o = options(consolidated, timeout, max_metadata_bytes,
-                                      max_storage_bytes, linger);
+                               int64_t max_storage_bytes, double linger,
+                               int64_t max_unreceived, double spin) {
+                     auto o = options({consolidated, timeout, max_metadata_bytes,
+                                       max_storage_bytes, linger, max_unreceived, spin});
                      py::gil_scoped_release nogil;
                      return std::make_unique<TensorDictServer>(port, host, o);
                    }),

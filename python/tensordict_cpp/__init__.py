@@ -10,6 +10,15 @@
 import torch
 import torch.distributed  # noqa: F401
 
+# The pipe links the UCX of PyPI's libucx-cu12 wheel (the one ucxx runs on): load it before _C,
+# so that one copy of UCX serves both in a process (two copies cannot coexist).
+try:
+    import libucx
+
+    libucx.load_library()
+except ImportError:  # a build without the pipe, or against a system UCX
+    pass
+
 # errors first: _C looks its classes up while it is imported (errors imports nothing else).
 from tensordict_cpp import errors
 from tensordict_cpp import _C

@@ -31,10 +31,6 @@ from tensordict_cpp.errors import PeerClosedError, PipeClosedError
 
 __all__ = ["TensorDictPipe", "TensorDictServer"]
 
-# max_storage_bytes is left to the C++ default: half of this machine's physical memory.
-_DEFAULTS = dict(consolidated=True, timeout=30.0, max_metadata_bytes=64 << 20, linger=10.0)
-
-
 def _cpp_td(td: Any) -> Any:
     """The _C.TensorDict of ours, or of a reference TensorDict (its leaves shared)."""
     # from_tensordict raises the TypeError for anything else.
@@ -45,10 +41,52 @@ def _device(device: Any) -> torch.device | None:
     return None if device is None else torch.device(device)
 
 
+def _over_ucxx(endpoint: Any, listener: Any, options: dict) -> Any:
+    """A _C.Pipe whose messages go through the ucxx endpoint's send / recv, on its loop."""
+    _require_pipe()
+    if not (type(endpoint).__module__.startswith("ucxx") and hasattr(endpoint, "send")
+            and hasattr(endpoint, "recv")):
+        raise TypeError("TensorDictPipe(endpoint) takes a ucxx Endpoint (use TensorDictPipe."
+                        f"listen or connect for a pipe of its own), got {type(endpoint).__name__}")
+    try:
+        loop = asyncio.get_running_loop()
+    except RuntimeError:
+        raise RuntimeError("TensorDictPipe(endpoint) must be created in the event loop that "
+                           "runs the ucxx endpoint") from None
+    timeout = float(options.get("timeout", 30.0))
+
+    def on_loop_thread() -> bool:
+        try:
+            return asyncio.get_running_loop() is loop
+        except RuntimeError:
+            return False
+
+    def run(coro_fn: Callable, *args: Any) -> Any:
+        if on_loop_thread():
+            raise RuntimeError("a pipe over a ucxx endpoint cannot block the thread of the "
+                               "endpoint's event loop: await asend / arecv / aclose there")
+        return asyncio.run_coroutine_threadsafe(coro_fn(*args), loop).result(timeout)
+
+    def close() -> None:
+        async def both() -> None:
+            await endpoint.close()
+            if listener is not None:
+                listener.close()
+        if on_loop_thread():
+            loop.create_task(both())
+        else:
+            asyncio.run_coroutine_threadsafe(both(), loop).result(timeout)
+
+    tag = (getattr(endpoint, "_tags", None) or {}).get("msg_send")
+    return _C.Pipe.over(lambda buf: run(endpoint.send, buf), lambda buf: run(endpoint.recv, buf),
+                        close, peer=f"ucxx endpoint {getattr(endpoint, 'uid', 0):#x}",
+                        peer_tag=tag, **options)
+
+
 def _require_pipe() -> None:
     if not hasattr(_C, "Pipe"):
-        raise ImportError("tensordict_cpp was built without the UCX pipe: install libucx-dev "
-                          "and rebuild with TENSORDICT_BUILD_PIPE=ON")
+        raise ImportError("tensordict_cpp was built without the UCX pipe: pip install "
+                          "libucx-cu12 and rebuild with TENSORDICT_BUILD_PIPE=ON")
 
 
 class TensorDictPipe:
@@ -63,11 +101,13 @@ class TensorDictPipe:
     header and every tensor leaf, and each receive returns a new TensorDict. Non-tensor
     entries travel in both modes (in the metadata, or in the header's ``non_tensors``).
 
-    One send and one receive may run at once (the two directions are independent); calls in
-    the same direction run one after the other, in the order they were made. ``close()``
-    sends a close marker, so that the peer's ``async for`` ends cleanly after the last
-    message, and, if this end has sent anything, waits up to ``linger`` seconds for the peer
-    to read everything (UCX drops unread bytes when a connection closes).
+    The messages are the reference's, as UCX tag messages after ucxx's connection handshake, so
+    either end may be the reference's pipe (``tensordict._ucxx``, over ucxx). One send and one
+    receive may run at once (the two directions are independent); calls in the same direction
+    run one after the other, in the order they were made. ``close()`` returns promptly: what
+    was sent stays readable by the peer. To a peer of ours it first sends a close marker, so
+    that the peer's ``async for`` ends cleanly after the last message; a reference peer's
+    disconnect between two messages counts as its clean close.
 
     A pipe is a context manager and an async context manager (both close it), and an async
     iterator: ``async for td in pipe`` receives until the peer closes the pipe cleanly (or
@@ -84,8 +124,14 @@ class TensorDictPipe:
         max_metadata_bytes (int): the largest metadata a receive accepts. Defaults to 64 MiB.
         max_storage_bytes (int): the largest storage a receive accepts. Defaults to half of this
             machine's physical memory.
-        linger (float): seconds ``close()`` waits for the peer to read what was sent.
-            Defaults to ``10``.
+        max_unreceived (int): flow control: how many sent TensorDicts the peer may not yet
+            have started receiving before a send waits (then raises TimeoutError after
+            ``timeout``, having sent nothing). Defaults to ``16``.
+        spin (float): seconds a waiting call progresses UCX itself before it sleeps (low
+            latency for quick replies, at the cost of the CPU of the spin). Defaults to
+            ``0.0001``.
+        linger (float): seconds ``close()`` waits for the peer to start receiving what was
+            sent (not needed for delivery). Defaults to ``0``.
     """
 
     # The marker by which TensorDict.send / recv / asend / arecv (tensordict_cpp._p2p, a layer
@@ -93,8 +139,24 @@ class TensorDictPipe:
     # call its send(td) / recv(td) / asend(td) / arecv(td, device=...).
     _tensordict_pipe = True
 
-    def __init__(self, cpp: Any) -> None:
-        self._cpp = cpp
+    def __init__(self, endpoint: Any, *, listener: Any = None, **options: Any) -> None:
+        """A pipe over ``endpoint``: a ucxx ``Endpoint``, as the reference's constructor takes
+        it (created by ``ucxx.create_endpoint`` or a ``ucxx.create_listener`` callback), with
+        the pipe options as keywords (``consolidated=True``, ...), and the ``listener`` to close
+        with the pipe, if any. Create it in the event loop that runs the endpoint; then use the
+        coroutines (:meth:`asend`, :meth:`arecv`, ...) there, or the plain methods from other
+        threads: they move each message with the endpoint's own ``send`` / ``recv`` on that
+        loop. Our framing, limits and validation apply; the timeouts are the endpoint's (each
+        message waits at most ``timeout``). :meth:`listen` and :meth:`connect` make a pipe
+        with a UCX connection of its own instead.
+
+        Raises:
+            TypeError: if ``endpoint`` is not a ucxx endpoint.
+            RuntimeError: outside a running event loop.
+        """
+        if not isinstance(endpoint, _C.Pipe):
+            endpoint = _over_ucxx(endpoint, listener, options)
+        self._cpp = endpoint
         self._lock = threading.Lock()
         self._send_ex: concurrent.futures.ThreadPoolExecutor | None = None
         self._recv_ex: concurrent.futures.ThreadPoolExecutor | None = None
@@ -113,7 +175,7 @@ class TensorDictPipe:
             ValueError: for a bad port or host.
         """
         _require_pipe()
-        return cls(_C.Pipe.listen(port=port, host=host, **{**_DEFAULTS, **options}))
+        return cls(_C.Pipe.listen(port=port, host=host, **options))
 
     @classmethod
     def connect_sync(cls, host: str, port: int, **options: Any) -> "TensorDictPipe":
@@ -123,7 +185,7 @@ class TensorDictPipe:
             RuntimeError: if the peer is unreachable or refuses, or on timeout.
         """
         _require_pipe()
-        return cls(_C.Pipe.connect(host=host, port=port, **{**_DEFAULTS, **options}))
+        return cls(_C.Pipe.connect(host=host, port=port, **options))
 
     @classmethod
     async def listen(cls, port: int = 0, host: str = "127.0.0.1", **options: Any) -> "TensorDictPipe":
@@ -335,7 +397,7 @@ class TensorDictServer:
 
     def __init__(self, port: int = 0, host: str = "127.0.0.1", **options: Any) -> None:
         _require_pipe()
-        self._cpp = _C.PipeServer(port=port, host=host, **{**_DEFAULTS, **options})
+        self._cpp = _C.PipeServer(port=port, host=host, **options)
         self._closed = False
         self._lock = threading.Lock()
         self._accept_ex = concurrent.futures.ThreadPoolExecutor(

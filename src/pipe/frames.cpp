@@ -6,7 +6,11 @@
 #include <c10/util/Exception.h>
 #include <c10/util/StringUtil.h>
 
+#include <c10/util/hash.h>
+#include <unistd.h>
+
 #include <algorithm>
+#include <atomic>
 #include <cstring>
 #include <functional>
 #include <set>
@@ -23,6 +27,41 @@
 
 namespace tensordict::pipe::detail {
 
+// ---- peer info ----------------------------------------------------------------------------------
+
+namespace {
+// "tdcpp": what a tag of ours carries in its top 40 bits.
+constexpr uint64_t kOurTagMark = 0x7464637070;
+}  // namespace
+
+uint64_t hash64bits(uint64_t value) {
+  const std::string digest = c10::sha1(c10::str("(", value, ",)")).str();
+  return std::stoull(digest.substr(0, 16), nullptr, 16);
+}
+
+uint64_t make_our_tag() {
+  static std::atomic<uint64_t> next{static_cast<uint64_t>(::getpid()) << 12};
+  return (kOurTagMark << 24) | (next.fetch_add(1) & 0xffffff);
+}
+
+void write_peer_info(uint64_t tag, uint8_t* out) {
+  wire::put_le(out, tag);
+  wire::put_le(out + 8, hash64bits(tag));
+}
+
+PeerInfo read_peer_info(const uint8_t* in) {
+  PeerInfo info;
+  info.tag = wire::get_le(in);
+  const uint64_t checksum = wire::get_le(in + 8);
+  const uint64_t expected = hash64bits(info.tag);
+  TD_CHECK_PEER(checksum == expected, "Checksum invalid! 0x", std::hex, expected, " != 0x",
+                checksum, " (the peer is not a ucxx endpoint)");
+  info.ours = (info.tag >> 24) == kOurTagMark;
+  return info;
+}
+
+// ---- frames ---------------------------------------------------------------------------------------
+
 at::Tensor bytes_tensor(size_t n) { return at::empty({static_cast<int64_t>(n)}, at::kByte); }
 
 at::Tensor bytes_tensor(const std::string& s) {
@@ -33,11 +72,15 @@ at::Tensor bytes_tensor(const std::string& s) {
 
 FrameReader::FrameReader(FrameLimits limits) : limits_(limits), scratch_(bytes_tensor(16)) {}
 
-uint64_t FrameReader::read_length(ByteSource& src, const char* what, bool allow_close_marker) {
+uint64_t FrameReader::read_length(ByteSource& src, const char* what, bool first) {
   auto* buf = scratch_.data_ptr<uint8_t>();
-  src.read(buf, 8, scratch_, what);
+  if (first) {
+    src.read_first(buf, 8, scratch_, what);
+  } else {
+    src.read(buf, 8, scratch_, what);
+  }
   const uint64_t n = wire::get_le(buf);
-  if (allow_close_marker && n == kCloseLength) src.peer_left();
+  if (first && n == kCloseLength) src.peer_left();
   if (n > static_cast<uint64_t>(limits_.max_metadata_bytes)) {
     const std::string why = c10::str("recv: peer ", src.peer(), " announced ", what, " of ", n,
                                      " bytes, over the limit of ", limits_.max_metadata_bytes,
@@ -72,7 +115,7 @@ TensorDict FrameReader::recv_consolidated(ByteSource& src, const std::optional<T
                                           std::optional<at::Device> device, bool* new_schema) {
   if (new_schema) *new_schema = false;
   auto* scratch = scratch_.data_ptr<uint8_t>();
-  src.read(scratch, 1, scratch_, "the flag byte");
+  src.read_first(scratch, 1, scratch_, "the flag byte");
   const uint8_t flag = scratch[0];
   if (flag == kCloseFlag) src.peer_left();
   if (flag == kSameSchemaFlag) {
@@ -98,7 +141,7 @@ TensorDict FrameReader::recv_consolidated(ByteSource& src, const std::optional<T
     src.fail(why);
     TD_THROW(MalformedPeerDataError, why);
   }
-  const uint64_t meta_len = read_length(src, "metadata", /*allow_close_marker=*/false);
+  const uint64_t meta_len = read_length(src, "metadata", /*first=*/false);
   const at::Tensor meta_buf = bytes_tensor(meta_len);
   src.read(meta_buf.data_ptr(), meta_len, meta_buf, "the metadata");
   std::optional<wire::ValidatedMetadata> metadata;
@@ -174,7 +217,7 @@ TensorDict FrameReader::recv_consolidated(ByteSource& src, const std::optional<T
 TensorDict FrameReader::recv_uncollated(ByteSource& src, std::optional<at::Device> device) {
   const at::Device target_device = device.value_or(at::kCPU);
   TORCH_CHECK_VALUE(target_device.is_cpu(), "recv: this build of the pipe moves CPU memory only");
-  const uint64_t len = read_length(src, "an uncollated header", /*allow_close_marker=*/true);
+  const uint64_t len = read_length(src, "an uncollated header", /*first=*/true);
   const at::Tensor buf = bytes_tensor(len);
   src.read(buf.data_ptr(), len, buf, "the header");
 

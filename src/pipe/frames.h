@@ -20,21 +20,49 @@ inline constexpr uint8_t kNewSchemaFlag = 0x00;
 inline constexpr uint8_t kSameSchemaFlag = 0x01;
 // Our close marker (not in the reference, which has no orderly close): the flag byte 0xff in
 // consolidated mode, a header length of 2^64-1 in uncollated mode (over any cap, so never a
-// real header). It lets the receiver tell a clean close from a lost peer.
+// real header). It lets the receiver tell a clean close from a lost peer. Only a peer of ours
+// (PeerInfo::ours) gets it: the reference reads any flag but 0x00 as the same-schema flag.
 inline constexpr uint8_t kCloseFlag = 0xff;
 inline constexpr uint64_t kCloseLength = ~uint64_t{0};
+
+// ---- ucxx's peer-info exchange (docs/wire-format.md §6.6) -------------------------------------
+
+/// What the peer announced when the connection opened.
+struct PeerInfo {
+  uint64_t tag = 0;    // the tag the peer receives on: ours to send with
+  bool ours = false;   // the peer is tensordict-cpp (its tag carries our mark)
+};
+
+/// ucxx's hash64bits((value,)): the first 16 hex digits of the SHA-1 of Python's repr of the
+/// 1-tuple, "(1234,)".
+uint64_t hash64bits(uint64_t value);
+/// A new tag for this process to receive on: our mark in the top 40 bits (so that a peer of
+/// ours recognises it; a ucxx peer takes any value), a per-process counter below (tags of the
+/// endpoints of one worker must differ).
+uint64_t make_our_tag();
+/// The 16 bytes a side sends: its tag and hash64bits(tag), as little-endian u64s.
+void write_peer_info(uint64_t tag, uint8_t* out);
+/// Reads the peer's 16 bytes; MalformedPeerDataError ("Checksum invalid!", as ucxx raises) when
+/// the checksum does not match.
+PeerInfo read_peer_info(const uint8_t* in);
 
 /// A CPU uint8 tensor of `n` bytes (uninitialised), or holding a copy of `s`.
 at::Tensor bytes_tensor(size_t n);
 at::Tensor bytes_tensor(const std::string& s);
 
-/// Where a FrameReader's bytes come from, in order. Implementations throw from read() when the
-/// bytes cannot come (timeout, disconnect, end of a buffer).
+/// Where a FrameReader's messages come from, in order: each read is one message of exactly `n`
+/// bytes (one UCX tag message). Implementations throw from read() when the message cannot come
+/// (timeout, disconnect, a message of another size, end of a buffer).
 class ByteSource {
  public:
   virtual ~ByteSource() = default;
   /// Fills [data, data + n); `owner` keeps that memory alive; `what` names it for errors.
   virtual void read(void* data, size_t n, const at::Tensor& owner, const char* what) = 0;
+  /// The first message of a TensorDict: where a peer may end the stream cleanly. By default
+  /// the same as read().
+  virtual void read_first(void* data, size_t n, const at::Tensor& owner, const char* what) {
+    read(data, n, owner, what);
+  }
   /// The stream is out of step (the rest of a message is left unread): break it. The reader
   /// throws right after, with `why` in its message.
   virtual void fail(const std::string& why) = 0;
@@ -74,7 +102,9 @@ class FrameReader {
   TensorDict recv_uncollated(ByteSource& src, std::optional<at::Device> device);
 
  private:
-  uint64_t read_length(ByteSource& src, const char* what, bool allow_close_marker);
+  // `first`: the first message of a TensorDict (uncollated header length), which may be the
+  // close marker.
+  uint64_t read_length(ByteSource& src, const char* what, bool first);
   void check_storage_cap(ByteSource& src, int64_t n, const char* what);
   bool can_recv_into(const TensorDict& td) const;
 

@@ -8,6 +8,7 @@
 #include <c10/util/StringUtil.h>
 
 #include <algorithm>
+#include <atomic>
 #include <cstring>
 #include <limits>
 #include <set>
@@ -59,13 +60,23 @@ std::string json_ints(at::IntArrayRef v) {
   return out + "]";
 }
 
-// The pipe's endpoint as the FrameReader's byte source: reads count in the stats and honour
-// close()'s drain deadline; a fault breaks the endpoint.
-class EndpointSource final : public ByteSource {
+// The pipe's endpoint as the FrameReader's message source: reads count in the stats; a fault
+// breaks the endpoint.
+class LinkSource final : public ByteSource {
  public:
-  EndpointSource(PipeImpl& pipe, Endpoint& e) : pipe_(pipe), e_(e) {}
+  LinkSource(PipeImpl& pipe, Link& e) : pipe_(pipe), e_(e) {}
   void read(void* data, size_t n, const at::Tensor& owner, const char* what) override {
     pipe_.recv_bytes(e_, data, n, owner, what);
+  }
+  void read_first(void* data, size_t n, const at::Tensor& owner, const char* what) override {
+    try {
+      read(data, n, owner, what);
+    } catch (const PeerLostError&) {
+      // The reference has no close marker: its peer's disconnect between two TensorDicts, once
+      // every message it sent was read, is its clean close. A peer of ours sends the marker.
+      if (e_.peer_gone() && !e_.peer_info().ours) pipe_.peer_left(e_);
+      throw;
+    }
   }
   void fail(const std::string& why) override { e_.fail(why); }
   [[noreturn]] void peer_left() override { pipe_.peer_left(e_); }
@@ -73,7 +84,67 @@ class EndpointSource final : public ByteSource {
 
  private:
   PipeImpl& pipe_;
-  Endpoint& e_;
+  Link& e_;
+};
+
+// A PipeLink as the pipe's Link: each call goes to the caller's functions.
+class UserLink final : public Link {
+ public:
+  explicit UserLink(PipeLink link) : link_(std::move(link)) {
+    TORCH_CHECK_VALUE(link_.send && link_.recv, "Pipe::over: the link needs send and recv");
+    if (link_.peer_tag) {
+      // The peer's tag as the peer-info exchange gave it: our mark tells a peer of ours.
+      uint8_t bytes[16];
+      write_peer_info(*link_.peer_tag, bytes);
+      info_ = read_peer_info(bytes);
+    }
+  }
+  void send(const void* data, size_t n, const at::Tensor&, const char* what, Millis) override {
+    check_open("send", what);
+    link_.send(data, n);
+  }
+  void send_credit(const void* data, size_t n, const at::Tensor& owner, const char* what, size_t,
+                   Millis timeout) override {
+    send(data, n, owner, what, timeout);
+  }
+  void recv(void* data, size_t n, const at::Tensor&, const char* what, Millis) override {
+    check_open("recv", what);
+    link_.recv(data, n);
+  }
+  bool drain(Millis) override { return true; }
+  void close(Millis) noexcept override {
+    if (closed_.exchange(true) || !link_.close) return;
+    try {
+      link_.close();
+    } catch (...) {
+      // close() never throws; the link is gone either way
+    }
+  }
+  bool peer_gone() const override { return false; }
+  void fail(const std::string& why) override {
+    {
+      std::lock_guard<std::mutex> lk(mu_);
+      if (failure_.empty()) failure_ = why;
+    }
+    close(Millis(0));
+  }
+  const std::string& peer() const override { return link_.peer; }
+  const PeerInfo& peer_info() const override { return info_; }
+  std::string transports() override { return "the caller's link"; }
+
+ private:
+  void check_open(const char* op, const char* what) const {
+    std::lock_guard<std::mutex> lk(mu_);
+    TD_CHECK_AS(PeerLostError, failure_.empty(), op, " ", what, ": the pipe to ", link_.peer,
+                " is broken: ", failure_);
+    TD_CHECK_AS(PipeClosedError, !closed_.load(), op, " ", what, ": the pipe to ", link_.peer,
+                " is closed");
+  }
+  PipeLink link_;
+  PeerInfo info_;
+  std::atomic<bool> closed_{false};
+  mutable std::mutex mu_;
+  std::string failure_;  // set by fail(), from the pipe's threads
 };
 
 }  // namespace
@@ -85,12 +156,16 @@ PipeImpl::PipeImpl(PipeOptions opts, std::shared_ptr<Worker> w)
   TORCH_CHECK_VALUE(options.timeout.count() > 0, "pipe: timeout must be positive");
   TORCH_CHECK_VALUE(options.max_metadata_bytes > 0 && options.max_storage_bytes >= 0,
                     "pipe: the size caps must be positive");
+  TORCH_CHECK_VALUE(options.max_unreceived >= 1 && options.max_unreceived <= (1 << 20),
+                    "pipe: max_unreceived must be in [1, 2^20], got ", options.max_unreceived);
+  TORCH_CHECK_VALUE(options.linger.count() >= 0, "pipe: linger must not be negative");
   send_scratch = bytes_tensor(16);
+  credit_ring = bytes_tensor(static_cast<size_t>(options.max_unreceived + 1) * 8);
 }
 
 PipeImpl::~PipeImpl() { close(); }
 
-std::shared_ptr<Endpoint> PipeImpl::endpoint(const char* op) {
+std::shared_ptr<Link> PipeImpl::endpoint(const char* op) {
   std::lock_guard<std::mutex> lk(ep_mu);
   TD_CHECK_AS(PipeClosedError, !closed.load(), "Cannot ", op, " on a closed pipe.");
   TD_CHECK_AS(PeerClosedError, !peer_closed.load(), op, ": the peer closed the pipe");
@@ -108,26 +183,30 @@ void PipeImpl::count(int64_t PipeStats::*field, int64_t n) {
   stats.*field += n;
 }
 
-void PipeImpl::send_bytes(Endpoint& e, const void* data, size_t n, const at::Tensor& owner,
+void PipeImpl::send_bytes(Link& e, const void* data, size_t n, const at::Tensor& owner,
                           const char* what) {
   e.send(data, n, owner, what, options.timeout);
   count(&PipeStats::bytes_sent, static_cast<int64_t>(n));
 }
 
-void PipeImpl::recv_bytes(Endpoint& e, void* data, size_t n, const at::Tensor& owner,
+void PipeImpl::send_first(Link& e, const void* data, size_t n, const char* what) {
+  auto* slot = credit_ring.data_ptr<uint8_t>() + (credits_sent % (options.max_unreceived + 1)) * 8;
+  std::memcpy(slot, data, n);
+  e.send_credit(slot, n, credit_ring, what, static_cast<size_t>(options.max_unreceived),
+                options.timeout);
+  ++credits_sent;
+  count(&PipeStats::bytes_sent, static_cast<int64_t>(n));
+}
+
+void PipeImpl::recv_bytes(Link& e, void* data, size_t n, const at::Tensor& owner,
                           const char* what) {
-  Millis timeout = options.timeout;
-  if (recv_deadline) {
-    const auto left = std::chrono::duration_cast<Millis>(*recv_deadline - Clock::now());
-    timeout = std::clamp(left, Millis(1), timeout);
-  }
-  e.recv(data, n, owner, what, timeout);
+  e.recv(data, n, owner, what, options.timeout);
   count(&PipeStats::bytes_received, static_cast<int64_t>(n));
 }
 
 // ---- consolidated mode (§6.1) -----------------------------------------------------------------
 
-void PipeImpl::send_consolidated(Endpoint& e, const TensorDict& td) {
+void PipeImpl::send_consolidated(Link& e, const TensorDict& td) {
   const TensorDict tdc =
       is_consolidated(td) ? td : consolidate(td, {.device = infer_device(td)});
   const auto state = tdc.consolidated_state();
@@ -153,22 +232,22 @@ void PipeImpl::send_consolidated(Endpoint& e, const TensorDict& td) {
         {{"_total_bytes", storage.numel()}, {"_device", storage.device().str()}});
     scratch[0] = kNewSchemaFlag;
     wire::put_le(scratch + 8, json.size());
-    send_bytes(e, scratch, 1, send_scratch, "the flag byte");
+    send_first(e, scratch, 1, "the flag byte");
     send_bytes(e, scratch + 8, 8, send_scratch, "the metadata length");
     const at::Tensor json_bytes = bytes_tensor(json);
     send_bytes(e, json_bytes.data_ptr(), json.size(), json_bytes, "the metadata");
   } else {
     scratch[0] = kSameSchemaFlag;
-    send_bytes(e, scratch, 1, send_scratch, "the flag byte");
+    send_first(e, scratch, 1, "the flag byte");
   }
   sent_once = true;
   send_bytes(e, storage.data_ptr(), static_cast<size_t>(storage.numel()), storage, "the storage");
   count(&PipeStats::schema_sends, new_schema ? 1 : 0);
 }
 
-TensorDict PipeImpl::recv_consolidated(Endpoint& e, const std::optional<TensorDict>& td,
+TensorDict PipeImpl::recv_consolidated(Link& e, const std::optional<TensorDict>& td,
                                        std::optional<at::Device> device) {
-  EndpointSource src(*this, e);
+  LinkSource src(*this, e);
   bool new_schema = false;
   TensorDict out = reader.recv_consolidated(src, td, device, &new_schema);
   count(&PipeStats::schema_recvs, new_schema ? 1 : 0);
@@ -180,7 +259,7 @@ TensorDict PipeImpl::recv_consolidated(Endpoint& e, const std::optional<TensorDi
 // tensor leaf (nested ones included) sorted by its "."-joined key. A receiver that knows only
 // keys/dtypes/shapes reads the top-level case; ours reads both forms.
 
-void PipeImpl::send_uncollated(Endpoint& e, const TensorDict& td) {
+void PipeImpl::send_uncollated(Link& e, const TensorDict& td) {
   // Tensors and non-tensor entries, as the reference's items(is_leaf=_is_leaf_nontensor).
   std::vector<std::pair<NestedKey, Value>> items;
   for (auto& item : td.items({.include_nested = true})) {
@@ -231,71 +310,45 @@ void PipeImpl::send_uncollated(Endpoint& e, const TensorDict& td) {
                              ", \"unbatched\": [], \"non_tensors\": " + non_tensors + "]}";
   auto* scratch = send_scratch.data_ptr<uint8_t>();
   wire::put_le(scratch, header.size());
-  send_bytes(e, scratch, 8, send_scratch, "the header length");
+  send_first(e, scratch, 8, "the header length");
   const at::Tensor header_bytes = bytes_tensor(header);
   send_bytes(e, header_bytes.data_ptr(), header.size(), header_bytes, "the header");
   for (const at::Tensor& t : leaves) send_bytes(e, t.data_ptr(), t.nbytes(), t, "a leaf");
 }
 
-TensorDict PipeImpl::recv_uncollated(Endpoint& e, std::optional<at::Device> device) {
-  EndpointSource src(*this, e);
+TensorDict PipeImpl::recv_uncollated(Link& e, std::optional<at::Device> device) {
+  LinkSource src(*this, e);
   return reader.recv_uncollated(src, device);
 }
 
 // ---- lifecycle ----------------------------------------------------------------------------------
 
-void PipeImpl::peer_left(Endpoint& e) {
+void PipeImpl::peer_left(Link& e) {
   peer_closed = true;
-  // Our orderly close is the closer's cue that everything was read (see say_goodbye).
   e.close(options.timeout);
   TD_THROW(PeerClosedError, "recv: the peer ", e.peer(), " closed the pipe");
 }
 
-void PipeImpl::say_goodbye(Endpoint& e) noexcept {
+void PipeImpl::say_goodbye(Link& e) noexcept {
+  // The reference reads any flag byte but 0x00 as the same-schema flag: no marker for it.
+  if (!e.peer_info().ours) return;
   // A send in flight (another thread) or a partial one would put the marker mid-message.
   std::unique_lock<std::mutex> send_lk(send_mu, std::try_to_lock);
   if (!send_lk.owns_lock() || !at_message_boundary) return;
-  const auto deadline = Clock::now() + std::min(options.linger, options.timeout);
-  const size_t n = options.consolidated ? 1 : 8;
-  bool sent_data;
-  {
-    std::lock_guard<std::mutex> lk(stats_mu);
-    sent_data = stats.bytes_sent > 0;
-  }
   try {
     std::memset(send_scratch.data_ptr(), kCloseFlag, 8);
-    e.send(send_scratch.data_ptr(), n, send_scratch, "the close marker", options.timeout);
+    e.send(send_scratch.data_ptr(), options.consolidated ? 1 : 8, send_scratch,
+           "the close marker", options.timeout);
   } catch (...) {
     return;  // the peer is gone already
   }
-  if (!sent_data || options.linger.count() <= 0) return;
-  // Linger: the peer reads up to the marker, then closes, which fails our endpoint. A peer that
-  // is closing too may have unread messages of its own before its marker: when no recv() is in
-  // flight here, receive (and drop) them until its marker, so neither end waits for the other.
-  std::unique_lock<std::mutex> recv_lk(recv_mu, std::try_to_lock);
-  if (recv_lk.owns_lock()) {
-    recv_deadline = deadline;
-    try {
-      while (Clock::now() < deadline) {
-        if (options.consolidated) {
-          recv_consolidated(e, std::nullopt, at::Device(at::kCPU));
-        } else {
-          recv_uncollated(e, std::nullopt);
-        }
-      }
-    } catch (...) {
-      // The peer's marker, its disconnect, or the deadline (which broke the endpoint).
-    }
-    recv_deadline.reset();
-    return;
-  }
-  e.wait_gone(std::chrono::duration_cast<Millis>(deadline - Clock::now()));
+  if (options.linger.count() > 0) e.drain(std::min(options.linger, options.timeout));
 }
 
 void PipeImpl::close() noexcept {
   if (closed.exchange(true)) return;
   if (listener) listener->close(options.timeout);  // wakes an accept() waiting for a client
-  std::shared_ptr<Endpoint> e;
+  std::shared_ptr<Link> e;
   {
     std::lock_guard<std::mutex> lk(ep_mu);
     e = ep;
@@ -314,17 +367,22 @@ using detail::PipeImpl;
 Pipe::Pipe(std::shared_ptr<PipeImpl> impl) : impl_(std::move(impl)) {}
 
 Pipe Pipe::listen(int port, const std::string& host, const PipeOptions& options) {
-  auto impl = std::make_shared<PipeImpl>(options, detail::Worker::create());
-  impl->listener = detail::Listener::create(impl->worker.get(), host, port, /*max_clients=*/1,
-                                            options.timeout);
+  auto impl = std::make_shared<PipeImpl>(options, detail::Worker::create(options.spin));
+  impl->listener = detail::Listener::create(impl->worker, host, port, /*max_clients=*/1);
   impl->port = impl->listener->port();
   return Pipe(std::move(impl));
 }
 
 Pipe Pipe::connect(const std::string& host, int port, const PipeOptions& options) {
-  auto impl = std::make_shared<PipeImpl>(options, detail::Worker::create());
-  impl->ep = detail::Endpoint::connect(impl->worker.get(), host, port, options.timeout);
+  auto impl = std::make_shared<PipeImpl>(options, detail::Worker::create(options.spin));
+  impl->ep = detail::Endpoint::connect(impl->worker, host, port, options.timeout);
   impl->port = port;
+  return Pipe(std::move(impl));
+}
+
+Pipe Pipe::over(PipeLink link, const PipeOptions& options) {
+  auto impl = std::make_shared<PipeImpl>(options, nullptr);
+  impl->ep = std::make_shared<detail::UserLink>(std::move(link));
   return Pipe(std::move(impl));
 }
 
@@ -356,6 +414,20 @@ void Pipe::close() noexcept { impl_->close(); }
 bool Pipe::closed() const { return impl_->closed.load(); }
 bool Pipe::peer_closed() const { return impl_->peer_closed.load(); }
 int Pipe::port() const { return impl_->port; }
+
+std::string Pipe::transports() const {
+  std::shared_ptr<detail::Link> e;
+  {
+    std::lock_guard<std::mutex> lk(impl_->ep_mu);
+    e = impl_->ep;
+  }
+  return e ? e->transports() : std::string();
+}
+
+bool Pipe::peer_is_tensordict_cpp() const {
+  std::lock_guard<std::mutex> lk(impl_->ep_mu);
+  return impl_->ep && impl_->ep->peer_info().ours;
+}
 
 std::string Pipe::peer() const {
   std::lock_guard<std::mutex> lk(impl_->ep_mu);

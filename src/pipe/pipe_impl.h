@@ -20,20 +20,23 @@ struct PipeImpl {
   ~PipeImpl();
 
   /// The connected endpoint; a listening pipe waits for its client here (bounded).
-  std::shared_ptr<Endpoint> endpoint(const char* op);
+  std::shared_ptr<Link> endpoint(const char* op);
   void close() noexcept;
 
-  void send_consolidated(Endpoint& e, const TensorDict& td);
-  TensorDict recv_consolidated(Endpoint& e, const std::optional<TensorDict>& td,
+  void send_consolidated(Link& e, const TensorDict& td);
+  TensorDict recv_consolidated(Link& e, const std::optional<TensorDict>& td,
                                std::optional<at::Device> device);
-  void send_uncollated(Endpoint& e, const TensorDict& td);
-  TensorDict recv_uncollated(Endpoint& e, std::optional<at::Device> device);
+  void send_uncollated(Link& e, const TensorDict& td);
+  TensorDict recv_uncollated(Link& e, std::optional<at::Device> device);
 
-  void send_bytes(Endpoint& e, const void* data, size_t n, const at::Tensor& owner,
+  void send_bytes(Link& e, const void* data, size_t n, const at::Tensor& owner,
                   const char* what);
-  void recv_bytes(Endpoint& e, void* data, size_t n, const at::Tensor& owner, const char* what);
-  [[noreturn]] void peer_left(Endpoint& e);
-  void say_goodbye(Endpoint& e) noexcept;
+  /// The first message of a TensorDict (`n` <= 8 bytes at `data`), as a credit send
+  /// (Endpoint::send_credit): copied into the credit ring, so send() need not wait for it.
+  void send_first(Link& e, const void* data, size_t n, const char* what);
+  void recv_bytes(Link& e, void* data, size_t n, const at::Tensor& owner, const char* what);
+  [[noreturn]] void peer_left(Link& e);
+  void say_goodbye(Link& e) noexcept;
   void count(int64_t PipeStats::*field, int64_t n);
 
   const PipeOptions options;
@@ -43,12 +46,16 @@ struct PipeImpl {
   int port = 0;
 
   mutable std::mutex ep_mu;  // guards ep (set once, by connect or by the first accept)
-  std::shared_ptr<Endpoint> ep;
+  std::shared_ptr<Link> ep;
   std::atomic<bool> closed{false};
   std::atomic<bool> peer_closed{false};  // the peer's close marker was read
 
   std::mutex send_mu;  // one send at a time; guards the send state below
   at::Tensor send_scratch;  // 16 bytes: the flag byte and the length, never reallocated
+  // max_unreceived + 1 slots of 8 bytes for the first messages in flight: the slot of the next
+  // one was used by a message the window no longer holds.
+  at::Tensor credit_ring;
+  int64_t credits_sent = 0;
   bool sent_once = false;
   bool at_message_boundary = true;  // false after a raw or failed send: no close marker then
   std::shared_ptr<const Metadata> last_sent_metadata;
@@ -56,7 +63,6 @@ struct PipeImpl {
 
   std::mutex recv_mu;  // one recv at a time; guards the receive state below
   FrameReader reader;  // the framing and the receive state (the last schema and its storage)
-  std::optional<Clock::time_point> recv_deadline;  // set while close() drains the peer
 
   mutable std::mutex stats_mu;
   PipeStats stats;

@@ -116,9 +116,8 @@ using detail::ServerImpl;
 TensorDictServer::TensorDictServer(int port, const std::string& host, const PipeOptions& options)
     : impl_(std::make_unique<ServerImpl>()) {
   impl_->options = options;
-  impl_->worker = detail::Worker::create();
-  impl_->listener = detail::Listener::create(impl_->worker.get(), host, port,
-                                             /*max_clients=*/0, options.timeout);
+  impl_->worker = detail::Worker::create(options.spin);
+  impl_->listener = detail::Listener::create(impl_->worker, host, port, /*max_clients=*/0);
 }
 
 TensorDictServer::~TensorDictServer() { close(); }

@@ -1,7 +1,5 @@
 #include "ucx_worker.h"
 
-#include "tensordict/errors.h"
-
 #include <arpa/inet.h>
 #include <netdb.h>
 #include <poll.h>
@@ -12,19 +10,26 @@
 #include <c10/util/StringUtil.h>
 
 #include <algorithm>
+#include <cstdlib>
 #include <cstring>
 #include <utility>
-#include <vector>
+
+#include "frames.h"
+#include "tensordict/errors.h"
 
 namespace tensordict::pipe::detail {
 namespace {
 
-// How long teardown steps (flush, force close, listener destroy) may take: they only wait for
-// the loop thread and the local UCX state, so seconds mean something is badly wrong.
+// How long teardown steps (flush, close) may take: they wait for local UCX state and a healthy
+// peer, so seconds mean something is badly wrong.
 constexpr Millis kTeardownGrace{5000};
-
-// How many ucp_worker_progress calls the loop makes before it looks at posted tasks again.
+// ucp_worker_progress calls the progress thread makes before it looks at its wake-up fd again:
+// while a peer streams faster than we read, UCX always has more to do.
 constexpr int kProgressBurst = 64;
+// Connections whose peer-info exchange is under way; more are rejected (a flood of connection
+// requests must not grow the listener without bound).
+constexpr size_t kMaxHandshakes = 64;
+constexpr ucp_tag_t kFullMask = ~ucp_tag_t{0};
 
 void check_ucs(ucs_status_t status, const char* what) {
   TORCH_CHECK(status == UCS_OK, "pipe: ", what, " failed: ", ucs_status_string(status));
@@ -32,30 +37,64 @@ void check_ucs(ucs_status_t status, const char* what) {
 
 int64_t to_ms(Millis m) { return static_cast<int64_t>(m.count()); }
 
-// What a completion callback needs: the endpoint and the operation (kept alive until UCX calls
-// back, even when the waiting thread gave up).
+// What a completion callback needs: the operation (alive until UCX calls back, even when the
+// waiting thread gave up) and the worker to notify.
 struct CallbackContext {
-  std::shared_ptr<Endpoint> endpoint;
   std::shared_ptr<Op> op;
+  Worker* worker;
 };
+
+void on_send(void* request, ucs_status_t status, void* user_data) {
+  auto* ctx = static_cast<CallbackContext*>(user_data);
+  ctx->worker->complete(*ctx->op, status, 0);
+  ucp_request_free(request);
+  delete ctx;
+}
+
+void on_tag_recv(void* request, ucs_status_t status, const ucp_tag_recv_info_t* info,
+                 void* user_data) {
+  auto* ctx = static_cast<CallbackContext*>(user_data);
+  ctx->worker->complete(*ctx->op, status, status == UCS_OK ? info->length : 0);
+  ucp_request_free(request);
+  delete ctx;
+}
+
+void on_stream_recv(void* request, ucs_status_t status, size_t length, void* user_data) {
+  auto* ctx = static_cast<CallbackContext*>(user_data);
+  ctx->worker->complete(*ctx->op, status, status == UCS_OK ? length : 0);
+  ucp_request_free(request);
+  delete ctx;
+}
+
+void free_request(void* request, ucs_status_t, void*) { ucp_request_free(request); }
+
+const char* op_name(bool recv) { return recv ? "recv" : "send"; }
 
 }  // namespace
 
 // ---- Worker -----------------------------------------------------------------------------------
 
-std::shared_ptr<Worker> Worker::create() {
-  std::shared_ptr<Worker> w(new Worker());
+std::shared_ptr<Worker> Worker::create(Micros spin) {
+  TORCH_CHECK_VALUE(spin.count() >= 0, "pipe: spin must not be negative");
+  std::shared_ptr<Worker> w(new Worker(spin));
   ucp_config_t* config = nullptr;
   check_ucs(ucp_config_read(nullptr, nullptr, &config), "ucp_config_read");
+  // Shared memory takes part in a connection with peer error handling only when asked: without
+  // it, two processes on one host talk over TCP loopback (UCX's client-server connections
+  // leave posix/sysv out). The user's UCX_MM_ERROR_HANDLING wins.
+  if (std::getenv("UCX_MM_ERROR_HANDLING") == nullptr) {
+    check_ucs(ucp_config_modify(config, "MM_ERROR_HANDLING", "y"), "ucp_config_modify");
+  }
   ucp_params_t params{};
   params.field_mask = UCP_PARAM_FIELD_FEATURES;
-  params.features = UCP_FEATURE_STREAM | UCP_FEATURE_WAKEUP;
+  // Tags carry the frames, the stream API the peer-info exchange (as ucxx's endpoints do).
+  params.features = UCP_FEATURE_TAG | UCP_FEATURE_STREAM | UCP_FEATURE_WAKEUP;
   const ucs_status_t st = ucp_init(&params, config, &w->context_);
   ucp_config_release(config);
   check_ucs(st, "ucp_init");
   ucp_worker_params_t wparams{};
   wparams.field_mask = UCP_WORKER_PARAM_FIELD_THREAD_MODE;
-  wparams.thread_mode = UCS_THREAD_MODE_SINGLE;  // only the loop thread touches it
+  wparams.thread_mode = UCS_THREAD_MODE_SERIALIZED;  // every call holds the UCX lock
   check_ucs(ucp_worker_create(w->context_, &wparams, &w->worker_), "ucp_worker_create");
   check_ucs(ucp_worker_get_efd(w->worker_, &w->ucp_fd_), "ucp_worker_get_efd");
   w->wake_fd_ = eventfd(0, EFD_NONBLOCK | EFD_CLOEXEC);
@@ -66,17 +105,9 @@ std::shared_ptr<Worker> Worker::create() {
 
 Worker::~Worker() {
   if (thread_.joinable()) {
-    {
-      std::lock_guard<std::mutex> lk(mu_);
-      stop_ = true;
-    }
-    const uint64_t one = 1;
-    [[maybe_unused]] auto n = ::write(wake_fd_, &one, sizeof(one));
-    if (on_loop_thread()) {
-      thread_.detach();  // cannot join itself; the owners guarantee this does not happen
-    } else {
-      thread_.join();
-    }
+    stop_ = true;
+    wake_loop();
+    thread_.join();
   }
   // Every endpoint and listener was closed by its owner before the last reference went.
   if (worker_ != nullptr) ucp_worker_destroy(worker_);
@@ -84,67 +115,94 @@ Worker::~Worker() {
   if (wake_fd_ >= 0) ::close(wake_fd_);
 }
 
-void Worker::post(std::function<void()> task) {
-  {
-    std::lock_guard<std::mutex> lk(mu_);
-    tasks_.push_back(std::move(task));
-  }
+void Worker::wake_loop() {
   const uint64_t one = 1;
   [[maybe_unused]] auto n = ::write(wake_fd_, &one, sizeof(one));
 }
 
-void Worker::call(const std::function<void()>& fn, Millis timeout, const char* what) {
-  if (on_loop_thread()) {  // a destructor that ran on the loop: no need (and no way) to wait
-    fn();
-    return;
+void Worker::notify() {
+  if (sleepers_.load() == 0) return;  // seq_cst with the waiter's increment: see wait_until
+  { std::lock_guard<std::mutex> lk(cv_mu_); }
+  cv_.notify_all();
+}
+
+void Worker::complete(Op& op, ucs_status_t status, size_t length) {
+  op.status = status;
+  op.length = length;
+  op.request = nullptr;
+  op.owner = at::Tensor();
+  if (op.then) {
+    defer([then = std::move(op.then), status, length] { then(status, length); });
+    op.then = nullptr;
   }
-  struct State {
-    std::mutex mu;
-    std::condition_variable cv;
-    bool done = false;
-    std::exception_ptr error;
-  };
-  auto state = std::make_shared<State>();
-  post([state, fn] {
-    std::exception_ptr error;
-    try {
-      fn();
-    } catch (...) {
-      error = std::current_exception();
+  op.done.store(true);
+  notify();
+}
+
+bool Worker::progress_locked() {
+  bool any = ucp_worker_progress(worker_) != 0;
+  progress_calls_.fetch_add(1, std::memory_order_relaxed);
+  while (!deferred_.empty()) {
+    auto tasks = std::move(deferred_);
+    deferred_.clear();
+    for (auto& task : tasks) task();
+    any = true;
+  }
+  return any;
+}
+
+bool Worker::wait_until(const std::function<bool()>& ready, Clock::time_point deadline) {
+  if (ready()) return true;
+  if (spin_.count() > 0) {
+    // Drive UCX from this thread: a reply that arrives within the spin costs no wake-up. The
+    // progress thread stands aside meanwhile (it only watches its wake-up fd).
+    const auto spin_end = std::min(deadline, Clock::now() + spin_);
+    spinners_.fetch_add(1);
+    bool ok = false;
+    for (;;) {
+      {
+        auto lk = lock();
+        progress_locked();
+      }
+      if (ready()) {
+        ok = true;
+        break;
+      }
+      if (Clock::now() >= spin_end) break;
     }
-    std::lock_guard<std::mutex> lk(state->mu);
-    state->error = error;
-    state->done = true;
-    state->cv.notify_all();
-  });
-  std::unique_lock<std::mutex> lk(state->mu);
-  TD_CHECK_AS(TimeoutError, state->cv.wait_for(lk, timeout, [&] { return state->done; }),
-              "pipe: ", what, " timed out after ", to_ms(timeout), " ms (UCX progress thread busy)");
-  if (state->error) std::rethrow_exception(state->error);
+    spinners_.fetch_sub(1);
+    if (ok) return true;
+  }
+  wake_loop();  // the progress thread takes over (it may have been standing aside)
+  std::unique_lock<std::mutex> lk(cv_mu_);
+  sleepers_.fetch_add(1);  // before ready() is read again: notify() cannot miss this sleeper
+  const bool ok = cv_.wait_until(lk, deadline, ready);
+  sleepers_.fetch_sub(1);
+  return ok;
 }
 
 void Worker::loop() {
-  std::deque<std::function<void()>> batch;
-  for (;;) {
-    {
-      std::lock_guard<std::mutex> lk(mu_);
-      batch.swap(tasks_);
+  while (!stop_.load()) {
+    if (spinners_.load() > 0) {
+      // A waiting thread is progressing UCX; watch only our fd (it writes it when it stops)
+      // and look again soon (it stops without writing when its operation completed).
+      pollfd fd{wake_fd_, POLLIN, 0};
+      if (::poll(&fd, 1, 1) > 0) {
+        uint64_t value = 0;
+        [[maybe_unused]] auto n = ::read(wake_fd_, &value, sizeof(value));
+      }
+      continue;
     }
-    for (auto& task : batch) task();
-    batch.clear();
-    // Bounded: while a peer streams faster than we read, UCX always has more to queue, and an
-    // unbounded drain would starve the posted tasks (the receives that would consume it).
-    bool idle = false;
-    for (int i = 0; i < kProgressBurst && !idle; ++i) idle = ucp_worker_progress(worker_) == 0;
+    ucs_status_t armed;
     {
-      std::lock_guard<std::mutex> lk(mu_);
-      if (!tasks_.empty()) continue;
-      if (stop_) break;
+      auto lk = lock();
+      for (int i = 0; i < kProgressBurst && progress_locked(); ++i) {
+      }
+      armed = ucp_worker_arm(worker_);
     }
-    if (!idle) continue;
-    // Sleep in the kernel until UCX or post() has something; the poll timeout only bounds the
-    // cost of an event UCX might not signal.
-    if (ucp_worker_arm(worker_) == UCS_ERR_BUSY) continue;
+    if (armed == UCS_ERR_BUSY) continue;  // more events already: progress again
+    // Sleep in the kernel until UCX or a waiter has something; the poll timeout only bounds
+    // the cost of an event UCX might not signal.
     pollfd fds[2] = {{ucp_fd_, POLLIN, 0}, {wake_fd_, POLLIN, 0}};
     ::poll(fds, 2, 100);
     if (fds[1].revents & POLLIN) {
@@ -204,13 +262,19 @@ int port_of(const sockaddr_storage& addr) {
 
 // ---- Endpoint ---------------------------------------------------------------------------------
 
+Endpoint::Endpoint(std::shared_ptr<Worker> worker, std::string peer)
+    : worker_(std::move(worker)),
+      peer_(std::move(peer)),
+      recv_tag_(make_our_tag()),
+      handshake_(at::empty({32}, at::kByte)) {}
+
 Endpoint::~Endpoint() {
-  // Owners close() first; this covers an endpoint dropped without it (on the loop thread only
-  // when the last reference was a finished callback's, where ep_ is already gone).
-  if (ep_ != nullptr && worker_->on_loop_thread()) force_close_on_loop();
+  // Owners close() first; this covers an endpoint dropped without it.
+  auto lk = worker_->lock();
+  force_close_locked();
 }
 
-void Endpoint::create_on_loop(const ucp_ep_params_t& params) {
+void Endpoint::create_locked(const ucp_ep_params_t& params) {
   ucp_ep_params_t p = params;
   p.field_mask |= UCP_EP_PARAM_FIELD_ERR_HANDLER | UCP_EP_PARAM_FIELD_ERR_HANDLING_MODE;
   p.err_mode = UCP_ERR_HANDLING_MODE_PEER;
@@ -222,338 +286,459 @@ void Endpoint::create_on_loop(const ucp_ep_params_t& params) {
               ucs_status_string(st));
 }
 
-std::shared_ptr<Endpoint> Endpoint::connect(Worker* worker, const std::string& host, int port,
-                                            Millis timeout) {
-  const SockAddr addr = resolve(host, port, /*passive=*/false);
-  auto ep = std::make_shared<Endpoint>(worker, c10::str(host, ":", port));
-  worker->call(
-      [&] {
-        ucp_ep_params_t params{};
-        params.field_mask = UCP_EP_PARAM_FIELD_FLAGS | UCP_EP_PARAM_FIELD_SOCK_ADDR;
-        params.flags = UCP_EP_PARAMS_FLAGS_CLIENT_SERVER;
-        params.sockaddr.addr = reinterpret_cast<const sockaddr*>(&addr.storage);
-        params.sockaddr.addrlen = addr.length;
-        ep->create_on_loop(params);
-      },
-      kTeardownGrace, "connect");
-  // A flush completes once the wireup with the server is done, and fails when it is refused.
-  try {
-    ep->transfer(Dir::kFlush, nullptr, 1, {}, "connect", timeout);
-  } catch (...) {
-    ep->close(timeout);
-    throw;
-  }
-  return ep;
-}
-
-std::shared_ptr<Endpoint> Endpoint::accept_on_loop(Worker* worker, ucp_conn_request_h request) {
-  ucp_conn_request_attr_t attr{};
-  attr.field_mask = UCP_CONN_REQUEST_ATTR_FIELD_CLIENT_ADDR;
-  std::string peer = "?";
-  if (ucp_conn_request_query(request, &attr) == UCS_OK) peer = format_address(attr.client_address);
-  auto ep = std::make_shared<Endpoint>(worker, std::move(peer));
-  ucp_ep_params_t params{};
-  params.field_mask = UCP_EP_PARAM_FIELD_CONN_REQUEST;
-  params.conn_request = request;
-  ep->create_on_loop(params);
-  return ep;
-}
-
-void Endpoint::send(const void* data, size_t n, const at::Tensor& owner, const char* what,
-                    Millis timeout) {
-  transfer(Dir::kSend, const_cast<void*>(data), n, owner, what, timeout);
-}
-
-void Endpoint::recv(void* data, size_t n, const at::Tensor& owner, const char* what,
-                    Millis timeout) {
-  transfer(Dir::kRecv, data, n, owner, what, timeout);
-}
-
-bool Endpoint::closed() const {
-  std::lock_guard<std::mutex> lk(mu_);
-  return closed_;
-}
-
-void Endpoint::wait_gone(Millis timeout) {
-  std::unique_lock<std::mutex> lk(mu_);
-  cv_.wait_for(lk, timeout, [&] { return !failure_.empty() || ep_gone_ || closed_; });
-}
-
-void Endpoint::throw_unusable(const char* op_name, const char* what) {
-  // Called with mu_ held by the caller's scope.
-  if (closed_) TD_THROW(PipeClosedError, op_name, " ", what, ": the pipe to ", peer_, " is closed");
-  TD_THROW(PeerLostError, op_name, " ", what, ": the pipe to ", peer_, " is broken: ", failure_);
-}
-
-void Endpoint::transfer(Dir dir, void* data, size_t n, const at::Tensor& owner, const char* what,
-                        Millis timeout) {
-  if (n == 0) return;  // a stream has no empty messages; both ends skip them alike
-  const char* op_name = dir == Dir::kRecv   ? "recv"
-                        : dir == Dir::kSend ? "send"
-                        : dir == Dir::kClose ? "close"
-                                             : "connect";
+std::shared_ptr<Op> Endpoint::start(Dir dir, void* data, size_t n, const at::Tensor& owner,
+                                    std::function<void(ucs_status_t, size_t)> then) {
   auto op = std::make_shared<Op>();
   op->owner = owner;
-  {
-    std::unique_lock<std::mutex> lk(mu_);
-    if (closed_ || ep_gone_ || !failure_.empty()) {
-      throw_unusable(op_name, what);
-    }
+  op->then = std::move(then);
+  if (ep_ == nullptr && dir != Dir::kRecv) {
+    worker_->complete(*op, UCS_ERR_NOT_CONNECTED, 0);
+    return op;
   }
-  worker_->post([self = shared_from_this(), op, dir, data, n] {
-    self->start_on_loop(op, dir, data, n);
-  });
-  std::unique_lock<std::mutex> lk(mu_);
-  if (!cv_.wait_for(lk, timeout, [&] { return op->done; })) {
-    // The stream is now out of step: break the endpoint, which also completes the operation.
-    if (failure_.empty()) {
-      failure_ = c10::str(op_name, " ", what, " (", n, " bytes) timed out after ", to_ms(timeout),
-                          " ms");
-    }
-    lk.unlock();
-    worker_->post([self = shared_from_this()] { self->force_close_on_loop(); });
-    lk.lock();
-    cv_.wait_for(lk, kTeardownGrace, [&] { return op->done; });
-    TD_THROW(TimeoutError, op_name, " ", what, ": peer ", peer_, ": ", failure_);
-  }
-  if (op->status == UCS_OK) {
-    // WAITALL fills the buffer or fails; a short completion must not pass as a full one.
-    TORCH_CHECK(dir != Dir::kRecv || op->length == n, op_name, " ", what, ": peer ", peer_,
-                " delivered ", op->length, " of ", n, " bytes");
-    return;
-  }
-  if (closed_ && failure_.empty()) {
-    TD_THROW(PipeClosedError, op_name, " ", what, ": the pipe to ", peer_, " was closed");
-  }
-  if (!failure_.empty()) {
-    TD_THROW(PeerLostError, op_name, " ", what, " (", n, " bytes): the pipe to ", peer_,
-             " is broken: ", failure_);
-  }
-  TD_THROW(PeerLostError, op_name, " ", what, " (", n, " bytes): peer ", peer_, ": ",
-           ucs_status_string(op->status));
-}
-
-void Endpoint::start_on_loop(const std::shared_ptr<Op>& op, Dir dir, void* data, size_t n) {
-  if (ep_ == nullptr) {
-    finish(*op, UCS_ERR_NOT_CONNECTED, 0);
-    return;
-  }
-  auto* ctx = new CallbackContext{shared_from_this(), op};
+  auto* ctx = new CallbackContext{op, worker_.get()};
   ucp_request_param_t param{};
   param.op_attr_mask = UCP_OP_ATTR_FIELD_CALLBACK | UCP_OP_ATTR_FIELD_USER_DATA;
   param.user_data = ctx;
-  size_t length = n;
+  param.cb.send = &on_send;
+  ucp_tag_recv_info_t tag_info{};
+  size_t length = 0;
   ucs_status_ptr_t req = nullptr;
   switch (dir) {
     case Dir::kSend:
-      param.cb.send = &Endpoint::on_send;
+      req = ucp_tag_send_nbx(ep_, data, n, peer_info_.tag, &param);
+      break;
+    case Dir::kSyncSend:
+      req = ucp_tag_send_sync_nbx(ep_, data, n, peer_info_.tag, &param);
+      break;
+    case Dir::kRecv:  // receives match on the worker, by our tag
+      param.op_attr_mask |= UCP_OP_ATTR_FIELD_RECV_INFO;
+      param.recv_info.tag_info = &tag_info;
+      param.cb.recv = &on_tag_recv;
+      req = ucp_tag_recv_nbx(worker_->handle(), data, n, recv_tag_, kFullMask, &param);
+      length = tag_info.length;
+      break;
+    case Dir::kStreamSend:
       req = ucp_stream_send_nbx(ep_, data, n, &param);
       break;
+    case Dir::kStreamRecv:
+      param.op_attr_mask |= UCP_OP_ATTR_FIELD_FLAGS;
+      param.flags = UCP_STREAM_RECV_FLAG_WAITALL;
+      param.cb.recv_stream = &on_stream_recv;
+      req = ucp_stream_recv_nbx(ep_, data, n, &length, &param);
+      break;
     case Dir::kFlush:
-      param.cb.send = &Endpoint::on_send;
       req = ucp_ep_flush_nbx(ep_, &param);
       break;
     case Dir::kClose:  // the orderly close: UCX flushes, then tells the peer
-      param.cb.send = &Endpoint::on_send;
       req = ucp_ep_close_nbx(ep_, &param);
       ep_ = nullptr;
-      {
-        std::lock_guard<std::mutex> lk(mu_);
-        ep_gone_ = true;
-      }
-      break;
-    case Dir::kRecv:
-      param.cb.recv_stream = &Endpoint::on_recv;
-      param.op_attr_mask |= UCP_OP_ATTR_FIELD_FLAGS;
-      param.flags = UCP_STREAM_RECV_FLAG_WAITALL;
-      req = ucp_stream_recv_nbx(ep_, data, n, &length, &param);
       break;
   }
   if (!UCS_PTR_IS_PTR(req)) {  // completed (or failed) at once: no callback will come
     delete ctx;
-    finish(*op, UCS_PTR_STATUS(req), UCS_PTR_STATUS(req) == UCS_OK ? length : 0);
-    return;
+    const ucs_status_t st = UCS_PTR_STATUS(req);
+    worker_->complete(*op, st, st == UCS_OK ? (dir == Dir::kRecv ? tag_info.length : length) : 0);
+    return op;
   }
+  op->request = req;
+  if (dir == Dir::kRecv) {
+    std::erase_if(recvs_, [](const std::shared_ptr<Op>& o) { return o->done.load(); });
+    recvs_.push_back(op);
+  }
+  return op;
 }
 
-void Endpoint::finish(Op& op, ucs_status_t status, size_t length) {
-  std::lock_guard<std::mutex> lk(mu_);
-  op.done = true;
-  op.status = status;
-  op.length = length;
-  op.owner = at::Tensor();
-  cv_.notify_all();
-}
-
-void Endpoint::on_send(void* request, ucs_status_t status, void* user_data) {
-  auto* ctx = static_cast<CallbackContext*>(user_data);
-  ctx->endpoint->finish(*ctx->op, status, 0);
-  ucp_request_free(request);
-  delete ctx;
-}
-
-void Endpoint::on_recv(void* request, ucs_status_t status, size_t length, void* user_data) {
-  auto* ctx = static_cast<CallbackContext*>(user_data);
-  ctx->endpoint->finish(*ctx->op, status, length);
-  ucp_request_free(request);
-  delete ctx;
-}
-
-void Endpoint::on_error(void* arg, ucp_ep_h /*ep*/, ucs_status_t status) {
-  auto* self = static_cast<Endpoint*>(arg);
-  {
-    std::lock_guard<std::mutex> lk(self->mu_);
-    if (self->failure_.empty()) {
-      self->failure_ = c10::str("the peer disconnected or failed (", ucs_status_string(status), ")");
+void Endpoint::wait_op(const std::shared_ptr<Op>& op, Dir dir, size_t n, const char* what,
+                       Millis timeout) {
+  const bool recv = dir == Dir::kRecv || dir == Dir::kStreamRecv;
+  if (!worker_->wait(*op, Clock::now() + timeout)) {
+    // The message stream is now out of step: break the endpoint, which completes the operation.
+    std::string failure;
+    {
+      auto lk = worker_->lock();
+      break_locked(c10::str(op_name(recv), " ", what, " (", n, " bytes) timed out after ",
+                            to_ms(timeout), " ms"));
+      failure = failure_;
     }
-    self->cv_.notify_all();
+    worker_->wait(*op, Clock::now() + kTeardownGrace);
+    TD_THROW(TimeoutError, op_name(recv), " ", what, ": peer ", peer_, ": ", failure);
   }
-  // UCX wants a failed endpoint closed with force; that also fails the operations still
-  // waiting. (UCX 1.13 discards the failed endpoint's unread stream bytes: see docs/pipe.md.)
-  self->worker_->post([s = self->shared_from_this()] { s->force_close_on_loop(); });
+  if (op->status == UCS_OK) {
+    if (!recv || op->length == n) return;
+    const std::string why = c10::str("recv ", what, ": peer ", peer_, " sent a message of ",
+                                     op->length, " bytes where ", n, " were expected");
+    fail(why);
+    TD_THROW(MalformedPeerDataError, why);
+  }
+  if (op->status == UCS_ERR_MESSAGE_TRUNCATED) {
+    const std::string why = c10::str("recv ", what, ": peer ", peer_,
+                                     " sent a message longer than the ", n, " bytes expected");
+    fail(why);
+    TD_THROW(MalformedPeerDataError, why);
+  }
+  auto lk = worker_->lock();
+  throw_unusable(op_name(recv), what);
 }
 
-void Endpoint::fail(const std::string& why) {
+void Endpoint::throw_unusable(const char* op, const char* what) {
+  // UCX lock held by the caller.
+  if (!failure_.empty()) {
+    TD_THROW(PeerLostError, op, " ", what, ": the pipe to ", peer_, " is broken: ", failure_);
+  }
+  if (closed_) TD_THROW(PipeClosedError, op, " ", what, ": the pipe to ", peer_, " is closed");
+  if (peer_gone_) {
+    TD_THROW(PeerLostError, op, " ", what, ": the peer ", peer_, " disconnected or failed");
+  }
+  TD_THROW(PeerLostError, op, " ", what, ": the pipe to ", peer_, " is not connected");
+}
+
+void Endpoint::send(const void* data, size_t n, const at::Tensor& owner, const char* what,
+                    Millis timeout) {
+  std::shared_ptr<Op> op;
   {
-    std::lock_guard<std::mutex> lk(mu_);
-    if (failure_.empty()) failure_ = why;
-    cv_.notify_all();
+    auto lk = worker_->lock();
+    if (closed_ || peer_gone_ || !failure_.empty() || ep_ == nullptr) throw_unusable("send", what);
+    op = start(Dir::kSend, const_cast<void*>(data), n, owner);
   }
-  try {
-    worker_->call([this] { force_close_on_loop(); }, kTeardownGrace, "close");
-  } catch (...) {
+  wait_op(op, Dir::kSend, n, what, timeout);
+}
+
+void Endpoint::send_credit(const void* data, size_t n, const at::Tensor& owner, const char* what,
+                           size_t window, Millis timeout) {
+  const auto deadline = Clock::now() + timeout;
+  for (;;) {
+    std::shared_ptr<Op> oldest;
+    {
+      auto lk = worker_->lock();
+      while (!credits_.empty() && credits_.front()->done.load()) credits_.pop_front();
+      if (closed_ || peer_gone_ || !failure_.empty() || ep_ == nullptr) {
+        throw_unusable("send", what);
+      }
+      if (credits_.size() < window) {
+        auto op = start(Dir::kSyncSend, const_cast<void*>(data), n, owner);
+        if (op->done.load() && op->status != UCS_OK) throw_unusable("send", what);
+        if (!op->done.load()) credits_.push_back(std::move(op));
+        return;
+      }
+      oldest = credits_.front();
+    }
+    TD_CHECK_AS(TimeoutError, worker_->wait(*oldest, deadline), "send ", what, ": the peer ",
+                peer_, " has not started receiving the last ", window, " messages within ",
+                to_ms(timeout), " ms (PipeOptions::max_unreceived); nothing was sent");
   }
 }
 
-void Endpoint::force_close_on_loop() {
+void Endpoint::recv(void* data, size_t n, const at::Tensor& owner, const char* what,
+                    Millis timeout) {
+  std::shared_ptr<Op> op;
+  {
+    auto lk = worker_->lock();
+    // A peer that left may have left messages behind: they stay matchable on the worker.
+    if (closed_ || !failure_.empty()) throw_unusable("recv", what);
+    op = start(Dir::kRecv, data, n, owner);
+    if (!op->done.load() && peer_gone_) ucp_request_cancel(worker_->handle(), op->request);
+  }
+  wait_op(op, Dir::kRecv, n, what, timeout);
+}
+
+bool Endpoint::drain(Millis timeout) {
+  const auto deadline = Clock::now() + timeout;
+  std::deque<std::shared_ptr<Op>> credits;
+  {
+    auto lk = worker_->lock();
+    credits = credits_;
+  }
+  for (const auto& op : credits) {
+    if (!worker_->wait(*op, deadline)) return false;
+  }
+  return true;
+}
+
+bool Endpoint::closed() const {
+  auto lk = worker_->lock();
+  return closed_;
+}
+
+bool Endpoint::peer_gone() const {
+  auto lk = worker_->lock();
+  return peer_gone_;
+}
+
+void Endpoint::force_close_locked() {
+  // Receives belong to the worker, not the endpoint: cancel ours, or they would wait forever.
+  for (const auto& op : recvs_) {
+    if (!op->done.load() && op->request != nullptr) {
+      ucp_request_cancel(worker_->handle(), op->request);
+    }
+  }
+  recvs_.clear();
   if (ep_ == nullptr) return;
   ucp_request_param_t param{};
   param.op_attr_mask = UCP_OP_ATTR_FIELD_FLAGS | UCP_OP_ATTR_FIELD_CALLBACK;
   param.flags = UCP_EP_CLOSE_FLAG_FORCE;
-  param.cb.send = [](void* request, ucs_status_t, void*) { ucp_request_free(request); };
-  // A forced close completes every outstanding operation of the endpoint with an error.
-  ucp_ep_close_nbx(ep_, &param);
+  param.cb.send = &free_request;
+  // A forced close completes every outstanding send of the endpoint with an error.
+  const ucs_status_ptr_t req = ucp_ep_close_nbx(ep_, &param);
+  (void)req;  // a request, if any, is freed by its callback
   ep_ = nullptr;
-  std::lock_guard<std::mutex> lk(mu_);
-  ep_gone_ = true;
-  cv_.notify_all();
+  worker_->notify();
+}
+
+void Endpoint::break_locked(const std::string& why) {
+  if (failure_.empty()) failure_ = why;
+  force_close_locked();
+  discard_unread_locked();
+}
+
+void Endpoint::discard_unread_locked() {
+  // Messages of the peer's that nobody will read (this end closed or broke): receive the small
+  // ones into a scratch buffer and drop them, so that they leave the worker quietly (UCX warns
+  // about every message still unmatched when the worker goes: a close marker usually is).
+  // Larger ones would be a rendezvous with a peer that may be gone: left alone.
+  constexpr size_t kLimit = 64 << 10;
+  static thread_local std::vector<uint8_t> scratch(kLimit);
+  for (int i = 0; i < 4096; ++i) {
+    ucp_tag_recv_info_t info{};
+    if (ucp_tag_probe_nb(worker_->handle(), recv_tag_, kFullMask, 0, &info) == nullptr ||
+        info.length > kLimit) {
+      return;
+    }
+    ucp_tag_message_h msg = ucp_tag_probe_nb(worker_->handle(), recv_tag_, kFullMask, 1, &info);
+    if (msg == nullptr) return;
+    ucp_request_param_t param{};
+    param.op_attr_mask = UCP_OP_ATTR_FIELD_CALLBACK;
+    param.cb.recv = [](void* request, ucs_status_t, const ucp_tag_recv_info_t*, void*) {
+      ucp_request_free(request);
+    };
+    ucp_tag_msg_recv_nbx(worker_->handle(), scratch.data(), info.length, msg, &param);
+  }
+}
+
+void Endpoint::fail(const std::string& why) {
+  auto lk = worker_->lock();
+  break_locked(why);
+}
+
+void Endpoint::on_error(void* arg, ucp_ep_h /*ep*/, ucs_status_t /*status*/) {
+  // Inside a progress call (UCX lock held): record, and leave the UCX calls to after it.
+  auto* self = static_cast<Endpoint*>(arg);
+  self->peer_gone_ = true;
+  // A failed endpoint must be closed with force; no more messages will come from the peer, so
+  // a receive that matched nothing yet never will (force_close_locked cancels it). The
+  // endpoint outlives this task: its owner's close or destructor takes the UCX lock first.
+  self->worker_->defer([self] { self->force_close_locked(); });
+  self->worker_->notify();
 }
 
 void Endpoint::close(Millis timeout) noexcept {
-  bool flush;
+  std::shared_ptr<Op> op;
   {
-    std::lock_guard<std::mutex> lk(mu_);
+    auto lk = worker_->lock();
     if (closed_) return;
-    flush = failure_.empty() && !ep_gone_;
-  }
-  // A healthy endpoint closes in flush mode (what was sent is delivered, the peer sees an
-  // orderly disconnect); bounded, as every wait. Otherwise, or if that fails, by force.
-  if (flush) {
-    try {
-      transfer(Dir::kClose, nullptr, 1, {}, "close", std::min(timeout, kTeardownGrace));
-    } catch (...) {
-    }
-  }
-  {
-    std::lock_guard<std::mutex> lk(mu_);
     closed_ = true;
-    cv_.notify_all();
+    // A healthy endpoint closes in flush mode: what was sent is delivered, and the peer sees an
+    // orderly disconnect. Bounded, as every wait; otherwise by force.
+    if (ep_ != nullptr && !peer_gone_ && failure_.empty()) op = start(Dir::kClose, nullptr, 0, {});
+    force_close_locked();  // cancels our receives; the endpoint is gone already after kClose
+    discard_unread_locked();
   }
+  if (op) worker_->wait(*op, Clock::now() + std::min(timeout, kTeardownGrace));
+}
+
+std::string Endpoint::transports() {
+  auto lk = worker_->lock();
+  if (ep_ == nullptr) return "";
+  ucp_transport_entry_t entries[16];
+  ucp_ep_attr_t attr{};
+  attr.field_mask = UCP_EP_ATTR_FIELD_TRANSPORTS;
+  attr.transports.entries = entries;
+  attr.transports.num_entries = 16;
+  attr.transports.entry_size = sizeof(ucp_transport_entry_t);
+  if (ucp_ep_query(ep_, &attr) != UCS_OK) return "";
+  std::string out;
+  for (unsigned i = 0; i < attr.transports.num_entries; ++i) {
+    const std::string one = c10::str(entries[i].transport_name, "/", entries[i].device_name);
+    if (out.find(one) != std::string::npos) continue;  // several lanes on one transport
+    out += (out.empty() ? "" : ", ") + one;
+  }
+  return out;
+}
+
+std::shared_ptr<Endpoint> Endpoint::connect(std::shared_ptr<Worker> worker,
+                                            const std::string& host, int port, Millis timeout) {
+  const SockAddr addr = resolve(host, port, /*passive=*/false);
+  auto ep = std::make_shared<Endpoint>(worker, c10::str(host, ":", port));
+  const auto deadline = Clock::now() + timeout;
+  auto left = [&] {
+    return std::max(Millis(1), std::chrono::duration_cast<Millis>(deadline - Clock::now()));
+  };
   try {
-    worker_->call([this] { force_close_on_loop(); }, kTeardownGrace, "close");
-  } catch (...) {
+    std::shared_ptr<Op> op;
+    {
+      auto lk = worker->lock();
+      ucp_ep_params_t params{};
+      params.field_mask = UCP_EP_PARAM_FIELD_FLAGS | UCP_EP_PARAM_FIELD_SOCK_ADDR;
+      params.flags = UCP_EP_PARAMS_FLAGS_CLIENT_SERVER;
+      params.sockaddr.addr = reinterpret_cast<const sockaddr*>(&addr.storage);
+      params.sockaddr.addrlen = addr.length;
+      ep->create_locked(params);
+      // ucxx's exchange: the connecting side receives the listener's info first.
+      op = ep->start(Dir::kStreamRecv, ep->handshake_.data_ptr<uint8_t>() + 16, 16, ep->handshake_);
+    }
+    ep->wait_op(op, Dir::kStreamRecv, 16, "the peer info", left());
+    ep->peer_info_ = read_peer_info(ep->handshake_.data_ptr<uint8_t>() + 16);
+    write_peer_info(ep->recv_tag_, ep->handshake_.data_ptr<uint8_t>());
+    {
+      auto lk = worker->lock();
+      op = ep->start(Dir::kStreamSend, ep->handshake_.data_ptr(), 16, ep->handshake_);
+    }
+    ep->wait_op(op, Dir::kStreamSend, 16, "the peer info", left());
+  } catch (const c10::Error& e) {
+    ep->close(Millis(0));
+    TD_THROW(PeerLostError, "connect: cannot connect to ", host, ":", port, ": ",
+             e.what_without_backtrace());
   }
+  return ep;
 }
 
 // ---- Listener ---------------------------------------------------------------------------------
 
-std::shared_ptr<Listener> Listener::create(Worker* worker, const std::string& host, int port,
-                                           int max_clients, Millis timeout) {
+std::shared_ptr<Listener> Listener::create(std::shared_ptr<Worker> worker, const std::string& host,
+                                           int port, int max_clients) {
   const SockAddr addr = resolve(host, port, /*passive=*/true);
   std::shared_ptr<Listener> l(new Listener(worker, max_clients));
-  worker->call(
-      [&] {
-        ucp_listener_params_t params{};
-        params.field_mask = UCP_LISTENER_PARAM_FIELD_SOCK_ADDR | UCP_LISTENER_PARAM_FIELD_CONN_HANDLER;
-        params.sockaddr.addr = reinterpret_cast<const sockaddr*>(&addr.storage);
-        params.sockaddr.addrlen = addr.length;
-        params.conn_handler.cb = &Listener::on_conn_request;
-        params.conn_handler.arg = l.get();
-        const ucs_status_t st = ucp_listener_create(worker->handle(), &params, &l->listener_);
-        if (st != UCS_OK) l->listener_ = nullptr;
-        TORCH_CHECK(st == UCS_OK, "listen: cannot listen on ", host, ":", port, ": ",
-                    ucs_status_string(st));
-        ucp_listener_attr_t attr{};
-        attr.field_mask = UCP_LISTENER_ATTR_FIELD_SOCKADDR;
-        check_ucs(ucp_listener_query(l->listener_, &attr), "ucp_listener_query");
-        l->port_ = port_of(attr.sockaddr);
-      },
-      std::max(timeout, kTeardownGrace), "listen");
+  auto lk = worker->lock();
+  ucp_listener_params_t params{};
+  params.field_mask = UCP_LISTENER_PARAM_FIELD_SOCK_ADDR | UCP_LISTENER_PARAM_FIELD_CONN_HANDLER;
+  params.sockaddr.addr = reinterpret_cast<const sockaddr*>(&addr.storage);
+  params.sockaddr.addrlen = addr.length;
+  params.conn_handler.cb = &Listener::on_conn_request;
+  params.conn_handler.arg = l.get();
+  const ucs_status_t st = ucp_listener_create(worker->handle(), &params, &l->listener_);
+  if (st != UCS_OK) l->listener_ = nullptr;
+  TORCH_CHECK(st == UCS_OK, "listen: cannot listen on ", host, ":", port, ": ",
+              ucs_status_string(st));
+  ucp_listener_attr_t attr{};
+  attr.field_mask = UCP_LISTENER_ATTR_FIELD_SOCKADDR;
+  check_ucs(ucp_listener_query(l->listener_, &attr), "ucp_listener_query");
+  l->port_ = port_of(attr.sockaddr);
   return l;
 }
 
 Listener::~Listener() { close(kTeardownGrace); }
 
 void Listener::on_conn_request(ucp_conn_request_h request, void* arg) {
+  // Inside a progress call: accept right after it. The listener outlives the task, since its
+  // close() destroys the UCX listener (no more requests) with the UCX lock held.
   auto* self = static_cast<Listener*>(arg);
-  // Accept outside UCX's callback, on the next loop turn.
-  self->worker_->post([weak = self->weak_from_this(), request] {
-    auto l = weak.lock();
-    if (!l || l->listener_ == nullptr) return;
-    bool refuse;
-    {
-      std::lock_guard<std::mutex> lk(l->mu_);
-      refuse = l->closed_ || (l->max_clients_ > 0 && l->accepted_ >= l->max_clients_);
-    }
-    if (refuse) {
-      ucp_listener_reject(l->listener_, request);
-      return;
-    }
-    std::shared_ptr<Endpoint> ep;
+  self->worker_->defer([self, request] { self->accept_locked(request); });
+}
+
+void Listener::accept_locked(ucp_conn_request_h request) {
+  if (listener_ == nullptr) return;  // closed: UCX dropped the request with the listener
+  if (closed_ || handshaking_.size() >= kMaxHandshakes ||
+      (max_clients_ > 0 && accepted_ + static_cast<int64_t>(handshaking_.size()) >= max_clients_)) {
+    ucp_listener_reject(listener_, request);
+    return;
+  }
+  ucp_conn_request_attr_t attr{};
+  attr.field_mask = UCP_CONN_REQUEST_ATTR_FIELD_CLIENT_ADDR;
+  std::string peer = "?";
+  if (ucp_conn_request_query(request, &attr) == UCS_OK) peer = format_address(attr.client_address);
+  auto ep = std::make_shared<Endpoint>(worker_, std::move(peer));
+  try {
+    ucp_ep_params_t params{};
+    params.field_mask = UCP_EP_PARAM_FIELD_CONN_REQUEST;
+    params.conn_request = request;
+    ep->create_locked(params);
+  } catch (const c10::Error&) {
+    return;  // the client sees its connection fail; the listener goes on
+  }
+  handshaking_.push_back(ep);
+  // ucxx's exchange, listener side: send our info, then receive the peer's; each step goes on
+  // from the previous one's completion.
+  write_peer_info(ep->recv_tag_, ep->handshake_.data_ptr<uint8_t>());
+  std::weak_ptr<Listener> weak = weak_from_this();
+  auto* info = ep->handshake_.data_ptr<uint8_t>();
+  ep->start(Endpoint::Dir::kStreamSend, info, 16, ep->handshake_,
+            [weak, ep, info](ucs_status_t sent, size_t) {
+              auto self = weak.lock();
+              if (!self) return;
+              if (sent != UCS_OK) return self->handshake_done_locked(ep, sent);
+              ep->start(Endpoint::Dir::kStreamRecv, info + 16, 16, ep->handshake_,
+                        [weak, ep](ucs_status_t received, size_t length) {
+                          auto self = weak.lock();
+                          if (!self) return;
+                          self->handshake_done_locked(
+                              ep, received == UCS_OK && length != 16 ? UCS_ERR_MESSAGE_TRUNCATED
+                                                                     : received);
+                        });
+            });
+}
+
+void Listener::handshake_done_locked(const std::shared_ptr<Endpoint>& ep, ucs_status_t status) {
+  std::erase(handshaking_, ep);
+  if (status == UCS_OK && !closed_) {
     try {
-      ep = Endpoint::accept_on_loop(l->worker_, request);
-    } catch (...) {
-      return;  // the client sees its connection fail; the listener goes on
+      ep->peer_info_ = read_peer_info(ep->handshake_.data_ptr<uint8_t>() + 16);
+      ready_.push_back(ep);
+      accepted_.fetch_add(1);
+      ready_count_.fetch_add(1);
+      worker_->notify();
+      return;
+    } catch (const c10::Error&) {
+      // a bad checksum: not a ucxx peer; drop the connection as ucxx does
     }
-    std::lock_guard<std::mutex> lk(l->mu_);
-    l->ready_.push_back(std::move(ep));
-    ++l->accepted_;
-    l->cv_.notify_all();
-  });
+  }
+  ep->closed_ = true;
+  ep->force_close_locked();
 }
 
 std::shared_ptr<Endpoint> Listener::accept(Millis timeout) {
-  std::unique_lock<std::mutex> lk(mu_);
-  cv_.wait_for(lk, timeout, [&] { return closed_ || !ready_.empty(); });
+  std::shared_ptr<Worker> worker;
+  {
+    std::lock_guard<std::mutex> lk(close_mu_);
+    worker = worker_;
+  }
+  if (!worker) return nullptr;  // closed
+  worker->wait_until([&] { return closed_flag_.load() || ready_count_.load() > 0; },
+                     Clock::now() + timeout);
+  auto lk = worker->lock();
   if (closed_ || ready_.empty()) return nullptr;
   auto ep = std::move(ready_.front());
   ready_.pop_front();
+  ready_count_.fetch_sub(1);
   return ep;
 }
 
-int64_t Listener::accepted() const {
-  std::lock_guard<std::mutex> lk(mu_);
-  return accepted_;
-}
-
 void Listener::close(Millis timeout) noexcept {
+  std::shared_ptr<Worker> worker;
+  {
+    std::lock_guard<std::mutex> lk(close_mu_);
+    worker = worker_;
+  }
+  if (!worker) return;
   std::deque<std::shared_ptr<Endpoint>> unclaimed;
   {
-    std::lock_guard<std::mutex> lk(mu_);
+    auto lk = worker->lock();
     if (closed_) return;
     closed_ = true;
+    closed_flag_ = true;
+    if (listener_ != nullptr) ucp_listener_destroy(listener_);
+    listener_ = nullptr;  // no more requests: the callbacks below need no worker_ now
     unclaimed.swap(ready_);
-    cv_.notify_all();
+    ready_count_ = 0;
+    for (auto& ep : handshaking_) {
+      ep->closed_ = true;
+      ep->force_close_locked();
+    }
+    handshaking_.clear();
+    // A closed listener holds no worker, so that its owner may release the worker while the
+    // listener object stays (TensorDictServer keeps it for port() and clients()).
+    std::lock_guard<std::mutex> lk2(close_mu_);
+    worker_.reset();
   }
-  try {
-    worker_->call(
-        [this] {
-          if (listener_ != nullptr) ucp_listener_destroy(listener_);
-          listener_ = nullptr;
-        },
-        kTeardownGrace, "listener close");
-  } catch (...) {
-  }
+  worker->notify();
   for (auto& ep : unclaimed) ep->close(timeout);
 }
 

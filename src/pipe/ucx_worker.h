@@ -1,154 +1,225 @@
 #pragma once
-// The UCX layer of the pipe: a worker driven by one event-loop thread, the endpoints and
-// listeners on it. Every UCX call happens on that thread (the worker is UCS_THREAD_MODE_SINGLE),
-// so UCX callbacks and our posting never race; user threads post tasks and wait on condition
-// variables with deadlines. Callbacks only record a status and notify: they never throw.
+// The UCX layer of the pipe: a worker, its endpoints and listeners, speaking ucxx's endpoint
+// protocol (docs/wire-format.md §6.6): a 16-byte peer-info exchange over the stream API when a
+// connection opens, then one UCP tag message per frame, tagged with the tag the peer announced.
+//
+// Threads: every UCX call is made with the worker's UCX lock held (UCS_THREAD_MODE_SERIALIZED).
+// A thread that waits for an operation progresses the worker itself for a bounded time (the
+// spin), so a small message costs no thread wake-up; after that it sleeps, and the worker's
+// progress thread drives UCX from the worker's event fd. The progress thread also serves
+// connection requests and handshakes while nobody waits. Callbacks only record a status,
+// notify, and queue follow-up work (defer); they never throw.
 
 #include <sys/socket.h>
 #include <ucp/api/ucp.h>
 
 #include <ATen/core/Tensor.h>
 
+#include <atomic>
 #include <chrono>
 #include <condition_variable>
 #include <cstddef>
+#include <cstdint>
 #include <deque>
 #include <functional>
 #include <memory>
 #include <mutex>
 #include <string>
 #include <thread>
+#include <vector>
+
+#include "frames.h"
+#include "link.h"
 
 namespace tensordict::pipe::detail {
 
 using Clock = std::chrono::steady_clock;
-using Millis = std::chrono::milliseconds;
+using Micros = std::chrono::microseconds;
 
-/// A UCP context and worker, plus the thread that progresses it. Shared (shared_ptr) by the
-/// endpoints and listeners created on it; destroyed (thread joined, UCX released) with the last
-/// reference, which must not be dropped on the loop thread itself.
+/// One UCX operation. UCX completes it from a callback on whichever thread progresses the
+/// worker; `status` and `length` are written before `done` is set.
+struct Op {
+  std::atomic<bool> done{false};
+  ucs_status_t status = UCS_OK;
+  size_t length = 0;
+  at::Tensor owner;          // keeps the buffer alive until UCX is done with it
+  void* request = nullptr;   // the UCX request while in flight (UCX lock)
+  // Run (deferred, UCX lock held) with the status and length once the operation completes.
+  std::function<void(ucs_status_t, size_t)> then;
+};
+
+/// A UCP context and worker, the UCX lock, and the progress thread. Shared (shared_ptr) by the
+/// pipes, endpoints and listeners made on it; the last reference joins the thread and releases
+/// UCX, so it must not be dropped inside a UCX callback.
 class Worker {
  public:
-  static std::shared_ptr<Worker> create();
+  /// `spin`: how long a waiting thread progresses UCX itself before it sleeps.
+  static std::shared_ptr<Worker> create(Micros spin);
   ~Worker();
   Worker(const Worker&) = delete;
   Worker& operator=(const Worker&) = delete;
 
-  /// Queues `task` for the loop thread. Tasks must not throw (they are wrapped by call()).
-  void post(std::function<void()> task);
-  /// Runs `fn` on the loop thread and waits for it (bounded by `timeout`); an exception thrown
-  /// by `fn` is rethrown here. RuntimeError on timeout.
-  void call(const std::function<void()>& fn, Millis timeout, const char* what);
-  bool on_loop_thread() const { return std::this_thread::get_id() == thread_.get_id(); }
-  ucp_worker_h handle() const { return worker_; }  // loop thread only (and construction)
+  /// The UCX lock. Held for every UCX call and for the state that callbacks change.
+  std::unique_lock<std::recursive_mutex> lock() { return std::unique_lock(ucx_mu_); }
+  ucp_worker_h handle() const { return worker_; }  // UCX lock
+
+  /// Queues `task` to run with the UCX lock held, after the progress call in which a callback
+  /// asked for it (UCX calls are not made from inside callbacks). UCX lock.
+  void defer(std::function<void()> task) { deferred_.push_back(std::move(task)); }
+
+  /// Waits until `ready()` or `deadline`: progresses UCX for up to the spin, then sleeps until
+  /// notify(). Returns ready(). `ready` is called without the UCX lock.
+  bool wait_until(const std::function<bool()>& ready, Clock::time_point deadline);
+  bool wait(const Op& op, Clock::time_point deadline) {
+    return wait_until([&] { return op.done.load(std::memory_order_acquire); }, deadline);
+  }
+  /// Wakes the threads sleeping in wait_until (callbacks call it after completing something).
+  void notify();
+
+  /// Completes `op` (from a callback or an immediate completion) and notifies. UCX lock.
+  void complete(Op& op, ucs_status_t status, size_t length);
+
+  /// Progress calls made by waiting threads and by the progress thread (for stats and tests).
+  int64_t progress_calls() const { return progress_calls_.load(std::memory_order_relaxed); }
 
  private:
-  Worker() = default;
+  explicit Worker(Micros spin) : spin_(spin) {}
+  bool progress_locked();
   void loop();
+  void wake_loop();
 
+  const Micros spin_;
   ucp_context_h context_ = nullptr;
   ucp_worker_h worker_ = nullptr;
   int ucp_fd_ = -1;   // the worker's event fd (UCP_FEATURE_WAKEUP)
-  int wake_fd_ = -1;  // our eventfd: post() writes it so the loop leaves poll()
-  std::mutex mu_;
-  std::deque<std::function<void()>> tasks_;
-  bool stop_ = false;
+  int wake_fd_ = -1;  // our eventfd: wakes the progress thread from poll()
+
+  std::recursive_mutex ucx_mu_;
+  std::vector<std::function<void()>> deferred_;  // UCX lock
+
+  std::atomic<int> spinners_{0};  // threads progressing UCX in wait_until
+  std::atomic<int> sleepers_{0};  // threads asleep in wait_until
+  std::mutex cv_mu_;
+  std::condition_variable cv_;
+  std::atomic<bool> stop_{false};
+  std::atomic<int64_t> progress_calls_{0};
   std::thread thread_;
 };
 
-/// One stream operation's outcome, guarded by the owning Endpoint's mutex.
-struct Op {
-  bool done = false;
-  ucs_status_t status = UCS_OK;
-  size_t length = 0;
-  at::Tensor owner;  // keeps the buffer alive until UCX is done with it
-};
-
-/// A UCP endpoint with the peer-error handling mode: a peer that disconnects fails pending and
-/// later operations promptly. Blocking methods may be called from any thread but the loop's.
-class Endpoint : public std::enable_shared_from_this<Endpoint> {
+/// A connected UCP endpoint (error mode "peer": a peer that leaves fails its operations) with
+/// ucxx's tags. Sends go to the peer's tag; receives match this endpoint's own tag on the
+/// shared worker. Blocking methods may be called from any thread, never from a callback.
+class Endpoint final : public Link {
  public:
-  Endpoint(Worker* worker, std::string peer) : worker_(worker), peer_(std::move(peer)) {}
+  Endpoint(std::shared_ptr<Worker> worker, std::string peer);
   ~Endpoint();
+  Endpoint(const Endpoint&) = delete;
+  Endpoint& operator=(const Endpoint&) = delete;
 
-  /// Creates a client endpoint to host:port (on the loop thread) and waits until the
-  /// connection is up (a flush completes only after the wireup).
-  static std::shared_ptr<Endpoint> connect(Worker* worker, const std::string& host, int port,
-                                           Millis timeout);
-  /// Loop thread: the endpoint of an accepted connection request.
-  static std::shared_ptr<Endpoint> accept_on_loop(Worker* worker, ucp_conn_request_h request);
+  /// Connects to host:port, then exchanges the peer info (receiving first, as ucxx's
+  /// connecting side does); waits up to `timeout`. RuntimeError when refused or on timeout.
+  static std::shared_ptr<Endpoint> connect(std::shared_ptr<Worker> worker,
+                                           const std::string& host, int port, Millis timeout);
 
-  /// Sends or receives exactly `n` bytes at `data` (owned by `owner`), waiting up to `timeout`.
-  /// `what` names the message for errors. A timeout breaks the endpoint.
-  void send(const void* data, size_t n, const at::Tensor& owner, const char* what, Millis timeout);
-  void recv(void* data, size_t n, const at::Tensor& owner, const char* what, Millis timeout);
+  /// Sends one tag message of `n` bytes at `data` (owned by `owner`) and waits until UCX is
+  /// done with the buffer. `what` names the message for errors. A timeout breaks the endpoint.
+  void send(const void* data, size_t n, const at::Tensor& owner, const char* what,
+            Millis timeout) override;
+  /// Starts a synchronous send of a message the caller keeps alive in `owner` and returns at
+  /// once: it completes when the peer has matched it with a receive. At most `window` such
+  /// sends are in flight: beyond that this waits, up to `timeout`, for the oldest (TimeoutError,
+  /// the endpoint intact: nothing was sent). The flow control of docs/pipe.md.
+  void send_credit(const void* data, size_t n, const at::Tensor& owner, const char* what,
+                   size_t window, Millis timeout) override;
+  /// Receives one tag message of exactly `n` bytes into `data`. A timeout breaks the endpoint;
+  /// a message of another size is an error (MalformedPeerDataError) that breaks it too.
+  void recv(void* data, size_t n, const at::Tensor& owner, const char* what,
+            Millis timeout) override;
 
-  /// Flushes (bounded), then force-closes; idempotent, never throws. Pending calls fail.
-  void close(Millis timeout) noexcept;
+  /// Waits up to `timeout` until every credit send has been received by the peer.
+  bool drain(Millis timeout) override;
+  /// Flushes and closes (bounded), then force-closes; idempotent, never throws. Pending calls
+  /// fail.
+  void close(Millis timeout) noexcept override;
   bool closed() const;
-  /// Waits up to `timeout` until the endpoint fails (the peer left) or is closed.
-  void wait_gone(Millis timeout);
-  /// Breaks the endpoint on purpose (the stream is out of step): records `why`, force-closes.
-  void fail(const std::string& why);
-  const std::string& peer() const { return peer_; }
+  /// The peer left or failed (UCX reported an error on the endpoint).
+  bool peer_gone() const override;
+  /// Breaks the endpoint on purpose (the message stream is out of step): records `why`,
+  /// force-closes.
+  void fail(const std::string& why) override;
+  const std::string& peer() const override { return peer_; }
+  const PeerInfo& peer_info() const override { return peer_info_; }
+  /// The UCX transports of the endpoint's lanes ("tcp/lo, posix/memory, ..."), "" if unknown.
+  std::string transports() override;
 
  private:
-  enum class Dir { kSend, kRecv, kFlush, kClose };
-  void transfer(Dir dir, void* data, size_t n, const at::Tensor& owner, const char* what,
-                Millis timeout);
-  void start_on_loop(const std::shared_ptr<Op>& op, Dir dir, void* data, size_t n);
-  void finish(Op& op, ucs_status_t status, size_t length);
-  void force_close_on_loop();
-  void create_on_loop(const ucp_ep_params_t& params);
+  friend class Listener;
+  enum class Dir { kSend, kSyncSend, kRecv, kStreamSend, kStreamRecv, kFlush, kClose };
+  // Posts an operation (UCX lock held); `then` runs when it completes.
+  std::shared_ptr<Op> start(Dir dir, void* data, size_t n, const at::Tensor& owner,
+                            std::function<void(ucs_status_t, size_t)> then = {});
+  void wait_op(const std::shared_ptr<Op>& op, Dir dir, size_t n, const char* what,
+               Millis timeout);
+  void create_locked(const ucp_ep_params_t& params);
+  void force_close_locked();
+  void break_locked(const std::string& why);
+  void discard_unread_locked();
   [[noreturn]] void throw_unusable(const char* op_name, const char* what);
-
   static void on_error(void* arg, ucp_ep_h ep, ucs_status_t status);
-  static void on_send(void* request, ucs_status_t status, void* user_data);
-  static void on_recv(void* request, ucs_status_t status, size_t length, void* user_data);
 
-  Worker* worker_;
+  std::shared_ptr<Worker> worker_;
   std::string peer_;
-  ucp_ep_h ep_ = nullptr;  // loop thread only
+  PeerInfo peer_info_;
+  uint64_t recv_tag_ = 0;  // ours, announced to the peer
 
-  mutable std::mutex mu_;  // guards what follows; never held across a UCX call
-  std::condition_variable cv_;
+  // UCX lock:
+  ucp_ep_h ep_ = nullptr;
   std::string failure_;  // why the endpoint broke (peer error, timeout); "" when healthy
   bool closed_ = false;
-  bool ep_gone_ = false;  // the UCX endpoint is closed (operations can no longer start)
-
-  friend class Listener;
+  bool peer_gone_ = false;
+  std::vector<std::shared_ptr<Op>> recvs_;     // posted receives (cancelled when it breaks)
+  std::deque<std::shared_ptr<Op>> credits_;    // credit sends not yet matched by the peer
+  at::Tensor handshake_;                       // 32 bytes: our peer info, then the peer's
 };
 
-/// A UCP listener. Connection requests are accepted on the loop thread as they arrive (so a
-/// client's connect() completes even while nobody waits in accept()); accept() hands them out.
+/// A UCP listener. Connection requests are accepted, and their peer-info exchange run, by the
+/// worker's callbacks as they arrive (so a client's connect() completes even while nobody
+/// waits in accept()); accept() hands the connected endpoints out.
 class Listener : public std::enable_shared_from_this<Listener> {
  public:
   /// Binds host:port (port 0: a free one). `max_clients` > 0: later requests are rejected.
-  static std::shared_ptr<Listener> create(Worker* worker, const std::string& host, int port,
-                                          int max_clients, Millis timeout);
+  static std::shared_ptr<Listener> create(std::shared_ptr<Worker> worker, const std::string& host,
+                                          int port, int max_clients);
   ~Listener();
 
   int port() const { return port_; }
-  /// The next accepted endpoint; nullptr when `timeout` passes or the listener is closed.
+  /// The next connected endpoint; nullptr when `timeout` passes or the listener is closed.
   std::shared_ptr<Endpoint> accept(Millis timeout);
-  /// Destroys the UCX listener and closes endpoints not yet handed out. Idempotent.
+  /// Destroys the UCX listener and closes the endpoints not handed out. Idempotent.
   void close(Millis timeout) noexcept;
-  int64_t accepted() const;
+  int64_t accepted() const { return accepted_.load(); }
 
  private:
-  explicit Listener(Worker* worker, int max_clients) : worker_(worker), max_clients_(max_clients) {}
+  Listener(std::shared_ptr<Worker> worker, int max_clients)
+      : worker_(std::move(worker)), max_clients_(max_clients) {}
   static void on_conn_request(ucp_conn_request_h request, void* arg);
+  void accept_locked(ucp_conn_request_h request);
+  void handshake_done_locked(const std::shared_ptr<Endpoint>& ep, ucs_status_t status);
 
-  Worker* worker_;
-  int max_clients_;
+  std::mutex close_mu_;  // guards worker_ for accept(), which runs without the UCX lock
+  std::shared_ptr<Worker> worker_;  // null once closed
+  const int max_clients_;
   int port_ = 0;
-  ucp_listener_h listener_ = nullptr;  // loop thread only
 
-  mutable std::mutex mu_;
-  std::condition_variable cv_;
+  // UCX lock:
+  ucp_listener_h listener_ = nullptr;
+  std::vector<std::shared_ptr<Endpoint>> handshaking_;
   std::deque<std::shared_ptr<Endpoint>> ready_;
-  int64_t accepted_ = 0;
   bool closed_ = false;
+  std::atomic<int64_t> accepted_{0};
+  // What accept() waits on, read without the UCX lock (wait_until's rule).
+  std::atomic<int64_t> ready_count_{0};
+  std::atomic<bool> closed_flag_{false};
 };
 
 /// Resolves host:port to a socket address (numeric or by name); ValueError on failure.

@@ -1,8 +1,8 @@
-// Fault injection on the UCX pipe: a producer SIGKILLed in the middle of a 64 MB message, and a
-// TensorDictServer with four clients of which one is SIGKILLed mid-message. The survivors must
+// Fault injection on the UCX pipe: a producer SIGKILLed while a 64 MB message is on its way, and
+// a TensorDictServer with four clients of which one is SIGKILLed likewise. The survivors must
 // raise (or, for the other clients, carry on) within the pipe timeout, with an error naming the
-// peer or the timeout, and end cleanly. Last, a consumer that starts reading late while its
-// producer floods it must still receive every message in order.
+// peer or the timeout, and end cleanly. Last, a producer flooding a slow consumer: every message
+// arrives in order, and the consumer's memory stays bounded.
 #include <ATen/ATen.h>
 #include <sched.h>
 #include <c10/util/Exception.h>
@@ -39,7 +39,6 @@ constexpr auto kSlack = 3s;
 PipeOptions options() {
   PipeOptions o;
   o.timeout = kTimeout;
-  o.linger = 1s;
   return o;
 }
 
@@ -96,13 +95,16 @@ void consumer_role() {
                                            " " + std::to_string(intact) + "\n" + error);
 }
 
-// Sends the first half of a same-schema message (flag 0x01, then half the storage) and dies:
-// the bytes send() would have put on the wire, cut at a known point.
+// Sends `td` and dies while it is on its way: a thread SIGKILLs the process a moment after the
+// send starts, in the middle of the storage's transfer (tens of MB: a rendezvous of many ms).
 [[noreturn]] void die_mid_message(Pipe& pipe, const TensorDict& td) {
-  const at::Tensor storage = td.consolidated_state()->storage;
-  pipe.send_raw("\x01", 1);
-  pipe.send_raw(storage.const_data_ptr(), storage.nbytes() / 2);
-  kill_self("victim");
+  std::thread killer([] {
+    std::this_thread::sleep_for(2ms);
+    kill_self("victim");
+  });
+  pipe.send(td);
+  killer.join();  // unreachable: the kill comes first
+  std::abort();
 }
 
 void producer_role() {
@@ -277,19 +279,36 @@ TEST(PipeFault, ServerKeepsServingWhenAClientIsKilled) {
               (long long)rounds[2], (long long)rounds_after[2]);
 }
 
-// ---- a producer that floods a consumer who reads late -----------------------------------------
+// ---- a producer that floods a slow consumer: bounded memory ----------------------------------
 
-// UCX reads everything the peer sends into its own queue, whether a receive is posted or not.
-// A progress loop that drained UCX until it was idle never got round to posting the consumer's
-// receive while the producer kept sending: the receive timed out with gigabytes queued (seen in
-// CI as a flaky Python pipe test). The consumer here starts reading only once the producer has
-// been flooding for a while; every receive must still complete, in order. Both processes share
-// one CPU, so that the consumer's UCX thread falls behind (on idle cores it often keeps up, and
-// the old loop passed by luck).
-constexpr int64_t kFloodElems = int64_t{1} << 20;  // float32: 4 MB messages
-constexpr int kFloodReads = 200;
-constexpr auto kFloodTimeout = 3s;                   // each receive
-constexpr auto kFloodLimit = 60s;  // the producer sends until the consumer is done, or this
+// The producer sends as fast as it can; the consumer reads one message per interval. Large
+// messages wait for their receiver (UCX rendezvous) and at most max_unreceived TensorDicts may
+// be outstanding (docs/pipe.md, flow control), so the producer is held back and the consumer's
+// resident memory stays flat: its growth after the first message must stay under 256 MB. Every
+// message must arrive, in order. Both processes share one CPU, so that the consumer's UCX thread
+// competes with the producer (before the flow control, UCX queued whatever the producer sent:
+// 228 MB -> 9 GB in 20 s).
+struct Flood {
+  int64_t elems;        // float32 elements per message
+  int reads;            // messages the consumer reads
+  Clock::duration interval;
+  int64_t max_unreceived;
+};
+constexpr int64_t kFloodRssBound = int64_t{256} << 20;
+constexpr auto kFloodLimit = 90s;  // the producer sends until the consumer is done, or this
+
+Flood flood_from_env() {
+  return Flood{std::stoll(*env("TD_FLOOD_ELEMS")), std::stoi(*env("TD_FLOOD_READS")),
+               std::chrono::milliseconds(std::stoll(*env("TD_FLOOD_INTERVAL_MS"))),
+               std::stoll(*env("TD_FLOOD_WINDOW"))};
+}
+
+int64_t resident_bytes() {
+  const auto statm = read_file("/proc/self/statm");
+  long pages = 0, resident = 0;
+  if (!statm || std::sscanf(statm->c_str(), "%ld %ld", &pages, &resident) != 2) return -1;
+  return static_cast<int64_t>(resident) * ::sysconf(_SC_PAGESIZE);
+}
 
 // Pins the calling thread to the lowest CPU it may use, and so the processes it forks from now
 // on (they inherit the mask); returns the old mask.
@@ -309,67 +328,105 @@ cpu_set_t pin_to_one_cpu() {
 }
 
 void flood_consumer_role() {
-  PipeOptions o = options();
-  o.timeout = kFloodTimeout;
-  Pipe pipe = Pipe::listen(0, "127.0.0.1", o);
+  const Flood f = flood_from_env();
+  Pipe pipe = Pipe::listen(0, "127.0.0.1", options());
   write_file(role_dir() + "/port", std::to_string(pipe.port()));
   std::string report = "ok";
+  int64_t base = 0, peak = 0;
   try {
-    pipe.accept();
-    if (!await_file(role_dir() + "/flooding", 30s)) std::abort();
-    for (int k = 0; k < kFloodReads; ++k) {
+    for (int k = 0; k < f.reads; ++k) {
+      if (k > 0) std::this_thread::sleep_for(f.interval);
       TensorDict td = pipe.recv();
       const at::Tensor x = td.get("x").tensor();
-      if (x[0].item<float>() != k || x[kFloodElems - 1].item<float>() != k) {
+      if (x[0].item<float>() != k || x[f.elems - 1].item<float>() != k) {
         report = "message " + std::to_string(k) + " holds " + std::to_string(x[0].item<float>());
         break;
       }
+      const int64_t rss = resident_bytes();
+      if (k == 0) base = rss;
+      peak = std::max(peak, rss);
     }
+    // The producer is blocked now: let it show how far ahead it got before this end closes.
+    std::this_thread::sleep_for(500ms);
   } catch (const c10::Error& e) {
     report = e.msg();
   }
-  pipe.close();
+  write_file(role_dir() + "/growth", std::to_string(peak - base));
   write_file(role_dir() + "/report", report);
+  pipe.close();
 }
 
 void flood_producer_role() {
+  const Flood f = flood_from_env();
   PipeOptions o = options();
-  o.linger = 0s;
+  o.max_unreceived = f.max_unreceived;
   Pipe pipe = Pipe::connect("127.0.0.1", std::stoi(*env("TD_FAULT_PORT")), o);
-  TensorDict td = tensordict::consolidate(TensorDict({{"x", at::zeros({kFloodElems})}}));
+  TensorDict td = tensordict::consolidate(TensorDict({{"x", at::zeros({f.elems})}}));
   at::Tensor x = td.get("x").tensor();
   const auto start = Clock::now();
+  int sent = 0;
   try {
-    // Until the consumer has read what it wanted (then its close also fails a send): slow
-    // builds (TSan) must not see the producer leave, and its unread bytes vanish, first.
     const std::string done = role_dir() + "/report";
-    for (int k = 0; Clock::now() - start < kFloodLimit && !std::filesystem::exists(done); ++k) {
-      x.fill_(static_cast<float>(k));
+    for (; Clock::now() - start < kFloodLimit && !std::filesystem::exists(done); ++sent) {
+      x.fill_(static_cast<float>(sent));
       pipe.send(td);
-      if (k == 100) write_file(role_dir() + "/flooding", "");
     }
   } catch (const std::exception&) {  // the consumer closed: it has what it wanted
   }
+  write_file(role_dir() + "/sent", std::to_string(sent));
 }
 
-TEST(PipeFault, LateConsumerKeepsUpWithAFloodingProducer) {
-  if (auto r = role()) {
-    *r == "consumer" ? flood_consumer_role() : flood_producer_role();
-    return;
-  }
+void run_flood(const Flood& f) {
   TempDir dir;
+  const std::vector<std::pair<std::string, std::string>> vars = {
+      {"TD_FLOOD_ELEMS", std::to_string(f.elems)},
+      {"TD_FLOOD_READS", std::to_string(f.reads)},
+      {"TD_FLOOD_INTERVAL_MS",
+       std::to_string(std::chrono::duration_cast<std::chrono::milliseconds>(f.interval).count())},
+      {"TD_FLOOD_WINDOW", std::to_string(f.max_unreceived)}};
   const cpu_set_t all_cpus = pin_to_one_cpu();
-  const pid_t consumer = spawn_role("consumer", dir.path);
+  const pid_t consumer = spawn_role("consumer", dir.path, vars);
   const auto port = await_file(dir.path + "/port", 30s);
-  const pid_t producer =
-      port ? spawn_role("producer", dir.path, {{"TD_FAULT_PORT", *port}}) : pid_t{-1};
+  auto producer_vars = vars;
+  producer_vars.emplace_back("TD_FAULT_PORT", port.value_or("0"));
+  const pid_t producer = port ? spawn_role("producer", dir.path, producer_vars) : pid_t{-1};
   ::sched_setaffinity(0, sizeof(all_cpus), &all_cpus);
   ASSERT_TRUE(port.has_value()) << "the consumer did not listen";
-  const auto consumer_status = wait_child(consumer, 60s);
+  const auto consumer_status = wait_child(consumer, kFloodLimit + 30s);
   const auto producer_status = wait_child(producer, 60s);
   EXPECT_TRUE(exited_cleanly(consumer_status)) << describe(consumer_status);
   EXPECT_TRUE(exited_cleanly(producer_status)) << describe(producer_status);
   EXPECT_EQ(read_file(dir.path + "/report").value_or("<no report>"), "ok");
+  const int64_t growth = std::stoll(read_file(dir.path + "/growth").value_or("-1"));
+  const int sent = std::stoi(read_file(dir.path + "/sent").value_or("-1"));
+  std::printf("[fault] flood of %lld-byte messages, one read per %lld ms: consumer RSS grew "
+              "%.1f MB over %d reads; the producer completed %d sends\n",
+              static_cast<long long>(f.elems * 4),
+              static_cast<long long>(
+                  std::chrono::duration_cast<std::chrono::milliseconds>(f.interval).count()),
+              growth / 1e6, f.reads, sent);
+  EXPECT_GE(growth, 0);
+  EXPECT_LT(growth, kFloodRssBound);
+  // Held back: at most the window (plus the send in flight) beyond what was read.
+  EXPECT_LE(sent, f.reads + f.max_unreceived + 1);
+}
+
+TEST(PipeFault, FloodOfLargeMessagesKeepsTheConsumerBounded) {
+  if (auto r = role()) {
+    *r == "consumer" ? flood_consumer_role() : flood_producer_role();
+    return;
+  }
+  // The measurement: 1 MiB messages, one read a second, 20 s.
+  run_flood({.elems = int64_t{1} << 18, .reads = 21, .interval = 1s, .max_unreceived = 16});
+}
+
+TEST(PipeFault, FloodOfSmallMessagesIsHeldBackByTheWindow) {
+  if (auto r = role()) {
+    *r == "consumer" ? flood_consumer_role() : flood_producer_role();
+    return;
+  }
+  // 4 KiB messages go eagerly (no rendezvous): only the window holds the producer back.
+  run_flood({.elems = 1024, .reads = 40, .interval = 50ms, .max_unreceived = 8});
 }
 
 }  // namespace

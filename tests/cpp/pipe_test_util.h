@@ -74,9 +74,6 @@ inline tensordict::pipe::PipeOptions fast_options(bool consolidated = true) {
   tensordict::pipe::PipeOptions o;
   o.consolidated = consolidated;
   o.timeout = 10s;
-  // Tests often drop both ends of a pair while one has unread bytes: keep that close short.
-  // The linger tests set their own.
-  o.linger = 1s;
   return o;
 }
 

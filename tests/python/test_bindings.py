@@ -69,7 +69,7 @@ def test_pipe_bindings_name_their_arguments():
     if not hasattr(_C, "Pipe"):
         pytest.skip("built without the UCX pipe")
     options = {"consolidated": "True", "timeout": "30.0", "max_metadata_bytes": str(64 << 20),
-               "linger": "10.0"}
+               "linger": "0.0", "max_unreceived": "16", "spin": "0.0001"}
     for fn, first in [(_C.Pipe.listen, ["port", "host"]), (_C.Pipe.connect, ["host", "port"]),
                       (_C.PipeServer.__init__, ["self", "port", "host"])]:
         sig = _signature(fn)

@@ -293,8 +293,8 @@ def test_every_transfer_interoperates_with_the_reference():
 
 def test_the_pipe_carries_lazy_stacks():
     from tensordict_cpp import TensorDictPipe
-    server = TensorDictPipe.listen_sync(0, "127.0.0.1", timeout=5.0, linger=1.0)
-    client = TensorDictPipe.connect_sync("127.0.0.1", server.port, timeout=5.0, linger=1.0)
+    server = TensorDictPipe.listen_sync(0, "127.0.0.1", timeout=5.0)
+    client = TensorDictPipe.connect_sync("127.0.0.1", server.port, timeout=5.0)
     with server, client:
         client.send(sample(ours, 1.0))
         got = server.recv()

@@ -270,66 +270,71 @@ def test_malformed_reference_non_tensors_are_refused(mutate, match):
 # ---- the pipe: our bytes against the reference's, and the reference's bytes into ours ----------
 
 class Recorder:
-    """Stands in for a ucxx endpoint: records what the reference's pipe sends."""
+    """Stands in for a ucxx endpoint: records the messages the reference's pipe sends."""
 
     def __init__(self):
-        self.data = bytearray()
+        self.messages = []
 
     async def send(self, buf):
         if isinstance(buf, torch.Tensor):
             buf = buf.cpu().numpy()
-        self.data += bytes(memoryview(buf).cast("B"))
+        self.messages.append(bytes(memoryview(buf).cast("B")))
 
 
-def reference_pipe_bytes(td, consolidated):
+def reference_pipe_messages(td, consolidated):
+    """The messages (one ucxx tag message each) of the reference's pipe for one send."""
     from tensordict._ucxx import TensorDictPipe as RefPipe
 
     ep = Recorder()
     asyncio.run(RefPipe(ep, consolidated=consolidated).asend(td))
-    return bytes(ep.data)
+    return ep.messages
 
 
 def pipe_pair(**opts):
     from tensordict_cpp import TensorDictPipe
 
-    opts = {"timeout": 5.0, "linger": 1.0, **opts}
+    opts = {"timeout": 5.0, **opts}
     server = TensorDictPipe.listen_sync(0, "127.0.0.1", **opts)
     client = TensorDictPipe.connect_sync("127.0.0.1", server.port, **opts)
     return server, client
 
 
 @pytest.mark.parametrize("consolidated", [True, False], ids=["consolidated", "uncollated"])
-def test_pipe_bytes_equal_the_references(consolidated):
-    want = reference_pipe_bytes(sample(Ref), consolidated)
+def test_pipe_messages_equal_the_references(consolidated):
+    want = reference_pipe_messages(sample(Ref), consolidated)
     server, client = pipe_pair(consolidated=consolidated)
     with server, client:
         client.send(sample(TensorDict))
         raw = server._cpp
         if consolidated:
-            assert raw.recv_raw(1) == want[:1] == b"\x00"
+            assert len(want) == 4  # flag, length, metadata, storage
+            assert raw.recv_raw(1) == want[0] == b"\x00"
             (n,) = struct.unpack("<Q", raw.recv_raw(8))
             text = raw.recv_raw(n)
             # Ours is json.dumps(sort_keys=True) (docs/wire-format.md §6.1); the installed
             # reference writes the same metadata unsorted. Same bytes once sorted, non-tensor data
             # included.
-            assert len(text) == n == struct.unpack("<Q", want[1:9])[0]
-            assert text == json.dumps(json.loads(want[9:9 + n]), sort_keys=True).encode()
+            assert len(text) == n == struct.unpack("<Q", want[1])[0]
+            assert text == json.dumps(json.loads(want[2]), sort_keys=True).encode()
             assert json.loads(text)["a"]["non_tensors"]["a0"][0]["lr"] == 1e-07
-            assert raw.recv_raw(len(want) - 9 - n) == want[9 + n:]
+            assert raw.recv_raw(len(want[3])) == want[3]
         else:
             (n,) = struct.unpack("<Q", raw.recv_raw(8))
-            assert raw.recv_raw(n) == want[8:8 + n]  # the header with its non_tensors
-            assert raw.recv_raw(len(want) - 8 - n) == want[8 + n:]
+            assert struct.pack("<Q", n) == want[0]
+            assert raw.recv_raw(n) == want[1]  # the header with its non_tensors
+            for leaf in want[2:]:  # one message per leaf
+                assert raw.recv_raw(len(leaf)) == leaf
 
 
 @pytest.mark.parametrize("consolidated", [True, False], ids=["consolidated", "uncollated"])
 def test_pipe_receives_the_references_bytes(consolidated):
     ref = sample(Ref)
     ref.set_non_tensor("nan", float("nan"))  # json.dumps writes NaN; we read it
-    stream = reference_pipe_bytes(ref, consolidated)
+    messages = reference_pipe_messages(ref, consolidated)
     server, client = pipe_pair(consolidated=consolidated)
     with server, client:
-        client._cpp.send_raw(stream)
+        for message in messages:
+            client._cpp.send_raw(message)
         got = server.recv()
     check_leaves(got, 1.0)
     check_non_tensors(got)
@@ -346,7 +351,8 @@ def test_pipe_refuses_malformed_non_tensors():
     text = json.dumps(meta, sort_keys=True).encode()
     server, client = pipe_pair()
     with server, client:
-        client._cpp.send_raw(b"\x00" + struct.pack("<Q", len(text)) + text)
+        for message in (b"\x00", struct.pack("<Q", len(text)), text):
+            client._cpp.send_raw(message)
         with pytest.raises(ValueError, match="non-tensor entry '0' has batch_size"):
             server.recv()
 

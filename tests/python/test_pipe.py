@@ -28,8 +28,7 @@ import torch  # noqa: E402
 
 from tensordict_cpp import TensorDict, TensorDictPipe, TensorDictServer, errors  # noqa: E402
 
-# A short linger: tests often close one end while the other (same thread) is not reading.
-OPTS = dict(timeout=5.0, linger=1.0)
+OPTS = dict(timeout=5.0)
 HOST = "127.0.0.1"
 
 
@@ -231,10 +230,10 @@ def test_cancelled_arecv_loses_no_message():
 
 
 def test_async_for_ends_on_a_clean_close_after_the_last_message():
-    """The producer sends and closes at once: nothing is lost (close() lingers until the
-    consumer has read up to its close marker) and the consumer's loop simply ends."""
+    """The producer sends and closes at once: nothing is lost (the messages outlive the
+    connection at the consumer) and the consumer's loop simply ends at the close marker."""
     async def main():
-        server, client = pair(linger=10.0)
+        server, client = pair()
 
         async def producer():
             for i in range(5):
@@ -282,7 +281,7 @@ def test_killed_peer_fails_within_the_timeout():
         # The timeout covers the child's start (importing torch); the loss itself is reported
         # by UCX's peer error handling, well within it.
         timeout = 15.0
-        server = TensorDictPipe.listen_sync(0, HOST, timeout=timeout, linger=1.0)
+        server = TensorDictPipe.listen_sync(0, HOST, timeout=timeout)
         child = subprocess.Popen([sys.executable, "-c", KILLED_PRODUCER, str(server.port)],
                                  env=os.environ.copy())
         try:
@@ -360,11 +359,11 @@ def test_a_closed_pipe_raises_pipe_closed_error():
 
 
 def test_the_peer_s_close_raises_peer_closed_error():
-    server, client = pair(linger=10.0)
+    server, client = pair()
 
     def produce():
         client.send(sample())
-        client.close()  # lingers until the server has read up to the close marker
+        client.close()  # at once: the message and the close marker stay readable
 
     producer = threading.Thread(target=produce)
     producer.start()

@@ -489,9 +489,8 @@ def test_pipe_asend_arecv_and_send_recv(monkeypatch):
         monkeypatch.setenv(key, value)
 
     async def main():
-        server = await TensorDictPipe.listen(0, "127.0.0.1", timeout=10.0, linger=1.0)
-        async with await TensorDictPipe.connect("127.0.0.1", server.port, timeout=10.0,
-                                                linger=1.0) as client:
+        server = await TensorDictPipe.listen(0, "127.0.0.1", timeout=10.0)
+        async with await TensorDictPipe.connect("127.0.0.1", server.port, timeout=10.0) as client:
             async with server:
                 await sample(3).asend(client)
                 got = await placeholder().arecv(server)

@@ -9,6 +9,7 @@
 #include <chrono>
 #include <cstddef>
 #include <cstdint>
+#include <functional>
 #include <memory>
 #include <optional>
 #include <string>
@@ -35,11 +36,19 @@ struct PipeOptions {
   /// Largest storage (or sum of uncollated leaves) a receive accepts, checked before allocating.
   /// Default: half of this machine's physical memory (default_storage_limit_bytes()).
   int64_t max_storage_bytes = default_storage_limit_bytes();
-  /// How long close() waits, after sending its close marker, for the peer to read up to it and
-  /// leave. UCX drops the bytes a peer has not read yet when the connection goes, so without
-  /// this wait a producer that sends then closes could lose its last messages. Only a pipe that
-  /// has sent something waits; a peer that is reading (or closing too) ends the wait at once.
-  std::chrono::milliseconds linger{10000};
+  /// Flow control: how many sent TensorDicts the peer may not yet have started receiving. A
+  /// send() beyond that waits (up to `timeout`, then TimeoutError: nothing is sent) until the
+  /// peer receives. Large messages wait for the receiver anyway (UCX rendezvous), so this
+  /// bounds what a fast producer can make a slow consumer hold in memory.
+  int64_t max_unreceived = 16;
+  /// How long a waiting call progresses UCX itself before it sleeps until the pipe's progress
+  /// thread wakes it: a reply within the spin costs no thread wake-up (latency), a longer wait
+  /// costs the CPU of the spin. 0 never spins.
+  std::chrono::microseconds spin{100};
+  /// How long close() waits, after its close marker, for the peer to start receiving what
+  /// this end sent. Nothing needs it for delivery: messages already sent stay readable by the
+  /// peer after the close. It only lets a closing producer see its consumer keep up.
+  std::chrono::milliseconds linger{0};
 };
 
 /// Counters of one pipe end (for monitoring, and for tests of the framing).
@@ -50,6 +59,22 @@ struct PipeStats {
   int64_t schema_recvs = 0;      // of which carried the metadata (and allocated)
   int64_t bytes_sent = 0;        // every byte sent on the stream, framing included
   int64_t bytes_received = 0;
+};
+
+/// A message transport the caller supplies, for a pipe over a connection made elsewhere (in
+/// Python, a ucxx endpoint: TensorDictPipe(endpoint)). Each call moves exactly one message, in
+/// order, and blocks until it is done: send() until the buffer may be reused, recv() until `n`
+/// bytes arrived at `data` (a message of another size must throw). Errors are exceptions, which
+/// the pipe's calls let through. Called from the threads that call the pipe, one send and one
+/// recv at a time. The pipe's timeouts and flow control are the transport's business here.
+struct PipeLink {
+  std::function<void(const void* data, size_t n)> send;
+  std::function<void(void* data, size_t n)> recv;
+  std::function<void()> close{};          // called once by Pipe::close(), may be empty
+  std::string peer = "a caller's link";   // for messages
+  /// The tag the peer announced in ucxx's peer-info exchange, when known: a peer of ours is
+  /// then recognised (and gets the close marker).
+  std::optional<uint64_t> peer_tag{};
 };
 
 /// One end of a pipe. A Pipe is a handle: copies refer to the same connection. Thread-safety:
@@ -69,6 +94,9 @@ class Pipe {
   /// Connects to a listener and waits (up to the timeout) until the connection is up.
   /// Throws RuntimeError when the peer is unreachable or refuses, or on timeout.
   static Pipe connect(const std::string& host, int port, const PipeOptions& options = {});
+  /// A pipe over `link`, connected already: the framing, limits and validation of this class
+  /// on a transport of the caller's. ValueError when send or recv is empty.
+  static Pipe over(PipeLink link, const PipeOptions& options = {});
 
   /// Sends `td`. Consolidated mode: a TensorDict that is not consolidated is consolidated first
   /// (a copy of every leaf, on its device, else the CPU); the metadata travels only when the
@@ -96,21 +124,29 @@ class Pipe {
   void accept();
 
   /// Closes the connection, the listener if any, and the progress thread once no other pipe
-  /// shares it. Idempotent; never throws. On a healthy pipe with no send in flight, a close
-  /// marker goes first, so the peer's next recv() sees a clean close (peer_closed()) rather
-  /// than a lost connection; then, if this end has sent anything, close() waits up to
-  /// `linger` for the peer to read everything (see PipeOptions::linger). Pending calls in
+  /// shares it. Idempotent; never throws; returns promptly whether or not the peer reads (at
+  /// most `linger`, then a bounded flush). What was sent stays readable by the peer. On a
+  /// healthy pipe to a peer of ours with no send in flight, a close marker goes first, so the
+  /// peer's recv() tells a clean close (peer_closed()) from a lost connection. Pending calls in
   /// other threads fail with "closed".
   void close() noexcept;
   bool closed() const;
-  /// True once a recv() has read the peer's close marker: the peer closed cleanly, after every
-  /// message it sent was received. recv() and send() then throw "the peer closed the pipe".
+  /// True once a recv() found the peer's clean close: its close marker (a peer of ours), or a
+  /// disconnect between two messages (a reference peer, which has no marker); every message
+  /// it sent was received. recv() and send() then throw "the peer closed the pipe".
   bool peer_closed() const;
 
   /// The bound port of a listening pipe (the real one when 0 was asked), else the peer's port.
   int port() const;
   /// "host:port" of the peer as given or as seen by the listener ("" before a client arrives).
   std::string peer() const;
+  /// The UCX transports and devices the connection's lanes use, as UCX chose them (for
+  /// example "tcp/lo, posix/memory, cma/memory"); "" before a client arrives.
+  std::string transports() const;
+  /// True when the peer is tensordict-cpp (recognised in the connection's peer-info
+  /// exchange): then close() sends it the close marker. A peer on the reference's ucxx pipe
+  /// gets the reference's messages only.
+  bool peer_is_tensordict_cpp() const;
   const PipeOptions& options() const;
   PipeStats stats() const;
 

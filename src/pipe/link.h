@@ -1,0 +1,45 @@
+#pragma once
+// What a pipe moves its messages through: a UCX endpoint of ours (ucx_worker.h), or a transport
+// the caller supplies (PipeLink, pipe.h; in Python, a ucxx endpoint). No UCX here.
+
+#include <ATen/core/Tensor.h>
+
+#include <chrono>
+#include <cstddef>
+#include <string>
+
+#include "frames.h"
+
+namespace tensordict::pipe::detail {
+
+using Millis = std::chrono::milliseconds;
+
+/// One connection's messages, in order, each sent or received whole. Blocking calls; errors
+/// are exceptions. See Endpoint for the UCX one's contract (timeouts, breaking, the window).
+class Link {
+ public:
+  virtual ~Link() = default;
+  /// Sends one message of `n` bytes at `data` (kept alive by `owner`) and returns when the
+  /// buffer may be reused.
+  virtual void send(const void* data, size_t n, const at::Tensor& owner, const char* what,
+                    Millis timeout) = 0;
+  /// The first message of a TensorDict, the flow control's credit: it may return before the
+  /// peer has it, holding at most `window` such messages in flight (`owner` keeps them alive).
+  virtual void send_credit(const void* data, size_t n, const at::Tensor& owner, const char* what,
+                           size_t window, Millis timeout) = 0;
+  /// Receives one message of exactly `n` bytes into `data`.
+  virtual void recv(void* data, size_t n, const at::Tensor& owner, const char* what,
+                    Millis timeout) = 0;
+  /// Waits up to `timeout` until the peer has every credit message; true when it has.
+  virtual bool drain(Millis timeout) = 0;
+  virtual void close(Millis timeout) noexcept = 0;
+  /// The peer left or failed (known to the transport), as opposed to a fault found by us.
+  virtual bool peer_gone() const = 0;
+  /// The message stream is out of step: break the connection, recording why.
+  virtual void fail(const std::string& why) = 0;
+  virtual const std::string& peer() const = 0;
+  virtual const PeerInfo& peer_info() const = 0;
+  virtual std::string transports() = 0;
+};
+
+}  // namespace tensordict::pipe::detail
