@@ -178,15 +178,10 @@ std::shared_ptr<Link> PipeImpl::endpoint(const char* op) {
   return ep;
 }
 
-void PipeImpl::count(int64_t PipeStats::*field, int64_t n) {
-  std::lock_guard<std::mutex> lk(stats_mu);
-  stats.*field += n;
-}
-
 void PipeImpl::send_bytes(Link& e, const void* data, size_t n, const at::Tensor& owner,
                           const char* what) {
   e.send(data, n, owner, what, options.timeout);
-  count(&PipeStats::bytes_sent, static_cast<int64_t>(n));
+  count(&Counters::bytes_sent, static_cast<int64_t>(n));
 }
 
 void PipeImpl::send_first(Link& e, const void* data, size_t n, const char* what) {
@@ -195,13 +190,13 @@ void PipeImpl::send_first(Link& e, const void* data, size_t n, const char* what)
   e.send_credit(slot, n, credit_ring, what, static_cast<size_t>(options.max_unreceived),
                 options.timeout);
   ++credits_sent;
-  count(&PipeStats::bytes_sent, static_cast<int64_t>(n));
+  count(&Counters::bytes_sent, static_cast<int64_t>(n));
 }
 
 void PipeImpl::recv_bytes(Link& e, void* data, size_t n, const at::Tensor& owner,
                           const char* what) {
   e.recv(data, n, owner, what, options.timeout);
-  count(&PipeStats::bytes_received, static_cast<int64_t>(n));
+  count(&Counters::bytes_received, static_cast<int64_t>(n));
 }
 
 // ---- consolidated mode (§6.1) -----------------------------------------------------------------
@@ -242,7 +237,7 @@ void PipeImpl::send_consolidated(Link& e, const TensorDict& td) {
   }
   sent_once = true;
   send_bytes(e, storage.data_ptr(), static_cast<size_t>(storage.numel()), storage, "the storage");
-  count(&PipeStats::schema_sends, new_schema ? 1 : 0);
+  count(&Counters::schema_sends, new_schema ? 1 : 0);
 }
 
 TensorDict PipeImpl::recv_consolidated(Link& e, const std::optional<TensorDict>& td,
@@ -250,7 +245,7 @@ TensorDict PipeImpl::recv_consolidated(Link& e, const std::optional<TensorDict>&
   LinkSource src(*this, e);
   bool new_schema = false;
   TensorDict out = reader.recv_consolidated(src, td, device, &new_schema);
-  count(&PipeStats::schema_recvs, new_schema ? 1 : 0);
+  count(&Counters::schema_recvs, new_schema ? 1 : 0);
   return out;
 }
 
@@ -396,7 +391,7 @@ void Pipe::send(const TensorDict& td) {
     impl_->send_uncollated(*e, td);
   }
   impl_->at_message_boundary = true;
-  impl_->count(&PipeStats::sends, 1);
+  impl_->count(&detail::Counters::sends, 1);
 }
 
 TensorDict Pipe::recv(const std::optional<TensorDict>& td, std::optional<at::Device> device) {
@@ -404,7 +399,7 @@ TensorDict Pipe::recv(const std::optional<TensorDict>& td, std::optional<at::Dev
   auto e = impl_->endpoint("recv");
   TensorDict out = impl_->options.consolidated ? impl_->recv_consolidated(*e, td, device)
                                                : impl_->recv_uncollated(*e, device);
-  impl_->count(&PipeStats::recvs, 1);
+  impl_->count(&detail::Counters::recvs, 1);
   return out;
 }
 
@@ -437,8 +432,9 @@ std::string Pipe::peer() const {
 const PipeOptions& Pipe::options() const { return impl_->options; }
 
 PipeStats Pipe::stats() const {
-  std::lock_guard<std::mutex> lk(impl_->stats_mu);
-  return impl_->stats;
+  const auto& c = impl_->counters;
+  return {c.sends.load(), c.schema_sends.load(), c.recvs.load(), c.schema_recvs.load(),
+          c.bytes_sent.load(), c.bytes_received.load()};
 }
 
 void Pipe::send_raw(const void* data, size_t n) {

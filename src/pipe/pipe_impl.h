@@ -15,6 +15,12 @@
 
 namespace tensordict::pipe::detail {
 
+/// PipeStats' fields as atomics: counted on every message, read by stats().
+struct Counters {
+  std::atomic<int64_t> sends{0}, schema_sends{0}, recvs{0}, schema_recvs{0}, bytes_sent{0},
+      bytes_received{0};
+};
+
 struct PipeImpl {
   PipeImpl(PipeOptions options, std::shared_ptr<Worker> worker);
   ~PipeImpl();
@@ -37,7 +43,9 @@ struct PipeImpl {
   void recv_bytes(Link& e, void* data, size_t n, const at::Tensor& owner, const char* what);
   [[noreturn]] void peer_left(Link& e);
   void say_goodbye(Link& e) noexcept;
-  void count(int64_t PipeStats::*field, int64_t n);
+  void count(std::atomic<int64_t> Counters::*field, int64_t n) {
+    (counters.*field).fetch_add(n, std::memory_order_relaxed);
+  }
 
   const PipeOptions options;
   // Declared before the listener and the endpoint, so released after them: they point into it.
@@ -64,8 +72,7 @@ struct PipeImpl {
   std::mutex recv_mu;  // one recv at a time; guards the receive state below
   FrameReader reader;  // the framing and the receive state (the last schema and its storage)
 
-  mutable std::mutex stats_mu;
-  PipeStats stats;
+  Counters counters;
 };
 
 }  // namespace tensordict::pipe::detail

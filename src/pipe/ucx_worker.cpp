@@ -141,7 +141,6 @@ void Worker::complete(Op& op, ucs_status_t status, size_t length) {
 
 bool Worker::progress_locked() {
   bool any = ucp_worker_progress(worker_) != 0;
-  progress_calls_.fetch_add(1, std::memory_order_relaxed);
   while (!deferred_.empty()) {
     auto tasks = std::move(deferred_);
     deferred_.clear();
@@ -159,16 +158,16 @@ bool Worker::wait_until(const std::function<bool()>& ready, Clock::time_point de
     const auto spin_end = std::min(deadline, Clock::now() + spin_);
     spinners_.fetch_add(1);
     bool ok = false;
-    for (;;) {
+    while (!ok) {
       {
+        // Several progress calls per lock and per clock reading: each costs more than a call.
         auto lk = lock();
-        progress_locked();
+        for (int i = 0; i < 16 && !ok; ++i) {
+          progress_locked();
+          ok = ready();
+        }
       }
-      if (ready()) {
-        ok = true;
-        break;
-      }
-      if (Clock::now() >= spin_end) break;
+      if (!ok && Clock::now() >= spin_end) break;
     }
     spinners_.fetch_sub(1);
     if (ok) return true;
@@ -351,7 +350,7 @@ std::shared_ptr<Op> Endpoint::start(Dir dir, void* data, size_t n, const at::Ten
 void Endpoint::wait_op(const std::shared_ptr<Op>& op, Dir dir, size_t n, const char* what,
                        Millis timeout) {
   const bool recv = dir == Dir::kRecv || dir == Dir::kStreamRecv;
-  if (!worker_->wait(*op, Clock::now() + timeout)) {
+  if (!op->done.load() && !worker_->wait(*op, Clock::now() + timeout)) {
     // The message stream is now out of step: break the endpoint, which completes the operation.
     std::string failure;
     {
@@ -405,6 +404,14 @@ void Endpoint::send(const void* data, size_t n, const at::Tensor& owner, const c
 
 void Endpoint::send_credit(const void* data, size_t n, const at::Tensor& owner, const char* what,
                            size_t window, Millis timeout) {
+  // Every `every`-th first frame is a synchronous send (a credit), which completes once the
+  // peer has matched it; at most `credits` of them may be in flight. Then at most
+  // (credits + 1) * every - 1 <= window messages are unreceived, and only one message in
+  // `every` pays for the peer's acknowledgement (a round trip's worth of latency).
+  const size_t every = std::max<size_t>(1, window / 4);
+  const size_t credits = std::max<size_t>(1, (window + 1) / every - 1);
+  const bool credit = credit_count_++ % every == 0;
+  if (!credit) return send(data, n, owner, what, timeout);
   const auto deadline = Clock::now() + timeout;
   for (;;) {
     std::shared_ptr<Op> oldest;
@@ -414,7 +421,7 @@ void Endpoint::send_credit(const void* data, size_t n, const at::Tensor& owner, 
       if (closed_ || peer_gone_ || !failure_.empty() || ep_ == nullptr) {
         throw_unusable("send", what);
       }
-      if (credits_.size() < window) {
+      if (credits_.size() < credits) {
         auto op = start(Dir::kSyncSend, const_cast<void*>(data), n, owner);
         if (op->done.load() && op->status != UCS_OK) throw_unusable("send", what);
         if (!op->done.load()) credits_.push_back(std::move(op));
@@ -422,9 +429,12 @@ void Endpoint::send_credit(const void* data, size_t n, const at::Tensor& owner, 
       }
       oldest = credits_.front();
     }
-    TD_CHECK_AS(TimeoutError, worker_->wait(*oldest, deadline), "send ", what, ": the peer ",
-                peer_, " has not started receiving the last ", window, " messages within ",
-                to_ms(timeout), " ms (PipeOptions::max_unreceived); nothing was sent");
+    if (!worker_->wait(*oldest, deadline)) {
+      --credit_count_;  // nothing was sent: the next send is the credit again
+      TD_THROW(TimeoutError, "send ", what, ": the peer ", peer_, " has not started receiving the "
+               "last ", window, " messages within ", to_ms(timeout),
+               " ms (PipeOptions::max_unreceived); nothing was sent");
+    }
   }
 }
 

@@ -71,16 +71,13 @@ class Worker {
   /// notify(). Returns ready(). `ready` is called without the UCX lock.
   bool wait_until(const std::function<bool()>& ready, Clock::time_point deadline);
   bool wait(const Op& op, Clock::time_point deadline) {
-    return wait_until([&] { return op.done.load(std::memory_order_acquire); }, deadline);
+    return wait_until([&] { return op.done.load(); }, deadline);
   }
   /// Wakes the threads sleeping in wait_until (callbacks call it after completing something).
   void notify();
 
   /// Completes `op` (from a callback or an immediate completion) and notifies. UCX lock.
   void complete(Op& op, ucs_status_t status, size_t length);
-
-  /// Progress calls made by waiting threads and by the progress thread (for stats and tests).
-  int64_t progress_calls() const { return progress_calls_.load(std::memory_order_relaxed); }
 
  private:
   explicit Worker(Micros spin) : spin_(spin) {}
@@ -102,7 +99,6 @@ class Worker {
   std::mutex cv_mu_;
   std::condition_variable cv_;
   std::atomic<bool> stop_{false};
-  std::atomic<int64_t> progress_calls_{0};
   std::thread thread_;
 };
 
@@ -125,10 +121,11 @@ class Endpoint final : public Link {
   /// done with the buffer. `what` names the message for errors. A timeout breaks the endpoint.
   void send(const void* data, size_t n, const at::Tensor& owner, const char* what,
             Millis timeout) override;
-  /// Starts a synchronous send of a message the caller keeps alive in `owner` and returns at
-  /// once: it completes when the peer has matched it with a receive. At most `window` such
-  /// sends are in flight: beyond that this waits, up to `timeout`, for the oldest (TimeoutError,
-  /// the endpoint intact: nothing was sent). The flow control of docs/pipe.md.
+  /// The first frame of a TensorDict, the flow control of docs/pipe.md: at most `window` of
+  /// them may be unreceived by the peer. Some are sent synchronously (they complete once the
+  /// peer has matched them: the caller keeps them alive in `owner`) and this returns at once;
+  /// when too many of those are in flight it waits, up to `timeout`, for the oldest
+  /// (TimeoutError, the endpoint intact: nothing was sent).
   void send_credit(const void* data, size_t n, const at::Tensor& owner, const char* what,
                    size_t window, Millis timeout) override;
   /// Receives one tag message of exactly `n` bytes into `data`. A timeout breaks the endpoint;
@@ -179,6 +176,7 @@ class Endpoint final : public Link {
   bool peer_gone_ = false;
   std::vector<std::shared_ptr<Op>> recvs_;     // posted receives (cancelled when it breaks)
   std::deque<std::shared_ptr<Op>> credits_;    // credit sends not yet matched by the peer
+  uint64_t credit_count_ = 0;                  // first frames sent (the send thread's)
   at::Tensor handshake_;                       // 32 bytes: our peer info, then the peer's
 };
 
