@@ -81,7 +81,7 @@ ARMS = {
                         "ref.consolidated"),
     "py.init_remote": ("ours, Python: init_remote / from_remote_init", "floor.py_raw_one",
                        "ref.init_remote"),
-    "floor.ucx": ("floor: ucx_perftest stream_lat(bytes) + stream_lat(8 B)", None, None),
+    "floor.ucx": ("floor: ucx_perftest tag_lat(bytes) + tag_lat(8 B)", None, None),
     "cpp.pipe": ("ours, C++: TensorDictPipe (UCX, consolidated)", "floor.ucx", None),
 }
 
@@ -280,21 +280,27 @@ def free_port() -> int:
 
 
 def ucx_lat(nbytes: int, quick: bool) -> float | None:
-    """Median one-way latency (us) of ucx_perftest stream_lat: the UCP stream API the pipe
-    uses, ping-pong of nbytes, over TCP on loopback. None if it cannot run."""
-    exe = shutil.which("ucx_perftest")
-    if exe is None:
+    """Median one-way latency (us) of ucx_perftest tag_lat (the libucx-cu12 wheel's, the UCX the
+    pipe links): ping-pong of nbytes as UCP tag messages, as the pipe sends its frames, with peer
+    error handling as the pipe's endpoints have it, over TCP on loopback (as transfer_bench runs
+    the pipe). None if it cannot run."""
+    try:
+        import libucx
+    except ImportError:
         return None
+    home = pathlib.Path(libucx.__path__[0])
+    exe = str(home / "bin" / "ucx_perftest")
     iters = max(8 if quick else 10, min(200 if quick else 2000, int(4e8 // nbytes)))
-    env = dict(os.environ, UCX_TLS="tcp", UCX_NET_DEVICES="lo", UCX_WARN_UNUSED_ENV_VARS="n")
+    env = dict(os.environ, UCX_TLS="tcp", UCX_NET_DEVICES="lo", UCX_WARN_UNUSED_ENV_VARS="n",
+               LD_LIBRARY_PATH=str(home / "lib"))
     for _ in range(3):  # the free port may be taken between the check and the bind
         port = str(free_port())
-        server = subprocess.Popen([exe, "-p", port], env=env, stdout=subprocess.DEVNULL,
+        server = subprocess.Popen([exe, "-p", port, "-e"], env=env, stdout=subprocess.DEVNULL,
                                   stderr=subprocess.DEVNULL)
         try:
             time.sleep(0.3)
             client = subprocess.run(
-                [exe, "127.0.0.1", "-p", port, "-t", "stream_lat", "-s", str(nbytes),
+                [exe, "127.0.0.1", "-p", port, "-e", "-t", "tag_lat", "-s", str(nbytes),
                  "-n", str(iters), "-w", str(max(2, iters // 10)), "-f", "-v"],
                 env=env, capture_output=True, text=True, timeout=120)
         finally:
@@ -640,7 +646,7 @@ def machine() -> dict:
             "date": datetime.datetime.now().astimezone().strftime("%Y-%m-%d %H:%M %Z")}
 
 
-def write_docs(info: dict, transfer: str, micro: str, targets: str, command: str,
+def write_docs(info: dict, transfer: str, micro: str, targets: str, pipe: str, command: str,
                loads: list[float], note: str) -> None:
     docs = ROOT / "docs"
     doc = f"""# Benchmarks
@@ -676,9 +682,11 @@ Floors: **one send**: one raw c10d send of the same bytes (the consolidated stor
 rank program measures its own (C++: `ProcessGroup::send`; Python, "Py": `torch.distributed`),
 so every "× floor" compares arms that ran side by side;
 **memcpy**: one memcpy of the same bytes into a warm buffer (rank 0 alone, no ack);
-**ucx_perftest**: `stream_lat` (the UCP stream API the pipe uses, TCP on loopback) median
-one-way latency of the bytes plus that of 8 bytes (the ack), run right after the case.
-ucx_perftest busy-polls; the pipe sleeps in epoll. Per-leaf arms are compared with N
+**ucx_perftest**: `tag_lat` (UCP tag messages, as the pipe sends its frames, with peer error
+handling; TCP on loopback, as the pipe runs here) median one-way latency of the bytes plus that
+of 8 bytes (the ack), run right after the case. ucx_perftest busy-polls; the pipe spins for
+100 µs, then sleeps in epoll. The pipe on shared memory, beside ucx_perftest, the reference's
+pipe and a raw Gloo send, has a section of its own below. Per-leaf arms are compared with N
 messages, consolidated and init_remote arms with one send; "× faster than reference"
 compares the same kind of transfer. † marks a C++ arm compared with the reference measured by
 the Python program a few seconds later: on a loaded machine the two programs can land in
@@ -699,6 +707,10 @@ mode.
 ![latency against bytes](benchmarks.png)
 
 {transfer}
+
+## The pipe
+
+{pipe}
 
 ## Micro-benchmarks
 
@@ -774,6 +786,11 @@ def main() -> int:
         ref_micro = reference_micro(args.quick)
         conversions = conversion_micro(args.quick)
         methods = method_micro(args.quick)
+    pipe_md = "(not built: no build/pipe_bench)"
+    if (build / "pipe_bench").is_file():
+        print("benchmarks/run: the pipe ...", file=sys.stderr, flush=True)
+        import pipe_bench
+        pipe_md = pipe_bench.section(pipe_bench.measure(args.quick, 1 if args.quick else 3))
     rows = merge(results)
     transfer, micro_md = transfer_table(rows), micro_table(micro, ref_micro)
     micro_md += (
@@ -793,6 +810,8 @@ def main() -> int:
     print()
     print(targets)
     print()
+    print(pipe_md)
+    print()
     elapsed = time.monotonic() - t_start
     print(f"data verification: {'passed' if verified else 'FAILED'}; {elapsed:.0f} s; "
           f"load averages before each case: {', '.join(f'{x:.2f}' for x in loads)}")
@@ -805,7 +824,7 @@ def main() -> int:
         shown = [f"--case {c}" for c in args.case or []] + (["--quick"] if args.quick else [])
         command = " ".join(["benchmarks/run", *shown])
         note = os.environ.get("TENSORDICT_BENCH_NOTE", "")
-        write_docs(machine(), transfer, micro_md, targets, command, loads,
+        write_docs(machine(), transfer, micro_md, targets, pipe_md, command, loads,
                    f"\n{note}\n" if note else "")
         plot(rows, ROOT / "docs" / "benchmarks.png")
         print("wrote docs/benchmarks.md and docs/benchmarks.png")

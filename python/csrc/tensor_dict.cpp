@@ -7,6 +7,7 @@
 // After Python.h (python_variable.h): PyMemberDef, the layout of a __slots__ member.
 #include <structmember.h>
 
+#include <array>
 #include <cstring>
 #include <optional>
 #include <string_view>
@@ -249,14 +250,16 @@ JsonValue json_from_py(py::handle value, const NestedKey& key) {
 
 namespace {
 
-// td[key] for a str key naming a tensor of the top level, as a raw CPython method: pybind11's
-// dispatch (argument loaders, the overload walk, the key's std::string) costs more than the
-// lookup itself, and td[key] is the call that data code makes most. Every other case goes to
-// the Python __getitem__ it replaces.
+// td[key] for a str key naming a tensor or a nested TensorDict of the top level, as a raw
+// CPython method: pybind11's dispatch (argument loaders, the overload walk, the key's
+// std::string) and the Python wrapper's construction cost more than the lookup itself, and
+// td[key] is the call that data code makes most. Every other case goes to the Python
+// __getitem__ it replaces.
 struct FastGetitem {
-  Py_ssize_t cpp_offset;   // the `_cpp` slot's place in instances of the Python class
-  PyTypeObject* cpp_type;  // _C.TensorDict
-  PyObject* fallback;      // the Python __getitem__
+  Py_ssize_t cpp_offset;       // the `_cpp` slot's place in instances of the Python class
+  PyTypeObject* cpp_type;      // _C.TensorDict
+  PyTypeObject* wrapper_type;  // tensordict_cpp.TensorDict
+  PyObject* fallback;          // the Python __getitem__
 };
 const FastGetitem* fast_getitem = nullptr;
 
@@ -277,6 +280,22 @@ PyObject* fast_getitem_call(PyObject* self, PyObject* index) {
       if (s == nullptr) return nullptr;
       const Value* v = td->find(std::string_view(s, static_cast<size_t>(n)));
       if (v != nullptr && v->is_tensor()) return THPVariable_Wrap(v->tensor());
+      if (v != nullptr && v->is_tensordict() && !v->tensordict().is_lazy_stack()) {
+        // What TensorDict._wrap does: a new wrapper whose _cpp is the nested handle.
+        py::object cpp;
+        try {
+          cpp = py::cast(v->tensordict());
+        } catch (const std::exception&) {
+          PyErr_Clear();
+          return PyObject_Vectorcall(fast_getitem->fallback, std::array{self, index}.data(), 2,
+                                     nullptr);
+        }
+        PyObject* out = fast_getitem->wrapper_type->tp_alloc(fast_getitem->wrapper_type, 0);
+        if (out == nullptr) return nullptr;
+        *reinterpret_cast<PyObject**>(reinterpret_cast<char*>(out) + fast_getitem->cpp_offset) =
+            cpp.release().ptr();
+        return out;
+      }
     }
   }
   PyObject* args[] = {self, index};
@@ -294,6 +313,7 @@ void install_fast_getitem(const py::type& cls) {
   // Both live as long as the class: never freed (the interpreter may use them at exit).
   py::object cpp_type = py::module_::import("tensordict_cpp._C").attr("TensorDict");
   fast_getitem = new FastGetitem{offset, reinterpret_cast<PyTypeObject*>(cpp_type.release().ptr()),
+                                 reinterpret_cast<PyTypeObject*>(cls.inc_ref().ptr()),
                                  fallback.release().ptr()};
   py::object doc = py::getattr(py::handle(fast_getitem->fallback), "__doc__", py::none());
   static PyMethodDef def{"__getitem__", reinterpret_cast<PyCFunction>(&fast_getitem_call), METH_O,
