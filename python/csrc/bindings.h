@@ -46,6 +46,7 @@ void def_static(Class& cls, const char* name, F&& fn, const std::tuple<Extra...>
 }
 
 void bind_tensor_dict(py::module_& m);
+void bind_observability(py::module_& m);
 void bind_memmap(py::module_& m);
 #ifdef TENSORDICT_WITH_DIST
 /// `group=None`: a torch ProcessGroup, a c10d Backend, or None (see group_from_py).

@@ -17,6 +17,7 @@
 
 #include "bindings.h"
 #include "tensordict/distributed/p2p.h"
+#include "tensordict/distributed/process_group.h"
 
 namespace tensordict::python {
 namespace {
@@ -63,6 +64,14 @@ dist::Group group_from_py(py::handle obj) {
   if (obj.is_none()) {
     return {};
   }
+  // torch.distributed.new_group's answer to a rank outside the group (an int sentinel there),
+  // refused by every call as ours is (dist::non_group_member()).
+  static const py::handle non_member = [] {  // kept for the process's life (none at exit)
+    py::object v =
+        py::module_::import("torch.distributed").attr("GroupMember").attr("NON_GROUP_MEMBER");
+    return v.release();
+  }();
+  if (obj.equal(non_member) && !PyBool_Check(obj.ptr())) return dist::non_group_member();
   dist::ProcessGroupPtr pg;
   if (load_intrusive(obj, &pg)) {
     return pg;

@@ -111,6 +111,7 @@ PYBIND11_MODULE(_C, m) {
   m.def("_raise_for_test", &tp::raise_for_test, pybind11::arg("kind"), pybind11::arg("msg"));
   tp::bind_tensor_dict(m);
   tp::bind_memmap(m);
+  tp::bind_observability(m);
 #ifdef TENSORDICT_WITH_DIST
   tp::bind_distributed(m);
   tp::bind_collectives(m);

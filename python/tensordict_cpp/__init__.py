@@ -23,6 +23,8 @@ except ImportError:  # a build without the pipe, or against a system UCX
 from tensordict_cpp import errors
 from tensordict_cpp import _C
 from tensordict_cpp.memmap import MemoryMappedTensor
+from tensordict_cpp.observability import (log_level, reset_transfer_stats, set_log_level,
+                                          transfer_stats)
 from tensordict_cpp._td import (LazyStackedTensorDict, NonTensorData, TensorDict, all_gather,
                                 all_reduce, broadcast, cat, consolidate, gather_and_stack,
                                 init_remote, irecv, isend, lazy_stack, recv, reduce, scatter, send,
@@ -36,5 +38,6 @@ __all__ = ["TensorDict", "LazyStackedTensorDict", "NonTensorData", "MemoryMapped
            "cat", "lazy_stack", "TensorDictPipe", "TensorDictServer", "tensorclass",
            "is_tensorclass", "send", "recv", "isend", "irecv", "init_remote", "consolidate",
            "broadcast", "all_gather", "scatter", "all_reduce", "reduce", "gather_and_stack",
-           "is_tensor_collection"]
+           "is_tensor_collection", "set_log_level", "log_level", "transfer_stats",
+           "reset_transfer_stats"]
 __version__ = "0.1.0"

@@ -37,17 +37,24 @@ def _seconds(timeout: Timeout) -> float | None:
     return float(timeout)
 
 
+def _non_member(group: Any) -> bool:
+    """Whether ``group`` is what torch's new_group gives a rank outside the group (an int)."""
+    return (type(group) is int  # noqa: E721 (not a bool)
+            and group == dist.GroupMember.NON_GROUP_MEMBER)
+
+
 def _resolve(peer: int | None, group: Any, group_peer: int | None):
     """(group, group_peer) for the core; a global peer alone is mapped as torch maps it."""
-    if peer is None or group_peer is not None:
-        # No peer, or a group peer (with or without a global one): the core validates.
+    if peer is None or group_peer is not None or _non_member(group):
+        # No peer, a group peer (with or without a global one), or a non-member's handle: the
+        # core validates (and refuses the last, naming the call).
         return peer, group, group_peer
     pg = _c10d._group_or_default_group(group)
     return None, pg, dist.get_group_rank(pg, peer)
 
 
-def _mapped(peer, group_peer):
-    return peer is not None and group_peer is None
+def _mapped(peer, group_peer, group):
+    return peer is not None and group_peer is None and not _non_member(group)
 
 
 def _is_pipe(obj: Any) -> bool:
@@ -130,7 +137,7 @@ def send(self, dst: Any = None, *, group: Any = None, group_dst: int | None = No
     if pipe is not None:
         pipe.send(self)
         return None
-    mapped = _mapped(dst, group_dst)
+    mapped = _mapped(dst, group_dst, group)
     dst, group, group_dst = _resolve(dst, group, group_dst)
     if mapped:
         # torch.distributed.send refuses to send to oneself.
@@ -199,7 +206,7 @@ def recv(self, src: Any = None, *, group: Any = None, group_src: int | None = No
     pipe = _pipe_peer(src, group_src, "src")
     if pipe is not None:
         return pipe.recv(self)
-    mapped = _mapped(src, group_src)
+    mapped = _mapped(src, group_src, group)
     src, group, group_src = _resolve(src, group, group_src)
     if mapped:
         # torch.distributed.recv refuses to receive from oneself (Gloo has no pair to itself).

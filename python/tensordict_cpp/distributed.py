@@ -5,6 +5,7 @@
 """
 from __future__ import annotations
 
+import ast
 import datetime
 import multiprocessing
 import os
@@ -26,8 +27,9 @@ def run(fn: Callable[[int, int], object], world_size: int = 2, backend: str = "g
     Each process is started with the ``spawn`` method and gets a default process group
     (``torch.distributed.init_process_group``) over a file store in a temporary directory,
     with Gloo on the loopback interface, destroyed when ``fn`` returns. Because ``spawn``
-    re-imports the main module in each process, a script may call ``run`` at top level without
-    an ``if __name__ == "__main__"`` guard: inside a starting rank, that call returns at once.
+    re-imports the main script in each process, a script calls ``run`` under
+    ``if __name__ == "__main__":`` (or from a function called there): a call at its top level
+    raises RuntimeError instead of letting every rank run the script's top-level code again.
     ``fn`` must be picklable (a module-level function).
 
     Under ``torchrun`` (``RANK``, ``WORLD_SIZE``, ``MASTER_ADDR`` and ``MASTER_PORT`` set),
@@ -50,20 +52,30 @@ def run(fn: Callable[[int, int], object], world_size: int = 2, backend: str = "g
             carries that rank's traceback, and the other ranks are terminated.
         torch.multiprocessing.ProcessExitedException: if a rank dies without raising.
         TimeoutError: if ``timeout`` passes.
-        ValueError: for a bad ``world_size``, or a ``WORLD_SIZE`` that differs under torchrun.
+        ValueError: for a bad ``world_size``, a ``WORLD_SIZE`` that differs under torchrun, or
+            only some of the four env:// variables set.
+        RuntimeError: when called at the top level of the main script outside the
+            ``__main__`` guard.
     """
     if getattr(multiprocessing.current_process(), "_inheriting", False):
-        return  # the main module being re-imported by a rank that starts
+        return  # the main module being re-imported by a rank that starts (see _check_guard)
     if world_size < 1:
         raise ValueError(f"world_size must be at least 1, got {world_size}")
     group_td = datetime.timedelta(seconds=group_timeout)
-    if all(v in os.environ for v in ("RANK", "WORLD_SIZE", "MASTER_ADDR", "MASTER_PORT")):
+    launcher = [v for v in _ENV_VARS if v in os.environ]
+    if launcher and len(launcher) < len(_ENV_VARS):
+        missing = ", ".join(v for v in _ENV_VARS if v not in os.environ)
+        raise ValueError(f"run: the env:// variables are set only in part: {missing} missing. "
+                         "A launcher sets RANK, WORLD_SIZE, MASTER_ADDR and MASTER_PORT; unset "
+                         "them all to let run() start its own ranks")
+    if launcher:
         if int(os.environ["WORLD_SIZE"]) != world_size:
             raise ValueError(f"run(world_size={world_size}) under a launcher with "
                              f"WORLD_SIZE={os.environ['WORLD_SIZE']}")
         rank = int(os.environ["RANK"])
         _run_rank(fn, rank, world_size, backend, "env://", group_td)
         return
+    _check_guard(sys._getframe(1))
     with tempfile.TemporaryDirectory(prefix="tensordict_cpp_run_") as scratch:
         init_method = "file://" + os.path.join(scratch, "store")
         ctx = tmp.start_processes(_spawned_rank, args=(fn, world_size, backend, init_method,
@@ -79,6 +91,38 @@ def run(fn: Callable[[int, int], object], world_size: int = 2, backend: str = "g
                 for p in ctx.processes:
                     p.join()
                 raise TimeoutError(f"run: ranks still running after {timeout} s were killed")
+
+
+_ENV_VARS = ("RANK", "WORLD_SIZE", "MASTER_ADDR", "MASTER_PORT")
+
+
+def _check_guard(caller) -> None:
+    """Refuses a call from the top level of the main script outside ``if __name__ ==
+    "__main__":``: each rank is a spawned process that imports the script again, and would run
+    every top-level statement of it once more (prints, data loading, ...)."""
+    if caller.f_code.co_name != "<module>" or caller.f_globals.get("__name__") != "__main__":
+        return  # called from a function (its caller may be guarded) or from an imported module
+    path = caller.f_globals.get("__file__")
+    if not path or not os.path.isfile(path):
+        return  # python -c or an interactive session: spawn does not import it again
+    with open(path, encoding="utf-8") as f:
+        tree = ast.parse(f.read(), path)
+
+    def is_main_test(node) -> bool:
+        return (isinstance(node, ast.If) and isinstance(node.test, ast.Compare)
+                and isinstance(node.test.left, ast.Name) and node.test.left.id == "__name__"
+                and any(isinstance(c, ast.Constant) and c.value == "__main__"
+                        for c in node.test.comparators))
+
+    line = caller.f_lineno
+    for node in ast.walk(tree):
+        if is_main_test(node) and node.lineno <= line <= (node.end_lineno or node.lineno):
+            return
+    raise RuntimeError(
+        f"run() is called at the top level of {path} (line {line}) outside "
+        "`if __name__ == \"__main__\":`. Each rank is a new process that imports the script "
+        "again (the spawn start method) and would run its top-level code once more. Put the "
+        "call under that guard.")
 
 
 def _spawned_rank(rank: int, fn, world_size: int, backend: str, init_method: str,

@@ -5,10 +5,30 @@
 
 #include <torch/csrc/distributed/c10d/ProcessGroupGloo.hpp>
 
+#include <csignal>
 #include <cstdlib>
 #include <sstream>
 
 namespace tensordict::dist::detail {
+
+namespace {
+
+// Gloo writes to its TCP sockets without MSG_NOSIGNAL: a write to a peer that just died raises
+// SIGPIPE, whose default action kills this process before Gloo can report the broken pair as an
+// error naming the peer. Python ignores SIGPIPE in every interpreter; a C++ program gets the same
+// here, once, unless it installed a handler of its own (which is then left alone).
+void ignore_default_sigpipe() {
+  static const bool done = [] {
+    struct sigaction current {};
+    if (::sigaction(SIGPIPE, nullptr, &current) == 0 && current.sa_handler == SIG_DFL) {
+      std::signal(SIGPIPE, SIG_IGN);
+    }
+    return true;
+  }();
+  (void)done;
+}
+
+}  // namespace
 
 bool gloo_available() { return true; }
 
@@ -17,6 +37,7 @@ c10::intrusive_ptr<c10d::Backend> make_gloo_backend(const c10::intrusive_ptr<c10
                                                     std::chrono::milliseconds timeout,
                                                     const std::string& hostname) {
   using c10d::ProcessGroupGloo;
+  ignore_default_sigpipe();
   auto options = ProcessGroupGloo::Options::create(timeout);
   if (!hostname.empty()) {
     options->devices.push_back(ProcessGroupGloo::createDeviceForHostname(hostname));

@@ -6,6 +6,7 @@
 #include <limits>
 
 #include "tensordict/consolidate.h"
+#include "tensordict/log.h"
 #include "tensordict/distributed/process_group.h"
 #include "tensordict/distributed/tags.h"
 #include "tensordict/nested_key.h"
@@ -107,18 +108,40 @@ detail::InFlight in_flight(const Posted& posted, const TensorDict& td) {
 
 std::string rank_of(const Peer& peer) { return c10::str("rank ", peer.rank); }
 
+int64_t bytes_of(const std::vector<at::Tensor>& tensors) {
+  int64_t n = 0;
+  for (const auto& t : tensors) n += static_cast<int64_t>(t.nbytes());
+  return n;
+}
+
+// The info log line's detail of a transfer (docs/observability.md).
+std::string describe(const char* kind, const std::vector<int>& tags, int64_t messages,
+                     int64_t bytes, bool pseudo_rand) {
+  std::string tag_text;
+  if (tags.size() == 1) tag_text = c10::str(", tag ", tags.front());
+  if (tags.size() > 1) {
+    tag_text = c10::str(", tags ", tags.front(), pseudo_rand ? " (pseudo_rand) ... " : "-",
+                        tags.back());
+  }
+  return c10::str(kind, ", ", messages, messages == 1 ? " message" : " messages", tag_text,
+                  ", ", bytes, " bytes");
+}
+
 Posted post_send(detail::Waiter& waiter, const TensorDict& td, const std::optional<int64_t>& dst,
                  const SendOptions& options, bool refuse_self) {
   const char* call = waiter.call();
   Peer peer = resolve_peer(call, dst, options.group_dst, options.group, "dst", "group_dst",
                            refuse_self);
   waiter.set_peer(rank_of(peer));
+  const bool logging = log_enabled(LogLevel::kInfo);
   if (options.checked && options.consolidated) {
+    if (logging) waiter.set_detail("checked, consolidated, tag 0");
     return {detail::post_checked_send(td, peer, 0, true), std::nullopt, {}};
   }
   if (options.consolidated) {
     std::vector<at::Tensor> storage{is_consolidated(td) ? consolidated_storage(td)
                                                         : consolidated_storage(consolidate(td))};
+    if (logging) waiter.set_detail(describe("consolidated", {0}, 1, bytes_of(storage), false));
     return {{peer.group.send(storage, peer.rank, 0)}, std::nullopt, {}};
   }
   auto leaves = leaves_of(td);
@@ -127,7 +150,12 @@ Posted post_send(detail::Waiter& waiter, const TensorDict& td, const std::option
   const int64_t last_tag = tags.empty() ? options.init_tag - 1 : tags.back();
   if (options.checked) {
     const int tag = checked_tag(call, options.init_tag, tags);
+    if (logging) waiter.set_detail(c10::str("checked, per leaf, tag ", tag));
     return {detail::post_checked_send(td, peer, tag, false), last_tag, {}, tag};
+  }
+  if (logging) {
+    waiter.set_detail(describe("per leaf", tags, static_cast<int64_t>(leaves.size()),
+                               bytes_of(leaves), options.pseudo_rand));
   }
   auto works = post_all(leaves.size(), [&](size_t i) {
     std::vector<at::Tensor> one{sendable(leaves[i])};
@@ -146,10 +174,13 @@ Posted post_recv(detail::Waiter& waiter, const TensorDict& td, const std::option
     TORCH_CHECK_VALUE(is_consolidated(td), call,
                       "(consolidated=True): the TensorDict is not consolidated. Receive into a "
                       "consolidated TensorDict with the sender's layout (consolidate() it first)");
+    const bool logging = log_enabled(LogLevel::kInfo);
     if (options.checked) {
+      if (logging) waiter.set_detail("checked, consolidated, tag 0");
       return {detail::post_checked_recv(waiter, td, peer, 0, true), std::nullopt, {}};
     }
     std::vector<at::Tensor> storage{consolidated_storage(td)};
+    if (logging) waiter.set_detail(describe("consolidated", {0}, 1, bytes_of(storage), false));
     return {{peer.group.recv(storage, peer.rank, 0)}, std::nullopt, {}};
   }
   auto leaves = leaves_of(td);
@@ -158,7 +189,12 @@ Posted post_recv(detail::Waiter& waiter, const TensorDict& td, const std::option
   const int64_t last_tag = tags.empty() ? options.init_tag - 1 : tags.back();
   if (options.checked) {
     const int tag = checked_tag(call, options.init_tag, tags);
+    if (log_enabled(LogLevel::kInfo)) waiter.set_detail(c10::str("checked, per leaf, tag ", tag));
     return {detail::post_checked_recv(waiter, td, peer, tag, false), last_tag, {}, tag};
+  }
+  if (log_enabled(LogLevel::kInfo)) {
+    waiter.set_detail(describe("per leaf", tags, static_cast<int64_t>(leaves.size()),
+                               bytes_of(leaves), options.pseudo_rand));
   }
   for (const auto& leaf : leaves) {
     detail::check_writable(call, leaf, "receive into", "receiver");

@@ -15,6 +15,8 @@
 
 #include "tensordict/distributed/p2p.h"
 #include "tensordict/distributed/process_group.h"
+#include "tensordict/log.h"
+#include "tensordict/transfer_stats.h"
 #include "tensordict/leaf.h"
 #include "tensordict/nested_key.h"
 
@@ -88,6 +90,7 @@ Peer resolve_peer(const char* call, const std::optional<int64_t>& peer,
                   const std::optional<int64_t>& group_peer, const Group& group,
                   const char* peer_name, const char* group_peer_name, bool refuse_self) {
   check_p2p_peer(peer, group_peer, group, peer_name, group_peer_name);
+  check_group_member(group, call);
   Peer out{group, 0};
   int64_t rank = 0;
   if (group_peer) {
@@ -114,9 +117,27 @@ Peer resolve_peer(const char* call, const std::optional<int64_t>& peer,
 Waiter::Waiter(const char* call, std::optional<std::chrono::milliseconds> timeout,
                std::string peer)
     : call_(call), timeout_(timeout), start_(std::chrono::steady_clock::now()),
-      peer_(std::move(peer)) {
+      peer_(std::move(peer)), uncaught_(std::uncaught_exceptions()) {
   TORCH_CHECK_VALUE(!timeout || timeout->count() > 0, call, ": timeout must be positive, got ",
                     timeout ? timeout->count() : 0, " ms");
+}
+
+Waiter::~Waiter() {
+  if (std::uncaught_exceptions() > uncaught_) return;  // the call failed: its error tells
+  const auto elapsed = std::chrono::steady_clock::now() - start_;
+  ::tensordict::detail::count_transfer(
+      Channel::kProcessGroup,
+      std::chrono::duration_cast<std::chrono::nanoseconds>(elapsed).count());
+  if (!log_enabled(LogLevel::kInfo)) return;
+  try {
+    char took[32];
+    std::snprintf(took, sizeof(took), "%.1f us",
+                  std::chrono::duration<double, std::micro>(elapsed).count());
+    log(LogLevel::kInfo, c10::str(call_, " with ", peer_, detail_.empty() ? "" : ": ", detail_,
+                                  " in ", took));
+  } catch (...) {
+    // a destructor never throws; the line is lost
+  }
 }
 
 void Waiter::timed_out(const std::string& what, const std::string& detail) const {

@@ -13,39 +13,94 @@
 #include <unordered_map>
 
 #include "gloo.h"
+#include "tensordict/log.h"
+#include "tensordict/transfer_stats.h"
 
 namespace tensordict::dist {
 
 // ---- Group ----------------------------------------------------------------------------------
 
+const ProcessGroupPtr& non_group_member() {
+  static const ProcessGroupPtr sentinel = [] {
+    auto pg = c10::make_intrusive<c10d::ProcessGroup>(0, 1);
+    pg->setGroupDesc("NON_GROUP_MEMBER");
+    return pg;
+  }();
+  return sentinel;
+}
+
+void check_group_member(const Group& group, const char* call) {
+  TORCH_CHECK_VALUE(group.process_group() != non_group_member(), call,
+                    ": this process is not a member of the group: new_group() gave it "
+                    "non_group_member() (torch's GroupMember.NON_GROUP_MEMBER). Only the ranks "
+                    "passed to new_group() may use the group.");
+}
+
 int Group::rank() const {
+  check_group_member(*this, "Group::rank");
   TORCH_CHECK(*this, "Group::rank: empty group");
   return process_group_ ? process_group_->getRank() : backend_->getRank();
 }
 
 int Group::size() const {
+  check_group_member(*this, "Group::size");
   TORCH_CHECK(*this, "Group::size: empty group");
   return process_group_ ? process_group_->getSize() : backend_->getSize();
 }
 
+namespace {
+
+int64_t nbytes(const std::vector<at::Tensor>& tensors) {
+  int64_t n = 0;
+  for (const auto& t : tensors) n += static_cast<int64_t>(t.nbytes());
+  return n;
+}
+
+int64_t nbytes(const std::vector<std::vector<at::Tensor>>& lists) {
+  int64_t n = 0;
+  for (const auto& l : lists) n += nbytes(l);
+  return n;
+}
+
+// Every message of the process-group channel goes through here: counted, and logged at debug.
+void count(const char* what, bool sent, int64_t bytes, int peer = -1, int tag = -1) {
+  ::tensordict::detail::count_messages(Channel::kProcessGroup, sent, 1, bytes);
+  if (!log_enabled(LogLevel::kDebug)) return;
+  std::string line = c10::str("c10d ", what);
+  if (peer >= 0) line += c10::str(sent ? " to rank " : " from rank ", peer);
+  if (tag >= 0) line += c10::str(", tag ", tag);
+  log(LogLevel::kDebug, c10::str(line, ": ", bytes, " bytes"));
+}
+
+}  // namespace
+
 WorkPtr Group::send(std::vector<at::Tensor>& tensors, int dst, int tag) const {
+  check_group_member(*this, "send");
+  count("send", true, nbytes(tensors), dst, tag);
   return process_group_ ? process_group_->send(tensors, dst, tag)
                         : backend_->send(tensors, dst, tag);
 }
 
 WorkPtr Group::recv(std::vector<at::Tensor>& tensors, int src, int tag) const {
+  check_group_member(*this, "recv");
+  count("recv", false, nbytes(tensors), src, tag);
   return process_group_ ? process_group_->recv(tensors, src, tag)
                         : backend_->recv(tensors, src, tag);
 }
 
 WorkPtr Group::broadcast(std::vector<at::Tensor>& tensors,
                          const c10d::BroadcastOptions& opts) const {
+  check_group_member(*this, "broadcast");
+  count("broadcast", opts.rootRank == rank(), nbytes(tensors));
   return process_group_ ? process_group_->broadcast(tensors, opts)
                         : backend_->broadcast(tensors, opts);
 }
 
 WorkPtr Group::allgather(std::vector<std::vector<at::Tensor>>& outputs,
                          std::vector<at::Tensor>& inputs) const {
+  check_group_member(*this, "allgather");
+  count("allgather", true, nbytes(inputs));
+  count("allgather", false, nbytes(outputs));
   return process_group_ ? process_group_->allgather(outputs, inputs)
                         : backend_->allgather(outputs, inputs);
 }
@@ -53,23 +108,34 @@ WorkPtr Group::allgather(std::vector<std::vector<at::Tensor>>& outputs,
 WorkPtr Group::scatter(std::vector<at::Tensor>& outputs,
                        std::vector<std::vector<at::Tensor>>& inputs,
                        const c10d::ScatterOptions& opts) const {
+  check_group_member(*this, "scatter");
+  if (opts.rootRank == rank()) count("scatter", true, nbytes(inputs));
+  count("scatter", false, nbytes(outputs));
   return process_group_ ? process_group_->scatter(outputs, inputs, opts)
                         : backend_->scatter(outputs, inputs, opts);
 }
 
 WorkPtr Group::gather(std::vector<std::vector<at::Tensor>>& outputs,
                       std::vector<at::Tensor>& inputs, const c10d::GatherOptions& opts) const {
+  check_group_member(*this, "gather");
+  count("gather", true, nbytes(inputs));
+  if (opts.rootRank == rank()) count("gather", false, nbytes(outputs));
   return process_group_ ? process_group_->gather(outputs, inputs, opts)
                         : backend_->gather(outputs, inputs, opts);
 }
 
 WorkPtr Group::allreduce(std::vector<at::Tensor>& tensors,
                          const c10d::AllreduceOptions& opts) const {
+  check_group_member(*this, "allreduce");
+  count("allreduce", true, nbytes(tensors));
+  count("allreduce", false, nbytes(tensors));
   return process_group_ ? process_group_->allreduce(tensors, opts)
                         : backend_->allreduce(tensors, opts);
 }
 
 WorkPtr Group::reduce(std::vector<at::Tensor>& tensors, const c10d::ReduceOptions& opts) const {
+  check_group_member(*this, "reduce");
+  count("reduce", opts.rootRank != rank(), nbytes(tensors));
   return process_group_ ? process_group_->reduce(tensors, opts)
                         : backend_->reduce(tensors, opts);
 }
@@ -266,7 +332,8 @@ std::string describe(const Group& group) {
 
 // The registration of `group`, or nullptr for the default group (which must exist);
 // ValueError for a group that new_group() did not make.
-const Registered* registered_or_default(World& w, const Group& group) {
+const Registered* registered_or_default(World& w, const Group& group, const char* call) {
+  check_group_member(group, call);
   if (is_default(w, group)) {
     TORCH_CHECK_VALUE(w.default_pg, kNotInitialized);
     return nullptr;
@@ -340,7 +407,7 @@ ProcessGroupPtr new_group(std::vector<int64_t> ranks,
   const std::string name = std::to_string(w.group_count++);
   auto me = std::find(ranks.begin(), ranks.end(), my_rank);
   if (me == ranks.end()) {
-    return {};
+    return non_group_member();
   }
   auto store = w.default_store;
   auto backend = w.backend;
@@ -369,7 +436,7 @@ int64_t get_world_size(const Group& group) {
 
 int64_t get_group_rank(const Group& group, int64_t global_rank) {
   std::lock_guard<std::mutex> lock(world().mutex);
-  const Registered* reg = registered_or_default(world(), group);
+  const Registered* reg = registered_or_default(world(), group, "get_group_rank");
   if (!reg) return global_rank;
   auto it = reg->to_group.find(global_rank);
   TORCH_CHECK_VALUE(it != reg->to_group.end(), "Global rank ", global_rank,
@@ -379,7 +446,7 @@ int64_t get_group_rank(const Group& group, int64_t global_rank) {
 
 int64_t get_global_rank(const Group& group, int64_t group_rank) {
   std::lock_guard<std::mutex> lock(world().mutex);
-  const Registered* reg = registered_or_default(world(), group);
+  const Registered* reg = registered_or_default(world(), group, "get_global_rank");
   if (!reg) return group_rank;
   TORCH_CHECK_VALUE(group_rank >= 0 && group_rank < static_cast<int64_t>(reg->global_ranks.size()),
                     "Group rank ", group_rank, " is not part of group ", describe(group));
@@ -389,7 +456,7 @@ int64_t get_global_rank(const Group& group, int64_t group_rank) {
 std::vector<int64_t> get_process_group_ranks(const Group& group) {
   std::lock_guard<std::mutex> lock(world().mutex);
   World& w = world();
-  const Registered* reg = registered_or_default(w, group);
+  const Registered* reg = registered_or_default(w, group, "get_process_group_ranks");
   if (!reg) {
     std::vector<int64_t> ranks(w.default_pg->getSize());
     for (size_t i = 0; i < ranks.size(); ++i) {
@@ -410,6 +477,8 @@ BackendPtr make_gloo_backend(const c10::intrusive_ptr<c10d::Store>& store, int r
 }
 
 void destroy_process_group(const Group& group) {
+  // Every rank may destroy what new_group() gave it: a non-member has nothing to destroy.
+  if (group.process_group() == non_group_member()) return;
   std::vector<ProcessGroupPtr> doomed;
   {
     std::lock_guard<std::mutex> lock(world().mutex);

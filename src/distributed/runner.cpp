@@ -209,6 +209,21 @@ bool is_run_rank() { return env(kEnvRank).has_value(); }
 
 void run(const std::function<void(int, int)>& fn, int world_size, const RunOptions& options) {
   TORCH_CHECK_VALUE(world_size >= 1, "dist::run: world_size must be positive, got ", world_size);
+  // A launcher (torchrun) sets the four env:// variables; some but not all of them is a mistake
+  // that would otherwise start this program's own ranks in every launched process.
+  std::vector<std::string> missing;
+  bool any = false;
+  for (const char* name : {"RANK", "WORLD_SIZE", "MASTER_ADDR", "MASTER_PORT"}) {
+    if (env(name)) {
+      any = true;
+    } else {
+      missing.emplace_back(name);
+    }
+  }
+  TORCH_CHECK_VALUE(!any || missing.empty(), "dist::run: the env:// variables are set only in "
+                    "part: ", c10::Join(", ", missing), " missing. A launcher sets RANK, "
+                    "WORLD_SIZE, MASTER_ADDR and MASTER_PORT; unset them all to let run() start "
+                    "its own ranks");
   const int call = g_run_calls++;
 
   if (is_run_rank()) {
@@ -223,7 +238,7 @@ void run(const std::function<void(int, int)>& fn, int world_size, const RunOptio
     run_as_rank(fn, options);
   }
 
-  if (env("RANK") && env("WORLD_SIZE") && env("MASTER_ADDR") && env("MASTER_PORT")) {
+  if (any) {
     const int env_world = std::stoi(*env("WORLD_SIZE"));
     TORCH_CHECK_VALUE(env_world == world_size, "dist::run: launched with WORLD_SIZE=",
                       env_world, " but called with world_size=", world_size);

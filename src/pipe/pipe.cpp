@@ -19,6 +19,8 @@
 #include "tensordict/consolidate.h"
 #include "tensordict/dtypes.h"
 #include "tensordict/errors.h"
+#include "tensordict/log.h"
+#include "tensordict/transfer_stats.h"
 #include "wire/bytes.h"
 #include "wire/json_text.h"
 
@@ -149,6 +151,35 @@ class UserLink final : public Link {
 
 }  // namespace
 
+void log_connected(Link& e, const char* how) {
+  if (!log_enabled(LogLevel::kInfo)) return;
+  log(LogLevel::kInfo, c10::str("pipe ", how, " ", e.peer(), " (",
+                                e.peer_info().ours ? "a tensordict-cpp peer" : "a ucxx peer",
+                                "), UCX transports: ", e.transports()));
+}
+
+Transfer::Transfer(PipeImpl& pipe, Link& e, bool sent)
+    : pipe_(pipe), e_(e), sent_(sent), start_(Clock::now()),
+      bytes_(sent ? pipe.counters.bytes_sent.load() : pipe.counters.bytes_received.load()),
+      schemas_(sent ? pipe.counters.schema_sends.load() : pipe.counters.schema_recvs.load()) {}
+
+void Transfer::done() const {
+  const auto elapsed = Clock::now() - start_;
+  ::tensordict::detail::count_transfer(
+      Channel::kPipe, std::chrono::duration_cast<std::chrono::nanoseconds>(elapsed).count());
+  if (!log_enabled(LogLevel::kInfo)) return;
+  const auto& c = pipe_.counters;
+  const int64_t bytes = (sent_ ? c.bytes_sent.load() : c.bytes_received.load()) - bytes_;
+  const bool schema = (sent_ ? c.schema_sends.load() : c.schema_recvs.load()) > schemas_;
+  char took[32];
+  std::snprintf(took, sizeof(took), "%.1f us",
+                std::chrono::duration<double, std::micro>(elapsed).count());
+  log(LogLevel::kInfo,
+      c10::str("pipe ", sent_ ? "send to " : "recv from ", e_.peer(), ": ",
+               !pipe_.options.consolidated ? "uncollated" : schema ? "new schema" : "same schema",
+               ", ", bytes, " bytes in ", took));
+}
+
 PipeImpl::PipeImpl(PipeOptions opts, std::shared_ptr<Worker> w)
     : options(std::move(opts)),
       worker(std::move(w)),
@@ -175,13 +206,14 @@ std::shared_ptr<Link> PipeImpl::endpoint(const char* op) {
   TD_CHECK_AS(PipeClosedError, !closed.load(), "Cannot ", op, " on a closed pipe.");
   TORCH_CHECK(ep != nullptr, op, ": no client connected to port ", port, " within ",
               options.timeout.count(), " ms");
+  log_connected(*ep, "accepted");
   return ep;
 }
 
 void PipeImpl::send_bytes(Link& e, const void* data, size_t n, const at::Tensor& owner,
                           const char* what) {
   e.send(data, n, owner, what, options.timeout);
-  count(&Counters::bytes_sent, static_cast<int64_t>(n));
+  counted(e, true, n, what);
 }
 
 void PipeImpl::send_first(Link& e, const void* data, size_t n, const char* what) {
@@ -190,13 +222,23 @@ void PipeImpl::send_first(Link& e, const void* data, size_t n, const char* what)
   e.send_credit(slot, n, credit_ring, what, static_cast<size_t>(options.max_unreceived),
                 options.timeout);
   ++credits_sent;
-  count(&Counters::bytes_sent, static_cast<int64_t>(n));
+  counted(e, true, n, what);
 }
 
 void PipeImpl::recv_bytes(Link& e, void* data, size_t n, const at::Tensor& owner,
                           const char* what) {
   e.recv(data, n, owner, what, options.timeout);
-  count(&Counters::bytes_received, static_cast<int64_t>(n));
+  counted(e, false, n, what);
+}
+
+void PipeImpl::counted(Link& e, bool sent, size_t n, const char* what) {
+  const auto bytes = static_cast<int64_t>(n);
+  count(sent ? &Counters::bytes_sent : &Counters::bytes_received, bytes);
+  ::tensordict::detail::count_messages(Channel::kPipe, sent, 1, bytes);
+  if (log_enabled(LogLevel::kDebug)) {
+    log(LogLevel::kDebug, c10::str("pipe ", sent ? "send to " : "recv from ", e.peer(), ": ", what,
+                                   ", ", n, " bytes"));
+  }
 }
 
 // ---- consolidated mode (§6.1) -----------------------------------------------------------------
@@ -372,6 +414,7 @@ Pipe Pipe::connect(const std::string& host, int port, const PipeOptions& options
   auto impl = std::make_shared<PipeImpl>(options, detail::Worker::create(options.spin));
   impl->ep = detail::Endpoint::connect(impl->worker, host, port, options.timeout);
   impl->port = port;
+  detail::log_connected(*impl->ep, "connected to");
   return Pipe(std::move(impl));
 }
 
@@ -384,6 +427,7 @@ Pipe Pipe::over(PipeLink link, const PipeOptions& options) {
 void Pipe::send(const TensorDict& td) {
   std::lock_guard<std::mutex> lk(impl_->send_mu);
   auto e = impl_->endpoint("send");
+  const detail::Transfer transfer(*impl_, *e, /*sent=*/true);
   impl_->at_message_boundary = false;
   if (impl_->options.consolidated) {
     impl_->send_consolidated(*e, td);
@@ -392,14 +436,17 @@ void Pipe::send(const TensorDict& td) {
   }
   impl_->at_message_boundary = true;
   impl_->count(&detail::Counters::sends, 1);
+  transfer.done();
 }
 
 TensorDict Pipe::recv(const std::optional<TensorDict>& td, std::optional<at::Device> device) {
   std::lock_guard<std::mutex> lk(impl_->recv_mu);
   auto e = impl_->endpoint("recv");
+  const detail::Transfer transfer(*impl_, *e, /*sent=*/false);
   TensorDict out = impl_->options.consolidated ? impl_->recv_consolidated(*e, td, device)
                                                : impl_->recv_uncollated(*e, device);
   impl_->count(&detail::Counters::recvs, 1);
+  transfer.done();
   return out;
 }
 

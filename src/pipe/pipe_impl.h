@@ -41,6 +41,8 @@ struct PipeImpl {
   /// (Endpoint::send_credit): copied into the credit ring, so send() need not wait for it.
   void send_first(Link& e, const void* data, size_t n, const char* what);
   void recv_bytes(Link& e, void* data, size_t n, const at::Tensor& owner, const char* what);
+  // One message moved: this pipe's and the process's counters, and a debug line.
+  void counted(Link& e, bool sent, size_t n, const char* what);
   [[noreturn]] void peer_left(Link& e);
   void say_goodbye(Link& e) noexcept;
   void count(std::atomic<int64_t> Counters::*field, int64_t n) {
@@ -74,5 +76,24 @@ struct PipeImpl {
 
   Counters counters;
 };
+
+/// One send() or recv(): counted in the process's pipe channel when done() and logged at info
+/// (transfer_stats.h, log.h).
+class Transfer {
+ public:
+  Transfer(PipeImpl& pipe, Link& e, bool sent);
+  void done() const;
+
+ private:
+  PipeImpl& pipe_;
+  Link& e_;
+  const bool sent_;
+  const Clock::time_point start_;
+  const int64_t bytes_;    // the pipe's byte counter when the call began
+  const int64_t schemas_;  // and its schema counter
+};
+
+/// Logs (info) a connection made or accepted, with the UCX transports it uses.
+void log_connected(Link& e, const char* how);
 
 }  // namespace tensordict::pipe::detail

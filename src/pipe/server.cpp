@@ -40,6 +40,7 @@ struct ServerImpl {
 
   Pipe make_pipe(std::shared_ptr<Endpoint> ep) {
     auto impl = std::make_shared<PipeImpl>(options, worker);
+    log_connected(*ep, "accepted");
     impl->ep = std::move(ep);
     impl->port = listener->port();
     return Pipe(std::move(impl));

@@ -565,11 +565,16 @@ std::string Endpoint::transports() {
   attr.transports.num_entries = 16;
   attr.transports.entry_size = sizeof(ucp_transport_entry_t);
   if (ucp_ep_query(ep_, &attr) != UCS_OK) return "";
+  std::vector<std::string> seen;
   std::string out;
   for (unsigned i = 0; i < attr.transports.num_entries; ++i) {
-    const std::string one = c10::str(entries[i].transport_name, "/", entries[i].device_name);
-    if (out.find(one) != std::string::npos) continue;  // several lanes on one transport
+    // A lane without a device is the connection manager's (the sockaddr "tcp/"), not data.
+    const char* device = entries[i].device_name;
+    if (device == nullptr || *device == '\0') continue;
+    std::string one = c10::str(entries[i].transport_name, "/", device);
+    if (std::find(seen.begin(), seen.end(), one) != seen.end()) continue;  // one per transport
     out += (out.empty() ? "" : ", ") + one;
+    seen.push_back(std::move(one));
   }
   return out;
 }

@@ -7,11 +7,18 @@
 #include <cstdlib>
 #include <filesystem>
 #include <fstream>
+#include <map>
+#include <optional>
 #include <thread>
 
 #include "dist_test_util.h"
+#include "tensordict/consolidate.h"
+#include "tensordict/distributed/p2p.h"
 #include "tensordict/distributed/process_group.h"
 #include "tensordict/distributed/runner.h"
+#include "tensordict/log.h"
+#include "tensordict/tensor_dict.h"
+#include "tensordict/transfer_stats.h"
 
 namespace tensordict::dist {
 namespace {
@@ -106,7 +113,17 @@ TEST(DistProcessGroup, NewGroupMapsGlobalAndGroupRanks) {
   run_ranks(3, [](int rank, int) {
     auto g = new_group({2, 1});
     if (rank == 0) {
-      EXPECT_FALSE(g);  // not a member
+      // Not a member: a handle every use refuses, not a null pointer that would mean "the
+      // default group" to a transfer.
+      ASSERT_EQ(g, non_group_member());
+      const std::string msg = error_of([&] {
+        tensordict::dist::send(TensorDict({{"a", at::ones({2})}}, {2}), 1, {.group = g});
+      });
+      EXPECT_NE(msg.find("send: this process is not a member of the group"), std::string::npos)
+          << msg;
+      EXPECT_THROW(get_rank(g), c10::ValueError);
+      EXPECT_THROW(get_group_rank(g, 0), c10::ValueError);
+      destroy_process_group(g);  // nothing to destroy, and no error
       return;
     }
     ASSERT_TRUE(g);
@@ -125,6 +142,62 @@ TEST(DistProcessGroup, NewGroupMapsGlobalAndGroupRanks) {
     EXPECT_EQ(t[0].item<double>(), 3.0);
     destroy_process_group(g);
     EXPECT_THROW(get_group_rank(g, 1), c10::ValueError);
+  });
+}
+
+TEST(DistProcessGroup, RunRefusesEnvVariablesSetInPart) {
+  // Half a launcher's environment must not make every launched process start its own ranks.
+  std::map<std::string, std::optional<std::string>> saved;
+  for (const char* name : {"RANK", "WORLD_SIZE", "MASTER_ADDR", "MASTER_PORT"}) {
+    const char* v = std::getenv(name);
+    saved[name] = v ? std::optional<std::string>(v) : std::nullopt;
+    ::unsetenv(name);
+  }
+  ::setenv("RANK", "0", 1);
+  ::setenv("MASTER_ADDR", "127.0.0.1", 1);
+  const std::string msg = error_of([] { run([](int, int) { std::abort(); }, 2); });
+  for (const auto& [name, value] : saved) {
+    if (value) {
+      ::setenv(name.c_str(), value->c_str(), 1);
+    } else {
+      ::unsetenv(name.c_str());
+    }
+  }
+  EXPECT_NE(msg.find("set only in part: WORLD_SIZE, MASTER_PORT missing"), std::string::npos)
+      << msg;
+}
+
+TEST(DistProcessGroup, TransfersAreCountedAndLogged) {
+  run_ranks(2, [](int rank, int) {
+    std::vector<std::string> lines;
+    set_log_sink([&](LogLevel, const std::string& line) { lines.push_back(line); });
+    set_log_level(LogLevel::kInfo);
+    reset_transfer_stats();
+    TensorDict td({{"a", at::ones({4})}, {"b", at::ones({4, 3})}}, {4});
+    if (rank == 0) {
+      tensordict::dist::send(td, 1);
+      tensordict::dist::send(td, 1, {.consolidated = true});
+    } else {
+      tensordict::dist::recv(td, 0);
+      TensorDict into = tensordict::consolidate(td);
+      tensordict::dist::recv(into, 0, {.consolidated = true});
+    }
+    set_log_sink({});
+    set_log_level(LogLevel::kOff);
+    const TransferStats s = transfer_stats(Channel::kProcessGroup);
+    EXPECT_EQ(s.transfers, 2);
+    // Per leaf: a (16 bytes) and b (48); consolidated: one 64-byte storage.
+    EXPECT_EQ(rank == 0 ? s.messages_sent : s.messages_received, 3);
+    EXPECT_EQ(rank == 0 ? s.bytes_sent : s.bytes_received, 128);
+    EXPECT_EQ(rank == 0 ? s.messages_received : s.messages_sent, 0);
+    EXPECT_GT(s.nanoseconds, 0);
+    EXPECT_EQ(transfer_stats(Channel::kPipe).transfers, 0);
+    ASSERT_EQ(lines.size(), 2u);
+    const std::string peer = rank == 0 ? "send with rank 1: " : "recv with rank 0: ";
+    EXPECT_EQ(lines[0].rfind(peer + "per leaf, 2 messages, tags 0-1, 64 bytes in ", 0), 0u)
+        << lines[0];
+    EXPECT_EQ(lines[1].rfind(peer + "consolidated, 1 message, tag 0, 64 bytes in ", 0), 0u)
+        << lines[1];
   });
 }
 

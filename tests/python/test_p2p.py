@@ -171,27 +171,51 @@ def test_run_fails_fast_with_the_failing_rank_error():
     assert time.monotonic() - start < 45
 
 
-def test_run_as_written_in_a_script_prints_tensor_12(tmp_path):
-    script = tmp_path / "example.py"
-    script.write_text(textwrap.dedent("""\
-        import torch
-        from tensordict_cpp import TensorDict
-        from tensordict_cpp.distributed import run
+SCRIPT = """\
+import torch
+from tensordict_cpp import TensorDict
+from tensordict_cpp.distributed import run
 
-        def send_recv(rank, world_size):
-            if rank == 0:
-                td = TensorDict(a=torch.ones(4), b=torch.ones(4, 3), batch_size=[4])
-                td.send(dst=1)
-            else:
-                td = TensorDict(a=torch.zeros(4), b=torch.zeros(4, 3), batch_size=[4])
-                td.recv(src=0)
-                print(td["b"].sum())
-        run(send_recv)
-        """))
+print("top level")
+
+def send_recv(rank, world_size):
+    if rank == 0:
+        td = TensorDict(a=torch.ones(4), b=torch.ones(4, 3), batch_size=[4])
+        td.send(dst=1)
+    else:
+        td = TensorDict(a=torch.zeros(4), b=torch.zeros(4, 3), batch_size=[4])
+        td.recv(src=0)
+        print(td["b"].sum())
+"""
+
+
+def test_run_as_written_in_a_script_prints_tensor_12(tmp_path):
+    # Under the guard: the ranks import the script again, but run its top level only once.
+    script = tmp_path / "example.py"
+    script.write_text(SCRIPT + 'if __name__ == "__main__":\n    run(send_recv)\n')
     out = subprocess.run([sys.executable, str(script)], capture_output=True, text=True,
                          timeout=120, cwd=tmp_path)
     assert out.returncode == 0, out.stderr
-    assert out.stdout.strip() == "tensor(12.)"
+    assert out.stdout.split() == ["top", "level", "top", "level", "top", "level", "tensor(12.)"]
+
+
+def test_run_without_the_main_guard_is_refused(tmp_path):
+    script = tmp_path / "example.py"
+    script.write_text(SCRIPT + "run(send_recv)\n")
+    out = subprocess.run([sys.executable, str(script)], capture_output=True, text=True,
+                         timeout=120, cwd=tmp_path)
+    assert out.returncode != 0
+    assert "outside `if __name__ == \"__main__\":`" in out.stderr, out.stderr
+    assert out.stdout.split() == ["top", "level"]  # no rank was started
+
+
+def test_run_with_env_variables_set_in_part_names_the_missing_ones(monkeypatch):
+    monkeypatch.setenv("RANK", "0")
+    monkeypatch.setenv("MASTER_ADDR", "127.0.0.1")
+    monkeypatch.delenv("WORLD_SIZE", raising=False)
+    monkeypatch.delenv("MASTER_PORT", raising=False)
+    with pytest.raises(ValueError, match="set only in part: WORLD_SIZE, MASTER_PORT missing"):
+        run(failing, world_size=2, **RUN)
 
 
 def checked_ranks(rank, world_size):
@@ -255,3 +279,20 @@ def typed_error_ranks(rank, world_size):
 
 def test_transfer_failures_raise_the_typed_errors():
     run(typed_error_ranks, world_size=2, **RUN)
+
+
+def non_member_ranks(rank, world_size):
+    import torch.distributed as dist
+    group = dist.new_group([0, 1])  # every rank calls it; rank 2 is not in it
+    if rank == 2:
+        assert group == dist.GroupMember.NON_GROUP_MEMBER
+        td = TensorDict(a=torch.ones(2), batch_size=[2])
+        # torch's own send would only warn and return; ours refuses the handle.
+        with pytest.raises(ValueError, match="send: this process is not a member of the group"):
+            td.send(dst=0, group=group)
+        with pytest.raises(ValueError, match="not a member of the group"):
+            td.all_reduce(group=group)
+
+
+def test_a_non_member_s_group_handle_is_refused():
+    run(non_member_ranks, world_size=3, **RUN)

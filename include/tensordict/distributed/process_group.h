@@ -49,10 +49,18 @@ ProcessGroupPtr default_group();
 
 /// A registered subgroup of the default group over `ranks` (global ranks; empty: all). Like
 /// torch, every rank of the default group must call it, in the same order as the other
-/// new_group calls; ranks outside `ranks` get a null pointer. Group rank i is the i-th smallest
-/// global rank. Blocks until the members have joined.
+/// new_group calls; ranks outside `ranks` get non_group_member(). Group rank i is the i-th
+/// smallest global rank. Blocks until the members have joined.
 ProcessGroupPtr new_group(std::vector<int64_t> ranks = {},
                           std::optional<std::chrono::milliseconds> timeout = std::nullopt);
+
+/// What new_group() gives a rank outside the new group (torch's GroupMember.NON_GROUP_MEMBER):
+/// a handle that every transfer and query refuses with a ValueError saying so. (A null pointer
+/// would mean "the default group" to the calls that take a Group.)
+const ProcessGroupPtr& non_group_member();
+/// ValueError, naming `call`, when `group` is non_group_member(). Every call that takes a Group
+/// checks it.
+void check_group_member(const Group& group, const char* call);
 
 /// This process's rank in `group` (empty: the default group). Works on unregistered groups.
 int64_t get_rank(const Group& group = {});
@@ -76,7 +84,7 @@ BackendPtr make_gloo_backend(const c10::intrusive_ptr<c10d::Store>& store, int r
                              const std::string& gloo_hostname = "");
 
 /// Shuts down and unregisters `group` (a subgroup), or, given nothing, every group including
-/// the default one. Waits for the group's pending work.
+/// the default one. Waits for the group's pending work. non_group_member(): nothing to do.
 void destroy_process_group(const Group& group = {});
 
 }  // namespace tensordict::dist

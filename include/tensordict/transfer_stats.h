@@ -1,0 +1,35 @@
+#pragma once
+// Counters of what this process moved, per channel: the process-group transfers (send, recv,
+// their async and consolidated forms, the collectives, init_remote; Gloo or any c10d backend)
+// and the UCX pipe. Updated by every transfer, read at any time from any thread.
+// docs/observability.md.
+
+#include <cstdint>
+
+namespace tensordict {
+
+enum class Channel { kProcessGroup = 0, kPipe = 1 };
+
+struct TransferStats {
+  int64_t transfers = 0;       // completed calls (a send, a recv, a collective, ...)
+  int64_t messages_sent = 0;   // messages handed to the transport
+  int64_t messages_received = 0;
+  int64_t bytes_sent = 0;      // their payload bytes
+  int64_t bytes_received = 0;
+  int64_t nanoseconds = 0;     // time spent in the completed calls (posting to completion)
+};
+
+/// A snapshot of `channel`'s counters since the process started (or the last reset).
+TransferStats transfer_stats(Channel channel);
+void reset_transfer_stats();
+/// "process_group" or "pipe".
+const char* channel_name(Channel channel);
+
+namespace detail {
+/// Counting, for the transport layers: messages and bytes as they are posted, and a completed
+/// call with its duration.
+void count_messages(Channel channel, bool sent, int64_t messages, int64_t bytes);
+void count_transfer(Channel channel, int64_t nanoseconds);
+}  // namespace detail
+
+}  // namespace tensordict
