@@ -289,8 +289,9 @@ class TensorDictPipe:
     # ---- closing -----------------------------------------------------------------------------
     def close(self) -> None:
         """Closes the pipe (see the class description) and joins its threads. Idempotent.
-        Blocks up to ``linger`` seconds when the peer has not read everything yet; in a
-        coroutine, prefer :meth:`aclose`. Pending calls in other threads or tasks fail."""
+        Returns promptly whether or not the peer reads (waiting at most ``linger`` seconds, 0 by
+        default, for it to start): what was sent stays readable by the peer. In a coroutine,
+        prefer :meth:`aclose`. Pending calls in other threads or tasks fail."""
         self._cpp.close()
         with self._lock:
             executors, self._send_ex, self._recv_ex = (self._send_ex, self._recv_ex), None, None
