@@ -37,33 +37,24 @@ void check_ucs(ucs_status_t status, const char* what) {
 
 int64_t to_ms(Millis m) { return static_cast<int64_t>(m.count()); }
 
-// What a completion callback needs: the operation (alive until UCX calls back, even when the
-// waiting thread gave up) and the worker to notify.
-struct CallbackContext {
-  std::shared_ptr<Op> op;
-  Worker* worker;
-};
+void on_done(void* request, ucs_status_t status, size_t length, void* user_data) {
+  auto* ctx = static_cast<CallbackContext*>(user_data);
+  ctx->worker->complete(*ctx->op, status, status == UCS_OK ? length : 0);
+  ucp_request_free(request);
+  ctx->worker->release(ctx);
+}
 
 void on_send(void* request, ucs_status_t status, void* user_data) {
-  auto* ctx = static_cast<CallbackContext*>(user_data);
-  ctx->worker->complete(*ctx->op, status, 0);
-  ucp_request_free(request);
-  delete ctx;
+  on_done(request, status, 0, user_data);
 }
 
 void on_tag_recv(void* request, ucs_status_t status, const ucp_tag_recv_info_t* info,
                  void* user_data) {
-  auto* ctx = static_cast<CallbackContext*>(user_data);
-  ctx->worker->complete(*ctx->op, status, status == UCS_OK ? info->length : 0);
-  ucp_request_free(request);
-  delete ctx;
+  on_done(request, status, status == UCS_OK ? info->length : 0, user_data);
 }
 
 void on_stream_recv(void* request, ucs_status_t status, size_t length, void* user_data) {
-  auto* ctx = static_cast<CallbackContext*>(user_data);
-  ctx->worker->complete(*ctx->op, status, status == UCS_OK ? length : 0);
-  ucp_request_free(request);
-  delete ctx;
+  on_done(request, status, length, user_data);
 }
 
 void free_request(void* request, ucs_status_t, void*) { ucp_request_free(request); }
@@ -111,8 +102,21 @@ Worker::~Worker() {
   }
   // Every endpoint and listener was closed by its owner before the last reference went.
   if (worker_ != nullptr) ucp_worker_destroy(worker_);
+  while (outstanding_ != nullptr) release(outstanding_);  // never called back now
   if (context_ != nullptr) ucp_cleanup(context_);
   if (wake_fd_ >= 0) ::close(wake_fd_);
+}
+
+void Worker::adopt(CallbackContext* ctx) {
+  ctx->next = outstanding_;
+  if (outstanding_ != nullptr) outstanding_->prev = ctx;
+  outstanding_ = ctx;
+}
+
+void Worker::release(CallbackContext* ctx) {
+  (ctx->prev != nullptr ? ctx->prev->next : outstanding_) = ctx->next;
+  if (ctx->next != nullptr) ctx->next->prev = ctx->prev;
+  delete ctx;
 }
 
 void Worker::wake_loop() {
@@ -340,6 +344,7 @@ std::shared_ptr<Op> Endpoint::start(Dir dir, void* data, size_t n, const at::Ten
     return op;
   }
   op->request = req;
+  worker_->adopt(ctx);
   if (dir == Dir::kRecv) {
     std::erase_if(recvs_, [](const std::shared_ptr<Op>& o) { return o->done.load(); });
     recvs_.push_back(op);

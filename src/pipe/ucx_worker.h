@@ -48,6 +48,16 @@ struct Op {
   std::function<void(ucs_status_t, size_t)> then;
 };
 
+/// What a request's completion callback needs: the operation (alive until UCX calls back, even
+/// when the waiting thread gave up) and the worker to notify. Linked into the worker's list of
+/// outstanding requests (UCX lock) until the callback frees it.
+struct CallbackContext {
+  std::shared_ptr<Op> op;
+  class Worker* worker;
+  CallbackContext* prev = nullptr;
+  CallbackContext* next = nullptr;
+};
+
 /// A UCP context and worker, the UCX lock, and the progress thread. Shared (shared_ptr) by the
 /// pipes, endpoints and listeners made on it; the last reference joins the thread and releases
 /// UCX, so it must not be dropped inside a UCX callback.
@@ -78,6 +88,9 @@ class Worker {
 
   /// Completes `op` (from a callback or an immediate completion) and notifies. UCX lock.
   void complete(Op& op, ucs_status_t status, size_t length);
+  /// Links / unlinks and deletes the context of an outstanding request (UCX lock).
+  void adopt(CallbackContext* ctx);
+  void release(CallbackContext* ctx);
 
  private:
   explicit Worker(Micros spin) : spin_(spin) {}
@@ -93,6 +106,10 @@ class Worker {
 
   std::recursive_mutex ucx_mu_;
   std::vector<std::function<void()>> deferred_;  // UCX lock
+  // Requests UCX has not called back yet (UCX lock). One still outstanding when the worker is
+  // destroyed (a close that timed out on a peer that stopped reading) never will be: its
+  // context, with the operation and the buffer it holds, is freed then.
+  CallbackContext* outstanding_ = nullptr;
 
   std::atomic<int> spinners_{0};  // threads progressing UCX in wait_until
   std::atomic<int> sleepers_{0};  // threads asleep in wait_until
