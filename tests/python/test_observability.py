@@ -3,6 +3,7 @@
 set-up, Python logging under "tensordict_cpp" at info and debug, the counters of the pipe and of
 a two-rank Gloo transfer, and the errors of the level setter and the channel name."""
 
+import json
 import os
 import subprocess
 import sys
@@ -80,8 +81,9 @@ assert set(tensordict_cpp.transfer_stats("pipe").values()) == {0}
 
 def test_process_group_counters_over_two_ranks(tmp_path):
     script = tmp_path / "ranks.py"
-    script.write_text(textwrap.dedent("""
-        import torch, tensordict_cpp
+    # Each rank writes its counters to a file of its own (two processes' prints may interleave).
+    script.write_text(textwrap.dedent(f"""
+        import json, torch, tensordict_cpp
         from tensordict_cpp import TensorDict
         from tensordict_cpp.distributed import run
 
@@ -93,9 +95,8 @@ def test_process_group_counters_over_two_ranks(tmp_path):
             else:
                 td.recv(src=0)
                 td.consolidate().recv(src=0, consolidated=True)
-            s = tensordict_cpp.transfer_stats()
-            print(rank, s["transfers"], s["messages_sent"], s["messages_received"],
-                  s["bytes_sent"], s["bytes_received"], flush=True)
+            with open(f"{tmp_path}/rank{{rank}}.json", "w") as f:
+                json.dump(tensordict_cpp.transfer_stats(), f)
 
         if __name__ == "__main__":
             run(worker, timeout=90)
@@ -105,10 +106,15 @@ def test_process_group_counters_over_two_ranks(tmp_path):
     r = subprocess.run([sys.executable, str(script)], env=env, text=True, capture_output=True,
                        timeout=120)
     assert r.returncode == 0, r.stdout + r.stderr
-    rows = {line.split()[0]: [int(v) for v in line.split()[1:]] for line in r.stdout.splitlines()}
+    fields = ["transfers", "messages_sent", "messages_received", "bytes_sent", "bytes_received"]
+    rows = {}
+    for rank in (0, 1):
+        stats = json.loads((tmp_path / f"rank{rank}.json").read_text())
+        assert stats["seconds"] > 0, stats
+        rows[rank] = [stats[k] for k in fields]
     # per leaf: 2 messages of 16 + 48 bytes; consolidated: one message of the 64-byte storage
-    assert rows["0"] == [2, 3, 0, 128, 0], rows
-    assert rows["1"] == [2, 0, 3, 0, 128], rows
+    assert rows[0] == [2, 3, 0, 128, 0], rows
+    assert rows[1] == [2, 0, 3, 0, 128], rows
 
 
 def test_errors():
