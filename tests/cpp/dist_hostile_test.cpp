@@ -255,8 +255,12 @@ TEST(DistHostile, EveryCaseIsANamedErrorWithBoundedMemory) {
                                      2, std::chrono::seconds(3), "127.0.0.1");
       keep->push_back(group);
       if (rank == 0) {
+        // Built before the receiver starts its clock: a 1 GiB payload takes seconds under ASan
+        // on a busy machine, longer than the 3 s the receiver waits for the first message.
+        const std::vector<at::Tensor> messages = c.messages();
+        store->set(std::string(c.name) + "/ready", {1});
         std::vector<WorkPtr> works;
-        for (auto& m : c.messages()) {
+        for (auto& m : messages) {
           std::vector<at::Tensor> one{m};
           works.push_back(group->send(one, 1, 0));
         }
@@ -270,6 +274,7 @@ TEST(DistHostile, EveryCaseIsANamedErrorWithBoundedMemory) {
         // done with this one (it may itself be waiting out a 3 s timeout, by design).
         store->wait({std::string(c.name) + "/done"}, std::chrono::seconds(120));
       } else {
+        store->wait({std::string(c.name) + "/ready"}, std::chrono::seconds(120));
         std::string error, kind;
         const Growth g = measure([&] { error = error_of([&] { c.receive(group); }, &kind); });
         EXPECT_NE(error.find(c.error), std::string::npos) << error;
