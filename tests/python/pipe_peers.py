@@ -18,6 +18,9 @@ import sys
 os.environ.setdefault("UCX_TLS", "tcp")
 os.environ.setdefault("UCX_NET_DEVICES", "lo")
 os.environ.setdefault("UCX_WARN_UNUSED_ENV_VARS", "n")
+# ucxx's own peer-info exchange gives up after 5 s by default, which a loaded 2-core CI machine
+# once exceeded between two ucxx endpoints; the peers' own TIMEOUT below is 20 s.
+os.environ.setdefault("UCXPY_CONNECT_TIMEOUT", "20")
 
 import torch  # noqa: E402
 
