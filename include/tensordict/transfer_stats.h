@@ -4,7 +4,9 @@
 // and the UCX pipe. Updated by every transfer, read at any time from any thread.
 // docs/observability.md.
 
+#include <chrono>
 #include <cstdint>
+#include <string>
 
 namespace tensordict {
 
@@ -30,6 +32,10 @@ namespace detail {
 /// call with its duration.
 void count_messages(Channel channel, bool sent, int64_t messages, int64_t bytes);
 void count_transfer(Channel channel, int64_t nanoseconds);
+/// Counts a call of `channel` that started at `start` and ends now; returns its duration in ns.
+int64_t finish_transfer(Channel channel, std::chrono::steady_clock::time_point start);
+/// A duration as the log lines write it: "12.3 us".
+std::string micros_text(int64_t nanoseconds);
 }  // namespace detail
 
 }  // namespace tensordict

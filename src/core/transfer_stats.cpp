@@ -1,6 +1,7 @@
 #include "tensordict/transfer_stats.h"
 
 #include <atomic>
+#include <cstdio>
 
 namespace tensordict {
 namespace {
@@ -34,6 +35,19 @@ void count_transfer(Channel channel, int64_t nanoseconds) {
   auto& c = counters[static_cast<int>(channel)];
   c[0].fetch_add(1, std::memory_order_relaxed);
   c[5].fetch_add(nanoseconds, std::memory_order_relaxed);
+}
+
+int64_t finish_transfer(Channel channel, std::chrono::steady_clock::time_point start) {
+  const int64_t ns = std::chrono::duration_cast<std::chrono::nanoseconds>(
+                         std::chrono::steady_clock::now() - start).count();
+  count_transfer(channel, ns);
+  return ns;
+}
+
+std::string micros_text(int64_t nanoseconds) {
+  char text[32];
+  std::snprintf(text, sizeof(text), "%.1f us", static_cast<double>(nanoseconds) / 1e3);
+  return text;
 }
 
 }  // namespace detail

@@ -124,15 +124,10 @@ Waiter::Waiter(const char* call, std::optional<std::chrono::milliseconds> timeou
 
 Waiter::~Waiter() {
   if (std::uncaught_exceptions() > uncaught_) return;  // the call failed: its error tells
-  const auto elapsed = std::chrono::steady_clock::now() - start_;
-  ::tensordict::detail::count_transfer(
-      Channel::kProcessGroup,
-      std::chrono::duration_cast<std::chrono::nanoseconds>(elapsed).count());
+  const int64_t ns = ::tensordict::detail::finish_transfer(Channel::kProcessGroup, start_);
   if (!log_enabled(LogLevel::kInfo)) return;
   try {
-    char took[32];
-    std::snprintf(took, sizeof(took), "%.1f us",
-                  std::chrono::duration<double, std::micro>(elapsed).count());
+    const std::string took = ::tensordict::detail::micros_text(ns);
     log(LogLevel::kInfo, c10::str(call_, " with ", peer_, detail_.empty() ? "" : ": ", detail_,
                                   " in ", took));
   } catch (...) {

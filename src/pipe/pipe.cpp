@@ -164,16 +164,12 @@ Transfer::Transfer(PipeImpl& pipe, Link& e, bool sent)
       schemas_(sent ? pipe.counters.schema_sends.load() : pipe.counters.schema_recvs.load()) {}
 
 void Transfer::done() const {
-  const auto elapsed = Clock::now() - start_;
-  ::tensordict::detail::count_transfer(
-      Channel::kPipe, std::chrono::duration_cast<std::chrono::nanoseconds>(elapsed).count());
+  const int64_t ns = ::tensordict::detail::finish_transfer(Channel::kPipe, start_);
   if (!log_enabled(LogLevel::kInfo)) return;
+  const std::string took = ::tensordict::detail::micros_text(ns);
   const auto& c = pipe_.counters;
   const int64_t bytes = (sent_ ? c.bytes_sent.load() : c.bytes_received.load()) - bytes_;
   const bool schema = (sent_ ? c.schema_sends.load() : c.schema_recvs.load()) > schemas_;
-  char took[32];
-  std::snprintf(took, sizeof(took), "%.1f us",
-                std::chrono::duration<double, std::micro>(elapsed).count());
   log(LogLevel::kInfo,
       c10::str("pipe ", sent_ ? "send to " : "recv from ", e_.peer(), ": ",
                !pipe_.options.consolidated ? "uncollated" : schema ? "new schema" : "same schema",
