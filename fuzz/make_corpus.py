@@ -271,6 +271,13 @@ def main():
     write("pipe_frames", "wire_format_449-peer_info",
           b"\x08" + struct.pack("<QQ", tag, checksum) + b"\x00" + struct.pack("<Q", 449) + line +
           raw + b"\x01" + raw + b"\xff")
+    # Joined frames between peers of ours (control bit 4, §6.8): a length byte before each
+    # first message that may be joined, odd for the flag byte with the storage, even for the
+    # flag byte alone. Here: the new schema (never joined), a joined same-schema message, the
+    # two-message form, and the close marker.
+    write("pipe_frames", "wire_format_449-joined",
+          b"\x10" + b"\x00" + struct.pack("<Q", 449) + line + raw + b"\x01\x01" + raw +
+          b"\x00\x01" + raw + b"\x00\xff")
     write("metadata_json", "wire_format_449", line + b"\0" + raw)
 
     # Plain pickles of the subset (and a few outside it, which must be refused).

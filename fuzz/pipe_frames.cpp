@@ -6,7 +6,10 @@
 // consolidated); bit 1: pass the previous result as recv()'s `td`; bit 2: pass a consolidated
 // copy of it instead (same schema, another storage); bit 3: the stream starts with the 16 bytes
 // of ucxx's peer-info exchange (read_peer_info), which must pass its checksum for the frames to
-// be read. Up to 8 messages are read, until the first error.
+// be read; bit 4: the peer joins frames (docs/wire-format.md §6.8), and before each first
+// message of a TensorDict that may be joined, one stream byte picks its length (odd: the flag
+// byte and the storage, even: the flag byte alone). Up to 8 messages are read, until the first
+// error.
 // Expected errors: c10::Error from the reader (a peer fault, after which the stream must have
 // been broken with ByteSource::fail) or from the source (the input ended). Findings: crashes,
 // sanitizer reports, a fault that leaves the stream unbroken, a result whose leaves leave its
@@ -53,6 +56,16 @@ class BufferSource final : public ByteSource {
     if (n) std::memcpy(data, bytes_.data() + pos_, n);
     pos_ += n;
   }
+  bool joins_frames() const override { return joins; }
+  size_t read_first_joined(uint8_t* flag, const at::Tensor& flag_owner, void* data, size_t n,
+                           const at::Tensor& owner, const char* what) override {
+    uint8_t whole = 0;
+    read(&whole, 1, at::Tensor(), what);
+    read(flag, 1, flag_owner, what);
+    if (!(whole & 1)) return 1;
+    read(data, n, owner, what);
+    return 1 + n;
+  }
   void fail(const std::string&) override { failed = true; }
   [[noreturn]] void peer_left() override {
     closed = true;
@@ -60,6 +73,7 @@ class BufferSource final : public ByteSource {
   }
   std::string peer() const override { return "fuzz:0"; }
 
+  bool joins = false;
   bool failed = false;
   bool closed = false;
 
@@ -93,6 +107,7 @@ extern "C" int LLVMFuzzerTestOneInput(const uint8_t* data, size_t size) {
     stream.remove_prefix(16);
   }
   BufferSource src(stream);
+  src.joins = (control & 16) != 0;
   FrameReader reader(FrameLimits{kCap, kCap});
   std::optional<TensorDict> previous;
   for (int i = 0; i < 8; ++i) {

@@ -127,7 +127,7 @@ class TensorDictPipe:
         max_unreceived (int): flow control: how many sent TensorDicts the peer may not yet
             have started receiving before a send waits (then raises TimeoutError after
             ``timeout``, having sent nothing). Defaults to ``16``.
-        spin (float): seconds a waiting call progresses UCX itself before it sleeps (low
+        spin (float): seconds a waiting call progresses UCX itself, idle, before it sleeps (low
             latency for quick replies, at the cost of the CPU of the spin). Defaults to
             ``0.0001``.
         linger (float): seconds ``close()`` waits for the peer to start receiving what was

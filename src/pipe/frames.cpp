@@ -30,8 +30,9 @@ namespace tensordict::pipe::detail {
 // ---- peer info ----------------------------------------------------------------------------------
 
 namespace {
-// "tdcpp": what a tag of ours carries in its top 40 bits.
-constexpr uint64_t kOurTagMark = 0x7464637070;
+// "tdcp": what a tag of ours carries in its top 32 bits; the revision follows (0x70, 'p', the
+// first: the tags of that revision read "tdcpp").
+constexpr uint64_t kOurTagMark = 0x74646370;
 }  // namespace
 
 uint64_t hash64bits(uint64_t value) {
@@ -41,7 +42,7 @@ uint64_t hash64bits(uint64_t value) {
 
 uint64_t make_our_tag() {
   static std::atomic<uint64_t> next{static_cast<uint64_t>(::getpid()) << 12};
-  return (kOurTagMark << 24) | (next.fetch_add(1) & 0xffffff);
+  return (kOurTagMark << 32) | (uint64_t{kOurRevision} << 24) | (next.fetch_add(1) & 0xffffff);
 }
 
 void write_peer_info(uint64_t tag, uint8_t* out) {
@@ -56,7 +57,9 @@ PeerInfo read_peer_info(const uint8_t* in) {
   const uint64_t expected = hash64bits(info.tag);
   TD_CHECK_PEER(checksum == expected, "Checksum invalid! 0x", std::hex, expected, " != 0x",
                 checksum, " (the peer is not a ucxx endpoint)");
-  info.ours = (info.tag >> 24) == kOurTagMark;
+  const auto revision = static_cast<uint8_t>(info.tag >> 24);
+  info.ours = (info.tag >> 32) == kOurTagMark && revision >= kCloseMarkerRevision;
+  if (info.ours) info.revision = revision;
   return info;
 }
 
@@ -68,6 +71,11 @@ at::Tensor bytes_tensor(const std::string& s) {
   at::Tensor t = bytes_tensor(s.size());
   if (!s.empty()) std::memcpy(t.data_ptr(), s.data(), s.size());  // null data when empty
   return t;
+}
+
+size_t ByteSource::read_first_joined(uint8_t*, const at::Tensor&, void*, size_t,
+                                     const at::Tensor&, const char*) {
+  TORCH_INTERNAL_ASSERT(false, "read_first_joined on a source that does not join frames");
 }
 
 FrameReader::FrameReader(FrameLimits limits) : limits_(limits), scratch_(bytes_tensor(16)) {}
@@ -115,22 +123,44 @@ TensorDict FrameReader::recv_consolidated(ByteSource& src, const std::optional<T
                                           std::optional<at::Device> device, bool* new_schema) {
   if (new_schema) *new_schema = false;
   auto* scratch = scratch_.data_ptr<uint8_t>();
-  src.read_first(scratch, 1, scratch_, "the flag byte");
+  // Where a same-schema storage lands: `td` when it matches the last schema, else the previous
+  // result.
+  std::optional<TensorDict> target = td_;
+  if (td && have_schema_ && can_recv_into(*td)) target = td;
+  if (target && !is_consolidated(*target)) target.reset();
+  // A peer that joins frames sends a small same-schema storage in the flag byte's message
+  // (§6.8): receive it straight into the target, or a lone flag byte.
+  size_t first_length = 0;
+  if (have_schema_ && target && total_bytes_ <= kMaxJoinedStorage && src.joins_frames()) {
+    at::Tensor storage = consolidated_storage(*target);
+    first_length = src.read_first_joined(scratch, scratch_, storage.data_ptr(),
+                                         static_cast<size_t>(total_bytes_), storage,
+                                         "the flag byte and the storage");
+  } else {
+    src.read_first(scratch, 1, scratch_, "the flag byte");
+  }
   const uint8_t flag = scratch[0];
+  if (first_length > 1 && flag != kSameSchemaFlag) {
+    const std::string why = c10::str("recv: peer ", src.peer(), " joined a storage to the flag ",
+                                     static_cast<int>(flag), " (only the same-schema flag 1 "
+                                     "carries one)");
+    src.fail(why);
+    TD_THROW(MalformedPeerDataError, why);
+  }
   if (flag == kCloseFlag) src.peer_left();
   if (flag == kSameSchemaFlag) {
-    std::optional<TensorDict> target = td_;
-    if (td && have_schema_ && can_recv_into(*td)) target = td;
-    if (!target || !is_consolidated(*target)) {
+    if (!target) {
       const std::string why =
           "Received same-schema flag but no consolidated TensorDict is available for in-place "
           "receive. The sender and receiver may be out of sync.";
       src.fail(why);
       TD_THROW(MalformedPeerDataError, why);
     }
-    at::Tensor storage = consolidated_storage(*target);
-    TORCH_INTERNAL_ASSERT(storage.numel() == total_bytes_);
-    src.read(storage.data_ptr(), static_cast<size_t>(storage.numel()), storage, "the storage");
+    if (first_length <= 1) {  // not joined: the storage is the next message
+      at::Tensor storage = consolidated_storage(*target);
+      TORCH_INTERNAL_ASSERT(storage.numel() == total_bytes_);
+      src.read(storage.data_ptr(), static_cast<size_t>(storage.numel()), storage, "the storage");
+    }
     td_ = target;
     return *target;
   }

@@ -27,18 +27,31 @@ inline constexpr uint64_t kCloseLength = ~uint64_t{0};
 
 // ---- ucxx's peer-info exchange (docs/wire-format.md §6.6) -------------------------------------
 
+// Revisions of our extensions, carried in our tags (make_our_tag): 0x70 the close marker; 0x71
+// also joined frames. A peer reads an older revision's tag as ours and a newer one's as ucxx's
+// unless it knows it, so each side uses only what both know.
+inline constexpr uint8_t kCloseMarkerRevision = 0x70;
+inline constexpr uint8_t kJoinedFramesRevision = 0x71;
+inline constexpr uint8_t kOurRevision = kJoinedFramesRevision;
+// Joined frames (docs/wire-format.md §6.8): between peers of revision 0x71 or later, a
+// same-schema TensorDict whose storage is at most this many bytes goes as one message, the flag
+// byte then the storage, instead of two: a small message's round trip is its messages' count.
+inline constexpr int64_t kMaxJoinedStorage = 8192;
+
 /// What the peer announced when the connection opened.
 struct PeerInfo {
-  uint64_t tag = 0;    // the tag the peer receives on: ours to send with
-  bool ours = false;   // the peer is tensordict-cpp (its tag carries our mark)
+  uint64_t tag = 0;       // the tag the peer receives on: ours to send with
+  bool ours = false;      // the peer is tensordict-cpp (its tag carries our mark)
+  uint8_t revision = 0;   // of our extensions, when ours
+  bool joins_frames() const { return ours && revision >= kJoinedFramesRevision; }
 };
 
 /// ucxx's hash64bits((value,)): the first 16 hex digits of the SHA-1 of Python's repr of the
 /// 1-tuple, "(1234,)".
 uint64_t hash64bits(uint64_t value);
-/// A new tag for this process to receive on: our mark in the top 40 bits (so that a peer of
-/// ours recognises it; a ucxx peer takes any value), a per-process counter below (tags of the
-/// endpoints of one worker must differ).
+/// A new tag for this process to receive on: our mark in the top 32 bits and kOurRevision in
+/// the next 8 (so that a peer of ours recognises it; a ucxx peer takes any value), a
+/// per-process counter below (tags of the endpoints of one worker must differ).
 uint64_t make_our_tag();
 /// The 16 bytes a side sends: its tag and hash64bits(tag), as little-endian u64s.
 void write_peer_info(uint64_t tag, uint8_t* out);
@@ -63,6 +76,13 @@ class ByteSource {
   virtual void read_first(void* data, size_t n, const at::Tensor& owner, const char* what) {
     read(data, n, owner, what);
   }
+  /// Whether the peer joins frames (PeerInfo::joins_frames): then read_first_joined is used.
+  virtual bool joins_frames() const { return false; }
+  /// The first message of a TensorDict from a peer that joins frames: a 1-byte message lands
+  /// in `flag`, a (1 + n)-byte one in `flag` then [data, data + n). Returns its length; any
+  /// other length is an error, as in read().
+  virtual size_t read_first_joined(uint8_t* flag, const at::Tensor& flag_owner, void* data,
+                                   size_t n, const at::Tensor& owner, const char* what);
   /// The stream is out of step (the rest of a message is left unread): break it. The reader
   /// throws right after, with `why` in its message.
   virtual void fail(const std::string& why) = 0;

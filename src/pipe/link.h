@@ -30,6 +30,12 @@ class Link {
   /// Receives one message of exactly `n` bytes into `data`.
   virtual void recv(void* data, size_t n, const at::Tensor& owner, const char* what,
                     Millis timeout) = 0;
+  /// Whether both ends join frames (PeerInfo::joins_frames; a caller's link never does).
+  virtual bool joins_frames() const { return false; }
+  /// Receives one message of 1 byte into `head`, or of 1 + `n` bytes into `head` then `data`;
+  /// returns its length. Only where joins_frames().
+  virtual size_t recv_joined(uint8_t* head, const at::Tensor& head_owner, void* data, size_t n,
+                             const at::Tensor& owner, const char* what, Millis timeout);
   /// Waits up to `timeout` until the peer has every credit message; true when it has.
   virtual bool drain(Millis timeout) = 0;
   virtual void close(Millis timeout) noexcept = 0;

@@ -80,6 +80,15 @@ class LinkSource final : public ByteSource {
       throw;
     }
   }
+  bool joins_frames() const override { return e_.joins_frames(); }
+  size_t read_first_joined(uint8_t* flag, const at::Tensor& flag_owner, void* data, size_t n,
+                           const at::Tensor& owner, const char* what) override {
+    // Only a peer of ours joins frames, and it ends with the close marker: no disconnect rule.
+    const size_t got = e_.recv_joined(flag, flag_owner, data, n, owner, what,
+                                      pipe_.options.timeout);
+    pipe_.counted(e_, false, got, what);
+    return got;
+  }
   void fail(const std::string& why) override { e_.fail(why); }
   [[noreturn]] void peer_left() override { pipe_.peer_left(e_); }
   std::string peer() const override { return e_.peer(); }
@@ -151,6 +160,11 @@ class UserLink final : public Link {
 
 }  // namespace
 
+size_t Link::recv_joined(uint8_t*, const at::Tensor&, void*, size_t, const at::Tensor&,
+                         const char*, Millis) {
+  TORCH_INTERNAL_ASSERT(false, "recv_joined on a link that does not join frames");
+}
+
 void log_connected(Link& e, const char* how) {
   if (!log_enabled(LogLevel::kInfo)) return;
   log(LogLevel::kInfo, c10::str("pipe ", how, " ", e.peer(), " (",
@@ -215,7 +229,12 @@ void PipeImpl::send_bytes(Link& e, const void* data, size_t n, const at::Tensor&
 void PipeImpl::send_first(Link& e, const void* data, size_t n, const char* what) {
   auto* slot = credit_ring.data_ptr<uint8_t>() + (credits_sent % (options.max_unreceived + 1)) * 8;
   std::memcpy(slot, data, n);
-  e.send_credit(slot, n, credit_ring, what, static_cast<size_t>(options.max_unreceived),
+  send_credit(e, slot, n, credit_ring, what);
+}
+
+void PipeImpl::send_credit(Link& e, const void* data, size_t n, const at::Tensor& owner,
+                           const char* what) {
+  e.send_credit(data, n, owner, what, static_cast<size_t>(options.max_unreceived),
                 options.timeout);
   ++credits_sent;
   counted(e, true, n, what);
@@ -269,6 +288,9 @@ void PipeImpl::send_consolidated(Link& e, const TensorDict& td) {
     send_bytes(e, scratch + 8, 8, send_scratch, "the metadata length");
     const at::Tensor json_bytes = bytes_tensor(json);
     send_bytes(e, json_bytes.data_ptr(), json.size(), json_bytes, "the metadata");
+  } else if (e.joins_frames() && storage.numel() <= kMaxJoinedStorage) {
+    send_joined(e, storage);
+    return;
   } else {
     scratch[0] = kSameSchemaFlag;
     send_first(e, scratch, 1, "the flag byte");
@@ -276,6 +298,20 @@ void PipeImpl::send_consolidated(Link& e, const TensorDict& td) {
   sent_once = true;
   send_bytes(e, storage.data_ptr(), static_cast<size_t>(storage.numel()), storage, "the storage");
   count(&Counters::schema_sends, new_schema ? 1 : 0);
+}
+
+void PipeImpl::send_joined(Link& e, const at::Tensor& storage) {
+  // A copy, as the credit ring's: a credit send may still be in flight when send() returns,
+  // while the caller may write its storage at once. The staging buffer is reused unless a send
+  // in flight still holds it (its Op's reference).
+  const auto n = static_cast<size_t>(storage.numel());
+  if (!joined_staging.defined() || joined_staging.use_count() > 1) {
+    joined_staging = bytes_tensor(1 + kMaxJoinedStorage);
+  }
+  auto* out = joined_staging.data_ptr<uint8_t>();
+  out[0] = kSameSchemaFlag;
+  if (n > 0) std::memcpy(out + 1, storage.const_data_ptr(), n);
+  send_credit(e, out, 1 + n, joined_staging, "the flag byte and the storage");
 }
 
 TensorDict PipeImpl::recv_consolidated(Link& e, const std::optional<TensorDict>& td,

@@ -40,6 +40,10 @@ struct PipeImpl {
   /// The first message of a TensorDict (`n` <= 8 bytes at `data`), as a credit send
   /// (Endpoint::send_credit): copied into the credit ring, so send() need not wait for it.
   void send_first(Link& e, const void* data, size_t n, const char* what);
+  /// A same-schema TensorDict as one joined message (docs/wire-format.md §6.8): the flag byte
+  /// and a copy of the storage (at most kMaxJoinedStorage bytes), as a credit send.
+  void send_joined(Link& e, const at::Tensor& storage);
+  void send_credit(Link& e, const void* data, size_t n, const at::Tensor& owner, const char* what);
   void recv_bytes(Link& e, void* data, size_t n, const at::Tensor& owner, const char* what);
   // One message moved: this pipe's and the process's counters, and a debug line.
   void counted(Link& e, bool sent, size_t n, const char* what);
@@ -66,6 +70,7 @@ struct PipeImpl {
   // one was used by a message the window no longer holds.
   at::Tensor credit_ring;
   int64_t credits_sent = 0;
+  at::Tensor joined_staging;  // 1 + kMaxJoinedStorage bytes: send_joined's copy
   bool sent_once = false;
   bool at_message_boundary = true;  // false after a raw or failed send: no close marker then
   std::shared_ptr<const Metadata> last_sent_metadata;

@@ -43,6 +43,8 @@ struct Op {
   ucs_status_t status = UCS_OK;
   size_t length = 0;
   at::Tensor owner;          // keeps the buffer alive until UCX is done with it
+  at::Tensor head_owner;     // and the head's, for a joined receive
+  ucp_dt_iov_t iov[2]{};     // a joined receive's buffers (UCX reads them until it completes)
   void* request = nullptr;   // the UCX request while in flight (UCX lock)
   // Run (deferred, UCX lock held) with the status and length once the operation completes.
   std::function<void(ucs_status_t, size_t)> then;
@@ -149,6 +151,10 @@ class Endpoint final : public Link {
   /// a message of another size is an error (MalformedPeerDataError) that breaks it too.
   void recv(void* data, size_t n, const at::Tensor& owner, const char* what,
             Millis timeout) override;
+  bool joins_frames() const override { return peer_info_.joins_frames(); }
+  /// One tag message of 1 or 1 + `n` bytes, scattered over `head` and `data` (a UCP IOV).
+  size_t recv_joined(uint8_t* head, const at::Tensor& head_owner, void* data, size_t n,
+                     const at::Tensor& owner, const char* what, Millis timeout) override;
 
   /// Waits up to `timeout` until every credit send has been received by the peer.
   bool drain(Millis timeout) override;
@@ -168,10 +174,19 @@ class Endpoint final : public Link {
 
  private:
   friend class Listener;
-  enum class Dir { kSend, kSyncSend, kRecv, kStreamSend, kStreamRecv, kFlush, kClose };
-  // Posts an operation (UCX lock held); `then` runs when it completes.
+  enum class Dir { kSend, kSyncSend, kRecv, kRecvJoined, kStreamSend, kStreamRecv, kFlush,
+                   kClose };
+  // A joined receive's first byte: where it goes, and what keeps that alive.
+  struct Head {
+    uint8_t* data;
+    const at::Tensor& owner;
+  };
+  // Posts an operation (UCX lock held); `then` runs when it completes. kRecvJoined receives 1
+  // byte into `head`, the rest into `data`.
   std::shared_ptr<Op> start(Dir dir, void* data, size_t n, const at::Tensor& owner,
-                            std::function<void(ucs_status_t, size_t)> then = {});
+                            std::function<void(ucs_status_t, size_t)> then = {},
+                            const Head* head = nullptr);
+  // Waits for `op`, which moves `n` bytes (a joined receive: 1 or `n`).
   void wait_op(const std::shared_ptr<Op>& op, Dir dir, size_t n, const char* what,
                Millis timeout);
   void create_locked(const ucp_ep_params_t& params);

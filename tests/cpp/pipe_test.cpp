@@ -178,11 +178,67 @@ TEST(Pipe, FramingIsTheReferencesByteForByte) {
   const at::Tensor storage = consolidated_storage(src);
   EXPECT_EQ(server.recv_raw(96),
             std::string(static_cast<const char*>(storage.const_data_ptr()), 96));
-  client.send(src);  // same schema: 0x01, then the storage only
-  EXPECT_EQ(server.recv_raw(1), std::string(1, '\x01'));
-  EXPECT_EQ(server.recv_raw(96),
-            std::string(static_cast<const char*>(storage.const_data_ptr()), 96));
+  // Same schema: 0x01, then the storage only; between peers of ours in one message (the
+  // joined frame of §6.8), since the storage is small. The reference's two messages are
+  // checked against the real reference in tests/python/test_pipe_interop.py.
+  client.send(src);
+  EXPECT_EQ(server.recv_raw(97),
+            '\x01' + std::string(static_cast<const char*>(storage.const_data_ptr()), 96));
   EXPECT_EQ(client.stats().bytes_sent, 1 + 8 + 449 + 96 + 1 + 96);
+}
+
+// Joined frames (docs/wire-format.md §6.8): a same-schema storage of at most kMaxJoinedStorage
+// bytes rides with its flag byte; a larger one is the reference's two messages.
+TEST(Pipe, OnlySmallSameSchemaStoragesAreJoined) {
+  Watchdog dog(60s);
+  auto [server, client] = pair_of();
+  EXPECT_TRUE(client.peer_is_tensordict_cpp());
+  for (const int64_t n : {pipe::detail::kMaxJoinedStorage, pipe::detail::kMaxJoinedStorage + 1}) {
+    const TensorDict td = consolidate(TensorDict({{"x", at::full({n}, 7, at::kByte)}}));
+    const at::Tensor storage = consolidated_storage(td);
+    const auto bytes = static_cast<size_t>(storage.numel());  // n, or padded to 8 past it
+    ASSERT_GE(bytes, static_cast<size_t>(n));
+    const std::string expected(static_cast<const char*>(storage.const_data_ptr()), bytes);
+    client.send(td);
+    expect_same(td, server.recv());  // the new schema
+    client.send(td);
+    if (n <= pipe::detail::kMaxJoinedStorage) {
+      EXPECT_EQ(server.recv_raw(1 + bytes), '\x01' + expected);
+    } else {
+      EXPECT_EQ(server.recv_raw(1), "\x01");
+      EXPECT_EQ(server.recv_raw(bytes), expected);
+    }
+  }
+}
+
+TEST(Pipe, AJoinedReceiveTakesTheTwoMessageFormAndRefusesAJoinedNewSchemaFlag) {
+  Watchdog dog(60s);
+  auto [server, client] = pair_of();
+  TensorDict td = consolidate(TensorDict({{"x", at::arange(4, at::kFloat)}}));
+  client.send(td);
+  TensorDict got = server.recv();
+  // A peer of ours may still send the flag byte alone, then the storage (the reference's form):
+  // it lands in the same TensorDict.
+  const at::Tensor next = at::arange(10, 14, at::kFloat);
+  client.send_raw("\x01", 1);
+  client.send_raw(next.const_data_ptr(), 16);
+  TensorDict again = server.recv();
+  EXPECT_TRUE(again.is_same(got));
+  EXPECT_TRUE(at::equal(again.get("x").tensor(), next));
+  // Only the same-schema flag carries a storage.
+  std::string bad(17, '\0');
+  client.send_raw(bad.data(), bad.size());
+  EXPECT_THROW_MSG(server.recv(), c10::Error, "joined a storage to the flag 0");
+}
+
+TEST(Pipe, AJoinedReceiveRefusesAnyOtherLength) {
+  Watchdog dog(60s);
+  auto [server, client] = pair_of();
+  client.send(consolidate(TensorDict({{"x", at::arange(4, at::kFloat)}})));
+  server.recv();
+  const std::string eight(9, '\x01');  // neither 1 nor 1 + 16 bytes
+  client.send_raw(eight.data(), eight.size());
+  EXPECT_THROW_MSG(server.recv(), c10::Error, "sent a message of 9 bytes where 1 or 17 were");
 }
 
 TEST(Pipe, SchemaChangeResendsMetadata) {

@@ -103,7 +103,8 @@ def test_uncollated_mode_roundtrip():
 
 def test_framing_is_the_references():
     """43-45: first send 0x00 + u64 LE length + JSON with _total_bytes + storage; the same
-    schema again: 0x01 + storage only; a new schema: 0x00 and the metadata again."""
+    schema again: 0x01 + storage only (one joined message between peers of ours, for a small
+    storage: docs/wire-format.md §6.8); a new schema: 0x00 and the metadata again."""
     server, client = pair()
     with server, client:
         td = sample(1.0).consolidate()
@@ -117,8 +118,9 @@ def test_framing_is_the_references():
         assert meta["_total_bytes"] == total and meta["_device"] == "cpu"
         assert len(raw.recv_raw(total)) == total
         client.send(td)
-        assert raw.recv_raw(1) == b"\x01"
-        assert len(raw.recv_raw(total)) == total
+        joined = raw.recv_raw(1 + total)
+        storage = td._cpp.consolidated_storage().numpy().tobytes()
+        assert joined[:1] == b"\x01" and joined[1:] == storage
         other = TensorDict(z=torch.zeros(3), batch_size=[]).consolidate()
         client.send(other)
         assert raw.recv_raw(1) == b"\x00"

@@ -41,9 +41,10 @@ struct PipeOptions {
   /// peer receives. Large messages wait for the receiver anyway (UCX rendezvous), so this
   /// bounds what a fast producer can make a slow consumer hold in memory.
   int64_t max_unreceived = 16;
-  /// How long a waiting call progresses UCX itself before it sleeps until the pipe's progress
-  /// thread wakes it: a reply within the spin costs no thread wake-up (latency), a longer wait
-  /// costs the CPU of the spin. 0 never spins.
+  /// How long a waiting call progresses UCX itself, with nothing to do, before it sleeps until
+  /// the pipe's progress thread wakes it: a reply within the spin costs no thread wake-up
+  /// (latency), and a transfer under way is driven at full speed (the spin restarts while UCX
+  /// has work); an idle wait costs the CPU of the spin. 0 never spins.
   std::chrono::microseconds spin{100};
   /// How long close() waits, after its close marker, for the peer to start receiving what
   /// this end sent. Nothing needs it for delivery: messages already sent stay readable by the
