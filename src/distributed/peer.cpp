@@ -117,6 +117,7 @@ Peer resolve_peer(const char* call, const std::optional<int64_t>& peer,
 Waiter::Waiter(const char* call, std::optional<std::chrono::milliseconds> timeout,
                std::string peer)
     : call_(call), timeout_(timeout), start_(std::chrono::steady_clock::now()),
+      start_ticks_(::tensordict::detail::transfer_ticks()),
       peer_(std::move(peer)), uncaught_(std::uncaught_exceptions()) {
   TORCH_CHECK_VALUE(!timeout || timeout->count() > 0, call, ": timeout must be positive, got ",
                     timeout ? timeout->count() : 0, " ms");
@@ -124,10 +125,11 @@ Waiter::Waiter(const char* call, std::optional<std::chrono::milliseconds> timeou
 
 Waiter::~Waiter() {
   if (std::uncaught_exceptions() > uncaught_) return;  // the call failed: its error tells
-  const int64_t ns = ::tensordict::detail::finish_transfer(Channel::kProcessGroup, start_);
+  const int64_t ticks =
+      ::tensordict::detail::finish_transfer(Channel::kProcessGroup, start_ticks_);
   if (!log_enabled(LogLevel::kInfo)) return;
   try {
-    const std::string took = ::tensordict::detail::micros_text(ns);
+    const std::string took = ::tensordict::detail::micros_text(ticks);
     log(LogLevel::kInfo, c10::str(call_, " with ", peer_, detail_.empty() ? "" : ": ", detail_,
                                   " in ", took));
   } catch (...) {

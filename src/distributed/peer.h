@@ -75,6 +75,7 @@ class Waiter {
   const char* call_;
   std::optional<std::chrono::milliseconds> timeout_;
   std::chrono::steady_clock::time_point start_;
+  int64_t start_ticks_;  // transfer_ticks(), for the transfer's counted duration
   std::string peer_;
   std::string detail_;
   int uncaught_;  // std::uncaught_exceptions() when the call began

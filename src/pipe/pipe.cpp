@@ -173,14 +173,14 @@ void log_connected(Link& e, const char* how) {
 }
 
 Transfer::Transfer(PipeImpl& pipe, Link& e, bool sent)
-    : pipe_(pipe), e_(e), sent_(sent), start_(Clock::now()),
+    : pipe_(pipe), e_(e), sent_(sent), start_(::tensordict::detail::transfer_ticks()),
       bytes_(sent ? pipe.counters.bytes_sent.load() : pipe.counters.bytes_received.load()),
       schemas_(sent ? pipe.counters.schema_sends.load() : pipe.counters.schema_recvs.load()) {}
 
 void Transfer::done() const {
-  const int64_t ns = ::tensordict::detail::finish_transfer(Channel::kPipe, start_);
+  const int64_t ticks = ::tensordict::detail::finish_transfer(Channel::kPipe, start_);
   if (!log_enabled(LogLevel::kInfo)) return;
-  const std::string took = ::tensordict::detail::micros_text(ns);
+  const std::string took = ::tensordict::detail::micros_text(ticks);
   const auto& c = pipe_.counters;
   const int64_t bytes = (sent_ ? c.bytes_sent.load() : c.bytes_received.load()) - bytes_;
   const bool schema = (sent_ ? c.schema_sends.load() : c.schema_recvs.load()) > schemas_;

@@ -93,7 +93,7 @@ class Transfer {
   PipeImpl& pipe_;
   Link& e_;
   const bool sent_;
-  const Clock::time_point start_;
+  const int64_t start_;     // transfer_ticks()
   const int64_t bytes_;    // the pipe's byte counter when the call began
   const int64_t schemas_;  // and its schema counter
 };

@@ -14,6 +14,7 @@
 #include "pipe_test_util.h"
 #include "tensordict/consolidate.h"
 #include "tensordict/pipe/pipe.h"
+#include "tensordict/transfer_stats.h"
 
 using namespace tensordict;
 using namespace pipe_test;
@@ -229,6 +230,27 @@ TEST(Pipe, AJoinedReceiveTakesTheTwoMessageFormAndRefusesAJoinedNewSchemaFlag) {
   std::string bad(17, '\0');
   client.send_raw(bad.data(), bad.size());
   EXPECT_THROW_MSG(server.recv(), c10::Error, "joined a storage to the flag 0");
+}
+
+// Durations are counted in the CPU's time-stamp counter where it is invariant
+// (transfer_stats.h): what transfer_stats() reports must still be nanoseconds.
+TEST(Pipe, TransferTimesAreCountedInNanoseconds) {
+  Watchdog dog(60s);
+  auto [server, client] = pair_of();
+  reset_transfer_stats();
+  const auto t0 = std::chrono::steady_clock::now();
+  std::thread sender([&client] {
+    std::this_thread::sleep_for(50ms);
+    client.send(worked_example());
+  });
+  server.recv();  // waits for the sender's 50 ms
+  sender.join();
+  const int64_t wall = std::chrono::duration_cast<std::chrono::nanoseconds>(
+                           std::chrono::steady_clock::now() - t0).count();
+  const TransferStats s = transfer_stats(Channel::kPipe);
+  EXPECT_EQ(s.transfers, 2);
+  EXPECT_GE(s.nanoseconds, 45'000'000);
+  EXPECT_LE(s.nanoseconds, 2 * wall);  // two calls, each within the wall time
 }
 
 TEST(Pipe, AJoinedReceiveRefusesAnyOtherLength) {
