@@ -4,7 +4,8 @@ choice, and UCX_TLS=tcp):
 
 * ucx_perftest -t tag_lat / tag_bw: the libucx-cu12 wheel's, the UCX the pipe links, with
   peer error handling (-e, and UCX_MM_ERROR_HANDLING=y, as the pipe sets it), so that UCX
-  offers it the transports it offers the pipe (without it UCX adds CMA);
+  offers it the transports it offers the pipe (without it UCX adds CMA); tag_bw also with the
+  pipe's TCP segment sizes;
 * the reference's pipe (tensordict._ucxx.TensorDictPipe over ucxx), two Python processes;
 * one raw Gloo send of the same bytes (torch.distributed, two processes; no UCX).
 
@@ -34,6 +35,9 @@ import time
 ROOT = pathlib.Path(__file__).resolve().parents[1]
 KB, MB100 = 1024, 100 * 1024 * 1024
 SETTINGS = {"default": {}, "tcp": {"UCX_TLS": "tcp", "UCX_NET_DEVICES": "lo"}}
+# The TCP segment sizes the pipe sets unless the environment does (src/pipe/ucx_worker.cpp):
+# ucx_perftest runs with them too, beside its defaults, to compare like with like.
+PIPE_TCP_SEGMENTS = {"UCX_TCP_TX_SEG_SIZE": "256K", "UCX_TCP_RX_SEG_SIZE": "256K"}
 
 
 def libucx_dir() -> pathlib.Path:
@@ -223,11 +227,14 @@ def measure(quick: bool, repeats: int) -> dict:
     results: dict = {"gloo_100mb": []}
     for setting in SETTINGS:
         env = env_for(setting)
-        r = results[setting] = {k: [] for k in ("perftest_lat", "perftest_bw", "ours_lat",
-                                                "ours_bw", "ref_lat", "ref_bw")}
+        r = results[setting] = {k: [] for k in ("perftest_lat", "perftest_bw", "perftest_bw_seg",
+                                                "ours_lat", "ours_bw", "ref_lat", "ref_bw")}
         for _ in range(repeats):
             r["perftest_lat"].append(perftest("tag_lat", KB, lat_rounds * 4, env))
             r["perftest_bw"].append(perftest("tag_bw", MB100, bw_rounds * 2, env))
+            if setting == "tcp":  # the segments change nothing on shared memory
+                r["perftest_bw_seg"].append(perftest("tag_bw", MB100, bw_rounds * 2,
+                                                     {**env, **PIPE_TCP_SEGMENTS}))
             lat, r["transports_lat"] = ours("lat", KB, lat_rounds, env)
             r["ours_lat"].append(lat)
             bw, r["transports_bw"] = ours("bw", MB100, bw_rounds, env)
@@ -235,7 +242,7 @@ def measure(quick: bool, repeats: int) -> dict:
             r["ref_lat"].append(reference("lat", KB, lat_rounds // 5, env))
             r["ref_bw"].append(reference("bw", MB100, max(2, bw_rounds // 2), env))
             print(f"pipe_bench: {setting}: " + ", ".join(
-                f"{k} {v[-1]:.1f}" for k, v in r.items() if isinstance(v, list)),
+                f"{k} {v[-1]:.1f}" for k, v in r.items() if isinstance(v, list) and v),
                 file=sys.stderr, flush=True)
     for _ in range(repeats):
         results["gloo_100mb"].append(gloo(MB100, 5 if quick else 10))
@@ -249,23 +256,30 @@ def fmt(us: float) -> str:
 def table(results: dict) -> tuple[str, list[tuple[str, float, float, bool]]]:
     med = statistics.median
     gloo_us = med(results["gloo_100mb"])
-    rows = ["| UCX transports | case | ours (C++) | ucx_perftest | reference pipe | raw Gloo send | "
-            "lanes UCX chose |",
-            "|---|---|--:|--:|--:|--:|---|"]
+    rows = ["| UCX transports | case | ours (C++) | ucx_perftest | ucx_perftest, the pipe's TCP "
+            "segments | reference pipe | raw Gloo send | lanes UCX chose |",
+            "|---|---|--:|--:|--:|--:|--:|---|"]
     goals = []
     for setting in SETTINGS:
         r = results[setting]
         name = "UCX's choice" if setting == "default" else "UCX_TLS=tcp"
         lat, plat, rlat = med(r["ours_lat"]), med(r["perftest_lat"]), med(r["ref_lat"])
         bw, pbw, rbw = med(r["ours_bw"]), med(r["perftest_bw"]), med(r["ref_bw"])
-        rows.append(f"| {name} | 1 KB round trip | {fmt(lat)} | {fmt(plat)} (2 x tag_lat) | "
+        sbw = med(r["perftest_bw_seg"]) if r["perftest_bw_seg"] else None
+        rows.append(f"| {name} | 1 KB round trip | {fmt(lat)} | {fmt(plat)} (2 x tag_lat) | | "
                     f"{fmt(rlat)} | | {r['transports_lat']} |")
         rows.append(f"| {name} | 100 MB, per message | {fmt(bw)} | {fmt(pbw)} (tag_bw) | "
-                    f"{fmt(rbw)} | {fmt(gloo_us)} | {r['transports_bw']} |")
+                    f"{fmt(sbw) if sbw else ''} | {fmt(rbw)} | {fmt(gloo_us)} | "
+                    f"{r['transports_bw']} |")
         goals += [
             (f"{name}: 1 KB round trip / ucx_perftest's (goal <= 3)", lat / plat, 3, lat / plat <= 3),
             (f"{name}: 100 MB / ucx_perftest tag_bw's (goal <= 1.25)", bw / pbw, 1.25,
              bw / pbw <= 1.25),
+        ]
+        if sbw:
+            goals.append((f"{name}: 100 MB / ucx_perftest tag_bw's with the pipe's TCP segments "
+                          "(<= 1.25)", bw / sbw, 1.25, bw / sbw <= 1.25))
+        goals += [
             (f"{name}: 100 MB, raw Gloo send / ours (goal >= 2)", gloo_us / bw, 2, gloo_us / bw >= 2),
             (f"{name}: 1 KB, reference / ours (goal >= 5)", rlat / lat, 5, rlat / lat >= 5),
             (f"{name}: 100 MB, reference / ours (goal >= 2)", rbw / bw, 2, rbw / bw >= 2),
@@ -285,11 +299,14 @@ def section(results: dict) -> str:
         "UCX offers both the same transports), the reference's pipe on ucxx (two Python "
         "processes) and one raw Gloo send (two processes, no UCX), each run in this run, under "
         "UCX's own choice of transports and under `UCX_TLS=tcp`. Cases: a round trip of a "
-        "consolidated 1 KB TensorDict (the schema sent once in the warm-up: each way a flag byte "
-        "and the storage, two tag messages, where ucx_perftest's round trip is one message each "
-        "way), and one 100 MB TensorDict in a stream of them (time per message; the raw Gloo "
-        "send includes a 1-byte acknowledgement). Medians of the runs' medians; the machine is a "
-        "2-core VM, where ucx_perftest's own latency is bimodal (about 0.3 or 1 µs one way).\n\n"
+        "consolidated 1 KB TensorDict (the schema sent once in the warm-up; each way then one "
+        "tag message, the flag byte joined to the storage between peers of ours, as "
+        "ucx_perftest's one message each way; the reference sends two), and one 100 MB "
+        "TensorDict in a stream of them (time per message; the raw Gloo send includes a 1-byte "
+        "acknowledgement). The pipe sets UCX's TCP segments to 256 KiB (docs/pipe.md, "
+        "\"Speed\"); ucx_perftest's tag_bw runs with UCX's defaults and with those segments. "
+        "Medians of the runs' medians; the machine is a 2-core VM, where ucx_perftest's own "
+        "latency is bimodal (about 0.2 or 1 µs one way).\n\n"
         + md)
 
 
