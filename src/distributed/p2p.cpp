@@ -170,11 +170,11 @@ Posted post_recv(detail::Waiter& waiter, const TensorDict& td, const std::option
   Peer peer = resolve_peer(call, src, options.group_src, options.group, "src", "group_src",
                            refuse_self);
   waiter.set_peer(rank_of(peer));
+  const bool logging = log_enabled(LogLevel::kInfo);
   if (options.consolidated) {
     TORCH_CHECK_VALUE(is_consolidated(td), call,
                       "(consolidated=True): the TensorDict is not consolidated. Receive into a "
                       "consolidated TensorDict with the sender's layout (consolidate() it first)");
-    const bool logging = log_enabled(LogLevel::kInfo);
     if (options.checked) {
       if (logging) waiter.set_detail("checked, consolidated, tag 0");
       return {detail::post_checked_recv(waiter, td, peer, 0, true), std::nullopt, {}};
@@ -189,10 +189,10 @@ Posted post_recv(detail::Waiter& waiter, const TensorDict& td, const std::option
   const int64_t last_tag = tags.empty() ? options.init_tag - 1 : tags.back();
   if (options.checked) {
     const int tag = checked_tag(call, options.init_tag, tags);
-    if (log_enabled(LogLevel::kInfo)) waiter.set_detail(c10::str("checked, per leaf, tag ", tag));
+    if (logging) waiter.set_detail(c10::str("checked, per leaf, tag ", tag));
     return {detail::post_checked_recv(waiter, td, peer, tag, false), last_tag, {}, tag};
   }
-  if (log_enabled(LogLevel::kInfo)) {
+  if (logging) {
     waiter.set_detail(describe("per leaf", tags, static_cast<int64_t>(leaves.size()),
                                bytes_of(leaves), options.pseudo_rand));
   }
