@@ -399,17 +399,18 @@ void PipeImpl::peer_left(Link& e) {
 }
 
 void PipeImpl::say_goodbye(Link& e) noexcept {
-  // The reference reads any flag byte but 0x00 as the same-schema flag: no marker for it.
-  if (!e.peer_info().ours) return;
   // A send in flight (another thread) or a partial one would put the marker mid-message.
   std::unique_lock<std::mutex> send_lk(send_mu, std::try_to_lock);
-  if (!send_lk.owns_lock() || !at_message_boundary) return;
-  try {
-    std::memset(send_scratch.data_ptr(), kCloseFlag, 8);
-    e.send(send_scratch.data_ptr(), options.consolidated ? 1 : 8, send_scratch,
-           "the close marker", options.timeout);
-  } catch (...) {
-    return;  // the peer is gone already
+  if (!send_lk.owns_lock()) return;
+  // The reference reads any flag byte but 0x00 as the same-schema flag: no marker for it.
+  if (e.peer_info().ours && at_message_boundary) {
+    try {
+      std::memset(send_scratch.data_ptr(), kCloseFlag, 8);
+      e.send(send_scratch.data_ptr(), options.consolidated ? 1 : 8, send_scratch,
+             "the close marker", options.timeout);
+    } catch (...) {
+      return;  // the peer is gone already
+    }
   }
   if (options.linger.count() > 0) e.drain(std::min(options.linger, options.timeout));
 }

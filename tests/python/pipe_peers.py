@@ -71,6 +71,10 @@ def run_ours():
     from tensordict_cpp.errors import PeerClosedError
 
     opts = dict(consolidated=CONSOLIDATED, timeout=TIMEOUT)
+    if DIRECTION == "send":
+        # A ucxx listener reads our peer info in a Python coroutine; a close that overtakes it
+        # loses the connection (docs/pipe.md, "Closing"): wait for the peer to start reading.
+        opts["linger"] = TIMEOUT
     if ROLE == "listen":
         pipe = TensorDictPipe.listen_sync(0, "127.0.0.1", **opts)
         say(port=pipe.port)
