@@ -46,9 +46,10 @@ struct PipeOptions {
   /// (latency), and a transfer under way is driven at full speed (the spin restarts while UCX
   /// has work); an idle wait costs the CPU of the spin. 0 never spins.
   std::chrono::microseconds spin{100};
-  /// How long close() waits, after its close marker, for the peer to start receiving what
-  /// this end sent. Nothing needs it for delivery: messages already sent stay readable by the
-  /// peer after the close. It only lets a closing producer see its consumer keep up.
+  /// How long close() waits, after its close marker (to a peer of ours), for the peer to start
+  /// receiving what this end sent. Nothing needs it for delivery: messages already sent stay
+  /// readable by the peer after the close. It lets a closing producer see its consumer keep up,
+  /// and a ucxx listener finish reading the connection's peer info (docs/pipe.md, "Closing").
   std::chrono::milliseconds linger{0};
 };
 
