@@ -70,8 +70,8 @@ TensorDict make_td(float value) {
 // The killer runs in the sender: once kKillAfterBytes of the transfer went through its socket
 // calls (Gloo writes with writev, counted in /proc/self/io's wchar; its reads are not counted),
 // it SIGKILLs the victim, itself or the receiver, after recording how much had been written.
-// On a busy 2-core machine the killer may be scheduled only after the whole transfer was
-// written (64 MB take a few ms on loopback): that attempt proves nothing and is run again.
+// On a busy 2-core machine the kill may take effect only after the whole transfer went through
+// (64 MB take a few ms on loopback): that attempt proves nothing and is run again.
 class Killer {
  public:
   explicit Killer(pid_t victim) : victim_(victim), base_(io_counter("wchar")) {
@@ -175,11 +175,15 @@ TEST_P(DistFault, SurvivorRaisesWithinTheTimeoutAndExitsCleanly) {
     const auto receiver_status = wait_child(receiver, 60s);
     const int64_t written =
         std::stoll(read_file(dir.path + "/written_at_kill").value_or("-1"));
-    const bool late = written >= kTotalBytes &&
-                      read_file(dir.path + "/survivor").value_or("").ends_with("<no error>");
+    // A survivor whose transfer succeeded got every byte: the victim died only after it had
+    // all gone through (the killer's thread ran late, or, under ASan on a busy machine, the
+    // kill landed milliseconds after the killer decided it). Such an attempt proves nothing.
+    const bool late = read_file(dir.path + "/survivor").value_or("").ends_with("<no error>");
     if (late && attempt < 3) {
-      std::printf("[fault] %s: the killer ran after the whole transfer was written; again\n",
-                  case_name({c, 0}).c_str());
+      std::printf("[fault] %s: the transfer completed before the kill took effect (%lld of %lld "
+                  "bytes written when the killer decided); again\n",
+                  case_name({c, 0}).c_str(), static_cast<long long>(written),
+                  static_cast<long long>(kTotalBytes));
       continue;
     }
     check_outcome(c, dir, sender_status, receiver_status);
