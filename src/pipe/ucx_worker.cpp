@@ -336,21 +336,21 @@ std::shared_ptr<Op> Endpoint::start(Dir dir, void* data, size_t n, const at::Ten
       req = ucp_tag_send_sync_nbx(ep_, data, n, peer_info_.tag, &param);
       break;
     case Dir::kRecv:  // receives match on the worker, by our tag
+    case Dir::kRecvJoined:
       param.op_attr_mask |= UCP_OP_ATTR_FIELD_RECV_INFO;
       param.recv_info.tag_info = &tag_info;
       param.cb.recv = &on_tag_recv;
-      req = ucp_tag_recv_nbx(worker_->handle(), data, n, recv_tag_, kFullMask, &param);
-      break;
-    case Dir::kRecvJoined:
-      TORCH_INTERNAL_ASSERT(head != nullptr);
-      op->head_owner = head->owner;
-      op->iov[0] = {head->data, 1};
-      op->iov[1] = {data, n};
-      param.op_attr_mask |= UCP_OP_ATTR_FIELD_RECV_INFO | UCP_OP_ATTR_FIELD_DATATYPE;
-      param.datatype = ucp_dt_make_iov();
-      param.recv_info.tag_info = &tag_info;
-      param.cb.recv = &on_tag_recv;
-      req = ucp_tag_recv_nbx(worker_->handle(), op->iov, 2, recv_tag_, kFullMask, &param);
+      if (dir == Dir::kRecvJoined) {  // 1 byte into the head, the rest into `data`
+        TORCH_INTERNAL_ASSERT(head != nullptr);
+        op->head_owner = head->owner;
+        op->iov[0] = {head->data, 1};
+        op->iov[1] = {data, n};
+        param.op_attr_mask |= UCP_OP_ATTR_FIELD_DATATYPE;
+        param.datatype = ucp_dt_make_iov();
+        req = ucp_tag_recv_nbx(worker_->handle(), op->iov, 2, recv_tag_, kFullMask, &param);
+      } else {
+        req = ucp_tag_recv_nbx(worker_->handle(), data, n, recv_tag_, kFullMask, &param);
+      }
       break;
     case Dir::kStreamSend:
       req = ucp_stream_send_nbx(ep_, data, n, &param);
@@ -477,29 +477,25 @@ void Endpoint::send_credit(const void* data, size_t n, const at::Tensor& owner, 
   }
 }
 
+std::shared_ptr<Op> Endpoint::post_recv(Dir dir, void* data, size_t n, const at::Tensor& owner,
+                                        const char* what, const Head* head) {
+  auto lk = worker_->lock();
+  // A peer that left may have left messages behind: they stay matchable on the worker.
+  if (closed_ || !failure_.empty()) throw_unusable("recv", what);
+  auto op = start(dir, data, n, owner, {}, head);
+  if (!op->done.load() && peer_gone_) ucp_request_cancel(worker_->handle(), op->request);
+  return op;
+}
+
 void Endpoint::recv(void* data, size_t n, const at::Tensor& owner, const char* what,
                     Millis timeout) {
-  std::shared_ptr<Op> op;
-  {
-    auto lk = worker_->lock();
-    // A peer that left may have left messages behind: they stay matchable on the worker.
-    if (closed_ || !failure_.empty()) throw_unusable("recv", what);
-    op = start(Dir::kRecv, data, n, owner);
-    if (!op->done.load() && peer_gone_) ucp_request_cancel(worker_->handle(), op->request);
-  }
-  wait_op(op, Dir::kRecv, n, what, timeout);
+  wait_op(post_recv(Dir::kRecv, data, n, owner, what), Dir::kRecv, n, what, timeout);
 }
 
 size_t Endpoint::recv_joined(uint8_t* head, const at::Tensor& head_owner, void* data, size_t n,
                              const at::Tensor& owner, const char* what, Millis timeout) {
-  std::shared_ptr<Op> op;
-  {
-    auto lk = worker_->lock();
-    if (closed_ || !failure_.empty()) throw_unusable("recv", what);
-    const Head h{head, head_owner};
-    op = start(Dir::kRecvJoined, data, n, owner, {}, &h);
-    if (!op->done.load() && peer_gone_) ucp_request_cancel(worker_->handle(), op->request);
-  }
+  const Head h{head, head_owner};
+  const auto op = post_recv(Dir::kRecvJoined, data, n, owner, what, &h);
   wait_op(op, Dir::kRecvJoined, 1 + n, what, timeout);
   return op->length;
 }

@@ -186,6 +186,10 @@ class Endpoint final : public Link {
   std::shared_ptr<Op> start(Dir dir, void* data, size_t n, const at::Tensor& owner,
                             std::function<void(ucs_status_t, size_t)> then = {},
                             const Head* head = nullptr);
+  // Posts a tag receive (kRecv or kRecvJoined) if the endpoint can still receive (UCX lock
+  // taken here).
+  std::shared_ptr<Op> post_recv(Dir dir, void* data, size_t n, const at::Tensor& owner,
+                                const char* what, const Head* head = nullptr);
   // Waits for `op`, which moves `n` bytes (a joined receive: 1 or `n`).
   void wait_op(const std::shared_ptr<Op>& op, Dir dir, size_t n, const char* what,
                Millis timeout);
