@@ -17,7 +17,8 @@ import struct
 import sys
 
 import torch
-from tensordict import LazyStackedTensorDict, NonTensorData, TensorDict, tensorclass
+from tensordict import (LazyStackedTensorDict, NonTensorData, NonTensorStack, TensorDict,
+                        tensorclass)
 from tensordict._ucxx import TensorDictPipe
 
 HERE = os.path.dirname(os.path.abspath(__file__))
@@ -94,6 +95,13 @@ def tds():
     nts.set_non_tensor(("cfg", "deep", "ids"), [1, -2, 9223372036854775807, [], {}])
     nts["cfg", "w"] = torch.ones(3, 2)
     out.append(("non_tensors_nested", nts))
+    # NonTensorStack nodes: a flat stack, a 2-D one, and one stacked along dim 1.
+    stacks = TensorDict(x=torch.arange(3), batch_size=[3])
+    stacks["text"] = NonTensorStack("a", "b\u00e9", "c")
+    stacks["n", "grid"] = NonTensorStack(*[NonTensorStack(f"{i}a", f"{i}b") for i in range(3)])
+    stacks["n", "dim1"] = NonTensorStack(NonTensorData("x", batch_size=[3]),
+                                         NonTensorData("y", batch_size=[3]), stack_dim=1)
+    out.append(("non_tensor_stack", stacks))
     try:
         out.append(("lazy_stack", LazyStackedTensorDict.lazy_stack(
             [TensorDict(a=torch.ones(2)), TensorDict(a=torch.zeros(2))], 0)))
@@ -304,7 +312,8 @@ def main():
                            (4 << 20).to_bytes(8, "little"), b"\xff" * 8, b"\x0dtorch.float32",
                            b"\x0btorch.int64", b"\x0atorch.bool", b"\x0ftorch.complex64"])
 
-    json_tokens = ['"cls"', '"TensorDict"', '"LazyStackedTensorDict"', '"non_tensors"',
+    json_tokens = ['"cls"', '"TensorDict"', '"LazyStackedTensorDict"', '"NonTensorStack"',
+                   '"stack_dim"', '"stack_dim_name"', '"non_tensors"',
                    '"leaves"', '"cls_metadata"', '"batch_size"', '"names"', '"device"',
                    '"is_locked"', '"_total_bytes"', '"_device"', '"_storage_device"', '"size"',
                    '"cpu"', '"cuda:0"', "null", "true", "false", "[]", "{}", ", ", ": ",

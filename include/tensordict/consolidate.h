@@ -49,12 +49,17 @@ struct NonTensorMetadata {
   JsonValue data;
   std::vector<int64_t> batch_size;
   std::optional<std::string> device;
+  /// A MetaData rather than a NonTensorData. The reference records no class here; ours says
+  /// so where the format leaves room (a pickled list instead of a tuple, docs/wire-format.md
+  /// §3.7), so that a MetaData stays one between peers of ours.
+  bool metadata = false;
   bool operator==(const NonTensorMetadata&) const = default;
 };
 
 /// A node's "cls_metadata". A TensorDict node's is {"device", "names", "batch_size",
-/// "is_locked"}; a lazy stack's {"stack_dim", "stack_dim_name", "is_locked"}, and its
-/// batch_size here is the stack's (its members' with the stack dim), which the wire leaves out.
+/// "is_locked"}; a lazy stack's or a NonTensorStack's {"stack_dim", "stack_dim_name",
+/// "is_locked"}, and its batch_size here is the stack's (its members' with the stack dim),
+/// which the wire leaves out.
 struct ClsMetadata {
   std::optional<std::string> device;             // str(device) or null
   std::vector<std::optional<std::string>> names;  // one per batch dim; null when unnamed
@@ -68,6 +73,9 @@ struct ClsMetadata {
 /// The cls of a lazy stack's node, whose children are its members keyed "0", "1", ... and
 /// which has no leaves or non-tensors of its own.
 inline constexpr std::string_view kLazyStackCls = "LazyStackedTensorDict";
+/// The cls of a NonTensorStack's node: its members keyed "0", "1", ..., each a "non_tensors"
+/// entry (a NonTensorData) or a child node (a NonTensorStack); no leaves.
+inline constexpr std::string_view kNonTensorStackCls = "NonTensorStack";
 
 /// The metadata of one collection node, root or nested, in the reference's structure and
 /// order: cls, non_tensors, leaves, cls_metadata, then the nested nodes by local key.
@@ -77,6 +85,9 @@ struct Metadata {
   // "TensorDict".
   std::string cls = "TensorDict";
   bool is_lazy_stack() const { return cls == kLazyStackCls; }
+  bool is_non_tensor_stack() const { return cls == kNonTensorStackCls; }
+  /// A node whose cls_metadata is a stack's (stack_dim, stack_dim_name, is_locked).
+  bool is_stack() const { return is_lazy_stack() || is_non_tensor_stack(); }
   std::vector<std::pair<std::string, NonTensorMetadata>> non_tensors;
   std::vector<std::pair<std::string, LeafMetadata>> leaves;
   ClsMetadata cls_metadata;

@@ -63,6 +63,17 @@ struct SelectOptions {
   bool strict = true;    // a missing key is a KeyError (otherwise it is skipped)
 };
 
+/// Options of repr(), as the reference's set_printoptions.
+struct ReprOptions {
+  bool compact = true;    // the one-line form of tensordict 0.15 (false: the detailed form)
+  std::string type_name;  // the class name shown (a tensorclass's); default: this one's
+  // For a tensorclass's compact repr: fields not shown, fields shown as `key: token` after the
+  // others (its unset ones, "None"), and the class names of nested levels by key.
+  std::vector<std::string> hidden{};
+  std::vector<std::pair<std::string, std::string>> trailing{};
+  std::vector<std::pair<std::string, std::string>> nested_names{};
+};
+
 /// Options of the reductions sum(), mean(), std(), max() and min(), named like the reference's
 /// keywords. Without dims, every leaf is reduced over all of its elements (batch size []).
 struct ReductionOptions {
@@ -140,9 +151,12 @@ class TensorDict {
   /// Sets a non-tensor entry: `data` with this level's batch size and device (the level of
   /// `key`, created as set() creates it). Replaces an existing entry in place.
   TensorDict& set_non_tensor(const NestedKey& key, JsonValue data);
-  /// The data of the non-tensor entry at `key`; KeyError when absent, TypeError when the entry
-  /// is a tensor or a TensorDict.
-  const JsonValue& get_non_tensor(const NestedKey& key) const;
+  /// The data of the non-tensor entry at `key` (a NonTensorStack's: its tolist()); KeyError
+  /// when absent, TypeError when the entry is a tensor or a TensorDict.
+  JsonValue get_non_tensor(const NestedKey& key) const;
+  /// Sets a non-tensor entry as it is (NonTensorData, MetaData or NonTensorStack); its batch
+  /// size must start with its level's (an empty one takes the level's). set() does the same.
+  TensorDict& set_non_tensor(const NestedKey& key, NonTensorData entry);
   /// Removes the entry (KeyError if absent; RuntimeError when locked).
   TensorDict& erase(const NestedKey& key);
   /// Removes the entry and returns it.
@@ -308,9 +322,10 @@ class TensorDict {
   /// True when every leaf is in shared (or CUDA) memory and there is at least one.
   bool is_shared() const;
 
-  /// The reference's detailed repr: TensorDict(fields={...}, batch_size=..., device=...,
-  /// is_shared=...).
-  std::string repr() const;
+  /// The reference's repr: by default its compact form, TensorDict(batch_size=[4],
+  /// fields={next: {reward: f32[1]}, obs: f32[3]}), wrapped at 80 columns; with compact =
+  /// false its detailed form, TensorDict(fields={...}, batch_size=..., device=..., is_shared=...).
+  std::string repr(const ReprOptions& options = {}) const;
 
   // ---- consolidation (consolidate.h uses these) ---------------------------------------------
   /// The flat storage state when this TensorDict was produced by consolidate() or a rebuild;

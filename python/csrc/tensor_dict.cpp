@@ -330,14 +330,46 @@ void install_fast_getitem(const py::type& cls) {
 void bind_tensor_dict(py::module_& m) {
   using TD = TensorDict;
   // The core's non-tensor entry; tensordict_cpp.NonTensorData is the Python face.
+  // The core's non-tensor entry in its three kinds; tensordict_cpp.NonTensorData, MetaData and
+  // NonTensorStack are the Python faces.
   py::class_<NonTensorData>(m, "NonTensorData")
       .def(py::init([](py::handle data, const py::object& batch_size,
-                       std::optional<at::Device> device, py::handle key) {
+                       std::optional<at::Device> device, py::handle key, bool metadata) {
              return NonTensorData(json_from_py(data, key_from_py(key), "", 0), ints(batch_size),
-                                  device);
+                                  device, metadata ? NonTensorKind::kMetaData : NonTensorKind::kData);
            }),
-           py::arg("data"), py::arg("batch_size"), py::arg("device"), py::arg("key"))
+           py::arg("data"), py::arg("batch_size"), py::arg("device"), py::arg("key"),
+           py::arg("metadata") = false)
+      .def_static("stack",
+                  [](std::vector<NonTensorData> members, int64_t stack_dim,
+                     std::optional<std::string> stack_dim_name) {
+                    return NonTensorData::stack(std::move(members), stack_dim,
+                                                std::move(stack_dim_name));
+                  },
+                  py::arg("members"), py::arg("stack_dim"), py::arg("stack_dim_name"))
+      .def_static("from_list",
+                  [](py::handle values, std::optional<at::Device> device, py::handle key) {
+                    return NonTensorData::from_list(json_from_py(values, key_from_py(key), "", 0),
+                                                    device);
+                  },
+                  py::arg("values"), py::arg("device"), py::arg("key"))
       .def_property_readonly("data", [](const NonTensorData& nt) { return json_to_py(nt.data()); })
+      .def_property_readonly("class_name", &NonTensorData::class_name)
+      .def_property_readonly("is_stack", &NonTensorData::is_stack)
+      .def_property_readonly("is_metadata", &NonTensorData::is_metadata)
+      .def_property_readonly("members", &NonTensorData::members)
+      .def_property_readonly("stack_dim", &NonTensorData::stack_dim)
+      .def_property_readonly("stack_dim_name", &NonTensorData::stack_dim_name)
+      .def("tolist", [](const NonTensorData& nt) { return json_to_py(nt.tolist()); })
+      .def("common_data",
+           [](const NonTensorData& nt) -> py::object {
+             auto d = nt.common_data();
+             return d ? json_to_py(*d) : py::object(py::none());
+           })
+      .def("unbind", &NonTensorData::unbind, py::arg("dim"))
+      .def("with_device", &NonTensorData::with_device, py::arg("device"))
+      .def("repr", &NonTensorData::repr)
+      .def("__eq__", [](const NonTensorData& a, const NonTensorData& b) { return a == b; })
       .def_property_readonly("batch_size",
                              [](const NonTensorData& nt) { return nt.batch_size().vec(); })
       .def_property_readonly("device", &NonTensorData::device);
@@ -504,7 +536,19 @@ void bind_tensor_dict(py::module_& m) {
       .def("all", &TD::all)
       .def("any", &TD::any)
       .def("allclose", &TD::allclose)
-      .def("repr", &TD::repr)
+      .def("repr",
+           [](const TD& td, bool compact, const std::string& type_name,
+              std::vector<std::string> hidden,
+              std::vector<std::pair<std::string, std::string>> trailing,
+              std::vector<std::pair<std::string, std::string>> nested_names) {
+             return td.repr({.compact = compact, .type_name = type_name, .hidden = std::move(hidden),
+                             .trailing = std::move(trailing),
+                             .nested_names = std::move(nested_names)});
+           },
+           py::arg("compact") = true, py::arg("type_name") = "",
+           py::arg("hidden") = std::vector<std::string>{},
+           py::arg("trailing") = std::vector<std::pair<std::string, std::string>>{},
+           py::arg("nested_names") = std::vector<std::pair<std::string, std::string>>{})
       .def("consolidate",
            [](const TD& td, std::optional<at::Device> device, bool pin_memory, bool share_memory,
               int num_threads) {

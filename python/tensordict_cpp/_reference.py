@@ -67,10 +67,7 @@ def _convert(obj: Any, ref: Any) -> _C.TensorDict:
         elif type(value) is ref.TensorDict or type(value) is ref.LazyStackedTensorDict:
             value = _convert(value, ref)
         elif ref.is_non_tensor(value):
-            if not isinstance(value, ref.NonTensorData):
-                raise TypeError(f"key {key!r}: cannot convert the reference's "
-                                f"{type(value).__qualname__} (a stack of non-tensor data)")
-            value = _C.NonTensorData(value.data, list(value.batch_size), value.device, key)
+            value = _non_tensor(value, ref, key)
         elif isinstance(value, ref.TensorDictBase) or ref.is_tensorclass(value):
             value = from_reference(value)  # a nested tensorclass, or a class refused there
         entries.append((key, value))
@@ -78,6 +75,27 @@ def _convert(obj: Any, ref: Any) -> _C.TensorDict:
     if obj.is_locked:
         out.lock_()
     return out
+
+
+def _non_tensor(value: Any, ref: Any, key: Any) -> _C.NonTensorData:
+    """The core's entry for the reference's NonTensorData, MetaData or NonTensorStack."""
+    if isinstance(value, ref.NonTensorStack):
+        members = [_non_tensor(m, ref, key) for m in value.tensordicts]
+        if not members:
+            return _C.NonTensorData.from_list([], value.device, key)
+        return _C.NonTensorData.stack(members, value.stack_dim, value._td_dim_name)
+    return _C.NonTensorData(value.data, list(value.batch_size), value.device, key,
+                            isinstance(value, ref.MetaData))
+
+
+def _reference_non_tensor(cpp: _C.NonTensorData, ref: Any) -> Any:
+    """The reference's object for the core's entry."""
+    if cpp.is_stack:
+        members = [_reference_non_tensor(m, ref) for m in cpp.members]
+        return ref.NonTensorStack(*members, stack_dim=cpp.stack_dim,
+                                  stack_dim_name=cpp.stack_dim_name)
+    cls = ref.MetaData if cpp.is_metadata else ref.NonTensorData
+    return cls(data=cpp.data, batch_size=cpp.batch_size, device=cpp.device)
 
 
 def to_reference(cpp: _C.TensorDict) -> Any:
@@ -100,8 +118,7 @@ def to_reference(cpp: _C.TensorDict) -> Any:
         if isinstance(value, _C.TensorDict):
             value = to_reference(value)
         elif isinstance(value, _C.NonTensorData):
-            value = ref.NonTensorData(data=value.data, batch_size=value.batch_size,
-                                      device=value.device)
+            value = _reference_non_tensor(value, ref)
         source[key] = value
     out = ref.TensorDict(source, batch_size=cpp.batch_size, device=cpp.device)
     if cpp.is_locked():

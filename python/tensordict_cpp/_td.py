@@ -17,6 +17,10 @@ import torch
 
 from tensordict_cpp import _C, _collectives, _p2p, _reference, errors
 from tensordict_cpp import memmap as _memmap
+from tensordict_cpp._non_tensor import (MetaData, NonTensorData, NonTensorStack, from_cpp as
+                                        _non_tensor_from_cpp, is_non_tensor as _is_non_tensor,
+                                        to_cpp as _non_tensor_to_cpp)
+from tensordict_cpp._non_tensor import as_index as _as_index
 
 _NO_DEFAULT = object()
 _CTD = _C.TensorDict
@@ -26,22 +30,6 @@ def _is_key(index: Any) -> bool:
     if isinstance(index, str):
         return True
     return isinstance(index, tuple) and len(index) > 0 and all(_is_key(i) for i in index)
-
-
-def _index_item(item: Any) -> Any:
-    # The core takes ints, slices, None, Ellipsis, bools and tensors; other sequences become
-    # index tensors, as torch would read them.
-    if item is None or item is Ellipsis or isinstance(item, (bool, int, slice, torch.Tensor)):
-        return item
-    if isinstance(item, numbers.Integral):
-        return int(item)
-    if isinstance(item, (list, range)) or hasattr(item, "__array__"):
-        return torch.as_tensor(item)
-    raise TypeError(f"unsupported index element of type {type(item)}")
-
-
-def _as_index(index: Any) -> tuple:
-    return tuple(_index_item(i) for i in (index if isinstance(index, tuple) else (index,)))
 
 
 def _batch_size(batch_size: Any) -> list[int]:
@@ -63,53 +51,46 @@ def _device(device: Any) -> torch.device | None:
     return None if device is None else torch.device(device)
 
 
-class NonTensorData:
-    """A non-tensor entry of a TensorDict: JSON-like data with the batch size and device of
-    the level that holds it, as the reference's ``tensordict.NonTensorData``.
+_PRINT_OPTIONS = {"compact": True}
 
-    The data is ``str``, ``int`` (int64), ``float``, ``bool``, ``None``, or lists and dicts
-    (with ``str`` keys) of them. ``td["key"]`` and :meth:`TensorDict.get_non_tensor` return
-    the data; :meth:`TensorDict.get`, ``items()`` and ``values()`` return this wrapper.
-    Per-leaf transfers and reductions skip non-tensor entries (the receiver keeps its own);
-    consolidate() records them, so init_remote, the collectives and the pipe deliver them.
 
-    Args:
-        data: the JSON-like value.
-        batch_size (sequence of int, optional): its batch size; empty (the default) takes the
-            batch size of the level it is set in.
-        device (optional): its device; a level with a device gives it its own.
+class set_printoptions:
+    """Sets how a TensorDict prints, as the reference's ``tensordict.set_printoptions`` (its
+    ``compact`` option): as a context manager or decorator for a block, the previous option
+    coming back at its end, or for the rest of the program with ``set_printoptions(...).set()``.
+
+    Keyword Args:
+        compact (bool, optional): ``True`` (the default) prints each entry as its dtype and
+            feature dims (``f32[3]``) on one line where it fits in 80 columns;
+            ``False`` prints the detailed form, a ``Tensor(shape=..., device=..., dtype=...,
+            is_shared=...)`` per entry.
     """
 
-    __slots__ = ("data", "batch_size", "device")
+    def __init__(self, *, compact: bool | None = None) -> None:
+        self._options = {} if compact is None else {"compact": bool(compact)}
+        self._previous: dict = {}
 
-    def __init__(self, data: Any, batch_size: Any = None, device: Any = None) -> None:
-        self.data = data
-        self.batch_size = torch.Size(_batch_size(batch_size))
-        self.device = _device(device)
+    def set(self) -> None:
+        _PRINT_OPTIONS.update(self._options)
 
-    def __repr__(self) -> str:
-        # The reference's NonTensorData.__repr__.
-        data_str = str(self.data)
-        if len(data_str) > 200:
-            data_str = data_str[:20] + "  ...  " + data_str[-20:]
-        return (f"NonTensorData(data={data_str}, batch_size={self.batch_size}, "
-                f"device={self.device})")
+    def __enter__(self) -> "set_printoptions":
+        self._previous = dict(_PRINT_OPTIONS)
+        self.set()
+        return self
 
-    def __eq__(self, other: Any) -> torch.Tensor:  # type: ignore[override]
-        """As the reference: a bool tensor of the batch size, all True when the data (of
-        ``other`` if it is a NonTensorData, else ``other`` itself) equals this data."""
-        other_data = other.data if isinstance(other, NonTensorData) else other
-        return torch.full(self.batch_size, self.data == other_data, dtype=torch.bool,
-                          device=self.device)
+    def __exit__(self, *exc: Any) -> None:
+        _PRINT_OPTIONS.update(self._previous)
 
-    def __ne__(self, other: Any) -> torch.Tensor:  # type: ignore[override]
-        return ~(self == other)
+    def __call__(self, fn: Callable) -> Callable:
+        @functools.wraps(fn)
+        def wrapped(*args: Any, **kwargs: Any) -> Any:
+            with set_printoptions(**self._options):
+                return fn(*args, **kwargs)
+        return wrapped
 
-    __hash__ = None  # type: ignore[assignment]
 
-    def tolist(self) -> Any:
-        """The data (the reference's tolist() of a NonTensorData)."""
-        return self.data
+def _repr_compact() -> bool:
+    return _PRINT_OPTIONS["compact"]
 
 
 class TensorDict:
@@ -354,8 +335,8 @@ class TensorDict:
             value = self._cpp.get(index)
         else:
             return TensorDict._wrap(self._cpp.index(_as_index(index)))
-        # As the reference: a non-tensor entry reads as its data.
-        return value.data if isinstance(value, _C.NonTensorData) else _from_value(value)
+        # As the reference: a non-tensor entry reads as its data (a stack's: its values).
+        return _non_tensor_data(value) if isinstance(value, _C.NonTensorData) else _from_value(value)
 
     def __setitem__(self, index: Any, value: Any) -> None:
         """``td[key] = value`` sets an entry; ``td[index] = value`` writes into the batch.
@@ -363,9 +344,10 @@ class TensorDict:
         With a key, ``value`` is a tensor, a number, a dict or a TensorDict whose shape starts
         with the batch size (ValueError otherwise); missing nested levels are created; a locked
         TensorDict raises RuntimeError. As in the reference, numbers and lists of numbers
-        become tensors, a dict becomes a nested TensorDict, and a ``str``, ``None`` or a list
-        that is not numeric becomes a non-tensor entry (see :meth:`set_non_tensor`); a
-        :class:`NonTensorData` is set as it is. With a batch index, every leaf is written in place at
+        become tensors, a dict becomes a nested TensorDict, a ``str`` or ``None`` becomes a
+        non-tensor entry (see :meth:`set_non_tensor`) and a list that is not numeric a
+        :class:`NonTensorStack` of its values (nested lists of equal lengths nesting); a
+        :class:`NonTensorData`, :class:`MetaData` or :class:`NonTensorStack` is set as it is. With a batch index, every leaf is written in place at
         that index, from the matching leaf of a TensorDict ``value`` or from a tensor or number
         broadcast to every leaf.
         """
@@ -459,7 +441,7 @@ class TensorDict:
         if default is not _NO_DEFAULT and not self._cpp.contains(key):
             return default
         value = self._cpp.get(key)
-        return value.data if isinstance(value, _C.NonTensorData) else _from_value(value)
+        return _non_tensor_data(value) if isinstance(value, _C.NonTensorData) else _from_value(value)
 
     def is_non_tensor(self, key: Any) -> bool:
         """True when the entry at ``key`` is a non-tensor entry (KeyError if absent)."""
@@ -810,7 +792,7 @@ class TensorDict:
             if isinstance(value, _CTD):
                 out[key] = TensorDict._wrap(value).to_dict(convert_tensors=convert_tensors)
             elif isinstance(value, _C.NonTensorData):
-                out[key] = value.data
+                out[key] = _non_tensor_data(value)
             else:
                 out[key] = value.tolist() if convert_tensors else value
         return out
@@ -1048,7 +1030,7 @@ class TensorDict:
     def numpy(self) -> Any:
         """The leaves as numpy arrays, in a nested dict (an array for one leaf at the root)."""
         return {k: (TensorDict._wrap(v).numpy() if isinstance(v, _CTD) else
-                    v.data if isinstance(v, _C.NonTensorData) else v.numpy())
+                    _non_tensor_data(v) if isinstance(v, _C.NonTensorData) else v.numpy())
                 for k, v in self._cpp.items(False, False)}
 
     def _same_or_new(self, cpp: _CTD, inplace: bool) -> "TensorDict":
@@ -1067,9 +1049,10 @@ class TensorDict:
 
     # ---- printing ----------------------------------------------------------------------------
     def __repr__(self) -> str:
-        """The reference's detailed repr: ``TensorDict(fields={...}, batch_size=...,
-        device=..., is_shared=...)``."""
-        return self._cpp.repr()
+        """The reference's repr (its default, compact form): ``TensorDict(batch_size=[4],
+        fields={next: {reward: f32[1]}, obs: f32[3]})``, sorted by key and wrapped at 80
+        columns; :class:`set_printoptions` chooses the detailed form."""
+        return self._cpp.repr(_repr_compact())
 
     # ---- torch functions ---------------------------------------------------------------------
     @classmethod
@@ -1334,9 +1317,8 @@ def _to_value(value: Any, batch_size: list[int], device: torch.device | None,
         return value
     if isinstance(value, TensorDict):
         return value._cpp
-    if isinstance(value, NonTensorData):
-        return _C.NonTensorData(value.data, list(value.batch_size), value.device,
-                                key if key is not None else "data")
+    if _is_non_tensor(value):
+        return _non_tensor_to_cpp(value, key if key is not None else "data")
     if isinstance(value, Mapping):
         return TensorDict(value, batch_size=batch_size, device=device)._cpp
     if isinstance(value, (numbers.Number, bool)) or hasattr(value, "__array__"):
@@ -1345,8 +1327,8 @@ def _to_value(value: Any, batch_size: list[int], device: torch.device | None,
         try:
             return torch.as_tensor(value)
         except (TypeError, ValueError, RuntimeError):
-            pass  # not numeric (strings, None, ragged): a non-tensor entry
-        return _RawNonTensor(value)
+            pass  # not numeric (strings, None, ragged): a NonTensorStack, as the reference
+        return _C.NonTensorData.from_list(value, device, key if key is not None else "data")
     if value is None or isinstance(value, str):
         return _RawNonTensor(value)
     where = f"key {key!r}: " if key is not None else ""
@@ -1361,5 +1343,10 @@ def _from_value(value: Any) -> Any:
     if isinstance(value, _CTD):
         return TensorDict._wrap(value)
     if isinstance(value, _C.NonTensorData):
-        return NonTensorData(value.data, value.batch_size, value.device)
+        return _non_tensor_from_cpp(value)
     return value
+
+
+def _non_tensor_data(value: _C.NonTensorData) -> Any:
+    """What ``td[key]`` gives for a non-tensor entry: its data, or a stack's values."""
+    return value.tolist() if value.is_stack else value.data

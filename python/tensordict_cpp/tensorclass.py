@@ -39,7 +39,7 @@ from typing import Any, Callable
 import torch
 
 from tensordict_cpp import _collectives, _reference
-from tensordict_cpp._td import TensorDict
+from tensordict_cpp._td import TensorDict, _repr_compact
 
 __all__ = ["tensorclass", "is_tensorclass"]
 
@@ -515,13 +515,22 @@ class _Methods:
 
     # ---- printing -----------------------------------------------------------------------------
     def __repr__(self) -> str:
-        """The reference's detailed repr (``set_printoptions(compact=False)``): the present
-        fields sorted, then the ``None`` fields in declaration order, then ``batch_size``,
-        ``device`` and ``is_shared``."""
+        """The reference's repr: by default its compact form (``Cls(batch_size=[3],
+        fields={x: f32[2], label: str, unset: None})``, the unset fields last), and under
+        ``set_printoptions(compact=False)`` its detailed form: the present fields sorted, then
+        the ``None`` fields in declaration order, then ``batch_size``, ``device`` and
+        ``is_shared``."""
         td = self._tensordict
         present = set(td.keys())
-        bs, dev = td.batch_size, td.device
         specs = _specs(type(self))
+        if _repr_compact():
+            hidden = [k for k in present if k in specs and not specs[k].field.repr]
+            unset = [(name, "None") for name, spec in specs.items()
+                     if name not in present and spec.field.repr]
+            nested = [(k, spec.target.__name__) for k, spec in specs.items()
+                      if k in present and spec.target is not None and is_tensorclass(spec.target)]
+            return td._cpp.repr(True, type(self).__name__, hidden, unset, nested)
+        bs, dev = td.batch_size, td.device
         shown = [key for key in td.keys() if key not in specs or specs[key].field.repr]
         fields = sorted(f"{key}={_entry_repr(self, key)}" for key in shown)
         fields += [f"{name}=None" for name, spec in specs.items()

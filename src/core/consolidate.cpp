@@ -13,6 +13,7 @@
 #include <sys/mman.h>
 #endif
 
+#include "non_tensor_ops.h"
 #include "tensor_dict_impl.h"
 #include "tensordict/dtypes.h"
 #include "wire/json_text.h"
@@ -68,6 +69,57 @@ ClsMetadata cls_metadata_of(const TensorDict& td) {
                      std::vector<int64_t>(bs.begin(), bs.end()), td.is_locked(), 0, std::nullopt};
 }
 
+// A non-tensor entry as a node's "non_tensors" records it: (data, batch_size, str(device) or
+// None), the device being `device_override` when the entry has one.
+NonTensorMetadata non_tensor_metadata(const NonTensorData& nt,
+                                      const std::optional<at::Device>& device_override) {
+  std::optional<std::string> dev;
+  if (nt.device()) dev = (device_override ? *device_override : *nt.device()).str();
+  return NonTensorMetadata{nt.data(), nt.batch_size().vec(), dev, nt.is_metadata()};
+}
+
+// A NonTensorStack's node, as the reference records it: its members "0", "1", ... as
+// "non_tensors" entries, or as nodes of their own when they are stacks too.
+Metadata stack_node(const NonTensorData& nt, bool locked,
+                    const std::optional<at::Device>& device_override) {
+  Metadata m;
+  m.cls = std::string(kNonTensorStackCls);
+  auto& cm = m.cls_metadata;
+  cm.batch_size = nt.batch_size().vec();
+  cm.names.assign(cm.batch_size.size(), std::nullopt);
+  cm.stack_dim = nt.stack_dim();
+  cm.stack_dim_name = nt.stack_dim_name();
+  cm.is_locked = locked;
+  const auto& members = nt.members();
+  for (size_t i = 0; i < members.size(); ++i) {
+    if (members[i].is_stack()) {
+      m.children.emplace_back(std::to_string(i), stack_node(members[i], locked, device_override));
+    } else {
+      m.non_tensors.emplace_back(std::to_string(i), non_tensor_metadata(members[i], device_override));
+    }
+  }
+  return m;
+}
+
+// The NonTensorStack a validated stack node describes; a member that names a device gets the
+// storage's.
+NonTensorData rebuild_stack(const Metadata& m, const at::Device& device) {
+  const size_t n = m.non_tensors.size() + m.children.size();
+  std::vector<std::optional<NonTensorData>> members(n);
+  for (const auto& [key, nt] : m.non_tensors) {
+    const std::optional<at::Device> dev = nt.device ? std::optional(device) : std::nullopt;
+    members[std::stoul(key)] = NonTensorData(nt.data, nt.batch_size, dev,
+                                             nt.metadata ? NonTensorKind::kMetaData
+                                                         : NonTensorKind::kData);
+  }
+  for (const auto& [key, child] : m.children) members[std::stoul(key)] = rebuild_stack(child, device);
+  std::vector<NonTensorData> out;
+  out.reserve(n);
+  for (auto& member : members) out.push_back(std::move(*member));  // validated: each key once
+  if (out.empty()) return detail::empty_stack(m.cls_metadata.batch_size, std::nullopt);
+  return NonTensorData::stack(std::move(out), m.cls_metadata.stack_dim, m.cls_metadata.stack_dim_name);
+}
+
 // ---- consolidate --------------------------------------------------------------------------
 
 // Walks a TensorDict depth first in insertion order, assigning byte ranges and recording the
@@ -87,7 +139,7 @@ struct Planner {
     size_t n_leaves = 0, n_children = 0;
     for (const auto& [key, value] : td.entries()) {
       n_leaves += value.is_tensor();
-      n_children += value.is_tensordict();
+      n_children += value.is_tensordict() || (value.is_non_tensor() && value.non_tensor().is_stack());
     }
     m.leaves.reserve(n_leaves);
     m.children.reserve(n_children);
@@ -97,12 +149,14 @@ struct Planner {
         srcs.push_back(value.tensor());
         continue;
       }
+      if (value.is_non_tensor() && value.non_tensor().is_stack()) {
+        TORCH_CHECK_VALUE(!is_reserved_node_key(key), "consolidate: nested key ",
+                          path_str(path, key), " collides with a field of the metadata");
+        m.children.emplace_back(key, stack_node(value.non_tensor(), td.is_locked(), device_override));
+        continue;
+      }
       if (value.is_non_tensor()) {
-        // As the reference records it: (data, batch_size, str(device) or None).
-        const NonTensorData& nt = value.non_tensor();
-        std::optional<std::string> dev;
-        if (nt.device()) dev = (device_override ? *device_override : *nt.device()).str();
-        m.non_tensors.emplace_back(key, NonTensorMetadata{nt.data(), nt.batch_size().vec(), dev});
+        m.non_tensors.emplace_back(key, non_tensor_metadata(value.non_tensor(), device_override));
         continue;
       }
       TORCH_CHECK_VALUE(!is_reserved_node_key(key), "consolidate: nested key ",
@@ -161,6 +215,8 @@ void leaves_in_td_order(const TensorDict& td, const Metadata& m,
       out.push_back(&m.leaves[li++].second);
     } else if (value.is_tensordict()) {
       leaves_in_td_order(value.tensordict(), m.children[ci++].second, out);
+    } else if (value.non_tensor().is_stack()) {
+      ++ci;  // a NonTensorStack's node holds no leaf
     }
   }
 }
@@ -276,11 +332,21 @@ bool views_match(const TensorDict& td, const Metadata& m, const at::Tensor& stor
   }
   for (const auto& [key, child] : m.children) {
     const Value* v = impl.find(key);
-    if (!v || !v->is_tensordict() || !views_match(v->tensordict(), child, storage)) return false;
+    if (!v) return false;
+    if (child.is_non_tensor_stack()) {
+      if (!v->is_non_tensor() || !v->non_tensor().is_stack() ||
+          stack_node(v->non_tensor(), child.cls_metadata.is_locked, std::nullopt) != child) {
+        return false;
+      }
+    } else if (!v->is_tensordict() || !views_match(v->tensordict(), child, storage)) {
+      return false;
+    }
   }
   for (const auto& [key, nt] : m.non_tensors) {
     const Value* v = impl.find(key);
-    if (!v || !v->is_non_tensor() || !wire::json_identical(v->non_tensor().data(), nt.data)) {
+    if (!v || !v->is_non_tensor() || v->non_tensor().is_stack() ||
+        v->non_tensor().is_metadata() != nt.metadata ||
+        !wire::json_identical(v->non_tensor().data(), nt.data)) {
       return false;
     }
   }
@@ -306,7 +372,9 @@ struct CheckedLevels {
     const auto begin = static_cast<uint32_t>(generations->size());
     levels.push_back({&impl, &m, begin, 0});
     generations->push_back(impl.generation);
-    for (const auto& [key, child] : m.children) add(impl.find(key)->tensordict(), child);
+    for (const auto& [key, child] : m.children) {
+      if (!child.is_non_tensor_stack()) add(impl.find(key)->tensordict(), child);
+    }
     levels[i].end = static_cast<uint32_t>(generations->size());
   }
 
@@ -327,6 +395,7 @@ bool generations_unchanged(const TensorDict& td, const Metadata& m, const uint64
   const auto& impl = TensorDictImpl::of(td);
   if (next == end || *next++ != impl.generation) return false;
   for (const auto& [key, child] : m.children) {
+    if (child.is_non_tensor_stack()) continue;  // a value of this level, which it would change
     if (!generations_unchanged(impl.find(key)->tensordict(), child, next, end)) return false;
   }
   return true;
@@ -424,8 +493,8 @@ TensorDict consolidate_impl(const TensorDict& td, const ConsolidateOptions& o) {
         impl.put(key, leaf_view(storage, m.leaves[li++].second));
       } else if (value.is_non_tensor()) {
         const NonTensorData& nt = value.non_tensor();
-        impl.put(key, moved && nt.device() ? NonTensorData(nt.data(), nt.batch_size().vec(), device)
-                                           : nt);
+        if (nt.is_stack()) ++ci;
+        impl.put(key, moved && nt.device() ? nt.with_device(device) : nt);
       } else {
         impl.put(key, self(self, value.tensordict(), m.children[ci++].second));
       }
@@ -459,11 +528,18 @@ TensorDict rebuild_node(const Metadata& m, const at::Tensor& storage, bool paren
   for (const auto& [key, nt] : m.non_tensors) {
     impl.put(key, NonTensorData(nt.data, nt.batch_size,
                                 nt.device ? std::optional<at::Device>(storage.device())
-                                          : std::nullopt));
+                                          : std::nullopt,
+                                nt.metadata ? NonTensorKind::kMetaData : NonTensorKind::kData));
   }
   for (const auto& [key, leaf] : m.leaves) impl.put(key, leaf_view(storage, leaf));
   // A locked level locks the levels below, as lock_() would (without walking them again).
-  for (const auto& [key, child] : m.children) impl.put(key, rebuild_node(child, storage, locked));
+  for (const auto& [key, child] : m.children) {
+    if (child.is_non_tensor_stack()) {
+      impl.put(key, rebuild_stack(child, storage.device()));
+    } else {
+      impl.put(key, rebuild_node(child, storage, locked));
+    }
+  }
   impl.locked = locked;
   return td;
 }

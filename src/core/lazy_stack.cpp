@@ -9,8 +9,8 @@
 #include <algorithm>
 #include <string>
 
+#include "non_tensor_ops.h"
 #include "tensor_dict_impl.h"
-#include "wire/json_text.h"
 
 namespace tensordict {
 
@@ -21,12 +21,6 @@ namespace {
 std::vector<int64_t> with_dim(at::IntArrayRef sizes, int64_t dim, int64_t n) {
   std::vector<int64_t> out = sizes.vec();
   out.insert(out.begin() + dim, n);
-  return out;
-}
-
-std::vector<int64_t> without_dim(at::IntArrayRef sizes, int64_t dim) {
-  std::vector<int64_t> out = sizes.vec();
-  out.erase(out.begin() + dim);
   return out;
 }
 
@@ -122,9 +116,7 @@ std::vector<Value> split_value(const TensorDict& td, const NestedKey& key, const
       return parts;
     }
     detail::check_batch_prefix(key, nt.batch_size(), impl.batch_size);
-    for (int64_t i = 0; i < n; ++i) {
-      parts.emplace_back(NonTensorData(nt.data(), without_dim(nt.batch_size(), d), nt.device()));
-    }
+    for (auto& part : nt.unbind(d)) parts.emplace_back(std::move(part));
     return parts;
   }
   TORCH_CHECK_TYPE(!value.is_tensor() || value.tensor().defined(), "cannot set key ", key.str(),
@@ -270,16 +262,16 @@ Value get(const TensorDict& td, const NestedKey& key) {
   }
   if (first.is_tensordict()) return stack_levels(td, key.front(), parts);
   if (first.is_non_tensor()) {
-    const NonTensorData& nt = first.non_tensor();
-    for (size_t i = 1; i < parts.size(); ++i) {
-      TORCH_CHECK_VALUE(wire::json_identical(parts[i].non_tensor().data(), nt.data()),
-                        "the non-tensor entry ", quote_key(key.front()),
-                        " holds different data in member 0 and member ", i,
-                        "; only equal data can be read from a lazy stack (there is no "
-                        "NonTensorStack)");
+    // The members' entries stacked, as the reference's lazy stack reads them.
+    std::vector<NonTensorData> entries;
+    entries.reserve(parts.size());
+    for (const auto& p : parts) {
+      TORCH_CHECK_TYPE(p.is_non_tensor(), "key ", quote_key(key.front()),
+                       " holds a non-tensor entry in member 0 but ", kind_name(p),
+                       " in another member");
+      entries.push_back(p.non_tensor());
     }
-    return NonTensorData(nt.data(), with_dim(nt.batch_size(), d, static_cast<int64_t>(parts.size())),
-                         nt.device());
+    return detail::stack_non_tensors(std::move(entries), d);
   }
   std::vector<at::Tensor> tensors;
   tensors.reserve(parts.size());

@@ -29,6 +29,8 @@ namespace fs = std::filesystem;
 constexpr std::string_view kTensorDictType = "<class 'tensordict._td.TensorDict'>";
 constexpr std::string_view kTensorDictClass = "tensordict:TensorDict";
 constexpr std::string_view kNonTensorType = "<class 'tensordict.tensorclass.NonTensorData'>";
+constexpr std::string_view kMetaDataType = "<class 'tensordict.tensorclass.MetaData'>";
+constexpr std::string_view kNonTensorStackType = "<class 'tensordict.tensorclass.NonTensorStack'>";
 constexpr int64_t kFormatVersion = 1;
 // meta.json is small (a few hundred bytes per key); a bigger one is not ours to parse.
 constexpr off_t kMaxMetaBytes = 64 << 20;
@@ -276,13 +278,25 @@ struct Writer {
         out.emplace_back(key, child);
       } else if (value.is_non_tensor()) {
         if (dir) {
+          // The reference's layouts: a stack's values in one meta.json, as tolist() gives them.
+          const NonTensorData& v = value.non_tensor();
           make_dir(fn, *sub, /*nested=*/true);
-          JsonValue nt = JsonValue::map({{"_type", std::string(kNonTensorType)},
-                                         {"data", value.non_tensor().data()},
-                                         {"_metadata", nullptr},
-                                         {"_is_non_tensor", true}});
+          JsonValue nt;
+          if (v.is_stack()) {
+            nt = JsonValue::map({{"_type", std::string(kNonTensorStackType)},
+                                 {"_format_version", kFormatVersion},
+                                 {"_class", "tensordict:NonTensorStack"},
+                                 {"stack_dim", v.stack_dim()},
+                                 {"device", v.device() ? JsonValue(v.device()->str()) : JsonValue()},
+                                 {"data", v.tolist()}});
+          } else {
+            nt = JsonValue::map({{"_type", std::string(v.is_metadata() ? kMetaDataType : kNonTensorType)},
+                                 {"data", v.data()},
+                                 {"_metadata", nullptr},
+                                 {"_is_non_tensor", true}});
+          }
           write_text(fn, *sub / "meta.json", nt.dump());
-          meta.emplace_back(key, JsonValue::map({{"type", "NonTensorData"}}));
+          meta.emplace_back(key, JsonValue::map({{"type", v.class_name()}}));
         }
         out.emplace_back(key, value);
       } else {
@@ -422,19 +436,32 @@ at::Tensor load_leaf(const fs::path& dir, const std::string& key, const JsonValu
   }
 }
 
-JsonValue load_non_tensor(const fs::path& dir, const std::string& where) {
+// A non-tensor entry's folder: `kind` is the parent's "type" of it (NonTensorData, MetaData or
+// NonTensorStack), whose _type its meta.json must repeat. A stack is read from its values, as the
+// reference reads it (its stack_dim is not kept: the values come back stacked along dim 0).
+NonTensorData load_non_tensor(const fs::path& dir, const std::string& where, std::string_view kind) {
   const fs::path file = dir / "meta.json";
   const JsonValue meta = parse_meta(file);
   const JsonValue* type = find(meta, "_type");
-  TORCH_CHECK_VALUE(type != nullptr && type->is_string() && type->as_string() == kNonTensorType,
-                    "load_memmap: ", file.string(), ": key ", where,
-                    " is not a NonTensorData entry (its _type is not ", kNonTensorType, ")");
+  const std::string_view want = kind == "MetaData"         ? kMetaDataType
+                                : kind == "NonTensorStack" ? kNonTensorStackType
+                                                           : kNonTensorType;
+  TORCH_CHECK_VALUE(type != nullptr && type->is_string() && type->as_string() == want,
+                    "load_memmap: ", file.string(), ": key ", where, " is not a ", kind,
+                    " entry (its _type is not ", want, ")");
   const JsonValue* data = find(meta, "data");
   std::error_code ec;
-  TORCH_CHECK_VALUE(data != nullptr && !fs::exists(dir / "other.pickle", ec), "load_memmap: ",
-                    file.string(), ": key ", where,
-                    " holds pickled data (other.pickle), which is not loaded; only JSON data is");
-  return *data;
+  const bool pickled = kind == "NonTensorStack" ? data != nullptr && data->is_string()
+                                                : fs::exists(dir / "other.pickle", ec);
+  TORCH_CHECK_VALUE(data != nullptr && !pickled, "load_memmap: ", file.string(), ": key ", where,
+                    " holds pickled data, which is not loaded; only JSON data is");
+  if (kind == "NonTensorStack") {
+    TORCH_CHECK_VALUE(data->is_list(), "load_memmap: ", file.string(), ": key ", where,
+                      ": the data of a NonTensorStack must be a list");
+    return NonTensorData::from_list(*data);
+  }
+  return NonTensorData(*data, {}, std::nullopt,
+                       kind == "MetaData" ? NonTensorKind::kMetaData : NonTensorKind::kData);
 }
 
 TensorDict load_level(const fs::path& dir, std::vector<std::string>& path) {
@@ -477,12 +504,13 @@ TensorDict load_level(const fs::path& dir, std::vector<std::string>& path) {
         path.push_back(key);
         entries.emplace_back(key, load_level(sub, path));
         path.pop_back();
-      } else if (t->as_string() == "NonTensorData") {
-        entries.emplace_back(key, NonTensorData(load_non_tensor(sub, where)));
+      } else if (t->as_string() == "NonTensorData" || t->as_string() == "MetaData" ||
+                 t->as_string() == "NonTensorStack") {
+        entries.emplace_back(key, load_non_tensor(sub, where, t->as_string()));
       } else {
         TORCH_CHECK_VALUE(false, "load_memmap: ", file_s, ": key ", where, " is a ",
-                          t->as_string(), ", which is not supported (TensorDict and "
-                          "NonTensorData are)");
+                          t->as_string(), ", which is not supported (TensorDict, NonTensorData, "
+                          "MetaData and NonTensorStack are)");
       }
       continue;
     }

@@ -1,4 +1,5 @@
-// The reference's detailed repr (tensordict.set_printoptions(compact=False)).
+// The reference's reprs (tensordict 0.15.3, utils.py): the compact one-line form it prints by
+// default, and the detailed form of set_printoptions(compact=False).
 
 #include <ATen/ATen.h>
 #include <ATen/MapAllocator.h>
@@ -8,6 +9,7 @@
 
 #include "wire/json_text.h"
 #include "tensordict/dtypes.h"
+#include "tensor_dict_impl.h"
 #include "tensordict/lazy_stack.h"
 #include "tensordict/tensor_dict.h"
 
@@ -74,20 +76,30 @@ size_t utf8_length(std::string_view s) {
   return n;
 }
 
-// NonTensorData.__repr__: str(data), cut to its first and last 20 characters past 200.
+// NonTensorData.__repr__ (MetaData's too): str(data), cut to its first and last 20 characters
+// past 200; NonTensorStack's: str(tolist()), cut after 50 characters.
 std::string non_tensor_repr(const NonTensorData& nt) {
+  if (nt.is_stack()) {
+    std::string values = wire::python_str(nt.tolist());
+    if (utf8_length(values) > 50) values = std::string(utf8_head(values, 50)) + "...";
+    return "NonTensorStack(\n    " + values + ",\n    batch_size=" + size_repr(nt.batch_size()) +
+           ",\n    device=" + device_repr(nt.device()) + ")";
+  }
   std::string data = wire::python_str(nt.data());
   if (utf8_length(data) > 200) {
     data = std::string(utf8_head(data, 20)) + "  ...  " + std::string(utf8_tail(data, 20));
   }
-  return "NonTensorData(data=" + data + ", batch_size=" + size_repr(nt.batch_size()) +
-         ", device=" + device_repr(nt.device()) + ")";
+  return std::string(nt.class_name()) + "(data=" + data + ", batch_size=" +
+         size_repr(nt.batch_size()) + ", device=" + device_repr(nt.device()) + ")";
 }
 
+std::string detailed_repr(const TensorDict& td, const std::string& type_name);
+
 std::string value_repr(const Value& value) {
-  return value.is_tensor()       ? tensor_repr(value.tensor())
-         : value.is_non_tensor() ? non_tensor_repr(value.non_tensor())
-                                 : value.tensordict().repr();
+  if (value.is_tensor()) return tensor_repr(value.tensor());
+  if (value.is_non_tensor()) return non_tensor_repr(value.non_tensor());
+  const TensorDict& td = value.tensordict();
+  return detailed_repr(td, td.is_lazy_stack() ? "LazyStackedTensorDict" : "TensorDict");
 }
 
 // "\nkey: value,\nkey: value" sorted as the reference sorts them: by the formatted strings.
@@ -164,22 +176,270 @@ std::string lazy_repr(const LazyStackedTensorDict& td) {
   return out + ")";
 }
 
-}  // namespace
-
-std::string TensorDict::repr() const {
-  if (is_lazy_stack()) return lazy_repr(LazyStackedTensorDict::of(*this));
+std::string detailed_repr(const TensorDict& td, const std::string& type_name) {
+  if (td.is_lazy_stack()) return lazy_repr(LazyStackedTensorDict::of(td));
   std::vector<std::string> fields;
-  for (const auto& [key, value] : entries()) fields.push_back(key + ": " + value_repr(value));
-  const bool shared = device().has_value() && device()->is_cuda();
+  for (const auto& [key, value] : td.entries()) fields.push_back(key + ": " + value_repr(value));
+  const bool shared = td.device().has_value() && td.device()->is_cuda();
   std::vector<std::string> parts = {
       indent("fields={" + indent(fields_repr(std::move(fields))) + "}"),
-      indent("batch_size=" + size_repr(batch_size())),
-      indent("device=" + device_repr(device())),
+      indent("batch_size=" + size_repr(td.batch_size())),
+      indent("device=" + device_repr(td.device())),
       indent(std::string("is_shared=") + (shared ? "True" : "False")),
   };
-  std::string out = "TensorDict(\n";
+  std::string out = type_name + "(\n";
   for (size_t i = 0; i < parts.size(); ++i) out += (i ? ",\n" : "") + parts[i];
   return out + ")";
+}
+
+// ---- the compact form (utils.py _compact_repr) ----------------------------------------------
+
+constexpr size_t kWidth = 80;
+
+// A value as the compact form shows it: a token (a leaf, a non-tensor entry) or a collection
+// ("prefix{key: value, ...}").
+struct Shown {
+  std::string token;
+  bool collection = false;
+  std::string prefix;
+  std::vector<std::pair<std::string, Shown>> entries;
+};
+
+std::string flat(const Shown& v) {
+  if (!v.collection) return v.token;
+  std::string out = v.prefix + "{";
+  for (size_t i = 0; i < v.entries.size(); ++i) {
+    out += (i ? ", " : "") + v.entries[i].first + ": " + flat(v.entries[i].second);
+  }
+  return out + "}";
+}
+
+// Sorted as the reference sorts them: by the text "key: value".
+void sort_entries(std::vector<std::pair<std::string, Shown>>& entries) {
+  std::vector<std::pair<std::string, std::pair<std::string, Shown>>> keyed;
+  keyed.reserve(entries.size());
+  for (auto& e : entries) keyed.emplace_back(e.first + ": " + flat(e.second), std::move(e));
+  std::stable_sort(keyed.begin(), keyed.end(),
+                   [](const auto& a, const auto& b) { return a.first < b.first; });
+  for (size_t i = 0; i < keyed.size(); ++i) entries[i] = std::move(keyed[i].second);
+}
+
+// torch's short dtype names: "torch." dropped, float -> f, uint -> u, int -> i, complex -> c.
+std::string short_dtype(at::ScalarType t) {
+  std::string name = dtype_name(t);
+  name = name.substr(name.find('.') + 1);
+  for (const auto& [from, to] : {std::pair<std::string, std::string>{"float", "f"}, {"uint", "u"},
+                                 {"int", "i"}, {"complex", "c"}}) {
+    for (size_t at = name.find(from); at != std::string::npos; at = name.find(from, at + to.size())) {
+      name.replace(at, from.size(), to);
+    }
+  }
+  return name;
+}
+
+std::string dims_str(at::IntArrayRef dims) {
+  std::string out = "[";
+  for (size_t i = 0; i < dims.size(); ++i) out += (i ? "," : "") + std::to_string(dims[i]);
+  return out + "]";
+}
+
+// "@cpu,meta" when the leaves are not all on the CPU and their level has no device.
+std::string device_suffix(std::vector<std::string> devices, const std::optional<at::Device>& level) {
+  std::sort(devices.begin(), devices.end());
+  devices.erase(std::unique(devices.begin(), devices.end()), devices.end());
+  if (level || (devices.size() == 1 && devices[0] == "cpu")) return "";
+  std::string out = "@";
+  for (size_t i = 0; i < devices.size(); ++i) out += (i ? "," : "") + devices[i];
+  return out;
+}
+
+Shown token(std::string t) {
+  Shown out;
+  out.token = std::move(t);
+  return out;
+}
+
+// A non-tensor entry: the type of its data, or its class for a stack or a MetaData.
+Shown non_tensor_token(const NonTensorData& nt) {
+  return token(nt.kind() == NonTensorKind::kData ? wire::json_type_name(nt.data())
+                                                 : nt.class_name());
+}
+
+Shown shown_level(const TensorDict& td, size_t outer_dims);
+
+// The entries of the members of a lazy stack (flattened when they are lazy stacks too) at one
+// key merged as the reference shows them: a dim that differs is -1, dtypes are promoted.
+Shown merged(const std::vector<Value>& values, size_t member_dims,
+             const std::optional<at::Device>& level_device) {
+  const Value& first = values.front();
+  if (first.is_non_tensor()) return non_tensor_token(first.non_tensor());
+  if (first.is_tensor()) {
+    at::ScalarType dtype = first.tensor().scalar_type();
+    std::vector<int64_t> shape = first.tensor().sizes().slice(member_dims).vec();
+    bool ragged = false;
+    std::vector<std::string> devices;
+    for (const auto& v : values) {
+      if (!v.is_tensor()) continue;
+      const at::Tensor& t = v.tensor();
+      dtype = c10::promoteTypes(dtype, t.scalar_type());
+      devices.push_back(t.device().str());
+      const auto s = t.sizes().slice(std::min(member_dims, t.sizes().size()));
+      if (s.size() != shape.size()) {
+        ragged = true;
+      } else {
+        for (size_t d = 0; d < s.size(); ++d) {
+          if (s[d] != shape[d]) shape[d] = -1;
+        }
+      }
+    }
+    if (ragged) shape = {-1};
+    return token(short_dtype(dtype) + dims_str(shape) + device_suffix(devices, level_device));
+  }
+  // Nested levels: merged key by key over the members' levels.
+  const TensorDict& td0 = first.tensordict();
+  Shown out;
+  out.collection = true;
+  out.prefix = td0.is_lazy_stack() ? "LazyStackedTensorDict" : "";
+  const auto extra = td0.batch_size().slice(std::min(member_dims, td0.batch_size().size()));
+  if (!extra.empty()) out.prefix += dims_str(extra);
+  if (td0.is_lazy_stack()) {
+    out.entries = shown_level(td0, td0.batch_size().size()).entries;
+    return out;
+  }
+  std::vector<TensorDict> levels;
+  for (const auto& v : values) {
+    if (v.is_tensordict()) levels.push_back(v.tensordict());
+  }
+  for (const auto& [key, child] : td0.entries()) {
+    std::vector<Value> parts;
+    for (const auto& l : levels) {
+      if (const Value* p = l.find(key)) parts.push_back(*p);
+    }
+    if (parts.size() == levels.size()) {
+      out.entries.emplace_back(key, merged(parts, td0.batch_size().size(), td0.device()));
+    }
+  }
+  sort_entries(out.entries);
+  return out;
+}
+
+// The leaves of a lazy stack flattened member by member (members that are stacks too).
+void flat_members(const TensorDict& td, std::vector<TensorDict>& out) {
+  for (const auto& m : LazyStackedTensorDict::of(td).tensordicts()) {
+    if (m.is_lazy_stack()) {
+      flat_members(m, out);
+    } else {
+      out.push_back(m);
+    }
+  }
+}
+
+// A level's entries as shown in the fields of a level with `outer_dims` batch dims (feature
+// dims are a leaf's dims after those).
+Shown shown_level(const TensorDict& td, size_t outer_dims) {
+  Shown out;
+  out.collection = true;
+  if (td.is_lazy_stack()) {
+    std::vector<TensorDict> members;
+    flat_members(td, members);
+    const size_t member_dims = members.front().batch_size().size();
+    for (const auto& key : detail::lazy::common_keys(td)) {
+      std::vector<Value> parts;
+      for (const auto& m : members) parts.push_back(m.get(key));
+      out.entries.emplace_back(key, merged(parts, member_dims, td.device()));
+    }
+    sort_entries(out.entries);
+    return out;
+  }
+  for (const auto& [key, value] : td.entries()) {
+    if (value.is_tensor()) {
+      const at::Tensor& t = value.tensor();
+      out.entries.emplace_back(
+          key, token(short_dtype(t.scalar_type()) + dims_str(t.sizes().slice(outer_dims)) +
+                     device_suffix({t.device().str()}, td.device())));
+    } else if (value.is_non_tensor()) {
+      out.entries.emplace_back(key, non_tensor_token(value.non_tensor()));
+    } else {
+      const TensorDict& child = value.tensordict();
+      Shown c = shown_level(child, child.batch_size().size());
+      c.prefix = child.is_lazy_stack() ? "LazyStackedTensorDict" : "";
+      const auto extra = child.batch_size().slice(outer_dims);
+      if (!extra.empty()) c.prefix += dims_str(extra);
+      out.entries.emplace_back(key, std::move(c));
+    }
+  }
+  sort_entries(out.entries);
+  return out;
+}
+
+std::string render(const Shown& v, const std::string& indent_by, size_t used, size_t tail) {
+  std::string f = flat(v);
+  if (!v.collection || v.entries.empty() || used + utf8_length(f) + tail <= kWidth) return f;
+  const std::string pad = indent_by + "    ";
+  std::string out = v.prefix + "{\n";
+  for (size_t i = 0; i < v.entries.size(); ++i) {
+    const auto& [k, e] = v.entries[i];
+    const size_t vt = i + 1 == v.entries.size() ? tail + 1 : 1;
+    out += (i ? ",\n" : "") + pad + k + ": " +
+           render(e, pad, utf8_length(pad) + utf8_length(k) + 2, vt);
+  }
+  return out + "}";
+}
+
+std::string compact_repr(const TensorDict& td, const std::string& type_name,
+                         const ReprOptions& options) {
+  std::string head = type_name + "(batch_size=" + dims_str(td.batch_size()) + ", ";
+  if (td.device()) head += "device=" + td.device()->str() + ", ";
+  // A tensorclass over a lazy stack does not show it (options.type_name is a tensorclass's).
+  if (td.is_lazy_stack() && options.type_name.empty()) {
+    head += "stack_dim=" + std::to_string(detail::stack_dim_of(td)) + ", ";
+  }
+  head += "fields=";
+  // A lazy stack's keys that only some members have: each member's, by member index.
+  Shown exclusive;
+  exclusive.collection = true;
+  if (td.is_lazy_stack()) {
+    const auto common = detail::lazy::common_keys(td);
+    const auto members = LazyStackedTensorDict::of(td).tensordicts();
+    for (size_t i = 0; i < members.size(); ++i) {
+      Shown own = shown_level(members[i], members[i].batch_size().size());
+      std::erase_if(own.entries, [&](const auto& e) {
+        return std::find(common.begin(), common.end(), e.first) != common.end();
+      });
+      if (!own.entries.empty()) exclusive.entries.emplace_back(std::to_string(i), std::move(own));
+    }
+  }
+  const size_t tail = exclusive.entries.empty() ? 1 : 1 + std::string(", exclusive_fields={").size();
+  Shown body = shown_level(td, td.batch_size().size());
+  std::erase_if(body.entries, [&](const auto& e) {
+    return std::find(options.hidden.begin(), options.hidden.end(), e.first) != options.hidden.end();
+  });
+  for (auto& [key, value] : body.entries) {
+    for (const auto& [k, name] : options.nested_names) {
+      if (k == key && value.collection) value.prefix = name + value.prefix;
+    }
+  }
+  if (!options.nested_names.empty()) sort_entries(body.entries);
+  for (const auto& [key, t] : options.trailing) body.entries.emplace_back(key, token(t));
+  std::string out = head + render(body, "", utf8_length(head), tail);
+  if (!exclusive.entries.empty()) {
+    const size_t last_line = out.rfind('\n') == std::string::npos ? 0 : out.rfind('\n') + 1;
+    const size_t used = utf8_length(std::string_view(out).substr(last_line)) +
+                        std::string(", exclusive_fields=").size();
+    out += ", exclusive_fields=" + render(exclusive, "", used, 1);
+  }
+  return out + ")";
+}
+
+}  // namespace
+
+std::string NonTensorData::repr() const { return non_tensor_repr(*this); }
+
+std::string TensorDict::repr(const ReprOptions& options) const {
+  const std::string name = !options.type_name.empty() ? options.type_name
+                           : is_lazy_stack()          ? "LazyStackedTensorDict"
+                                                      : "TensorDict";
+  return options.compact ? compact_repr(*this, name, options) : detailed_repr(*this, name);
 }
 
 std::ostream& operator<<(std::ostream& os, const TensorDict& td) { return os << td.repr(); }

@@ -54,7 +54,8 @@ Value admit(const TensorDictImpl& level, const NestedKey& full_key, const Value&
     if (bs.size() == nt.batch_size().size() && (!level.device || nt.device() == level.device)) {
       return value;
     }
-    return NonTensorData(nt.data(), std::move(bs), level.device ? level.device : nt.device());
+    const NonTensorData sized = bs.size() == nt.batch_size().size() ? nt : nt.with_batch_size(std::move(bs));
+    return level.device ? sized.with_device(level.device) : sized;
   }
   detail::check_batch_prefix(full_key, detail::entry_shape(value), level.batch_size);
   if (value.is_tensor()) {
@@ -294,22 +295,24 @@ TensorDict& TensorDict::set_non_tensor(const NestedKey& key, JsonValue data) {
   return *this;
 }
 
-const JsonValue& TensorDict::get_non_tensor(const NestedKey& key) const {
+TensorDict& TensorDict::set_non_tensor(const NestedKey& key, NonTensorData entry) {
+  return set(key, Value(std::move(entry)));
+}
+
+JsonValue TensorDict::get_non_tensor(const NestedKey& key) const {
   const Level at = walk(*this, key, false, false);
-  if (at.lazy()) {
-    // Members hold their own copies; the data is the same in all of them (lazy::get checks).
-    const Value v = detail::lazy::get(*at.handle, tail(key, at.depth));
+  const auto data = [&](const Value& v) {
     TORCH_CHECK_TYPE(v.is_non_tensor(), "get_non_tensor: key ", key.str(), " holds ",
                      detail::kind_name(v), ", not a non-tensor entry");
-    return detail::members_of(*at.handle).front().get_non_tensor(tail(key, at.depth));
-  }
+    const NonTensorData& nt = v.non_tensor();
+    return nt.is_stack() ? nt.tolist() : nt.data();
+  };
+  if (at.lazy()) return data(detail::lazy::get(*at.handle, tail(key, at.depth)));
   const TensorDictImpl* level = at.impl;
   const Value* v = level ? level->find(key.back()) : nullptr;
   TD_CHECK_KEY(v != nullptr, "key ", key.str(), " not found in TensorDict with keys ",
                key_list(level ? *level : *impl_));
-  TORCH_CHECK_TYPE(v->is_non_tensor(), "get_non_tensor: key ", key.str(), " holds ",
-                   detail::kind_name(*v), ", not a non-tensor entry");
-  return v->non_tensor().data();
+  return data(*v);
 }
 
 TensorDict& TensorDict::set_(const NestedKey& key, const at::Tensor& tensor) {

@@ -7,8 +7,9 @@
 #include <set>
 #include <type_traits>
 
-#include "wire/json_text.h"
+#include "non_tensor_ops.h"
 #include "tensor_dict_impl.h"
+#include "wire/json_text.h"
 
 namespace tensordict {
 
@@ -47,13 +48,10 @@ std::vector<TensorDict> map_batch(const TensorDict& td, size_t old_dims,
       TORCH_INTERNAL_ASSERT(parts.size() == out.size());
       for (size_t i = 0; i < out.size(); ++i) TensorDictImpl::of(out[i]).append_unique(key, parts[i]);
     } else if (value.is_non_tensor()) {
-      // The data is kept; the batch size follows the level's, as the reference's NonTensorData
-      // does (its extra batch dims, if any, stay after the new ones).
-      const NonTensorData& nt = value.non_tensor();
-      const auto extra = nt.batch_size().slice(td.batch_size().size());
+      auto parts = detail::map_non_tensor(value.non_tensor(), td.batch_size().size(),
+                                          new_batches, fn);
       for (size_t i = 0; i < out.size(); ++i) {
-        TensorDictImpl::of(out[i]).append_unique(
-            key, NonTensorData(nt.data(), concat(new_batches[i], extra), nt.device()));
+        TensorDictImpl::of(out[i]).append_unique(key, std::move(parts[i]));
       }
     } else if (value.tensordict().is_lazy_stack() && lazy_fn) {
       auto parts = lazy_fn(value.tensordict());
@@ -102,7 +100,7 @@ TensorDict map_leaves(const TensorDict& td, const std::function<at::Tensor(const
       if (non_tensors == NonTensors::kKeep) {
         impl.append_unique(key, value);
       } else if (non_tensors == NonTensors::kMove) {
-        impl.append_unique(key, NonTensorData(nt.data(), nt.batch_size().vec(), device));
+        impl.append_unique(key, nt.with_device(device));
       }
     } else {
       const TensorDict& child = value.tensordict();
@@ -123,30 +121,20 @@ using detail::map_leaves;
 using detail::map_one;
 using detail::NonTensors;
 
-std::string short_dump(const JsonValue& v) {
-  std::string text = v.dump();
-  return text.size() > 60 ? text.substr(0, 60) + "..." : text;
-}
-
-// The non-tensor entry at `key` of each TensorDict, which must hold the same data: stack and
-// cat keep it (there is no NonTensorStack here for differing data).
-const NonTensorData& same_non_tensor(at::ArrayRef<TensorDict> tds, const std::string& key,
-                                     const std::string& path, const char* what) {
-  const Value* v0 = TensorDictImpl::of(tds[0]).find(key);
-  TORCH_INTERNAL_ASSERT(v0 && v0->is_non_tensor());
-  for (size_t i = 1; i < tds.size(); ++i) {
+// The non-tensor entry at `key` of each TensorDict (stack and cat combine them).
+std::vector<NonTensorData> non_tensor_parts(at::ArrayRef<TensorDict> tds, const std::string& key,
+                                            const std::string& path, const char* what) {
+  std::vector<NonTensorData> parts;
+  parts.reserve(tds.size());
+  for (size_t i = 0; i < tds.size(); ++i) {
     const Value* v = TensorDictImpl::of(tds[i]).find(key);
     TORCH_INTERNAL_ASSERT(v != nullptr);  // the callers checked the key sets
     TORCH_CHECK_TYPE(v->is_non_tensor(), what, ": key ", path,
                      " is a non-tensor entry in tensordict 0 but ", detail::kind_name(*v),
                      " in tensordict ", i);
-    TORCH_CHECK_VALUE(wire::json_identical(v->non_tensor().data(), v0->non_tensor().data()), what,
-                      ": the non-tensor entry ", path, " holds ",
-                      short_dump(v0->non_tensor().data()), " in tensordict 0 but ",
-                      short_dump(v->non_tensor().data()), " in tensordict ", i,
-                      "; only equal non-tensor data can be combined (there is no NonTensorStack)");
+    parts.push_back(v->non_tensor());
   }
-  return v0->non_tensor();
+  return parts;
 }
 
 int64_t wrap(int64_t dim, int64_t ndims) { return c10::maybe_wrap_dim(dim, ndims); }
@@ -410,10 +398,9 @@ TensorDict stack_at(at::ArrayRef<TensorDict> inputs, int64_t dim,
   TensorDict out = TensorDictImpl::make(nb, device);
   for (const auto& [key, value] : first.entries()) {
     if (value.is_non_tensor()) {
-      const NonTensorData& nt = same_non_tensor(tds, key, path_str(prefix, key), "stack");
-      std::vector<int64_t> bs = nt.batch_size().vec();
-      bs.insert(bs.begin() + d, static_cast<int64_t>(tds.size()));
-      TensorDictImpl::of(out).put(key, NonTensorData(nt.data(), std::move(bs), nt.device()));
+      // A stack of the entries, as the reference stacks them (one MetaData for equal ones).
+      TensorDictImpl::of(out).put(key, detail::stack_non_tensors(
+                                           non_tensor_parts(tds, key, path_str(prefix, key), "stack"), d));
     } else if (value.is_tensor()) {
       const auto parts = parts_of<at::Tensor>(tds, key, prefix, "stack");
       for (size_t i = 1; i < parts.size(); ++i) {
@@ -453,10 +440,8 @@ TensorDict cat_at(at::ArrayRef<TensorDict> inputs, int64_t dim,
   TensorDict out = TensorDictImpl::make(nb, device);
   for (const auto& [key, value] : first.entries()) {
     if (value.is_non_tensor()) {
-      const NonTensorData& nt = same_non_tensor(tds, key, path_str(prefix, key), "cat");
-      std::vector<int64_t> bs = nt.batch_size().vec();
-      bs[d] = nb[d];
-      TensorDictImpl::of(out).put(key, NonTensorData(nt.data(), std::move(bs), nt.device()));
+      TensorDictImpl::of(out).put(
+          key, detail::cat_non_tensors(non_tensor_parts(tds, key, path_str(prefix, key), "cat"), d));
     } else if (value.is_tensor()) {
       const auto parts = parts_of<at::Tensor>(tds, key, prefix, "cat");
       TensorDictImpl::of(out).put(key, at::cat(parts, d));
@@ -586,9 +571,7 @@ TensorDict& TensorDict::update(const TensorDict& other, UpdateOptions options) {
     const bool have = !mine.is_tensor() || mine.tensor().defined();
     if (value.is_non_tensor()) {
       // An equal entry is left alone: no write, so a locked or consolidated TensorDict stays so.
-      const bool same = have && mine.is_non_tensor() &&
-                        wire::json_identical(mine.non_tensor().data(), value.non_tensor().data()) &&
-                        mine.non_tensor().batch_size() == value.non_tensor().batch_size();
+      const bool same = have && mine.is_non_tensor() && mine.non_tensor() == value.non_tensor();
       if (!same) set(key, value);
     } else if (value.is_tensordict()) {
       if (have && mine.is_tensordict()) {
@@ -641,8 +624,28 @@ TensorDict& TensorDict::fill_(const NestedKey& key, const at::Scalar& value) {
 
 namespace {
 
-// a == b (or !=) key by key. Two non-tensor entries compare their data, giving a bool tensor
-// of their batch size, as the reference's NonTensorData.__eq__ does.
+// Two non-tensor entries element by element: a bool tensor of their batch size, as the
+// reference's NonTensorData.__eq__ and NonTensorStack.__eq__ give.
+at::Tensor compare_non_tensors(const NonTensorData& a, const NonTensorData& b, bool eq,
+                               const char* what, const std::string& key) {
+  TORCH_CHECK(a.batch_size() == b.batch_size(), what, ": the non-tensor entry ", quote_key(key),
+              " has batch sizes ", a.batch_size(), " and ", b.batch_size());
+  const auto options =
+      at::TensorOptions().dtype(at::kBool).device(a.device().value_or(at::Device(at::kCPU)));
+  if (!a.is_stack() && !b.is_stack()) return at::full(a.batch_size(), (a.data() == b.data()) == eq, options);
+  const auto ea = detail::non_tensor_elements(a), eb = detail::non_tensor_elements(b);
+  const at::Tensor ia = ea.ids.contiguous(), ib = eb.ids.contiguous();
+  at::Tensor out = at::empty(a.batch_size(), at::kBool);
+  const int64_t* pa = ia.const_data_ptr<int64_t>();
+  const int64_t* pb = ib.const_data_ptr<int64_t>();
+  bool* po = out.data_ptr<bool>();
+  for (int64_t i = 0; i < out.numel(); ++i) {
+    po[i] = (ea.atoms[static_cast<size_t>(pa[i])]->data() == eb.atoms[static_cast<size_t>(pb[i])]->data()) == eq;
+  }
+  return out.to(options.device());
+}
+
+// a == b (or !=) key by key (non-tensor entries by compare_non_tensors).
 TensorDict compare(const TensorDict& a, const TensorDict& b, bool eq, const char* what) {
   if (a.is_lazy_stack() || b.is_lazy_stack()) {
     // Slice by slice along the lazy stack's dim, giving a lazy stack.
@@ -666,11 +669,7 @@ TensorDict compare(const TensorDict& a, const TensorDict& b, bool eq, const char
     if (value.is_tensor()) {
       out.set(key, eq ? at::eq(value.tensor(), o.tensor()) : at::ne(value.tensor(), o.tensor()));
     } else if (value.is_non_tensor()) {
-      const NonTensorData& nt = value.non_tensor();
-      const bool same = nt.data() == o.non_tensor().data();
-      out.set(key, at::full(nt.batch_size(), same == eq,
-                            at::TensorOptions().dtype(at::kBool).device(
-                                nt.device().value_or(at::Device(at::kCPU)))));
+      out.set(key, compare_non_tensors(value.non_tensor(), o.non_tensor(), eq, what, key));
     } else {
       out.set(key, compare(value.tensordict(), o.tensordict(), eq, what));
     }
@@ -746,7 +745,7 @@ bool TensorDict::allclose(const TensorDict& other, double rtol, double atol, boo
   if (my_nt.size() != their_nt.size()) return false;
   for (const auto& [key, value] : my_nt) {
     const Value o = other.get(key, at::Tensor());
-    if (!o.is_non_tensor() || !(o.non_tensor().data() == value.non_tensor().data())) return false;
+    if (!o.is_non_tensor() || !(o.non_tensor().tolist() == value.non_tensor().tolist())) return false;
   }
   const auto mine = items({.include_nested = true, .leaves_only = true});
   const auto theirs = other.items({.include_nested = true, .leaves_only = true});

@@ -244,6 +244,35 @@ TensorDict FrameReader::recv_consolidated(ByteSource& src, const std::optional<T
 // tensor leaf (nested ones included) sorted by its "."-joined key. A receiver that knows only
 // keys/dtypes/shapes reads the top-level case; ours reads both forms.
 
+namespace {
+
+// A NonTensorStack entry of the header, [key, values, batch_size, stack_dim], as the reference's
+// _decode_non_tensor_stack reads it: the values nested as the batch dims, restacked along
+// stack_dim.
+NonTensorData decode_stack(const JsonValue& values, const JsonValue& stack_batch,
+                           const JsonValue& stack_dim, const std::vector<int64_t>& batch_size) {
+  bool ok = values.is_list() && stack_batch.is_list() && stack_dim.is_int();
+  std::vector<int64_t> sbs;
+  for (size_t i = 0; ok && i < stack_batch.as_list().size(); ++i) {
+    const JsonValue& d = stack_batch.as_list()[i];
+    ok = d.is_int() && d.as_int() >= 0;
+    if (ok) sbs.push_back(d.as_int());
+  }
+  ok = ok && sbs.size() >= batch_size.size() &&
+       std::equal(batch_size.begin(), batch_size.end(), sbs.begin()) && stack_dim.as_int() >= 0 &&
+       stack_dim.as_int() < static_cast<int64_t>(sbs.size());
+  TORCH_CHECK_VALUE(ok, "invalid non-tensor stack");
+  NonTensorData stack = NonTensorData::from_list(values, std::nullopt, static_cast<int64_t>(sbs.size()));
+  if (const int64_t d = stack_dim.as_int(); d > 0 && stack.batch_size().size() > static_cast<size_t>(d)) {
+    stack = NonTensorData::stack(stack.unbind(d), d);
+  }
+  TORCH_CHECK_VALUE(stack.batch_size() == at::IntArrayRef(sbs),
+                    "the values of a non-tensor stack do not match its batch size");
+  return stack;
+}
+
+}  // namespace
+
 TensorDict FrameReader::recv_uncollated(ByteSource& src, std::optional<at::Device> device) {
   const at::Device target_device = device.value_or(at::kCPU);
   TORCH_CHECK_VALUE(target_device.is_cpu(), "recv: this build of the pipe moves CPU memory only");
@@ -258,7 +287,7 @@ TensorDict FrameReader::recv_uncollated(ByteSource& src, std::optional<at::Devic
     int64_t nbytes;
   };
   std::vector<Leaf> leaves;
-  std::vector<std::pair<std::vector<std::string>, JsonValue>> non_tensors;
+  std::vector<std::pair<std::vector<std::string>, NonTensorData>> non_tensors;
   std::vector<int64_t> batch_size;
   try {
     const JsonValue header = wire::parse_json(
@@ -319,11 +348,11 @@ TensorDict FrameReader::recv_uncollated(ByteSource& src, std::optional<at::Devic
         const size_t n = entry.is_list() ? entry.as_list().size() : 0;
         TORCH_CHECK_VALUE(n == 2 || n == 4, "a non_tensors entry must be [key, data] or "
                           "[key, values, batch_size, stack_dim]");
-        TORCH_CHECK_VALUE(n == 2, "non-tensor stacks (non_tensors entries of 4 items) are not "
-                          "supported by this implementation");
-        auto key = decode_key(entry.as_list()[0]);
+        const auto& e = entry.as_list();
+        auto key = decode_key(e[0]);
         TORCH_CHECK_VALUE(seen.insert(key).second, "keys must be unique");
-        non_tensors.emplace_back(std::move(key), entry.as_list()[1]);
+        non_tensors.emplace_back(std::move(key), n == 2 ? NonTensorData(e[1])
+                                                        : decode_stack(e[1], e[2], e[3], batch_size));
       }
     }
     int64_t total = 0;
@@ -375,8 +404,8 @@ TensorDict FrameReader::recv_uncollated(ByteSource& src, std::optional<at::Devic
     src.read(t.data_ptr(), static_cast<size_t>(leaf.nbytes), t, "a leaf");
     result.set(NestedKey(leaf.key), t);
   }
-  // As the reference: set_non_tensor after the leaves, each with its level's batch size.
-  for (auto& [key, data] : non_tensors) result.set_non_tensor(NestedKey(key), std::move(data));
+  // As the reference: set after the leaves, a NonTensorData with its level's batch size.
+  for (auto& [key, entry] : non_tensors) result.set_non_tensor(NestedKey(key), std::move(entry));
   return result;
 }
 

@@ -355,10 +355,21 @@ void PipeImpl::send_uncollated(Link& e, const TensorDict& td) {
   for (size_t j = 0; j < order.size(); ++j) {
     const auto& [key, value] = items[order[j].second];
     if (value.is_non_tensor()) {
-      // [key, data], as the reference sends a NonTensorData whose data is JSON-like.
+      // [key, data] for a NonTensorData, [key, values, batch_size, stack_dim] for a
+      // NonTensorStack, as the reference sends them; a MetaData it refuses.
+      const NonTensorData& nt = value.non_tensor();
+      TORCH_CHECK_VALUE(!nt.is_metadata(), "consolidated=False cannot send the MetaData entry ",
+                        key.str(), ": it sends only NonTensorData and NonTensorStack entries "
+                        "whose values are str, int, float, bool, None, or lists or dicts (with "
+                        "str keys) of them. Send it with consolidated=True.");
       if (non_tensors.size() > 1) non_tensors += ", ";
       non_tensors += "[" + wire_key(key) + ", ";
-      wire::append_json(non_tensors, value.non_tensor().data(), false);
+      if (nt.is_stack()) {
+        wire::append_json(non_tensors, nt.tolist(), false);
+        non_tensors += ", " + json_ints(nt.batch_size()) + ", " + std::to_string(nt.stack_dim());
+      } else {
+        wire::append_json(non_tensors, nt.data(), false);
+      }
       non_tensors += "]";
       continue;
     }

@@ -109,7 +109,7 @@ void append_node(std::string& out, const Metadata& m, bool sort, const Transport
   node.add("cls_metadata", [&] {
     const auto& cm = m.cls_metadata;
     ObjectWriter w(out, sort);
-    if (m.is_lazy_stack()) {  // the reference's LazyStackedTensorDict._reduce_get_metadata
+    if (m.is_stack()) {  // the reference's LazyStackedTensorDict._reduce_get_metadata
       w.add("stack_dim", [&] { out += std::to_string(cm.stack_dim); });
       w.add("stack_dim_name", [&] { append_optional(out, cm.stack_dim_name); });
       w.add("is_locked", [&] { out += cm.is_locked ? "true" : "false"; });
@@ -183,6 +183,7 @@ struct JsonTraits {
   static bool is_number(const Value& v) { return v.is_int() || v.is_float(); }
   static bool is_string(const Value& v) { return v.is_string(); }
   static bool is_list(const Value& v) { return v.is_list(); }
+  static bool is_plain_list(const Value&) { return false; }  // JSON has no tuples
   static bool is_map(const Value& v) { return v.is_map(); }
   static bool is_class_ref(const Value&) { return false; }  // JSON names no classes
   static std::string class_name(const Value&) { return {}; }
@@ -334,7 +335,7 @@ class FastJson {
 ValidatedMetadata read_metadata_json(std::string_view text) {
   TORCH_CHECK_VALUE(text.size() <= kMaxMetadataJsonBytes, "metadata: ", text.size(),
                     " bytes of JSON, more than the limit of ", kMaxMetadataJsonBytes);
-  if (auto fast = tree::read_fast(text, [](std::string_view in, tree::Tree& t) {
+  if (auto fast = tree::read_fast(text, /*json=*/true, [](std::string_view in, tree::Tree& t) {
         return FastJson(in, t).run();
       })) {
     return std::move(*fast);
@@ -349,7 +350,7 @@ ValidatedMetadata read_metadata_json_general(std::string_view text) {
       text, JsonLimits{.max_depth = kMaxMetadataJsonDepth, .max_values = kMaxMetadataJsonValues},
       "metadata");
   TransportFields transport;
-  Metadata m = reader::read_root<JsonTraits>(j, &transport);
+  Metadata m = reader::read_root<JsonTraits>(j, &transport, /*json=*/true);
   return validated(std::move(m), std::move(transport));
 }
 

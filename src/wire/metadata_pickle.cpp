@@ -85,11 +85,21 @@ void write_node(pickle::Writer& w, const Metadata& m, const TransportFields* tra
   w.dict_open(m.non_tensors.size());
   for (const auto& [key, nt] : m.non_tensors) {
     write_str(w, key);
-    w.tuple_open(3);
+    // A MetaData as a list, a NonTensorData as the tuple the reference writes: a Python
+    // reader unpacks both alike (docs/wire-format.md §3.7).
+    if (nt.metadata) {
+      w.list_open(3);
+    } else {
+      w.tuple_open(3);
+    }
     write_json(w, nt.data);
     write_ints(w, nt.batch_size);
     write_optional(w, nt.device);
-    w.tuple_close(3);
+    if (nt.metadata) {
+      w.list_close(3);
+    } else {
+      w.tuple_close(3);
+    }
   }
   w.dict_close(m.non_tensors.size());
   w.str("leaves");
@@ -107,7 +117,7 @@ void write_node(pickle::Writer& w, const Metadata& m, const TransportFields* tra
   w.dict_close(m.leaves.size());
   w.str("cls_metadata");
   const auto& cm = m.cls_metadata;
-  if (m.is_lazy_stack()) {  // the reference's LazyStackedTensorDict._reduce_get_metadata
+  if (m.is_stack()) {  // the reference's LazyStackedTensorDict._reduce_get_metadata
     w.dict_open(3);
     w.str("stack_dim");
     w.integer(cm.stack_dim);
@@ -275,6 +285,7 @@ struct PickleTraits {
   static bool is_number(const Value& v) { return is_int(v) || v.kind() == Kind::Float; }
   static bool is_string(const Value& v) { return v.kind() == Kind::Str; }
   static bool is_list(const Value& v) { return v.kind() == Kind::List || v.kind() == Kind::Tuple; }
+  static bool is_plain_list(const Value& v) { return v.kind() == Kind::List; }
   static bool is_map(const Value& v) { return v.kind() == Kind::Dict; }
   static bool is_class_ref(const Value& v) { return v.kind() == Kind::ClassRef; }
   static std::string class_name(const Value& v) { return ::tensordict::class_name(v); }
@@ -544,7 +555,7 @@ class Parser {
 
 // The validated metadata of `bytes`, or nullopt where the general way must read them.
 std::optional<wire::ValidatedMetadata> read(std::string_view bytes) {
-  return wire::tree::read_fast(bytes, [](std::string_view in, Tree& tree) {
+  return wire::tree::read_fast(bytes, /*json=*/false, [](std::string_view in, Tree& tree) {
     return Parser(in, metadata_pickle_limits(), tree).run();
   });
 }
@@ -557,7 +568,7 @@ wire::ValidatedMetadata read_validated(const pickle::Value& value) {
   Path path;
   refuse_class_refs(value, path, /*is_node=*/true);
   TransportFields transport;
-  Metadata m = wire::reader::read_root<PickleTraits>(value, &transport);
+  Metadata m = wire::reader::read_root<PickleTraits>(value, &transport, /*json=*/false);
   return wire::validated(std::move(m), std::move(transport));
 }
 

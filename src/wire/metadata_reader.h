@@ -4,6 +4,7 @@
 // faults. `T` adapts a parsed tree (JsonValue or pickle::Value): T::Value, the kind tests
 // (is_null, is_bool, is_int, is_number, is_string, is_list, is_map, is_class_ref), as_bool,
 // as_int, as_string, items (a list's or tuple's elements), members (a map's (key, value) pairs),
+// is_plain_list (a list and not a tuple: a pickle tells them apart, JSON does not),
 // class_name, to_json (a non-tensor entry's data), dump (for messages) and ignored (called on
 // each value the reader skips, which a reader that checks values lazily inspects there).
 // Validation of the result is validate()'s (metadata_validate.cpp), done once by the caller.
@@ -54,6 +55,7 @@ struct Reader {
   using Json = typename T::Value;
 
   std::vector<std::string> path;
+  bool json = false;  // reading JSON text (no tuples), not a pickle
 
   What at(std::string_view what) const { return {&path, what}; }
   What at(std::string_view what, std::string_view key) const { return {&path, what, key}; }
@@ -111,18 +113,20 @@ struct Reader {
                         as_int(l[3], what.of("the stop of ")), as_int(l[4], what.of("the pad of "))};
   }
 
-  NonTensorMetadata non_tensor(std::string_view key, const Json& j) const {
+  NonTensorMetadata non_tensor(std::string_view key, const Json& j, bool json) const {
     const auto what = at("non-tensor entry", key);
     TORCH_CHECK_VALUE(T::is_list(j) && T::items(j).size() == 3, "metadata: ", what,
                       " must be [data, batch_size, device], got ", type_name(j), " ",
                       short_dump<T>(j));
     const auto& l = T::items(j);
+    // A pickled list (not the reference's tuple) is our MetaData (docs/wire-format.md §3.7).
     return NonTensorMetadata{T::to_json(l[0]), as_ints(l[1], what.of("the batch_size of ")),
-                             as_optional_string(l[2], what.of("the device of "))};
+                             as_optional_string(l[2], what.of("the device of ")),
+                             !json && T::is_plain_list(j)};
   }
 
-  // A lazy stack's {"stack_dim", "stack_dim_name", "is_locked"}; its batch size is derived
-  // from its members once they are read.
+  // A stack's {"stack_dim", "stack_dim_name", "is_locked"} (a lazy stack's or a
+  // NonTensorStack's); its batch size is derived from its members once they are read.
   ClsMetadata lazy_cls_metadata(const Json& j) const {
     const auto what = at("cls_metadata");
     ClsMetadata cm;
@@ -186,7 +190,8 @@ struct Reader {
     bool lazy = false;
     for (const auto& [k, v] : members) {
       if (k == "cls") {
-        lazy = T::is_string(v) && T::as_string(v) == kLazyStackCls;
+        lazy = T::is_string(v) &&
+               (T::as_string(v) == kLazyStackCls || T::as_string(v) == kNonTensorStackCls);
         break;
       }
     }
@@ -205,7 +210,7 @@ struct Reader {
         seen |= 1;
       } else if (k == "non_tensors") {
         for (const auto& [nk, nv] : object(v, at("non_tensors"))) {
-          m.non_tensors.emplace_back(nk, non_tensor(nk, nv));
+          m.non_tensors.emplace_back(nk, non_tensor(nk, nv, json));
         }
         seen |= 2;
       } else if (k == "leaves") {
@@ -243,8 +248,8 @@ struct Reader {
     }
     TORCH_CHECK_VALUE(seen == 15, "metadata: ", at("the node"),
                       " lacks one of cls, non_tensors, leaves, cls_metadata");
-    if (m.is_lazy_stack()) {
-      if (auto bs = lazy_stack_batch_size(m)) {  // otherwise validation says what is wrong
+    if (m.is_stack()) {
+      if (auto bs = stack_batch_size(m)) {  // otherwise validation says what is wrong
         m.cls_metadata.names.assign(bs->size(), std::nullopt);
         m.cls_metadata.batch_size = std::move(*bs);
       }
@@ -255,8 +260,10 @@ struct Reader {
 
 /// The root node of a tree, with its top-level transport fields.
 template <typename T>
-Metadata read_root(const typename T::Value& root, TransportFields* transport) {
-  return Reader<T>{}.node(root, 0, transport);
+Metadata read_root(const typename T::Value& root, TransportFields* transport, bool json) {
+  Reader<T> r;
+  r.json = json;
+  return r.node(root, 0, transport);
 }
 
 }  // namespace tensordict::wire::reader

@@ -187,6 +187,7 @@ struct Traits {
   static bool is_list(const Ref& v) {
     return v.node().kind == Kind::List || v.node().kind == Kind::Tuple;
   }
+  static bool is_plain_list(const Ref& v) { return v.node().kind == Kind::List; }
   static bool is_map(const Ref& v) { return v.node().kind == Kind::Dict; }
   static bool is_class_ref(const Ref& v) { return v.node().kind == Kind::ClassRef; }
   static std::string class_name(const Ref& v) {
@@ -205,12 +206,13 @@ struct Traits {
   static void ignored(const Ref& v) { check_class_refs(v); }
 };
 
-/// Parses `input` into the calling thread's arena with `parse(input, tree)` (the root node's
-/// index) and reads it as validated metadata; nullopt where the general reader must read it
+/// Parses `input` (JSON text when `json`, else a pickle) into the calling thread's arena with
+/// `parse(input, tree)` (the root node's index) and reads it as validated metadata; nullopt
+/// where the general reader must read it
 /// (the parser or the reader gave up, or failed). The arena is kept per thread: fresh pages for
 /// it would cost more than the parse; one that a large input grew is given back after use.
 template <typename Parse>
-std::optional<ValidatedMetadata> read_fast(std::string_view input, Parse&& parse) {
+std::optional<ValidatedMetadata> read_fast(std::string_view input, bool json, Parse&& parse) {
   constexpr size_t kKeptNodes = size_t{1} << 16;
   thread_local Tree tree;
   struct Reset {
@@ -228,7 +230,7 @@ std::optional<ValidatedMetadata> read_fast(std::string_view input, Parse&& parse
     const Ref top{&tree, root};
     if (!Traits::is_map(top)) return std::nullopt;
     TransportFields transport;
-    Metadata m = reader::read_root<Traits>(top, &transport);
+    Metadata m = reader::read_root<Traits>(top, &transport, json);
     return validated(std::move(m), std::move(transport));
   } catch (const GiveUp&) {
   } catch (const c10::Error&) {

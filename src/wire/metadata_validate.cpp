@@ -61,14 +61,18 @@ struct Validator {
                       kMaxMetadataDepth, " levels");
     // "module.qualname": a class reference (the reference's tensorclass node), rebuilt as a
     // TensorDict node; only metadata_from_pickle makes one.
-    TORCH_CHECK_VALUE(m.cls == "TensorDict" || m.is_lazy_stack() || is_class_reference_name(m.cls),
+    TORCH_CHECK_VALUE(m.cls == "TensorDict" || m.is_stack() || is_class_reference_name(m.cls),
                       "metadata: node ", here(), " has cls '", m.cls,
-                      "'; only TensorDict and LazyStackedTensorDict nodes are supported");
+                      "'; only TensorDict, LazyStackedTensorDict and NonTensorStack nodes are "
+                      "supported");
     entries += 1 + static_cast<int64_t>(m.leaves.size() + m.non_tensors.size());
     TORCH_CHECK_VALUE(entries <= kMaxMetadataEntries, "metadata: more than ", kMaxMetadataEntries,
                       " entries");
     const auto& cm = m.cls_metadata;
     const at::IntArrayRef batch(cm.batch_size);
+    // A stack's batch size comes from its members: their checks say what is wrong first.
+    if (m.is_lazy_stack()) lazy_stack(m, depth);
+    if (m.is_non_tensor_stack()) non_tensor_stack(m, depth);
     for (int64_t d : batch) {
       TORCH_CHECK_VALUE(d >= 0, "metadata: node ", here(), " has a negative batch dim in ", batch);
     }
@@ -76,10 +80,7 @@ struct Validator {
                       batch, ", which does not start with its parent's ", parent_batch);
     TORCH_CHECK_VALUE(cm.names.size() == batch.size(), "metadata: node ", here(), " has ",
                       cm.names.size(), " names for ", batch.size(), " batch dims");
-    if (m.is_lazy_stack()) {
-      lazy_stack(m, depth);
-      return;
-    }
+    if (m.is_stack()) return;
     if (cm.device) {
       try {
         (void)at::Device(*cm.device);
@@ -132,6 +133,8 @@ struct Validator {
       TORCH_CHECK_VALUE(m.children[i].first == std::to_string(i), "metadata: member ", i,
                         " of the lazy stack ", here(), " is keyed ",
                         quote_key(m.children[i].first), ", not '", i, "'");
+      TORCH_CHECK_VALUE(!m.children[i].second.is_non_tensor_stack(), "metadata: member ", i,
+                        " of the lazy stack ", here(), " is a NonTensorStack, not a TensorDict");
       TORCH_CHECK_VALUE(m.children[i].second.cls_metadata.batch_size ==
                             m.children[0].second.cls_metadata.batch_size,
                         "metadata: the members of the lazy stack ", here(),
@@ -143,8 +146,58 @@ struct Validator {
     TORCH_CHECK_VALUE(m.cls_metadata.stack_dim >= 0 && m.cls_metadata.stack_dim <= member_dims,
                       "metadata: the lazy stack ", here(), " has stack_dim ",
                       m.cls_metadata.stack_dim, " for members with ", member_dims, " batch dims");
-    TORCH_CHECK_VALUE(lazy_stack_batch_size(m) == m.cls_metadata.batch_size,
+    TORCH_CHECK_VALUE(stack_batch_size(m) == m.cls_metadata.batch_size,
                       "metadata: the lazy stack ", here(), " has batch_size ",
+                      at::IntArrayRef(m.cls_metadata.batch_size),
+                      ", which is not its members' with the stack dim");
+    for (const auto& [key, child] : m.children) {
+      path.push_back(key);
+      node(child, {}, depth + 1);  // the members' batch sizes were checked above
+      path.pop_back();
+    }
+  }
+
+  // A NonTensorStack's node: members "0" ... "n-1", each a non-tensor entry or a NonTensorStack
+  // node, sharing a batch size; no leaves.
+  void non_tensor_stack(const Metadata& m, int depth) {
+    const auto here = [&] { return node_str(path); };
+    TORCH_CHECK_VALUE(m.leaves.empty(), "metadata: the NonTensorStack ", here(),
+                      " has leaves; its members are non-tensor data");
+    const size_t n = m.non_tensors.size() + m.children.size();
+    std::vector<const std::vector<int64_t>*> member_batch(n, nullptr);
+    const auto member = [&](const std::string& key, const std::vector<int64_t>& batch) {
+      size_t i = n;
+      if (!key.empty() && key.size() <= 10 && key.find_first_not_of("0123456789") == std::string::npos &&
+          (key == "0" || key[0] != '0')) {
+        i = std::stoul(key);
+      }
+      TORCH_CHECK_VALUE(i < n, "metadata: the NonTensorStack ", here(), " has the member key ",
+                        quote_key(key), "; its ", n, " members are keyed '0' to '", n - 1, "'");
+      TORCH_CHECK_VALUE(member_batch[i] == nullptr, "metadata: the NonTensorStack ", here(),
+                        " has member ", i, " twice");
+      member_batch[i] = &batch;
+    };
+    for (const auto& [key, nt] : m.non_tensors) {
+      member(key, nt.batch_size);
+      non_tensor(key, nt, {});
+    }
+    for (const auto& [key, child] : m.children) {
+      TORCH_CHECK_VALUE(child.is_non_tensor_stack(), "metadata: member ", quote_key(key),
+                        " of the NonTensorStack ", here(), " is a ", child.cls,
+                        " node; a member is a non-tensor entry or a NonTensorStack");
+      member(key, child.cls_metadata.batch_size);
+    }
+    for (size_t i = 1; i < n; ++i) {
+      TORCH_CHECK_VALUE(*member_batch[i] == *member_batch[0], "metadata: the members of the "
+                        "NonTensorStack ", here(), " have different batch sizes, ",
+                        at::IntArrayRef(*member_batch[0]), " and ", at::IntArrayRef(*member_batch[i]));
+    }
+    const auto member_dims = n ? static_cast<int64_t>(member_batch[0]->size()) : 0;
+    TORCH_CHECK_VALUE(m.cls_metadata.stack_dim >= 0 && m.cls_metadata.stack_dim <= member_dims,
+                      "metadata: the NonTensorStack ", here(), " has stack_dim ",
+                      m.cls_metadata.stack_dim, " for members with ", member_dims, " batch dims");
+    TORCH_CHECK_VALUE(stack_batch_size(m) == m.cls_metadata.batch_size,
+                      "metadata: the NonTensorStack ", here(), " has batch_size ",
                       at::IntArrayRef(m.cls_metadata.batch_size),
                       ", which is not its members' with the stack dim");
     for (const auto& [key, child] : m.children) {
@@ -232,16 +285,37 @@ struct Validator {
 
 }  // namespace
 
-std::optional<std::vector<int64_t>> lazy_stack_batch_size(const Metadata& m) {
-  if (!m.is_lazy_stack() || m.children.empty()) return std::nullopt;
-  std::vector<int64_t> bs = m.children[0].second.cls_metadata.batch_size;
+std::optional<std::vector<int64_t>> stack_batch_size(const Metadata& m) {
+  std::vector<int64_t> bs;
+  size_t n = m.children.size();
+  if (m.is_lazy_stack()) {
+    if (m.children.empty()) return std::nullopt;
+    bs = m.children[0].second.cls_metadata.batch_size;
+  } else if (m.is_non_tensor_stack()) {
+    n += m.non_tensors.size();
+    if (n == 0) return m.cls_metadata.stack_dim == 0 ? std::optional(std::vector<int64_t>{0})
+                                                     : std::nullopt;
+    // Member "0"'s (validation checks that every member has it).
+    bool found = false;
+    for (const auto& [key, nt] : m.non_tensors) {
+      if (key == "0") bs = nt.batch_size, found = true;
+    }
+    for (const auto& [key, child] : m.children) {
+      if (key == "0") bs = child.cls_metadata.batch_size, found = true;
+    }
+    if (!found) return std::nullopt;
+  } else {
+    return std::nullopt;
+  }
   const int64_t d = m.cls_metadata.stack_dim;
   if (d < 0 || d > static_cast<int64_t>(bs.size())) return std::nullopt;
-  bs.insert(bs.begin() + d, static_cast<int64_t>(m.children.size()));
+  bs.insert(bs.begin() + d, static_cast<int64_t>(n));
   return bs;
 }
 
 int64_t validate(const Metadata& m, std::optional<int64_t> storage_bytes, int64_t storage_offset) {
+  TORCH_CHECK_VALUE(!m.is_non_tensor_stack(), "metadata: the root is a NonTensorStack; only a "
+                    "TensorDict or a LazyStackedTensorDict can be the root of a transfer");
   Validator v{m, storage_bytes, storage_offset};
   v.node(m, {}, 0);
   v.check_overlaps();

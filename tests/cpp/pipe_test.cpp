@@ -488,7 +488,9 @@ TEST(Pipe, MalformedMetadataFailsTheSafeRebuild) {
     // Uncollated: malformed non_tensors entries.
     for (const auto& [nt, needle] : std::vector<std::pair<std::string, std::string>>{
              {R"([["x"]])", "must be [key, data]"},
-             {R"([["x", [1], [1], 0]])", "non-tensor stacks"},
+             {R"([["x", [1], [2], 0]])", "do not match its batch size"},
+             {R"([["x", [1], [1], 1]])", "invalid non-tensor stack"},
+             {R"([["x", "ab", [2], 0]])", "invalid non-tensor stack"},
              {R"([[7, 1]])", "a key must be a string"},
              {R"([["a", 1]])", "keys must be unique"},
              {R"([[["a", "b"], 1]])", "cannot also have descendants"},

@@ -303,23 +303,39 @@ TEST(TensorDictOps, LevelsTwoDeepKeepTheirExtraBatchDims) {
             at::IntArrayRef({12, 2, 7}));
 }
 
-TEST(TensorDictOpsNonTensor, StackAndCatNeedEqualData) {
+// As the reference: stacking gives a NonTensorStack of the entries, equal or not (tensordict
+// 0.15.3's default, capture_non_tensor_stack() False); cat keeps an entry that is the same in
+// every part and stacks the elements otherwise.
+TEST(TensorDictOpsNonTensor, StackMakesNonTensorStacks) {
   const TensorDict a = with_non_tensors();
   const TensorDict b = with_non_tensors();
   using V = std::vector<int64_t>;
   TensorDict s = tensordict::stack({a, b}, 1);
   EXPECT_EQ(nt_batch(s, "s"), V({4, 2, 3}));
   EXPECT_EQ(nt_batch(s, {"n", "t"}), V({4, 2, 3, 2, 5}));
-  EXPECT_EQ(s.get_non_tensor("s"), JsonValue("hello"));
+  const NonTensorData st = s.get("s").non_tensor();
+  EXPECT_TRUE(st.is_stack());
+  EXPECT_EQ(st.stack_dim(), 1);
+  ASSERT_EQ(st.members().size(), 2u);
+  EXPECT_EQ(st.members()[0].data(), JsonValue("hello"));
+  EXPECT_EQ(st.common_data(), JsonValue("hello"));
+  EXPECT_EQ(s.index({0, 1, 2}).get_non_tensor("s"), JsonValue("hello"));
   TensorDict c = tensordict::cat({a, b}, 0);
   EXPECT_EQ(nt_batch(c, "s"), V({8, 3}));
+  EXPECT_FALSE(c.get("s").non_tensor().is_stack());
   EXPECT_EQ(nt_batch(c, {"n", "t"}), V({8, 3, 2, 5}));
 
   TensorDict other = with_non_tensors();
-  other.set_non_tensor({"n", "t"}, "different");
-  EXPECT_THROW_MSG(tensordict::stack({a, other}), c10::ValueError,
-                   "non-tensor entry ('n', 't') holds [1, null] in tensordict 0 but \"different\"");
-  EXPECT_THROW_MSG(tensordict::cat({a, other}), c10::ValueError, "no NonTensorStack");
+  other.set({"n", "t"}, NonTensorData("different", {4, 3, 2, 5}));
+  TensorDict mixed = tensordict::stack({a, other});
+  const auto members = mixed.get({"n", "t"}).non_tensor().members();
+  EXPECT_EQ(members[1].data(), JsonValue("different"));
+  EXPECT_EQ(members[0].data(), JsonValue::list({1, nullptr}));
+  TensorDict joined = tensordict::cat({a, other});
+  EXPECT_EQ(nt_batch(joined, {"n", "t"}), V({8, 3, 2, 5}));
+  const NonTensorData j = joined.get({"n", "t"}).non_tensor();
+  EXPECT_EQ(j.unbind(0)[5].tolist().at(0).at(1).at(4), JsonValue("different"));
+  EXPECT_EQ(j.unbind(0)[3].tolist().at(0).at(1).at(4), JsonValue::list({1, nullptr}));
   TensorDict tensor_there = with_non_tensors();
   tensor_there.set("s", at::zeros({4, 3}));
   EXPECT_THROW_MSG(tensordict::stack({a, tensor_there}), c10::TypeError,

@@ -8,7 +8,7 @@ listens, one {"k": ..., ...} per received TensorDict, and {"end": ...} last.
     ROLE: listen | connect      DIRECTION: send | recv
     MODE: consolidated | uncollated     PORT: the listener's (connect) or 0 (listen)
     SCENARIO: schemas (4 TensorDicts: A, A again, B, A, then a clean close) | forever (the
-              same schema until killed)
+              same schema until killed) | classes (2 TensorDicts with NonTensorStacks)
 """
 import asyncio
 import json
@@ -35,7 +35,14 @@ def say(**fields):
 
 
 def message(lib, schema, k):
-    """Schema A: obs float32 [4, 3], reward float64 [4], info.step int64 [4]; B adds done."""
+    """Schema A: obs float32 [4, 3], reward float64 [4], info.step int64 [4]; B adds done.
+    Scenario classes: A with a NonTensorStack of texts (and one of 2-D) and a str label."""
+    if SCENARIO == "classes":
+        td = lib.TensorDict({"obs": torch.full((4, 3), float(k))}, batch_size=[4])
+        td["text"] = lib.NonTensorStack(*[f"t{k}.{i}" for i in range(4)])
+        td["info", "grid"] = lib.NonTensorStack(*[lib.NonTensorStack(f"{i}a", f"{i}b") for i in range(4)])
+        td["label"] = f"label{k}"
+        return td.consolidate() if CONSOLIDATED else td
     td = lib.TensorDict({"obs": torch.full((4, 3), float(k)),
                          "reward": torch.full((4,), float(k), dtype=torch.float64),
                          "info": {"step": torch.full((4,), k, dtype=torch.int64)}},
@@ -46,6 +53,9 @@ def message(lib, schema, k):
 
 
 def sequence():
+    if SCENARIO == "classes":
+        yield from [("A", 1), ("A", 2)]
+        return
     if SCENARIO == "schemas":
         yield from [("A", 1), ("A", 2), ("B", 3), ("A", 4)]
     else:
@@ -60,8 +70,13 @@ def describe(td, previous):
     values = {float(v.double().min()) for v in td.values(include_nested=True, leaves_only=True)}
     values |= {float(v.double().max()) for v in td.values(include_nested=True, leaves_only=True)}
     k = values.pop() if len(values) == 1 else None  # every element of every leaf is k
-    return dict(k=k, keys=keys, same=td is previous,
-                batch=list(td.batch_size) if CONSOLIDATED else None)
+    out = dict(k=k, keys=keys, same=td is previous,
+               batch=list(td.batch_size) if CONSOLIDATED else None)
+    if SCENARIO == "classes":
+        out["non_tensors"] = {str(key): [type(td.get(key)).__name__, list(td.get(key).tolist())
+                                         if hasattr(td.get(key), "tolist") else td[key]]
+                              for key in ("text", ("info", "grid"), "label")}
+    return out
 
 
 # ---- ours ---------------------------------------------------------------------------------------

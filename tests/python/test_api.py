@@ -5,6 +5,7 @@ import re
 
 import pytest
 import tensordict
+from tensordict_cpp import set_printoptions as tdc_set_printoptions
 import torch
 
 import tensordict_cpp
@@ -220,7 +221,7 @@ def test_repr_equals_the_reference_detailed_repr():
     td = make()
     ref = tensordict.TensorDict(a=torch.arange(4.0), b=torch.ones(4, 3), batch_size=[4])
     ref["n", "x"] = torch.zeros(4, 2, dtype=torch.int64)
-    with tensordict.set_printoptions(compact=False):
+    with tensordict.set_printoptions(compact=False), tdc_set_printoptions(compact=False):
         assert repr(td) == repr(ref)
 
 

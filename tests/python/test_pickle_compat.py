@@ -135,7 +135,8 @@ def test_reference_metadata_round_trips_with_tuples(index):
     [
         (lambda m: m["leaves"].__setitem__("a", ("torch.float32", [4], 0, 4096, 0)), "holds 4096"),
         (lambda m: m["leaves"].__setitem__("a", ("torch.evil", [4], 0, 16, 0)), "unknown dtype 'torch.evil'"),
-        (lambda m: m.__setitem__("cls", "NonTensorStack"), "only TensorDict and LazyStackedTensorDict"),
+        (lambda m: m.__setitem__("cls", "NonTensorData"),
+         "only TensorDict, LazyStackedTensorDict and NonTensorStack"),
         (lambda m: m.__setitem__("cls", "LazyStackedTensorDict"), "unexpected field"),
         (lambda m: m["cls_metadata"].__setitem__("batch_size", "4"), "batch_size"),
     ],

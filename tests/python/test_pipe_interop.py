@@ -259,3 +259,26 @@ def test_our_server_with_eight_clients_of_both_kinds():
         assert handled == [True] * SERVER_CLIENTS
 
     asyncio.run(asyncio.wait_for(main(), 240))
+
+
+def expected_classes(k):
+    return {"text": ["NonTensorStack", [f"t{k}.{i}" for i in range(4)]],
+            "('info', 'grid')": ["NonTensorStack", [[f"{i}a", f"{i}b"] for i in range(4)]],
+            "label": ["NonTensorData", [f"label{k}"] * 4]}
+
+
+@pytest.mark.parametrize("mode", ["consolidated", "uncollated"])
+@pytest.mark.parametrize("sender, receiver", PAIRS, ids=["ours-to-ref", "ref-to-ours"])
+def test_non_tensor_stacks_cross_both_ways(sender, receiver, mode):
+    """NonTensorStacks (1-D and 2-D) in the metadata node and in the uncollated header."""
+    tx, rx = start_pair(sender, receiver, "receiver", mode, scenario="classes")
+    try:
+        assert tx.end() == "closed", tx.stderr()
+        rx.end()
+        got = rx.received()
+        assert [item["k"] for item in got] == [1.0, 2.0], rx.stderr()
+        for k, item in zip((1, 2), got):
+            assert item["non_tensors"] == expected_classes(k), item
+    finally:
+        tx.kill()
+        rx.kill()

@@ -1,4 +1,4 @@
-"""Our C++ repr must equal the reference's detailed repr for the same TensorDicts."""
+"""Our C++ repr must equal the reference's, detailed and compact, for the same TensorDicts."""
 import subprocess
 
 import pytest
@@ -55,6 +55,9 @@ def ours():
 
 @pytest.mark.parametrize("name", ["nested", "empty", "device", "tricky", "dtypes", "non_tensors"])
 def test_repr_equals_reference(name):
+    case = reference_cases()[name]
     with tensordict.set_printoptions(compact=False):
-        expected = repr(reference_cases()[name])
-    assert ours()[name] == expected
+        expected = repr(case)
+    got = ours()
+    assert got[name] == expected
+    assert got[name + " compact"] == repr(case)

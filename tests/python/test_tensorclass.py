@@ -17,6 +17,7 @@ import torch
 import torch.distributed as dist
 
 import tensordict
+from tensordict_cpp import set_printoptions as tdc_set_printoptions
 from tensordict_cpp import TensorDict, TensorDictPipe, is_tensorclass, tensorclass
 from tensordict_cpp.distributed import run
 from tensordict_cpp.tensorclass import _resolve_tensorclass_type
@@ -323,7 +324,7 @@ def test_repr_matches_the_reference():
             our_kw["extra"] = TensorDict(x=torch.ones(3, 1), batch_size=[3])
         ref = build(RefSample, RefPose, tensordict.TensorDict, **ref_kw)
         ours = build(OurSample, Pose, TensorDict, **our_kw)
-        with tensordict.set_printoptions(compact=False):
+        with tensordict.set_printoptions(compact=False), tdc_set_printoptions(compact=False):
             want = repr(ref).replace("RefSample(", "OurSample(").replace("RefPose(", "Pose(")
             assert repr(ours) == want
             assert repr(ours[0]) == repr(ref[0]).replace("RefSample(", "OurSample(").replace(
@@ -346,7 +347,9 @@ def test_non_tensor_fields():
     assert c.label == "eval" and c.step == 5
     back = Labelled.from_tensordict(x.to_tensordict())
     assert back.label == "eval" and back.step == 5
-    assert "label=NonTensorData(data=eval, batch_size=torch.Size([3]), device=None)" in repr(x)
+    with tdc_set_printoptions(compact=False):
+        assert "label=NonTensorData(data=eval, batch_size=torch.Size([3]), device=None)" in repr(x)
+    assert "label: str" in repr(x)
     with pytest.raises(TypeError, match="Labelled.label is annotated str .*got Tensor"):
         x.label = torch.zeros(3)
     with pytest.raises(TypeError, match="Labelled.meta: .*"):

@@ -8,27 +8,31 @@
 
 using tensordict::TensorDict;
 
+// Each case in the detailed form, then (named "<case> compact") in the default compact one.
+void show(const char* name, const TensorDict& td) {
+  std::cout << "=== " << name << "\n" << td.repr({.compact = false}) << "\n";
+  std::cout << "=== " << name << " compact\n" << td << "\n";
+}
+
 int main() {
   TensorDict nested({{"b", at::ones({4, 3}, at::kLong)}, {"a", at::ones({4})}}, {4});
   nested.set({"c", "d"}, at::zeros({4, 2}, at::kBool));
   nested.set({"c", "e", "f"}, at::ones({4}));
-  std::cout << "=== nested\n" << nested << "\n";
+  show("nested", nested);
 
-  std::cout << "=== empty\n" << TensorDict() << "\n";
-
-  std::cout << "=== device\n"
-            << TensorDict({{"x", at::scalar_tensor(1.0)}}, {}, at::Device("cpu")) << "\n";
+  show("empty", TensorDict());
+  show("device", TensorDict({{"x", at::scalar_tensor(1.0)}}, {}, at::Device("cpu")));
 
   // "a b" sorts before "a" once ": " is appended, as the reference sorts formatted lines.
   TensorDict tricky({{"a", at::ones({2, 0})}, {"a b", at::ones({2})}, {"B", at::ones({2, 1, 1})}}, {2});
-  std::cout << "=== tricky\n" << tricky << "\n";
+  show("tricky", tricky);
 
   TensorDict dtypes({}, {1});
   const at::ScalarType all[] = {at::kBool, at::kByte, at::kChar, at::kShort, at::kInt, at::kLong,
                                 at::kHalf, at::kBFloat16, at::kFloat, at::kDouble, at::kComplexFloat,
                                 at::kComplexDouble, at::kUInt16, at::kUInt32, at::kUInt64};
   for (auto dt : all) dtypes.set("k" + std::to_string(static_cast<int>(dt)), at::zeros({1, 2}, dt));
-  std::cout << "=== dtypes\n" << dtypes << "\n";
+  show("dtypes", dtypes);
 
   // Non-tensor entries print as the reference's NonTensorData: str(data), cut past 200.
   using tensordict::JsonValue;
@@ -45,6 +49,6 @@ int main() {
   TensorDict on_cpu({}, {3}, at::Device("cpu"));
   on_cpu.set_non_tensor("z", 1.5);
   non_tensors.set("cpu", on_cpu);
-  std::cout << "=== non_tensors\n" << non_tensors << "\n";
+  show("non_tensors", non_tensors);
   return 0;
 }

@@ -56,14 +56,14 @@ void check_leaf_dtype(at::ScalarType t, const char* who, const Where& where) {
 /// The nested key path + key, as messages print it: 'a' or ('a', 'b').
 std::string path_str(std::vector<std::string> path, const std::string& key);
 
+/// A stack node's batch size (a lazy stack's or a NonTensorStack's): its members' (keyed "0",
+/// "1", ..., which share one) with their count inserted at stack_dim; nullopt when the node is
+/// not such a stack (validate() says why). The wire leaves it out, so readers fill it in.
+std::optional<std::vector<int64_t>> stack_batch_size(const Metadata& m);
+
 /// Validates `m` (dtypes, shapes, ranges, alignment, overlaps, keys, bounds; ValueError naming
 /// the key path otherwise) for a storage of `storage_bytes` (unbounded if unset) whose first
 /// byte sits `storage_offset` bytes into its allocation. Returns the largest stop.
-/// A lazy stack node's batch size: its members' (the children "0", "1", ..., which share one)
-/// with their count inserted at stack_dim; nullopt when the node is not such a stack (validate()
-/// says why). The wire leaves it out, so readers and metadata_of() fill it in with this.
-std::optional<std::vector<int64_t>> lazy_stack_batch_size(const Metadata& m);
-
 int64_t validate(const Metadata& m, std::optional<int64_t> storage_bytes = std::nullopt,
                  int64_t storage_offset = 0);
 

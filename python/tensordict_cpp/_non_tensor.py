@@ -1,0 +1,309 @@
+"""The non-tensor entries of a TensorDict, as the reference's ``NonTensorData``, ``MetaData``
+and ``NonTensorStack``, over the core's ``_C.NonTensorData`` (include/tensordict/non_tensor.h).
+
+A layer below ``_td``: this module imports nothing of the package but ``_C``.
+"""
+from __future__ import annotations
+
+import numbers
+from typing import Any
+
+import torch
+
+from tensordict_cpp import _C
+
+
+def _batch_size(batch_size: Any) -> list[int]:
+    if batch_size is None:
+        return []
+    if isinstance(batch_size, numbers.Integral):
+        return [int(batch_size)]
+    return [int(s) for s in batch_size]
+
+
+def _device(device: Any) -> torch.device | None:
+    return None if device is None else torch.device(device)
+
+
+def index_item(item: Any) -> Any:
+    """One element of a batch index as the core takes it: ints, slices, None, Ellipsis, bools
+    and tensors; other sequences become index tensors, as torch would read them."""
+    if item is None or item is Ellipsis or isinstance(item, (bool, int, slice, torch.Tensor)):
+        return item
+    if isinstance(item, numbers.Integral):
+        return int(item)
+    if isinstance(item, (list, range)) or hasattr(item, "__array__"):
+        return torch.as_tensor(item)
+    raise TypeError(f"unsupported index element of type {type(item)}")
+
+
+def as_index(index: Any) -> tuple:
+    return tuple(index_item(i) for i in (index if isinstance(index, tuple) else (index,)))
+
+
+def _elementwise(values_a: Any, values_b: Any, batch: list[int]) -> torch.Tensor:
+    """A bool tensor of shape ``batch``: the element-wise equality of two nested value lists."""
+    flat_a, flat_b = [values_a], [values_b]
+    for _ in batch:
+        flat_a = [x for v in flat_a for x in v]
+        flat_b = [x for v in flat_b for x in v]
+    return torch.tensor([a == b for a, b in zip(flat_a, flat_b)], dtype=torch.bool).reshape(batch)
+
+
+class NonTensorData:
+    """A non-tensor entry of a TensorDict: JSON-like data with the batch size and device of
+    the level that holds it, as the reference's ``tensordict.NonTensorData``.
+
+    The data is ``str``, ``int`` (int64), ``float``, ``bool``, ``None``, or lists and dicts
+    (with ``str`` keys) of them. ``td["key"]`` and :meth:`TensorDict.get_non_tensor` return
+    the data; :meth:`TensorDict.get`, ``items()`` and ``values()`` return this wrapper.
+    Per-leaf transfers and reductions skip non-tensor entries (the receiver keeps its own);
+    consolidate() records them, so init_remote, the collectives and the pipe deliver them.
+    Stacking TensorDicts stacks their non-tensor entries into a :class:`NonTensorStack`, as the
+    reference does, even when the data are equal.
+
+    Args:
+        data: the JSON-like value (a NonTensorData is unwrapped: its data is used).
+        batch_size (sequence of int, optional): its batch size; empty (the default) takes the
+            batch size of the level it is set in.
+        device (optional): its device; a level with a device gives it its own.
+    """
+
+    __slots__ = ("data", "batch_size", "device")
+    _metadata = False  # MetaData says True
+
+    def __init__(self, data: Any, batch_size: Any = None, device: Any = None) -> None:
+        if isinstance(data, NonTensorData):
+            data = data.data
+        self.data = data
+        self.batch_size = torch.Size(_batch_size(batch_size))
+        self.device = _device(device)
+
+    @property
+    def shape(self) -> torch.Size:
+        return self.batch_size
+
+    def __repr__(self) -> str:
+        # The reference's NonTensorData.__repr__.
+        data_str = str(self.data)
+        if len(data_str) > 200:
+            data_str = data_str[:20] + "  ...  " + data_str[-20:]
+        return (f"{type(self).__name__}(data={data_str}, batch_size={self.batch_size}, "
+                f"device={self.device})")
+
+    def __eq__(self, other: Any) -> torch.Tensor:  # type: ignore[override]
+        """As the reference: a bool tensor of the batch size, all True when the data (of
+        ``other`` if it is a NonTensorData, else ``other`` itself) equals this data; against
+        a :class:`NonTensorStack`, element by element."""
+        if isinstance(other, NonTensorStack):
+            return other == self
+        other_data = other.data if isinstance(other, NonTensorData) else other
+        return torch.full(self.batch_size, self.data == other_data, dtype=torch.bool,
+                          device=self.device)
+
+    def __ne__(self, other: Any) -> torch.Tensor:  # type: ignore[override]
+        return ~(self == other)
+
+    __hash__ = None  # type: ignore[assignment]
+
+    def tolist(self) -> Any:
+        """The data, repeated along the batch dims (the reference's tolist())."""
+        out = self.data
+        for size in reversed(self.batch_size):
+            out = [out for _ in range(size)]
+        return out
+
+    def _to_cpp(self, key: Any = "data") -> _C.NonTensorData:
+        return _C.NonTensorData(self.data, list(self.batch_size), self.device, key,
+                                self._metadata)
+
+
+class MetaData(NonTensorData):
+    """A non-tensor entry that holds one value for the whole batch, as the reference's
+    ``tensordict.MetaData``: it behaves as :class:`NonTensorData`, except that stacking
+    TensorDicts whose MetaData hold equal data gives one MetaData (with the stacked batch
+    size) instead of a :class:`NonTensorStack`, and indexing keeps it whole.
+
+    The reference compares the values by identity (``is``); ours holds JSON-like values, which
+    have no identity once stored, and compares them by equality. Between two processes of ours
+    a MetaData stays one through init_remote, the collectives and the consolidated pipe; a
+    reference peer receives a NonTensorData, as it does from its own MetaData
+    (docs/non_tensor.md).
+
+    ``MetaData[cls]`` is a subclass whose constructor raises TypeError when the data is not an
+    instance of ``cls``.
+    """
+
+    __slots__ = ()
+    _metadata = True
+    _expected_type: Any = None
+    _typed: dict = {}
+
+    def __init__(self, data: Any, batch_size: Any = None, device: Any = None) -> None:
+        super().__init__(data, batch_size, device)
+        expected = type(self)._expected_type
+        if expected is not None and not isinstance(self.data, expected):
+            raise TypeError(f"Expected data of type {getattr(expected, '__name__', expected)}, "
+                            f"got {type(self.data).__name__}")
+
+    def __class_getitem__(cls, item: Any) -> type:
+        if cls is not MetaData:
+            raise TypeError(f"Cannot specify type for {cls.__name__}")
+        if item not in MetaData._typed:
+            name = f"MetaData[{getattr(item, '__name__', str(item))}]"
+            MetaData._typed[item] = type(name, (MetaData,), {"__slots__": (),
+                                                             "_expected_type": item})
+        return MetaData._typed[item]
+
+
+class NonTensorStack:
+    """A stack of non-tensor entries, one value per element of the batch, as the reference's
+    ``tensordict.NonTensorStack``.
+
+    You get one by stacking TensorDicts that hold non-tensor entries (``torch.stack`` /
+    :func:`~tensordict_cpp.stack`, or a lazy stack's read of the key), by assigning a list that
+    is not numeric to a key (``td["text"] = ["a", "b", "c"]``), or with
+    ``NonTensorStack("a", "b")`` / :meth:`from_list`. ``td["text"]`` returns its values as a
+    (nested) list, ``td.get("text")`` the stack itself; indexing a TensorDict indexes its
+    stacks, so ``td[1]["text"]`` is the second value. Per-leaf transfers skip it, as the
+    reference does; consolidate(), init_remote, the collectives and the pipe (both modes) carry
+    it in the reference's format, so either side may be the reference.
+
+    Args:
+        *members: the members: :class:`NonTensorData`, :class:`MetaData` or stacks, or any
+            JSON-like value (wrapped in a NonTensorData with batch size ``[]``). They share
+            one batch size.
+
+    Keyword Args:
+        stack_dim (int, optional): the dim of the stack's batch size that indexes the members.
+            Defaults to ``0``.
+        stack_dim_name (str, optional): its name (kept in the metadata only).
+
+    Raises:
+        ValueError: when the members' batch sizes differ.
+    """
+
+    __slots__ = ("_cpp",)
+
+    def __init__(self, *members: Any, stack_dim: int = 0, stack_dim_name: str | None = None) -> None:
+        parts = [to_cpp(m if is_non_tensor(m) else NonTensorData(m), str(i))
+                 for i, m in enumerate(members)]
+        self._cpp = _C.NonTensorData.stack(parts, stack_dim, stack_dim_name)
+
+    @classmethod
+    def from_list(cls, values: list, device: Any = None) -> "NonTensorStack":
+        """A stack of ``values``, nested lists of equal lengths becoming nested stacks, as the
+        reference's ``NonTensorStack.from_list``."""
+        return cls._wrap(_C.NonTensorData.from_list(values, _device(device), "values"))
+
+    @classmethod
+    def _wrap(cls, cpp: _C.NonTensorData) -> "NonTensorStack":
+        out = cls.__new__(cls)
+        out._cpp = cpp
+        return out
+
+    @property
+    def batch_size(self) -> torch.Size:
+        return torch.Size(self._cpp.batch_size)
+
+    shape = batch_size
+
+    @property
+    def device(self) -> torch.device | None:
+        return self._cpp.device
+
+    @property
+    def stack_dim(self) -> int:
+        return self._cpp.stack_dim
+
+    @property
+    def stack_dim_name(self) -> str | None:
+        return self._cpp.stack_dim_name
+
+    @property
+    def tensordicts(self) -> list:
+        """The members, in stack order."""
+        return [from_cpp(m) for m in self._cpp.members]
+
+    @property
+    def data(self) -> Any:
+        """The value every element holds; AttributeError when they differ (use tolist())."""
+        if self._cpp.members:
+            values = self._cpp.tolist()
+            for _ in range(len(self.batch_size) - 1):
+                values = [x for v in values for x in v]
+            if values and all(v == values[0] for v in values):
+                return values[0]
+        raise AttributeError("Cannot get the non-unique data of a NonTensorStack. Use .tolist() "
+                             "instead.")
+
+    def tolist(self) -> list:
+        """The values, nested as the batch dims (row-major, whatever the stack dim)."""
+        return self._cpp.tolist()
+
+    def to_dict(self) -> list:
+        return self.tolist()
+
+    def is_empty(self) -> bool:
+        return False  # a stack holds values, as the reference says
+
+    def __len__(self) -> int:
+        return self.batch_size[0]
+
+    def __iter__(self):
+        return iter(self.unbind(0))
+
+    def __getitem__(self, index: Any) -> Any:
+        """Indexes the batch dims: one element is a :class:`NonTensorData`, several a stack."""
+        td = _C.TensorDict([("x", self._cpp)], list(self.batch_size), None)
+        return from_cpp(td.index(as_index(index)).get("x"))
+
+    def unbind(self, dim: int = 0) -> tuple:
+        """The slices along ``dim``: the members along the stack dim."""
+        return tuple(from_cpp(m) for m in self._cpp.unbind(dim))
+
+    def clone(self, recurse: bool = True) -> "NonTensorStack":
+        return NonTensorStack._wrap(self._cpp)  # the values are immutable: sharing is a copy
+
+    def to(self, device: Any, *args: Any, **kwargs: Any) -> "NonTensorStack":
+        return NonTensorStack._wrap(self._cpp.with_device(_device(device)))
+
+    def __eq__(self, other: Any) -> Any:  # type: ignore[override]
+        """Element by element against another stack or a NonTensorData of the same batch size
+        (a bool tensor); ``False`` against anything else, as the reference."""
+        if isinstance(other, (NonTensorStack, NonTensorData)):
+            if list(other.batch_size) != list(self.batch_size):
+                raise RuntimeError(f"Could not compare tensordicts with shapes {self.batch_size} "
+                                   f"and {other.batch_size}")
+            return _elementwise(self.tolist(), other.tolist(), list(self.batch_size))
+        return False
+
+    def __ne__(self, other: Any) -> Any:  # type: ignore[override]
+        eq = self == other
+        return ~eq if isinstance(eq, torch.Tensor) else not eq
+
+    __hash__ = None  # type: ignore[assignment]
+
+    def __repr__(self) -> str:
+        return self._cpp.repr()
+
+
+def is_non_tensor(value: Any) -> bool:
+    """Whether ``value`` is one of the non-tensor entry classes above."""
+    return isinstance(value, (NonTensorData, NonTensorStack))
+
+
+def to_cpp(value: Any, key: Any = "data") -> _C.NonTensorData:
+    """The core's entry for a NonTensorData, MetaData or NonTensorStack (``key`` names it in
+    errors about its data)."""
+    if isinstance(value, NonTensorStack):
+        return value._cpp
+    return value._to_cpp(key)
+
+
+def from_cpp(cpp: _C.NonTensorData) -> Any:
+    """The Python face of the core's entry."""
+    if cpp.is_stack:
+        return NonTensorStack._wrap(cpp)
+    cls = MetaData if cpp.is_metadata else NonTensorData
+    return cls(cpp.data, cpp.batch_size, cpp.device)
