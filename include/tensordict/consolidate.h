@@ -30,6 +30,10 @@ struct ConsolidateOptions {
   bool pin_memory = false;           // page-locked CPU storage (needs an accelerator backend)
   bool share_memory = false;         // CPU storage in POSIX shared memory (torch's fd strategy)
   int num_threads = 1;               // > 1: CPU leaves are copied by that many threads (0 = 1)
+  /// Write the storage into this file, memory-mapped, with the metadata after it (the
+  /// reference's file layout, docs/wire-format.md §3.5): the result's leaves are views of the
+  /// shared mapping, so writes reach the file. Exclusive with a device other than the CPU.
+  std::optional<std::string> filename{};
 };
 
 /// One entry of a node's "leaves": [dtype, shape, start, stop, pad]. start and stop are byte
@@ -167,6 +171,22 @@ std::string metadata_to_json(const Metadata& metadata, bool sort_keys = false,
 /// value comes back as null), never read as nodes. Any other key holding a non-object is an
 /// error, except "size" (the file variant's), which is ignored as the reference ignores it.
 Metadata metadata_from_json(std::string_view text, TransportFields* transport = nullptr);
+
+/// Options of from_consolidated().
+struct FromConsolidatedOptions {
+  /// The file's metadata may not be longer than this (it is read into memory); the leaves are
+  /// mapped, not read.
+  int64_t max_metadata_bytes = int64_t{256} << 20;
+};
+
+/// Reads a file written by consolidate(filename=...) (ours or the reference's): the leaves are
+/// views of a private (copy-on-write) mapping of the file, so writes do not reach it, as in the
+/// reference. The file is untrusted: its trailer, its metadata and every leaf's range are
+/// checked against its size before anything is mapped or viewed; a truncated, forged or missing
+/// file is a RuntimeError naming the file (the reference's type for such files).
+/// A file truncated after it was mapped makes reads of the leaves fault (SIGBUS), as with any
+/// mapping: docs/reliability.md.
+TensorDict from_consolidated(const std::string& filename, const FromConsolidatedOptions& options = {});
 
 /// A TensorDict whose leaves are views of `storage` (a 1-D contiguous uint8 tensor), laid out
 /// as `metadata` says. The metadata is validated against the storage first (ValueError on any

@@ -54,4 +54,10 @@ class LazyStackedTensorDict : public TensorDict {
 /// LazyStackedTensorDict(tds, dim), as the reference's tensordict.lazy_stack.
 LazyStackedTensorDict lazy_stack(std::vector<TensorDict> tds, int64_t dim = 0);
 
+/// The reference's LazyStackedTensorDict.maybe_dense_stack: stack() when the TensorDicts have
+/// the same keys and leaf shapes (level by level: a nested level that differs becomes a lazy
+/// stack inside the dense result), else lazy_stack(). ValueError for an empty list;
+/// RuntimeError when the batch sizes have different numbers of dims.
+TensorDict maybe_dense_stack(const std::vector<TensorDict>& tds, int64_t dim = 0);
+
 }  // namespace tensordict

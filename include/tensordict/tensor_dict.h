@@ -68,7 +68,7 @@ struct ReprOptions {
   bool compact = true;    // the one-line form of tensordict 0.15 (false: the detailed form)
   std::string type_name;  // the class name shown (a tensorclass's); default: this one's
   // For a tensorclass's compact repr: fields not shown, fields shown as `key: token` after the
-  // others (its unset ones, "None"), and the class names of nested levels by key.
+  // others (its unset ones, "None"), and the class names of nested levels by key ("*": all).
   std::vector<std::string> hidden{};
   std::vector<std::pair<std::string, std::string>> trailing{};
   std::vector<std::pair<std::string, std::string>> nested_names{};
@@ -350,8 +350,20 @@ class Value {
   Value(at::Tensor tensor) : v_(std::move(tensor)) {}   // NOLINT: implicit on purpose
   Value(TensorDict td) : v_(std::move(td)) {}           // NOLINT
   Value(NonTensorData data) : v_(std::move(data)) {}    // NOLINT
+  /// The reference's UnbatchedTensor: a leaf whose shape need not start with its level's batch
+  /// size. Batch operations (index, reshape, stack, ...) pass it through whole; operations on
+  /// the values (clone, to, apply) apply to it and keep it unbatched. Per-leaf transfers and
+  /// the reductions move it like any leaf; consolidate() refuses it (NotImplementedError), as
+  /// the reference does.
+  static Value unbatched(at::Tensor tensor) {
+    Value v(std::move(tensor));
+    v.unbatched_ = true;
+    return v;
+  }
 
   bool is_tensor() const { return v_.index() == 0; }
+  /// A tensor leaf made by unbatched().
+  bool is_unbatched() const { return unbatched_; }
   bool is_tensordict() const { return v_.index() == 1; }
   bool is_non_tensor() const { return v_.index() == 2; }
   /// The tensor; TypeError when this is something else.
@@ -363,6 +375,7 @@ class Value {
 
  private:
   std::variant<at::Tensor, TensorDict, NonTensorData> v_;
+  bool unbatched_ = false;
 };
 
 /// Stacks TensorDicts with the same keys and batch size along a new batch dim.

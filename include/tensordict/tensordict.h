@@ -9,6 +9,7 @@
 #include "tensordict/memmap.h"
 #include "tensordict/module.h"
 #include "tensordict/nested_key.h"
+#include "tensordict/sub_tensor_dict.h"
 #include "tensordict/tensor_dict.h"
 #include "tensordict/tensorclass.h"
 #include "tensordict/transfer_stats.h"

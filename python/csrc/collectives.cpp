@@ -143,9 +143,9 @@ void bind_collectives(py::module_& m) {
                       max_total_bytes_arg(), timeout_arg()));
   def(m, "all_reduce",
       [](const TensorDict& td, const c10d::ReduceOp& op, bool async_op, py::object group,
-         std::optional<double> timeout) -> py::object {
+         std::optional<double> timeout, std::optional<int64_t> bucket_bytes) -> py::object {
         dist::AllReduceOptions o{.op = op, .async_op = false, .group = group_from_py(group),
-                                 .timeout = timeout_from_py(timeout)};
+                                 .timeout = timeout_from_py(timeout), .bucket_bytes = bucket_bytes};
         std::vector<dist::WorkPtr> works;
         {
           py::gil_scoped_release nogil;
@@ -158,15 +158,17 @@ void bind_collectives(py::module_& m) {
         return async_op ? py::object(works_to_py(works)) : py::object(py::none());
       },
       std::make_tuple(py::arg("td"), py::arg("op"), py::kw_only(), async_op_arg(), group_arg(),
-                      timeout_arg()));
+                      timeout_arg(), py::arg("bucket_bytes") = py::none()));
   def(m, "reduce",
       [](const TensorDict& td, int64_t group_dst, const c10d::ReduceOp& op, bool async_op,
-         bool return_premature, py::object group, std::optional<double> timeout) -> py::object {
+         bool return_premature, py::object group, std::optional<double> timeout,
+         std::optional<int64_t> bucket_bytes) -> py::object {
         dist::ReduceOptions o{.op = op,
                               .async_op = async_op,
                               .group = group_from_py(group),
                               .group_dst = group_dst,
-                              .timeout = timeout_from_py(timeout)};
+                              .timeout = timeout_from_py(timeout),
+                              .bucket_bytes = bucket_bytes};
         std::vector<dist::WorkPtr> works;
         const bool premature = async_op && return_premature;
         {
@@ -181,7 +183,7 @@ void bind_collectives(py::module_& m) {
       },
       std::make_tuple(py::arg("td"), py::arg("group_dst"), py::arg("op"), py::kw_only(),
                       async_op_arg(), py::arg("return_premature") = false, group_arg(),
-                      timeout_arg()));
+                      timeout_arg(), py::arg("bucket_bytes") = py::none()));
 }
 
 }  // namespace tensordict::python

@@ -144,6 +144,19 @@ auto released = [](const TensorDict& td, std::optional<int64_t> peer, const auto
   }
 };
 
+// recv / irecv into a SubTensorDict (the rows of a parent): p2p's arguments.
+template <typename Fn>
+auto p2p_rows(Fn fn) {
+  return [fn](const SubTensorDict& rows, std::optional<int64_t> peer, py::object group,
+              std::optional<int64_t> group_peer, int64_t init_tag, bool pseudo_rand,
+              bool consolidated, bool checked, std::optional<double> timeout) {
+    const auto o = recv_options(group, group_peer, init_tag, pseudo_rand, consolidated, checked,
+                                timeout);
+    py::gil_scoped_release nogil;
+    return fn(rows, peer, o);
+  };
+}
+
 }  // namespace
 
 void bind_distributed(py::module_& m) {
@@ -152,9 +165,19 @@ void bind_distributed(py::module_& m) {
   def(m, "send", p2p(send_options, released<&dist::send>), send_args);
   def(m, "isend", p2p(send_options, released<&dist::isend>), send_args);
   def(m, "isend_early", p2p(send_options, released<&dist::isend_early>), send_args);
-  def(m, "recv", p2p(recv_options, released<&dist::recv>), recv_args);
-  def(m, "irecv", p2p(recv_options, released<&dist::irecv>), recv_args);
+  // recv and irecv are overloaded for SubTensorDict; these pick the TensorDict ones.
+  using Recv = std::optional<int64_t> (*)(const TensorDict&, std::optional<int64_t>,
+                                          const dist::RecvOptions&);
+  using IRecv = void (*)(const TensorDict&, std::optional<int64_t>, const dist::RecvOptions&);
+  def(m, "recv", p2p(recv_options, released<static_cast<Recv>(&dist::recv)>), recv_args);
+  def(m, "irecv", p2p(recv_options, released<static_cast<IRecv>(&dist::irecv)>), recv_args);
   def(m, "irecv_premature", p2p(recv_options, released<&dist::irecv_premature>), recv_args);
+  def(m, "recv_rows", p2p_rows([](const SubTensorDict& rows, std::optional<int64_t> peer,
+                                  const dist::RecvOptions& o) { return dist::recv(rows, peer, o); }),
+      recv_args);
+  def(m, "irecv_rows", p2p_rows([](const SubTensorDict& rows, std::optional<int64_t> peer,
+                                   const dist::RecvOptions& o) { dist::irecv(rows, peer, o); }),
+      recv_args);
   m.def(
       "wire_order",
       [](const TensorDict& td) {

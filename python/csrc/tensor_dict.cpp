@@ -17,6 +17,7 @@
 #include "bindings.h"
 #include "tensordict/consolidate.h"
 #include "tensordict/lazy_stack.h"
+#include "tensordict/sub_tensor_dict.h"
 
 namespace tensordict::python {
 namespace {
@@ -221,8 +222,23 @@ py::object key_to_py(const NestedKey& key) {
   return py::tuple(py::cast(key.parts()));
 }
 
+namespace {
+
+// tensordict_cpp.UnbatchedTensor, which wraps an unbatched leaf for Python.
+py::handle unbatched_class() {
+  static py::handle cls =
+      py::object(py::module_::import("tensordict_cpp._unbatched").attr("UnbatchedTensor")).release();
+  return cls;
+}
+
+}  // namespace
+
 Value value_from_py(py::handle value) {
   if (THPVariable_Check(value.ptr())) {
+    // Ours or the reference's UnbatchedTensor: both classes say _pass_through.
+    if (py::getattr(py::type::of(value), "_pass_through", py::bool_(false)).cast<bool>()) {
+      return Value::unbatched(THPVariable_Unpack(value.ptr()));
+    }
     return Value(THPVariable_Unpack(value.ptr()));
   }
   if (py::isinstance<TensorDict>(value)) {
@@ -237,6 +253,10 @@ Value value_from_py(py::handle value) {
 }
 
 py::object value_to_py(const Value& value) {
+  if (value.is_unbatched()) {
+    return unbatched_class().attr("_wrap")(
+        py::reinterpret_steal<py::object>(THPVariable_Wrap(value.tensor())));
+  }
   if (value.is_tensor()) {
     return py::reinterpret_steal<py::object>(THPVariable_Wrap(value.tensor()));
   }
@@ -279,7 +299,7 @@ PyObject* fast_getitem_call(PyObject* self, PyObject* index) {
       const char* s = PyUnicode_AsUTF8AndSize(index, &n);
       if (s == nullptr) return nullptr;
       const Value* v = td->find(std::string_view(s, static_cast<size_t>(n)));
-      if (v != nullptr && v->is_tensor()) return THPVariable_Wrap(v->tensor());
+      if (v != nullptr && v->is_tensor() && !v->is_unbatched()) return THPVariable_Wrap(v->tensor());
       if (v != nullptr && v->is_tensordict() && !v->tensordict().is_lazy_stack()) {
         // What TensorDict._wrap does: a new wrapper whose _cpp is the nested handle.
         py::object cpp;
@@ -551,13 +571,16 @@ void bind_tensor_dict(py::module_& m) {
            py::arg("nested_names") = std::vector<std::pair<std::string, std::string>>{})
       .def("consolidate",
            [](const TD& td, std::optional<at::Device> device, bool pin_memory, bool share_memory,
-              int num_threads) {
+              int num_threads, std::optional<std::string> filename) {
              py::gil_scoped_release nogil;  // copies every leaf
              return consolidate(td, {.device = device,
                                      .pin_memory = pin_memory,
                                      .share_memory = share_memory,
-                                     .num_threads = num_threads});
-           })
+                                     .num_threads = num_threads,
+                                     .filename = std::move(filename)});
+           },
+           py::arg("device"), py::arg("pin_memory"), py::arg("share_memory"),
+           py::arg("num_threads"), py::arg("filename") = py::none())
       .def("is_consolidated", [](const TD& td) { return is_consolidated(td); })
       // ---- the reference's everyday methods (docs/api-coverage.md) ----
       .def("select",
@@ -670,7 +693,38 @@ void bind_tensor_dict(py::module_& m) {
            },
            py::arg("sort_keys") = false);
 
+  // Unpickling a consolidated TensorDict: the metadata is validated against the storage.
+  m.def("rebuild_consolidated", [](const std::string& json, const at::Tensor& storage) {
+    return rebuild(metadata_from_json(json), storage);
+  });
   m.def("stack", [](const std::vector<TD>& tds, int64_t dim) { return stack(tds, dim); });
+  m.def("maybe_dense_stack",
+        [](const std::vector<TD>& tds, int64_t dim) { return maybe_dense_stack(tds, dim); });
+  m.def("from_consolidated",
+        [](const std::string& filename) {
+          py::gil_scoped_release nogil;
+          return from_consolidated(filename);
+        },
+        py::arg("filename"));
+  // The reference's _SubTensorDict as a receiver: the parent's rows at `index`.
+  py::class_<SubTensorDict>(m, "SubTensorDict")
+      .def(py::init([](const TD& parent, const py::tuple& index) {
+             return SubTensorDict(parent, indices_from_py(index));
+           }),
+           py::arg("parent"), py::arg("index"))
+      .def_property_readonly("parent", &SubTensorDict::parent)
+      .def_property_readonly("batch_size", [](const SubTensorDict& s) { return s.batch_size().vec(); })
+      .def_property_readonly("is_view", &SubTensorDict::is_view)
+      .def("view", &SubTensorDict::view)
+      .def("get", [](const SubTensorDict& s, py::handle key) { return value_to_py(s.get(key_from_py(key))); })
+      .def("set_", [](const SubTensorDict& s, py::handle key, const at::Tensor& t) {
+        s.set_(key_from_py(key), t);
+      })
+      .def("set", [](const SubTensorDict& s, py::handle key, py::handle value) {
+        s.set(key_from_py(key), value_from_py(value));
+      })
+      .def("update_", &SubTensorDict::update_)
+      .def("to_tensordict", &SubTensorDict::to_tensordict);
   m.def("cat", [](const std::vector<TD>& tds, int64_t dim) { return cat(tds, dim); });
   m.def("lazy_stack", [](const std::vector<TD>& tds, int64_t dim, std::optional<std::string> name) {
     return TD(LazyStackedTensorDict(tds, dim, std::move(name)));

@@ -5,8 +5,13 @@
 #include <ATen/MapAllocator.h>
 #include <c10/core/TensorImpl.h>
 
+#include <fcntl.h>
+#include <sys/stat.h>
+#include <unistd.h>
+
 #include <algorithm>
 #include <cstring>
+#include <filesystem>
 #include <thread>
 
 #ifdef __linux__
@@ -16,6 +21,7 @@
 #include "non_tensor_ops.h"
 #include "tensor_dict_impl.h"
 #include "tensordict/dtypes.h"
+#include "tensordict/leaf.h"
 #include "wire/json_text.h"
 #include "wire/metadata.h"
 
@@ -145,6 +151,9 @@ struct Planner {
     m.children.reserve(n_children);
     for (const auto& [key, value] : td.entries()) {
       if (value.is_tensor()) {
+        // The reference would rebuild it as a plain tensor, and refuses it (its message).
+        TORCH_CHECK_NOT_IMPLEMENTED(!value.is_unbatched(), "UnbatchedTensor entries cannot be "
+                                    "consolidated yet, but ", path_str(path, key), " is one.");
         m.leaves.emplace_back(key, leaf(key, value.tensor()));
         srcs.push_back(value.tensor());
         continue;
@@ -174,6 +183,9 @@ struct Planner {
     TORCH_CHECK_TYPE(t.layout() == at::kStrided && !t.is_nested(), "consolidate: leaf ",
                      path_str(path, key), " has layout ", t.layout(),
                      "; only strided tensors can be consolidated");
+    if (t.unsafeGetTensorImpl()->is_python_dispatch()) {
+      check_transferable("consolidate", path_str(path, key), t);  // a DTensor: refused
+    }
     check_leaf_dtype(t.scalar_type(), "consolidate", [&] { return path_str(path, key); });
     TORCH_CHECK_VALUE(!t.is_meta(), "consolidate: leaf ", path_str(path, key),
                       " is on the meta device, which holds no data to pack");
@@ -247,6 +259,30 @@ at::Tensor allocate_storage(int64_t total, at::Device device, const ConsolidateO
   }
 #endif
   return storage;
+}
+
+// The storage of consolidate(filename=...), in the reference's file layout (docs/wire-format.md
+// §3.5): the leaves' bytes, then the metadata JSON, then its length as a little-endian int64.
+// The file is made anew (a mapping of a file it replaces keeps that file's data) and mapped
+// shared, so that the leaves written into the storage, and later writes to them, reach it.
+at::Tensor file_storage(const std::string& filename, const Plan& p) {
+  const std::string json = metadata_to_json(p.metadata);
+  const auto json_bytes = static_cast<int64_t>(json.size());
+  std::error_code ec;
+  // remove() would delete an empty directory and write the file in its place.
+  TORCH_CHECK(!std::filesystem::is_directory(filename, ec), "consolidate: cannot write ", filename,
+              ": it is a directory");
+  std::filesystem::remove(filename, ec);  // a missing file is fine
+  at::Tensor file;
+  try {
+    file = at::from_file(filename, /*shared=*/true, p.total + json_bytes + 8, at::kByte);
+  } catch (const c10::Error& e) {
+    TORCH_CHECK(false, "consolidate: cannot write ", filename, ": ", e.what_without_backtrace());
+  }
+  auto* base = file.data_ptr<uint8_t>();
+  std::memcpy(base + p.total, json.data(), json.size());
+  for (int i = 0; i < 8; ++i) base[p.total + json_bytes + i] = static_cast<uint8_t>(json_bytes >> (8 * i));
+  return file.narrow(0, 0, p.total);
 }
 
 struct Segment {
@@ -462,10 +498,12 @@ bool refresh_metadata(const TensorDict& td, const Metadata& m, Metadata* out) {
 TensorDict consolidate_impl(const TensorDict& td, const ConsolidateOptions& o) {
   TORCH_CHECK_VALUE(o.num_threads >= 0, "consolidate: num_threads must be >= 0, got ",
                     o.num_threads);
+  TORCH_CHECK_VALUE(!o.filename || !o.device || o.device->is_cpu(),
+                    "device and filename are mutually exclusive arguments.");
   const at::Device device = o.device ? *o.device : td.device().value_or(at::Device(at::kCPU));
   const bool moved = o.device && td.device() && *td.device() != *o.device;
   Plan p = plan(td, moved ? o.device : std::nullopt);
-  at::Tensor storage = allocate_storage(p.total, device, o);
+  at::Tensor storage = o.filename ? file_storage(*o.filename, p) : allocate_storage(p.total, device, o);
   std::vector<const LeafMetadata*> leaves;
   leaves.reserve(p.srcs.size());
   leaves_in_td_order(td, p.metadata, leaves);
@@ -547,6 +585,9 @@ TensorDict rebuild_node(const Metadata& m, const at::Tensor& storage, bool paren
 }  // namespace
 
 TensorDict consolidate(const TensorDict& td, const ConsolidateOptions& options) {
+  // A file is always written: the reference writes nothing for a TensorDict that is already
+  // consolidated in memory (it warns), which is never what the call asks for.
+  if (options.filename) return consolidate_impl(td, options);
   auto state = td.consolidated_state();
   const bool current = state && generations_current(td, *state->metadata);
   if (current || (state && views_match(td, *state->metadata, state->storage))) {
@@ -628,6 +669,70 @@ TensorDict rebuild(Metadata metadata, const at::Tensor& storage) {
   check_storage_tensor(storage);
   validate(metadata, storage.numel(), storage.storage_offset());
   return rebuild_root(std::move(metadata), storage);
+}
+
+TensorDict from_consolidated(const std::string& filename, const FromConsolidatedOptions& options) {
+  const auto fail = [&](const auto&... why) {
+    // RuntimeError, as the reference fails on such files (it has no check of its own).
+    TORCH_CHECK(false, "from_consolidated: ", filename, ": ", why...);
+  };
+  // Only a regular file (a FIFO or device would block or never end): checked on the open
+  // descriptor, which is also the one mapped, so the checks and the mapping see one file.
+  const int fd = ::open(filename.c_str(), O_RDONLY | O_CLOEXEC | O_NONBLOCK);
+  TORCH_CHECK(fd >= 0, "from_consolidated: cannot open ", filename, ": ", std::strerror(errno));
+  struct Closer {
+    int fd;
+    ~Closer() { ::close(fd); }
+  } closer{fd};
+  struct stat st {};
+  TORCH_CHECK(::fstat(fd, &st) == 0, "from_consolidated: cannot stat ", filename);
+  if (!S_ISREG(st.st_mode)) fail("not a regular file");
+  const auto size = static_cast<int64_t>(st.st_size);
+  const auto read_at = [&](void* out, int64_t n, int64_t at) {
+    auto* p = static_cast<char*>(out);
+    while (n > 0) {
+      const ssize_t got = ::pread(fd, p, static_cast<size_t>(n), at);
+      if (got <= 0) fail("the file changed or could not be read while it was read");
+      p += got;
+      n -= got;
+      at += got;
+    }
+  };
+  if (size < 8) fail("the file is ", size, " bytes, shorter than its 8-byte trailer");
+  uint8_t trailer[8];
+  read_at(trailer, 8, size - 8);
+  uint64_t json_bytes = 0;
+  for (int i = 0; i < 8; ++i) json_bytes |= uint64_t{trailer[i]} << (8 * i);
+  if (json_bytes == 0 || json_bytes > static_cast<uint64_t>(size - 8)) {
+    fail("its trailer announces ", static_cast<int64_t>(json_bytes),
+         " bytes of metadata, but the file holds ",
+         size - 8, " bytes before it (a truncated or foreign file)");
+  }
+  if (json_bytes > static_cast<uint64_t>(options.max_metadata_bytes)) {
+    fail("its metadata is ", json_bytes, " bytes, beyond max_metadata_bytes (",
+         options.max_metadata_bytes, ")");
+  }
+  const int64_t storage_bytes = size - 8 - static_cast<int64_t>(json_bytes);
+  std::string json(json_bytes, '\0');
+  read_at(json.data(), static_cast<int64_t>(json_bytes), storage_bytes);
+  std::optional<wire::ValidatedMetadata> metadata;
+  try {
+    metadata = wire::read_metadata_json(json);
+  } catch (const c10::Error& e) {
+    fail(e.what_without_backtrace());
+  }
+  if (metadata->storage_bytes() > storage_bytes) {
+    fail("its metadata places leaves up to byte ", metadata->storage_bytes(), ", but only ",
+         storage_bytes, " bytes come before the metadata");
+  }
+  // Copy-on-write, as the reference maps it: writes to the leaves do not reach the file.
+  void* map = ::mmap(nullptr, static_cast<size_t>(size), PROT_READ | PROT_WRITE, MAP_PRIVATE, fd, 0);
+  TORCH_CHECK(map != MAP_FAILED, "from_consolidated: cannot map ", filename, ": ",
+              std::strerror(errno));
+  at::Tensor file = at::from_blob(
+      map, {storage_bytes}, [size](void* p) { ::munmap(p, static_cast<size_t>(size)); },
+      at::TensorOptions().dtype(at::kByte));
+  return wire::rebuild_validated(std::move(*metadata), file);
 }
 
 namespace wire {

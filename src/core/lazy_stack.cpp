@@ -121,6 +121,10 @@ std::vector<Value> split_value(const TensorDict& td, const NestedKey& key, const
   }
   TORCH_CHECK_TYPE(!value.is_tensor() || value.tensor().defined(), "cannot set key ", key.str(),
                    " to an undefined tensor");
+  if (value.is_unbatched()) {  // every member holds it whole
+    parts.assign(n, value);
+    return parts;
+  }
   detail::check_batch_prefix(key, detail::entry_shape(value), impl.batch_size);
   if (value.is_tensor()) {
     for (auto& t : value.tensor().unbind(d)) parts.emplace_back(std::move(t));
@@ -204,6 +208,127 @@ LazyStackedTensorDict lazy_stack(std::vector<TensorDict> tds, int64_t dim) {
   return LazyStackedTensorDict(std::move(tds), dim);
 }
 
+namespace {
+
+// Whether the TensorDicts hold the same keys, each of one kind with (tensors) one shape: what
+// stack() needs at this level (nested levels decide for themselves).
+bool same_layout(const std::vector<TensorDict>& tds) {
+  const TensorDict& first = tds.front();
+  if (first.is_lazy_stack()) return false;
+  for (size_t i = 1; i < tds.size(); ++i) {
+    const TensorDict& td = tds[i];
+    if (td.is_lazy_stack() || td.batch_size() != first.batch_size() ||
+        td.entries().size() != first.entries().size()) {
+      return false;
+    }
+    for (const auto& [key, v0] : first.entries()) {
+      const Value* v = td.find(key);
+      if (v == nullptr || v->is_tensor() != v0.is_tensor() || v->is_tensordict() != v0.is_tensordict() ||
+          v->is_unbatched() != v0.is_unbatched()) {
+        return false;
+      }
+      // The reference compares _shape(): a tensor's (unbatched ones too), else the batch size
+      // (a nested level's or a non-tensor entry's) -- a nested level of another batch size
+      // makes the whole stack lazy, and could not be a member of a nested lazy stack anyway.
+      if (v0.is_tensor() ? v->tensor().sizes() != v0.tensor().sizes()
+                         : detail::entry_shape(*v) != detail::entry_shape(v0)) {
+        return false;
+      }
+    }
+  }
+  return true;
+}
+
+// Every leaf of `td`, over the members of lazy stacks (the count of the reference's
+// tree_leaves).
+int64_t count_leaves(const TensorDict& td) {
+  int64_t n = 0;
+  for (const auto& [key, v] : td.entries()) n += v.is_tensordict() ? count_leaves(v.tensordict()) : 1;
+  return n;
+}
+
+// The reference's rule for lazy stacks only: with the same keys, as many members and as many
+// leaves, the members are stacked (maybe densely) member by member and the result is a lazy
+// stack of those, its stack dim moved past the new dim; otherwise a lazy stack of the stacks.
+TensorDict stack_lazy_stacks(const std::vector<TensorDict>& tds, int64_t dim) {
+  std::vector<LazyStackedTensorDict> lazy;
+  for (const auto& td : tds) lazy.push_back(LazyStackedTensorDict::of(td));
+  const auto keys = [](const TensorDict& td) {
+    auto k = td.keys();
+    std::vector<std::string> out;
+    for (const auto& key : k) out.push_back(key.str());
+    std::sort(out.begin(), out.end());
+    return out;
+  };
+  const size_t members = lazy[0].tensordicts().size();
+  const int64_t leaves = count_leaves(tds[0]);
+  for (size_t i = 1; i < tds.size(); ++i) {
+    if (keys(tds[i]) != keys(tds[0]) || lazy[i].tensordicts().size() != members ||
+        count_leaves(tds[i]) != leaves) {
+      return lazy_stack(tds, dim);
+    }
+  }
+  int64_t d = c10::maybe_wrap_dim(dim, tds[0].batch_dims() + 1);
+  int64_t stack_dim = lazy[0].stack_dim();
+  if (d <= stack_dim) {
+    ++stack_dim;
+  } else {
+    --d;
+  }
+  std::vector<TensorDict> stacked;
+  for (size_t m = 0; m < members; ++m) {
+    std::vector<TensorDict> column;
+    for (const auto& l : lazy) column.push_back(l.tensordicts()[m]);
+    stacked.push_back(maybe_dense_stack(column, d));
+  }
+  return LazyStackedTensorDict(std::move(stacked), stack_dim);
+}
+
+}  // namespace
+
+TensorDict maybe_dense_stack(const std::vector<TensorDict>& tds, int64_t dim) {
+  TORCH_CHECK_VALUE(!tds.empty(), "list_of_tensordicts cannot be empty");
+  for (size_t i = 1; i < tds.size(); ++i) {
+    TORCH_CHECK(tds[i].batch_dims() == tds[0].batch_dims(), "Lazy stacking of tensordicts "
+                "requires them to have congruent batch dimensions, got td[", i, "].batch_dims=",
+                tds[i].batch_dims(), " and td[0].batch_dims=", tds[0].batch_dims());
+  }
+  if (std::all_of(tds.begin(), tds.end(), [](const TensorDict& td) { return td.is_lazy_stack(); }) &&
+      std::all_of(tds.begin(), tds.end(),
+                  [&](const TensorDict& td) { return td.batch_size() == tds[0].batch_size(); })) {
+    return stack_lazy_stacks(tds, dim);
+  }
+  if (!same_layout(tds)) return lazy_stack(tds, dim);
+  const int64_t d = c10::maybe_wrap_dim(dim, tds[0].batch_dims() + 1);
+  std::vector<int64_t> bs = tds[0].batch_size().vec();
+  bs.insert(bs.begin() + d, static_cast<int64_t>(tds.size()));
+  std::optional<at::Device> device = tds[0].device();
+  for (const auto& td : tds) {
+    if (td.device() != device) device = std::nullopt;
+  }
+  TensorDict out = TensorDictImpl::make(bs, device);
+  for (const auto& [key, v0] : tds[0].entries()) {
+    std::vector<Value> parts;
+    for (const auto& td : tds) parts.push_back(*td.find(key));
+    if (v0.is_unbatched()) {
+      TensorDictImpl::of(out).put(key, v0);  // tensordict 0's, as stack() keeps it
+    } else if (v0.is_tensor()) {
+      std::vector<at::Tensor> tensors;
+      for (const auto& p : parts) tensors.push_back(p.tensor());
+      TensorDictImpl::of(out).put(key, at::stack(tensors, d));
+    } else if (v0.is_non_tensor()) {
+      std::vector<NonTensorData> entries;
+      for (const auto& p : parts) entries.push_back(p.non_tensor());
+      TensorDictImpl::of(out).put(key, detail::stack_non_tensors(std::move(entries), d));
+    } else {
+      std::vector<TensorDict> levels;
+      for (const auto& p : parts) levels.push_back(p.tensordict());
+      TensorDictImpl::of(out).put(key, maybe_dense_stack(levels, d));
+    }
+  }
+  return out;
+}
+
 namespace detail {
 
 std::vector<TensorDict> members_of(const TensorDict& td) {
@@ -273,6 +398,7 @@ Value get(const TensorDict& td, const NestedKey& key) {
     }
     return detail::stack_non_tensors(std::move(entries), d);
   }
+  if (first.is_unbatched()) return first;  // member 0's, as the reference reads it
   std::vector<at::Tensor> tensors;
   tensors.reserve(parts.size());
   for (const auto& p : parts) {

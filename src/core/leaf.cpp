@@ -10,6 +10,10 @@ namespace {
 constexpr const char* kQuantized =
     "has a quantized dtype, whose storage is not numel * element size bytes; dequantize() it "
     "first";
+// A wrapper subclass has no storage of its own to hand to c10d or to pack.
+constexpr const char* kPythonSubclass =
+    "is a tensor subclass that dispatches to Python, such as a DTensor (DTensor is not supported "
+    "yet): transfer its local shard (to_local()) or its full_tensor() instead";
 
 }  // namespace
 
@@ -24,6 +28,7 @@ const char* untransferable_reason(const at::Tensor& leaf) {
   }
   if (leaf.is_meta()) return "is on the meta device, which holds no data to send or receive";
   if (c10::isQIntType(leaf.scalar_type())) return kQuantized;
+  if (leaf.unsafeGetTensorImpl()->is_python_dispatch()) return kPythonSubclass;
   if (!leaf.has_storage()) return "has no storage";
   return nullptr;
 }
@@ -36,6 +41,9 @@ void check_transferable(std::string_view who, std::string_view key, const at::Te
                       dtype_name(leaf.scalar_type()), ", whose storage is not numel * element "
                       "size bytes; dequantize() it first");
   }
+  // NotImplementedError, as the reference fails on a DTensor (its sharding propagation has no
+  // rule for the c10d ops).
+  TORCH_CHECK_NOT_IMPLEMENTED(reason != kPythonSubclass, who, ": leaf ", key, " ", reason);
   TORCH_CHECK_VALUE(false, who, ": leaf ", key, " ", reason);
 }
 

@@ -300,6 +300,9 @@ struct Writer {
         }
         out.emplace_back(key, value);
       } else {
+        TORCH_CHECK_NOT_IMPLEMENTED(!value.is_unbatched(), "UnbatchedTensor entries cannot be "
+                                    "memory-mapped yet, but ", quote_key(key), " is one. Exclude "
+                                    "it first, e.g. with td.exclude('", key, "').");
         const at::Tensor& t = value.tensor();
         std::optional<fs::path> file;
         if (dir) file = *dir / (key + ".memmap");

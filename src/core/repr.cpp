@@ -354,9 +354,10 @@ Shown shown_level(const TensorDict& td, size_t outer_dims) {
   for (const auto& [key, value] : td.entries()) {
     if (value.is_tensor()) {
       const at::Tensor& t = value.tensor();
-      out.entries.emplace_back(
-          key, token(short_dtype(t.scalar_type()) + dims_str(t.sizes().slice(outer_dims)) +
-                     device_suffix({t.device().str()}, td.device())));
+      // An unbatched leaf shows its whole shape.
+      const auto dims = value.is_unbatched() ? t.sizes() : t.sizes().slice(outer_dims);
+      out.entries.emplace_back(key, token(short_dtype(t.scalar_type()) + dims_str(dims) +
+                                          device_suffix({t.device().str()}, td.device())));
     } else if (value.is_non_tensor()) {
       out.entries.emplace_back(key, non_tensor_token(value.non_tensor()));
     } else {
@@ -384,6 +385,13 @@ std::string render(const Shown& v, const std::string& indent_by, size_t used, si
            render(e, pad, utf8_length(pad) + utf8_length(k) + 2, vt);
   }
   return out + "}";
+}
+
+// nested_names' "*": every nested TensorDict level shows `name` (a _SubTensorDict's levels).
+void name_every_level(Shown& v, const std::string& name) {
+  if (!v.collection) return;
+  if (v.prefix.rfind("LazyStackedTensorDict", 0) != 0) v.prefix = name + v.prefix;
+  for (auto& [k, e] : v.entries) name_every_level(e, name);
 }
 
 std::string compact_repr(const TensorDict& td, const std::string& type_name,
@@ -416,6 +424,7 @@ std::string compact_repr(const TensorDict& td, const std::string& type_name,
   });
   for (auto& [key, value] : body.entries) {
     for (const auto& [k, name] : options.nested_names) {
+      if (k == "*") name_every_level(value, name);
       if (k == key && value.collection) value.prefix = name + value.prefix;
     }
   }

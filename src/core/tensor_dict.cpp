@@ -57,6 +57,11 @@ Value admit(const TensorDictImpl& level, const NestedKey& full_key, const Value&
     const NonTensorData sized = bs.size() == nt.batch_size().size() ? nt : nt.with_batch_size(std::move(bs));
     return level.device ? sized.with_device(level.device) : sized;
   }
+  if (value.is_unbatched()) {  // no batch check, as the reference's UnbatchedTensor
+    const at::Tensor& t = value.tensor();
+    if (level.device && t.device() != *level.device) return Value::unbatched(t.to(*level.device));
+    return value;
+  }
   detail::check_batch_prefix(full_key, detail::entry_shape(value), level.batch_size);
   if (value.is_tensor()) {
     const at::Tensor& t = value.tensor();
@@ -217,6 +222,7 @@ TensorDict& TensorDict::set_batch_size(at::IntArrayRef batch_size) {
     TORCH_CHECK_VALUE(d >= 0, "batch_size ", batch_size, " has a negative dimension");
   }
   for (const auto& [key, value] : impl_->entries) {
+    if (value.is_unbatched()) continue;
     detail::check_batch_prefix(NestedKey(key), detail::entry_shape(value), batch_size);
   }
   impl_->batch_size = batch_size.vec();

@@ -140,8 +140,18 @@ inline at::IntArrayRef entry_shape(const Value& v) {
   return v.is_tensordict() ? v.tensordict().batch_size() : v.non_tensor().batch_size();
 }
 
+/// `t` as a leaf of the kind `like` is (unbatched or not), for operations that replace a leaf.
+inline Value same_kind(const Value& like, at::Tensor t) {
+  return like.is_unbatched() ? Value::unbatched(std::move(t)) : Value(std::move(t));
+}
+
 /// "a tensor", "a TensorDict" or "a non-tensor entry", for messages.
 const char* kind_name(const Value& v);
+
+/// A batch index with its Ellipsis replaced by the full slices it stands for over `batch_dims`
+/// batch dims (never the feature dims of leaves); IndexError for too many indices.
+std::vector<at::indexing::TensorIndex> expand_ellipsis(at::ArrayRef<at::indexing::TensorIndex> idx,
+                                                       int64_t batch_dims);
 
 /// ValueError unless `shape` starts with `batch_size`, naming the key and both shapes.
 void check_batch_prefix(const NestedKey& key, at::IntArrayRef shape, at::IntArrayRef batch_size);

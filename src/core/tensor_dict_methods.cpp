@@ -395,7 +395,7 @@ TensorDict TensorDict::named_apply(
       path.push_back(key);
       if (value.is_tensor()) {
         at::Tensor r = fn(nested_keys ? NestedKey(path) : NestedKey(key), value.tensor());
-        if (r.defined()) out.set(key, r);
+        if (r.defined()) out.set(key, detail::same_kind(value, r));
       } else if (value.is_tensordict()) {
         TensorDictImpl::of(out).put(key, self(self, value.tensordict(), path));
       } else {
@@ -455,7 +455,7 @@ TensorDict& TensorDict::detach_() {
         self(self, value.tensordict());
       } else if (value.is_tensor() && value.tensor().is_view()) {
         impl.changed();
-        value = value.tensor().detach();
+        value = detail::same_kind(value, value.tensor().detach());
       } else if (value.is_tensor()) {
         at::Tensor(value.tensor()).detach_();
       }

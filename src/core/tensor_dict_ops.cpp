@@ -27,6 +27,37 @@ std::vector<int64_t> concat(at::IntArrayRef head, at::IntArrayRef tail) {
 
 namespace detail {
 
+std::vector<at::indexing::TensorIndex> expand_ellipsis(at::ArrayRef<at::indexing::TensorIndex> idx,
+                                                       int64_t batch_dims) {
+  int64_t consumed = 0;
+  int64_t ellipses = 0;
+  for (const auto& i : idx) {
+    if (i.is_ellipsis()) {
+      ++ellipses;
+    } else if (i.is_tensor()) {
+      consumed += i.tensor().scalar_type() == at::kBool ? std::max<int64_t>(i.tensor().dim(), 1) : 1;
+    } else if (i.is_integer() || i.is_slice()) {
+      ++consumed;
+    }
+  }
+  TORCH_CHECK_VALUE(ellipses <= 1, "an index can only have a single ellipsis ('...')");
+  TORCH_CHECK_INDEX(consumed <= batch_dims, "too many indices for a TensorDict with ",
+                    batch_dims, " batch dims: ", consumed, " were indexed");
+  std::vector<at::indexing::TensorIndex> out;
+  for (const auto& i : idx) {
+    if (i.is_ellipsis()) {
+      // Only the batch dims may be covered: the feature dims of leaves are never indexed.
+      for (int64_t k = 0; k < batch_dims - consumed; ++k) out.emplace_back(at::indexing::Slice());
+    } else {
+      out.push_back(i);
+    }
+  }
+  // Nothing to index (td[()], td[...] without batch dims): the identity, which torch spells
+  // `...`, since Tensor::index refuses an empty list.
+  if (out.empty()) out.emplace_back(at::indexing::Ellipsis);
+  return out;
+}
+
 // The core of every batch operation. `fn` maps a tensor to its results (one per output
 // TensorDict) by acting on its first `old_dims` dims only, so the same fn serves leaves and the
 // leaves of nested levels (whose batch sizes start with ours). Output i gets batch size
@@ -43,7 +74,9 @@ std::vector<TensorDict> map_batch(const TensorDict& td, size_t old_dims,
     TensorDictImpl::of(out.back()).entries.reserve(td.entries().size());
   }
   for (const auto& [key, value] : td.entries()) {
-    if (value.is_tensor()) {
+    if (value.is_unbatched()) {  // passed through whole, as the reference's UnbatchedTensor
+      for (auto& o : out) TensorDictImpl::of(o).append_unique(key, value);
+    } else if (value.is_tensor()) {
       std::vector<at::Tensor> parts = fn(value.tensor());
       TORCH_INTERNAL_ASSERT(parts.size() == out.size());
       for (size_t i = 0; i < out.size(); ++i) TensorDictImpl::of(out[i]).append_unique(key, parts[i]);
@@ -93,7 +126,9 @@ TensorDict map_leaves(const TensorDict& td, const std::function<at::Tensor(const
   auto& impl = TensorDictImpl::of(out);
   impl.entries.reserve(td.entries().size());
   for (const auto& [key, value] : td.entries()) {
-    if (value.is_tensor()) {
+    if (value.is_unbatched()) {
+      impl.append_unique(key, Value::unbatched(fn(value.tensor())));
+    } else if (value.is_tensor()) {
       impl.append_unique(key, fn(value.tensor()));
     } else if (value.is_non_tensor()) {
       const NonTensorData& nt = value.non_tensor();
@@ -162,33 +197,6 @@ void check_same_keys(const TensorDict& a, const TensorDict& b, const char* what)
                "], only in the second: [", only_b, "]");
 }
 
-std::vector<at::indexing::TensorIndex> expand_ellipsis(at::ArrayRef<at::indexing::TensorIndex> idx,
-                                                       int64_t batch_dims) {
-  int64_t consumed = 0;
-  int64_t ellipses = 0;
-  for (const auto& i : idx) {
-    if (i.is_ellipsis()) {
-      ++ellipses;
-    } else if (i.is_tensor()) {
-      consumed += i.tensor().scalar_type() == at::kBool ? std::max<int64_t>(i.tensor().dim(), 1) : 1;
-    } else if (i.is_integer() || i.is_slice()) {
-      ++consumed;
-    }
-  }
-  TORCH_CHECK_VALUE(ellipses <= 1, "an index can only have a single ellipsis ('...')");
-  TORCH_CHECK_INDEX(consumed <= batch_dims, "too many indices for a TensorDict with ",
-                    batch_dims, " batch dims: ", consumed, " were indexed");
-  std::vector<at::indexing::TensorIndex> out;
-  for (const auto& i : idx) {
-    if (i.is_ellipsis()) {
-      // Only the batch dims may be covered: the feature dims of leaves are never indexed.
-      for (int64_t k = 0; k < batch_dims - consumed; ++k) out.emplace_back(at::indexing::Slice());
-    } else {
-      out.push_back(i);
-    }
-  }
-  return out;
-}
 
 }  // namespace
 
@@ -196,7 +204,7 @@ std::vector<at::indexing::TensorIndex> expand_ellipsis(at::ArrayRef<at::indexing
 
 TensorDict TensorDict::index(at::ArrayRef<at::indexing::TensorIndex> indices) const {
   if (is_lazy_stack()) return detail::lazy::index(*this, indices);
-  const auto idx = expand_ellipsis(indices, batch_dims());
+  const auto idx = detail::expand_ellipsis(indices, batch_dims());
   auto fn = [&](const at::Tensor& t) { return t.index(idx); };
   return map_batch(*this, batch_size().size(), {shape_after(*this, fn)},
                    [&](const at::Tensor& t) { return std::vector<at::Tensor>{fn(t)}; },
@@ -401,6 +409,8 @@ TensorDict stack_at(at::ArrayRef<TensorDict> inputs, int64_t dim,
       // A stack of the entries, as the reference stacks them (one MetaData for equal ones).
       TensorDictImpl::of(out).put(key, detail::stack_non_tensors(
                                            non_tensor_parts(tds, key, path_str(prefix, key), "stack"), d));
+    } else if (value.is_unbatched()) {
+      TensorDictImpl::of(out).put(key, value);  // tensordict 0's, as the reference keeps it
     } else if (value.is_tensor()) {
       const auto parts = parts_of<at::Tensor>(tds, key, prefix, "stack");
       for (size_t i = 1; i < parts.size(); ++i) {
@@ -442,6 +452,8 @@ TensorDict cat_at(at::ArrayRef<TensorDict> inputs, int64_t dim,
     if (value.is_non_tensor()) {
       TensorDictImpl::of(out).put(
           key, detail::cat_non_tensors(non_tensor_parts(tds, key, path_str(prefix, key), "cat"), d));
+    } else if (value.is_unbatched()) {
+      TensorDictImpl::of(out).put(key, value);
     } else if (value.is_tensor()) {
       const auto parts = parts_of<at::Tensor>(tds, key, prefix, "cat");
       TensorDictImpl::of(out).put(key, at::cat(parts, d));
@@ -508,7 +520,7 @@ TensorDict TensorDict::apply(const std::function<at::Tensor(const at::Tensor&)>&
   for (const auto& [key, value] : entries()) {
     if (value.is_tensor()) {
       at::Tensor r = fn(value.tensor());
-      if (r.defined()) out.set(key, r);
+      if (r.defined()) out.set(key, detail::same_kind(value, r));
     } else if (value.is_non_tensor()) {
       out.set(key, value);  // the reference's apply passes non-tensors through
     } else {
@@ -548,7 +560,7 @@ TensorDict TensorDict::apply(
       TORCH_CHECK_TYPE(o.is_tensor(), "apply: key ", quote_key(key), " is a tensor here but ",
                        detail::kind_name(o), " in the other TensorDict");
       at::Tensor r = fn(value.tensor(), o.tensor());
-      if (r.defined()) out.set(key, r);
+      if (r.defined()) out.set(key, detail::same_kind(value, r));
     } else {
       TORCH_CHECK_TYPE(o.is_tensordict(), "apply: key ", quote_key(key),
                        " is a TensorDict here but ", detail::kind_name(o),
@@ -582,7 +594,7 @@ TensorDict& TensorDict::update(const TensorDict& other, UpdateOptions options) {
     } else if (options.inplace && have && mine.is_tensor()) {
       set_(key, value.tensor());
     } else {
-      set(key, options.clone ? value.tensor().clone() : value.tensor());
+      set(key, detail::same_kind(value, options.clone ? value.tensor().clone() : value.tensor()));
     }
   }
   return *this;
@@ -667,7 +679,8 @@ TensorDict compare(const TensorDict& a, const TensorDict& b, bool eq, const char
                      what, ": key ", quote_key(key), " is ", detail::kind_name(value),
                      " in the first TensorDict but ", detail::kind_name(o), " in the second");
     if (value.is_tensor()) {
-      out.set(key, eq ? at::eq(value.tensor(), o.tensor()) : at::ne(value.tensor(), o.tensor()));
+      out.set(key, detail::same_kind(value, eq ? at::eq(value.tensor(), o.tensor())
+                                                : at::ne(value.tensor(), o.tensor())));
     } else if (value.is_non_tensor()) {
       out.set(key, compare_non_tensors(value.non_tensor(), o.non_tensor(), eq, what, key));
     } else {

@@ -142,6 +142,112 @@ Reducer make_reducer(const TensorDict& td, std::optional<int64_t> dst, const Red
   return r;
 }
 
+// ---- bucket_bytes (the reference's _bucketed_collective, docs/wire-format.md §5.8) ----------
+
+// The buckets of `leaves`, as indices in leaf order: each leaf that is not a contiguous strided
+// tensor alone, first; then the others grouped by device and dtype, groups in order of first
+// appearance, each packed greedily into buckets of at most bucket_bytes (a larger leaf alone).
+std::vector<std::vector<size_t>> make_buckets(const std::vector<at::Tensor>& leaves,
+                                              int64_t bucket_bytes) {
+  TORCH_CHECK_VALUE(bucket_bytes > 0, "bucket_bytes must be a positive number of bytes, got ",
+                    bucket_bytes, ".");
+  std::vector<std::vector<size_t>> buckets;
+  std::vector<std::pair<std::pair<at::Device, at::ScalarType>, std::vector<size_t>>> groups;
+  for (size_t i = 0; i < leaves.size(); ++i) {
+    const at::Tensor& t = leaves[i];
+    if (t.layout() != at::kStrided || !t.is_contiguous()) {
+      buckets.push_back({i});
+      continue;
+    }
+    const auto kind = std::make_pair(t.device(), t.scalar_type());
+    auto g = std::find_if(groups.begin(), groups.end(), [&](const auto& e) { return e.first == kind; });
+    if (g == groups.end()) g = groups.insert(groups.end(), {kind, {}});
+    g->second.push_back(i);
+  }
+  for (const auto& [kind, members] : groups) {
+    std::vector<size_t> bucket;
+    int64_t size = 0;
+    for (size_t i : members) {
+      const int64_t n = static_cast<int64_t>(leaves[i].nbytes());
+      if (!bucket.empty() && size + n > bucket_bytes) {
+        buckets.push_back(std::move(bucket));
+        bucket.clear();
+        size = 0;
+      }
+      bucket.push_back(i);
+      size += n;
+    }
+    if (!bucket.empty()) buckets.push_back(std::move(bucket));
+  }
+  return buckets;
+}
+
+// Posts one collective per bucket: a bucket of one leaf through post_leaf(i) (the leaf itself,
+// as without buckets), a larger one on the flat concatenation of its leaves through
+// post_flat(flat). A flat bucket's values go back into its leaves when copy_back (after the
+// bucket's work, in the work's wait()), then `after` runs (the lazy write back of reduce).
+template <typename PostLeaf, typename PostFlat>
+std::vector<WorkPtr> post_buckets(const std::vector<at::Tensor>& leaves, int64_t bucket_bytes,
+                                  bool copy_back, const std::function<void(size_t)>& after,
+                                  PostLeaf&& post_leaf, PostFlat&& post_flat) {
+  const auto buckets = make_buckets(leaves, bucket_bytes);
+  return detail::post_all(buckets.size(), [&](size_t b) -> WorkPtr {
+    const auto& members = buckets[b];
+    if (members.size() == 1) return post_leaf(members[0]);
+    at::Tensor flat;
+    {
+      at::NoGradGuard no_grad;
+      std::vector<at::Tensor> parts;
+      for (size_t i : members) parts.push_back(leaves[i].reshape(-1));
+      flat = at::cat(parts);
+    }
+    WorkPtr work = post_flat(flat);
+    if (!copy_back && !after) return work;
+    return detail::then({std::move(work)}, [flat, members, leaves, copy_back, after] {
+      if (copy_back) {
+        int64_t at = 0;
+        for (size_t i : members) {
+          const at::Tensor& leaf = leaves[i];
+          at::Tensor(leaf).copy_(flat.narrow(0, at, leaf.numel()).view(leaf.sizes()));
+          at += leaf.numel();
+        }
+      }
+      if (after) {
+        for (size_t i : members) after(i);
+      }
+    }, {flat});
+  });
+}
+
+std::vector<WorkPtr> all_reduce_buckets(const TensorDict& td, const AllReduceOptions& o) {
+  const auto leaves = all_reduce_leaves(td, o);
+  AllReducer post{leaves, detail::resolve_group(o.group), {}};
+  post.opts.reduceOp = o.op;
+  return post_buckets(leaves, *o.bucket_bytes, /*copy_back=*/true, nullptr, post,
+                      [&](const at::Tensor& flat) {
+                        std::vector<at::Tensor> one{flat.is_complex() ? at::view_as_real(flat) : flat};
+                        return post.group.allreduce(one, post.opts);
+                      });
+}
+
+// reduce's buckets: only the destination takes the values back (the others' leaves keep
+// theirs, as the reference's), and writes a lazy stack's stacked leaf back into its members.
+std::vector<WorkPtr> reduce_buckets(const Reducer& r, int64_t bucket_bytes) {
+  std::vector<at::Tensor> leaves;
+  for (const auto& l : r.leaves) leaves.push_back(l.leaf);
+  std::function<void(size_t)> after;
+  if (r.is_dst && r.callbacks) {
+    after = [&r](size_t i) {
+      const ReduceLeaf& l = r.leaves[i];
+      if (l.lazy) TensorDict(*l.lazy).set_(l.key, l.leaf);
+    };
+  }
+  return post_buckets(leaves, bucket_bytes, r.is_dst, after, r, [&](const at::Tensor& flat) {
+    std::vector<at::Tensor> one{flat};
+    return r.group.reduce(one, r.opts);
+  });
+}
+
 std::string describe(const char* call, int group_rank) {
   return c10::str(call, " (from group rank ", group_rank, ")");
 }
@@ -359,6 +465,10 @@ TensorDict scatter(std::optional<int64_t> src, const std::vector<TensorDict>& te
 
 void all_reduce(const TensorDict& td, const AllReduceOptions& options) {
   const detail::Waiter w("all_reduce", options.timeout, "the group");
+  if (options.bucket_bytes) {
+    w.wait(all_reduce_buckets(td, options), [](size_t i) { return c10::str("bucket ", i); });
+    return;
+  }
   const auto leaves = all_reduce_leaves(td, options);
   AllReducer post{leaves, detail::resolve_group(options.group), {}};
   post.opts.reduceOp = options.op;
@@ -366,6 +476,7 @@ void all_reduce(const TensorDict& td, const AllReduceOptions& options) {
 }
 
 std::vector<WorkPtr> all_reduce_async(const TensorDict& td, const AllReduceOptions& options) {
+  if (options.bucket_bytes) return all_reduce_buckets(td, options);
   const auto leaves = all_reduce_leaves(td, options);
   AllReducer post{leaves, detail::resolve_group(options.group), {}};
   post.opts.reduceOp = options.op;
@@ -375,15 +486,25 @@ std::vector<WorkPtr> all_reduce_async(const TensorDict& td, const AllReduceOptio
 void reduce(const TensorDict& td, std::optional<int64_t> dst, const ReduceOptions& options) {
   const detail::Waiter w("reduce", options.timeout, "the group");
   const Reducer post = make_reducer(td, dst, options);
-  run_each(w, post.leaves.size(), options.async_op, post);
+  if (options.bucket_bytes) {
+    w.wait(reduce_buckets(post, *options.bucket_bytes), [](size_t i) { return c10::str("bucket ", i); });
+  } else {
+    run_each(w, post.leaves.size(), options.async_op, post);
+  }
   post.write_back();
 }
 
 std::vector<WorkPtr> reduce_premature(const TensorDict& td, std::optional<int64_t> dst,
                                       const ReduceOptions& options) {
-  Reducer post = make_reducer(td, dst, options);
-  post.callbacks = true;
-  return detail::post_all(post.leaves.size(), post);
+  auto post = std::make_shared<Reducer>(make_reducer(td, dst, options));
+  post->callbacks = true;
+  if (options.bucket_bytes) {
+    // The works' finishing steps use the reducer's leaves: they keep it alive.
+    auto works = reduce_buckets(*post, *options.bucket_bytes);
+    for (auto& w : works) w = detail::then({w}, [post] {}, {});
+    return works;
+  }
+  return detail::post_all(post->leaves.size(), *post);
 }
 
 }  // namespace tensordict::dist

@@ -251,6 +251,37 @@ std::vector<WorkPtr> irecv_premature(const TensorDict& td, std::optional<int64_t
   return post_recv(waiter, td, src, options, /*refuse_self=*/false).works;
 }
 
+namespace {
+
+// What a receive into a SubTensorDict receives into: the rows themselves (views of the
+// parent's leaves, or copies for an advanced index); for a consolidated receive, a consolidated
+// copy of them, whose layout is the sender's.
+TensorDict receiving_rows(const SubTensorDict& sub, const RecvOptions& options) {
+  TensorDict rows = sub.view();
+  return options.consolidated ? consolidate(rows) : rows;
+}
+
+// Writes the received rows into the parent when they are not its own memory already.
+void land(const SubTensorDict& sub, const TensorDict& rows, const RecvOptions& options) {
+  if (options.consolidated || !sub.is_view()) sub.update_(rows);
+}
+
+}  // namespace
+
+std::optional<int64_t> recv(const SubTensorDict& sub, std::optional<int64_t> src,
+                            const RecvOptions& options) {
+  const TensorDict rows = receiving_rows(sub, options);
+  const auto tag = recv(rows, src, options);
+  land(sub, rows, options);
+  return tag;
+}
+
+void irecv(const SubTensorDict& sub, std::optional<int64_t> src, const RecvOptions& options) {
+  const TensorDict rows = receiving_rows(sub, options);
+  irecv(rows, src, options);
+  land(sub, rows, options);
+}
+
 std::vector<std::pair<std::vector<std::string>, at::Tensor>> wire_order(const TensorDict& td) {
   std::vector<std::pair<std::vector<std::string>, at::Tensor>> out;
   std::vector<std::string> path;

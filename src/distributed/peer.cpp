@@ -10,6 +10,7 @@
 #include <atomic>
 #include <cstdio>
 #include <cstring>
+#include <functional>
 #include <random>
 #include <string_view>
 
@@ -23,24 +24,23 @@
 namespace tensordict::dist::detail {
 namespace {
 
-// Works on a contiguous stand-in (one receive, or the chunks of a checked one); wait() waits
-// for them all, then copies the stand-in into the real leaf.
-class CopyBackWork : public c10d::Work {
+// Works followed by a step of ours (a copy back from a stand-in, a bucket's values written back
+// into its leaves): wait() waits for them all, then runs `finish` once.
+class FinishWork : public c10d::Work {
  public:
-  CopyBackWork(std::vector<WorkPtr> inner, at::Tensor leaf, at::Tensor buffer)
+  FinishWork(std::vector<WorkPtr> inner, std::function<void()> finish, std::vector<at::Tensor> result)
       : c10d::Work(-1, c10d::OpType::UNKNOWN),
         inner_(std::move(inner)),
-        leaf_(std::move(leaf)),
-        buffer_(std::move(buffer)) {}
+        finish_(std::move(finish)),
+        result_(std::move(result)) {}
 
   bool wait(std::chrono::milliseconds timeout = kNoTimeout) override {
     for (const auto& w : inner_) {
       if (!w->wait(timeout)) return false;
     }
-    if (!copied_) {
+    if (finish_) {
       at::NoGradGuard no_grad;
-      leaf_.copy_(buffer_);
-      copied_ = true;
+      std::exchange(finish_, nullptr)();
     }
     return true;
   }
@@ -58,16 +58,15 @@ class CopyBackWork : public c10d::Work {
     return nullptr;
   }
   int sourceRank() const override { return inner_.front()->sourceRank(); }
-  std::vector<at::Tensor> result() override { return {leaf_}; }
+  std::vector<at::Tensor> result() override { return result_; }
   void abort() override {
     for (const auto& w : inner_) w->abort();
   }
 
  private:
   std::vector<WorkPtr> inner_;
-  at::Tensor leaf_;
-  at::Tensor buffer_;
-  bool copied_ = false;
+  std::function<void()> finish_;
+  std::vector<at::Tensor> result_;
 };
 
 }  // namespace
@@ -296,7 +295,12 @@ void check_writable(const char* call, const at::Tensor& leaf, const char* action
 
 WorkPtr copy_back_work(std::vector<WorkPtr> inner, at::Tensor leaf, at::Tensor buffer) {
   TORCH_INTERNAL_ASSERT(!inner.empty());
-  return c10::make_intrusive<CopyBackWork>(std::move(inner), std::move(leaf), std::move(buffer));
+  return then(std::move(inner), [leaf, buffer] { at::Tensor(leaf).copy_(buffer); }, {leaf});
+}
+
+WorkPtr then(std::vector<WorkPtr> inner, std::function<void()> finish,
+             std::vector<at::Tensor> result) {
+  return c10::make_intrusive<FinishWork>(std::move(inner), std::move(finish), std::move(result));
 }
 
 }  // namespace tensordict::dist::detail

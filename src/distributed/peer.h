@@ -145,6 +145,11 @@ void check_writable(const char* call, const at::Tensor& leaf, const char* action
 /// into `leaf`.
 WorkPtr copy_back_work(std::vector<WorkPtr> inner, at::Tensor leaf, at::Tensor buffer);
 
+/// A work that waits for every one of `inner`, then runs `finish` once (without grad), in the
+/// first wait() that sees them done; result() is `result`.
+WorkPtr then(std::vector<WorkPtr> inner, std::function<void()> finish,
+             std::vector<at::Tensor> result);
+
 template <typename Post>
 WorkPtr post_in_place(const at::Tensor& leaf, bool reads_leaf, Post&& post) {
   if (leaf.is_contiguous()) {

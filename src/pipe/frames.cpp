@@ -285,6 +285,7 @@ TensorDict FrameReader::recv_uncollated(ByteSource& src, std::optional<at::Devic
     at::ScalarType dtype;
     std::vector<int64_t> shape;
     int64_t nbytes;
+    bool unbatched = false;
   };
   std::vector<Leaf> leaves;
   std::vector<std::pair<std::vector<std::string>, NonTensorData>> non_tensors;
@@ -337,9 +338,11 @@ TensorDict FrameReader::recv_uncollated(ByteSource& src, std::optional<at::Devic
       return key;
     };
     if (const auto* b = field("batch_size")) batch_size = nonneg_ints(*b, "the batch size");
+    // The keys of UnbatchedTensor leaves, whose shapes need not start with the batch size.
+    std::set<std::vector<std::string>> unbatched;
     if (const auto* f = field("unbatched")) {
-      TORCH_CHECK_VALUE(f->is_list() && f->as_list().empty(),
-                        "unbatched entries are not supported by this implementation");
+      TORCH_CHECK_VALUE(f->is_list(), "expected unbatched and non_tensors lists");
+      for (const auto& k : f->as_list()) unbatched.insert(decode_key(k));
     }
     std::set<std::vector<std::string>> seen;
     if (const auto* f = field("non_tensors")) {
@@ -368,8 +371,10 @@ TensorDict FrameReader::recv_uncollated(ByteSource& src, std::optional<at::Devic
       TORCH_CHECK_VALUE(!c10::isQIntType(leaf.dtype), "the quantized dtype ", dtypes[i].dump(),
                         " cannot be sent through the pipe");
       leaf.shape = nonneg_ints(shapes[i], "dimensions");
-      TORCH_CHECK_VALUE(leaf.shape.size() >= batch_size.size() &&
-                            std::equal(batch_size.begin(), batch_size.end(), leaf.shape.begin()),
+      leaf.unbatched = unbatched.count(leaf.key) > 0;
+      TORCH_CHECK_VALUE(leaf.unbatched || (leaf.shape.size() >= batch_size.size() &&
+                                           std::equal(batch_size.begin(), batch_size.end(),
+                                                      leaf.shape.begin())),
                         "a shape does not start with the batch size");
       int64_t n = static_cast<int64_t>(c10::elementSize(leaf.dtype));
       for (int64_t d : leaf.shape) {
@@ -384,6 +389,11 @@ TensorDict FrameReader::recv_uncollated(ByteSource& src, std::optional<at::Devic
                         " (PipeOptions::max_storage_bytes)");
       leaf.nbytes = n;
       leaves.push_back(std::move(leaf));
+    }
+    for (const auto& key : unbatched) {
+      bool known = false;
+      for (const auto& leaf : leaves) known = known || leaf.key == key;
+      TORCH_CHECK_VALUE(known, "unknown unbatched key");
     }
     for (const auto& key : seen) {  // a leaf cannot also be a level above another leaf
       for (size_t n = 1; n < key.size(); ++n) {
@@ -402,7 +412,7 @@ TensorDict FrameReader::recv_uncollated(ByteSource& src, std::optional<at::Devic
     at::Tensor t =
         at::empty(leaf.shape, at::TensorOptions().dtype(leaf.dtype).device(target_device));
     src.read(t.data_ptr(), static_cast<size_t>(leaf.nbytes), t, "a leaf");
-    result.set(NestedKey(leaf.key), t);
+    result.set(NestedKey(leaf.key), leaf.unbatched ? Value::unbatched(t) : Value(t));
   }
   // As the reference: set after the leaves, a NonTensorData with its level's batch size.
   for (auto& [key, entry] : non_tensors) result.set_non_tensor(NestedKey(key), std::move(entry));

@@ -279,8 +279,10 @@ void PipeImpl::send_consolidated(Link& e, const TensorDict& td) {
   new_schema = new_schema || !sent_once;
   auto* scratch = send_scratch.data_ptr<uint8_t>();
   if (new_schema) {
+    // Insertion order with the transport keys last, as 0.15.3's json.dumps writes it (the
+    // schema is compared on the sorted form above).
     const std::string json = metadata_to_json(
-        *state->metadata, /*sort_keys=*/true,
+        *state->metadata, /*sort_keys=*/false,
         {{"_total_bytes", storage.numel()}, {"_device", storage.device().str()}});
     scratch[0] = kNewSchemaFlag;
     wire::put_le(scratch + 8, json.size());
@@ -350,7 +352,7 @@ void PipeImpl::send_uncollated(Link& e, const TensorDict& td) {
     for (size_t i = 0; i < key.size(); ++i) parts += (i ? ", " : "") + json_string(key[i]);
     return parts + "]";
   };
-  std::string keys = "[", dtypes = "[", shapes = "[", non_tensors = "[";
+  std::string keys = "[", dtypes = "[", shapes = "[", non_tensors = "[", unbatched = "[";
   std::vector<at::Tensor> leaves;
   for (size_t j = 0; j < order.size(); ++j) {
     const auto& [key, value] = items[order[j].second];
@@ -380,6 +382,7 @@ void PipeImpl::send_uncollated(Link& e, const TensorDict& td) {
                       ", which the pipe cannot carry");
     const char* sep = leaves.empty() ? "" : ", ";
     keys += sep + wire_key(key);
+    if (value.is_unbatched()) unbatched += (unbatched.size() > 1 ? ", " : "") + wire_key(key);
     dtypes += sep + json_string(dtype_name(t.scalar_type()));
     shapes += sep + json_ints(t.sizes());
     leaves.push_back(t.contiguous());
@@ -387,7 +390,8 @@ void PipeImpl::send_uncollated(Link& e, const TensorDict& td) {
   const std::string header = "{\"keys\": " + keys + "], \"dtypes\": " + dtypes +
                              "], \"shapes\": " + shapes + "], \"batch_size\": " +
                              json_ints(td.batch_size()) +
-                             ", \"unbatched\": [], \"non_tensors\": " + non_tensors + "]}";
+                             ", \"unbatched\": " + unbatched + "], \"non_tensors\": " +
+                             non_tensors + "]}";
   auto* scratch = send_scratch.data_ptr<uint8_t>();
   wire::put_le(scratch, header.size());
   send_first(e, scratch, 8, "the header length");

@@ -203,10 +203,16 @@ struct Reader {
         TORCH_CHECK_VALUE(T::is_string(v), "metadata: ", at("cls"), " must be a string, got ",
                           type_name(v));
         m.cls = T::as_string(v);
-        // A class travels as a pickled class reference (metadata_from_pickle), never as a str.
-        TORCH_CHECK_VALUE(!is_class_reference_name(m.cls), "metadata: ", at("cls"),
-                          " is the string ", quote_key(m.cls),
-                          "; only TensorDict nodes are supported");
+        // A class travels as a pickled class reference (metadata_from_pickle), never as a str,
+        // except in the reference's files, which write str(cls): "<class 'module.Name'>".
+        if (m.cls.starts_with("<class '") && m.cls.ends_with("'>") &&
+            is_class_reference_name(std::string_view(m.cls).substr(8, m.cls.size() - 10))) {
+          m.cls = m.cls.substr(8, m.cls.size() - 10);
+        } else {
+          TORCH_CHECK_VALUE(!is_class_reference_name(m.cls), "metadata: ", at("cls"),
+                            " is the string ", quote_key(m.cls),
+                            "; only TensorDict nodes are supported");
+        }
         seen |= 1;
       } else if (k == "non_tensors") {
         for (const auto& [nk, nv] : object(v, at("non_tensors"))) {

@@ -6,8 +6,14 @@
 #include <ATen/MapAllocator.h>
 #include <gtest/gtest.h>
 
+#include <sys/stat.h>
+
 #include <cmath>
 #include <cstring>
+#include <filesystem>
+#include <fstream>
+#include <functional>
+#include <limits>
 #include <string>
 
 #include "expect_throw.h"
@@ -776,4 +782,260 @@ TEST(ConsolidateNonTensor, RecordedKeptAndRebuilt) {
   nested.unlock_();
   nested.set_non_tensor("cfg", 1);
   EXPECT_FALSE(is_consolidated(c));
+}
+
+// ---- consolidate(filename=...) and from_consolidated ------------------------------------------
+
+namespace {
+
+// A fresh directory per test, removed afterwards.
+class ConsolidateFile : public ::testing::Test {
+ protected:
+  void SetUp() override {
+    std::string tmpl = (std::filesystem::temp_directory_path() / "td_consolidate_XXXXXX").string();
+    ASSERT_NE(::mkdtemp(tmpl.data()), nullptr);
+    dir_ = tmpl;
+  }
+  void TearDown() override {
+    std::error_code ec;
+    std::filesystem::remove_all(dir_, ec);
+  }
+  std::string path(const std::string& name) const { return (dir_ / name).string(); }
+  std::filesystem::path dir_;
+};
+
+std::string read_file(const std::string& file) {
+  std::ifstream in(file, std::ios::binary);
+  return {std::istreambuf_iterator<char>(in), std::istreambuf_iterator<char>()};
+}
+
+void write_file(const std::string& file, const std::string& bytes) {
+  std::ofstream out(file, std::ios::binary | std::ios::trunc);
+  out.write(bytes.data(), static_cast<std::streamsize>(bytes.size()));
+}
+
+std::string le64(int64_t v) {
+  std::string out(8, '\0');
+  for (int i = 0; i < 8; ++i) out[i] = static_cast<char>(static_cast<uint64_t>(v) >> (8 * i));
+  return out;
+}
+
+std::string storage_bytes(const at::Tensor& storage) {
+  return {reinterpret_cast<const char*>(bytes(storage)), static_cast<size_t>(storage.numel())};
+}
+
+// Nested levels, non-tensor entries, several dtypes (odd sizes, so that pads are needed).
+TensorDict file_sample() {
+  TensorDict deeper({{"h", at::arange(6, at::kHalf).view({3, 2})},
+                     {"bf", at::full({3}, 1.5, at::kBFloat16)}},
+                    {3});
+  TensorDict inner({{"i", at::arange(3, at::kInt)}, {"deeper", deeper}}, {3});
+  TensorDict td({{"f", at::arange(12, at::kFloat).view({3, 4})},
+                 {"b", at::tensor({1, 0, 1}, at::kByte).to(at::kBool)},
+                 {"u8", at::arange(3, at::kByte)},
+                 {"d", at::arange(3, at::kDouble) / 3},
+                 {"l", at::arange(6, at::kLong).view({3, 2}) - 3},
+                 {"c", at::complex(at::ones({3}), at::full({3}, 2.0))},
+                 {"inner", inner}},
+                {3});
+  td.set_non_tensor("label", "hello");
+  td.set_non_tensor({"inner", "cfg"}, JsonValue::map({{"k", JsonValue::list({1, 2})}}));
+  return td;
+}
+
+// Same keys (leaves by value, dtype and shape; non-tensors by value) and batch sizes, whatever
+// the order of the entries.
+void expect_same_content(const TensorDict& got, const TensorDict& want) {
+  EXPECT_EQ(got.batch_size(), want.batch_size());
+  const auto g = got.items({.include_nested = true});
+  const auto w = want.items({.include_nested = true});
+  ASSERT_EQ(g.size(), w.size());
+  for (const auto& [key, value] : w) {
+    ASSERT_TRUE(got.contains(key)) << key.str();
+    const Value v = got.get(key);
+    if (value.is_tensor()) {
+      ASSERT_TRUE(v.is_tensor()) << key.str();
+      EXPECT_TRUE(same_bytes(v.tensor(), value.tensor())) << key.str();
+    } else if (value.is_non_tensor()) {
+      ASSERT_TRUE(v.is_non_tensor()) << key.str();
+      EXPECT_EQ(got.get_non_tensor(key), want.get_non_tensor(key)) << key.str();
+    } else {
+      ASSERT_TRUE(v.is_tensordict()) << key.str();
+      EXPECT_EQ(v.tensordict().batch_size(), value.tensordict().batch_size()) << key.str();
+    }
+  }
+}
+
+// fn throws a c10::Error whose message names `file`; returns the message.
+std::string error_naming(const std::function<void()>& fn, const std::string& file) {
+  try {
+    fn();
+  } catch (const c10::Error& e) {
+    const std::string msg = e.what_without_backtrace();
+    EXPECT_NE(msg.find(file), std::string::npos) << msg;
+    return msg;
+  }
+  ADD_FAILURE() << "expected a c10::Error naming " << file;
+  return "";
+}
+
+}  // namespace
+
+TEST_F(ConsolidateFile, LayoutIsLeavesThenJsonThenItsLength) {
+  const TensorDict td = file_sample();
+  const TensorDict mem = consolidate(td);
+  const TensorDict c = consolidate(td, {.filename = path("td.bin")});
+  EXPECT_TRUE(is_consolidated(c));
+  expect_same_content(c, td);
+
+  const std::string file = read_file(path("td.bin"));
+  const std::string storage = storage_bytes(consolidated_storage(mem));
+  const std::string json = metadata_to_json(*consolidated_metadata(mem));
+  ASSERT_EQ(file.size(), storage.size() + json.size() + 8);
+  EXPECT_EQ(file.substr(0, storage.size()), storage);
+  EXPECT_EQ(file.substr(storage.size(), json.size()), json);
+  EXPECT_EQ(file.substr(file.size() - 8), le64(static_cast<int64_t>(json.size())));
+  // The result's storage is the leaves' part of the file.
+  EXPECT_EQ(consolidated_storage(c).numel(), static_cast<int64_t>(storage.size()));
+  EXPECT_EQ(*consolidated_metadata(c), *consolidated_metadata(mem));
+}
+
+TEST_F(ConsolidateFile, RoundTripsAndIsReproducible) {
+  const TensorDict td = file_sample();
+  consolidate(td, {.filename = path("one.bin")});
+  const TensorDict back = from_consolidated(path("one.bin"));
+  expect_same_content(back, td);
+  EXPECT_TRUE(is_consolidated(back));
+  EXPECT_FALSE(back.is_locked());  // as the reference's
+  EXPECT_EQ(back.get({"inner", "deeper"}).tensordict().batch_size(), at::IntArrayRef({3}));
+  expect_all_views(back, consolidated_storage(back));
+  // A second consolidation, of the original or of what was read, writes the same bytes.
+  consolidate(td, {.filename = path("two.bin")});
+  consolidate(back, {.filename = path("three.bin")});
+  EXPECT_EQ(read_file(path("one.bin")), read_file(path("two.bin")));
+  EXPECT_EQ(read_file(path("one.bin")), read_file(path("three.bin")));
+  // An already consolidated TensorDict is still written (unlocked: the lock is recorded).
+  TensorDict mem = consolidate(td);
+  consolidate(mem, {.filename = path("locked.bin")});
+  EXPECT_NE(read_file(path("locked.bin")).find(R"("is_locked": true)"), std::string::npos);
+  mem.unlock_();
+  EXPECT_TRUE(is_consolidated(mem));
+  consolidate(mem, {.filename = path("four.bin")});
+  EXPECT_EQ(read_file(path("one.bin")), read_file(path("four.bin")));
+  // An empty TensorDict: no leaves, metadata only.
+  consolidate(TensorDict(), {.filename = path("empty.bin")});
+  EXPECT_TRUE(from_consolidated(path("empty.bin")).entries().empty());
+}
+
+TEST_F(ConsolidateFile, WritesToTheResultReachTheFileButNotToWhatWasRead) {
+  const TensorDict td = file_sample();
+  const TensorDict c = consolidate(td, {.filename = path("td.bin")});
+  // consolidate's result is a shared mapping: writes reach the file.
+  c.get("f").tensor().fill_(7);
+  EXPECT_TRUE(from_consolidated(path("td.bin")).get("f").tensor().eq(7).all().item<bool>());
+
+  const std::string before = read_file(path("td.bin"));
+  const TensorDict back = from_consolidated(path("td.bin"));
+  back.get("f").tensor().fill_(-1);
+  back.get({"inner", "i"}).tensor().fill_(-1);
+  EXPECT_TRUE(back.get("f").tensor().eq(-1).all().item<bool>());
+  EXPECT_EQ(read_file(path("td.bin")), before);
+  EXPECT_TRUE(from_consolidated(path("td.bin")).get("f").tensor().eq(7).all().item<bool>());
+
+  // Writing the file again makes a new file: a mapping of the old one keeps its data.
+  const TensorDict old = from_consolidated(path("td.bin"));
+  consolidate(TensorDict({{"f", at::full({3, 4}, 3.0)}}, {3}), {.filename = path("td.bin")});
+  EXPECT_TRUE(old.get("f").tensor().eq(7).all().item<bool>());
+  EXPECT_TRUE(from_consolidated(path("td.bin")).get("f").tensor().eq(3).all().item<bool>());
+}
+
+TEST_F(ConsolidateFile, RefusalsWhenWriting) {
+  // Unbatched leaves, as the reference; nothing is written.
+  TensorDict u({{"a", at::zeros({2})}, {"u", Value::unbatched(at::ones({3}))}}, {2});
+  EXPECT_THROW_MSG(consolidate(u, {.filename = path("u.bin")}), c10::NotImplementedError,
+                   "'u' is one");
+  EXPECT_FALSE(std::filesystem::exists(path("u.bin")));
+  // A device other than the CPU.
+  EXPECT_THROW_MSG(consolidate(file_sample(), {.device = at::Device(at::kMeta),
+                                               .filename = path("m.bin")}),
+                   c10::ValueError, "device and filename are mutually exclusive arguments.");
+  EXPECT_NO_THROW(consolidate(file_sample(), {.device = at::Device(at::kCPU),
+                                              .filename = path("cpu.bin")}));
+  // A directory where the file should be, and a missing parent directory.
+  std::filesystem::create_directory(path("dir"));
+  error_naming([&] { consolidate(file_sample(), {.filename = path("dir")}); }, path("dir"));
+  error_naming([&] { consolidate(file_sample(), {.filename = path("no/such/f.bin")}); },
+               path("no/such/f.bin"));
+}
+
+TEST_F(ConsolidateFile, ForgedOrTruncatedFilesAreCleanErrorsNamingTheFile) {
+  const TensorDict td({{"a", at::arange(12, at::kFloat).view({4, 3})}}, {4});
+  consolidate(td, {.filename = path("good.bin")});
+  const std::string good = read_file(path("good.bin"));
+  const std::string storage = good.substr(0, 48);
+  const std::string json = metadata_to_json(*consolidated_metadata(consolidate(td)));
+  ASSERT_EQ(good, storage + json + le64(static_cast<int64_t>(json.size())));
+  const auto assemble = [&](const std::string& s, const std::string& j) {
+    return s + j + le64(static_cast<int64_t>(j.size()));
+  };
+  const auto edited = [&](const std::string& from, const std::string& to) {
+    std::string j = json;
+    const auto at = j.find(from);
+    EXPECT_NE(at, std::string::npos) << from << " in " << j;
+    j.replace(at, from.size(), to);
+    return assemble(storage, j);
+  };
+  ASSERT_NE(json.find(R"("a": ["torch.float32", [4, 3], 0, 48, 0])"), std::string::npos) << json;
+
+  const std::vector<std::pair<std::string, std::string>> cases = {
+      {"empty", ""},
+      {"seven_bytes", good.substr(0, 7)},
+      {"eight_zero_bytes", std::string(8, '\0')},
+      {"trailer_too_long", storage + le64(static_cast<int64_t>(good.size()) * 2)},
+      {"trailer_zero", storage + le64(0)},
+      {"trailer_negative", storage + le64(-5)},
+      {"trailer_huge", storage + le64(std::numeric_limits<int64_t>::max())},
+      {"garbage_json", assemble(storage, "{not json")},
+      {"json_not_object", assemble(storage, "[1, 2]")},
+      {"json_cut", assemble(storage, json.substr(0, json.size() / 2))},
+      {"cut_in_storage", good.substr(24)},
+      {"range_past_storage", edited("[4, 3], 0, 48, 0]", "[4, 3], 0, 112, 0]")},
+      {"shape_past_storage", edited("[4, 3], 0, 48, 0]", "[4, 3000], 0, 48, 0]")},
+      {"range_backwards", edited("[4, 3], 0, 48, 0]", "[4, 3], 40, 0, 0]")},
+      {"negative_shape", edited("[4, 3], 0, 48, 0]", "[-4, 3], 0, 48, 0]")},
+      {"bad_dtype", edited("torch.float32", "torch.evil")},
+      {"no_leaves_node", edited(R"("leaves")", R"("leafs")")},
+      {"storage_missing", assemble("", json)},
+  };
+  for (const auto& [name, bytes] : cases) {
+    SCOPED_TRACE(name);
+    const std::string file = path(name + ".bin");
+    write_file(file, bytes);
+    ASSERT_EQ(std::filesystem::file_size(file), bytes.size());
+    const std::string msg = error_naming([&] { from_consolidated(file); }, file);
+    EXPECT_EQ(msg.rfind("from_consolidated: ", 0), 0u) << msg;
+  }
+  // The untouched file still reads, and is what was written.
+  expect_same_content(from_consolidated(path("good.bin")), td);
+}
+
+TEST_F(ConsolidateFile, MissingDirectoryFifoAndMetadataBound) {
+  const std::string missing = path("nope.bin");
+  EXPECT_NE(error_naming([&] { from_consolidated(missing); }, missing).find("No such file"),
+            std::string::npos);
+  EXPECT_NE(error_naming([&] { from_consolidated(dir_.string()); }, dir_.string())
+                .find("not a regular file"),
+            std::string::npos);
+  const std::string fifo = path("fifo");
+  ASSERT_EQ(::mkfifo(fifo.c_str(), 0600), 0);
+  EXPECT_NE(error_naming([&] { from_consolidated(fifo); }, fifo).find("not a regular file"),
+            std::string::npos);
+  consolidate(file_sample(), {.filename = path("good.bin")});
+  EXPECT_NE(error_naming([&] { from_consolidated(path("good.bin"), {.max_metadata_bytes = 16}); },
+                         path("good.bin"))
+                .find("max_metadata_bytes"),
+            std::string::npos);
+  // A symlink is followed.
+  std::filesystem::create_symlink(path("good.bin"), path("link.bin"));
+  expect_same_content(from_consolidated(path("link.bin")), file_sample());
 }

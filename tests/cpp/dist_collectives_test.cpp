@@ -13,6 +13,7 @@
 #include "tensordict/distributed/init_remote.h"
 #include "tensordict/distributed/p2p.h"
 #include "tensordict/distributed/process_group.h"
+#include "tensordict/lazy_stack.h"
 #include "wire/metadata_pickle.h"
 #include "wire/pickle.h"
 
@@ -444,6 +445,144 @@ TEST(DistCollectives, ArgumentErrors) {
     if (rank == 0) {
       EXPECT_NE(error_of([] { scatter(0, {sample(0.0)}); }).find("passes 1 TensorDicts to a group of 2"),
                 std::string::npos);
+    }
+  });
+}
+
+// ---- bucket_bytes: leaves of one device and dtype reduced as flat buckets --------------------
+
+// Mixed dtypes and sizes, a transposed (non-contiguous) leaf, one leaf larger than the small
+// buckets, a nested level; leaf values depend on the rank and on the position, so that a value
+// landing in another leaf's place, or a bucket cut at the wrong offset, shows.
+TensorDict bucketable(int rank) {
+  const double r = rank + 1;
+  const auto v = [&](int64_t n, at::ScalarType t, double k) {
+    return ((at::arange(n, at::kDouble) % 7 + k) * r).to(t);
+  };
+  TensorDict inner({{"f", v(3, at::kFloat, 5)}, {"i", v(5, at::kInt, 6)}, {"d", v(2, at::kDouble, 7)}},
+                   {});
+  return TensorDict({{"a", v(5, at::kFloat, 1)},
+                     {"l", v(7, at::kLong, 2)},
+                     {"t", v(6, at::kFloat, 3).view({2, 3}).t()},
+                     {"big", v(300, at::kFloat, 4)},
+                     {"n", inner},
+                     {"d", v(4, at::kDouble, 8)},
+                     {"b", v(2, at::kFloat, 9)}},
+                    {});
+}
+
+void expect_equal_leaves(const TensorDict& got, const TensorDict& want) {
+  const auto w = want.items({.include_nested = true, .leaves_only = true});
+  ASSERT_EQ(got.items({.include_nested = true, .leaves_only = true}).size(), w.size());
+  for (const auto& [key, value] : w) {
+    const at::Tensor g = got.get(key).tensor();
+    EXPECT_EQ(g.scalar_type(), value.tensor().scalar_type()) << key.str();
+    EXPECT_TRUE(at::equal(g, value.tensor())) << key.str() << ": " << g << " vs " << value.tensor();
+  }
+}
+
+TEST(DistCollectives, BucketBytesGivesTheUnbucketedResults) {
+  run_ranks(3, [](int rank, int) {
+    // 1: every leaf alone; 12: some pairs; 64: several leaves, "big" (1200 bytes) alone;
+    // 1 MiB: one bucket per dtype.
+    const std::vector<int64_t> sizes = {1, 12, 64, int64_t{1} << 20};
+    for (const auto op : {c10d::ReduceOp::SUM, c10d::ReduceOp::MAX, c10d::ReduceOp::MIN}) {
+      SCOPED_TRACE(static_cast<int>(op));
+      TensorDict plain = bucketable(rank);
+      all_reduce(plain, {.op = op});
+      // Against the arithmetic too: rank r holds (r + 1) x.
+      const int64_t factor = op == c10d::ReduceOp::SUM ? 6 : op == c10d::ReduceOp::MAX ? 3 : 1;
+      expect_equal_leaves(plain, bucketable(0) * at::Scalar(factor));
+      TensorDict reduced = bucketable(rank);
+      reduce(reduced, 1, {.op = op});
+      for (const int64_t bytes : sizes) {
+        SCOPED_TRACE(c10::str("bucket_bytes ", bytes));
+        TensorDict td = bucketable(rank);
+        const at::Tensor t = td.get("t").tensor();
+        all_reduce(td, {.op = op, .bucket_bytes = bytes});
+        expect_equal_leaves(td, plain);
+        EXPECT_TRUE(td.get("t").tensor().is_same(t));  // in place
+        TensorDict a = bucketable(rank);
+        all_reduce(a, {.op = op, .async_op = true, .bucket_bytes = bytes});
+        expect_equal_leaves(a, plain);
+        TensorDict w = bucketable(rank);
+        const auto works = all_reduce_async(w, {.op = op, .bucket_bytes = bytes});
+        EXPECT_FALSE(works.empty());
+        for (const auto& work : works) work->wait();
+        expect_equal_leaves(w, plain);
+        // reduce to global rank 1: the destination holds the unbucketed result.
+        TensorDict r = bucketable(rank);
+        reduce(r, 1, {.op = op, .bucket_bytes = bytes});
+        if (rank == 1) expect_equal_leaves(r, reduced);
+        TensorDict p = bucketable(rank);
+        for (const auto& work : reduce_premature(p, 1, {.op = op, .bucket_bytes = bytes})) {
+          work->wait();
+        }
+        if (rank == 1) expect_equal_leaves(p, reduced);
+      }
+    }
+  });
+}
+
+TEST(DistCollectives, BucketBytesCountsWorksAndRefusesNonPositiveSizes) {
+  run_ranks(2, [](int rank, int) {
+    // Six float32 leaves of 16 bytes: 1 MiB makes one bucket, 32 bytes three, 1 byte six.
+    const auto make = [&] {
+      std::vector<TensorDict::Entry> entries;
+      for (int i = 0; i < 6; ++i) entries.emplace_back(c10::str("k", i), at::full({4}, i + rank + 1.0));
+      return TensorDict(entries, {});
+    };
+    for (const auto& [bytes, buckets] : std::vector<std::pair<int64_t, size_t>>{
+             {int64_t{1} << 20, 1}, {32, 3}, {48, 2}, {1, 6}}) {
+      SCOPED_TRACE(bytes);
+      TensorDict td = make();
+      const auto works = all_reduce_async(td, {.bucket_bytes = bytes});
+      EXPECT_EQ(works.size(), buckets);
+      for (const auto& w : works) w->wait();
+      for (int i = 0; i < 6; ++i) {
+        EXPECT_TRUE(td.get(c10::str("k", i)).tensor().eq(2 * i + 3).all().item<bool>()) << i;
+      }
+    }
+    for (const int64_t bad : {int64_t{0}, int64_t{-8}}) {
+      EXPECT_NE(error_of([&] { all_reduce(make(), {.bucket_bytes = bad}); })
+                    .find("bucket_bytes must be a positive number of bytes"),
+                std::string::npos);
+      EXPECT_NE(error_of([&] { reduce(make(), 0, {.bucket_bytes = bad}); })
+                    .find("bucket_bytes must be a positive number of bytes"),
+                std::string::npos);
+    }
+    // The group is still in step after the refusals.
+    TensorDict td = make();
+    all_reduce(td, {.bucket_bytes = 16});
+    EXPECT_TRUE(td.get("k0").tensor().eq(3).all().item<bool>());
+  });
+}
+
+// reduce into a lazy stack with buckets: the stacked leaves are reduced and written back into
+// the members at the destination.
+TEST(DistCollectives, BucketBytesReduceIntoALazyStack) {
+  run_ranks(2, [](int rank, int) {
+    const auto make = [&] {
+      TensorDict a({{"x", at::full({3}, rank + 1.0)}, {"y", at::full({3, 2}, rank + 2.0)}}, {3});
+      TensorDict b({{"x", at::full({3}, rank + 3.0)}, {"y", at::full({3, 2}, rank + 4.0)}}, {3});
+      return TensorDict({{"s", LazyStackedTensorDict({a, b}, 0)}, {"z", at::full({2}, rank + 5.0)}},
+                        {2});
+    };
+    for (bool premature : {false, true}) {
+      SCOPED_TRACE(premature);
+      TensorDict td = make();
+      if (premature) {
+        for (const auto& w : reduce_premature(td, 0, {.bucket_bytes = 1 << 20})) w->wait();
+      } else {
+        reduce(td, 0, {.bucket_bytes = 1 << 20});
+      }
+      if (rank != 0) continue;
+      const auto members = LazyStackedTensorDict::of(td.get("s").tensordict()).tensordicts();
+      EXPECT_TRUE(members[0].get("x").tensor().eq(3).all().item<bool>());
+      EXPECT_TRUE(members[0].get("y").tensor().eq(5).all().item<bool>());
+      EXPECT_TRUE(members[1].get("x").tensor().eq(7).all().item<bool>());
+      EXPECT_TRUE(members[1].get("y").tensor().eq(9).all().item<bool>());
+      EXPECT_TRUE(td.get("z").tensor().eq(11).all().item<bool>());
     }
   });
 }

@@ -173,5 +173,140 @@ TEST(LazyStack, MalformedLazyNodesFromAPeerAreRefused) {
   EXPECT_THROW_MSG(metadata_from_json(extra), c10::ValueError, "unexpected field 'device'");
 }
 
+// ---- maybe_dense_stack: the reference's LazyStackedTensorDict.maybe_dense_stack ----------------
+
+TensorDict dense_member(double fill, int64_t width = 2) {
+  TensorDict n({{"y", at::full({3, width}, fill + 1)}}, {3});
+  return TensorDict({{"x", at::full({3}, fill)}, {"n", n}}, {3});
+}
+
+TEST(MaybeDenseStack, SameKeysAndShapesStackDensely) {
+  const std::vector<TensorDict> tds = {dense_member(0), dense_member(10), dense_member(20)};
+  for (int64_t dim : {0, 1, -1, -2}) {
+    SCOPED_TRACE(dim);
+    const TensorDict s = maybe_dense_stack(tds, dim);
+    EXPECT_FALSE(s.is_lazy_stack());
+    EXPECT_FALSE(s.get("n").tensordict().is_lazy_stack());
+    const TensorDict want = stack(tds, dim);
+    EXPECT_EQ(s.batch_size(), want.batch_size());
+    EXPECT_TRUE(at::equal(s.get("x").tensor(), want.get("x").tensor()));
+    EXPECT_TRUE(at::equal(s.get({"n", "y"}).tensor(), want.get({"n", "y"}).tensor()));
+    EXPECT_EQ(s.get("n").tensordict().batch_size(), want.get("n").tensordict().batch_size());
+  }
+  EXPECT_EQ(maybe_dense_stack(tds, 1).batch_size(), at::IntArrayRef({3, 3}));
+  EXPECT_TRUE(at::equal(maybe_dense_stack(tds, 1).get("x").tensor()[0],
+                        at::tensor({0.0f, 10.0f, 20.0f})));
+  // One TensorDict: a stack of one.
+  const TensorDict one = maybe_dense_stack({dense_member(1)});
+  EXPECT_FALSE(one.is_lazy_stack());
+  EXPECT_EQ(one.batch_size(), at::IntArrayRef({1, 3}));
+  // Keys in another order are the same keys; dtypes are promoted as torch.stack does.
+  TensorDict reordered({{"n", dense_member(5).get("n")}, {"x", at::full({3}, 5, at::kLong)}}, {3});
+  const TensorDict mixed = maybe_dense_stack({dense_member(0), reordered});
+  EXPECT_FALSE(mixed.is_lazy_stack());
+  EXPECT_EQ(mixed.get("x").tensor().scalar_type(), at::kFloat);
+  EXPECT_TRUE(at::equal(mixed.get("x").tensor()[1], at::full({3}, 5.0f)));
+}
+
+TEST(MaybeDenseStack, DifferentKeysOrShapesStackLazily) {
+  {
+    // A root leaf of another shape.
+    TensorDict other({{"x", at::full({3, 2}, 1.0)}, {"n", dense_member(1).get("n")}}, {3});
+    const TensorDict s = maybe_dense_stack({dense_member(0), other});
+    ASSERT_TRUE(s.is_lazy_stack());
+    EXPECT_EQ(s.batch_size(), at::IntArrayRef({2, 3}));
+    EXPECT_TRUE(LazyStackedTensorDict::of(s).tensordicts()[1].is_same(other));
+  }
+  {
+    // Exclusive keys.
+    TensorDict a({{"x", at::zeros({3})}}, {3});
+    TensorDict b({{"z", at::zeros({3})}}, {3});
+    const TensorDict s = maybe_dense_stack({a, b}, 1);
+    ASSERT_TRUE(s.is_lazy_stack());
+    EXPECT_EQ(LazyStackedTensorDict::of(s).stack_dim(), 1);
+    EXPECT_EQ(s.batch_size(), at::IntArrayRef({3, 2}));
+    // A key missing in one member only.
+    TensorDict c({{"x", at::zeros({3})}, {"z", at::zeros({3})}}, {3});
+    EXPECT_TRUE(maybe_dense_stack({a, c}).is_lazy_stack());
+    // A leaf in one, a nested level in the other.
+    TensorDict d({{"x", TensorDict({}, {3})}}, {3});
+    EXPECT_TRUE(maybe_dense_stack({a, d}).is_lazy_stack());
+  }
+}
+
+TEST(MaybeDenseStack, ANestedLevelDecidesForItself) {
+  // The nested leaves differ: a dense root holding a lazy stack of the nested levels.
+  const TensorDict s = maybe_dense_stack({dense_member(0, 2), dense_member(1, 4)});
+  ASSERT_FALSE(s.is_lazy_stack());
+  EXPECT_EQ(s.batch_size(), at::IntArrayRef({2, 3}));
+  EXPECT_TRUE(at::equal(s.get("x").tensor(), at::stack({at::zeros({3}), at::ones({3})})));
+  const TensorDict n = s.get("n").tensordict();
+  ASSERT_TRUE(n.is_lazy_stack());
+  EXPECT_EQ(n.batch_size(), at::IntArrayRef({2, 3}));
+  EXPECT_EQ(LazyStackedTensorDict::of(n).tensordicts()[1].get("y").tensor().sizes(),
+            at::IntArrayRef({3, 4}));
+  // The nested levels' batch sizes differ (the leaves' shapes too): the reference stacks the
+  // whole lot lazily, since a nested level's shape is its batch size.
+  TensorDict a({{"x", at::zeros({2})}, {"n", TensorDict({{"y", at::zeros({2, 3})}}, {2, 3})}}, {2});
+  TensorDict b({{"x", at::zeros({2})}, {"n", TensorDict({{"y", at::zeros({2, 4})}}, {2, 4})}}, {2});
+  const TensorDict l = maybe_dense_stack({a, b});
+  EXPECT_TRUE(l.is_lazy_stack());
+  EXPECT_EQ(l.batch_size(), at::IntArrayRef({2, 2}));
+}
+
+TEST(MaybeDenseStack, NonTensorAndUnbatchedEntriesStackDensely) {
+  TensorDict a({{"x", at::zeros({2})}, {"u", Value::unbatched(at::zeros({5}))}}, {2});
+  TensorDict b({{"x", at::ones({2})}, {"u", Value::unbatched(at::ones({5}))}}, {2});
+  a.set_non_tensor("s", "hi");
+  b.set_non_tensor("s", "yo");
+  const TensorDict s = maybe_dense_stack({a, b});
+  ASSERT_FALSE(s.is_lazy_stack());
+  EXPECT_EQ(s.batch_size(), at::IntArrayRef({2, 2}));
+  ASSERT_TRUE(s.get("s").is_non_tensor());
+  EXPECT_EQ(s.get("s").non_tensor().batch_size(), at::IntArrayRef({2, 2}));
+  EXPECT_EQ(s.get_non_tensor("s"),
+            JsonValue::list({JsonValue::list({"hi", "hi"}), JsonValue::list({"yo", "yo"})}));
+  // The unbatched leaf is tensordict 0's, as stack() keeps it.
+  ASSERT_TRUE(s.get("u").is_unbatched());
+  EXPECT_TRUE(at::equal(s.get("u").tensor(), at::zeros({5})));
+}
+
+TEST(MaybeDenseStack, LazyStacksOfTheSameLayoutStackTheirMembers) {
+  // As the reference: every input a lazy stack with as many members and leaves, so the
+  // members are stacked (densely where they can be) and the result is a lazy stack of those,
+  // its stack dim moved past the new one.
+  auto lazy = [](double fill) {
+    return lazy_stack({TensorDict({{"x", at::full({3}, fill)}}, {3}),
+                       TensorDict({{"x", at::full({3}, fill + 1)}}, {3})}, 0);
+  };
+  const TensorDict s = maybe_dense_stack({lazy(0), lazy(10)}, 0);
+  ASSERT_TRUE(s.is_lazy_stack());
+  EXPECT_EQ(s.batch_size(), at::IntArrayRef({2, 2, 3}));
+  const LazyStackedTensorDict l = LazyStackedTensorDict::of(s);
+  EXPECT_EQ(l.stack_dim(), 1);
+  ASSERT_EQ(l.tensordicts().size(), 2u);
+  for (const auto& m : l.tensordicts()) {
+    EXPECT_FALSE(m.is_lazy_stack());
+    EXPECT_EQ(m.batch_size(), at::IntArrayRef({2, 3}));
+  }
+  // Values: s[i][j] is lazy(10 i) member j.
+  const at::Tensor x = s.get("x").tensor();
+  EXPECT_TRUE(at::equal(x[0][1], at::full({3}, 1.0)));
+  EXPECT_TRUE(at::equal(x[1][0], at::full({3}, 10.0)));
+}
+
+TEST(MaybeDenseStack, Errors) {
+  EXPECT_THROW_MSG(maybe_dense_stack({}), c10::Error, "list_of_tensordicts cannot be empty");
+  TensorDict a({{"x", at::zeros({2, 3})}}, {2});
+  TensorDict b({{"x", at::zeros({2, 3})}}, {2, 3});
+  EXPECT_THROW_MSG(maybe_dense_stack({a, b}), c10::Error,
+                   "Lazy stacking of tensordicts requires them to have congruent batch "
+                   "dimensions, got td[1].batch_dims=2 and td[0].batch_dims=1");
+  // Batch sizes that differ with the same number of dims: the reference makes a lazy stack
+  // with a -1 dim, which ours cannot hold (LazyStackedTensorDict needs one batch size).
+  TensorDict c({{"x", at::zeros({3, 3})}}, {3});
+  EXPECT_THROW(maybe_dense_stack({a, c}), c10::Error);
+}
+
 }  // namespace
 }  // namespace tensordict

@@ -23,8 +23,13 @@ using tensordict::pipe::PipeOptions;
 
 namespace {
 
-// The 449-byte line of docs/wire-format.md §3.4: the reference's metadata message for
-// worked_example().
+// The metadata message of worked_example() as the reference 0.15.3 sends it: insertion
+// order, the transport keys last (docs/wire-format.md §6.1).
+const char* kWorkedExampleWire =
+    R"({"cls": "TensorDict", "non_tensors": {}, "leaves": {"a": ["torch.float32", [4], 0, 16, 0], "b": ["torch.float32", [4, 3], 16, 64, 0]}, "cls_metadata": {"device": null, "names": [null], "batch_size": [4], "is_locked": false}, "c": {"cls": "TensorDict", "non_tensors": {}, "leaves": {"d": ["torch.int64", [4], 64, 96, 0]}, "cls_metadata": {"device": null, "names": [null], "batch_size": [4], "is_locked": false}}, "_total_bytes": 96, "_device": "cpu"})";
+
+// The same, sorted: the 449-byte line of docs/wire-format.md §3.4 (0.14's order, which
+// receivers read alike), edited below into malformed messages.
 const char* kWorkedExampleJson =
     R"({"_device": "cpu", "_total_bytes": 96, "c": {"cls": "TensorDict", "cls_metadata": {"batch_size": [4], "device": null, "is_locked": false, "names": [null]}, "leaves": {"d": ["torch.int64", [4], 64, 96, 0]}, "non_tensors": {}}, "cls": "TensorDict", "cls_metadata": {"batch_size": [4], "device": null, "is_locked": false, "names": [null]}, "leaves": {"a": ["torch.float32", [4], 0, 16, 0], "b": ["torch.float32", [4, 3], 16, 64, 0]}, "non_tensors": {}})";
 
@@ -172,7 +177,7 @@ TEST(Pipe, FramingIsTheReferencesByteForByte) {
   const TensorDict src = consolidate(worked_example());
   client.send(src);
   EXPECT_EQ(server.recv_raw(1), std::string(1, '\x00'));
-  const std::string json = kWorkedExampleJson;
+  const std::string json = kWorkedExampleWire;
   ASSERT_EQ(json.size(), 449u);
   EXPECT_EQ(server.recv_raw(8), u64_le(449));
   EXPECT_EQ(server.recv_raw(449), json);

@@ -180,6 +180,9 @@ struct AllReduceOptions {
   bool async_op = false;                 // all_reduce(): post every leaf, then wait on them all
   Group group{};
   std::optional<std::chrono::milliseconds> timeout{};  // see "Timeouts" above
+  /// Pack the leaves of one device and dtype into flat buckets of at most this many bytes and
+  /// reduce one bucket per collective, as the reference's bucket_bytes (collectives.h).
+  std::optional<int64_t> bucket_bytes{};
 };
 
 /// Keyword arguments of reduce() and reduce_premature().
@@ -189,6 +192,7 @@ struct ReduceOptions {
   Group group{};
   std::optional<int64_t> group_dst{};    // destination's rank in `group` (exclusive with dst)
   std::optional<std::chrono::milliseconds> timeout{};  // see "Timeouts" above
+  std::optional<int64_t> bucket_bytes{};  // as AllReduceOptions::bucket_bytes
 };
 
 }  // namespace tensordict::dist

@@ -39,6 +39,7 @@
 #include <vector>
 
 #include "tensordict/distributed/options.h"
+#include "tensordict/sub_tensor_dict.h"
 #include "tensordict/tensor_dict.h"
 
 namespace tensordict::dist {
@@ -75,6 +76,16 @@ void irecv(const TensorDict& td, std::optional<int64_t> src, const RecvOptions& 
 /// non-contiguous leaf, wait() copies the data in); until then, do not read or write them.
 std::vector<WorkPtr> irecv_premature(const TensorDict& td, std::optional<int64_t> src,
                                      const RecvOptions& options = {});
+
+/// recv() into the rows of a parent TensorDict that `sub` selects (the reference's
+/// _SubTensorDict as a receiver). Basic indices: into views of the parent's leaves, no copy.
+/// Advanced indices: into a copy of the rows, then written back at the index. Consolidated:
+/// into a consolidated copy of the rows (the sender's layout is that of sub.view()), then
+/// written back; the reference refuses this (its sub-tensordict has no storage).
+std::optional<int64_t> recv(const SubTensorDict& sub, std::optional<int64_t> src,
+                            const RecvOptions& options = {});
+/// irecv() likewise; with advanced indices the write back happens once every receive is done.
+void irecv(const SubTensorDict& sub, std::optional<int64_t> src, const RecvOptions& options = {});
 
 /// The leaves of `td` in per-leaf wire order (keys sorted by code point at each level,
 /// depth-first), as (key path, tensor).
