@@ -26,20 +26,24 @@ from tensordict_cpp.memmap import MemoryMappedTensor
 from tensordict_cpp.observability import (log_level, reset_transfer_stats, set_log_level,
                                           transfer_stats)
 from tensordict_cpp._non_tensor import MetaData, NonTensorStack
+from tensordict_cpp._unbatched import UnbatchedTensor
 from tensordict_cpp._td import (LazyStackedTensorDict, NonTensorData, TensorDict, all_gather,
                                 all_reduce, broadcast, cat, consolidate, gather_and_stack,
-                                init_remote, irecv, isend, lazy_stack, recv, reduce, scatter, send,
-                                set_printoptions, stack)
+                                init_remote, irecv, isend, lazy_stack, maybe_dense_stack, recv,
+                                reduce, scatter, send, set_printoptions, stack)
 from tensordict_cpp.pipe import TensorDictPipe, TensorDictServer
+from tensordict_cpp import nn
+from tensordict_cpp.nn import TensorDictParams
 # As in the reference, the name `tensorclass` is the decorator; the module stays reachable as
 # `from tensordict_cpp.tensorclass import ...` (through sys.modules).
 from tensordict_cpp.tensorclass import is_tensor_collection, is_tensorclass, tensorclass
 
 __all__ = ["TensorDict", "LazyStackedTensorDict", "NonTensorData", "MetaData", "NonTensorStack",
-           "MemoryMappedTensor", "stack",
+           "UnbatchedTensor", "TensorDictParams", "MemoryMappedTensor", "stack", "maybe_dense_stack", "from_consolidated",
            "cat", "lazy_stack", "TensorDictPipe", "TensorDictServer", "tensorclass",
            "is_tensorclass", "send", "recv", "isend", "irecv", "init_remote", "consolidate",
            "broadcast", "all_gather", "scatter", "all_reduce", "reduce", "gather_and_stack",
            "is_tensor_collection", "set_log_level", "log_level", "transfer_stats",
            "reset_transfer_stats", "set_printoptions"]
+from_consolidated = TensorDict.from_consolidated
 __version__ = "0.1.0"

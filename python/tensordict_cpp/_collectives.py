@@ -44,9 +44,16 @@ def _op(op: Any) -> dist.ReduceOp:
     return dist.ReduceOp(op) if isinstance(op, dist.ReduceOp.RedOpType) else op
 
 
-def _no_buckets(bucket_bytes: int | None) -> None:
-    if bucket_bytes is not None:
-        raise NotImplementedError("bucket_bytes is not supported: each leaf is one collective")
+def _bucket_bytes(bucket_bytes: Any) -> int | None:
+    """bucket_bytes as the core takes it (a float is rounded down, as the reference compares
+    sizes with it)."""
+    if bucket_bytes is None:
+        return None
+    if isinstance(bucket_bytes, bool) or not isinstance(bucket_bytes, (int, float)):
+        raise TypeError(f"bucket_bytes must be a number of bytes, got {type(bucket_bytes).__name__}")
+    if bucket_bytes <= 0:
+        raise ValueError(f"bucket_bytes must be a positive number of bytes, got {bucket_bytes}.")
+    return int(bucket_bytes) or 1
 
 
 def _cpp_of(td: Any) -> Any:
@@ -358,18 +365,24 @@ def all_reduce(self, op: Any = None, *, group: Any = None, async_op: bool = Fals
         async_op (bool, optional): if ``True``, returns the ``Work`` of each leaf without
             waiting; call ``wait()`` on each before using the TensorDict. Defaults to
             ``False``.
-        bucket_bytes: not supported; must be ``None``.
+        bucket_bytes (int, optional): pack the leaves into flat buckets of at most this many
+            bytes and reduce one bucket per collective, as the reference does: each leaf that
+            is not contiguous alone first, then the others grouped by device and dtype (groups
+            in order of first appearance), packed in leaf order; a larger leaf alone. Many
+            small leaves then cost a few collectives instead of one each. Every rank must pass
+            the same value. ValueError when not positive. Defaults to ``None``: one collective
+            per leaf.
         timeout (float or datetime.timedelta, optional): the longest the call may wait for
             its messages, all of them together; on expiry, ``DistBackendError`` naming the
             call, the peer, what was in flight and the time waited. Defaults to ``None``:
             each wait runs under the group's own timeout.
 
     Returns:
-        With ``async_op=True``, the list of ``Work`` objects; otherwise ``None``.
+        With ``async_op=True``, the list of ``Work`` objects (one per leaf, or per bucket: a
+        bucket's ``wait()`` also writes its values back into the leaves); otherwise ``None``.
     """
-    _no_buckets(bucket_bytes)
     return _C.all_reduce(self._cpp, _op(op), async_op=async_op, group=_group(group),
-                         timeout=_seconds(timeout))
+                         timeout=_seconds(timeout), bucket_bytes=_bucket_bytes(bucket_bytes))
 
 
 def reduce(self, dst: int, op: Any = None, async_op: bool = False,
@@ -394,17 +407,18 @@ def reduce(self, dst: int, op: Any = None, async_op: bool = False,
             ``None``: the default process group.
 
     Keyword Args:
-        bucket_bytes: not supported; must be ``None``.
+        bucket_bytes (int, optional): as for :meth:`all_reduce`, in reduce's leaf order; only
+            rank ``dst`` takes a bucket's values back into its leaves. Defaults to ``None``.
         timeout (float or datetime.timedelta, optional): the longest the call may wait for
             its messages, all of them together; on expiry, ``DistBackendError`` naming the
             call, the peer, what was in flight and the time waited. Defaults to ``None``:
             each wait runs under the group's own timeout.
 
     Returns:
-        The list of ``Work`` objects with ``async_op=True`` and ``return_premature=True``;
-        otherwise ``None``.
+        The list of ``Work`` objects (per leaf, or per bucket) with ``async_op=True`` and
+        ``return_premature=True``; otherwise ``None``.
     """
-    _no_buckets(bucket_bytes)
     pg = _group(group)
     return _C.reduce(self._cpp, _group_rank(pg, dst), _op(op), async_op=async_op,
-                     return_premature=return_premature, group=pg, timeout=_seconds(timeout))
+                     return_premature=return_premature, group=pg, timeout=_seconds(timeout),
+                     bucket_bytes=_bucket_bytes(bucket_bytes))

@@ -72,6 +72,12 @@ class NonTensorData:
     __slots__ = ("data", "batch_size", "device")
     _metadata = False  # MetaData says True
 
+    def __reduce__(self) -> tuple:
+        # Its class and plain arguments: what torch.load(weights_only=True) can rebuild.
+        cls = MetaData if isinstance(self, MetaData) else NonTensorData
+        return cls, (self.data, list(self.batch_size),
+                     None if self.device is None else str(self.device))
+
     def __init__(self, data: Any, batch_size: Any = None, device: Any = None) -> None:
         if isinstance(data, NonTensorData):
             data = data.data
@@ -190,6 +196,9 @@ class NonTensorStack:
                  for i, m in enumerate(members)]
         self._cpp = _C.NonTensorData.stack(parts, stack_dim, stack_dim_name)
 
+    def __reduce__(self) -> tuple:
+        return _rebuild_stack, (list(self.tensordicts), self.stack_dim, self.stack_dim_name)
+
     @classmethod
     def from_list(cls, values: list, device: Any = None) -> "NonTensorStack":
         """A stack of ``values``, nested lists of equal lengths becoming nested stacks, as the
@@ -286,6 +295,13 @@ class NonTensorStack:
 
     def __repr__(self) -> str:
         return self._cpp.repr()
+
+
+def _rebuild_stack(members: list, stack_dim: int, stack_dim_name: str | None) -> NonTensorStack:
+    return NonTensorStack(*members, stack_dim=stack_dim, stack_dim_name=stack_dim_name)
+
+
+torch.serialization.add_safe_globals([_rebuild_stack])
 
 
 def is_non_tensor(value: Any) -> bool:

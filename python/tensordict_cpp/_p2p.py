@@ -72,6 +72,13 @@ def _pipe_peer(peer: Any, group_peer: int | None, name: str) -> Any:
     return peer
 
 
+def _receiver(self: Any, plain: Any, rows: Any) -> tuple:
+    """(the core's call, its target) for a receive into ``self``: a TensorDict's ``_cpp``, or
+    the rows of a ``_SubTensorDict`` (its ``_rows``), which have calls of their own."""
+    target = getattr(self, "_rows", None)
+    return (rows, target) if target is not None else (plain, self._cpp)
+
+
 def send(self, dst: Any = None, *, group: Any = None, group_dst: int | None = None,
          init_tag: int = 0, pseudo_rand: bool = False, consolidated: bool = False,
          checked: bool = False, timeout: Timeout = None) -> None:
@@ -211,9 +218,10 @@ def recv(self, src: Any = None, *, group: Any = None, group_src: int | None = No
     if mapped:
         # torch.distributed.recv refuses to receive from oneself (Gloo has no pair to itself).
         _c10d._check_not_self_rank(group, group_src, "source")
-    return _C.recv(self._cpp, src, group=group, group_src=group_src, init_tag=init_tag,
-                   pseudo_rand=pseudo_rand, consolidated=consolidated, checked=checked,
-                   timeout=_seconds(timeout))
+    call, target = _receiver(self, _C.recv, _C.recv_rows)
+    return call(target, src, group=group, group_src=group_src, init_tag=init_tag,
+                pseudo_rand=pseudo_rand, consolidated=consolidated, checked=checked,
+                timeout=_seconds(timeout))
 
 
 def isend(self, dst: int | None = None, *, group: Any = None, group_dst: int | None = None,
@@ -333,9 +341,17 @@ def irecv(self, src: int | None = None, *, group: Any = None, group_src: int | N
             ``group_src`` is given without ``group``, or ``src`` is not in ``group``.
         RuntimeError: if the transport fails (when waiting: here, or in ``Work.wait()``).
     """
+    call, target = _receiver(self, _C.irecv_premature if return_premature else _C.irecv,
+                             _C.irecv_rows)
+    if return_premature and call is _C.irecv_rows:
+        if not target.is_view:
+            raise ValueError("irecv(return_premature=True) into a _SubTensorDict with an index "
+                             "tensor or mask: its rows are written back when the receives "
+                             "complete; use irecv() or recv()")
+        # Basic indices: the view's leaves are the parent's storage, the Works land there.
+        call, target = _C.irecv_premature, target.view()
     src, group, group_src = _resolve(src, group, group_src)
-    call = _C.irecv_premature if return_premature else _C.irecv
-    works = call(self._cpp, src, group=group, group_src=group_src, init_tag=init_tag,
+    works = call(target, src, group=group, group_src=group_src, init_tag=init_tag,
                  pseudo_rand=pseudo_rand, consolidated=consolidated, checked=checked,
                  timeout=_seconds(timeout))
     return works if return_premature else None

@@ -44,6 +44,8 @@ def from_reference(obj: Any) -> _C.TensorDict:
     ref = _module()
     if not isinstance(obj, ref.TensorDictBase):
         obj = obj._tensordict  # a tensorclass: its TensorDict, as ours do it
+    elif isinstance(obj, ref.nn.TensorDictParams):
+        obj = obj._param_td  # its leaves are the module's Parameters and buffers themselves
     return _convert(obj, ref)
 
 
@@ -115,7 +117,9 @@ def to_reference(cpp: _C.TensorDict) -> Any:
         return out
     source = {}
     for key, value in cpp.items(False, False):
-        if isinstance(value, _C.TensorDict):
+        if getattr(type(value), "_pass_through", False) and isinstance(value, torch.Tensor):
+            value = ref.UnbatchedTensor(value.as_subclass(torch.Tensor))
+        elif isinstance(value, _C.TensorDict):
             value = to_reference(value)
         elif isinstance(value, _C.NonTensorData):
             value = _reference_non_tensor(value, ref)

@@ -8,8 +8,10 @@ and the package's ``__init__``.
 """
 from __future__ import annotations
 
+import errno
 import functools
 import numbers
+import os
 from collections.abc import Mapping
 from typing import Any, Callable, Sequence
 
@@ -135,6 +137,7 @@ class TensorDict:
     """
 
     __slots__ = ("_cpp", "__weakref__")
+    _params_class: type  # tensordict_cpp.nn.TensorDictParams, which sets it (nn imports this)
 
     def __init__(self, source: Any = None, batch_size: Any = None, device: Any = None,
                  **kwargs: Any) -> None:
@@ -195,6 +198,25 @@ class TensorDict:
         """
         return _reference.to_reference(self._cpp)
 
+    # ---- pickling ----------------------------------------------------------------------------
+    def __reduce__(self) -> tuple:
+        """Pickles (pickle, torch.save, multiprocessing queues, DataLoader workers) as the
+        reference pickles its own: a consolidated TensorDict as its storage and metadata (one
+        shared storage through a multiprocessing queue), a lazy stack as its members, another as
+        its entries (each leaf pickled by torch: shared memory in a queue). Loading is the
+        caller's trust decision, as with ``torch.load``; ``torch.load(weights_only=True)`` takes
+        the globals these pickles name (allowlisted below), not a tensorclass's."""
+        cpp = self._cpp
+        if cpp.is_consolidated():
+            return _rebuild_consolidated, (cpp.consolidated_storage(),
+                                           cpp.consolidated_metadata_json())
+        if cpp.is_lazy_stack():
+            return _rebuild_lazy_stack, (self.tensordicts, self.stack_dim, self.stack_dim_name,
+                                         self.is_locked)
+        device = None if self.device is None else str(self.device)
+        return _rebuild_tensordict, (list(self.items()), list(self.batch_size), device,
+                                     self.is_locked)
+
     # ---- modules -----------------------------------------------------------------------------
     @classmethod
     def from_module(cls, module: torch.nn.Module, as_module: bool = False, lock: bool = False,
@@ -204,17 +226,15 @@ class TensorDict:
 
         Args:
             module (torch.nn.Module): the module to read.
-            as_module (bool, optional): the reference's TensorDictParams result; not supported
-                (NotImplementedError). Defaults to ``False``.
+            as_module (bool, optional): return a :class:`~tensordict_cpp.nn.TensorDictParams`
+                whose parameters are the module's own Parameter objects (nothing converted), as
+                the reference. Defaults to ``False``.
             lock (bool, optional): lock the result. Defaults to ``False``.
             use_state_dict (bool, optional): read ``module.state_dict(keep_vars=True)`` (its
                 hooks run), unflattened at the dots. Defaults to ``False``.
             filter_empty (bool, optional): leave out submodules without parameters or buffers
                 (``nn.ReLU``). Defaults to ``True``.
         """
-        if as_module:
-            raise NotImplementedError("from_module(as_module=True): TensorDictParams is the "
-                                      "reference's; use the reference for it")
         if not isinstance(module, torch.nn.Module):
             raise TypeError(f"from_module: expected a torch.nn.Module, got {type(module)}")
         if use_state_dict:
@@ -223,6 +243,8 @@ class TensorDict:
                 out[tuple(name.split("."))] = value
         else:
             out = cls._wrap(_module_entries(module, filter_empty) or _CTD([], [], None))
+        if as_module:
+            return TensorDict._params_class(out, no_convert=True, lock=lock)
         if lock:
             out.lock_()
         return out
@@ -382,6 +404,11 @@ class TensorDict:
                 leaf[index] = value[key]
             else:
                 leaf[index] = value
+
+    def _get_sub_tensordict(self, index: Any) -> "_SubTensorDict":
+        """The rows that ``index`` selects, as a view whose writes and receives land in this
+        TensorDict (the reference's ``_get_sub_tensordict``): see :class:`_SubTensorDict`."""
+        return _SubTensorDict(self, index)
 
     def __delitem__(self, key: Any) -> None:
         """Removes the entry at ``key`` (KeyError if absent, RuntimeError if locked)."""
@@ -670,7 +697,12 @@ class TensorDict:
         already.
 
         Args:
-            filename: not supported (memory-mapped storage); must be ``None``.
+            filename (str or path, optional): write the storage into this file, memory-mapped,
+                followed by the metadata (JSON) and its length: the reference's file layout,
+                which :meth:`from_consolidated` here or in the reference reads back. The
+                result's leaves are views of the shared mapping, so writes to them reach the
+                file. An existing file is replaced. Exclusive with a ``device`` other than the
+                CPU. Defaults to ``None``: in memory.
 
         Keyword Args:
             num_threads (int, optional): copy CPU leaves with that many threads (0 or 1: the
@@ -688,10 +720,26 @@ class TensorDict:
             ValueError: for a dtype the layout cannot name, or bad options.
             TypeError: for a sparse or nested-tensor leaf.
         """
-        if filename is not None:
-            raise NotImplementedError("consolidate(filename=...) is not supported")
-        return TensorDict._wrap(
-            self._cpp.consolidate(_device(device), pin_memory, share_memory, num_threads))
+        return TensorDict._wrap(self._cpp.consolidate(
+            _device(device), pin_memory, share_memory, num_threads,
+            None if filename is None else os.fspath(filename)))
+
+    @classmethod
+    def from_consolidated(cls, filename: Any) -> "TensorDict":
+        """The TensorDict a ``consolidate(filename=...)`` wrote (ours or the reference's), its
+        leaves views of a private (copy-on-write) mapping of the file, as the reference maps
+        it: writes to them do not reach the file.
+
+        The file is untrusted: its trailer, metadata and every leaf's range are checked
+        against its size before anything is viewed. A truncated or forged file is a
+        RuntimeError naming the file, a missing one FileNotFoundError, as in the reference. (A
+        file truncated while it is mapped makes reads of its leaves fault:
+        docs/reliability.md.)
+        """
+        filename = os.fspath(filename)
+        if not os.path.exists(filename):
+            raise FileNotFoundError(errno.ENOENT, os.strerror(errno.ENOENT), filename)
+        return cls._wrap(_C.from_consolidated(filename))
 
     def is_consolidated(self) -> bool:
         """True when the TensorDict is a view of one consolidated storage (see
@@ -884,6 +932,11 @@ class TensorDict:
     def detach(self) -> "TensorDict":
         """Every leaf detached from autograd."""
         return TensorDict._wrap(self._cpp.detach())
+
+    @property
+    def data(self) -> "TensorDict":
+        """Every leaf's ``.data`` (detached, sharing its storage), as the reference's ``data``."""
+        return self.detach()
 
     def detach_(self) -> "TensorDict":
         """Every leaf detached in place."""
@@ -1140,6 +1193,19 @@ class LazyStackedTensorDict(TensorDict):
         """``LazyStackedTensorDict(*items, stack_dim=dim)``, as the reference's classmethod."""
         return cls(*items, stack_dim=dim, stack_dim_name=stack_dim_name)
 
+    @classmethod
+    def maybe_dense_stack(cls, items: Sequence[Any], dim: int = 0, out: Any = None,
+                          strict: bool = False) -> TensorDict:
+        """A dense stack of ``items`` when they have the same keys and leaf shapes (level by
+        level: a nested level that differs becomes a lazy stack inside the dense result), a
+        :class:`LazyStackedTensorDict` otherwise, as the reference's ``maybe_dense_stack``.
+
+        Keyword Args:
+            out (TensorDict, optional): write the stack into ``out`` (same keys and batch size;
+                with ``strict``, no key of ``out`` may be missing from the items) and return it.
+        """
+        return maybe_dense_stack(items, dim, out=out, strict=strict)
+
     @property
     def tensordicts(self) -> list[TensorDict]:
         """The members, in stack order: the same TensorDicts (shared), each a new Python
@@ -1163,6 +1229,134 @@ class LazyStackedTensorDict(TensorDict):
                 for t in self._cpp.tensordicts()]
 
 
+class _SubTensorDict:
+    """The rows of a TensorDict that an index selects, as a view whose writes land in that
+    TensorDict (its parent): the reference's ``_SubTensorDict``, reached as it reaches it,
+    ``td._get_sub_tensordict(index)``.
+
+    Reads come from the parent at the index; :meth:`set_`, ``sub[key] = value``,
+    :meth:`update_` and the receives (:meth:`recv`, :meth:`irecv`, and their consolidated
+    forms) write into the parent's rows. With basic indices (ints, slices, ``None``, ``...``)
+    a receive goes straight into the parent's storage; with index tensors or masks it lands in
+    a copy of the rows that is written back (the reference loses it in ``irecv``). A
+    consolidated receive goes into a consolidated copy of the rows, laid out as the sender's
+    TensorDict of the same structure, then into the parent (the reference refuses it).
+    """
+
+    __slots__ = ("_parent", "_rows")
+
+    def __init__(self, source: TensorDict, idx: Any) -> None:
+        if not isinstance(source, TensorDict):
+            raise TypeError(f"Expected source to be a TensorDict, got {type(source)}")
+        self._parent = source
+        self._rows = _C.SubTensorDict(source._cpp, _as_index(idx))
+
+    @property
+    def batch_size(self) -> torch.Size:
+        return torch.Size(self._rows.batch_size)
+
+    shape = batch_size
+
+    @property
+    def device(self) -> torch.device | None:
+        return self._parent.device
+
+    @property
+    def is_locked(self) -> bool:
+        return self._parent.is_locked
+
+    def get_parent_tensordict(self) -> TensorDict:
+        return self._parent
+
+    def _view(self) -> TensorDict:
+        return TensorDict._wrap(self._rows.view())
+
+    def keys(self, *args: Any, **kwargs: Any) -> list:
+        return self._view().keys(*args, **kwargs)
+
+    def items(self, *args: Any, **kwargs: Any) -> list:
+        return self._view().items(*args, **kwargs)
+
+    def values(self, *args: Any, **kwargs: Any) -> list:
+        return self._view().values(*args, **kwargs)
+
+    def __contains__(self, key: Any) -> bool:
+        return key in self._parent
+
+    def get(self, key: Any, *default: Any) -> Any:
+        return self._view().get(key, *default)
+
+    def __getitem__(self, index: Any) -> Any:
+        return self._view()[index]
+
+    def set_(self, key: Any, value: Any) -> "_SubTensorDict":
+        """Writes ``value`` into the parent's leaf ``key`` at the rows; a TensorDict (or dict)
+        value writes each of its leaves under ``key``."""
+        if isinstance(value, (TensorDict, Mapping)) or _reference.is_reference(value):
+            prefix = key if isinstance(key, tuple) else (key,)
+            value = value if isinstance(value, TensorDict) else TensorDict(value, self.batch_size)
+            for sub, leaf in value.items(True, True):
+                self.set_(prefix + (sub if isinstance(sub, tuple) else (sub,)), leaf)
+            return self
+        self._rows.set_(key, torch.as_tensor(value))
+        return self
+
+    def set(self, key: Any, value: Any, inplace: bool = False) -> "_SubTensorDict":
+        """Writes into the parent's rows: an existing leaf in place; a new one as a leaf of
+        zeros elsewhere (a new non-tensor entry holds the value for every row), as the
+        reference's sub-tensordict does."""
+        value = _to_value(value, list(self.batch_size), self.device, key)
+        if isinstance(value, _RawNonTensor):
+            value = _C.NonTensorData(value.data, [], None, key)
+        self._rows.set(key, value)
+        return self
+
+    __setitem__ = set
+
+    def update_(self, input_dict_or_td: Any, clone: bool = False, **kwargs: Any) -> "_SubTensorDict":
+        for key, value in (input_dict_or_td.items(True, True)
+                           if isinstance(input_dict_or_td, TensorDict)
+                           else input_dict_or_td.items()):
+            self.set_(key, value)
+        return self
+
+    def update(self, input_dict_or_td: Any, **kwargs: Any) -> "_SubTensorDict":
+        items = (input_dict_or_td.items(True, True) if isinstance(input_dict_or_td, TensorDict)
+                 else input_dict_or_td.items())
+        for key, value in items:
+            self.set(key, value)
+        return self
+
+    def to_tensordict(self) -> TensorDict:
+        """An independent copy of the rows."""
+        return TensorDict._wrap(self._rows.to_tensordict())
+
+    def clone(self, recurse: bool = True) -> TensorDict:
+        return self.to_tensordict()
+
+    def is_consolidated(self) -> bool:
+        return False  # the rows have no storage of their own, as in the reference
+
+    def lock_(self) -> "_SubTensorDict":
+        raise RuntimeError("Cannot lock a _SubTensorDict. Lock the parent tensordict instead.")
+
+    def unlock_(self) -> "_SubTensorDict":
+        raise RuntimeError("Cannot unlock a _SubTensorDict. Unlock the parent tensordict instead.")
+
+    recv = _p2p.recv  # into the parent's rows (see the class)
+    irecv = _p2p.irecv  # return_premature is refused: the rows are written once all is done
+
+    def send(self, dst: Any = None, **kwargs: Any) -> None:
+        return self._view().send(dst, **kwargs)
+
+    def isend(self, dst: Any = None, **kwargs: Any) -> Any:
+        return self._view().isend(dst, **kwargs)
+
+    def __repr__(self) -> str:
+        return self._view()._cpp.repr(_repr_compact(), "_SubTensorDict",
+                                      nested_names=[("*", "_SubTensorDict")])
+
+
 def lazy_stack(input: Sequence[Any], dim: int = 0, *, out: Any = None,
                stack_dim_name: str | None = None) -> LazyStackedTensorDict:
     """Stacks TensorDicts lazily along a new batch dimension ``dim``: a
@@ -1171,6 +1365,44 @@ def lazy_stack(input: Sequence[Any], dim: int = 0, *, out: Any = None,
     if out is not None:
         raise ValueError("lazy_stack: out= is not supported; the result shares its inputs")
     return LazyStackedTensorDict(*input, stack_dim=dim, stack_dim_name=stack_dim_name)
+
+
+def maybe_dense_stack(input: Sequence[Any], dim: int = 0, *, out: Any = None,
+                      strict: bool = False) -> TensorDict:
+    """:meth:`LazyStackedTensorDict.maybe_dense_stack`, as the reference's
+    ``tensordict.maybe_dense_stack``."""
+    if not input:
+        raise RuntimeError("list_of_tensordicts cannot be empty")
+    result = TensorDict._wrap(_C.maybe_dense_stack(
+        [TensorDict.from_tensordict(td)._cpp for td in input], dim))
+    if out is None:
+        return result
+    if list(out.batch_size) != list(result.batch_size):
+        raise RuntimeError(f"maybe_dense_stack: out has batch_size {out.batch_size}, the stack "
+                           f"{result.batch_size}")
+    if strict:
+        missing = set(out.keys(True, True)) - set(result.keys(True, True))
+        if missing:
+            raise RuntimeError(f"The output tensordict has keys that are missing in the "
+                               f"tensordict that has to be written: {missing}.")
+    out.update_(result)
+    return out
+
+
+def _rebuild_tensordict(entries: list, batch_size: list, device: str | None,
+                        locked: bool) -> TensorDict:
+    td = TensorDict(dict(entries), batch_size, device)
+    return td.lock_() if locked else td
+
+
+def _rebuild_lazy_stack(members: list, stack_dim: int, stack_dim_name: str | None,
+                        locked: bool) -> TensorDict:
+    td = LazyStackedTensorDict(*members, stack_dim=stack_dim, stack_dim_name=stack_dim_name)
+    return td.lock_() if locked else td
+
+
+def _rebuild_consolidated(storage: torch.Tensor, metadata_json: str) -> TensorDict:
+    return TensorDict._wrap(_C.rebuild_consolidated(metadata_json, storage))
 
 
 def _transfer_function(name: str) -> Callable:
@@ -1350,3 +1582,10 @@ def _from_value(value: Any) -> Any:
 def _non_tensor_data(value: _C.NonTensorData) -> Any:
     """What ``td[key]`` gives for a non-tensor entry: its data, or a stack's values."""
     return value.tolist() if value.is_stack else value.data
+
+
+# torch.load(weights_only=True) rebuilds only allowlisted globals: these build TensorDicts from
+# tensors, lists and strings, import nothing and read no file (the consolidated metadata is
+# validated against its storage).
+torch.serialization.add_safe_globals([_rebuild_tensordict, _rebuild_lazy_stack,
+                                      _rebuild_consolidated, NonTensorData, MetaData])

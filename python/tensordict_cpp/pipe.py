@@ -41,46 +41,84 @@ def _device(device: Any) -> torch.device | None:
     return None if device is None else torch.device(device)
 
 
-def _over_ucxx(endpoint: Any, listener: Any, options: dict) -> Any:
-    """A _C.Pipe whose messages go through the ucxx endpoint's send / recv, on its loop."""
-    _require_pipe()
-    if not (type(endpoint).__module__.startswith("ucxx") and hasattr(endpoint, "send")
-            and hasattr(endpoint, "recv")):
-        raise TypeError("TensorDictPipe(endpoint) takes a ucxx Endpoint (use TensorDictPipe."
-                        f"listen or connect for a pipe of its own), got {type(endpoint).__name__}")
-    try:
-        loop = asyncio.get_running_loop()
-    except RuntimeError:
-        raise RuntimeError("TensorDictPipe(endpoint) must be created in the event loop that "
-                           "runs the ucxx endpoint") from None
-    timeout = float(options.get("timeout", 30.0))
+class _EndpointLoop:
+    """The event loop that runs an endpoint's coroutines: the running one when the pipe is
+    made, or else the one of its first asend / arecv / aclose."""
 
-    def on_loop_thread() -> bool:
+    def __init__(self) -> None:
         try:
-            return asyncio.get_running_loop() is loop
+            self.loop: asyncio.AbstractEventLoop | None = asyncio.get_running_loop()
+        except RuntimeError:
+            self.loop = None
+
+    def bind(self) -> None:
+        if self.loop is None:
+            self.loop = asyncio.get_running_loop()
+
+    def on_loop_thread(self) -> bool:
+        try:
+            return asyncio.get_running_loop() is self.loop
         except RuntimeError:
             return False
 
-    def run(coro_fn: Callable, *args: Any) -> Any:
-        if on_loop_thread():
-            raise RuntimeError("a pipe over a ucxx endpoint cannot block the thread of the "
+    def run(self, coro_fn: Callable, *args: Any, timeout: float) -> Any:
+        if self.loop is None:
+            raise RuntimeError("TensorDictPipe(endpoint): no event loop runs the endpoint yet: "
+                               "make the pipe in that loop, or await asend / arecv there first")
+        if self.on_loop_thread():
+            raise RuntimeError("a pipe over an endpoint cannot block the thread of the "
                                "endpoint's event loop: await asend / arecv / aclose there")
-        return asyncio.run_coroutine_threadsafe(coro_fn(*args), loop).result(timeout)
+        return asyncio.run_coroutine_threadsafe(coro_fn(*args), self.loop).result(timeout)
+
+
+async def _maybe_await(value: Any) -> None:
+    if inspect.isawaitable(value):
+        await value
+
+
+def _over_endpoint(endpoint: Any, listener: Any, options: dict) -> tuple[Any, _EndpointLoop]:
+    """A _C.Pipe whose messages go through ``endpoint``'s coroutines ``send(buffer)`` and
+    ``recv(buffer)`` (and its ``close()``), on the loop that runs them: a ucxx ``Endpoint``,
+    or any object with those methods, the only ones the reference's pipe calls."""
+    _require_pipe()
+    missing = [m for m in ("send", "recv", "close") if not callable(getattr(endpoint, m, None))]
+    if missing:
+        raise TypeError(f"TensorDictPipe(endpoint) takes an endpoint with the coroutines "
+                        f"send(buffer) and recv(buffer) and a close() (a ucxx Endpoint, or an "
+                        f"object of yours); {type(endpoint).__name__} has no "
+                        f"{' or '.join(missing)} (use TensorDictPipe.listen or connect for a "
+                        f"pipe of its own)")
+    loop = _EndpointLoop()
+    timeout = float(options.get("timeout", 30.0))
+    buffer = memoryview
+    if not type(endpoint).__module__.startswith("ucxx"):
+        try:  # the reference hands its endpoint numpy arrays (views here: no copy)
+            import numpy
+
+            def buffer(view: memoryview) -> Any:
+                return numpy.frombuffer(view, dtype=numpy.uint8)
+        except ImportError:
+            pass
+
+    async def close_both() -> None:
+        await _maybe_await(endpoint.close())
+        if listener is not None:
+            await _maybe_await(listener.close())
 
     def close() -> None:
-        async def both() -> None:
-            await endpoint.close()
-            if listener is not None:
-                listener.close()
-        if on_loop_thread():
-            loop.create_task(both())
+        if loop.loop is None:
+            return  # never used: nothing runs on a loop yet
+        if loop.on_loop_thread():
+            loop.loop.create_task(close_both())
         else:
-            asyncio.run_coroutine_threadsafe(both(), loop).result(timeout)
+            asyncio.run_coroutine_threadsafe(close_both(), loop.loop).result(timeout)
 
     tag = (getattr(endpoint, "_tags", None) or {}).get("msg_send")
-    return _C.Pipe.over(lambda buf: run(endpoint.send, buf), lambda buf: run(endpoint.recv, buf),
-                        close, peer=f"ucxx endpoint {getattr(endpoint, 'uid', 0):#x}",
+    pipe = _C.Pipe.over(lambda buf: loop.run(endpoint.send, buffer(buf), timeout=timeout),
+                        lambda buf: loop.run(endpoint.recv, buffer(buf), timeout=timeout),
+                        close, peer=f"{type(endpoint).__name__} {getattr(endpoint, 'uid', 0):#x}",
                         peer_tag=tag, **options)
+    return pipe, loop
 
 
 def _require_pipe() -> None:
@@ -140,22 +178,24 @@ class TensorDictPipe:
     _tensordict_pipe = True
 
     def __init__(self, endpoint: Any, *, listener: Any = None, **options: Any) -> None:
-        """A pipe over ``endpoint``: a ucxx ``Endpoint``, as the reference's constructor takes
-        it (created by ``ucxx.create_endpoint`` or a ``ucxx.create_listener`` callback), with
-        the pipe options as keywords (``consolidated=True``, ...), and the ``listener`` to close
-        with the pipe, if any. Create it in the event loop that runs the endpoint; then use the
-        coroutines (:meth:`asend`, :meth:`arecv`, ...) there, or the plain methods from other
-        threads: they move each message with the endpoint's own ``send`` / ``recv`` on that
-        loop. Our framing, limits and validation apply; the timeouts are the endpoint's (each
-        message waits at most ``timeout``). :meth:`listen` and :meth:`connect` make a pipe
-        with a UCX connection of its own instead.
+        """A pipe over ``endpoint``, as the reference's constructor takes it: a ucxx
+        ``Endpoint`` (from ``ucxx.create_endpoint`` or a ``ucxx.create_listener`` callback),
+        or any object with the methods the reference's pipe calls, the coroutines
+        ``send(buffer)`` and ``recv(buffer)`` (a buffer is a uint8 numpy array, or a
+        memoryview without numpy: ``recv`` fills it whole) and ``close()`` (a coroutine or
+        not). Pipe options are keywords (``consolidated=True``, ...), and ``listener`` is
+        closed with the pipe, if given. The endpoint's coroutines run on the event loop running
+        when the pipe is made, or else on the one of its first :meth:`asend` / :meth:`arecv`;
+        use the coroutines there, or the plain methods from other threads. Our framing, limits
+        and validation apply; each message waits at most ``timeout``. :meth:`listen` and
+        :meth:`connect` make a pipe with a UCX connection of its own instead.
 
         Raises:
-            TypeError: if ``endpoint`` is not a ucxx endpoint.
-            RuntimeError: outside a running event loop.
+            TypeError: if ``endpoint`` lacks one of those methods.
         """
+        self._endpoint_loop: _EndpointLoop | None = None
         if not isinstance(endpoint, _C.Pipe):
-            endpoint = _over_ucxx(endpoint, listener, options)
+            endpoint, self._endpoint_loop = _over_endpoint(endpoint, listener, options)
         self._cpp = endpoint
         self._lock = threading.Lock()
         self._send_ex: concurrent.futures.ThreadPoolExecutor | None = None
@@ -226,6 +266,8 @@ class TensorDictPipe:
     async def asend(self, td: TensorDict) -> None:
         """:meth:`send` as a coroutine. ``td`` must stay unchanged until it returns. Cancelling
         it does not stop the send, which completes (or fails) in the background."""
+        if self._endpoint_loop is not None:
+            self._endpoint_loop.bind()
         await self._submit("send", self._cpp.send, _cpp_td(td))
 
     def recv(self, td: TensorDict | None = None, *, device: Any = None) -> TensorDict:
@@ -260,6 +302,8 @@ class TensorDictPipe:
         receiving is returned by the next :meth:`arecv` (which then ignores its own
         arguments), or its error raised there.
         """
+        if self._endpoint_loop is not None:
+            self._endpoint_loop.bind()
         with self._lock:
             cf, self._orphan = self._orphan, None
         if cf is None or cf.cancelled():
@@ -301,6 +345,8 @@ class TensorDictPipe:
 
     async def aclose(self) -> None:
         """:meth:`close` as a coroutine."""
+        if self._endpoint_loop is not None:
+            self._endpoint_loop.bind()
         await asyncio.to_thread(self.close)
 
     @property

@@ -325,8 +325,18 @@ _WRAP = ("clone", "to", "contiguous", "consolidate", "unbind", "reshape", "view"
 _INPLACE = ("zero_", "lock_", "unlock_", "update", "fill_")
 
 
+def _rebuild_tensorclass(cls: type, tensordict: TensorDict) -> Any:
+    return cls._wrap(tensordict)
+
+
 class _Methods:
     """The methods every tensorclass gets (unless it defines its own)."""
+
+    def __reduce__(self) -> tuple:
+        # The class (pickled by its import path, as any class) and its TensorDict. Not
+        # allowlisted for torch.load(weights_only=True): the class is the user's, as in the
+        # reference.
+        return _rebuild_tensorclass, (type(self), self._tensordict)
 
     def __init__(self, *args: Any, batch_size: Any = None, device: Any = None,
                  **kwargs: Any) -> None:

@@ -8,7 +8,8 @@ listens, one {"k": ..., ...} per received TensorDict, and {"end": ...} last.
     ROLE: listen | connect      DIRECTION: send | recv
     MODE: consolidated | uncollated     PORT: the listener's (connect) or 0 (listen)
     SCENARIO: schemas (4 TensorDicts: A, A again, B, A, then a clean close) | forever (the
-              same schema until killed) | classes (2 TensorDicts with NonTensorStacks)
+              same schema until killed) | classes (2 TensorDicts with NonTensorStacks) |
+              unbatched (2 TensorDicts with an UnbatchedTensor; uncollated only)
 """
 import asyncio
 import json
@@ -43,6 +44,9 @@ def message(lib, schema, k):
         td["info", "grid"] = lib.NonTensorStack(*[lib.NonTensorStack(f"{i}a", f"{i}b") for i in range(4)])
         td["label"] = f"label{k}"
         return td.consolidate() if CONSOLIDATED else td
+    if SCENARIO == "unbatched":
+        return lib.TensorDict({"obs": torch.full((4, 3), float(k)),
+                               "u": lib.UnbatchedTensor(torch.full((2, 5), float(k)))}, batch_size=[4])
     td = lib.TensorDict({"obs": torch.full((4, 3), float(k)),
                          "reward": torch.full((4,), float(k), dtype=torch.float64),
                          "info": {"step": torch.full((4,), k, dtype=torch.int64)}},
@@ -53,7 +57,7 @@ def message(lib, schema, k):
 
 
 def sequence():
-    if SCENARIO == "classes":
+    if SCENARIO in ("classes", "unbatched"):
         yield from [("A", 1), ("A", 2)]
         return
     if SCENARIO == "schemas":
@@ -76,6 +80,8 @@ def describe(td, previous):
         out["non_tensors"] = {str(key): [type(td.get(key)).__name__, list(td.get(key).tolist())
                                          if hasattr(td.get(key), "tolist") else td[key]]
                               for key in ("text", ("info", "grid"), "label")}
+    if SCENARIO == "unbatched":
+        out["unbatched"] = [type(td.get("u")).__name__, list(td.get("u").shape)]
     return out
 
 

@@ -309,3 +309,45 @@ def test_memory_mapping_a_lazy_stack_is_refused_by_name(tmp_path):
     with pytest.raises(NotImplementedError, match="'s' is a LazyStackedTensorDict"):
         sample(ours).memmap(str(tmp_path / "td"))
     assert not (tmp_path / "td").exists()  # refused before anything is written
+
+
+# ---- maybe_dense_stack, as the reference's --------------------------------------------------------
+
+def _maybe_cases(lib):
+    same = [lib.TensorDict(a=torch.full((2,), float(i)), b={"c": torch.zeros(3)}, batch_size=[])
+            for i in range(3)]
+    keys = [lib.TensorDict(a=torch.zeros(2)), lib.TensorDict(b=torch.zeros(2))]
+    shapes = [lib.TensorDict(a=torch.zeros(2)), lib.TensorDict(a=torch.zeros(3))]
+    nested = [lib.TensorDict(a=torch.zeros(2), n={"x": torch.zeros(i + 1)}) for i in range(2)]
+    batched = [lib.TensorDict(a=torch.full((4, 2), float(i)), batch_size=[4]) for i in range(2)]
+    return {"same": (same, 0), "keys": (keys, 0), "shapes": (shapes, 0), "nested": (nested, 0),
+            "dim1": (batched, 1), "dim_neg": (batched, -1)}
+
+
+@pytest.mark.parametrize("case", ["same", "keys", "shapes", "nested", "dim1", "dim_neg"])
+def test_maybe_dense_stack_as_the_reference(case):
+    items, dim = _maybe_cases(ref)[case]
+    theirs = ref.LazyStackedTensorDict.maybe_dense_stack(items, dim)
+    ours_items, _ = _maybe_cases(ours)[case]
+    mine = ours.LazyStackedTensorDict.maybe_dense_stack(ours_items, dim)
+    assert type(mine).__name__ == type(theirs).__name__
+    assert mine.batch_size == theirs.batch_size
+    assert type(ours.maybe_dense_stack(ours_items, dim)).__name__ == type(theirs).__name__
+    for i in range(len(items)):
+        assert sorted(map(str, mine[i].keys(True, True))) == sorted(map(str, theirs[i].keys(True, True)))
+        for key in theirs[i].keys(True, True):
+            assert torch.equal(mine[i][key], theirs[i][key]), key
+    if case != "shapes":  # the reference's repr cannot stack [2] and [3]
+        assert repr(mine) == repr(theirs)
+
+
+def test_maybe_dense_stack_out_and_errors():
+    items = [ours.TensorDict(a=torch.full((2,), float(i))) for i in range(2)]
+    out = ours.TensorDict(a=torch.zeros(2, 2), batch_size=[2])
+    assert ours.maybe_dense_stack(items, out=out) is out
+    assert out["a"][1].eq(1).all()
+    with pytest.raises(RuntimeError, match="cannot be empty"):
+        ours.maybe_dense_stack([])
+    extra = ours.TensorDict(a=torch.zeros(2, 2), z=torch.zeros(2), batch_size=[2])
+    with pytest.raises(RuntimeError, match="missing"):
+        ours.maybe_dense_stack(items, out=extra, strict=True)

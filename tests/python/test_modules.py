@@ -66,5 +66,3 @@ def test_to_module_errors_name_the_key():
         TensorDict({"9": {"weight": torch.zeros(1)}}).to_module(m)
     with pytest.raises(RuntimeError, match="memo cannot be passed"):
         TensorDict.from_module(m).to_module(m, memo={})
-    with pytest.raises(NotImplementedError, match="TensorDictParams"):
-        TensorDict.from_module(m, as_module=True)

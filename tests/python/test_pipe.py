@@ -474,3 +474,99 @@ def test_serve_runs_handlers_concurrently():
         assert sorted(got) == [1.0, 2.0]
 
     run(main())
+
+
+# ---- TensorDictPipe(endpoint): any object with the endpoint methods the reference's pipe calls --
+
+class StandInEndpoint:
+    """One end of an in-process connection: a message is a bytes copy in the peer's queue, as
+    the reference's own tests wrap a stand-in endpoint. Only send, recv and close exist."""
+
+    def __init__(self):
+        self.inbox: asyncio.Queue = asyncio.Queue()
+        self.peer: "StandInEndpoint | None" = None
+        self.closed = False
+        self.buffer_types: set = set()
+
+    async def send(self, buffer):
+        self.buffer_types.add(type(buffer).__name__)
+        await self.peer.inbox.put(bytes(memoryview(buffer).cast("B")))
+
+    async def recv(self, buffer):
+        data = await self.inbox.get()
+        view = memoryview(buffer).cast("B")
+        assert len(data) == view.nbytes, (len(data), view.nbytes)
+        view[:] = data
+
+    def close(self):  # not a coroutine: both forms are taken
+        self.closed = True
+
+
+def stand_in_pair():
+    a, b = StandInEndpoint(), StandInEndpoint()
+    a.peer, b.peer = b, a
+    return a, b
+
+
+def batch(lib, k):
+    td = lib.TensorDict(obs=torch.full((4, 3), float(k)), info={"step": torch.full((4,), k)},
+                        batch_size=[4])
+    td["text"] = f"t{k}"
+    return td
+
+
+@pytest.mark.parametrize("consolidated", [True, False])
+@pytest.mark.parametrize("peer", ["ours", "ref"])
+def test_a_pipe_over_any_endpoint_object(consolidated, peer):
+    """Ours on a stand-in endpoint, made outside any loop (bound by its first await), against
+    ours or the reference's pipe on the other end, in both directions."""
+    import tensordict
+    from tensordict._ucxx import TensorDictPipe as RefPipe
+
+    import tensordict_cpp
+
+    a, b = stand_in_pair()
+    ours = TensorDictPipe(a, consolidated=consolidated, timeout=10)  # no running loop yet
+
+    async def main():
+        other = (TensorDictPipe(b, consolidated=consolidated, timeout=10) if peer == "ours"
+                 else RefPipe(b, consolidated=consolidated))
+        lib = tensordict_cpp if peer == "ours" else tensordict
+        for k in (1, 2, 3):
+            await ours.asend(batch(tensordict_cpp, k))
+            got = await other.arecv()
+            assert got["obs"].eq(k).all() and got["info", "step"].eq(k).all()
+            assert got["text"] == f"t{k}"
+            await other.asend(batch(lib, 10 + k))
+            back = await ours.arecv()
+            assert back["obs"].eq(10 + k).all() and back["text"] == f"t{10 + k}"
+        # The plain methods work from another thread, on the endpoint's loop.
+        sent = asyncio.create_task(other.arecv())
+        await asyncio.to_thread(ours.send, batch(tensordict_cpp, 7))
+        assert (await sent)["obs"].eq(7).all()
+        await ours.aclose()
+        if peer == "ours":
+            await other.aclose()
+
+    run(main())
+    assert a.closed and a.buffer_types == {"ndarray"}
+
+
+def test_an_object_without_the_endpoint_methods_is_a_type_error():
+    class NoRecv:
+        async def send(self, buffer):
+            pass
+
+        def close(self):
+            pass
+
+    with pytest.raises(TypeError, match="NoRecv has no recv"):
+        TensorDictPipe(NoRecv())
+
+
+def test_plain_calls_before_any_loop_say_so():
+    a, b = stand_in_pair()
+    pipe = TensorDictPipe(a, timeout=5)
+    with pytest.raises(RuntimeError, match="no event loop runs the endpoint yet"):
+        pipe.send(batch(__import__("tensordict_cpp"), 1))
+    pipe.close()

@@ -282,3 +282,19 @@ def test_non_tensor_stacks_cross_both_ways(sender, receiver, mode):
     finally:
         tx.kill()
         rx.kill()
+
+
+@pytest.mark.parametrize("sender, receiver", PAIRS, ids=["ours-to-ref", "ref-to-ours"])
+def test_unbatched_entries_cross_both_ways(sender, receiver):
+    """The uncollated header's "unbatched" entries (consolidation refuses UnbatchedTensor)."""
+    tx, rx = start_pair(sender, receiver, "receiver", "uncollated", scenario="unbatched")
+    try:
+        assert tx.end() == "closed", tx.stderr()
+        rx.end()
+        got = rx.received()
+        assert [item["k"] for item in got] == [1.0, 2.0], rx.stderr()
+        for item in got:
+            assert item["unbatched"] == ["UnbatchedTensor", [2, 5]], item
+    finally:
+        tx.kill()
+        rx.kill()
