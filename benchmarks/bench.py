@@ -81,6 +81,23 @@ ARMS = {
                         "ref.consolidated"),
     "py.init_remote": ("ours, Python: init_remote / from_remote_init", "floor.py_raw_one",
                        "ref.init_remote"),
+    "floor.allreduce_one": ("floor: one raw c10d all_reduce of the bytes (C++)", None, None),
+    "floor.allreduce_n": ("floor: one raw c10d all_reduce per leaf (C++)", None, None),
+    "floor.py_allreduce_one": ("floor: one raw torch.distributed all_reduce of the bytes "
+                               "(Python)", None, None),
+    "floor.py_allreduce_n": ("floor: one raw torch.distributed all_reduce per leaf (Python)",
+                             None, None),
+    "ref.all_reduce": ("reference: all_reduce (per leaf)", "floor.py_allreduce_n", None),
+    "ref.all_reduce_buckets": ("reference: all_reduce(bucket_bytes=1 MiB)",
+                               "floor.py_allreduce_one", None),
+    "cpp.all_reduce": ("ours, C++: dist::all_reduce (per leaf)", "floor.allreduce_n",
+                       "ref.all_reduce"),
+    "cpp.all_reduce_buckets": ("ours, C++: dist::all_reduce, bucket_bytes 1 MiB",
+                               "floor.allreduce_one", "ref.all_reduce_buckets"),
+    "py.all_reduce": ("ours, Python: all_reduce (per leaf)", "floor.py_allreduce_n",
+                      "ref.all_reduce"),
+    "py.all_reduce_buckets": ("ours, Python: all_reduce(bucket_bytes=1 MiB)",
+                              "floor.py_allreduce_one", "ref.all_reduce_buckets"),
     "floor.ucx": ("floor: ucx_perftest tag_lat(bytes) + tag_lat(8 B)", None, None),
     "cpp.pipe": ("ours, C++: TensorDictPipe (UCX, consolidated)", "floor.ucx", None),
 }
@@ -204,6 +221,8 @@ def python_rank(cfg: dict, rank: int, world_size: int) -> None:
                 lambda: our_td.init_remote(dst=1),
                 lambda: got.__setitem__("ours", ours.TensorDict.from_remote_init(src=0)),
                 lambda: check(got["ours"]))
+        if leaves >= 100 and leaves * nbytes <= 1 << 20:
+            arms |= all_reduce_arms(torch, dist, ref, ours, make, check, raw, sender)
         ids = list(arms)
         times = {a: [] for a in ids}
         start = time.monotonic()
@@ -246,6 +265,38 @@ def python_rank(cfg: dict, rank: int, world_size: int) -> None:
             dist.send(ok, dst=0, tag=CTRL_TAG)
     if sender:
         pathlib.Path(cfg["json"]).write_text(json.dumps({"cases": results}))
+
+
+def all_reduce_arms(torch, dist, ref, ours, make, check, raw, sender) -> dict:
+    """all_reduce with MAX (the values stay the sender's pattern, the receiver's zeros rise to
+    it), per leaf and with bucket_bytes, ours beside the reference's and raw torch.distributed
+    all_reduces of the same bytes (one of all of them, one per leaf). Both ranks run each arm:
+    its send and recv are the same call."""
+    max_op = dist.ReduceOp.MAX
+    flat = torch.cat(raw) if sender else torch.zeros(sum(t.numel() for t in raw))
+    each = [t.clone() for t in raw]
+
+    def reduce_each():
+        for w in [dist.all_reduce(t, op=max_op, async_op=True) for t in each]:
+            w.wait()
+
+    def both(fn):
+        return fn, fn
+
+    arms = {
+        "floor.py_allreduce_one": (*both(lambda: dist.all_reduce(flat, op=max_op)),
+                                   lambda: torch.equal(flat, torch.cat(
+                                       [pattern(torch, i, raw[0].numel()) for i in range(len(raw))]))),
+        "floor.py_allreduce_n": (*both(reduce_each), lambda: all(
+            torch.equal(t, pattern(torch, i, t.numel())) for i, t in enumerate(each))),
+    }
+    for lib, prefix in ((ref, "ref"), (ours, "py")):
+        for suffix, kwargs in (("", {}), ("_buckets", {"bucket_bytes": 1 << 20})):
+            td = make(lib)
+            arms[f"{prefix}.all_reduce{suffix}"] = (
+                *both(lambda td=td, kwargs=kwargs: td.all_reduce(op=max_op, **kwargs)),
+                lambda td=td: check(td))
+    return arms
 
 
 def run_python(cases, settings, tmp) -> dict:
@@ -494,7 +545,10 @@ def merge(case_results: list[dict]) -> list[dict]:
 
 def transfer_table(rows: list[dict]) -> str:
     short = {"floor.raw_one": "one send", "floor.raw_n": "N messages", "floor.ucx": "ucx_perftest",
-             "floor.py_raw_one": "one send, Py", "floor.py_raw_n": "N messages, Py"}
+             "floor.py_raw_one": "one send, Py", "floor.py_raw_n": "N messages, Py",
+             "floor.allreduce_one": "one all_reduce", "floor.allreduce_n": "N all_reduces",
+             "floor.py_allreduce_one": "one all_reduce, Py",
+             "floor.py_allreduce_n": "N all_reduces, Py"}
     out = ["| case | arm | median µs | p25 µs | reps | × floor | × faster than reference | data |",
            "|---|---|--:|--:|--:|--:|--:|---|"]
     for r in rows:
@@ -692,6 +746,9 @@ compares the same kind of transfer. † marks a C++ arm compared with the refere
 the Python program a few seconds later: on a loaded machine the two programs can land in
 different latency modes, so compare the floors of both programs before trusting it.
 init_remote arms include consolidating and pickling the metadata each time (a cold start).
+all_reduce arms (cases of 100 leaves or more, up to 1 MiB) run on both ranks with MAX, so the
+values stay put round after round; per leaf they are compared with one raw all_reduce per
+leaf, with `bucket_bytes` (1 MiB: one bucket) with one raw all_reduce of all the bytes.
 
 The run keeps both cores busy itself, so the load average read before a case includes the
 previous case; a value well above 2 means other work shared the machine.

@@ -40,6 +40,7 @@
 #include <vector>
 
 #include "tensordict/consolidate.h"
+#include "tensordict/distributed/collectives.h"
 #include "tensordict/distributed/p2p.h"
 #include "tensordict/distributed/process_group.h"
 #include "tensordict/distributed/runner.h"
@@ -238,6 +239,43 @@ std::vector<Arm> make_arms(const CaseSpec& s, int rank, Peers& peers) {
                     dist::recv(*cons, 0, {.consolidated = true, .checked = true});
                   },
                   .verify = [cons, expected_td] { return (*cons == expected_td()).all(); }});
+  if (s.leaves >= 100 && s.leaves * s.bytes <= (1 << 20)) {
+    // all_reduce with MAX, which leaves the values as they are on every round (the sender's
+    // pattern, the receiver's zeros), per leaf and in buckets (bucket_bytes), beside raw c10d
+    // all_reduces of the same bytes: one of all of them, and one per leaf.
+    c10d::AllreduceOptions max_opts;
+    max_opts.reduceOp = c10d::ReduceOp::MAX;
+    auto flat = std::make_shared<std::vector<at::Tensor>>(std::vector<at::Tensor>{
+        sender ? at::cat(leaves_of(*td)) : at::zeros({s.leaves * s.bytes / 4})});
+    arms.push_back({.id = "floor.allreduce_one",
+                    .send = [pg, flat, max_opts] { pg->allreduce(*flat, max_opts)->wait(); },
+                    .recv = [pg, flat, max_opts] { pg->allreduce(*flat, max_opts)->wait(); },
+                    .verify = [flat, expected_td] {
+                      return at::equal((*flat)[0], at::cat(leaves_of(expected_td())));
+                    }});
+    auto each = std::make_shared<std::vector<at::Tensor>>(leaves_of(make_td(s, sender)));
+    auto reduce_each = [pg, each, max_opts] {
+      std::vector<dist::WorkPtr> works;
+      for (auto& t : *each) {
+        std::vector<at::Tensor> one{t};
+        works.push_back(pg->allreduce(one, max_opts));
+      }
+      for (auto& w : works) w->wait();
+    };
+    arms.push_back({.id = "floor.allreduce_n", .send = reduce_each, .recv = reduce_each,
+                    .verify = [each, expected_td] {
+                      return equal_leaves(*each, leaves_of(expected_td()));
+                    }});
+    for (const bool buckets : {false, true}) {
+      auto mine = std::make_shared<TensorDict>(make_td(s, sender));
+      dist::AllReduceOptions o{.op = c10d::ReduceOp::MAX};
+      if (buckets) o.bucket_bytes = int64_t{1} << 20;
+      auto run = [mine, o] { dist::all_reduce(*mine, o); };
+      arms.push_back({.id = buckets ? "cpp.all_reduce_buckets" : "cpp.all_reduce",
+                      .send = run, .recv = run,
+                      .verify = [mine, expected_td] { return (*mine == expected_td()).all(); }});
+    }
+  }
 #ifdef TENSORDICT_BENCH_INIT_REMOTE
   {
     // A cold start each time: consolidate, metadata pickle, storage; a new TensorDict arrives.

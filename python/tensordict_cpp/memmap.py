@@ -264,6 +264,24 @@ def _check_common(num_threads: int, return_early: bool, share_non_tensor: bool,
         raise TypeError(f"robust_key must be a bool or None, got {type(robust_key).__name__}")
 
 
+def _full_tensors(cpp: Any) -> Any:
+    """``cpp`` with its DTensor leaves replaced by their full tensors, as the reference's memmap
+    writes them (``full_tensor()`` is a collective: every rank of the mesh calls memmap)."""
+    try:
+        from torch.distributed.tensor import DTensor
+    except ImportError:
+        return cpp
+    keys = [k for k in cpp.keys(True, True) if isinstance(cpp.get(k), DTensor)]
+    if not keys:
+        return cpp
+    out = cpp.copy()  # new levels, the same leaves
+    if out.is_locked():
+        out.unlock_()
+    for key in keys:
+        out.set(key, cpp.get(key).full_tensor())
+    return out
+
+
 def memmap(self: Any, prefix: Any = None, copy_existing: bool = False, *, num_threads: int = 0,
            return_early: bool = False, share_non_tensor: bool = False, existsok: bool = True,
            robust_key: Any = True) -> Any:
@@ -283,7 +301,8 @@ def memmap(self: Any, prefix: Any = None, copy_existing: bool = False, *, num_th
             file, an existing file with ``existsok=False``), naming the path.
     """
     _check_common(num_threads, return_early, share_non_tensor, robust_key)
-    out = _C._memmap_td(self._cpp, _path(prefix), bool(copy_existing), bool(existsok))
+    out = _C._memmap_td(_full_tensors(self._cpp), _path(prefix), bool(copy_existing),
+                        bool(existsok))
     return type(self)._wrap(_wrap_leaves(out))
 
 
@@ -295,6 +314,14 @@ def memmap_(self: Any, prefix: Any = None, copy_existing: bool = False, *, num_t
     fails, the TensorDict is left as it was. Its ``device`` is unchanged (the reference sets
     it to the CPU)."""
     _check_common(num_threads, return_early, share_non_tensor, robust_key)
+    full = _full_tensors(self._cpp)
+    if full is not self._cpp:  # the full tensors become this TensorDict's leaves
+        locked = self._cpp.is_locked()
+        self._cpp.unlock_()
+        for key in full.keys(True, True):
+            self._cpp.set(key, full.get(key))
+        if locked:
+            self._cpp.lock_()
     _C._memmap_td_(self._cpp, _path(prefix), bool(copy_existing), bool(existsok))
     _wrap_leaves(self._cpp)
     return self

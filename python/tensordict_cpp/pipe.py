@@ -43,7 +43,9 @@ def _device(device: Any) -> torch.device | None:
 
 class _EndpointLoop:
     """The event loop that runs an endpoint's coroutines: the running one when the pipe is
-    made, or else the one of its first asend / arecv / aclose."""
+    made, then the one of each asend / arecv / aclose (a new asyncio.run each time works, as
+    with the reference's pipe). A plain call with no such loop running runs each message in a
+    new event loop of its own, as the reference's plain calls do."""
 
     def __init__(self) -> None:
         try:
@@ -52,8 +54,7 @@ class _EndpointLoop:
             self.loop = None
 
     def bind(self) -> None:
-        if self.loop is None:
-            self.loop = asyncio.get_running_loop()
+        self.loop = asyncio.get_running_loop()
 
     def on_loop_thread(self) -> bool:
         try:
@@ -62,13 +63,12 @@ class _EndpointLoop:
             return False
 
     def run(self, coro_fn: Callable, *args: Any, timeout: float) -> Any:
-        if self.loop is None:
-            raise RuntimeError("TensorDictPipe(endpoint): no event loop runs the endpoint yet: "
-                               "make the pipe in that loop, or await asend / arecv there first")
         if self.on_loop_thread():
             raise RuntimeError("a pipe over an endpoint cannot block the thread of the "
                                "endpoint's event loop: await asend / arecv / aclose there")
-        return asyncio.run_coroutine_threadsafe(coro_fn(*args), self.loop).result(timeout)
+        if self.loop is not None and self.loop.is_running():
+            return asyncio.run_coroutine_threadsafe(coro_fn(*args), self.loop).result(timeout)
+        return asyncio.run(asyncio.wait_for(coro_fn(*args), timeout))
 
 
 async def _maybe_await(value: Any) -> None:
@@ -106,12 +106,10 @@ def _over_endpoint(endpoint: Any, listener: Any, options: dict) -> tuple[Any, _E
             await _maybe_await(listener.close())
 
     def close() -> None:
-        if loop.loop is None:
-            return  # never used: nothing runs on a loop yet
         if loop.on_loop_thread():
             loop.loop.create_task(close_both())
         else:
-            asyncio.run_coroutine_threadsafe(close_both(), loop.loop).result(timeout)
+            loop.run(close_both, timeout=timeout)
 
     tag = (getattr(endpoint, "_tags", None) or {}).get("msg_send")
     pipe = _C.Pipe.over(lambda buf: loop.run(endpoint.send, buffer(buf), timeout=timeout),
@@ -184,9 +182,10 @@ class TensorDictPipe:
         ``send(buffer)`` and ``recv(buffer)`` (a buffer is a uint8 numpy array, or a
         memoryview without numpy: ``recv`` fills it whole) and ``close()`` (a coroutine or
         not). Pipe options are keywords (``consolidated=True``, ...), and ``listener`` is
-        closed with the pipe, if given. The endpoint's coroutines run on the event loop running
-        when the pipe is made, or else on the one of its first :meth:`asend` / :meth:`arecv`;
-        use the coroutines there, or the plain methods from other threads. Our framing, limits
+        closed with the pipe, if given. The endpoint's coroutines run on the event loop of the
+        latest :meth:`asend` / :meth:`arecv` / :meth:`aclose` (or the one running when the pipe
+        is made); the plain methods called from other threads use that loop while it runs, and
+        otherwise run each message in a new event loop, as the reference's. Our framing, limits
         and validation apply; each message waits at most ``timeout``. :meth:`listen` and
         :meth:`connect` make a pipe with a UCX connection of its own instead.
 

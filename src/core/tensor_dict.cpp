@@ -38,8 +38,25 @@ std::string key_list(const TensorDictImpl& impl) {
   return out + "]";
 }
 
+// Whether `level` is `td` or one of its nested levels (lazy stacks' members included). Before
+// an insertion the levels form no cycle, so the walk ends.
+bool contains_level(const TensorDict& td, const TensorDictImpl* level) {
+  if (td.is_lazy_stack()) {
+    for (const auto& m : detail::members_of(td)) {
+      if (contains_level(m, level)) return true;
+    }
+    return false;
+  }
+  if (&TensorDictImpl::of(td) == level) return true;
+  for (const auto& [key, value] : td.entries()) {
+    if (value.is_tensordict() && contains_level(value.tensordict(), level)) return true;
+  }
+  return false;
+}
+
 // Brings a value into a level: checks the batch prefix and moves it to the level's device, as
-// the reference does on set.
+// the reference does on set. A TensorDict that holds the level (directly or through any chain)
+// is refused, so that no walk over the levels can loop.
 Value admit(const TensorDictImpl& level, const NestedKey& full_key, const Value& value) {
   TORCH_CHECK_TYPE(!value.is_tensor() || value.tensor().defined(), "cannot set key ",
                    full_key.str(), " to an undefined tensor");
@@ -69,6 +86,8 @@ Value admit(const TensorDictImpl& level, const NestedKey& full_key, const Value&
     return value;
   }
   const TensorDict& td = value.tensordict();
+  TORCH_CHECK_VALUE(!contains_level(td, &level), "Cannot set a tensordict inside itself (key ",
+                    full_key.str(), "): tensordicts that contain themselves are not supported.");
   if (level.device && td.device() != level.device) return td.to(*level.device);
   return value;
 }

@@ -194,17 +194,41 @@ std::vector<WorkPtr> post_buckets(const std::vector<at::Tensor>& leaves, int64_t
   return detail::post_all(buckets.size(), [&](size_t b) -> WorkPtr {
     const auto& members = buckets[b];
     if (members.size() == 1) return post_leaf(members[0]);
+    // A bucket's leaves share a device and dtype and are contiguous (make_buckets): on the CPU
+    // they are packed and unpacked with memcpy, as at::cat and a copy_ per leaf cost
+    // microseconds each (all_reduce of 1000 leaves of 64 B in benchmarks/run: 11 ms, now 3).
+    const bool cpu = leaves[members[0]].is_cpu() &&
+                     std::none_of(members.begin(), members.end(), [&](size_t i) {
+                       return leaves[i].is_conj() || leaves[i].is_neg();  // lazy bits: torch's copy
+                     });
     at::Tensor flat;
     {
       at::NoGradGuard no_grad;
-      std::vector<at::Tensor> parts;
-      for (size_t i : members) parts.push_back(leaves[i].reshape(-1));
-      flat = at::cat(parts);
+      if (cpu) {
+        int64_t numel = 0;
+        for (size_t i : members) numel += leaves[i].numel();
+        flat = at::empty({numel}, leaves[members[0]].options().requires_grad(false));
+        auto* out = static_cast<char*>(flat.data_ptr());
+        for (size_t i : members) {
+          std::memcpy(out, leaves[i].const_data_ptr(), leaves[i].nbytes());
+          out += leaves[i].nbytes();
+        }
+      } else {
+        std::vector<at::Tensor> parts;
+        for (size_t i : members) parts.push_back(leaves[i].reshape(-1));
+        flat = at::cat(parts);
+      }
     }
     WorkPtr work = post_flat(flat);
     if (!copy_back && !after) return work;
-    return detail::then({std::move(work)}, [flat, members, leaves, copy_back, after] {
-      if (copy_back) {
+    return detail::then({std::move(work)}, [flat, members, leaves, copy_back, after, cpu] {
+      if (copy_back && cpu) {
+        const auto* in = static_cast<const char*>(flat.const_data_ptr());
+        for (size_t i : members) {
+          std::memcpy(leaves[i].data_ptr(), in, leaves[i].nbytes());
+          in += leaves[i].nbytes();
+        }
+      } else if (copy_back) {
         int64_t at = 0;
         for (size_t i : members) {
           const at::Tensor& leaf = leaves[i];

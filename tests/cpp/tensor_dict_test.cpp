@@ -328,3 +328,25 @@ TEST(TensorDictNonTensor, Locking) {
   td.set_non_tensor({"n", "x"}, 2);
   EXPECT_EQ(td.pop({"n", "x"}).non_tensor().data(), JsonValue(2));
 }
+
+TEST(TensorDict, ATensorDictInsideItselfIsRefusedAtTheAssignment) {
+  TensorDict td({{"a", at::zeros({2})}}, {2});
+  EXPECT_THROW_MSG(td.set("me", td), c10::ValueError,
+                   "Cannot set a tensordict inside itself (key 'me')");
+  // Through a chain of any length, and through a lazy stack's members: cycles a walk would
+  // never leave.
+  TensorDict a, b, c;
+  a.set("b", b);
+  b.set("c", c);
+  EXPECT_THROW_MSG(c.set("a", a), c10::ValueError, "contain themselves");
+  EXPECT_THROW_MSG(c.set({"x", "y"}, b), c10::ValueError, "inside itself");
+  const TensorDict lazy = tensordict::lazy_stack({a, TensorDict()});
+  EXPECT_THROW_MSG(c.set("s", lazy), c10::ValueError, "inside itself");
+  EXPECT_FALSE(c.contains("a"));
+  // The same TensorDict twice side by side is no cycle.
+  TensorDict shared({{"v", at::ones({1})}}, {});
+  TensorDict holder;
+  holder.set("p", shared);
+  holder.set("q", shared);
+  EXPECT_EQ(holder.keys({.include_nested = true, .leaves_only = true}).size(), 2u);
+}

@@ -1,6 +1,7 @@
 """DTensor leaves (a module sharded with torch.distributed.tensor): from_module keeps them, as
 the reference; every transfer refuses them with NotImplementedError naming the key (the
-reference's own failure type), before anything is sent, and their local shards travel."""
+reference's own failure type), before anything is sent, and their local shards travel; memmap
+writes their full tensors, as the reference."""
 import pytest
 import tensordict
 import torch
@@ -43,6 +44,10 @@ def dtensors(rank, world_size):
             assert "leaf 'weight'" in str(e) and "DTensor" in str(e), e
         else:
             assert rank == 1, "rank 0 always has a refused call"
+    # memmap writes the full tensor (a collective), as the reference's.
+    for lib in (tensordict, tensordict_cpp):
+        mapped = lib.TensorDict.from_module(module).memmap()
+        assert torch.equal(mapped["weight"], module.weight.full_tensor()), lib.__name__
     # What travels instead: the local shards, as plain tensors.
     local = td.apply(lambda t: t.to_local() if isinstance(t, DTensor) else t)
     ref = tensordict.TensorDict.from_module(module).apply(

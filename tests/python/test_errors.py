@@ -201,3 +201,18 @@ def test_a_group_of_the_wrong_type_is_a_type_error():
 def test_package_exports():
     assert tensordict_cpp.TensorDict is TensorDict
     assert callable(tensordict_cpp.stack) and callable(tensordict_cpp.cat)
+
+
+def test_a_tensordict_inside_itself_is_refused_as_the_reference():
+    for lib in (tensordict, tensordict_cpp):
+        td = lib.TensorDict(a=torch.zeros(2), batch_size=[2])
+        with pytest.raises(ValueError, match=r"Cannot set a tensordict inside itself \(key 'me'\)"):
+            td["me"] = td
+        with pytest.raises(ValueError, match=r"inside itself \(key \('x', 'y'\)\)"):
+            td["x", "y"] = td
+    # Through a chain, which the reference lets through and then loops on: refused here.
+    a, b = TensorDict(), TensorDict()
+    a["b"] = b
+    with pytest.raises(ValueError, match="contain themselves"):
+        b["a"] = a
+    assert repr(a) == "TensorDict(batch_size=[], fields={b: {}})"

@@ -564,9 +564,20 @@ def test_an_object_without_the_endpoint_methods_is_a_type_error():
         TensorDictPipe(NoRecv())
 
 
-def test_plain_calls_before_any_loop_say_so():
+def test_plain_calls_and_one_loop_per_call_as_the_reference():
+    """Without a running loop each plain call runs the endpoint in a loop of its own, and each
+    asyncio.run may be a new loop (the reference's own tests drive a pipe that way)."""
+    import tensordict_cpp
+
     a, b = stand_in_pair()
-    pipe = TensorDictPipe(a, timeout=5)
-    with pytest.raises(RuntimeError, match="no event loop runs the endpoint yet"):
-        pipe.send(batch(__import__("tensordict_cpp"), 1))
-    pipe.close()
+    ours, other = TensorDictPipe(a, timeout=5), TensorDictPipe(b, timeout=5)
+    for k in (1, 2):
+        asyncio.run(ours.asend(batch(tensordict_cpp, k)))
+        assert asyncio.run(other.arecv())["obs"].eq(k).all()
+    ours.send(batch(tensordict_cpp, 3))  # no loop at all
+    assert other.recv()["obs"].eq(3).all()
+    batch(tensordict_cpp, 4).send(ours)  # TensorDict.send / recv through the pipe
+    assert tensordict_cpp.TensorDict().recv(other)["obs"].eq(4).all()
+    ours.close()
+    other.close()
+    assert a.closed and b.closed
