@@ -271,7 +271,19 @@ def _full_tensors(cpp: Any) -> Any:
         from torch.distributed.tensor import DTensor
     except ImportError:
         return cpp
-    keys = [k for k in cpp.keys(True, True) if isinstance(cpp.get(k), DTensor)]
+
+    def dtensor_keys(level: Any, prefix: tuple) -> list:
+        if level.is_lazy_stack():  # memmap refuses lazy stacks by name; no read here
+            return []
+        out = []
+        for key, value in level.items(False, False):
+            if isinstance(value, _C.TensorDict):
+                out += dtensor_keys(value, prefix + (key,))
+            elif isinstance(value, DTensor):
+                out.append(prefix + (key,))
+        return out
+
+    keys = dtensor_keys(cpp, ())
     if not keys:
         return cpp
     out = cpp.copy()  # new levels, the same leaves
