@@ -1,6 +1,9 @@
 #include "tensordict/tensor_dict.h"
 
+#include <c10/util/safe_numerics.h>
+
 #include <algorithm>
+#include <limits>
 
 #include "tensor_dict_impl.h"
 
@@ -205,11 +208,21 @@ TensorDict::TensorDict() : TensorDict(std::make_shared<TensorDictImpl>()) {}
 
 namespace {
 
-std::shared_ptr<TensorDictImpl> empty_impl(at::IntArrayRef batch_size,
-                                           std::optional<at::Device> device, size_t entries) {
+// No negative dimension, and a number of elements int64 holds (torch refuses such a tensor
+// too), so that numel() and every shape computation stay exact.
+void check_batch_size(at::IntArrayRef batch_size) {
   for (int64_t d : batch_size) {
     TORCH_CHECK_VALUE(d >= 0, "batch_size ", batch_size, " has a negative dimension");
   }
+  uint64_t numel = 0;
+  TORCH_CHECK_VALUE(!c10::safe_multiplies_u64(batch_size, &numel) &&
+                        numel <= static_cast<uint64_t>(std::numeric_limits<int64_t>::max()),
+                    "batch_size ", batch_size, " has more elements than int64 can count");
+}
+
+std::shared_ptr<TensorDictImpl> empty_impl(at::IntArrayRef batch_size,
+                                           std::optional<at::Device> device, size_t entries) {
+  check_batch_size(batch_size);
   auto impl = std::make_shared<TensorDictImpl>();
   impl->batch_size = batch_size.vec();
   impl->device = device;
@@ -237,9 +250,7 @@ TensorDict& TensorDict::set_batch_size(at::IntArrayRef batch_size) {
   TORCH_CHECK(!impl_->lazy, "set_batch_size: the batch size of a LazyStackedTensorDict is its "
               "members' with the stack dim; modifying it is not permitted (call contiguous() for "
               "a dense TensorDict first)");
-  for (int64_t d : batch_size) {
-    TORCH_CHECK_VALUE(d >= 0, "batch_size ", batch_size, " has a negative dimension");
-  }
+  check_batch_size(batch_size);
   for (const auto& [key, value] : impl_->entries) {
     if (value.is_unbatched()) continue;
     detail::check_batch_prefix(NestedKey(key), detail::entry_shape(value), batch_size);

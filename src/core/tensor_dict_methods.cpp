@@ -229,6 +229,24 @@ TensorDict TensorDict::unflatten_keys(const std::string& separator) const {
       start = at + separator.size();
     }
     parts.push_back(key.substr(start));
+    // A leaf where another key needs a level, or the reverse, would be overwritten: the
+    // reference's KeyError (naming the deeper key) instead of losing either.
+    const auto clash = [&](const std::vector<std::string>& deeper) {
+      TD_CHECK_KEY(false, "Unflattening key(s) in tensordict will override an existing for "
+                   "unflattened key ", NestedKey(deeper).str(), ".");
+    };
+    for (size_t n = 1; n < parts.size(); ++n) {
+      const NestedKey prefix(std::vector<std::string>(parts.begin(), parts.begin() + n));
+      if (out.contains(prefix) && !out.get(prefix).is_tensordict()) clash(parts);
+    }
+    if (!value.is_tensordict() && out.contains(NestedKey(parts))) {
+      const Value existing = out.get(NestedKey(parts));
+      if (existing.is_tensordict() && !existing.tensordict().entries().empty()) {
+        auto deeper = parts;
+        deeper.push_back(existing.tensordict().entries().front().first);
+        clash(deeper);
+      }
+    }
     out.set(NestedKey(parts),
             value.is_tensordict() ? Value(value.tensordict().unflatten_keys(separator)) : value);
   }

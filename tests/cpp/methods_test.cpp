@@ -186,5 +186,22 @@ TEST(Methods, OnALazyStack) {
   EXPECT_EQ(s.select({"x"}).transpose(0, 1).batch_size(), at::IntArrayRef({3, 2}));  // dense
 }
 
+
+TEST(Methods, UnflattenKeysRefusesToOverwriteAsTheReference) {
+  // "a.b" then "a" (and the reverse): one would replace the other; the reference's KeyError.
+  for (const bool leaf_first : {false, true}) {
+    std::vector<TensorDict::Entry> entries{{"a.b", at::zeros({1})}, {"a", at::ones({1})}};
+    if (leaf_first) std::swap(entries[0], entries[1]);
+    const TensorDict td(std::move(entries));
+    EXPECT_THROW_MSG(td.unflatten_keys(), KeyError,
+                     "will override an existing for unflattened key ('a', 'b').");
+  }
+  // A level and a dotted key under it merge.
+  TensorDict td;
+  td.set({"a", "c"}, at::ones({1}));
+  td.set("a.b", at::zeros({1}));
+  EXPECT_EQ(td.unflatten_keys().keys({.include_nested = true, .leaves_only = true}).size(), 2u);
+}
+
 }  // namespace
 }  // namespace tensordict

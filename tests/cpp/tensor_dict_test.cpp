@@ -350,3 +350,14 @@ TEST(TensorDict, ATensorDictInsideItselfIsRefusedAtTheAssignment) {
   holder.set("q", shared);
   EXPECT_EQ(holder.keys({.include_nested = true, .leaves_only = true}).size(), 2u);
 }
+
+TEST(TensorDict, ABatchSizeBeyondInt64IsRefusedNotWrapped) {
+  // numel() would wrap to 0 (the product overflows): refused at construction and on set.
+  const int64_t big = int64_t{1} << 40;
+  EXPECT_THROW_MSG(TensorDict({}, {big, big}), c10::ValueError,
+                   "has more elements than int64 can count");
+  TensorDict td({}, {big});
+  EXPECT_EQ(td.numel(), big);
+  EXPECT_THROW_MSG(td.set_batch_size({big, big, 4}), c10::ValueError, "int64");
+  EXPECT_EQ(TensorDict({}, {big, 0}).numel(), 0);
+}

@@ -216,3 +216,16 @@ def test_a_tensordict_inside_itself_is_refused_as_the_reference():
     with pytest.raises(ValueError, match="contain themselves"):
         b["a"] = a
     assert repr(a) == "TensorDict(batch_size=[], fields={b: {}})"
+
+
+@pytest.mark.parametrize("keys", [["a.b", "a"], ["a", "a.b"]])
+def test_unflatten_keys_that_would_overwrite_raise_as_the_reference(keys):
+    for lib in (tensordict, tensordict_cpp):
+        td = lib.TensorDict({k: torch.full((1,), float(i)) for i, k in enumerate(keys)})
+        with pytest.raises(KeyError, match=r"override an existing for unflattened key \('a', 'b'\)"):
+            td.unflatten_keys(".")
+
+
+def test_a_batch_size_beyond_int64_is_refused():
+    with pytest.raises(ValueError, match="more elements than int64 can count"):
+        TensorDict(batch_size=[2 ** 40, 2 ** 40])
