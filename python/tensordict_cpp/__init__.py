@@ -39,7 +39,8 @@ from tensordict_cpp.nn import TensorDictParams
 from tensordict_cpp.tensorclass import is_tensor_collection, is_tensorclass, tensorclass
 
 __all__ = ["TensorDict", "LazyStackedTensorDict", "NonTensorData", "MetaData", "NonTensorStack",
-           "UnbatchedTensor", "TensorDictParams", "MemoryMappedTensor", "stack", "maybe_dense_stack", "from_consolidated",
+           "UnbatchedTensor", "TensorDictParams", "MemoryMappedTensor", "stack",
+           "maybe_dense_stack", "from_consolidated",
            "cat", "lazy_stack", "TensorDictPipe", "TensorDictServer", "tensorclass",
            "is_tensorclass", "send", "recv", "isend", "irecv", "init_remote", "consolidate",
            "broadcast", "all_gather", "scatter", "all_reduce", "reduce", "gather_and_stack",

@@ -50,7 +50,8 @@ def _bucket_bytes(bucket_bytes: Any) -> int | None:
     if bucket_bytes is None:
         return None
     if isinstance(bucket_bytes, bool) or not isinstance(bucket_bytes, (int, float)):
-        raise TypeError(f"bucket_bytes must be a number of bytes, got {type(bucket_bytes).__name__}")
+        raise TypeError(f"bucket_bytes must be a number of bytes, got "
+                        f"{type(bucket_bytes).__name__}")
     if bucket_bytes <= 0:
         raise ValueError(f"bucket_bytes must be a positive number of bytes, got {bucket_bytes}.")
     return int(bucket_bytes) or 1

@@ -191,7 +191,8 @@ class NonTensorStack:
 
     __slots__ = ("_cpp",)
 
-    def __init__(self, *members: Any, stack_dim: int = 0, stack_dim_name: str | None = None) -> None:
+    def __init__(self, *members: Any, stack_dim: int = 0,
+                 stack_dim_name: str | None = None) -> None:
         parts = [to_cpp(m if is_non_tensor(m) else NonTensorData(m), str(i))
                  for i, m in enumerate(members)]
         self._cpp = _C.NonTensorData.stack(parts, stack_dim, stack_dim_name)

@@ -369,7 +369,8 @@ class TensorDict:
         become tensors, a dict becomes a nested TensorDict, a ``str`` or ``None`` becomes a
         non-tensor entry (see :meth:`set_non_tensor`) and a list that is not numeric a
         :class:`NonTensorStack` of its values (nested lists of equal lengths nesting); a
-        :class:`NonTensorData`, :class:`MetaData` or :class:`NonTensorStack` is set as it is. With a batch index, every leaf is written in place at
+        :class:`NonTensorData`, :class:`MetaData` or :class:`NonTensorStack` is set as it is.
+        With a batch index, every leaf is written in place at
         that index, from the matching leaf of a TensorDict ``value`` or from a tensor or number
         broadcast to every leaf.
         """
@@ -1313,7 +1314,8 @@ class _SubTensorDict:
 
     __setitem__ = set
 
-    def update_(self, input_dict_or_td: Any, clone: bool = False, **kwargs: Any) -> "_SubTensorDict":
+    def update_(self, input_dict_or_td: Any, clone: bool = False,
+                **kwargs: Any) -> "_SubTensorDict":
         for key, value in (input_dict_or_td.items(True, True)
                            if isinstance(input_dict_or_td, TensorDict)
                            else input_dict_or_td.items()):
@@ -1344,7 +1346,7 @@ class _SubTensorDict:
         raise RuntimeError("Cannot unlock a _SubTensorDict. Unlock the parent tensordict instead.")
 
     recv = _p2p.recv  # into the parent's rows (see the class)
-    irecv = _p2p.irecv  # return_premature is refused: the rows are written once all is done
+    irecv = _p2p.irecv  # return_premature: basic indices only (others are written back)
 
     def send(self, dst: Any = None, **kwargs: Any) -> None:
         return self._view().send(dst, **kwargs)

@@ -145,7 +145,7 @@ class TensorDictParams(TensorDict, nn.Module):
             if relock:
                 td.lock_()
             self._reset_params()
-        return self if out is self or out is None and method != "pop" else out
+        return out  # TensorDict's own method ran on self: set / update / del_ return self
 
     # ---- writes ------------------------------------------------------------------------------
     def set(self, key: Any, value: Any, inplace: bool = False, **kwargs: Any) -> TensorDictParams:
