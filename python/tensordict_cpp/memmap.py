@@ -264,34 +264,39 @@ def _check_common(num_threads: int, return_early: bool, share_non_tensor: bool,
         raise TypeError(f"robust_key must be a bool or None, got {type(robust_key).__name__}")
 
 
-def _full_tensors(cpp: Any) -> Any:
-    """``cpp`` with its DTensor leaves replaced by their full tensors, as the reference's memmap
-    writes them (``full_tensor()`` is a collective: every rank of the mesh calls memmap)."""
+def _dtensor_keys(cpp: Any) -> list:
+    """The keys of ``cpp``'s DTensor leaves, level by level (a lazy stack is not read: memmap
+    refuses it by name)."""
     try:
         from torch.distributed.tensor import DTensor
     except ImportError:
-        return cpp
+        return []
 
-    def dtensor_keys(level: Any, prefix: tuple) -> list:
-        if level.is_lazy_stack():  # memmap refuses lazy stacks by name; no read here
+    def walk(level: Any, prefix: tuple) -> list:
+        if level.is_lazy_stack():
             return []
         out = []
         for key, value in level.items(False, False):
             if isinstance(value, _C.TensorDict):
-                out += dtensor_keys(value, prefix + (key,))
+                out += walk(value, prefix + (key,))
             elif isinstance(value, DTensor):
                 out.append(prefix + (key,))
         return out
 
-    keys = dtensor_keys(cpp, ())
+    return walk(cpp, ())
+
+
+def _put_full_tensors(cpp: Any, keys: list) -> None:
+    """Replaces the DTensor leaves at ``keys`` by their full tensors, as the reference's memmap
+    writes them (``full_tensor()`` is a collective: every rank of the mesh calls memmap)."""
     if not keys:
-        return cpp
-    out = cpp.copy()  # new levels, the same leaves
-    if out.is_locked():
-        out.unlock_()
+        return
+    locked = cpp.is_locked()
+    cpp.unlock_()
     for key in keys:
-        out.set(key, cpp.get(key).full_tensor())
-    return out
+        cpp.set(key, cpp.get(key).full_tensor())
+    if locked:
+        cpp.lock_()
 
 
 def memmap(self: Any, prefix: Any = None, copy_existing: bool = False, *, num_threads: int = 0,
@@ -313,8 +318,11 @@ def memmap(self: Any, prefix: Any = None, copy_existing: bool = False, *, num_th
             file, an existing file with ``existsok=False``), naming the path.
     """
     _check_common(num_threads, return_early, share_non_tensor, robust_key)
-    out = _C._memmap_td(_full_tensors(self._cpp), _path(prefix), bool(copy_existing),
-                        bool(existsok))
+    source, keys = self._cpp, _dtensor_keys(self._cpp)
+    if keys:
+        source = source.copy()  # new levels, the same leaves: this TensorDict is not changed
+        _put_full_tensors(source, keys)
+    out = _C._memmap_td(source, _path(prefix), bool(copy_existing), bool(existsok))
     return type(self)._wrap(_wrap_leaves(out))
 
 
@@ -326,14 +334,7 @@ def memmap_(self: Any, prefix: Any = None, copy_existing: bool = False, *, num_t
     fails, the TensorDict is left as it was. Its ``device`` is unchanged (the reference sets
     it to the CPU)."""
     _check_common(num_threads, return_early, share_non_tensor, robust_key)
-    full = _full_tensors(self._cpp)
-    if full is not self._cpp:  # the full tensors become this TensorDict's leaves
-        locked = self._cpp.is_locked()
-        self._cpp.unlock_()
-        for key in full.keys(True, True):
-            self._cpp.set(key, full.get(key))
-        if locked:
-            self._cpp.lock_()
+    _put_full_tensors(self._cpp, _dtensor_keys(self._cpp))
     _C._memmap_td_(self._cpp, _path(prefix), bool(copy_existing), bool(existsok))
     _wrap_leaves(self._cpp)
     return self

@@ -22,6 +22,7 @@
 #include "tensor_dict_impl.h"
 #include "tensordict/dtypes.h"
 #include "tensordict/leaf.h"
+#include "wire/bytes.h"
 #include "wire/json_text.h"
 #include "wire/metadata.h"
 
@@ -281,7 +282,7 @@ at::Tensor file_storage(const std::string& filename, const Plan& p) {
   }
   auto* base = file.data_ptr<uint8_t>();
   std::memcpy(base + p.total, json.data(), json.size());
-  for (int i = 0; i < 8; ++i) base[p.total + json_bytes + i] = static_cast<uint8_t>(json_bytes >> (8 * i));
+  wire::put_le(base + p.total + json_bytes, static_cast<uint64_t>(json_bytes));
   return file.narrow(0, 0, p.total);
 }
 
@@ -701,8 +702,7 @@ TensorDict from_consolidated(const std::string& filename, const FromConsolidated
   if (size < 8) fail("the file is ", size, " bytes, shorter than its 8-byte trailer");
   uint8_t trailer[8];
   read_at(trailer, 8, size - 8);
-  uint64_t json_bytes = 0;
-  for (int i = 0; i < 8; ++i) json_bytes |= uint64_t{trailer[i]} << (8 * i);
+  const uint64_t json_bytes = wire::get_le(trailer);
   if (json_bytes == 0 || json_bytes > static_cast<uint64_t>(size - 8)) {
     fail("its trailer announces ", static_cast<int64_t>(json_bytes),
          " bytes of metadata, but the file holds ",

@@ -126,10 +126,8 @@ TensorDict map_leaves(const TensorDict& td, const std::function<at::Tensor(const
   auto& impl = TensorDictImpl::of(out);
   impl.entries.reserve(td.entries().size());
   for (const auto& [key, value] : td.entries()) {
-    if (value.is_unbatched()) {
-      impl.append_unique(key, Value::unbatched(fn(value.tensor())));
-    } else if (value.is_tensor()) {
-      impl.append_unique(key, fn(value.tensor()));
+    if (value.is_tensor()) {
+      impl.append_unique(key, detail::same_kind(value, fn(value.tensor())));
     } else if (value.is_non_tensor()) {
       const NonTensorData& nt = value.non_tensor();
       if (non_tensors == NonTensors::kKeep) {
@@ -196,7 +194,6 @@ void check_same_keys(const TensorDict& a, const TensorDict& b, const char* what)
   TD_CHECK_KEY(false, what, ": keys mismatch; only in the first: [", only_a,
                "], only in the second: [", only_b, "]");
 }
-
 
 }  // namespace
 

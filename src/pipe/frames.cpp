@@ -390,11 +390,9 @@ TensorDict FrameReader::recv_uncollated(ByteSource& src, std::optional<at::Devic
       leaf.nbytes = n;
       leaves.push_back(std::move(leaf));
     }
-    for (const auto& key : unbatched) {
-      bool known = false;
-      for (const auto& leaf : leaves) known = known || leaf.key == key;
-      TORCH_CHECK_VALUE(known, "unknown unbatched key");
-    }
+    // Every unbatched key names a leaf (both sets are sorted: linear, whatever a peer lists).
+    TORCH_CHECK_VALUE(std::includes(seen.begin(), seen.end(), unbatched.begin(), unbatched.end()),
+                      "unknown unbatched key");
     for (const auto& key : seen) {  // a leaf cannot also be a level above another leaf
       for (size_t n = 1; n < key.size(); ++n) {
         TORCH_CHECK_VALUE(!seen.count({key.begin(), key.begin() + n}),
