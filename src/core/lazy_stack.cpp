@@ -7,7 +7,11 @@
 #include <c10/core/WrapDimMinimal.h>
 
 #include <algorithm>
+#include <map>
+#include <optional>
 #include <string>
+#include <unordered_map>
+#include <utility>
 
 #include "non_tensor_ops.h"
 #include "tensor_dict_impl.h"
@@ -342,6 +346,32 @@ namespace lazy {
 
 namespace {
 
+// Members shared by several stacks (stack([td, td]), stacks of stacks that share members) are
+// asked once per outermost query: the answers are kept, by level and key, until it returns.
+// Without this, a chain of n stacks of two shared members costs 2^n (repr of 60 such levels
+// would never end).
+struct QueryCache {
+  std::unordered_map<const TensorDictImpl*, std::vector<std::string>> keys;
+  std::map<std::pair<const TensorDictImpl*, std::string>, bool> contains;
+};
+thread_local QueryCache* t_cache = nullptr;
+
+// Installs a cache for the outermost query on this thread; nested queries use it.
+class CacheScope {
+ public:
+  CacheScope() {
+    if (t_cache == nullptr) t_cache = &own_.emplace();
+  }
+  ~CacheScope() {
+    if (own_) t_cache = nullptr;
+  }
+  CacheScope(const CacheScope&) = delete;
+  CacheScope& operator=(const CacheScope&) = delete;
+
+ private:
+  std::optional<QueryCache> own_;
+};
+
 std::vector<std::string> direct_keys(const TensorDict& td) {
   if (td.is_lazy_stack()) return common_keys(td);
   std::vector<std::string> keys;
@@ -353,6 +383,9 @@ std::vector<std::string> direct_keys(const TensorDict& td) {
 }  // namespace
 
 std::vector<std::string> common_keys(const TensorDict& td) {
+  const CacheScope scope;
+  const TensorDictImpl* self = &TensorDictImpl::of(td);
+  if (auto it = t_cache->keys.find(self); it != t_cache->keys.end()) return it->second;
   const auto members = members_of(td);
   std::vector<std::string> out;
   for (auto& key : direct_keys(members.front())) {
@@ -360,14 +393,23 @@ std::vector<std::string> common_keys(const TensorDict& td) {
     for (size_t i = 1; i < members.size() && everywhere; ++i) everywhere = members[i].contains(key);
     if (everywhere) out.push_back(std::move(key));
   }
+  t_cache->keys.emplace(self, out);
   return out;
 }
 
 bool contains(const TensorDict& td, const NestedKey& key) {
+  const CacheScope scope;
+  auto at = std::make_pair(&TensorDictImpl::of(td), key.str());
+  if (auto it = t_cache->contains.find(at); it != t_cache->contains.end()) return it->second;
+  bool all = true;
   for (const auto& m : members_of(td)) {
-    if (!m.contains(key)) return false;
+    if (!m.contains(key)) {
+      all = false;
+      break;
+    }
   }
-  return true;
+  t_cache->contains.emplace(std::move(at), all);
+  return all;
 }
 
 std::optional<Value> find(const TensorDict& td, const NestedKey& key) {

@@ -6,6 +6,7 @@
 
 #include <algorithm>
 #include <sstream>
+#include <unordered_set>
 
 #include "wire/json_text.h"
 #include "tensordict/dtypes.h"
@@ -323,11 +324,14 @@ Shown merged(const std::vector<Value>& values, size_t member_dims,
   return out;
 }
 
-// The leaves of a lazy stack flattened member by member (members that are stacks too).
-void flat_members(const TensorDict& td, std::vector<TensorDict>& out) {
+// The members of a lazy stack flattened (members that are stacks too), each distinct one once:
+// merging a part twice changes nothing, and shared members would make the list 2^depth long.
+void flat_members(const TensorDict& td, std::vector<TensorDict>& out,
+                  std::unordered_set<const detail::TensorDictImpl*>& seen) {
   for (const auto& m : LazyStackedTensorDict::of(td).tensordicts()) {
+    if (!seen.insert(&detail::TensorDictImpl::of(m)).second) continue;
     if (m.is_lazy_stack()) {
-      flat_members(m, out);
+      flat_members(m, out, seen);
     } else {
       out.push_back(m);
     }
@@ -341,7 +345,8 @@ Shown shown_level(const TensorDict& td, size_t outer_dims) {
   out.collection = true;
   if (td.is_lazy_stack()) {
     std::vector<TensorDict> members;
-    flat_members(td, members);
+    std::unordered_set<const detail::TensorDictImpl*> seen;
+    flat_members(td, members, seen);
     const size_t member_dims = members.front().batch_size().size();
     for (const auto& key : detail::lazy::common_keys(td)) {
       std::vector<Value> parts;

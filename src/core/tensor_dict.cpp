@@ -4,6 +4,7 @@
 
 #include <algorithm>
 #include <limits>
+#include <unordered_set>
 
 #include "tensor_dict_impl.h"
 
@@ -42,17 +43,22 @@ std::string key_list(const TensorDictImpl& impl) {
 }
 
 // Whether `level` is `td` or one of its nested levels (lazy stacks' members included). Before
-// an insertion the levels form no cycle, so the walk ends.
-bool contains_level(const TensorDict& td, const TensorDictImpl* level) {
+// an insertion the levels form no cycle, so the walk ends; `seen` makes it linear in the
+// distinct levels when a level is shared (else a chain of stacks of one shared member costs
+// 2^depth).
+bool contains_level(const TensorDict& td, const TensorDictImpl* level,
+                    std::unordered_set<const TensorDictImpl*>& seen) {
+  const TensorDictImpl* self = &TensorDictImpl::of(td);
+  if (self == level) return true;
+  if (!seen.insert(self).second) return false;
   if (td.is_lazy_stack()) {
     for (const auto& m : detail::members_of(td)) {
-      if (contains_level(m, level)) return true;
+      if (contains_level(m, level, seen)) return true;
     }
     return false;
   }
-  if (&TensorDictImpl::of(td) == level) return true;
   for (const auto& [key, value] : td.entries()) {
-    if (value.is_tensordict() && contains_level(value.tensordict(), level)) return true;
+    if (value.is_tensordict() && contains_level(value.tensordict(), level, seen)) return true;
   }
   return false;
 }
@@ -89,7 +95,8 @@ Value admit(const TensorDictImpl& level, const NestedKey& full_key, const Value&
     return value;
   }
   const TensorDict& td = value.tensordict();
-  TORCH_CHECK_VALUE(!contains_level(td, &level), "Cannot set a tensordict inside itself (key ",
+  std::unordered_set<const TensorDictImpl*> seen;
+  TORCH_CHECK_VALUE(!contains_level(td, &level, seen), "Cannot set a tensordict inside itself (key ",
                     full_key.str(), "): tensordicts that contain themselves are not supported.");
   if (level.device && td.device() != level.device) return td.to(*level.device);
   return value;
@@ -150,10 +157,14 @@ void collect(const TensorDict& td, const KeysOptions& opts, const std::vector<st
   if (detail::is_lazy(td)) {
     // The keys every member has; a nested level is the stack of the members' levels, and a
     // leaf's value is stacked only when values are asked for.
+    // The kind of an entry is read from the first member that is no stack: asking a stack of
+    // stacks would stack its leaves, 2^depth of them when members are shared.
+    TensorDict probe = td;
+    while (detail::is_lazy(probe)) probe = detail::members_of(probe).front();
     for (const auto& key : detail::lazy::common_keys(td)) {
       std::vector<std::string> path = prefix;
       path.push_back(key);
-      const Value first = detail::members_of(td).front().get(key);
+      const Value first = probe.get(key);
       if (!first.is_tensordict()) {
         if (!opts.leaves_only || is_leaf(opts, first)) {
           out.emplace_back(NestedKey(std::move(path)),
