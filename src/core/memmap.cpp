@@ -12,12 +12,15 @@
 #include <cstring>
 #include <filesystem>
 #include <limits>
+#include <memory>
 #include <string_view>
+#include <unordered_map>
 #include <utility>
 #include <vector>
 
 #include "tensordict/dtypes.h"
 #include "tensordict/errors.h"
+#include "wire/json_text.h"
 
 namespace tensordict {
 namespace {
@@ -33,7 +36,7 @@ constexpr std::string_view kMetaDataType = "<class 'tensordict.tensorclass.MetaD
 constexpr std::string_view kNonTensorStackType = "<class 'tensordict.tensorclass.NonTensorStack'>";
 constexpr int64_t kFormatVersion = 1;
 // meta.json is small (a few hundred bytes per key); a bigger one is not ours to parse.
-constexpr off_t kMaxMetaBytes = 64 << 20;
+constexpr size_t kMaxMetaBytes = size_t{64} << 20;
 constexpr int kMaxDepth = 64;
 
 // The storage context of our mappings: the deleter identifies them (is_memmap) and the
@@ -79,6 +82,37 @@ at::Tensor tensor_over(Mapping* m, at::ScalarType dtype, at::IntArrayRef shape) 
   c10::Storage storage(c10::Storage::use_byte_size_t(), m->size, std::move(ptr),
                        /*allocator=*/nullptr, /*resizable=*/false);
   return at::empty({0}, at::TensorOptions().dtype(dtype)).set_(storage, 0, shape);
+}
+
+// The open file `fd` (closed here) mapped as `dtype` of `shape`: shared where `writable`,
+// copy-on-write otherwise. Refuses anything but a regular file long enough for the shape.
+at::Tensor map_fd(const char* fn, int fd, const std::string& path, bool writable,
+                  at::ScalarType dtype, at::IntArrayRef shape) {
+  const size_t nbytes = checked_nbytes(fn, shape, dtype);
+  struct stat st{};
+  if (::fstat(fd, &st) != 0) {
+    const int err = errno;
+    ::close(fd);
+    fail_errno(fn, "stat", path, err);
+  }
+  if (!S_ISREG(st.st_mode) || static_cast<uint64_t>(st.st_size) < nbytes) {
+    ::close(fd);
+    TORCH_CHECK(S_ISREG(st.st_mode), fn, ": ", path, " is not a regular file");
+    TORCH_CHECK(false, fn, ": ", path, " holds ", st.st_size, " bytes, too few for ",
+                dtype_name(dtype), " of shape ", shape, " (", nbytes, " bytes)");
+  }
+  void* base = nullptr;
+  if (nbytes != 0) {
+    base = ::mmap(nullptr, nbytes, PROT_READ | PROT_WRITE, writable ? MAP_SHARED : MAP_PRIVATE,
+                  fd, 0);
+    if (base == MAP_FAILED) {
+      const int err = errno;
+      ::close(fd);
+      fail_errno(fn, "map", path, err);
+    }
+  }
+  ::close(fd);
+  return tensor_over(new Mapping{base, nbytes, path, writable}, dtype, shape);
 }
 
 // A new file of nbytes at `path` (already absolute), mapped shared.
@@ -352,44 +386,105 @@ void swap_in(TensorDict td, const TensorDict& mapped) {
 }
 
 // ---- loading -----------------------------------------------------------------------------
+// Every file and folder a load opens is reached from the folder it was given, one name at a
+// time, never through a symbolic link (refused by fstatat, then O_NOFOLLOW on the open itself)
+// and only as a regular file or a directory: a link planted in a saved folder cannot make a
+// load read or map a file outside it (nor later writes through the loaded tensors reach one),
+// and a FIFO or a device cannot block it.
 
-std::string read_meta(const fs::path& file) {
-  const std::string path = file.string();
-  const int fd = ::open(path.c_str(), O_RDONLY | O_CLOEXEC);
-  if (fd < 0) fail_errno("load_memmap", "read", path, errno);
+// Memory for meta.json: all the files of one load are read within kMaxMetaTotalBytes, and the
+// values of non-tensor entries (the part of them the load keeps) may take kValueBytesPerMetaByte
+// bytes per byte read, plus kValueAllowance; docs/reliability.md gives these figures.
+constexpr size_t kMaxMetaTotalBytes = size_t{256} << 20;
+constexpr size_t kValueBytesPerMetaByte = 3;
+constexpr size_t kValueAllowance = size_t{16} << 20;
+// A level's entry ({"dtype", "shape", ...}) or field is read on its own, within these bounds.
+constexpr wire::JsonLimits kEntryLimits{.max_depth = 8, .max_values = 4096,
+                                        .max_bytes = size_t{1} << 20};
+
+class Fd {
+ public:
+  explicit Fd(int fd) : fd_(fd) {}
+  Fd(const Fd&) = delete;
+  Fd& operator=(const Fd&) = delete;
+  ~Fd() {
+    if (fd_ >= 0) ::close(fd_);
+  }
+  int get() const { return fd_; }
+
+ private:
+  int fd_;
+};
+
+// A folder of the load: its descriptor and its path (for messages and file names).
+struct Dir {
+  std::shared_ptr<Fd> fd;
+  std::string path;
+};
+
+struct Budget {
+  size_t read = 0;    // bytes of meta.json read, every level
+  size_t values = 0;  // memory taken by the non-tensor values loaded
+};
+
+const char* type_word(mode_t type) { return type == S_IFDIR ? "directory" : "regular file"; }
+
+// `name` inside `dir`, opened with `flags`: refused (naming its path) when it is a symbolic
+// link or not of `type` (S_IFDIR or S_IFREG). O_NONBLOCK: a FIFO swapped in after the check
+// does not block the open; the type is checked again on what was opened. With `writable`,
+// opened for writing if allowed, else read-only (*writable false).
+int open_in(const Dir& dir, const std::string& name, mode_t type, int flags,
+            bool* writable = nullptr) {
+  const std::string path = dir.path + "/" + name;
   struct stat st{};
-  if (::fstat(fd, &st) != 0 || !S_ISREG(st.st_mode) || st.st_size > kMaxMetaBytes) {
+  if (::fstatat(dir.fd->get(), name.c_str(), &st, AT_SYMLINK_NOFOLLOW) != 0) {
+    fail_errno("load_memmap", "read", path, errno);
+  }
+  TORCH_CHECK(!S_ISLNK(st.st_mode), "load_memmap: ", path, " is a symbolic link; a load "
+              "follows none, so that it never leaves the folder it was given");
+  TORCH_CHECK((st.st_mode & S_IFMT) == type, "load_memmap: ", path, " is not a ",
+              type_word(type));
+  const int common = O_NOFOLLOW | O_NONBLOCK | O_CLOEXEC | (type == S_IFDIR ? O_DIRECTORY : 0);
+  int fd = ::openat(dir.fd->get(), name.c_str(), flags | common);
+  if (fd < 0 && writable != nullptr && (errno == EACCES || errno == EROFS || errno == EPERM)) {
+    *writable = false;
+    fd = ::openat(dir.fd->get(), name.c_str(), O_RDONLY | common);
+  }
+  if (fd < 0) fail_errno("load_memmap", "open", path, errno);
+  if (::fstat(fd, &st) != 0 || (st.st_mode & S_IFMT) != type) {
     ::close(fd);
-    TORCH_CHECK_VALUE(false, "load_memmap: ", path, " is not a regular file of at most ",
-                      kMaxMetaBytes, " bytes");
+    TORCH_CHECK(false, "load_memmap: ", path, " is not a ", type_word(type));
   }
-  std::string text(static_cast<size_t>(st.st_size), '\0');
-  size_t done = 0;
-  while (done < text.size()) {
-    const ssize_t n = ::read(fd, text.data() + done, text.size() - done);
-    if (n < 0 && errno == EINTR) continue;
-    if (n <= 0) {
-      const int err = n < 0 ? errno : EIO;
-      ::close(fd);
-      fail_errno("load_memmap", "read", path, err);
-    }
-    done += static_cast<size_t>(n);
-  }
-  ::close(fd);
-  return text;
+  return fd;
 }
 
-JsonValue parse_meta(const fs::path& file) {
-  const std::string text = read_meta(file);
-  JsonValue meta;
-  try {
-    meta = JsonValue::parse(text);
-  } catch (const c10::Error& e) {
-    TORCH_CHECK_VALUE(false, "load_memmap: ", file.string(), " is not valid JSON: ",
-                      e.what_without_backtrace());
+Dir open_dir(const Dir& parent, const std::string& name) {
+  return {std::make_shared<Fd>(open_in(parent, name, S_IFDIR, O_RDONLY)),
+          parent.path + "/" + name};
+}
+
+// `dir`'s meta.json, within the load's budget of bytes read.
+std::string read_meta(const Dir& dir, Budget& budget) {
+  const std::string path = dir.path + "/meta.json";
+  const Fd fd(open_in(dir, "meta.json", S_IFREG, O_RDONLY));
+  struct stat st{};
+  if (::fstat(fd.get(), &st) != 0) fail_errno("load_memmap", "read", path, errno);
+  const auto size = static_cast<size_t>(st.st_size);
+  TORCH_CHECK_VALUE(size <= kMaxMetaBytes, "load_memmap: ", path, " holds ", size,
+                    " bytes; a meta.json may hold at most ", kMaxMetaBytes);
+  TORCH_CHECK_VALUE(budget.read + size <= kMaxMetaTotalBytes, "load_memmap: ", path, " holds ",
+                    size, " bytes, which would take the meta.json files of this load past ",
+                    kMaxMetaTotalBytes, " bytes in all");
+  budget.read += size;
+  std::string text(size, '\0');
+  size_t done = 0;
+  while (done < text.size()) {
+    const ssize_t n = ::read(fd.get(), text.data() + done, text.size() - done);
+    if (n < 0 && errno == EINTR) continue;
+    if (n <= 0) fail_errno("load_memmap", "read", path, n < 0 ? errno : EIO);
+    done += static_cast<size_t>(n);
   }
-  TORCH_CHECK_VALUE(meta.is_map(), "load_memmap: ", file.string(), " does not hold a JSON object");
-  return meta;
+  return text;
 }
 
 const JsonValue* find(const JsonValue& map, std::string_view key) {
@@ -411,9 +506,48 @@ std::vector<int64_t> shape_from(const JsonValue* v, const std::string& file, con
   return shape;
 }
 
-at::Tensor load_leaf(const fs::path& dir, const std::string& key, const JsonValue& entry,
+// A level's meta.json, read member by member (its entries never form one tree in memory):
+// the level's own fields, and its entries (objects) in order, a repeated key keeping its first
+// place and its last value as json.loads does.
+struct LevelMeta {
+  JsonValue::Map fields;
+  JsonValue::Map entries;
+};
+
+LevelMeta parse_level(const std::string& text, const std::string& file) {
+  JsonValue::Map members;
+  std::unordered_map<std::string, size_t> at;
+  try {
+    wire::parse_json_members(text, kEntryLimits, "json", [&](std::string key, JsonValue value) {
+      if (auto it = at.find(key); it != at.end()) {
+        members[it->second].second = std::move(value);
+      } else {
+        at.emplace(key, members.size());
+        members.emplace_back(std::move(key), std::move(value));
+      }
+    });
+  } catch (const c10::ValueError& e) {
+    TORCH_CHECK_VALUE(false, "load_memmap: ", file, " is not valid JSON: ", e.msg());
+  }
+  LevelMeta out;
+  for (auto& member : members) {
+    (member.second.is_map() ? out.entries : out.fields).push_back(std::move(member));
+  }
+  return out;
+}
+
+const JsonValue* field(const LevelMeta& meta, std::string_view key) {
+  for (const auto& [k, v] : meta.fields) {
+    if (k == key) return &v;
+  }
+  return nullptr;
+}
+
+// The tensor of the file `key`.memmap in `dir` (an empty tensor where the reference writes no
+// file), mapped shared where the file is writable, copy-on-write otherwise.
+at::Tensor load_leaf(const Dir& dir, const std::string& key, const JsonValue& entry,
                      const std::string& where) {
-  const std::string meta_file = (dir / "meta.json").string();
+  const std::string meta_file = dir.path + "/meta.json";
   const JsonValue* dtype_v = find(entry, "dtype");
   TORCH_CHECK_VALUE(dtype_v != nullptr && dtype_v->is_string(), "load_memmap: ", meta_file,
                     ": key ", where, " has no dtype name");
@@ -425,15 +559,17 @@ at::Tensor load_leaf(const fs::path& dir, const std::string& key, const JsonValu
   TORCH_CHECK_VALUE(nested == nullptr || (nested->is_bool() && !nested->as_bool()),
                     "load_memmap: ", meta_file, ": key ", where,
                     " is a nested tensor, which is not supported");
-  const fs::path file = dir / (key + ".memmap");
+  const std::string name = key + ".memmap";
   const size_t nbytes = checked_nbytes("load_memmap", shape, *dtype);
-  std::error_code ec;
-  if (nbytes == 0 && !fs::exists(fs::symlink_status(file, ec))) {
-    // The reference writes no file for an empty leaf.
+  struct stat st{};
+  if (nbytes == 0 && ::fstatat(dir.fd->get(), name.c_str(), &st, AT_SYMLINK_NOFOLLOW) != 0 &&
+      errno == ENOENT) {
     return at::empty(shape, at::TensorOptions().dtype(*dtype));
   }
   try {
-    return MemoryMappedTensor::from_filename(file.string(), *dtype, shape);
+    bool writable = true;  // as the reference's mode=None: a read-only file maps copy-on-write
+    const int fd = open_in(dir, name, S_IFREG, O_RDWR, &writable);
+    return map_fd("load_memmap", fd, dir.path + "/" + name, writable, *dtype, shape);
   } catch (const c10::Error& e) {
     TORCH_CHECK(false, "load_memmap: key ", where, ": ", e.what_without_backtrace());
   }
@@ -442,24 +578,44 @@ at::Tensor load_leaf(const fs::path& dir, const std::string& key, const JsonValu
 // A non-tensor entry's folder: `kind` is the parent's "type" of it (NonTensorData, MetaData or
 // NonTensorStack), whose _type its meta.json must repeat. A stack is read from its values, as the
 // reference reads it (its stack_dim is not kept: the values come back stacked along dim 0).
-NonTensorData load_non_tensor(const fs::path& dir, const std::string& where, std::string_view kind) {
-  const fs::path file = dir / "meta.json";
-  const JsonValue meta = parse_meta(file);
+// Its values are measured before they are built, within the load's budget.
+NonTensorData load_non_tensor(const Dir& dir, const std::string& where, std::string_view kind,
+                              Budget& budget) {
+  const std::string file = dir.path + "/meta.json";
+  JsonValue meta;
+  {
+    const std::string text = read_meta(dir, budget);
+    const size_t allowed = kValueBytesPerMetaByte * budget.read + kValueAllowance;
+    const std::string who = c10::str("load_memmap: ", file);
+    const wire::JsonLimits limits{.max_depth = 256, .max_bytes = allowed - budget.values};
+    size_t bytes = 0;
+    try {
+      bytes = wire::json_bytes(text, limits, who.c_str());
+    } catch (const c10::ValueError& e) {
+      TORCH_CHECK_VALUE(false, e.msg(), " (a load spends at most ", kValueBytesPerMetaByte,
+                        " bytes per byte of meta.json read, plus ", kValueAllowance,
+                        ", on the values of non-tensor entries: docs/reliability.md)");
+    }
+    budget.values += bytes;
+    meta = wire::parse_json(text, limits, who.c_str());
+  }
+  TORCH_CHECK_VALUE(meta.is_map(), "load_memmap: ", file, " does not hold a JSON object");
   const JsonValue* type = find(meta, "_type");
   const std::string_view want = kind == "MetaData"         ? kMetaDataType
                                 : kind == "NonTensorStack" ? kNonTensorStackType
                                                            : kNonTensorType;
   TORCH_CHECK_VALUE(type != nullptr && type->is_string() && type->as_string() == want,
-                    "load_memmap: ", file.string(), ": key ", where, " is not a ", kind,
+                    "load_memmap: ", file, ": key ", where, " is not a ", kind,
                     " entry (its _type is not ", want, ")");
   const JsonValue* data = find(meta, "data");
-  std::error_code ec;
-  const bool pickled = kind == "NonTensorStack" ? data != nullptr && data->is_string()
-                                                : fs::exists(dir / "other.pickle", ec);
-  TORCH_CHECK_VALUE(data != nullptr && !pickled, "load_memmap: ", file.string(), ": key ", where,
+  struct stat st{};
+  const bool pickled = kind == "NonTensorStack"
+                           ? data != nullptr && data->is_string()
+                           : ::fstatat(dir.fd->get(), "other.pickle", &st, AT_SYMLINK_NOFOLLOW) == 0;
+  TORCH_CHECK_VALUE(data != nullptr && !pickled, "load_memmap: ", file, ": key ", where,
                     " holds pickled data, which is not loaded; only JSON data is");
   if (kind == "NonTensorStack") {
-    TORCH_CHECK_VALUE(data->is_list(), "load_memmap: ", file.string(), ": key ", where,
+    TORCH_CHECK_VALUE(data->is_list(), "load_memmap: ", file, ": key ", where,
                       ": the data of a NonTensorStack must be a list");
     return NonTensorData::from_list(*data);
   }
@@ -467,49 +623,47 @@ NonTensorData load_non_tensor(const fs::path& dir, const std::string& where, std
                        kind == "MetaData" ? NonTensorKind::kMetaData : NonTensorKind::kData);
 }
 
-TensorDict load_level(const fs::path& dir, std::vector<std::string>& path) {
+TensorDict load_level(const Dir& dir, std::vector<std::string>& path, Budget& budget) {
   TORCH_CHECK_VALUE(path.size() < kMaxDepth, "load_memmap: more than ", kMaxDepth,
-                    " nested levels under ", dir.string());
-  const fs::path file = dir / "meta.json";
-  const std::string file_s = file.string();
-  const JsonValue meta = parse_meta(file);
-  if (const JsonValue* v = find(meta, "_format_version"); v != nullptr && v->is_int()) {
+                    " nested levels under ", dir.path);
+  const std::string file_s = dir.path + "/meta.json";
+  // The text is dropped before the levels below are read: the cost does not add up downwards.
+  const LevelMeta meta = parse_level(read_meta(dir, budget), file_s);
+  if (const JsonValue* v = field(meta, "_format_version"); v != nullptr && v->is_int()) {
     TORCH_CHECK_VALUE(v->as_int() <= kFormatVersion, "load_memmap: ", file_s,
                       " was saved in the format version ", v->as_int(), "; this reads up to ",
                       kFormatVersion);
   }
-  const JsonValue* type = find(meta, "_type");
-  const JsonValue* cls = find(meta, "_class");
+  const JsonValue* type = field(meta, "_type");
+  const JsonValue* cls = field(meta, "_class");
   const bool is_td = (type != nullptr && type->is_string() && type->as_string() == kTensorDictType) ||
                      (cls != nullptr && cls->is_string() && cls->as_string() == kTensorDictClass);
   TORCH_CHECK_VALUE(is_td, "load_memmap: ", file_s, " does not hold a TensorDict (its _type is ",
                     type != nullptr && type->is_string() ? type->as_string() : "missing",
                     "); only TensorDict directories are loaded");
-  const auto batch_size = shape_from(find(meta, "shape"), file_s, "the TensorDict");
-  if (const JsonValue* d = find(meta, "device"); d != nullptr) {
+  const auto batch_size = shape_from(field(meta, "shape"), file_s, "the TensorDict");
+  if (const JsonValue* d = field(meta, "device"); d != nullptr) {
     TORCH_CHECK_VALUE(d->is_null() || (d->is_string() && (d->as_string() == "cpu" ||
                                                           d->as_string() == "None")),
                       "load_memmap: ", file_s, ": device ", d->is_string() ? d->as_string() : "?",
                       " is not supported (only cpu)");
   }
   std::vector<TensorDict::Entry> entries;
-  for (const auto& [key, entry] : meta.as_map()) {
-    // The level's own fields ("shape", "device", "_type", ...) are not objects.
-    if (!entry.is_map()) continue;
+  for (const auto& [key, entry] : meta.entries) {
     const std::string where = path_str(path, key);
     TORCH_CHECK_VALUE(is_safe_key(key), "load_memmap: ", file_s, ": key ", where,
                       " is not a safe file name");
     if (const JsonValue* t = find(entry, "type"); t != nullptr) {
       TORCH_CHECK_VALUE(t->is_string(), "load_memmap: ", file_s, ": key ", where,
                         " has a type that is not a string");
-      const fs::path sub = dir / key;
       if (t->as_string() == "TensorDict") {
         path.push_back(key);
-        entries.emplace_back(key, load_level(sub, path));
+        entries.emplace_back(key, load_level(open_dir(dir, key), path, budget));
         path.pop_back();
       } else if (t->as_string() == "NonTensorData" || t->as_string() == "MetaData" ||
                  t->as_string() == "NonTensorStack") {
-        entries.emplace_back(key, load_non_tensor(sub, where, t->as_string()));
+        entries.emplace_back(key, load_non_tensor(open_dir(dir, key), where, t->as_string(),
+                                                  budget));
       } else {
         TORCH_CHECK_VALUE(false, "load_memmap: ", file_s, ": key ", where, " is a ",
                           t->as_string(), ", which is not supported (TensorDict, NonTensorData, "
@@ -556,7 +710,7 @@ at::Tensor MemoryMappedTensor::from_tensor(const at::Tensor& tensor,
 at::Tensor MemoryMappedTensor::from_filename(const std::string& filename, at::ScalarType dtype,
                                              at::IntArrayRef shape) {
   constexpr const char* fn = "MemoryMappedTensor.from_filename";
-  const size_t nbytes = checked_nbytes(fn, shape, dtype);
+  checked_nbytes(fn, shape, dtype);
   const std::string path = absolute_path(fn, filename);
   bool writable = true;
   int fd = ::open(path.c_str(), O_RDWR | O_CLOEXEC);
@@ -566,30 +720,7 @@ at::Tensor MemoryMappedTensor::from_filename(const std::string& filename, at::Sc
     fd = ::open(path.c_str(), O_RDONLY | O_CLOEXEC);
   }
   if (fd < 0) fail_errno(fn, "open", path, errno);
-  struct stat st{};
-  if (::fstat(fd, &st) != 0) {
-    const int err = errno;
-    ::close(fd);
-    fail_errno(fn, "stat", path, err);
-  }
-  if (!S_ISREG(st.st_mode) || static_cast<uint64_t>(st.st_size) < nbytes) {
-    ::close(fd);
-    TORCH_CHECK(S_ISREG(st.st_mode), fn, ": ", path, " is not a regular file");
-    TORCH_CHECK(false, fn, ": ", path, " holds ", st.st_size, " bytes, too few for ",
-                dtype_name(dtype), " of shape ", shape, " (", nbytes, " bytes)");
-  }
-  void* base = nullptr;
-  if (nbytes != 0) {
-    base = ::mmap(nullptr, nbytes, PROT_READ | PROT_WRITE, writable ? MAP_SHARED : MAP_PRIVATE,
-                  fd, 0);
-    if (base == MAP_FAILED) {
-      const int err = errno;
-      ::close(fd);
-      fail_errno(fn, "map", path, err);
-    }
-  }
-  ::close(fd);
-  return tensor_over(new Mapping{base, nbytes, path, writable}, dtype, shape);
+  return map_fd(fn, fd, path, writable, dtype, shape);
 }
 
 at::Tensor MemoryMappedTensor::empty(at::IntArrayRef shape, at::ScalarType dtype,
@@ -665,8 +796,14 @@ TensorDict memmap_like(const TensorDict& td, const std::optional<std::string>& p
 }
 
 TensorDict load_memmap(const std::string& prefix) {
+  const std::string root = absolute_path("load_memmap", prefix);
+  // The folder given is opened as named (a link to it is the caller's choice); nothing below
+  // it is reached through a link.
+  const int fd = ::open(root.c_str(), O_RDONLY | O_DIRECTORY | O_CLOEXEC);
+  if (fd < 0) fail_errno("load_memmap", "read", root + "/meta.json", errno);
   std::vector<std::string> path;
-  return load_level(fs::path(absolute_path("load_memmap", prefix)), path);
+  Budget budget;
+  return load_level(Dir{std::make_shared<Fd>(fd), root}, path, budget);
 }
 
 bool is_memmap(const TensorDict& td) {

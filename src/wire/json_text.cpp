@@ -140,8 +140,9 @@ void append_python_repr(std::string& out, const JsonValue& v) {
 
 class Parser {
  public:
-  Parser(std::string_view text, const JsonLimits& limits, const char* who)
-      : s_(text), limits_(limits), who_(who) {}
+  // `dry`: checks and measures the text without building the values (json_bytes).
+  Parser(std::string_view text, const JsonLimits& limits, const char* who, bool dry = false)
+      : s_(text), limits_(limits), who_(who), dry_(dry) {}
 
   JsonValue run() {
     skip_ws();
@@ -150,6 +151,44 @@ class Parser {
     fail_if(pos_ != s_.size(), "extra data");
     return v;
   }
+
+  // The top-level object's members one at a time; the object itself is never built, and the
+  // limits apply to each member's value on its own.
+  void members(const std::function<void(std::string, JsonValue)>& each) {
+    skip_ws();
+    fail_if(pos_ >= s_.size() || s_[pos_] != '{', "expected an object");
+    ++pos_;
+    skip_ws();
+    if (pos_ < s_.size() && s_[pos_] == '}') {
+      ++pos_;
+    } else {
+      while (true) {
+        skip_ws();
+        fail_if(pos_ >= s_.size() || s_[pos_] != '"', "expected a key in double quotes");
+        std::string key = string();
+        skip_ws();
+        fail_if(pos_ >= s_.size() || s_[pos_] != ':', "expected ':'");
+        ++pos_;
+        skip_ws();
+        values_ = 0;
+        bytes_ = 0;
+        each(std::move(key), value(1));
+        skip_ws();
+        fail_if(pos_ >= s_.size(), "unterminated object");
+        if (s_[pos_] == ',') {
+          ++pos_;
+          continue;
+        }
+        fail_if(s_[pos_] != '}', "expected ',' or '}'");
+        ++pos_;
+        break;
+      }
+    }
+    skip_ws();
+    fail_if(pos_ != s_.size(), "extra data");
+  }
+
+  size_t bytes() const { return bytes_; }
 
  private:
   template <typename... Args>
@@ -161,6 +200,17 @@ class Parser {
     ++values_;
     TORCH_CHECK_VALUE(values_ <= limits_.max_values, who_, ": more than ", limits_.max_values,
                       " JSON values");
+    charge(sizeof(JsonValue));
+  }
+  // What the values take in memory: each value, a map entry's key beside it, and a string's
+  // bytes beyond the small-string buffer.
+  void charge(size_t n) {
+    bytes_ += n;
+    TORCH_CHECK_VALUE(bytes_ <= limits_.max_bytes, who_, ": the JSON values would take more than ",
+                      limits_.max_bytes, " bytes of memory");
+  }
+  void charge_string(const std::string& str) {
+    if (str.size() >= sizeof(std::string)) charge(str.size() + 1);
   }
   void skip_ws() {
     while (pos_ < s_.size() &&
@@ -183,7 +233,11 @@ class Parser {
     switch (c) {
       case '{': return map(depth + 1);
       case '[': return list(depth + 1);
-      case '"': return JsonValue(string());
+      case '"': {
+        std::string str = string();
+        charge_string(str);
+        return dry_ ? JsonValue() : JsonValue(std::move(str));
+      }
       case 'n': fail_if(!consume("null"), "expected a value"); return JsonValue();
       case 't': fail_if(!consume("true"), "expected a value"); return JsonValue(true);
       case 'f': fail_if(!consume("false"), "expected a value"); return JsonValue(false);
@@ -218,7 +272,11 @@ class Parser {
     }
     while (true) {
       skip_ws();
-      items.push_back(value(depth));
+      if (dry_) {
+        value(depth);
+      } else {
+        items.push_back(value(depth));
+      }
       skip_ws();
       fail_if(pos_ >= s_.size(), "unterminated list");
       if (s_[pos_] == ',') {
@@ -249,7 +307,20 @@ class Parser {
       fail_if(pos_ >= s_.size() || s_[pos_] != ':', "expected ':'");
       ++pos_;
       skip_ws();
+      charge(sizeof(JsonValue::Map::value_type) - sizeof(JsonValue));
+      charge_string(key);
       JsonValue v = value(depth);
+      if (dry_) {
+        skip_ws();
+        fail_if(pos_ >= s_.size(), "unterminated object");
+        if (s_[pos_] == ',') {
+          ++pos_;
+          continue;
+        }
+        fail_if(s_[pos_] != '}', "expected ',' or '}'");
+        ++pos_;
+        return JsonValue();
+      }
       // json.loads builds a dict: a repeated key keeps its first position and its last value.
       size_t found = items.size();
       if (index) {
@@ -394,6 +465,8 @@ class Parser {
   const char* who_;
   size_t pos_ = 0;
   size_t values_ = 0;
+  size_t bytes_ = 0;  // what the values take (charge)
+  bool dry_;
 };
 
 }  // namespace
@@ -587,6 +660,17 @@ std::string python_str(const JsonValue& value) {
 
 JsonValue parse_json(std::string_view text, const JsonLimits& limits, const char* who) {
   return Parser(text, limits, who).run();
+}
+
+size_t json_bytes(std::string_view text, const JsonLimits& limits, const char* who) {
+  Parser p(text, limits, who, /*dry=*/true);
+  p.run();
+  return p.bytes();
+}
+
+void parse_json_members(std::string_view text, const JsonLimits& limits, const char* who,
+                        const std::function<void(std::string, JsonValue)>& each) {
+  Parser(text, limits, who).members(each);
 }
 
 const char* json_type_name(const JsonValue& value) {

@@ -317,6 +317,56 @@ TEST_F(Memmap, LoadRefusesBadMetadataNamingPathAndKey) {
   EXPECT_THROW_MSG(load_memmap(path("missing")), c10::Error, path("missing/meta.json"));
 }
 
+// A load reaches every file from the folder it was given, never through a link, and opens
+// only regular files and directories (docs/reliability.md).
+TEST_F(Memmap, LoadFollowsNoLinkAndOpensOnlyRegularFiles) {
+  const TensorDict td({{"a", at::ones({2})}, {{"n", "b"}, at::ones({2})}}, {2});
+  write_file(path("outside"), std::string(8, 'x'));
+  auto fresh = [&](const std::string& name) {
+    memmap(td, path(name));
+    return path(name);
+  };
+  std::string d = fresh("leaf");
+  fs::remove(d + "/a.memmap");
+  fs::create_symlink(path("outside"), d + "/a.memmap");
+  EXPECT_THROW_MSG(load_memmap(d), c10::Error, d + "/a.memmap is a symbolic link");
+  d = fresh("level");
+  fs::rename(d + "/n", path("n_elsewhere"));
+  fs::create_directory_symlink(path("n_elsewhere"), d + "/n");
+  EXPECT_THROW_MSG(load_memmap(d), c10::Error, d + "/n is a symbolic link");
+  d = fresh("meta");
+  fs::rename(d + "/meta.json", path("m.json"));
+  fs::create_symlink(path("m.json"), d + "/meta.json");
+  EXPECT_THROW_MSG(load_memmap(d), c10::Error, d + "/meta.json is a symbolic link");
+  for (const char* name : {"meta.json", "a.memmap", "n/meta.json"}) {
+    d = fresh(std::string("fifo_") + (name[0] == 'n' ? "n" : name));
+    fs::remove(d + "/" + name);
+    ASSERT_EQ(::mkfifo((d + "/" + name).c_str(), 0600), 0);
+    EXPECT_THROW_MSG(load_memmap(d), c10::Error, d + "/" + name + " is not a regular file");
+  }
+  EXPECT_EQ(read_all(path("outside")), std::string(8, 'x'));
+}
+
+// meta.json costs memory within a bound: a non-tensor value is measured before it is built.
+TEST_F(Memmap, NonTensorValuesAreBudgetedBeforeTheyAreBuilt) {
+  TensorDict big;
+  big.set_non_tensor("v", JsonValue::list({1}));
+  memmap(big, path("big"));
+  std::string text = read_all(path("big/v/meta.json"));
+  std::string many = "[1";
+  for (int i = 0; i < 3'000'000; ++i) many += ", 1";
+  text.replace(text.find("[1]"), 3, many + "]");
+  write_file(path("big/v/meta.json"), text);
+  EXPECT_THROW_MSG(load_memmap(path("big")), c10::ValueError,
+                   "bytes per byte of meta.json read");
+  // A long string costs its bytes: loaded.
+  const std::string s(1 << 20, 'x');
+  TensorDict ok;
+  ok.set_non_tensor("s", s);
+  memmap(ok, path("ok"));
+  EXPECT_EQ(load_memmap(path("ok")).get_non_tensor("s"), JsonValue(s));
+}
+
 TEST_F(Memmap, ExistingFilesAndMappedLeavesFollowTheOptions) {
   TensorDict td({{"a", at::arange(3, at::kFloat)}});
   memmap(td, path("p"));

@@ -5,6 +5,7 @@
 
 #include <cstddef>
 #include <cstdint>
+#include <functional>
 #include <string>
 #include <string_view>
 
@@ -51,6 +52,7 @@ std::string python_str(const JsonValue& value);
 struct JsonLimits {
   size_t max_depth = 256;            // nesting of lists and maps
   size_t max_values = SIZE_MAX;      // values created, containers included
+  size_t max_bytes = SIZE_MAX;       // memory the values take (json_bytes), checked as they are made
 };
 
 /// Parses JSON text as json.loads does (NaN, Infinity, -Infinity accepted; a duplicate key
@@ -58,6 +60,19 @@ struct JsonLimits {
 /// text, an integer outside int64, or a bound of `limits` exceeded. Never recurses deeper
 /// than limits.max_depth.
 JsonValue parse_json(std::string_view text, const JsonLimits& limits, const char* who = "json");
+
+/// The bytes of memory parse_json would spend on the values of `text` (each value, a map
+/// entry's key, a long string's bytes), found without building them: a reader can refuse a
+/// text before it costs anything. The same errors as parse_json.
+size_t json_bytes(std::string_view text, const JsonLimits& limits, const char* who = "json");
+
+/// Reads a JSON object member by member: `each(key, value)` gets every member in the order of
+/// the text (a repeated key comes twice), and the object is never built, so the memory a
+/// member's value takes is returned to the caller's choice. The limits apply to each member's
+/// value on its own. The same errors as parse_json, and ValueError when the text is not an
+/// object.
+void parse_json_members(std::string_view text, const JsonLimits& limits, const char* who,
+                        const std::function<void(std::string, JsonValue)>& each);
 
 /// Python's name of the value's type: "NoneType", "bool", "int", "float", "str", "list",
 /// "dict".
