@@ -15,6 +15,7 @@ import os
 import pickle
 import struct
 import sys
+import tempfile
 
 import torch
 from tensordict import (LazyStackedTensorDict, NonTensorData, NonTensorStack, TensorDict,
@@ -211,6 +212,31 @@ def checked_seeds():
     yield "patched_hashes", bytes([2]) + message(0, 56, [a, c])[1:]
 
 
+def loader_seeds():
+    """The seeds of lazy_stack and memmap_meta."""
+    # lazy_stack: (members per stack, nesting | leaves << 2 | x64 << 7, stack dim[, patches])
+    for name, data in {"3-flat": b"\x02\x00\x00", "16-nested": b"\x0f\x05\x01",
+                       "256-deep": b"\xff\x0a\x00", "1024": b"\x0f\x80\x00",
+                       "16384": b"\xff\x80\x01", "patched": b"\x07\x01\x00\x10\xff\x20\x00"
+                       }.items():
+        write("lazy_stack", name, data)
+
+    # memmap_meta: the reference's meta.json files of a folder holding a.memmap (float32 [16]),
+    # the level n (n/b.memmap, int64 [8]) and the non-tensor entry v, joined by 0 bytes.
+    with tempfile.TemporaryDirectory() as d:
+        for name, v in {"string": "hello", "list": [1, [2.5, None], {"k": True}],
+                        "stack": None}.items():
+            value = (NonTensorStack(*[NonTensorData(i) for i in "ab"]) if v is None
+                     else NonTensorData(v))
+            td = TensorDict(a=torch.zeros(16), n=TensorDict(b=torch.zeros(8, dtype=torch.int64)),
+                            v=value)
+            path = os.path.join(d, name)
+            td.memmap(path)
+            texts = [open(os.path.join(path, *p, "meta.json"), "rb").read()
+                     for p in ((), ("n",), ("v",))]
+            write("memmap_meta", name, b"\0".join(texts))
+
+
 def main():
     for target in ("metadata_json", "pickle", "pipe_frames"):
         d = os.path.join(CORPUS, target)
@@ -312,6 +338,8 @@ def main():
                            (4 << 20).to_bytes(8, "little"), b"\xff" * 8, b"\x0dtorch.float32",
                            b"\x0btorch.int64", b"\x0atorch.bool", b"\x0ftorch.complex64"])
 
+    loader_seeds()
+
     json_tokens = ['"cls"', '"TensorDict"', '"LazyStackedTensorDict"', '"NonTensorStack"',
                    '"stack_dim"', '"stack_dim_name"', '"non_tensors"',
                    '"leaves"', '"cls_metadata"', '"batch_size"', '"names"', '"device"',
@@ -326,6 +354,13 @@ def main():
         "torch.complex128", "torch.qint8", "torch.quint8", "torch.qint32", "torch.quint4x2",
         "torch.float8_e4m3fn")]
     write_dict("metadata_json", json_tokens)
+    write_dict("memmap_meta", json_tokens + [
+        '"dtype"', '"shape"', '"is_nested"', '"type"', '"NonTensorData"', '"MetaData"',
+        '"_type"', '"_class"', '"_format_version"', '"data"', '"tensordict:TensorDict"',
+        '"<class \'tensordict._td.TensorDict\'>"',
+        '"<class \'tensordict.tensorclass.NonTensorData\'>"',
+        '"<class \'tensordict.tensorclass.NonTensorStack\'>"', '"../a"', "\x00"])
+    write_dict("lazy_stack", ["\x00", "\x01", "\x80", "\xff", "\x8c", "\x94"])
     write_dict("pipe_frames", json_tokens + ['"keys"', '"dtypes"', '"shapes"', '"unbatched"',
                                              "\x00", "\x01", "\xff", "\xff" * 8])
     write_dict("pickle", [b"\x80\x04\x95", b"\x80\x02", b"\x80\x05", b"}\x94", b"]\x94",

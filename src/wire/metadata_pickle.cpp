@@ -305,10 +305,21 @@ struct PickleTraits {
 // numbers. It takes only the plain shape (no class reference outside "cls", no GET of a
 // container, no duplicate key, no GLOBAL), applies the bounds of pickle::loads with the same
 // charges (an upper bound of them), and gives up on anything else: read_validated then reads
-// the pickle the general way, which also makes every error message. So it accepts only what
-// the general way accepts, and builds the same metadata from it.
+// the pickle the general way, which also makes every error message. It builds the same
+// metadata from what both accept.
+//
+// Its budget counts what it really builds (a node, an arena slot, a memo slot; strings are
+// views), not the general reader's charges: an honest metadata dict costs about 13 bytes here
+// per byte of pickle (a lazy stack's members, whose strings are memo references), 150 to 250
+// over there. So it reads dicts the general budget refuses, within kFastBytesPerInputByte per
+// byte of input and kMaxFastBytes in all (a lazy stack of 100,000 members takes about 90 MB
+// here: tests/python/test_hostile_inputs.py). It reads only a pickle whose first value is a
+// dict; anything else goes the general way at once, under the general budget.
 
 namespace fast {
+
+inline constexpr size_t kFastBytesPerInputByte = 24;
+inline constexpr size_t kMaxFastBytes = size_t{512} << 20;
 
 using wire::tree::GiveUp;
 using wire::tree::Kind;
@@ -319,7 +330,11 @@ using wire::tree::Tree;
 class Parser {
  public:
   Parser(std::string_view data, const pickle::Limits& limits, Tree& tree)
-      : in_(data), limits_(limits), budget_(pickle::detail::read_budget(data, limits)),
+      : in_(data), limits_(limits),
+        budget_(limits.max_bytes != 0
+                    ? limits.max_bytes
+                    : std::min(kMaxFastBytes, pickle::kBaseBudgetBytes +
+                                                  kFastBytesPerInputByte * data.size())),
         tree_(tree) {}
 
   uint32_t run() {
@@ -413,18 +428,19 @@ class Parser {
     return in_.le(n);
   }
   size_t floor() const { return marks_.empty() ? 0 : marks_.back(); }
-  // pickle::loads' counts and charges, as it would make them (GETs of a str charged twice:
-  // the copy, and the shared original's copy when its parent takes it).
-  void value(size_t bytes) {
+  // pickle::loads' count of values (a GET counted again), and the node this reader makes.
+  void value(bool new_node = true) {
     if (++elements_ > limits_.max_elements) throw GiveUp{};
-    charge(pickle::detail::kValueCharge + bytes);
+    if (new_node) charge(sizeof(Node));
   }
   void charge(size_t bytes) {
     spent_ += bytes;
     if (spent_ > budget_) throw GiveUp{};
   }
   void push(const Node& n) {
-    value(n.kind == Kind::Str ? n.count : 0);
+    // Only a dict can be metadata: anything else is read the general way from the start.
+    if (tree_.nodes.empty() && n.kind != Kind::Dict) throw GiveUp{};
+    value();
     if (tree_.nodes.size() >= UINT32_MAX) throw GiveUp{};
     stack_.push_back(static_cast<uint32_t>(tree_.nodes.size()));
     tree_.nodes.push_back(n);
@@ -459,10 +475,12 @@ class Parser {
   void append_items(uint32_t c, size_t first) {
     Node& n = tree_.nodes[c];
     if (n.first + n.count != tree_.kids.size()) {
+      charge(sizeof(uint32_t) * n.count);
       const auto old = static_cast<uint32_t>(tree_.kids.size());
       for (uint32_t k = 0; k < n.count; ++k) tree_.kids.push_back(tree_.kids[n.first + k]);
       n.first = old;
     }
+    charge(sizeof(uint32_t) * (stack_.size() - first));
     for (size_t i = first; i < stack_.size(); ++i) {
       adopt(tree_.nodes[c], tree_.nodes[stack_[i]]);
       tree_.kids.push_back(stack_[i]);
@@ -472,7 +490,7 @@ class Parser {
   }
   void collect(Kind kind, size_t first) {
     Node n = node_of(kind);
-    value(0);
+    value();
     n.first = static_cast<uint32_t>(tree_.kids.size());
     const auto c = static_cast<uint32_t>(tree_.nodes.size());
     tree_.nodes.push_back(n);
@@ -487,9 +505,7 @@ class Parser {
     if (kind == Kind::Dict) {
       if ((stack_.size() - first) % 2) throw GiveUp{};
       for (size_t i = first; i < stack_.size(); i += 2) {
-        const Node& key = tree_.nodes[stack_[i]];
-        if (key.kind != Kind::Str) throw GiveUp{};
-        charge(pickle::detail::kDictEntryCharge + key.count);
+        if (tree_.nodes[stack_[i]].kind != Kind::Str) throw GiveUp{};
       }
     }
     append_items(c, first);
@@ -510,7 +526,8 @@ class Parser {
     ref.count = static_cast<uint32_t>(tree_.refs.size());
     tree_.refs.emplace_back(module.s(), name.s());
     stack_.resize(stack_.size() - 2);
-    value(tree_.text_bytes(ref));
+    value();
+    charge(sizeof(tree_.refs.back()));
     stack_.push_back(static_cast<uint32_t>(tree_.nodes.size()));
     tree_.nodes.push_back(ref);
   }
@@ -518,8 +535,8 @@ class Parser {
     if (stack_.size() <= floor() || memo_count_ >= limits_.max_elements) throw GiveUp{};
     if (index > memo_.size()) throw GiveUp{};  // Python numbers entries in order
     if (index == memo_.size()) {
+      charge(sizeof(uint32_t));
       memo_.push_back(stack_.back());
-      read_.push_back(false);
       ++memo_count_;
     } else {
       memo_[index] = stack_.back();
@@ -530,14 +547,7 @@ class Parser {
     const uint32_t n = memo_[index];
     const Node& v = tree_.nodes[n];
     if (v.kind == Kind::List || v.kind == Kind::Tuple || v.kind == Kind::Dict) throw GiveUp{};
-    if (!read_[index]) {
-      read_[index] = true;
-      const size_t text = v.kind == Kind::Str        ? v.count
-                          : v.kind == Kind::ClassRef ? tree_.refs[v.count].first.size()
-                                                     : 0;
-      charge(pickle::detail::kMemoIndexCharge + pickle::detail::kValueCharge + text);
-    }
-    value(tree_.text_bytes(v));
+    value(/*new_node=*/false);
     stack_.push_back(n);  // the same immutable node: a str or a scalar
   }
   wire::ByteReader in_;
@@ -550,7 +560,6 @@ class Parser {
   std::vector<uint32_t> stack_;
   std::vector<size_t> marks_;
   std::vector<uint32_t> memo_;
-  std::vector<bool> read_;  // per memo index: read by a GET already
 };
 
 // The validated metadata of `bytes`, or nullopt where the general way must read them.

@@ -224,8 +224,10 @@ std::optional<ValidatedMetadata> read_fast(std::string_view input, bool json, Pa
     }
   } reset;
   try {
-    tree.nodes.reserve(input.size() / 3);  // a value takes 2 bytes or more
-    tree.kids.reserve(input.size() / 3);
+    // Room for a node per input byte (a bound), reserved but untouched until used: the arena
+    // never moves, so its peak is what it holds, as the readers' budgets count it.
+    tree.nodes.reserve(input.size());
+    tree.kids.reserve(input.size());
     const uint32_t root = parse(input, tree);
     const Ref top{&tree, root};
     if (!Traits::is_map(top)) return std::nullopt;
