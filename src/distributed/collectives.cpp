@@ -276,6 +276,18 @@ std::string describe(const char* call, int group_rank) {
   return c10::str(call, " (from group rank ", group_rank, ")");
 }
 
+// A gather of `size` buffers of `longest` bytes costs the receiving rank twice their bytes
+// (ProcessGroupGloo gathers into one flat tensor, then copies each rank's part out): checked
+// against the call's budget before anything is allocated, on every rank alike, so that a
+// header's size alone cannot make a rank spend more than max_total_bytes.
+void check_call_budget(const char* call, int size, int64_t longest, int64_t max_total_bytes) {
+  const int64_t budget_each = max_total_bytes / 2 / size;
+  TD_CHECK_PEER(longest <= budget_each, call, ": the ranks announce buffers of up to ", longest,
+                " bytes; receiving ", size, " of them takes 2 x ", size, " x ", longest,
+                " bytes (Gloo's flat buffer and ours), above this call's budget of max_total_bytes"
+                " = ", max_total_bytes, " bytes; raise max_total_bytes to receive them");
+}
+
 }  // namespace
 
 TensorDict broadcast(const TensorDict& td, std::optional<int64_t> src,
@@ -334,8 +346,10 @@ std::vector<TensorDict> all_gather(const TensorDict& td, const AllGatherOptions&
   for (const auto& in : incoming) {
     longest = std::max(longest, detail::transfer_bytes(in, /*padded=*/false));
   }
-  std::vector<at::Tensor> padded{detail::byte_buffer(longest, storage.device(), /*zeroed=*/true)};
+  check_call_budget(kCall, size, longest, max_total_bytes);
+  std::vector<at::Tensor> padded{detail::byte_buffer(longest, storage.device())};
   padded[0].narrow(0, 0, storage.numel()).copy_(storage);
+  padded[0].narrow(0, storage.numel(), longest - storage.numel()).zero_();  // no old memory sent
   std::vector<detail::StorageBuffer> buffers;
   std::vector<std::vector<at::Tensor>> gathered(1);
   for (int r = 0; r < size; ++r) {
@@ -399,11 +413,15 @@ std::optional<TensorDict> gather_and_stack(const TensorDict& td, std::optional<i
                   kMaxMetadataJsonBytes, "]");
     longest = std::max(longest, h[2]);
   }
-  std::vector<at::Tensor> mine{detail::byte_buffer(longest, at::kCPU, /*zeroed=*/true)};
+  check_call_budget(kCall, size, longest, max_total_bytes);
+  // Nothing is zero-filled ahead: pages are committed as the ranks' bytes land in them. Only
+  // a sender's padding is cleared, so that no old memory of ours travels.
+  std::vector<at::Tensor> mine{detail::byte_buffer(longest, at::kCPU)};
   if (!is_dst) {
     auto* out = mine[0].data_ptr<uint8_t>();
     std::memcpy(out, storage.const_data_ptr(), static_cast<size_t>(storage_bytes));
     std::memcpy(out + storage_bytes, pickle.data(), pickle.size());
+    std::memset(out + buffer_bytes, 0, static_cast<size_t>(longest - buffer_bytes));
   }
   std::vector<std::vector<at::Tensor>> gathered(is_dst ? 1 : 0);
   if (is_dst) {

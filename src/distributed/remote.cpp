@@ -5,12 +5,15 @@
 
 #include <algorithm>
 #include <cstring>
+#include <limits>
+#include <optional>
 
 #include <sys/mman.h>
 #include <unistd.h>
 
 #include "tensordict/memory.h"
 #include "tensordict/errors.h"
+#include "wire/bytes.h"
 #include "wire/metadata.h"
 #include "wire/metadata_pickle.h"
 #include "wire/pickle.h"
@@ -60,8 +63,37 @@ const JsonScalar* field(const TransportFields& fields, std::string_view name) {
   return nullptr;
 }
 
+// "_total_bytes" read from the bytes of a pickle the reader refused as a whole (over its
+// budget): the reference and we write it as the top-level dict's last entry, a str key (maybe
+// memoized) then an int. Only sizes the drain; a wrong guess costs what a lying field costs.
+std::optional<int64_t> last_total_bytes(std::string_view b) {
+  static constexpr std::string_view kKey = "\x8c\x0c_total_bytes";
+  const size_t at = b.rfind(kKey);
+  if (at == std::string_view::npos) return std::nullopt;
+  wire::ByteReader in(b.substr(at + kKey.size()));
+  if (in.has(1) && static_cast<uint8_t>(in.rest()[0]) == 0x94) in.skip(1);  // MEMOIZE
+  if (!in.has(1)) return std::nullopt;
+  switch (in.u8()) {
+    case 'K': return in.has(1) ? std::optional<int64_t>(in.le(1)) : std::nullopt;
+    case 'M': return in.has(2) ? std::optional<int64_t>(in.le(2)) : std::nullopt;
+    case 'J':
+      if (!in.has(4)) return std::nullopt;
+      return static_cast<int32_t>(static_cast<uint32_t>(in.le(4)));
+    case 0x8a: {  // LONG1, non-negative and within int64
+      if (!in.has(1)) return std::nullopt;
+      const uint8_t n = in.u8();
+      if (n == 0 || n > 8 || !in.has(n)) return std::nullopt;
+      const uint64_t u = in.le(n);
+      if (u > static_cast<uint64_t>(std::numeric_limits<int64_t>::max())) return std::nullopt;
+      return static_cast<int64_t>(u);
+    }
+    default: return std::nullopt;
+  }
+}
+
 // The top-level scalar fields of a pickle whose metadata was refused, so that a sane
-// "_total_bytes" still lets the receiver drain the storage.
+// "_total_bytes" still lets the receiver drain the storage (the sender then finishes instead
+// of waiting for its timeout).
 TransportFields salvage_fields(std::string_view bytes) {
   TransportFields out;
   try {
@@ -76,6 +108,7 @@ TransportFields salvage_fields(std::string_view bytes) {
       }
     }
   } catch (const c10::Error&) {
+    if (auto n = last_total_bytes(bytes)) out.emplace_back("_total_bytes", *n);
   }
   return out;
 }
@@ -173,14 +206,25 @@ std::string recv_object(const Waiter& w, const Peer& peer, at::Device framing_de
   w.wait(peer.group.recv(size, peer.rank, 0), "the metadata pickle's length (tag 0)");
   const int64_t n = int64_value(size[0]);
   check_pickle_size(w.call(), n, "a metadata pickle");
-  // Zeroed: a shorter message than announced leaves zeros, which the reader refuses. On the
-  // CPU the pickle lands in the string itself: no second copy of a peer's bytes.
-  std::string out;
-  std::vector<at::Tensor> bytes{framing_device.is_cpu()
-                                    ? string_buffer(out, n)
-                                    : byte_buffer(n, framing_device, /*zeroed=*/true)};
+  if (!framing_device.is_cpu()) {
+    // Zeroed: a shorter message than announced leaves zeros, which the reader refuses.
+    std::vector<at::Tensor> bytes{byte_buffer(n, framing_device, /*zeroed=*/true)};
+    w.wait(peer.group.recv(bytes, peer.rank, 0), c10::str("the metadata pickle of ", n, " bytes"));
+    return pickle_string(bytes[0], n);
+  }
+  // Gloo aborts the process on a message longer than the posted buffer, but takes a shorter
+  // one: the buffer is as long as any pickle may be (pages untouched until bytes land cost
+  // nothing), and stamps after the announced end and at its tail tell a longer or a shorter
+  // message from the announced one.
+  at::Tensor room = byte_buffer(kMaxPickleBytes + 8, at::kCPU);
+  const TailStamp end(room.narrow(0, 0, n)), beyond(room.narrow(0, 0, n + 8));
+  std::vector<at::Tensor> bytes{room};
   w.wait(peer.group.recv(bytes, peer.rank, 0), c10::str("the metadata pickle of ", n, " bytes"));
-  return framing_device.is_cpu() ? out : pickle_string(bytes[0], n);
+  TD_CHECK_PEER(beyond.short_message(), w.call(), ": the peer announced a metadata pickle of ", n,
+                " bytes and sent more");
+  TD_CHECK_PEER(!end.short_message(), w.call(), ": the peer announced a metadata pickle of ", n,
+                " bytes and sent fewer");
+  return pickle_string(room, n);
 }
 
 std::string broadcast_object(const Waiter& w, const Peer& root, const std::string* pickle) {
