@@ -571,7 +571,9 @@ at::Tensor load_leaf(const Dir& dir, const std::string& key, const JsonValue& en
     const int fd = open_in(dir, name, S_IFREG, O_RDWR, &writable);
     return map_fd("load_memmap", fd, dir.path + "/" + name, writable, *dtype, shape);
   } catch (const c10::Error& e) {
-    TORCH_CHECK(false, "load_memmap: key ", where, ": ", e.what_without_backtrace());
+    std::string_view why = e.what_without_backtrace();
+    if (why.starts_with("load_memmap: ")) why.remove_prefix(13);  // said once, in front
+    TORCH_CHECK(false, "load_memmap: key ", where, ": ", why);
   }
 }
 

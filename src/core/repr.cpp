@@ -199,11 +199,19 @@ constexpr size_t kWidth = 80;
 
 // A value as the compact form shows it: a token (a leaf, a non-tensor entry) or a collection
 // ("prefix{key: value, ...}").
+struct ShownEntry;
+
 struct Shown {
   std::string token;
   bool collection = false;
   std::string prefix;
-  std::vector<std::pair<std::string, Shown>> entries;
+  // Not std::pair<std::string, Shown>: a pair of an incomplete type, which clang refuses.
+  std::vector<ShownEntry> entries;
+};
+
+struct ShownEntry {
+  std::string first;  // the key
+  Shown second;
 };
 
 std::string flat(const Shown& v) {
@@ -216,8 +224,8 @@ std::string flat(const Shown& v) {
 }
 
 // Sorted as the reference sorts them: by the text "key: value".
-void sort_entries(std::vector<std::pair<std::string, Shown>>& entries) {
-  std::vector<std::pair<std::string, std::pair<std::string, Shown>>> keyed;
+void sort_entries(std::vector<ShownEntry>& entries) {
+  std::vector<std::pair<std::string, ShownEntry>> keyed;
   keyed.reserve(entries.size());
   for (auto& e : entries) keyed.emplace_back(e.first + ": " + flat(e.second), std::move(e));
   std::stable_sort(keyed.begin(), keyed.end(),
