@@ -12,7 +12,6 @@
 #include <cstring>
 #include <filesystem>
 #include <limits>
-#include <memory>
 #include <string_view>
 #include <unordered_map>
 #include <utility>
@@ -405,8 +404,10 @@ constexpr wire::JsonLimits kEntryLimits{.max_depth = 8, .max_values = 4096,
 class Fd {
  public:
   explicit Fd(int fd) : fd_(fd) {}
+  Fd(Fd&& other) noexcept : fd_(std::exchange(other.fd_, -1)) {}
   Fd(const Fd&) = delete;
   Fd& operator=(const Fd&) = delete;
+  Fd& operator=(Fd&&) = delete;
   ~Fd() {
     if (fd_ >= 0) ::close(fd_);
   }
@@ -418,7 +419,7 @@ class Fd {
 
 // A folder of the load: its descriptor and its path (for messages and file names).
 struct Dir {
-  std::shared_ptr<Fd> fd;
+  Fd fd;
   std::string path;
 };
 
@@ -437,7 +438,7 @@ int open_in(const Dir& dir, const std::string& name, mode_t type, int flags,
             bool* writable = nullptr) {
   const std::string path = dir.path + "/" + name;
   struct stat st{};
-  if (::fstatat(dir.fd->get(), name.c_str(), &st, AT_SYMLINK_NOFOLLOW) != 0) {
+  if (::fstatat(dir.fd.get(), name.c_str(), &st, AT_SYMLINK_NOFOLLOW) != 0) {
     fail_errno("load_memmap", "read", path, errno);
   }
   TORCH_CHECK(!S_ISLNK(st.st_mode), "load_memmap: ", path, " is a symbolic link; a load "
@@ -445,10 +446,10 @@ int open_in(const Dir& dir, const std::string& name, mode_t type, int flags,
   TORCH_CHECK((st.st_mode & S_IFMT) == type, "load_memmap: ", path, " is not a ",
               type_word(type));
   const int common = O_NOFOLLOW | O_NONBLOCK | O_CLOEXEC | (type == S_IFDIR ? O_DIRECTORY : 0);
-  int fd = ::openat(dir.fd->get(), name.c_str(), flags | common);
+  int fd = ::openat(dir.fd.get(), name.c_str(), flags | common);
   if (fd < 0 && writable != nullptr && (errno == EACCES || errno == EROFS || errno == EPERM)) {
     *writable = false;
-    fd = ::openat(dir.fd->get(), name.c_str(), O_RDONLY | common);
+    fd = ::openat(dir.fd.get(), name.c_str(), O_RDONLY | common);
   }
   if (fd < 0) fail_errno("load_memmap", "open", path, errno);
   if (::fstat(fd, &st) != 0 || (st.st_mode & S_IFMT) != type) {
@@ -459,8 +460,7 @@ int open_in(const Dir& dir, const std::string& name, mode_t type, int flags,
 }
 
 Dir open_dir(const Dir& parent, const std::string& name) {
-  return {std::make_shared<Fd>(open_in(parent, name, S_IFDIR, O_RDONLY)),
-          parent.path + "/" + name};
+  return {Fd(open_in(parent, name, S_IFDIR, O_RDONLY)), parent.path + "/" + name};
 }
 
 // `dir`'s meta.json, within the load's budget of bytes read.
@@ -562,7 +562,7 @@ at::Tensor load_leaf(const Dir& dir, const std::string& key, const JsonValue& en
   const std::string name = key + ".memmap";
   const size_t nbytes = checked_nbytes("load_memmap", shape, *dtype);
   struct stat st{};
-  if (nbytes == 0 && ::fstatat(dir.fd->get(), name.c_str(), &st, AT_SYMLINK_NOFOLLOW) != 0 &&
+  if (nbytes == 0 && ::fstatat(dir.fd.get(), name.c_str(), &st, AT_SYMLINK_NOFOLLOW) != 0 &&
       errno == ENOENT) {
     return at::empty(shape, at::TensorOptions().dtype(*dtype));
   }
@@ -613,7 +613,7 @@ NonTensorData load_non_tensor(const Dir& dir, const std::string& where, std::str
   struct stat st{};
   const bool pickled = kind == "NonTensorStack"
                            ? data != nullptr && data->is_string()
-                           : ::fstatat(dir.fd->get(), "other.pickle", &st, AT_SYMLINK_NOFOLLOW) == 0;
+                           : ::fstatat(dir.fd.get(), "other.pickle", &st, AT_SYMLINK_NOFOLLOW) == 0;
   TORCH_CHECK_VALUE(data != nullptr && !pickled, "load_memmap: ", file, ": key ", where,
                     " holds pickled data, which is not loaded; only JSON data is");
   if (kind == "NonTensorStack") {
@@ -805,7 +805,7 @@ TensorDict load_memmap(const std::string& prefix) {
   if (fd < 0) fail_errno("load_memmap", "read", root + "/meta.json", errno);
   std::vector<std::string> path;
   Budget budget;
-  return load_level(Dir{std::make_shared<Fd>(fd), root}, path, budget);
+  return load_level(Dir{Fd(fd), root}, path, budget);
 }
 
 bool is_memmap(const TensorDict& td) {

@@ -157,33 +157,11 @@ class Parser {
   void members(const std::function<void(std::string, JsonValue)>& each) {
     skip_ws();
     fail_if(pos_ >= s_.size() || s_[pos_] != '{', "expected an object");
-    ++pos_;
-    skip_ws();
-    if (pos_ < s_.size() && s_[pos_] == '}') {
-      ++pos_;
-    } else {
-      while (true) {
-        skip_ws();
-        fail_if(pos_ >= s_.size() || s_[pos_] != '"', "expected a key in double quotes");
-        std::string key = string();
-        skip_ws();
-        fail_if(pos_ >= s_.size() || s_[pos_] != ':', "expected ':'");
-        ++pos_;
-        skip_ws();
-        values_ = 0;
-        bytes_ = 0;
-        each(std::move(key), value(1));
-        skip_ws();
-        fail_if(pos_ >= s_.size(), "unterminated object");
-        if (s_[pos_] == ',') {
-          ++pos_;
-          continue;
-        }
-        fail_if(s_[pos_] != '}', "expected ',' or '}'");
-        ++pos_;
-        break;
-      }
-    }
+    object([&](std::string key) {
+      values_ = 0;
+      bytes_ = 0;
+      each(std::move(key), value(1));
+    });
     skip_ws();
     fail_if(pos_ != s_.size(), "extra data");
   }
@@ -289,15 +267,14 @@ class Parser {
     }
   }
 
-  JsonValue map(size_t depth) {
-    enter(depth);
+  // An object's grammar, from its '{': `member(key)` reads each member's value.
+  template <typename Member>
+  void object(Member&& member) {
     ++pos_;
-    JsonValue::Map items;
-    std::unique_ptr<std::unordered_map<std::string, size_t>> index;
     skip_ws();
     if (pos_ < s_.size() && s_[pos_] == '}') {
       ++pos_;
-      return JsonValue(std::move(items));
+      return;
     }
     while (true) {
       skip_ws();
@@ -307,20 +284,28 @@ class Parser {
       fail_if(pos_ >= s_.size() || s_[pos_] != ':', "expected ':'");
       ++pos_;
       skip_ws();
+      member(std::move(key));
+      skip_ws();
+      fail_if(pos_ >= s_.size(), "unterminated object");
+      if (s_[pos_] == ',') {
+        ++pos_;
+        continue;
+      }
+      fail_if(s_[pos_] != '}', "expected ',' or '}'");
+      ++pos_;
+      return;
+    }
+  }
+
+  JsonValue map(size_t depth) {
+    enter(depth);
+    JsonValue::Map items;
+    std::unique_ptr<std::unordered_map<std::string, size_t>> index;
+    object([&](std::string key) {
       charge(sizeof(JsonValue::Map::value_type) - sizeof(JsonValue));
       charge_string(key);
       JsonValue v = value(depth);
-      if (dry_) {
-        skip_ws();
-        fail_if(pos_ >= s_.size(), "unterminated object");
-        if (s_[pos_] == ',') {
-          ++pos_;
-          continue;
-        }
-        fail_if(s_[pos_] != '}', "expected ',' or '}'");
-        ++pos_;
-        return JsonValue();
-      }
+      if (dry_) return;
       // json.loads builds a dict: a repeated key keeps its first position and its last value.
       size_t found = items.size();
       if (index) {
@@ -332,24 +317,16 @@ class Parser {
       }
       if (found < items.size()) {
         items[found].second = std::move(v);
-      } else {
-        if (index) index->emplace(key, items.size());
-        items.emplace_back(std::move(key), std::move(v));
-        if (!index && items.size() > kScanKeys) {
-          index = std::make_unique<std::unordered_map<std::string, size_t>>();
-          for (size_t i = 0; i < items.size(); ++i) index->emplace(items[i].first, i);
-        }
+        return;
       }
-      skip_ws();
-      fail_if(pos_ >= s_.size(), "unterminated object");
-      if (s_[pos_] == ',') {
-        ++pos_;
-        continue;
+      if (index) index->emplace(key, items.size());
+      items.emplace_back(std::move(key), std::move(v));
+      if (!index && items.size() > kScanKeys) {
+        index = std::make_unique<std::unordered_map<std::string, size_t>>();
+        for (size_t i = 0; i < items.size(); ++i) index->emplace(items[i].first, i);
       }
-      fail_if(s_[pos_] != '}', "expected ',' or '}'");
-      ++pos_;
-      return JsonValue(std::move(items));
-    }
+    });
+    return dry_ ? JsonValue() : JsonValue(std::move(items));
   }
 
   uint32_t hex4() {
