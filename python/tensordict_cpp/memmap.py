@@ -364,8 +364,10 @@ def load_memmap(cls: Any, prefix: Any, device: Any = None, non_blocking: bool = 
     Raises:
         ValueError: bad meta.json content (unknown dtype or type, bad shape, unsafe key, a
             nested tensor, a format version above 1), naming the file and key.
-        RuntimeError: a missing directory, meta.json or leaf file, or a file too small for its
-            leaf, naming the path.
+        RuntimeError: a missing directory, meta.json or leaf file, a file too small for its
+            leaf, a symbolic link below ``prefix`` (never followed) or a file that is not a
+            regular file (a FIFO or device, never opened for reading), naming the path.
+        ValueError: also a meta.json beyond the load's memory budget (docs/reliability.md).
     """
     if out is not None:
         raise NotImplementedError("load_memmap(out=...) is not supported")

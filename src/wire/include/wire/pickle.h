@@ -118,9 +118,9 @@ struct Limits {
 };
 
 namespace detail {
-/// What a read charges its memory budget: per value made or copied (plus a str's bytes), per
-/// dict entry (plus its key's bytes), per memo index a GET reads. Shared by loads() and the
-/// metadata reader's fast path, so that both refuse the same pickles.
+/// What loads() charges its memory budget: per value made or copied (plus a str's bytes), per
+/// dict entry (plus its key's bytes), per memo index a GET reads. (The metadata reader's fast
+/// path counts its own, smaller structures: src/wire/metadata_pickle.cpp.)
 inline constexpr size_t kValueCharge = 256;
 inline constexpr size_t kDictEntryCharge = 64;
 inline constexpr size_t kMemoIndexCharge = 48;
