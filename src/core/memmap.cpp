@@ -10,6 +10,7 @@
 
 #include <cerrno>
 #include <cstring>
+#include <exception>
 #include <filesystem>
 #include <limits>
 #include <string_view>
@@ -506,43 +507,6 @@ std::vector<int64_t> shape_from(const JsonValue* v, const std::string& file, con
   return shape;
 }
 
-// A level's meta.json, read member by member (its entries never form one tree in memory):
-// the level's own fields, and its entries (objects) in order, a repeated key keeping its first
-// place and its last value as json.loads does.
-struct LevelMeta {
-  JsonValue::Map fields;
-  JsonValue::Map entries;
-};
-
-LevelMeta parse_level(const std::string& text, const std::string& file) {
-  JsonValue::Map members;
-  std::unordered_map<std::string, size_t> at;
-  try {
-    wire::parse_json_members(text, kEntryLimits, "json", [&](std::string key, JsonValue value) {
-      if (auto it = at.find(key); it != at.end()) {
-        members[it->second].second = std::move(value);
-      } else {
-        at.emplace(key, members.size());
-        members.emplace_back(std::move(key), std::move(value));
-      }
-    });
-  } catch (const c10::ValueError& e) {
-    TORCH_CHECK_VALUE(false, "load_memmap: ", file, " is not valid JSON: ", e.msg());
-  }
-  LevelMeta out;
-  for (auto& member : members) {
-    (member.second.is_map() ? out.entries : out.fields).push_back(std::move(member));
-  }
-  return out;
-}
-
-const JsonValue* field(const LevelMeta& meta, std::string_view key) {
-  for (const auto& [k, v] : meta.fields) {
-    if (k == key) return &v;
-  }
-  return nullptr;
-}
-
 // The tensor of the file `key`.memmap in `dir` (an empty tensor where the reference writes no
 // file), mapped shared where the file is writable, copy-on-write otherwise.
 at::Tensor load_leaf(const Dir& dir, const std::string& key, const JsonValue& entry,
@@ -625,55 +589,95 @@ NonTensorData load_non_tensor(const Dir& dir, const std::string& where, std::str
                        kind == "MetaData" ? NonTensorKind::kMetaData : NonTensorKind::kData);
 }
 
+// A level: its meta.json read member by member, each entry loaded as it is read (a leaf
+// mapped, a nested level or non-tensor entry loaded from its folder), so that no tree of the
+// entries is ever held: what a level costs beyond its text is what it loads. A repeated key
+// keeps its first place and its last value, as json.loads does.
 TensorDict load_level(const Dir& dir, std::vector<std::string>& path, Budget& budget) {
   TORCH_CHECK_VALUE(path.size() < kMaxDepth, "load_memmap: more than ", kMaxDepth,
                     " nested levels under ", dir.path);
   const std::string file_s = dir.path + "/meta.json";
-  // The text is dropped before the levels below are read: the cost does not add up downwards.
-  const LevelMeta meta = parse_level(read_meta(dir, budget), file_s);
-  if (const JsonValue* v = field(meta, "_format_version"); v != nullptr && v->is_int()) {
+  JsonValue::Map fields;
+  std::vector<TensorDict::Entry> entries;
+  std::unordered_map<std::string, size_t> at;
+  auto load_entry = [&](const std::string& key, const JsonValue& entry) -> Value {
+    const std::string where = path_str(path, key);
+    TORCH_CHECK_VALUE(is_safe_key(key), "load_memmap: ", file_s, ": key ", where,
+                      " is not a safe file name");
+    const JsonValue* t = find(entry, "type");
+    if (t == nullptr) return load_leaf(dir, key, entry, where);
+    TORCH_CHECK_VALUE(t->is_string(), "load_memmap: ", file_s, ": key ", where,
+                      " has a type that is not a string");
+    if (t->as_string() == "TensorDict") {
+      path.push_back(key);
+      TensorDict level = load_level(open_dir(dir, key), path, budget);
+      path.pop_back();
+      return level;
+    }
+    TORCH_CHECK_VALUE(t->as_string() == "NonTensorData" || t->as_string() == "MetaData" ||
+                          t->as_string() == "NonTensorStack",
+                      "load_memmap: ", file_s, ": key ", where, " is a ", t->as_string(),
+                      ", which is not supported (TensorDict, NonTensorData, MetaData and "
+                      "NonTensorStack are)");
+    return load_non_tensor(open_dir(dir, key), where, t->as_string(), budget);
+  };
+  {
+    // The level's text is held while its entries load (its levels below included): at most
+    // kMaxMetaTotalBytes of text in all. An entry's fault is carried out of the parser as is.
+    const std::string text = read_meta(dir, budget);
+    std::exception_ptr entry_fault;
+    struct EntryFault {};
+    try {
+      wire::parse_json_members(text, kEntryLimits, "json", [&](std::string key, JsonValue value) {
+        if (!value.is_map()) {  // the level's own fields ("shape", "device", "_type", ...)
+          fields.emplace_back(std::move(key), std::move(value));
+          return;
+        }
+        std::optional<Value> loaded;
+        try {
+          loaded.emplace(load_entry(key, value));
+        } catch (...) {
+          entry_fault = std::current_exception();
+          throw EntryFault{};
+        }
+        if (auto it = at.find(key); it != at.end()) {
+          entries[it->second].second = std::move(*loaded);
+        } else {
+          at.emplace(key, entries.size());
+          entries.emplace_back(std::move(key), std::move(*loaded));
+        }
+      });
+    } catch (const EntryFault&) {
+      std::rethrow_exception(entry_fault);
+    } catch (const c10::ValueError& e) {
+      TORCH_CHECK_VALUE(false, "load_memmap: ", file_s, " is not valid JSON: ", e.msg());
+    }
+  }
+  auto field = [&](std::string_view name) -> const JsonValue* {
+    const JsonValue* out = nullptr;  // the last one, as json.loads keeps
+    for (const auto& [k, v] : fields) {
+      if (k == name) out = &v;
+    }
+    return out;
+  };
+  if (const JsonValue* v = field("_format_version"); v != nullptr && v->is_int()) {
     TORCH_CHECK_VALUE(v->as_int() <= kFormatVersion, "load_memmap: ", file_s,
                       " was saved in the format version ", v->as_int(), "; this reads up to ",
                       kFormatVersion);
   }
-  const JsonValue* type = field(meta, "_type");
-  const JsonValue* cls = field(meta, "_class");
+  const JsonValue* type = field("_type");
+  const JsonValue* cls = field("_class");
   const bool is_td = (type != nullptr && type->is_string() && type->as_string() == kTensorDictType) ||
                      (cls != nullptr && cls->is_string() && cls->as_string() == kTensorDictClass);
   TORCH_CHECK_VALUE(is_td, "load_memmap: ", file_s, " does not hold a TensorDict (its _type is ",
                     type != nullptr && type->is_string() ? type->as_string() : "missing",
                     "); only TensorDict directories are loaded");
-  const auto batch_size = shape_from(field(meta, "shape"), file_s, "the TensorDict");
-  if (const JsonValue* d = field(meta, "device"); d != nullptr) {
+  const auto batch_size = shape_from(field("shape"), file_s, "the TensorDict");
+  if (const JsonValue* d = field("device"); d != nullptr) {
     TORCH_CHECK_VALUE(d->is_null() || (d->is_string() && (d->as_string() == "cpu" ||
                                                           d->as_string() == "None")),
                       "load_memmap: ", file_s, ": device ", d->is_string() ? d->as_string() : "?",
                       " is not supported (only cpu)");
-  }
-  std::vector<TensorDict::Entry> entries;
-  for (const auto& [key, entry] : meta.entries) {
-    const std::string where = path_str(path, key);
-    TORCH_CHECK_VALUE(is_safe_key(key), "load_memmap: ", file_s, ": key ", where,
-                      " is not a safe file name");
-    if (const JsonValue* t = find(entry, "type"); t != nullptr) {
-      TORCH_CHECK_VALUE(t->is_string(), "load_memmap: ", file_s, ": key ", where,
-                        " has a type that is not a string");
-      if (t->as_string() == "TensorDict") {
-        path.push_back(key);
-        entries.emplace_back(key, load_level(open_dir(dir, key), path, budget));
-        path.pop_back();
-      } else if (t->as_string() == "NonTensorData" || t->as_string() == "MetaData" ||
-                 t->as_string() == "NonTensorStack") {
-        entries.emplace_back(key, load_non_tensor(open_dir(dir, key), where, t->as_string(),
-                                                  budget));
-      } else {
-        TORCH_CHECK_VALUE(false, "load_memmap: ", file_s, ": key ", where, " is a ",
-                          t->as_string(), ", which is not supported (TensorDict, NonTensorData, "
-                          "MetaData and NonTensorStack are)");
-      }
-      continue;
-    }
-    entries.emplace_back(key, load_leaf(dir, key, entry, where));
   }
   try {
     return TensorDict(std::move(entries), batch_size, at::Device(at::kCPU));

@@ -359,6 +359,12 @@ TEST_F(Memmap, NonTensorValuesAreBudgetedBeforeTheyAreBuilt) {
   write_file(path("big/v/meta.json"), text);
   EXPECT_THROW_MSG(load_memmap(path("big")), c10::ValueError,
                    "bytes per byte of meta.json read");
+  // A level's entries are loaded as they are read: the first bad one of a million ends it.
+  std::string level = "{";
+  for (int i = 0; i < 1'000'000; ++i) level += "\"k" + std::to_string(i) + "\": {}, ";
+  level += "\"shape\": []}";
+  write_file(path("big/meta.json"), level);
+  EXPECT_THROW_MSG(load_memmap(path("big")), c10::ValueError, "key 'k0' has no dtype name");
   // A long string costs its bytes: loaded.
   const std::string s(1 << 20, 'x');
   TensorDict ok;
