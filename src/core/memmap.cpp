@@ -10,7 +10,6 @@
 
 #include <cerrno>
 #include <cstring>
-#include <exception>
 #include <filesystem>
 #include <limits>
 #include <string_view>
@@ -623,35 +622,23 @@ TensorDict load_level(const Dir& dir, std::vector<std::string>& path, Budget& bu
   };
   {
     // The level's text is held while its entries load (its levels below included): at most
-    // kMaxMetaTotalBytes of text in all. An entry's fault is carried out of the parser as is.
+    // kMaxMetaTotalBytes of text in all. The parser names its own faults "FILE is not valid
+    // JSON"; an entry's fault leaves it as it is.
     const std::string text = read_meta(dir, budget);
-    std::exception_ptr entry_fault;
-    struct EntryFault {};
-    try {
-      wire::parse_json_members(text, kEntryLimits, "json", [&](std::string key, JsonValue value) {
-        if (!value.is_map()) {  // the level's own fields ("shape", "device", "_type", ...)
-          fields.emplace_back(std::move(key), std::move(value));
-          return;
-        }
-        std::optional<Value> loaded;
-        try {
-          loaded.emplace(load_entry(key, value));
-        } catch (...) {
-          entry_fault = std::current_exception();
-          throw EntryFault{};
-        }
-        if (auto it = at.find(key); it != at.end()) {
-          entries[it->second].second = std::move(*loaded);
-        } else {
-          at.emplace(key, entries.size());
-          entries.emplace_back(std::move(key), std::move(*loaded));
-        }
-      });
-    } catch (const EntryFault&) {
-      std::rethrow_exception(entry_fault);
-    } catch (const c10::ValueError& e) {
-      TORCH_CHECK_VALUE(false, "load_memmap: ", file_s, " is not valid JSON: ", e.msg());
-    }
+    const std::string who = c10::str("load_memmap: ", file_s, " is not valid JSON");
+    wire::parse_json_members(text, kEntryLimits, who.c_str(), [&](std::string key, JsonValue value) {
+      if (!value.is_map()) {  // the level's own fields ("shape", "device", "_type", ...)
+        fields.emplace_back(std::move(key), std::move(value));
+        return;
+      }
+      Value loaded = load_entry(key, value);
+      if (auto it = at.find(key); it != at.end()) {
+        entries[it->second].second = std::move(loaded);
+      } else {
+        at.emplace(key, entries.size());
+        entries.emplace_back(std::move(key), std::move(loaded));
+      }
+    });
   }
   auto field = [&](std::string_view name) -> const JsonValue* {
     const JsonValue* out = nullptr;  // the last one, as json.loads keeps
