@@ -11,7 +11,11 @@ choice, and UCX_TLS=tcp):
 
 Cases: a 1 KB round trip (a consolidated TensorDict of 1024 bytes there and back, the schema
 sent once in the warm-up) and one 100 MB TensorDict (a stream of them; time per message).
-Every arm checks the data it received. The goals compare medians of one run:
+Under UCX's choice of transports, also ours from Python (send / recv and asend / arecv, two
+Python processes) beside ours from C++ and the reference, in four cases: 1 KB and 100 MB,
+stream and echo (the receiver sends back the TensorDict it received, as it is).
+Every arm checks the data it received. The goals compare medians of one run (issue 30's
+below them, in python_table):
 
     1 KB round trip <= 3x ucx_perftest's (2 x tag_lat)      100 MB <= 1.25x tag_bw's time
     100 MB >= 2x faster than one raw Gloo send              >= 5x the reference at 1 KB, 2x at 100 MB
@@ -96,6 +100,94 @@ def ours(mode: str, nbytes: int, rounds: int, env: dict) -> tuple[float, str]:
         raise RuntimeError(f"pipe_bench {mode} failed: {out.stderr[-1000:]}")
     result = json.loads(out.stdout.strip().splitlines()[-1])
     return result["median_us"], result["transports"]
+
+
+# ---- ours from Python (tensordict_cpp.TensorDictPipe) ------------------------------------------
+# The same protocol as the reference's peer below, in one template: "AWAIT " and "ASYNC " become
+# "await " and "async " for the asyncio arm (asend / arecv on a running loop) and vanish for
+# the synchronous one (send / recv), so that both arms run the same lines.
+OURS_PY_PEER = r"""
+import asyncio, json, sys, time, torch
+from tensordict_cpp import TensorDict, TensorDictPipe
+role, mode, nbytes, rounds, port = sys.argv[1], sys.argv[2], int(sys.argv[3]), int(sys.argv[4]), int(sys.argv[5])
+WARMUP = 20
+def ok(td, r):
+    x = td["x"]
+    return int(x[0]) == r % 256 and int(x[-1]) == r % 256
+ASYNC def main():
+    if role == "server":
+        pipe = TensorDictPipe.listen_sync(port, timeout=120.0)
+        print("listening", flush=True)
+        for r in range(WARMUP + rounds):
+            td = AWAIT pipe.RECV()
+            assert ok(td, r), r
+            if mode == "lat":
+                AWAIT pipe.SEND(td)  # the received TensorDict, sent back as it is
+            elif r in (WARMUP - 1, WARMUP + rounds - 1):
+                AWAIT pipe.SEND(TensorDict(k=torch.zeros(1, dtype=torch.uint8)).consolidate())
+        time.sleep(0.5)
+        pipe.close()
+        return
+    pipe = TensorDictPipe.connect_sync("127.0.0.1", port, timeout=120.0)
+    td = TensorDict(x=torch.zeros(nbytes, dtype=torch.uint8)).consolidate()
+    x = td["x"]
+    samples = []
+    def stamp(r):
+        x[0] = r % 256
+        x[-1] = r % 256
+    if mode == "lat":
+        for r in range(WARMUP + rounds):
+            stamp(r)
+            t0 = time.perf_counter()
+            AWAIT pipe.SEND(td)
+            echo = AWAIT pipe.RECV()
+            t1 = time.perf_counter()
+            assert ok(echo, r), r
+            if r >= WARMUP:
+                samples.append((t1 - t0) * 1e6)
+    else:
+        for r in range(WARMUP):
+            stamp(r)
+            AWAIT pipe.SEND(td)
+        AWAIT pipe.RECV()
+        t0 = time.perf_counter()
+        for r in range(WARMUP, WARMUP + rounds):
+            stamp(r)
+            AWAIT pipe.SEND(td)
+        AWAIT pipe.RECV()
+        samples.append((time.perf_counter() - t0) * 1e6 / rounds)
+    samples.sort()
+    print(json.dumps({"median_us": samples[len(samples) // 2]}), flush=True)
+    pipe.close()
+RUN(main())
+"""
+
+
+def ours_python(api: str, mode: str, nbytes: int, rounds: int, env: dict) -> float:
+    """Our pipe between two Python processes: api "sync" (send / recv) or "async" (asend /
+    arecv); the same cases as the reference's."""
+    words = ({"AWAIT ": "await ", "ASYNC ": "async ", "SEND": "asend", "RECV": "arecv",
+              "RUN": "asyncio.run"} if api == "async" else
+             {"AWAIT ": "", "ASYNC ": "", "SEND": "send", "RECV": "recv", "RUN": ""})
+    script = OURS_PY_PEER
+    for placeholder, word in words.items():
+        script = script.replace(placeholder, word)
+    port = free_port()
+    args = [mode, str(nbytes), str(rounds), str(port)]
+    server = subprocess.Popen([sys.executable, "-c", script, "server", *args], env=env,
+                              stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+    try:
+        if server.stdout.readline().strip() != "listening":
+            raise RuntimeError(f"our Python pipe ({api}) failed: {server.stderr.read()[-1500:]}")
+        out = subprocess.run([sys.executable, "-c", script, "client", *args], env=env,
+                             capture_output=True, text=True, timeout=900)
+        lines = [line for line in out.stdout.splitlines() if line.startswith("{")]
+        if not lines:
+            raise RuntimeError(f"our Python pipe ({api}) {mode} failed: {out.stderr[-1500:]}")
+        return json.loads(lines[-1])["median_us"]
+    finally:
+        server.kill()
+        server.wait()
 
 
 # ---- the reference's pipe (ucxx) ----------------------------------------------------------------
@@ -241,12 +333,73 @@ def measure(quick: bool, repeats: int) -> dict:
             r["ours_bw"].append(bw)
             r["ref_lat"].append(reference("lat", KB, lat_rounds // 5, env))
             r["ref_bw"].append(reference("bw", MB100, max(2, bw_rounds // 2), env))
+            if setting == "default":
+                python_arms(r, env, lat_rounds, bw_rounds)
             print(f"pipe_bench: {setting}: " + ", ".join(
                 f"{k} {v[-1]:.1f}" for k, v in r.items() if isinstance(v, list) and v),
                 file=sys.stderr, flush=True)
     for _ in range(repeats):
         results["gloo_100mb"].append(gloo(MB100, 5 if quick else 10))
     return results
+
+
+# The cases of the Python comparison: (key, mode, bytes); "lat" is an echo's round trip (the
+# receiver sends back the TensorDict it received), "bw" a stream's time per message.
+PY_CASES = [("stream1k", "bw", KB), ("echo1k", "lat", KB), ("stream100", "bw", MB100),
+            ("echo100", "lat", MB100)]
+
+
+def python_arms(r: dict, env: dict, lat_rounds: int, bw_rounds: int) -> None:
+    """Ours from C++, from Python (sync and asyncio) and the reference's pipe, in every case of
+    PY_CASES, appended to `r` (one run each)."""
+    def rounds(nbytes: int) -> int:
+        return lat_rounds if nbytes == KB else bw_rounds
+    r.setdefault("perftest_bw1k", []).append(perftest("tag_bw", KB, lat_rounds * 4, env))
+    for key, mode, nbytes in PY_CASES:
+        r.setdefault(f"cpp_{key}", []).append(ours(mode, nbytes, rounds(nbytes), env)[0])
+        for api in ("sync", "async"):
+            r.setdefault(f"py_{api}_{key}", []).append(
+                ours_python(api, mode, nbytes, rounds(nbytes), env))
+        r.setdefault(f"ref_{key}", []).append(
+            reference(mode, nbytes, max(2, rounds(nbytes) // 5), env))
+
+
+def python_table(results: dict) -> tuple[str, list[tuple[str, float, float, bool]]]:
+    """The Python comparison (UCX's choice of transports) and the goals of issue 30."""
+    med = statistics.median
+    r = results["default"]
+    m = {k: med(v) for k, v in r.items() if k.startswith(("cpp_", "py_", "ref_", "perftest_"))
+         and isinstance(v, list) and v}
+    names = {"stream1k": "1 KB stream, per message", "echo1k": "1 KB echo, round trip",
+             "stream100": "100 MB stream, per message", "echo100": "100 MB echo, round trip"}
+    floors = {"stream1k": f"{fmt(m['perftest_bw1k'])} (tag_bw)",
+              "echo1k": f"{fmt(m['perftest_lat'])} (2 x tag_lat)",
+              "stream100": f"{fmt(m['perftest_bw'])} (tag_bw)", "echo100": ""}
+    rows = ["| case | ours, C++ | ours, Python send / recv | ours, Python asend / arecv | "
+            "reference pipe (asyncio) | ucx_perftest |", "|---|--:|--:|--:|--:|--:|"]
+    for key, name in names.items():
+        rows.append(f"| {name} | {fmt(m[f'cpp_{key}'])} | {fmt(m[f'py_sync_{key}'])} | "
+                    f"{fmt(m[f'py_async_{key}'])} | {fmt(m[f'ref_{key}'])} | {floors[key]} |")
+    ratio = [
+        ("1 KB stream: Python asend / arecv over send / recv (goal <= 3)",
+         m["py_async_stream1k"] / m["py_sync_stream1k"], 3, "<="),
+        ("1 KB stream: the reference over Python asend / arecv (goal >= 10)",
+         m["ref_stream1k"] / m["py_async_stream1k"], 10, ">="),
+        ("1 KB echo: the reference over Python asend / arecv (goal >= 10)",
+         m["ref_echo1k"] / m["py_async_echo1k"], 10, ">="),
+        ("100 MB stream: Python send / recv over C++ (goal <= 1.2)",
+         m["py_sync_stream100"] / m["cpp_stream100"], 1.2, "<="),
+        ("100 MB stream: Python asend / arecv over C++ (goal <= 1.2)",
+         m["py_async_stream100"] / m["cpp_stream100"], 1.2, "<="),
+    ]
+    for api, label in (("cpp", "C++"), ("py_sync", "Python send / recv"),
+                       ("py_async", "Python asend / arecv")):
+        ratio.append((f"100 MB echo, {label}: the round trip over 2 stream messages (goal <= 1.1)",
+                      m[f"{api}_echo100"] / (2 * m[f"{api}_stream100"]), 1.1, "<="))
+    goals = [(g, v, limit, v <= limit if op == "<=" else v >= limit) for g, v, limit, op in ratio]
+    goal_rows = ["| goal | measured | met |", "|---|--:|---|"]
+    goal_rows += [f"| {g} | {v:.2f} | {'yes' if ok else '**no**'} |" for g, v, _, ok in goals]
+    return "\n".join(rows) + "\n\n" + "\n".join(goal_rows), goals
 
 
 def fmt(us: float) -> str:
@@ -307,7 +460,13 @@ def section(results: dict) -> str:
         "\"Speed\"); ucx_perftest's tag_bw runs with UCX's defaults and with those segments. "
         "Medians of the runs' medians; the machine is a 2-core VM, where ucx_perftest's own "
         "latency is bimodal (about 0.2 or 1 µs one way).\n\n"
-        + md)
+        + md + "\n\n"
+        "From Python, under UCX's choice of transports (two processes each; the 1 KB echo is "
+        "the round trip above): our pipe's `send` / `recv` and `asend` / `arecv` "
+        "(tensordict_cpp.TensorDictPipe, `OURS_PY_PEER` in benchmarks/pipe_bench.py, the "
+        "reference's protocol line for line), beside the same cases from C++ and on the "
+        "reference's pipe. An echo sends back the TensorDict it received, as it is.\n\n"
+        + python_table(results)[0])
 
 
 def main() -> int:

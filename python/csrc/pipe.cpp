@@ -152,6 +152,22 @@ void bind_pipe(py::module_& m) {
   pipe.def("send", &Pipe::send, py::arg("td"), py::call_guard<py::gil_scoped_release>())
       .def("recv", &Pipe::recv, py::arg("td") = py::none(), py::kw_only(),
            py::arg("device") = py::none(), py::call_guard<py::gil_scoped_release>())
+      .def("try_send", &Pipe::try_send, py::arg("td"),
+           py::call_guard<py::gil_scoped_release>())
+      .def(
+          "recv_ready",
+          [](Pipe& p, std::optional<double> spin) {
+            // Default: the pipe's own spin option.
+            const auto us = spin ? std::chrono::microseconds(static_cast<int64_t>(*spin * 1e6 + 0.5))
+                                 : p.options().spin;
+            py::gil_scoped_release nogil;
+            return p.recv_ready(us);
+          },
+          py::arg("spin") = py::none())
+      .def_property_readonly("timeout", [](const Pipe& p) { return seconds(p.options().timeout); })
+      .def_property_readonly("last_recv_bytes", &Pipe::last_recv_bytes)
+      .def("event_fd", &Pipe::event_fd)
+      .def("watch", &Pipe::watch, py::arg("on"))
       .def("accept", &Pipe::accept, py::call_guard<py::gil_scoped_release>())
       .def("close", &Pipe::close, py::call_guard<py::gil_scoped_release>())
       .def_property_readonly("closed", &Pipe::closed)

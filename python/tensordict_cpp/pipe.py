@@ -1,13 +1,17 @@
 """TensorDictPipe and TensorDictServer: stream TensorDicts between processes over UCX.
 
 The transport is the C++ pipe (``tensordict::pipe``, docs/pipe.md): each pipe has its own UCX
-worker progressed by a C++ thread, so nothing here ever progresses UCX on the event loop.
-The calls that wait on the network release the GIL. The coroutines (:meth:`asend`,
-:meth:`arecv`, ...) hand those calls to a thread owned by the pipe, one per direction, and
-await the result, so the event loop keeps running; the plain methods (:meth:`send`,
-:meth:`recv`, ...) block the calling thread. Both work with or without a running event loop:
-a plain call inside a coroutine blocks that loop for its duration, but it never deadlocks,
-since completing it needs no Python code.
+worker, driven by a C++ progress thread while nobody waits. The coroutines (:meth:`asend`,
+:meth:`arecv`) run on the event loop's own thread without handing anything to another one:
+a receive waits for its TensorDict's first message on the pipe's event fd (``add_reader``),
+after a short busy-poll (the ``spin`` option), then receives it on the loop's thread; a small
+send of a known schema goes out at once (it never waits for the peer). Only what could hold
+the loop for long goes to a thread owned by the pipe, one per direction, while the loop keeps
+running: a send that would wait for the peer (a new schema, more than 8 KiB, a full
+flow-control window) and a receive whose TensorDicts are large (over 1 MiB last time). The
+plain methods (:meth:`send`, :meth:`recv`, ...) block the calling thread. Both work with or
+without a running event loop: a plain call inside a coroutine blocks that loop for its
+duration, but it never deadlocks, since completing it needs no Python code.
 
 >>> async def consumer():
 ...     pipe = await TensorDictPipe.listen(0)          # returns at once, bound
@@ -20,6 +24,7 @@ from __future__ import annotations
 import asyncio
 import concurrent.futures
 import inspect
+import os
 import threading
 from typing import Any, AsyncIterator, Awaitable, Callable
 
@@ -27,9 +32,15 @@ import torch
 
 from tensordict_cpp import _C
 from tensordict_cpp._td import TensorDict
+from tensordict_cpp import errors
 from tensordict_cpp.errors import PeerClosedError, PipeClosedError
 
 __all__ = ["TensorDictPipe", "TensorDictServer"]
+
+# arecv receives on the loop's thread when the pipe's last TensorDict took at most this many
+# bytes (about 50 us of copying here), else on the pipe's receive thread, so that the loop keeps
+# running while a large one lands: against the transfer, the thread's hand-over costs ~1%.
+_INLINE_RECV_BYTES = 1 << 20
 
 def _cpp_td(td: Any) -> Any:
     """The _C.TensorDict of ours, or of a reference TensorDict (its leaves shared)."""
@@ -119,6 +130,48 @@ def _over_endpoint(endpoint: Any, listener: Any, options: dict) -> tuple[Any, _E
     return pipe, loop
 
 
+class _LoopWatch:
+    """A pipe's event fd (``Pipe.event_fd``) registered with one event loop, shared by the
+    pipe's coroutines waiting on that loop. Used on the loop's thread only."""
+
+    def __init__(self, cpp: Any, loop: asyncio.AbstractEventLoop) -> None:
+        self._cpp, self._loop, self._fd = cpp, loop, cpp.event_fd()
+        self._users = 0
+        self._waiting: list[asyncio.Future] = []
+
+    def acquire(self) -> None:
+        if self._users == 0:
+            self._cpp.watch(True)  # before the caller's next look: no event is missed
+            self._loop.add_reader(self._fd, self._fire)
+        self._users += 1
+
+    def release(self) -> None:
+        self._users -= 1
+        if self._users == 0:
+            self._loop.remove_reader(self._fd)
+            self._cpp.watch(False)
+
+    def _fire(self) -> None:
+        try:
+            os.read(self._fd, 8)
+        except BlockingIOError:  # another loop's reader of the same pipe read it first
+            pass
+        waiting, self._waiting = self._waiting, []
+        for fut in waiting:  # every waiter looks again: an event says only "maybe"
+            if not fut.done():
+                fut.set_result(None)
+
+    async def next_event(self, timeout: float) -> None:
+        """Returns at the pipe's next event or after ``timeout`` seconds."""
+        fut = self._loop.create_future()
+        self._waiting.append(fut)
+        timer = self._loop.call_later(timeout, lambda: fut.done() or fut.set_result(None))
+        try:
+            await fut
+        finally:
+            timer.cancel()
+
+
 def _require_pipe() -> None:
     if not hasattr(_C, "Pipe"):
         raise ImportError("tensordict_cpp was built without the UCX pipe: pip install "
@@ -199,6 +252,10 @@ class TensorDictPipe:
         self._lock = threading.Lock()
         self._send_ex: concurrent.futures.ThreadPoolExecutor | None = None
         self._recv_ex: concurrent.futures.ThreadPoolExecutor | None = None
+        # Calls handed to those threads and not finished: while any is, later calls of that
+        # direction follow them there, so that calls keep their order.
+        self._queued = {"send": 0, "recv": 0}
+        self._watches: dict[asyncio.AbstractEventLoop, _LoopWatch] = {}
         self._last: TensorDict | None = None  # so a same-schema receive returns the same object
         self._orphan: concurrent.futures.Future | None = None  # see arecv
 
@@ -263,11 +320,17 @@ class TensorDictPipe:
         self._cpp.send(_cpp_td(td))
 
     async def asend(self, td: TensorDict) -> None:
-        """:meth:`send` as a coroutine. ``td`` must stay unchanged until it returns. Cancelling
-        it does not stop the send, which completes (or fails) in the background."""
+        """:meth:`send` as a coroutine. ``td`` must stay unchanged until it returns. A send that
+        cannot wait for the peer (a consolidated TensorDict of the previous send's schema, up to
+        8 KiB, to a peer of ours, with room in the window) is made on the loop's thread before
+        the first await; any other runs on the pipe's send thread. Cancelling it does not stop
+        the send, which completes (or fails) in the background."""
+        cpp_td = _cpp_td(td)
         if self._endpoint_loop is not None:
             self._endpoint_loop.bind()
-        await self._submit("send", self._cpp.send, _cpp_td(td))
+        elif not self._queued["send"] and self._cpp.try_send(cpp_td):
+            return
+        await self._submit("send", self._cpp.send, cpp_td)
 
     def recv(self, td: TensorDict | None = None, *, device: Any = None) -> TensorDict:
         """Receives one TensorDict and returns it; blocks the calling thread (in a coroutine,
@@ -297,16 +360,56 @@ class TensorDictPipe:
     async def arecv(self, td: TensorDict | None = None, *, device: Any = None) -> TensorDict:
         """:meth:`recv` as a coroutine.
 
-        Cancelling it (``asyncio.wait_for`` included) loses nothing: the message it was
-        receiving is returned by the next :meth:`arecv` (which then ignores its own
-        arguments), or its error raised there.
+        It waits for the TensorDict's first message on the event loop (the pipe's event fd,
+        after a busy-poll of ``spin`` seconds), without a thread, then receives it on the
+        loop's thread; when the pipe's last TensorDict took over 1 MiB it receives on the
+        pipe's receive thread instead, so that the loop keeps running meanwhile. Waiting longer
+        than ``timeout`` for the first message raises ``TimeoutError`` and, having received
+        nothing, leaves the pipe usable.
+
+        Cancelling it (``asyncio.wait_for`` included) loses nothing and leaves the pipe usable:
+        cancelled while waiting for the message, it has received nothing; cancelled while the
+        receive thread was receiving, the message is returned by the next :meth:`arecv`
+        (which then ignores its own arguments), or its error raised there.
         """
         if self._endpoint_loop is not None:
             self._endpoint_loop.bind()
+            return await self._arecv_on_thread(td, device)
+        # Read without the lock: a stale answer only sends this call to the thread, in order.
+        if self._orphan is None and not self._queued["recv"]:
+            if not self._cpp.recv_ready():  # busy-polls for the pipe's spin first
+                await self._until_recv_ready()
+            if (self._orphan is None and not self._queued["recv"]  # none queued meanwhile
+                    and self._cpp.last_recv_bytes <= _INLINE_RECV_BYTES):
+                return self._recv_blocking(td, device)  # it waits only for bytes under way
+        return await self._arecv_on_thread(td, device)
+
+    async def _until_recv_ready(self) -> None:
+        cpp = self._cpp
+        loop = asyncio.get_running_loop()
+        with self._lock:
+            watch = self._watches.get(loop)
+            if watch is None:
+                watch = self._watches[loop] = _LoopWatch(cpp, loop)
+        watch.acquire()
+        try:
+            deadline = loop.time() + self._timeout()
+            while not cpp.recv_ready(0.0):  # looked at after watching: no event is missed
+                remaining = deadline - loop.time()
+                if remaining <= 0:
+                    raise errors.TimeoutError(
+                        f"recv: no TensorDict from {cpp.peer or 'a client'} within "
+                        f"{self._timeout():g} s (the pipe's timeout); nothing was received, "
+                        f"the pipe stays usable")
+                await watch.next_event(remaining)
+        finally:
+            watch.release()
+
+    async def _arecv_on_thread(self, td: Any, device: Any) -> TensorDict:
         with self._lock:
             cf, self._orphan = self._orphan, None
         if cf is None or cf.cancelled():
-            cf = self._executor("recv").submit(self._recv_blocking, td, device)
+            cf = self._submit_future("recv", self._recv_blocking, td, device)
         try:
             return await asyncio.wrap_future(cf)
         except asyncio.CancelledError:
@@ -316,8 +419,15 @@ class TensorDictPipe:
             raise
 
     def _recv_blocking(self, td: Any, device: Any) -> Any:
-        into = _cpp_td(td)
-        out = self._cpp.recv(into, device=_device(device))
+        if td is None and device is None:  # the common call, without the conversions
+            out = self._cpp.recv()
+            last = self._last
+            if last is not None and last._cpp.is_same(out):
+                return last
+            into = None
+        else:
+            into = _cpp_td(td)
+            out = self._cpp.recv(into, device=_device(device))
         if into is not None and not isinstance(td, TensorDict) and into.is_same(out):
             return td  # a reference TensorDict, received into its own tensors
         with self._lock:
@@ -419,8 +529,27 @@ class TensorDictPipe:
                 setattr(self, name, ex)
             return ex
 
+    def _submit_future(self, op: str, fn: Callable, *args: Any) -> concurrent.futures.Future:
+        ex = self._executor(op)
+        with self._lock:
+            self._queued[op] += 1
+        try:
+            cf = ex.submit(fn, *args)
+        except BaseException:
+            self._finished(op)
+            raise
+        cf.add_done_callback(lambda _: self._finished(op))
+        return cf
+
+    def _finished(self, op: str) -> None:
+        with self._lock:
+            self._queued[op] -= 1
+
     async def _submit(self, op: str, fn: Callable, *args: Any) -> Any:
-        return await asyncio.wrap_future(self._executor(op).submit(fn, *args))
+        return await asyncio.wrap_future(self._submit_future(op, fn, *args))
+
+    def _timeout(self) -> float:
+        return self._cpp.timeout
 
 
 class TensorDictServer:

@@ -36,6 +36,13 @@ class Link {
   /// returns its length. Only where joins_frames().
   virtual size_t recv_joined(uint8_t* head, const at::Tensor& head_owner, void* data, size_t n,
                              const at::Tensor& owner, const char* what, Millis timeout);
+  /// For event loops (Pipe::recv_ready): whether a recv() would find its first message
+  /// arrived, or fail at once (the link closed, broken or left by the peer), progressing the
+  /// transport for up to `spin` meanwhile. A caller's link cannot tell: true.
+  virtual bool recv_would_not_wait(std::chrono::microseconds /*spin*/) { return true; }
+  /// For event loops (Pipe::try_send): whether the next send_credit() within `window` would
+  /// return without waiting for the peer. A caller's link cannot tell: false.
+  virtual bool credit_available(size_t /*window*/) { return false; }
   /// Waits up to `timeout` until the peer has every credit message; true when it has.
   virtual bool drain(Millis timeout) = 0;
   virtual void close(Millis timeout) noexcept = 0;

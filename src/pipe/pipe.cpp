@@ -3,12 +3,16 @@
 // in order on one stream, so the byte sequence equals the reference's message sequence.
 #include "tensordict/pipe/pipe.h"
 
+#include <sys/eventfd.h>
+#include <unistd.h>
+
 #include <ATen/ATen.h>
 #include <c10/util/Exception.h>
 #include <c10/util/StringUtil.h>
 
 #include <algorithm>
 #include <atomic>
+#include <cerrno>
 #include <cstring>
 #include <limits>
 #include <set>
@@ -204,7 +208,20 @@ PipeImpl::PipeImpl(PipeOptions opts, std::shared_ptr<Worker> w)
   credit_ring = bytes_tensor(static_cast<size_t>(options.max_unreceived + 1) * 8);
 }
 
-PipeImpl::~PipeImpl() { close(); }
+PipeImpl::~PipeImpl() {
+  close();
+  if (event_fd.load() >= 0) {
+    if (watchers.load() > 0 && worker) worker->unwatch(event_fd.load());
+    ::close(event_fd.load());
+  }
+}
+
+void PipeImpl::signal_event() const {
+  if (watchers.load() == 0) return;
+  const uint64_t one = 1;
+  const int fd = event_fd.load();
+  [[maybe_unused]] auto n = ::write(fd, &one, sizeof(one));
+}
 
 std::shared_ptr<Link> PipeImpl::endpoint(const char* op) {
   std::lock_guard<std::mutex> lk(ep_mu);
@@ -217,6 +234,14 @@ std::shared_ptr<Link> PipeImpl::endpoint(const char* op) {
   TORCH_CHECK(ep != nullptr, op, ": no client connected to port ", port, " within ",
               options.timeout.count(), " ms");
   log_connected(*ep, "accepted");
+  return ep;
+}
+
+std::shared_ptr<Link> PipeImpl::endpoint_if_connected() {
+  std::lock_guard<std::mutex> lk(ep_mu);
+  if (ep || !listener || closed.load()) return ep;
+  ep = listener->accept(Millis(0));
+  if (ep) log_connected(*ep, "accepted");
   return ep;
 }
 
@@ -300,6 +325,33 @@ void PipeImpl::send_consolidated(Link& e, const TensorDict& td) {
   sent_once = true;
   send_bytes(e, storage.data_ptr(), static_cast<size_t>(storage.numel()), storage, "the storage");
   count(&Counters::schema_sends, new_schema ? 1 : 0);
+}
+
+bool PipeImpl::sends_without_waiting(Link& e, const TensorDict& td) {
+  // One joined credit message is copied and handed to UCX: only the window can make it wait.
+  if (!options.consolidated || !e.joins_frames() || !sent_once || !is_consolidated(td)) {
+    return false;
+  }
+  const auto state = td.consolidated_state();
+  const at::Tensor& storage = state->storage;
+  if (!storage.device().is_cpu() || storage.numel() > kMaxJoinedStorage) return false;
+  if (state->metadata != last_sent_metadata && state->sorted_json() != last_sent_schema) {
+    return false;
+  }
+  return e.credit_available(static_cast<size_t>(options.max_unreceived));
+}
+
+void PipeImpl::send_locked(Link& e, const TensorDict& td) {
+  const Transfer transfer(*this, e, /*sent=*/true);
+  at_message_boundary = false;
+  if (options.consolidated) {
+    send_consolidated(e, td);
+  } else {
+    send_uncollated(e, td);
+  }
+  at_message_boundary = true;
+  count(&Counters::sends, 1);
+  transfer.done();
 }
 
 void PipeImpl::send_joined(Link& e, const at::Tensor& storage) {
@@ -438,9 +490,11 @@ void PipeImpl::close() noexcept {
     std::lock_guard<std::mutex> lk(ep_mu);
     e = ep;
   }
-  if (!e) return;
-  if (!peer_closed.load()) say_goodbye(*e);
-  e->close(options.timeout);
+  if (e) {
+    if (!peer_closed.load()) say_goodbye(*e);
+    e->close(options.timeout);
+  }
+  signal_event();  // a loop waiting on this pipe looks again, and finds it closed
 }
 
 }  // namespace detail
@@ -475,27 +529,62 @@ Pipe Pipe::over(PipeLink link, const PipeOptions& options) {
 void Pipe::send(const TensorDict& td) {
   std::lock_guard<std::mutex> lk(impl_->send_mu);
   auto e = impl_->endpoint("send");
-  const detail::Transfer transfer(*impl_, *e, /*sent=*/true);
-  impl_->at_message_boundary = false;
-  if (impl_->options.consolidated) {
-    impl_->send_consolidated(*e, td);
-  } else {
-    impl_->send_uncollated(*e, td);
-  }
-  impl_->at_message_boundary = true;
-  impl_->count(&detail::Counters::sends, 1);
-  transfer.done();
+  impl_->send_locked(*e, td);
+}
+
+bool Pipe::try_send(const TensorDict& td) {
+  std::unique_lock<std::mutex> lk(impl_->send_mu, std::try_to_lock);
+  if (!lk.owns_lock() || impl_->closed.load()) return false;  // send() waits, or throws
+  auto e = impl_->endpoint_if_connected();
+  if (!e || !impl_->sends_without_waiting(*e, td)) return false;
+  impl_->send_locked(*e, td);
+  return true;
 }
 
 TensorDict Pipe::recv(const std::optional<TensorDict>& td, std::optional<at::Device> device) {
   std::lock_guard<std::mutex> lk(impl_->recv_mu);
   auto e = impl_->endpoint("recv");
+  const int64_t before = impl_->counters.bytes_received.load();
   const detail::Transfer transfer(*impl_, *e, /*sent=*/false);
   TensorDict out = impl_->options.consolidated ? impl_->recv_consolidated(*e, td, device)
                                                : impl_->recv_uncollated(*e, device);
   impl_->count(&detail::Counters::recvs, 1);
+  impl_->last_recv_bytes = impl_->counters.bytes_received.load() - before;
   transfer.done();
+  impl_->signal_event();  // a loop that found this receive running looks again
   return out;
+}
+
+bool Pipe::recv_ready(std::chrono::microseconds spin) {
+  if (impl_->closed.load() || impl_->peer_closed.load()) return true;  // recv() throws at once
+  // Another receive running would take the message seen: not ready (it signals when done).
+  std::unique_lock<std::mutex> lk(impl_->recv_mu, std::try_to_lock);
+  if (!lk.owns_lock()) return false;
+  auto e = impl_->endpoint_if_connected();
+  return e && e->recv_would_not_wait(spin);
+}
+
+int64_t Pipe::last_recv_bytes() const { return impl_->last_recv_bytes.load(); }
+
+int Pipe::event_fd() {
+  std::lock_guard<std::mutex> lk(impl_->event_mu);
+  if (impl_->event_fd.load() < 0) {
+    const int fd = ::eventfd(0, EFD_NONBLOCK | EFD_CLOEXEC);
+    TORCH_CHECK(fd >= 0, "pipe: eventfd failed: ", std::strerror(errno));
+    impl_->event_fd = fd;
+  }
+  return impl_->event_fd.load();
+}
+
+void Pipe::watch(bool on) {
+  const int fd = event_fd();
+  std::lock_guard<std::mutex> lk(impl_->event_mu);
+  const int before = impl_->watchers.load();
+  const int after = std::max(0, before + (on ? 1 : -1));
+  impl_->watchers = after;
+  if (!impl_->worker) return;  // a caller's link: only the pipe's own events write the fd
+  if (before == 0 && after == 1) impl_->worker->watch(fd);
+  if (before == 1 && after == 0) impl_->worker->unwatch(fd);
 }
 
 void Pipe::accept() { impl_->endpoint("accept"); }

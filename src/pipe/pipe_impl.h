@@ -27,7 +27,15 @@ struct PipeImpl {
 
   /// The connected endpoint; a listening pipe waits for its client here (bounded).
   std::shared_ptr<Link> endpoint(const char* op);
+  /// The connected endpoint, or nullptr while a listening pipe has no client (no wait).
+  std::shared_ptr<Link> endpoint_if_connected();
   void close() noexcept;
+
+  /// One send, `send_mu` held: send() and try_send().
+  void send_locked(Link& e, const TensorDict& td);
+  /// Whether send_locked(e, td) would not wait for the peer (Pipe::try_send's conditions).
+  bool sends_without_waiting(Link& e, const TensorDict& td);
+  void signal_event() const;
 
   void send_consolidated(Link& e, const TensorDict& td);
   TensorDict recv_consolidated(Link& e, const std::optional<TensorDict>& td,
@@ -80,6 +88,13 @@ struct PipeImpl {
   FrameReader reader;  // the framing and the receive state (the last schema and its storage)
 
   Counters counters;
+  std::atomic<int64_t> last_recv_bytes{0};
+
+  // Event loops' wake-up (Pipe::event_fd): made on first use, watched on the worker while
+  // `watchers` > 0.
+  std::mutex event_mu;  // guards making the fd and changing `watchers`
+  std::atomic<int> event_fd{-1};
+  std::atomic<int> watchers{0};
 };
 
 /// One send() or recv(): counted in the process's pipe channel when done() and logged at info

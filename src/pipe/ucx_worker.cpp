@@ -142,6 +142,25 @@ void Worker::notify() {
   cv_.notify_all();
 }
 
+void Worker::watch(int fd) {
+  std::lock_guard<std::mutex> lk(watch_mu_);
+  watched_.push_back(fd);
+  watched_count_.store(static_cast<int>(watched_.size()));
+}
+
+void Worker::unwatch(int fd) {
+  std::lock_guard<std::mutex> lk(watch_mu_);
+  const auto it = std::find(watched_.begin(), watched_.end(), fd);
+  if (it != watched_.end()) watched_.erase(it);
+  watched_count_.store(static_cast<int>(watched_.size()));
+}
+
+void Worker::signal_watchers() {
+  std::lock_guard<std::mutex> lk(watch_mu_);
+  const uint64_t one = 1;
+  for (const int fd : watched_) [[maybe_unused]] auto n = ::write(fd, &one, sizeof(one));
+}
+
 void Worker::complete(Op& op, ucs_status_t status, size_t length) {
   op.status = status;
   op.length = length;
@@ -164,6 +183,7 @@ bool Worker::progress_locked() {
     for (auto& task : tasks) task();
     any = true;
   }
+  if (any && watched_count_.load() > 0) signal_watchers();
   return any;
 }
 
@@ -201,6 +221,25 @@ bool Worker::wait_until(const std::function<bool()>& ready, Clock::time_point de
   sleepers_.fetch_add(1);  // before ready() is read again: notify() cannot miss this sleeper
   const bool ok = cv_.wait_until(lk, deadline, ready);
   sleepers_.fetch_sub(1);
+  return ok;
+}
+
+bool Worker::spin_until(const std::function<bool()>& ready_locked, Clock::time_point end) {
+  {
+    auto lk = lock();
+    if (ready_locked()) return true;
+  }
+  spinners_.fetch_add(1);
+  bool ok = false;
+  do {
+    auto lk = lock();
+    for (int i = 0; i < 16 && !ok; ++i) {
+      progress_locked();
+      ok = ready_locked();
+    }
+  } while (!ok && Clock::now() < end);
+  spinners_.fetch_sub(1);
+  if (!ok) wake_loop();  // the caller will wait for the progress thread: resume it now
   return ok;
 }
 
@@ -441,14 +480,40 @@ void Endpoint::send(const void* data, size_t n, const at::Tensor& owner, const c
   wait_op(op, Dir::kSend, n, what, timeout);
 }
 
+Endpoint::CreditPlan::CreditPlan(size_t window)
+    : every(std::max<size_t>(1, window / 4)),
+      credits(std::max<size_t>(1, (window + 1) / every - 1)) {}
+
+bool Endpoint::credit_available(size_t window) {
+  const CreditPlan plan(window);
+  if (credit_count_ % plan.every != 0) return true;  // not a credit: nothing to wait for
+  // The peer's acknowledgements may wait unprogressed in UCX: look once with progress.
+  return worker_->spin_until(
+      [&] {
+        while (!credits_.empty() && credits_.front()->done.load()) credits_.pop_front();
+        return credits_.size() < plan.credits;
+      },
+      Clock::now());
+}
+
+bool Endpoint::recv_would_not_wait(Micros spin) {
+  const auto arrived = [this] {  // UCX lock held
+    if (closed_ || peer_gone_ || !failure_.empty() || ep_ == nullptr) return true;
+    ucp_tag_recv_info_t info;
+    return ucp_tag_probe_nb(worker_->handle(), recv_tag_, kFullMask, /*remove=*/0, &info) !=
+           nullptr;
+  };
+  return worker_->spin_until(arrived, Clock::now() + spin);
+}
+
 void Endpoint::send_credit(const void* data, size_t n, const at::Tensor& owner, const char* what,
                            size_t window, Millis timeout) {
   // Every `every`-th first frame is a synchronous send (a credit), which completes once the
   // peer has matched it; at most `credits` of them may be in flight. Then at most
   // (credits + 1) * every - 1 <= window messages are unreceived, and only one message in
   // `every` pays for the peer's acknowledgement (a round trip's worth of latency).
-  const size_t every = std::max<size_t>(1, window / 4);
-  const size_t credits = std::max<size_t>(1, (window + 1) / every - 1);
+  const CreditPlan plan(window);
+  const size_t every = plan.every, credits = plan.credits;
   const bool credit = credit_count_++ % every == 0;
   if (!credit) return send(data, n, owner, what, timeout);
   const auto deadline = Clock::now() + timeout;

@@ -82,11 +82,21 @@ class Worker {
   /// Waits until `ready()` or `deadline`: progresses UCX for up to the spin, then sleeps until
   /// notify(). Returns ready(). `ready` is called without the UCX lock.
   bool wait_until(const std::function<bool()>& ready, Clock::time_point deadline);
+  /// Progresses UCX from this thread until `ready_locked()` (called with the UCX lock held, so
+  /// it may look at UCX) or `end`, at least once; never sleeps. Returns ready_locked(). The
+  /// progress thread stands aside meanwhile and resumes when this returns false.
+  bool spin_until(const std::function<bool()>& ready_locked, Clock::time_point end);
   bool wait(const Op& op, Clock::time_point deadline) {
     return wait_until([&] { return op.done.load(); }, deadline);
   }
   /// Wakes the threads sleeping in wait_until (callbacks call it after completing something).
   void notify();
+
+  /// Event loops' wake-ups (Pipe::event_fd): while watched, the eventfd `fd` is written after
+  /// every progress call that did something (a message arrived, an operation completed), so
+  /// that a loop waiting on it looks again. Thread-safe.
+  void watch(int fd);
+  void unwatch(int fd);
 
   /// Completes `op` (from a callback or an immediate completion) and notifies. UCX lock.
   void complete(Op& op, ucs_status_t status, size_t length);
@@ -112,6 +122,11 @@ class Worker {
   // destroyed (a close that timed out on a peer that stopped reading) never will be: its
   // context, with the operation and the buffer it holds, is freed then.
   CallbackContext* outstanding_ = nullptr;
+
+  std::mutex watch_mu_;
+  std::vector<int> watched_;              // watch_mu_
+  std::atomic<int> watched_count_{0};     // watched_.size(), read on every progress
+  void signal_watchers();
 
   std::atomic<int> spinners_{0};  // threads progressing UCX in wait_until
   std::atomic<int> sleepers_{0};  // threads asleep in wait_until
@@ -147,6 +162,12 @@ class Endpoint final : public Link {
   /// (TimeoutError, the endpoint intact: nothing was sent).
   void send_credit(const void* data, size_t n, const at::Tensor& owner, const char* what,
                    size_t window, Millis timeout) override;
+  // send_credit's schedule: one first frame in `every` is a credit, at most `credits` of them in
+  // flight.
+  struct CreditPlan {
+    size_t every, credits;
+    explicit CreditPlan(size_t window);
+  };
   /// Receives one tag message of exactly `n` bytes into `data`. A timeout breaks the endpoint;
   /// a message of another size is an error (MalformedPeerDataError) that breaks it too.
   void recv(void* data, size_t n, const at::Tensor& owner, const char* what,
@@ -156,6 +177,10 @@ class Endpoint final : public Link {
   size_t recv_joined(uint8_t* head, const at::Tensor& head_owner, void* data, size_t n,
                      const at::Tensor& owner, const char* what, Millis timeout) override;
 
+  /// A tag message for this endpoint is waiting unreceived (ucp_tag_probe_nb), or the endpoint
+  /// is unusable; progresses the worker for up to `spin` until then.
+  bool recv_would_not_wait(Micros spin) override;
+  bool credit_available(size_t window) override;
   /// Waits up to `timeout` until every credit send has been received by the peer.
   bool drain(Millis timeout) override;
   /// Flushes and closes (bounded), then force-closes; idempotent, never throws. Pending calls

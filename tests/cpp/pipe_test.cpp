@@ -10,6 +10,9 @@
 #include <string>
 #include <thread>
 
+#include <poll.h>
+#include <unistd.h>
+
 #include "../../src/pipe/frames.h"
 #include "pipe_test_util.h"
 #include "tensordict/consolidate.h"
@@ -188,8 +191,9 @@ TEST(Pipe, FramingIsTheReferencesByteForByte) {
   // joined frame of §6.8), since the storage is small. The reference's two messages are
   // checked against the real reference in tests/python/test_pipe_interop.py.
   client.send(src);
-  EXPECT_EQ(server.recv_raw(97),
-            '\x01' + std::string(static_cast<const char*>(storage.const_data_ptr()), 96));
+  std::string joined(1, '\x01');
+  joined.append(static_cast<const char*>(storage.const_data_ptr()), 96);
+  EXPECT_EQ(server.recv_raw(97), joined);
   EXPECT_EQ(client.stats().bytes_sent, 1 + 8 + 449 + 96 + 1 + 96);
 }
 
@@ -639,6 +643,64 @@ TEST(Pipe, FlowControlBoundsTheUnreceivedMessages) {
   client.send(worked_example(4));
   expect_same(worked_example(4), server.recv());
   EXPECT_EQ(client.stats().sends, 5);
+}
+
+// Drains `fd`, then waits up to 5 s for it to turn readable and `ready()` to hold.
+template <typename Ready>
+bool woken(int fd, Ready ready) {
+  const auto deadline = std::chrono::steady_clock::now() + 5s;
+  while (std::chrono::steady_clock::now() < deadline) {
+    pollfd p{fd, POLLIN, 0};
+    if (::poll(&p, 1, 100) > 0) {
+      uint64_t value = 0;
+      [[maybe_unused]] auto n = ::read(fd, &value, sizeof(value));
+      if (ready()) return true;
+    }
+  }
+  return false;
+}
+
+TEST(Pipe, EventLoopFormsNeverWaitForThePeer) {
+  // event_fd / watch / recv_ready / try_send (docs/pipe.md, "From an event loop"): what
+  // tensordict_cpp.pipe's coroutines are built on.
+  Watchdog dog(60s);
+  PipeOptions o = fast_options();
+  o.max_unreceived = 4;
+  Pipe server = Pipe::listen(0, "127.0.0.1", fast_options());
+  const int fd = server.event_fd();
+  server.watch(true);
+  EXPECT_FALSE(server.recv_ready());  // no client yet
+  Pipe client = Pipe::connect("127.0.0.1", server.port(), o);
+  const TensorDict td = consolidate(worked_example(0));
+  EXPECT_FALSE(client.try_send(td));  // a new schema may wait for the peer: nothing sent
+  EXPECT_EQ(client.stats().sends, 0);
+  client.send(td);
+  ASSERT_TRUE(woken(fd, [&] { return server.recv_ready(); }));
+  expect_same(worked_example(0), server.recv());
+  EXPECT_FALSE(server.recv_ready(std::chrono::microseconds(2000)));  // nothing more came
+  // Same schema, small: sent at once until the window is full (the server does not read).
+  int sent = 0;
+  while (sent < 10 && client.try_send(td)) ++sent;
+  EXPECT_EQ(sent, 4);
+  for (int i = 0; i < sent; ++i) {
+    ASSERT_TRUE(server.recv_ready(std::chrono::microseconds(1000000)));  // all sent already
+    expect_same(worked_example(0), server.recv());
+  }
+  // Over 8 KiB the storage may go by rendezvous, which waits for the peer: never try_send's.
+  const TensorDict big = consolidate(TensorDict({{"x", at::ones({4096})}}));
+  std::thread reader([&] { expect_same(big, server.recv()); });
+  client.send(big);
+  reader.join();
+  EXPECT_FALSE(client.try_send(big));
+  // close() wakes a watcher, and a closed pipe's recv is ready (it throws at once).
+  std::thread closer([&] {
+    std::this_thread::sleep_for(100ms);
+    server.close();
+  });
+  EXPECT_TRUE(woken(fd, [&] { return server.recv_ready(); }));
+  closer.join();
+  EXPECT_THROW(server.recv(), PipeClosedError);
+  server.watch(false);
 }
 
 TEST(Pipe, RecvAfterThePeerLeftFailsPromptly) {

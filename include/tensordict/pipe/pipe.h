@@ -152,6 +152,33 @@ class Pipe {
   const PipeOptions& options() const;
   PipeStats stats() const;
 
+  // ---- For event loops (docs/pipe.md, "From an event loop") -------------------------------
+  // A loop waits for a pipe without a thread of its own: it watches event_fd(), asks
+  // recv_ready() before recv(), and try_send() before send(). tensordict_cpp.pipe's asend /
+  // arecv are built on these.
+
+  /// An eventfd owned by the pipe that turns readable, while watched, when the pipe may have
+  /// progressed: a message arrived, an operation completed, a client connected, the pipe
+  /// closed. Register it with the loop and read it to clear it; spurious wake-ups happen.
+  int event_fd();
+  /// Starts (true) or stops (false) writing event_fd(); counted, so watchers nest.
+  void watch(bool on);
+  /// Whether recv() would start without waiting for the peer: the next TensorDict's first
+  /// message has arrived, or recv() would throw at once (closed, broken, the peer gone). Drives
+  /// UCX from the calling thread for up to `spin` meanwhile (a busy-poll). recv() then waits
+  /// only for the rest of a TensorDict the peer is sending. A listening pipe without its client:
+  /// false. A pipe over a caller's link: true (it cannot tell).
+  bool recv_ready(std::chrono::microseconds spin = std::chrono::microseconds(0));
+  /// Bytes the last recv() took from the stream, framing included: about what the next
+  /// same-schema one moves.
+  int64_t last_recv_bytes() const;
+  /// Sends `td` as send() does when that cannot wait: the pipe is connected, no other send runs,
+  /// and `td` is consolidated with the schema of the previous send and a storage the peer takes
+  /// as one message without a rendezvous (a peer of ours, at most 8 KiB: docs/wire-format.md
+  /// §6.8), with room in the flow-control window. Otherwise returns false at once, having sent
+  /// nothing. Same errors as send() once it sends.
+  bool try_send(const TensorDict& td);
+
   /// Test hooks: send raw bytes on the stream / receive exactly `n` raw bytes, outside the
   /// framing (to inject malformed frames or check the exact bytes sent). Same errors and
   /// timeouts as send()/recv().
