@@ -152,8 +152,20 @@ void bind_pipe(py::module_& m) {
   pipe.def("send", &Pipe::send, py::arg("td"), py::call_guard<py::gil_scoped_release>())
       .def("recv", &Pipe::recv, py::arg("td") = py::none(), py::kw_only(),
            py::arg("device") = py::none(), py::call_guard<py::gil_scoped_release>())
-      .def("try_send", &Pipe::try_send, py::arg("td"),
-           py::call_guard<py::gil_scoped_release>())
+      // try_send's answer as a str: "sent", "window_full" or "would_wait".
+      .def(
+          "try_send",
+          [](Pipe& p, const TensorDict& td, bool spin) {
+            Pipe::SendAttempt a;
+            {
+              py::gil_scoped_release nogil;
+              a = p.try_send(td, spin ? p.options().spin : std::chrono::microseconds(0));
+            }
+            return a == Pipe::SendAttempt::kSent         ? "sent"
+                   : a == Pipe::SendAttempt::kWindowFull ? "window_full"
+                                                         : "would_wait";
+          },
+          py::arg("td"), py::arg("spin") = false)
       .def(
           "recv_ready",
           [](Pipe& p, std::optional<double> spin) {

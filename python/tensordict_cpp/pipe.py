@@ -145,17 +145,22 @@ class _LoopWatch:
             self._loop.add_reader(self._fd, self._fire)
         self._users += 1
 
-    def release(self) -> None:
+    def release(self) -> bool:
+        """True when no coroutine uses it any more (then it is unregistered)."""
         self._users -= 1
         if self._users == 0:
             self._loop.remove_reader(self._fd)
             self._cpp.watch(False)
+        return self._users == 0
 
     def _fire(self) -> None:
         try:
             os.read(self._fd, 8)
         except BlockingIOError:  # another loop's reader of the same pipe read it first
             pass
+        self.wake()
+
+    def wake(self) -> None:
         waiting, self._waiting = self._waiting, []
         for fut in waiting:  # every waiter looks again: an event says only "maybe"
             if not fut.done():
@@ -256,6 +261,7 @@ class TensorDictPipe:
         # direction follow them there, so that calls keep their order.
         self._queued = {"send": 0, "recv": 0}
         self._watches: dict[asyncio.AbstractEventLoop, _LoopWatch] = {}
+        self._send_line: list[object] = []  # asends waiting for room in the window, in order
         self._last: TensorDict | None = None  # so a same-schema receive returns the same object
         self._orphan: concurrent.futures.Future | None = None  # see arecv
 
@@ -328,9 +334,41 @@ class TensorDictPipe:
         cpp_td = _cpp_td(td)
         if self._endpoint_loop is not None:
             self._endpoint_loop.bind()
-        elif not self._queued["send"] and self._cpp.try_send(cpp_td):
-            return
+        elif not self._queued["send"]:
+            # Behind asends waiting for room in the window, this one waits in line too. A full
+            # window busy-polls for the pipe's spin first: the receipts are often under way.
+            attempt = "window_full" if self._send_line else self._cpp.try_send(cpp_td, True)
+            if attempt == "sent":
+                return
+            if attempt == "window_full" and await self._send_when_room(cpp_td):
+                return
         await self._submit("send", self._cpp.send, cpp_td)
+
+    async def _send_when_room(self, cpp_td: Any) -> bool:
+        """Waits on the loop, in line behind earlier asends, until the flow-control window has
+        room, and sends. False when the send turned out to need the thread after all."""
+        token = object()
+        self._send_line.append(token)
+        attempt = "window_full"
+
+        def sent_or_cannot() -> bool:
+            nonlocal attempt
+            if self._send_line[0] is not token:
+                return False
+            attempt = self._cpp.try_send(cpp_td)
+            return attempt != "window_full"
+
+        try:
+            await self._until(sent_or_cannot, lambda: errors.TimeoutError(
+                f"send: the peer {self._cpp.peer} has not started receiving the last "
+                f"TensorDicts within {self._timeout():g} s (max_unreceived); nothing was sent"))
+        finally:
+            self._send_line.remove(token)
+            if self._send_line:  # the next in line looks again now
+                watch = self._watches.get(asyncio.get_running_loop())
+                if watch is not None:
+                    watch.wake()
+        return attempt == "sent"
 
     def recv(self, td: TensorDict | None = None, *, device: Any = None) -> TensorDict:
         """Receives one TensorDict and returns it; blocks the calling thread (in a coroutine,
@@ -378,32 +416,36 @@ class TensorDictPipe:
         # Read without the lock: a stale answer only sends this call to the thread, in order.
         if self._orphan is None and not self._queued["recv"]:
             if not self._cpp.recv_ready():  # busy-polls for the pipe's spin first
-                await self._until_recv_ready()
+                await self._until(lambda: self._cpp.recv_ready(0.0), lambda: errors.TimeoutError(
+                    f"recv: no TensorDict from {self._cpp.peer or 'a client'} within "
+                    f"{self._timeout():g} s (the pipe's timeout); nothing was received, the "
+                    f"pipe stays usable"))
             if (self._orphan is None and not self._queued["recv"]  # none queued meanwhile
                     and self._cpp.last_recv_bytes <= _INLINE_RECV_BYTES):
                 return self._recv_blocking(td, device)  # it waits only for bytes under way
         return await self._arecv_on_thread(td, device)
 
-    async def _until_recv_ready(self) -> None:
-        cpp = self._cpp
+    async def _until(self, ready: Callable[[], bool],
+                     timeout_error: Callable[[], BaseException]) -> None:
+        """Waits on the pipe's event fd, on the running loop, until ``ready()`` (looked at
+        after each event), or raises ``timeout_error()`` after the pipe's timeout."""
         loop = asyncio.get_running_loop()
         with self._lock:
             watch = self._watches.get(loop)
             if watch is None:
-                watch = self._watches[loop] = _LoopWatch(cpp, loop)
-        watch.acquire()
+                watch = self._watches[loop] = _LoopWatch(self._cpp, loop)
+            watch.acquire()
         try:
             deadline = loop.time() + self._timeout()
-            while not cpp.recv_ready(0.0):  # looked at after watching: no event is missed
+            while not ready():  # looked at after watching: no event is missed
                 remaining = deadline - loop.time()
                 if remaining <= 0:
-                    raise errors.TimeoutError(
-                        f"recv: no TensorDict from {cpp.peer or 'a client'} within "
-                        f"{self._timeout():g} s (the pipe's timeout); nothing was received, "
-                        f"the pipe stays usable")
+                    raise timeout_error()
                 await watch.next_event(remaining)
         finally:
-            watch.release()
+            with self._lock:
+                if watch.release():  # idle: a loop that ends leaves nothing behind
+                    del self._watches[loop]
 
     async def _arecv_on_thread(self, td: Any, device: Any) -> TensorDict:
         with self._lock:

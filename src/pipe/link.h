@@ -41,8 +41,11 @@ class Link {
   /// transport for up to `spin` meanwhile. A caller's link cannot tell: true.
   virtual bool recv_would_not_wait(std::chrono::microseconds /*spin*/) { return true; }
   /// For event loops (Pipe::try_send): whether the next send_credit() within `window` would
-  /// return without waiting for the peer. A caller's link cannot tell: false.
-  virtual bool credit_available(size_t /*window*/) { return false; }
+  /// return without waiting for the peer, driving the transport for up to `spin` until it
+  /// would. A caller's link cannot tell: false.
+  virtual bool credit_available(size_t /*window*/, std::chrono::microseconds /*spin*/) {
+    return false;
+  }
   /// Waits up to `timeout` until the peer has every credit message; true when it has.
   virtual bool drain(Millis timeout) = 0;
   virtual void close(Millis timeout) noexcept = 0;

@@ -327,18 +327,24 @@ void PipeImpl::send_consolidated(Link& e, const TensorDict& td) {
   count(&Counters::schema_sends, new_schema ? 1 : 0);
 }
 
-bool PipeImpl::sends_without_waiting(Link& e, const TensorDict& td) {
+Pipe::SendAttempt PipeImpl::sends_without_waiting(Link& e, const TensorDict& td,
+                                                   Micros spin) {
   // One joined credit message is copied and handed to UCX: only the window can make it wait.
+  using Attempt = Pipe::SendAttempt;
   if (!options.consolidated || !e.joins_frames() || !sent_once || !is_consolidated(td)) {
-    return false;
+    return Attempt::kWouldWait;
   }
   const auto state = td.consolidated_state();
   const at::Tensor& storage = state->storage;
-  if (!storage.device().is_cpu() || storage.numel() > kMaxJoinedStorage) return false;
-  if (state->metadata != last_sent_metadata && state->sorted_json() != last_sent_schema) {
-    return false;
+  if (!storage.device().is_cpu() || storage.numel() > kMaxJoinedStorage) {
+    return Attempt::kWouldWait;
   }
-  return e.credit_available(static_cast<size_t>(options.max_unreceived));
+  if (state->metadata != last_sent_metadata && state->sorted_json() != last_sent_schema) {
+    return Attempt::kWouldWait;
+  }
+  return e.credit_available(static_cast<size_t>(options.max_unreceived), spin)
+             ? Attempt::kSent
+             : Attempt::kWindowFull;
 }
 
 void PipeImpl::send_locked(Link& e, const TensorDict& td) {
@@ -532,13 +538,15 @@ void Pipe::send(const TensorDict& td) {
   impl_->send_locked(*e, td);
 }
 
-bool Pipe::try_send(const TensorDict& td) {
+Pipe::SendAttempt Pipe::try_send(const TensorDict& td, std::chrono::microseconds spin) {
   std::unique_lock<std::mutex> lk(impl_->send_mu, std::try_to_lock);
-  if (!lk.owns_lock() || impl_->closed.load()) return false;  // send() waits, or throws
+  // Another send running, a closed pipe, no client yet: send() waits, or throws.
+  if (!lk.owns_lock() || impl_->closed.load()) return SendAttempt::kWouldWait;
   auto e = impl_->endpoint_if_connected();
-  if (!e || !impl_->sends_without_waiting(*e, td)) return false;
-  impl_->send_locked(*e, td);
-  return true;
+  if (!e) return SendAttempt::kWouldWait;
+  const SendAttempt attempt = impl_->sends_without_waiting(*e, td, spin);
+  if (attempt == SendAttempt::kSent) impl_->send_locked(*e, td);
+  return attempt;
 }
 
 TensorDict Pipe::recv(const std::optional<TensorDict>& td, std::optional<at::Device> device) {

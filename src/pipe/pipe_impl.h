@@ -34,7 +34,7 @@ struct PipeImpl {
   /// One send, `send_mu` held: send() and try_send().
   void send_locked(Link& e, const TensorDict& td);
   /// Whether send_locked(e, td) would not wait for the peer (Pipe::try_send's conditions).
-  bool sends_without_waiting(Link& e, const TensorDict& td);
+  Pipe::SendAttempt sends_without_waiting(Link& e, const TensorDict& td, Micros spin);
   void signal_event() const;
 
   void send_consolidated(Link& e, const TensorDict& td);

@@ -484,16 +484,16 @@ Endpoint::CreditPlan::CreditPlan(size_t window)
     : every(std::max<size_t>(1, window / 4)),
       credits(std::max<size_t>(1, (window + 1) / every - 1)) {}
 
-bool Endpoint::credit_available(size_t window) {
+bool Endpoint::credit_available(size_t window, Micros spin) {
   const CreditPlan plan(window);
   if (credit_count_ % plan.every != 0) return true;  // not a credit: nothing to wait for
-  // The peer's acknowledgements may wait unprogressed in UCX: look once with progress.
+  // The peer's receipts may wait unprogressed in UCX: progress at least once.
   return worker_->spin_until(
       [&] {
         while (!credits_.empty() && credits_.front()->done.load()) credits_.pop_front();
         return credits_.size() < plan.credits;
       },
-      Clock::now());
+      Clock::now() + spin);
 }
 
 bool Endpoint::recv_would_not_wait(Micros spin) {

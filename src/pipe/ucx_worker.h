@@ -180,7 +180,7 @@ class Endpoint final : public Link {
   /// A tag message for this endpoint is waiting unreceived (ucp_tag_probe_nb), or the endpoint
   /// is unusable; progresses the worker for up to `spin` until then.
   bool recv_would_not_wait(Micros spin) override;
-  bool credit_available(size_t window) override;
+  bool credit_available(size_t window, Micros spin) override;
   /// Waits up to `timeout` until every credit send has been received by the peer.
   bool drain(Millis timeout) override;
   /// Flushes and closes (bounded), then force-closes; idempotent, never throws. Pending calls

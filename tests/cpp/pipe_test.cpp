@@ -672,7 +672,9 @@ TEST(Pipe, EventLoopFormsNeverWaitForThePeer) {
   EXPECT_FALSE(server.recv_ready());  // no client yet
   Pipe client = Pipe::connect("127.0.0.1", server.port(), o);
   const TensorDict td = consolidate(worked_example(0));
-  EXPECT_FALSE(client.try_send(td));  // a new schema may wait for the peer: nothing sent
+  using Attempt = Pipe::SendAttempt;
+  // A new schema may wait for the peer: nothing sent.
+  EXPECT_EQ(client.try_send(td), Attempt::kWouldWait);
   EXPECT_EQ(client.stats().sends, 0);
   client.send(td);
   ASSERT_TRUE(woken(fd, [&] { return server.recv_ready(); }));
@@ -680,8 +682,9 @@ TEST(Pipe, EventLoopFormsNeverWaitForThePeer) {
   EXPECT_FALSE(server.recv_ready(std::chrono::microseconds(2000)));  // nothing more came
   // Same schema, small: sent at once until the window is full (the server does not read).
   int sent = 0;
-  while (sent < 10 && client.try_send(td)) ++sent;
+  while (sent < 10 && client.try_send(td) == Attempt::kSent) ++sent;
   EXPECT_EQ(sent, 4);
+  EXPECT_EQ(client.try_send(td), Attempt::kWindowFull);
   for (int i = 0; i < sent; ++i) {
     ASSERT_TRUE(server.recv_ready(std::chrono::microseconds(1000000)));  // all sent already
     expect_same(worked_example(0), server.recv());
@@ -691,7 +694,7 @@ TEST(Pipe, EventLoopFormsNeverWaitForThePeer) {
   std::thread reader([&] { expect_same(big, server.recv()); });
   client.send(big);
   reader.join();
-  EXPECT_FALSE(client.try_send(big));
+  EXPECT_EQ(client.try_send(big), Attempt::kWouldWait);
   // close() wakes a watcher, and a closed pipe's recv is ready (it throws at once).
   std::thread closer([&] {
     std::this_thread::sleep_for(100ms);

@@ -172,12 +172,21 @@ class Pipe {
   /// Bytes the last recv() took from the stream, framing included: about what the next
   /// same-schema one moves.
   int64_t last_recv_bytes() const;
+  /// What try_send() did.
+  enum class SendAttempt {
+    kSent,        // sent, as send() would have
+    kWindowFull,  // nothing sent: only the flow-control window is full; try again after an
+                  // event (the peer's receipts arrive as events)
+    kWouldWait,   // nothing sent: this send may wait for the peer; use send()
+  };
   /// Sends `td` as send() does when that cannot wait: the pipe is connected, no other send runs,
   /// and `td` is consolidated with the schema of the previous send and a storage the peer takes
   /// as one message without a rendezvous (a peer of ours, at most 8 KiB: docs/wire-format.md
-  /// §6.8), with room in the flow-control window. Otherwise returns false at once, having sent
-  /// nothing. Same errors as send() once it sends.
-  bool try_send(const TensorDict& td);
+  /// §6.8), with room in the flow-control window. Otherwise returns at once, having sent
+  /// nothing; with the window full it first drives UCX for up to `spin` for the peer's
+  /// receipts (a busy-poll). Same errors as send() once it sends.
+  SendAttempt try_send(const TensorDict& td,
+                       std::chrono::microseconds spin = std::chrono::microseconds(0));
 
   /// Test hooks: send raw bytes on the stream / receive exactly `n` raw bytes, outside the
   /// framing (to inject malformed frames or check the exact bytes sent). Same errors and
