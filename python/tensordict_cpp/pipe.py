@@ -328,9 +328,11 @@ class TensorDictPipe:
     async def asend(self, td: TensorDict) -> None:
         """:meth:`send` as a coroutine. ``td`` must stay unchanged until it returns. A send that
         cannot wait for the peer (a consolidated TensorDict of the previous send's schema, up to
-        8 KiB, to a peer of ours, with room in the window) is made on the loop's thread before
-        the first await; any other runs on the pipe's send thread. Cancelling it does not stop
-        the send, which completes (or fails) in the background."""
+        8 KiB, to a peer of ours) is made on the loop's thread: at once with room in the
+        flow-control window, else after waiting on the loop for the peer's receipts (behind
+        earlier asends); any other runs on the pipe's send thread. Cancelled while it waits for
+        room, it has sent nothing; once on the thread, the send completes (or fails) in the
+        background."""
         cpp_td = _cpp_td(td)
         if self._endpoint_loop is not None:
             self._endpoint_loop.bind()

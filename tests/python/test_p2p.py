@@ -296,3 +296,31 @@ def non_member_ranks(rank, world_size):
 
 def test_a_non_member_s_group_handle_is_refused():
     run(non_member_ranks, world_size=3, **RUN)
+
+
+def forward_without_a_copy(rank, world_size):
+    """Issue 30: a TensorDict received over c10d (from_remote_init, recv(consolidated=True))
+    is consolidated, so sending it on copies nothing: the forwarding rank's peak memory does
+    not grow by its 64 MiB (a consolidation would add them)."""
+    from test_hostile_inputs import peak_mb, rss_mb
+
+    torch.set_num_threads(1)
+    n = 64 << 20
+    if rank == 0:
+        td = TensorDict(x=torch.full((n,), 3, dtype=torch.uint8)).consolidate()
+        td.init_remote(dst=1)
+        back = TensorDict(x=torch.zeros(n, dtype=torch.uint8)).consolidate()
+        back.recv(src=1, consolidated=True)
+        assert bool((back["x"] == 3).all())
+    else:
+        got = TensorDict.from_remote_init(src=0)
+        assert got.is_consolidated()
+        base = rss_mb()
+        got.send(dst=0, consolidated=True)
+        grown = peak_mb() - base
+        assert grown < 16, f"sending a received TensorDict on grew the peak by {grown:.0f} MB"
+    dist.barrier()
+
+
+def test_a_tensordict_received_over_c10d_is_sent_on_without_a_copy():
+    run(forward_without_a_copy, world_size=2, **RUN)
