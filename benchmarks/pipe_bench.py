@@ -102,13 +102,13 @@ def ours(mode: str, nbytes: int, rounds: int, env: dict) -> tuple[float, str]:
     return result["median_us"], result["transports"]
 
 
-# ---- ours from Python (tensordict_cpp.TensorDictPipe) ------------------------------------------
-# The same protocol as the reference's peer below, in one template: "AWAIT " and "ASYNC " become
-# "await " and "async " for the asyncio arm (asend / arecv on a running loop) and vanish for
-# the synchronous one (send / recv), so that both arms run the same lines.
-OURS_PY_PEER = r"""
+# ---- pipes from Python: ours (tensordict_cpp.TensorDictPipe) and the reference's (ucxx) ------
+# One protocol for every Python arm, in one template: the placeholders become the arm's imports,
+# the way it opens and closes a pipe, and "await " / "async " with asend / arecv for the asyncio
+# arms or nothing with send / recv for our synchronous one, so that every arm runs the same lines.
+PEER = r"""
 import asyncio, json, sys, time, torch
-from tensordict_cpp import TensorDict, TensorDictPipe
+IMPORTS
 role, mode, nbytes, rounds, port = sys.argv[1], sys.argv[2], int(sys.argv[3]), int(sys.argv[4]), int(sys.argv[5])
 WARMUP = 20
 def ok(td, r):
@@ -116,8 +116,7 @@ def ok(td, r):
     return int(x[0]) == r % 256 and int(x[-1]) == r % 256
 ASYNC def main():
     if role == "server":
-        pipe = TensorDictPipe.listen_sync(port, timeout=120.0)
-        print("listening", flush=True)
+        SERVER_OPEN
         for r in range(WARMUP + rounds):
             td = AWAIT pipe.RECV()
             assert ok(td, r), r
@@ -125,10 +124,10 @@ ASYNC def main():
                 AWAIT pipe.SEND(td)  # the received TensorDict, sent back as it is
             elif r in (WARMUP - 1, WARMUP + rounds - 1):
                 AWAIT pipe.SEND(TensorDict(k=torch.zeros(1, dtype=torch.uint8)).consolidate())
-        time.sleep(0.5)
-        pipe.close()
+        SLEEP
+        CLOSE
         return
-    pipe = TensorDictPipe.connect_sync("127.0.0.1", port, timeout=120.0)
+    CLIENT_OPEN
     td = TensorDict(x=torch.zeros(nbytes, dtype=torch.uint8)).consolidate()
     x = td["x"]
     samples = []
@@ -158,118 +157,65 @@ ASYNC def main():
         samples.append((time.perf_counter() - t0) * 1e6 / rounds)
     samples.sort()
     print(json.dumps({"median_us": samples[len(samples) // 2]}), flush=True)
-    pipe.close()
+    CLOSE
 RUN(main())
 """
+ASYNC_WORDS = {"AWAIT ": "await ", "ASYNC ": "async ", "SEND": "asend", "RECV": "arecv",
+               "RUN": "asyncio.run", "SLEEP": "await asyncio.sleep(0.5)"}
+OURS_OPEN = {
+    "IMPORTS": "from tensordict_cpp import TensorDict, TensorDictPipe",
+    "SERVER_OPEN": 'pipe = TensorDictPipe.listen_sync(port, timeout=120.0)\n'
+                   '        print("listening", flush=True)',
+    "CLIENT_OPEN": 'pipe = TensorDictPipe.connect_sync("127.0.0.1", port, timeout=120.0)',
+    "CLOSE": "pipe.close()",
+}
+PEERS = {
+    "sync": {**OURS_OPEN, "AWAIT ": "", "ASYNC ": "", "SEND": "send", "RECV": "recv", "RUN": "",
+             "SLEEP": "time.sleep(0.5)"},
+    "async": {**OURS_OPEN, **ASYNC_WORDS},
+    "reference": {
+        **ASYNC_WORDS,
+        "IMPORTS": "import ucxx\nfrom tensordict import TensorDict\n"
+                   "from tensordict._ucxx import TensorDictPipe",
+        # The reference's pipe takes the endpoint of ucxx's listener callback.
+        "SERVER_OPEN": "got = asyncio.get_running_loop().create_future()\n"
+                       "        async def on_connect(ep):\n"
+                       "            if not got.done():\n"
+                       "                got.set_result(ep)\n"
+                       "        listener = ucxx.create_listener(on_connect, port=port)\n"
+                       '        print("listening", flush=True)\n'
+                       "        pipe = TensorDictPipe(await got, listener=listener)",
+        "CLIENT_OPEN": 'pipe = await TensorDictPipe.connect("127.0.0.1", port)',
+        "CLOSE": "await pipe.aclose()",
+    },
+}
 
 
-def ours_python(api: str, mode: str, nbytes: int, rounds: int, env: dict) -> float:
-    """Our pipe between two Python processes: api "sync" (send / recv) or "async" (asend /
-    arecv); the same cases as the reference's."""
-    words = ({"AWAIT ": "await ", "ASYNC ": "async ", "SEND": "asend", "RECV": "arecv",
-              "RUN": "asyncio.run"} if api == "async" else
-             {"AWAIT ": "", "ASYNC ": "", "SEND": "send", "RECV": "recv", "RUN": ""})
-    script = OURS_PY_PEER
-    for placeholder, word in words.items():
-        script = script.replace(placeholder, word)
-    port = free_port()
-    args = [mode, str(nbytes), str(rounds), str(port)]
+def python_peer(peer: str, mode: str, nbytes: int, rounds: int, env: dict) -> float:
+    """Two Python processes running PEER as `peer` ("sync" / "async": ours with send / recv
+    or asend / arecv; "reference": the reference's pipe on ucxx); the client's median, us."""
+    script = PEER
+    for placeholder, text in PEERS[peer].items():
+        script = script.replace(placeholder, text)
+    args = [mode, str(nbytes), str(rounds), str(free_port())]
     server = subprocess.Popen([sys.executable, "-c", script, "server", *args], env=env,
                               stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
     try:
         if server.stdout.readline().strip() != "listening":
-            raise RuntimeError(f"our Python pipe ({api}) failed: {server.stderr.read()[-1500:]}")
+            raise RuntimeError(f"{peer} pipe server failed: {server.stderr.read()[-1500:]}")
         out = subprocess.run([sys.executable, "-c", script, "client", *args], env=env,
                              capture_output=True, text=True, timeout=900)
         lines = [line for line in out.stdout.splitlines() if line.startswith("{")]
         if not lines:
-            raise RuntimeError(f"our Python pipe ({api}) {mode} failed: {out.stderr[-1500:]}")
+            raise RuntimeError(f"{peer} pipe {mode} failed: {out.stderr[-1500:]}")
         return json.loads(lines[-1])["median_us"]
     finally:
         server.kill()
         server.wait()
-
-
-# ---- the reference's pipe (ucxx) ----------------------------------------------------------------
-REFERENCE_PEER = r"""
-import asyncio, json, sys, time, torch, ucxx
-from tensordict import TensorDict
-from tensordict._ucxx import TensorDictPipe
-role, mode, nbytes, rounds, port = sys.argv[1], sys.argv[2], int(sys.argv[3]), int(sys.argv[4]), int(sys.argv[5])
-WARMUP = 20
-def ok(td, r):
-    x = td["x"]
-    return int(x[0]) == r % 256 and int(x[-1]) == r % 256
-async def main():
-    if role == "server":
-        got = asyncio.get_running_loop().create_future()
-        async def on_connect(ep):
-            if not got.done():
-                got.set_result(ep)
-        listener = ucxx.create_listener(on_connect, port=port)
-        pipe = TensorDictPipe(await got, listener=listener)
-        done = asyncio.get_running_loop().create_future()
-        for r in range(WARMUP + rounds):
-            td = await pipe.arecv()
-            assert ok(td, r), r
-            if mode == "lat":
-                await pipe.asend(td)
-            elif r in (WARMUP - 1, WARMUP + rounds - 1):
-                await pipe.asend(TensorDict(k=torch.zeros(1, dtype=torch.uint8)).consolidate())
-        await asyncio.sleep(0.5)
-        await pipe.aclose()
-        return
-    pipe = await TensorDictPipe.connect("127.0.0.1", port)
-    td = TensorDict(x=torch.zeros(nbytes, dtype=torch.uint8)).consolidate()
-    x = td["x"]
-    samples = []
-    def stamp(r):
-        x[0] = r % 256
-        x[-1] = r % 256
-    if mode == "lat":
-        for r in range(WARMUP + rounds):
-            stamp(r)
-            t0 = time.perf_counter()
-            await pipe.asend(td)
-            echo = await pipe.arecv()
-            t1 = time.perf_counter()
-            assert ok(echo, r), r
-            if r >= WARMUP:
-                samples.append((t1 - t0) * 1e6)
-    else:
-        for r in range(WARMUP):
-            stamp(r)
-            await pipe.asend(td)
-        await pipe.arecv()
-        t0 = time.perf_counter()
-        for r in range(WARMUP, WARMUP + rounds):
-            stamp(r)
-            await pipe.asend(td)
-        await pipe.arecv()
-        samples.append((time.perf_counter() - t0) * 1e6 / rounds)
-    samples.sort()
-    print(json.dumps({"median_us": samples[len(samples) // 2]}), flush=True)
-    await pipe.aclose()
-asyncio.run(main())
-"""
 
 
 def reference(mode: str, nbytes: int, rounds: int, env: dict) -> float:
-    port = free_port()
-    args = [mode, str(nbytes), str(rounds), str(port)]
-    server = subprocess.Popen([sys.executable, "-c", REFERENCE_PEER, "server", *args], env=env,
-                              stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True)
-    try:
-        time.sleep(3)  # the server imports torch, tensordict and ucxx before it listens
-        out = subprocess.run([sys.executable, "-c", REFERENCE_PEER, "client", *args], env=env,
-                             capture_output=True, text=True, timeout=900)
-        lines = [line for line in out.stdout.splitlines() if line.startswith("{")]
-        if not lines:
-            raise RuntimeError(f"reference pipe {mode} failed: {out.stderr[-1500:]}")
-        return json.loads(lines[-1])["median_us"]
-    finally:
-        server.kill()
-        server.wait()
+    return python_peer("reference", mode, nbytes, rounds, env)
 
 
 # ---- one raw Gloo send ------------------------------------------------------------------------
@@ -359,7 +305,7 @@ def python_arms(r: dict, env: dict, lat_rounds: int, bw_rounds: int) -> None:
         r.setdefault(f"cpp_{key}", []).append(ours(mode, nbytes, rounds(nbytes), env)[0])
         for api in ("sync", "async"):
             r.setdefault(f"py_{api}_{key}", []).append(
-                ours_python(api, mode, nbytes, rounds(nbytes), env))
+                python_peer(api, mode, nbytes, rounds(nbytes), env))
         r.setdefault(f"ref_{key}", []).append(
             reference(mode, nbytes, max(2, rounds(nbytes) // 5), env))
 
@@ -463,7 +409,7 @@ def section(results: dict) -> str:
         + md + "\n\n"
         "From Python, under UCX's choice of transports (two processes each; the 1 KB echo is "
         "the round trip above): our pipe's `send` / `recv` and `asend` / `arecv` "
-        "(tensordict_cpp.TensorDictPipe, `OURS_PY_PEER` in benchmarks/pipe_bench.py, the "
+        "(tensordict_cpp.TensorDictPipe, `PEER` in benchmarks/pipe_bench.py, the "
         "reference's protocol line for line), beside the same cases from C++ and on the "
         "reference's pipe. An echo sends back the TensorDict it received, as it is.\n\n"
         + python_table(results)[0])
