@@ -463,25 +463,18 @@ class TensorDictPipe:
             raise
 
     def _recv_blocking(self, td: Any, device: Any) -> Any:
-        if td is None and device is None:  # the common call, without the conversions
-            out = self._cpp.recv()
-            last = self._last
-            if last is not None and last._cpp.is_same(out):
-                return last
-            into = None
-        else:
-            into = _cpp_td(td)
-            out = self._cpp.recv(into, device=_device(device))
+        into = _cpp_td(td)
+        out = self._cpp.recv(into, device=_device(device))
         if into is not None and not isinstance(td, TensorDict) and into.is_same(out):
             return td  # a reference TensorDict, received into its own tensors
-        with self._lock:
-            # The same C++ TensorDict as before (same schema): the same Python object too.
-            for known in (self._last, td):
-                if known is not None and known._cpp.is_same(out):
-                    self._last = known
-                    return known
-            self._last = TensorDict._wrap(out)
-            return self._last
+        # The same C++ TensorDict as before (same schema): the same Python object too. No lock:
+        # the C++ pipe runs one receive at a time, and each call compares with its own result.
+        for known in (self._last, td):
+            if known is not None and known._cpp.is_same(out):
+                self._last = known
+                return known
+        self._last = TensorDict._wrap(out)
+        return self._last
 
     # ---- closing -----------------------------------------------------------------------------
     def close(self) -> None:

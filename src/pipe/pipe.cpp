@@ -181,17 +181,21 @@ Transfer::Transfer(PipeImpl& pipe, Link& e, bool sent)
       bytes_(sent ? pipe.counters.bytes_sent.load() : pipe.counters.bytes_received.load()),
       schemas_(sent ? pipe.counters.schema_sends.load() : pipe.counters.schema_recvs.load()) {}
 
+int64_t Transfer::bytes() const {
+  const auto& c = pipe_.counters;
+  return (sent_ ? c.bytes_sent.load() : c.bytes_received.load()) - bytes_;
+}
+
 void Transfer::done() const {
   const int64_t ticks = ::tensordict::detail::finish_transfer(Channel::kPipe, start_);
   if (!log_enabled(LogLevel::kInfo)) return;
   const std::string took = ::tensordict::detail::micros_text(ticks);
   const auto& c = pipe_.counters;
-  const int64_t bytes = (sent_ ? c.bytes_sent.load() : c.bytes_received.load()) - bytes_;
   const bool schema = (sent_ ? c.schema_sends.load() : c.schema_recvs.load()) > schemas_;
   log(LogLevel::kInfo,
       c10::str("pipe ", sent_ ? "send to " : "recv from ", e_.peer(), ": ",
                !pipe_.options.consolidated ? "uncollated" : schema ? "new schema" : "same schema",
-               ", ", bytes, " bytes in ", took));
+               ", ", bytes(), " bytes in ", took));
 }
 
 PipeImpl::PipeImpl(PipeOptions opts, std::shared_ptr<Worker> w)
@@ -552,12 +556,11 @@ Pipe::SendAttempt Pipe::try_send(const TensorDict& td, std::chrono::microseconds
 TensorDict Pipe::recv(const std::optional<TensorDict>& td, std::optional<at::Device> device) {
   std::lock_guard<std::mutex> lk(impl_->recv_mu);
   auto e = impl_->endpoint("recv");
-  const int64_t before = impl_->counters.bytes_received.load();
   const detail::Transfer transfer(*impl_, *e, /*sent=*/false);
   TensorDict out = impl_->options.consolidated ? impl_->recv_consolidated(*e, td, device)
                                                : impl_->recv_uncollated(*e, device);
   impl_->count(&detail::Counters::recvs, 1);
-  impl_->last_recv_bytes = impl_->counters.bytes_received.load() - before;
+  impl_->last_recv_bytes = transfer.bytes();
   transfer.done();
   impl_->signal_event();  // a loop that found this receive running looks again
   return out;

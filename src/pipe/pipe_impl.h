@@ -103,6 +103,8 @@ class Transfer {
  public:
   Transfer(PipeImpl& pipe, Link& e, bool sent);
   void done() const;
+  /// Bytes moved in its direction since it began, framing included.
+  int64_t bytes() const;
 
  private:
   PipeImpl& pipe_;

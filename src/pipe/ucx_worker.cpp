@@ -190,33 +190,10 @@ bool Worker::progress_locked() {
 bool Worker::wait_until(const std::function<bool()>& ready, Clock::time_point deadline) {
   if (ready()) return true;
   if (spin_.count() > 0) {
-    // Drive UCX from this thread: a reply that arrives within the spin costs no wake-up. The
-    // spin restarts whenever UCX had work, so that a long transfer (a rendezvous's fragments)
-    // is driven here at full speed rather than by the progress thread's wake-ups; it ends
-    // after `spin` with nothing to do. The progress thread stands aside meanwhile (it only
-    // watches its wake-up fd).
-    auto spin_end = std::min(deadline, Clock::now() + spin_);
-    spinners_.fetch_add(1);
-    bool ok = false;
-    while (!ok) {
-      bool busy = false;
-      {
-        // Several progress calls per lock and per clock reading: each costs more than a call.
-        auto lk = lock();
-        for (int i = 0; i < 16 && !ok; ++i) {
-          busy = progress_locked() || busy;
-          ok = ready();
-        }
-      }
-      if (ok) break;
-      const auto now = Clock::now();
-      if (busy) spin_end = std::min(deadline, now + spin_);
-      if (now >= spin_end) break;
-    }
-    spinners_.fetch_sub(1);
-    if (ok) return true;
+    if (spin_until(ready, spin_, deadline)) return true;
+  } else {
+    wake_loop();  // the progress thread takes over (it may have been standing aside)
   }
-  wake_loop();  // the progress thread takes over (it may have been standing aside)
   std::unique_lock<std::mutex> lk(cv_mu_);
   sleepers_.fetch_add(1);  // before ready() is read again: notify() cannot miss this sleeper
   const bool ok = cv_.wait_until(lk, deadline, ready);
@@ -224,20 +201,30 @@ bool Worker::wait_until(const std::function<bool()>& ready, Clock::time_point de
   return ok;
 }
 
-bool Worker::spin_until(const std::function<bool()>& ready_locked, Clock::time_point end) {
-  {
-    auto lk = lock();
-    if (ready_locked()) return true;
-  }
+bool Worker::spin_until(const std::function<bool()>& ready, Micros spin,
+                        Clock::time_point deadline) {
+  // A reply that arrives within the spin costs no wake-up. The spin restarts whenever UCX had
+  // work, so that a long transfer (a rendezvous's fragments) is driven here at full speed
+  // rather than by the progress thread's wake-ups. The progress thread stands aside meanwhile
+  // (it only watches its wake-up fd).
+  auto spin_end = std::min(deadline, Clock::now() + spin);
   spinners_.fetch_add(1);
   bool ok = false;
-  do {
-    auto lk = lock();
-    for (int i = 0; i < 16 && !ok; ++i) {
-      progress_locked();
-      ok = ready_locked();
+  while (!ok) {
+    bool busy = false;
+    {
+      // Several progress calls per lock and per clock reading: each costs more than a call.
+      auto lk = lock();
+      for (int i = 0; i < 16 && !ok; ++i) {
+        busy = progress_locked() || busy;
+        ok = ready();
+      }
     }
-  } while (!ok && Clock::now() < end);
+    if (ok) break;
+    const auto now = Clock::now();
+    if (busy) spin_end = std::min(deadline, now + spin);
+    if (now >= spin_end) break;
+  }
   spinners_.fetch_sub(1);
   if (!ok) wake_loop();  // the caller will wait for the progress thread: resume it now
   return ok;
@@ -493,7 +480,7 @@ bool Endpoint::credit_available(size_t window, Micros spin) {
         while (!credits_.empty() && credits_.front()->done.load()) credits_.pop_front();
         return credits_.size() < plan.credits;
       },
-      Clock::now() + spin);
+      spin, Clock::now() + spin);
 }
 
 bool Endpoint::recv_would_not_wait(Micros spin) {
@@ -503,7 +490,7 @@ bool Endpoint::recv_would_not_wait(Micros spin) {
     return ucp_tag_probe_nb(worker_->handle(), recv_tag_, kFullMask, /*remove=*/0, &info) !=
            nullptr;
   };
-  return worker_->spin_until(arrived, Clock::now() + spin);
+  return worker_->spin_until(arrived, spin, Clock::now() + spin);
 }
 
 void Endpoint::send_credit(const void* data, size_t n, const at::Tensor& owner, const char* what,

@@ -82,10 +82,11 @@ class Worker {
   /// Waits until `ready()` or `deadline`: progresses UCX for up to the spin, then sleeps until
   /// notify(). Returns ready(). `ready` is called without the UCX lock.
   bool wait_until(const std::function<bool()>& ready, Clock::time_point deadline);
-  /// Progresses UCX from this thread until `ready_locked()` (called with the UCX lock held, so
-  /// it may look at UCX) or `end`, at least once; never sleeps. Returns ready_locked(). The
-  /// progress thread stands aside meanwhile and resumes when this returns false.
-  bool spin_until(const std::function<bool()>& ready_locked, Clock::time_point end);
+  /// Progresses UCX from this thread, at least once, until `ready()` (called with the UCX lock
+  /// held, so it may look at UCX), or until UCX has had nothing to do for `spin`, or
+  /// `deadline`; never sleeps. Returns ready(). The progress thread stands aside meanwhile and
+  /// is resumed when this returns false. wait_until's spin.
+  bool spin_until(const std::function<bool()>& ready, Micros spin, Clock::time_point deadline);
   bool wait(const Op& op, Clock::time_point deadline) {
     return wait_until([&] { return op.done.load(); }, deadline);
   }
