@@ -66,7 +66,7 @@ struct SelectOptions {
 /// Options of repr(), as the reference's set_printoptions.
 struct ReprOptions {
   bool compact = true;    // the one-line form of tensordict 0.15 (false: the detailed form)
-  std::string type_name;  // the class name shown (a tensorclass's); default: this one's
+  std::string type_name{};  // the class name shown (a tensorclass's); default: this one's
   // For a tensorclass's compact repr: fields not shown, fields shown as `key: token` after the
   // others (its unset ones, "None"), and the class names of nested levels by key ("*": all).
   std::vector<std::string> hidden{};

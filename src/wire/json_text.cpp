@@ -571,7 +571,7 @@ std::string python_float_repr(double d) {
     return out;
   }
   out += digits[0];
-  if (n > 1) out += "." + digits.substr(1);
+  if (n > 1) out.append(1, '.').append(digits, 1);  // appends: `"." + substr` warns (GCC 12 -O3)
   const int shown = decpt - 1;
   out += shown < 0 ? "e-" : "e+";
   const std::string mag = std::to_string(shown < 0 ? -shown : shown);
