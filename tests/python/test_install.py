@@ -1,12 +1,21 @@
-"""The wheel, as a user gets it: `pip wheel` builds it (README, "Install"), it holds one stripped
-module that needs nothing of this machine but torch's and the libucx-cu12 wheel's libraries and
-the manylinux baseline, `auditwheel repair` grafts nothing and tags it manylinux, and in a fresh
-virtual environment holding only torch and what the wheel asks for, the README's Python example
-runs from the repaired wheel."""
+"""The README's Install section, as a user follows it: its shell blocks run line by line in a copy
+of this tree with a fresh virtual environment (only the `apt-get` line is checked instead of run:
+those packages must be installed). Every route is taken: the C++ install (whose build must print
+no warning), `pip install .`, the editable install and the wheel, and the README's Python example
+runs after each of the Python ones. The wheel holds one stripped module that needs nothing of this
+machine but torch's and the libucx-cu12 wheel's libraries and the manylinux baseline, and
+`auditwheel repair` grafts nothing and tags it manylinux; the example runs from the repaired wheel.
+
+The copy's virtual environment is `<copy>/.venv` and its builds go to `<copy>/build-*`, where
+scripts/setup puts them in this tree: with ccache's paths relative to the tree (CCACHE_BASEDIR)
+and the same CMake (Debian's, as the README's apt-get line says), the compiler commands are those
+of build/, so the copy's builds take build/'s objects from the cache instead of compiling
+everything three more times."""
 
 import os
 import pathlib
 import re
+import shutil
 import subprocess
 import sys
 import zipfile
@@ -15,7 +24,16 @@ import pytest
 
 ROOT = pathlib.Path(__file__).resolve().parents[2]
 sys.path.insert(0, str(ROOT / "tests" / "python"))
-from test_docs import PROGRAMS  # noqa: E402
+from test_docs import BLOCKS, PROGRAMS  # noqa: E402
+
+README = ROOT / "README.md"
+INSTALL = [b for b in BLOCKS if b.path == README and b.fragment and "test_install.py" in b.fragment]
+
+
+def _block(marker):
+    (block,) = [b for b in INSTALL if marker in b.code]
+    return block
+
 
 # The libraries manylinux lets a wheel take from the system (PEP 600's policies all list these).
 MANYLINUX_SYSTEM = {"libc.so.6", "libm.so.6", "libstdc++.so.6", "libgcc_s.so.1",
@@ -30,16 +48,100 @@ def _run(cmd, **kw):
     return r.stdout
 
 
+class Copy:
+    """A copy of the working tree (what git tracks or would track) with a fresh .venv."""
+
+    def __init__(self, base):
+        self.root = base / "tensordict-cpp"
+        self.home = base / "home"
+        self.home.mkdir()
+        files = _run(["git", "ls-files", "-co", "--exclude-standard", "-z"], cwd=ROOT).split("\0")
+        for name in filter(None, files):
+            if (ROOT / name).is_file():
+                (self.root / name).parent.mkdir(parents=True, exist_ok=True)
+                shutil.copy2(ROOT / name, self.root / name)
+        self.venv = self.root / ".venv"
+        _run([sys.executable, "-m", "venv", str(self.venv)])
+        self.python = self.venv / "bin" / "python"
+        keep = {k: v for k, v in os.environ.items()
+                if not k.startswith(("PYTHON", "VIRTUAL_ENV", "CCACHE", "CMAKE", "TENSORDICT"))}
+        # HOME moves (the C++ block installs into $HOME/.local); ccache's cache must not.
+        ccache = shutil.which("ccache")
+        if ccache:
+            keep["CCACHE_DIR"] = _run([ccache, "--get-config", "cache_dir"]).strip()
+        self.env = dict(keep, PATH=f"{self.venv / 'bin'}:{os.environ['PATH']}",
+                        VIRTUAL_ENV=str(self.venv), HOME=str(self.home), PIP_DISABLE_PIP_VERSION_CHECK="1",
+                        CCACHE_BASEDIR=str(self.root), CCACHE_NOHASHDIR="true",
+                        CCACHE_SLOPPINESS="pch_defines,time_macros,include_file_mtime,include_file_ctime")
+
+    def run_block(self, block):
+        """Runs the block's lines in order in one bash, as a user types them (stopping at the
+        first that fails), in the copy; returns their output."""
+        lines = []
+        for line in block.code.splitlines():
+            if line.startswith("sudo apt-get install"):
+                for package in line.split("#")[0].split()[3:]:
+                    status = subprocess.run(["dpkg-query", "-W", "-f=${Status}", package],
+                                            text=True, capture_output=True).stdout
+                    assert "install ok installed" in status, f"{package} ({block.id}: {line})"
+            else:
+                lines.append(line)
+        script = "set -euxo pipefail\n" + "\n".join(lines) + "\n"
+        r = subprocess.run(["bash", "-c", script], cwd=self.root, env=self.env, text=True,
+                           capture_output=True, timeout=3000)
+        assert r.returncode == 0, f"{block.id} failed:\n{r.stdout[-4000:]}\n{r.stderr[-6000:]}"
+        return r.stdout + r.stderr
+
+    def example(self, tmp_path):
+        """The README's Python example, run by the copy's Python from outside the tree."""
+        (readme,) = [b for b in PROGRAMS if b.path == README and b.lang == "python"]
+        script = tmp_path / "readme_example.py"
+        script.write_text(readme.code)
+        out = _run([str(self.python), str(script)], cwd=tmp_path, env=self.env, timeout=300)
+        assert "tensor(12.)" in out
+        return _run([str(self.python), "-c", "import tensordict_cpp; print(tensordict_cpp.__file__)"],
+                    cwd=tmp_path, env=self.env).strip()
+
+    def uninstall(self):
+        _run([str(self.python), "-m", "pip", "uninstall", "-q", "-y", "tensordict-cpp"], env=self.env)
+
+
 @pytest.fixture(scope="module")
-def wheel(tmp_path_factory):
-    out = tmp_path_factory.mktemp("wheel")
-    # The objects of the editable build are the same (ccache, paths relative to the repo).
-    env = dict(os.environ, CCACHE_BASEDIR=str(ROOT), CCACHE_NOHASHDIR="true",
-               CCACHE_SLOPPINESS="pch_defines,time_macros,include_file_mtime,include_file_ctime")
-    _run([sys.executable, "-m", "pip", "wheel", "--no-build-isolation", "--no-deps", "-q",
-          "-w", str(out), str(ROOT)], env=env, timeout=3000)
-    (whl,) = out.glob("tensordict_cpp-*.whl")
+def copy(tmp_path_factory):
+    c = Copy(tmp_path_factory.mktemp("install"))
+    c.run_block(_block("apt-get"))
+    return c
+
+
+def test_the_prerequisites_give_the_torch_and_ucx_the_package_needs(copy):
+    versions = _run([str(copy.python), "-c", "import importlib.metadata as m, torch; "
+                     "print(torch.__version__, m.version('libucx-cu12'))"], env=copy.env).split()
+    assert versions[0].split("+")[0] == "2.13.0", versions
+    assert versions[1].startswith("1.21."), f"libucx-cu12 {versions[1]}: the package requires 1.21"
+
+
+def test_the_cpp_install_builds_without_a_warning(copy):
+    log = copy.run_block(_block("cmake --install"))
+    warnings = [line for line in log.splitlines() if "warning:" in line]
+    assert not warnings, "\n".join(warnings[:40])
+    prefix = copy.home / ".local" / "tensordict"
+    for name in ["lib/libtensordict.so", "lib/libtensordict_dist.so", "lib/libtensordict_pipe.so",
+                 "lib/cmake/tensordict/tensordictConfig.cmake", "include/tensordict/tensor_dict.h"]:
+        assert (prefix / name).exists(), name
+    assert ".debug_info" not in _run(["readelf", "-S", "-W", str(prefix / "lib/libtensordict.so")])
+
+
+@pytest.fixture(scope="module")
+def wheel(copy):
+    copy.uninstall()
+    copy.run_block(_block("pip wheel"))
+    (whl,) = (copy.root / "dist").glob("tensordict_cpp-*.whl")
     return whl
+
+
+def test_the_wheel_route_runs_the_example(copy, wheel, tmp_path):
+    where = copy.example(tmp_path)
+    assert where.startswith(str(copy.venv)), where
 
 
 def test_the_wheel_holds_one_stripped_module(wheel, tmp_path):
@@ -54,7 +156,7 @@ def test_the_wheel_holds_one_stripped_module(wheel, tmp_path):
     assert ".debug_info" not in sections and ".symtab" not in sections, "the module is not stripped"
     assert so.stat().st_size < 30 << 20, f"{so.stat().st_size} bytes"
     assert "Requires-Dist: torch<2.14,>=2.13" in metadata, metadata
-    assert "Requires-Dist: libucx-cu12" in metadata, metadata
+    assert "Requires-Dist: libucx-cu12<1.22,>=1.21" in metadata, metadata
 
     needed = re.findall(r"\(NEEDED\)\s+Shared library: \[(.+?)\]", _run(["readelf", "-d", str(so)]))
     foreign = [n for n in needed if n not in MANYLINUX_SYSTEM and not FROM_DEPENDENCIES.match(n)]
@@ -62,47 +164,47 @@ def test_the_wheel_holds_one_stripped_module(wheel, tmp_path):
     assert any(n.startswith("libucp") for n in needed), needed
 
 
-# What `auditwheel repair` must leave out: the dependencies bring them (README, "Install").
-EXCLUDE = ["libtorch*", "libc10*", "libuc[mpst].so*"]
+def test_the_source_route_runs_the_example(copy, wheel, tmp_path):
+    copy.uninstall()
+    copy.run_block(_block("pip install --no-build-isolation ."))
+    where = copy.example(tmp_path)
+    assert where.startswith(str(copy.venv)), where
+
+
+def test_the_editable_route_runs_the_example_and_takes_python_edits(copy, wheel, tmp_path):
+    copy.uninstall()
+    copy.run_block(_block("-e ."))
+    where = copy.example(tmp_path)
+    assert where.startswith(str(copy.root / "python")), where
+    with open(copy.root / "python" / "tensordict_cpp" / "__init__.py", "a") as f:
+        f.write("\nEDITED_IN_PLACE = 42\n")
+    out = _run([str(copy.python), "-c", "import tensordict_cpp; print(tensordict_cpp.EDITED_IN_PLACE)"],
+               cwd=tmp_path, env=copy.env)
+    assert out.strip() == "42"
 
 
 @pytest.fixture(scope="module")
-def repaired(wheel, tmp_path_factory):
-    """auditwheel's repair with torch's and UCX's libraries excluded: the manylinux tag the
+def repaired(copy, wheel):
+    """The README's auditwheel line: torch's and UCX's libraries left out, the manylinux tag the
     build machine's glibc and libstdc++ allow, and nothing of the system grafted."""
-    out = tmp_path_factory.mktemp("repaired")
-    env = dict(os.environ, PATH=f"{pathlib.Path(sys.executable).parent}:{os.environ['PATH']}")
-    cmd = [sys.executable, "-m", "auditwheel", "repair", "-w", str(out), str(wheel)]
-    for pattern in EXCLUDE:
-        cmd[4:4] = ["--exclude", pattern]
-    _run(cmd, env=env, timeout=600)
-    (whl,) = out.glob("tensordict_cpp-*.whl")
+    copy.run_block(_block("auditwheel repair"))
+    (whl,) = (copy.root / "dist").glob("tensordict_cpp-*manylinux*.whl")
     return whl
 
 
-def test_auditwheel_repair_grafts_nothing_and_tags_manylinux(repaired):
+def test_auditwheel_repair_grafts_nothing_and_tags_manylinux(copy, repaired):
     assert re.search(r"-cp3\d+-cp3\d+-manylinux_2_\d+_x86_64\.whl$", repaired.name), repaired.name
     with zipfile.ZipFile(repaired) as z:
         grafted = [n for n in z.namelist() if ".libs/" in n]
     assert not grafted, f"auditwheel copied libraries of this machine into the wheel: {grafted}"
-    show = " ".join(_run([sys.executable, "-m", "auditwheel", "show", str(repaired)]).split())
+    show = " ".join(_run([str(copy.venv / "bin" / "auditwheel"), "show", str(repaired)],
+                         env=copy.env).split())
     print(show)
     assert "system-provided shared libraries" in show
 
 
-def test_the_readme_example_runs_from_the_wheel_in_a_fresh_venv(repaired, tmp_path):
-    venv = tmp_path / "venv"
-    _run([sys.executable, "-m", "venv", str(venv)])
-    py = venv / "bin" / "python"
-    # The user's torch first (the CPU build, as a user chooses it), then the wheel and its deps.
-    _run([str(py), "-m", "pip", "install", "-q", "torch==2.13.0"], timeout=1200)
-    _run([str(py), "-m", "pip", "install", "-q", str(repaired)], timeout=1200)
-    (readme,) = [b for b in PROGRAMS if b.path.name == "README.md" and b.lang == "python"]
-    script = tmp_path / "readme_example.py"
-    script.write_text(readme.code)
-    env = {k: v for k, v in os.environ.items() if not k.startswith(("PYTHON", "VIRTUAL_ENV"))}
-    out = _run([str(py), str(script)], cwd=tmp_path, env=env, timeout=300)
-    assert "tensor(12.)" in out
-    where = _run([str(py), "-c", "import tensordict_cpp; print(tensordict_cpp.__file__)"],
-                 cwd=tmp_path, env=env)
-    assert where.startswith(str(venv)), where
+def test_the_readme_example_runs_from_the_repaired_wheel(copy, repaired, tmp_path):
+    copy.uninstall()
+    _run([str(copy.python), "-m", "pip", "install", "-q", str(repaired)], env=copy.env, timeout=1200)
+    where = copy.example(tmp_path)
+    assert where.startswith(str(copy.venv)), where
