@@ -63,8 +63,9 @@ class Copy:
         self.venv = self.root / ".venv"
         _run([sys.executable, "-m", "venv", str(self.venv)])
         self.python = self.venv / "bin" / "python"
-        keep = {k: v for k, v in os.environ.items()
-                if not k.startswith(("PYTHON", "VIRTUAL_ENV", "CCACHE", "CMAKE", "TENSORDICT"))}
+        # TENSORDICT_WERROR stays: CI's builds all compile with -Werror (CMakeLists.txt).
+        keep = {k: v for k, v in os.environ.items() if k == "TENSORDICT_WERROR" or
+                not k.startswith(("PYTHON", "VIRTUAL_ENV", "CCACHE", "CMAKE", "TENSORDICT"))}
         # HOME moves (the C++ block installs into $HOME/.local); ccache's cache must not.
         ccache = shutil.which("ccache")
         if ccache:
