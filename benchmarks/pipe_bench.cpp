@@ -24,8 +24,10 @@
 
 #include "tensordict/consolidate.h"
 #include "tensordict/pipe/pipe.h"
+#include "core/testing.h"
 
 using tensordict::TensorDict;
+using tensordict::TestKey;
 using tensordict::pipe::Pipe;
 using tensordict::pipe::PipeOptions;
 using Clock = std::chrono::steady_clock;
@@ -67,7 +69,7 @@ int serve(Pipe& pipe, const std::string& mode, int rounds) {
       return 1;
     }
     if (mode == "lat") pipe.send(td);
-    if (mode == "bw" && (r == kWarmup - 1 || r == total - 1)) pipe.send_raw("k", 1);
+    if (mode == "bw" && (r == kWarmup - 1 || r == total - 1)) pipe.send_raw(TestKey{}, "k", 1);
   }
   return 0;
 }
@@ -90,13 +92,13 @@ int drive(Pipe& pipe, const std::string& mode, int64_t bytes, int rounds) {
       set_stamp(td, r);
       pipe.send(td);
     }
-    pipe.recv_raw(1);
+    pipe.recv_raw(TestKey{}, 1);
     const auto t0 = Clock::now();
     for (int r = kWarmup; r < kWarmup + rounds; ++r) {
       set_stamp(td, r);
       pipe.send(td);
     }
-    pipe.recv_raw(1);
+    pipe.recv_raw(TestKey{}, 1);
     samples.push_back(std::chrono::duration<double, std::micro>(Clock::now() - t0).count() /
                       rounds);
   }

@@ -49,6 +49,7 @@
 #define TENSORDICT_BENCH_INIT_REMOTE
 #endif
 #ifdef TENSORDICT_BENCH_PIPE
+#include "core/testing.h"
 #include "tensordict/pipe/pipe.h"
 #endif
 
@@ -294,8 +295,8 @@ std::vector<Arm> make_arms(const CaseSpec& s, int rank, Peers& peers) {
                     .send = [&pipe, cons] { pipe.send(*cons); },
                     .recv = [&pipe, got] { *got = pipe.recv(); },
                     // A one-byte ack on the pipe itself: the arm uses one transport only.
-                    .ack_send = [&pipe] { pipe.send_raw("k", 1); },
-                    .ack_recv = [&pipe] { pipe.recv_raw(1); },
+                    .ack_send = [&pipe] { pipe.send_raw(tensordict::TestKey{}, "k", 1); },
+                    .ack_recv = [&pipe] { pipe.recv_raw(tensordict::TestKey{}, 1); },
                     .verify = [got, expected_td] { return (*got == expected_td()).all(); }});
   }
 #endif

@@ -1,5 +1,5 @@
 // Fuzz target: what a checked-transfer receiver reads from its peer (src/distributed/
-// checked_wire.h): the 64-byte header, the schema, the comparison with its own TensorDict and
+// src/wire/include/wire/checked.h): the 64-byte header, the schema, the comparison with its own TensorDict and
 // the plan of the payload messages it then drains, without Gloo.
 //
 // Input: one control byte, then the header (64 bytes, zero-padded if the input is shorter),
@@ -19,11 +19,11 @@
 #include <string>
 #include <vector>
 
-#include "../src/distributed/checked_wire.h"
+#include "wire/checked.h"
 #include "fuzz_util.h"
 
 using namespace tensordict;
-using namespace tensordict::dist::detail;
+using namespace tensordict::wire::checked;
 
 namespace {
 

@@ -17,7 +17,7 @@
 
 #include "fuzz_util.h"
 #include "tensordict/consolidate.h"
-#include "wire/metadata.h"
+#include "core/metadata.h"
 
 using namespace tensordict;
 
@@ -34,9 +34,9 @@ extern "C" int LLVMFuzzerTestOneInput(const uint8_t* data, size_t size) {
       split == std::string_view::npos ? std::string_view() : input.substr(split + 1);
 
   // The fast path must agree with the general reader on what it accepts and what it reads.
-  std::optional<wire::ValidatedMetadata> general;
+  std::optional<core::ValidatedMetadata> general;
   try {
-    general = wire::read_metadata_json_general(text);
+    general = core::read_metadata_json_general(text);
   } catch (const c10::Error&) {
   }
   TransportFields transport;

@@ -1,4 +1,4 @@
-// Fuzz target: the pipe's frame reader (src/pipe/frames.h), the bytes a TensorDictPipe peer
+// Fuzz target: the pipe's frame reader (src/wire/include/wire/pipe_frames.h), the bytes a TensorDictPipe peer
 // sends, without UCX: flag byte, u64 length, metadata JSON, storage (consolidated mode), or u64
 // length, header JSON, leaves (uncollated mode), several messages in a row.
 //
@@ -22,17 +22,17 @@
 #include <string>
 #include <string_view>
 
-#include "../src/pipe/frames.h"
+#include "wire/pipe_frames.h"
 #include "fuzz_util.h"
 #include "tensordict/consolidate.h"
 
 using namespace tensordict;
-using tensordict::pipe::detail::ByteSource;
-using tensordict::pipe::detail::FrameLimits;
-using tensordict::pipe::detail::FrameReader;
-using tensordict::pipe::detail::PeerInfo;
-using tensordict::pipe::detail::read_peer_info;
-using tensordict::pipe::detail::write_peer_info;
+using tensordict::wire::frames::ByteSource;
+using tensordict::wire::frames::FrameLimits;
+using tensordict::wire::frames::FrameReader;
+using tensordict::wire::frames::PeerInfo;
+using tensordict::wire::frames::read_peer_info;
+using tensordict::wire::frames::write_peer_info;
 
 namespace {
 

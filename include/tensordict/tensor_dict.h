@@ -30,6 +30,8 @@ namespace tensordict {
 class Value;
 struct ConsolidatedState;
 
+class TestKey;  // the test hooks' passkey (set_consolidated_state)
+
 namespace detail {
 struct TensorDictImpl;
 }  // namespace detail
@@ -331,7 +333,10 @@ class TensorDict {
   /// The flat storage state when this TensorDict was produced by consolidate() or a rebuild;
   /// nullptr otherwise.
   std::shared_ptr<const ConsolidatedState> consolidated_state() const;
-  void set_consolidated_state(std::shared_ptr<const ConsolidatedState> state);
+  /// Test hook: a state set from outside, which is_consolidated() then checks against the
+  /// entries. Only the project's tests can make the key (src/core/include/core/testing.h).
+  void set_consolidated_state(const TestKey& key,
+                              std::shared_ptr<const ConsolidatedState> state);
 
  protected:
   explicit TensorDict(std::shared_ptr<detail::TensorDictImpl> impl) : impl_(std::move(impl)) {}

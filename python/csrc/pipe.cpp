@@ -11,6 +11,7 @@
 #include "bindings.h"
 #include "tensordict/pipe/pipe.h"
 #include "tensordict/pipe/server.h"
+#include "core/testing.h"
 
 namespace tensordict::python {
 namespace {
@@ -206,7 +207,7 @@ void bind_pipe(py::module_& m) {
           [](Pipe& p, const py::bytes& data) {
             std::string s = data;
             py::gil_scoped_release nogil;
-            p.send_raw(s.data(), s.size());
+            p.send_raw(TestKey{}, s.data(), s.size());
           },
           py::arg("data"))
       .def(
@@ -215,7 +216,7 @@ void bind_pipe(py::module_& m) {
             std::string s;
             {
               py::gil_scoped_release nogil;
-              s = p.recv_raw(n);
+              s = p.recv_raw(TestKey{}, n);
             }
             return py::bytes(s);
           },

@@ -22,20 +22,20 @@
 #include "tensor_dict_impl.h"
 #include "tensordict/dtypes.h"
 #include "tensordict/leaf.h"
-#include "wire/bytes.h"
-#include "wire/json_text.h"
-#include "wire/metadata.h"
+#include "core/bytes.h"
+#include "core/json_text.h"
+#include "core/metadata.h"
 
 namespace tensordict {
 namespace {
 
 using detail::TensorDictImpl;
-using wire::check_leaf_dtype;
-using wire::is_reserved_node_key;
-using wire::path_str;
-using wire::validate;
+using core::check_leaf_dtype;
+using core::is_reserved_node_key;
+using core::path_str;
+using core::validate;
 
-constexpr int64_t kAlign = wire::kLeafAlign;
+constexpr int64_t kAlign = core::kLeafAlign;
 // Below this many bytes per thread, starting a thread costs more than the copy it saves.
 constexpr int64_t kMinBytesPerThread = int64_t{1} << 20;
 
@@ -282,7 +282,7 @@ at::Tensor file_storage(const std::string& filename, const Plan& p) {
   }
   auto* base = file.data_ptr<uint8_t>();
   std::memcpy(base + p.total, json.data(), json.size());
-  wire::put_le(base + p.total + json_bytes, static_cast<uint64_t>(json_bytes));
+  core::put_le(base + p.total + json_bytes, static_cast<uint64_t>(json_bytes));
   return file.narrow(0, 0, p.total);
 }
 
@@ -383,7 +383,7 @@ bool views_match(const TensorDict& td, const Metadata& m, const at::Tensor& stor
     const Value* v = impl.find(key);
     if (!v || !v->is_non_tensor() || v->non_tensor().is_stack() ||
         v->non_tensor().is_metadata() != nt.metadata ||
-        !wire::json_identical(v->non_tensor().data(), nt.data)) {
+        !core::json_identical(v->non_tensor().data(), nt.data)) {
       return false;
     }
   }
@@ -702,7 +702,7 @@ TensorDict from_consolidated(const std::string& filename, const FromConsolidated
   if (size < 8) fail("the file is ", size, " bytes, shorter than its 8-byte trailer");
   uint8_t trailer[8];
   read_at(trailer, 8, size - 8);
-  const uint64_t json_bytes = wire::get_le(trailer);
+  const uint64_t json_bytes = core::get_le(trailer);
   if (json_bytes == 0 || json_bytes > static_cast<uint64_t>(size - 8)) {
     fail("its trailer announces ", static_cast<int64_t>(json_bytes),
          " bytes of metadata, but the file holds ",
@@ -715,9 +715,9 @@ TensorDict from_consolidated(const std::string& filename, const FromConsolidated
   const int64_t storage_bytes = size - 8 - static_cast<int64_t>(json_bytes);
   std::string json(json_bytes, '\0');
   read_at(json.data(), static_cast<int64_t>(json_bytes), storage_bytes);
-  std::optional<wire::ValidatedMetadata> metadata;
+  std::optional<core::ValidatedMetadata> metadata;
   try {
-    metadata = wire::read_metadata_json(json);
+    metadata = core::read_metadata_json(json);
   } catch (const c10::Error& e) {
     fail(e.what_without_backtrace());
   }
@@ -732,10 +732,10 @@ TensorDict from_consolidated(const std::string& filename, const FromConsolidated
   at::Tensor file = at::from_blob(
       map, {storage_bytes}, [size](void* p) { ::munmap(p, static_cast<size_t>(size)); },
       at::TensorOptions().dtype(at::kByte));
-  return wire::rebuild_validated(std::move(*metadata), file);
+  return core::rebuild_validated(std::move(*metadata), file);
 }
 
-namespace wire {
+namespace core {
 
 TensorDict rebuild_validated(ValidatedMetadata metadata, const at::Tensor& storage) {
   check_storage_tensor(storage);
@@ -748,6 +748,6 @@ TensorDict rebuild_validated(ValidatedMetadata metadata, const at::Tensor& stora
   return rebuild_root(std::move(metadata).take(), storage);
 }
 
-}  // namespace wire
+}  // namespace core
 
 }  // namespace tensordict

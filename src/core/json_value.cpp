@@ -1,5 +1,5 @@
 // JsonValue: the JSON-like value of a non-tensor entry (tensordict/json_value.h); its text
-// form is the wire layer's (wire/json_text.h).
+// form is core/json_text.h's.
 
 #include "tensordict/json_value.h"
 
@@ -10,7 +10,7 @@
 
 #include "tensordict/errors.h"
 #include "tensordict/nested_key.h"
-#include "wire/json_text.h"
+#include "core/json_text.h"
 
 namespace tensordict {
 
@@ -20,7 +20,7 @@ namespace {
 
 // The keys of a map are unique: checked by a scan for small maps, a hash set for large ones.
 void check_unique_keys(const JsonValue::Map& map) {
-  if (map.size() <= wire::kScanKeys) {
+  if (map.size() <= core::kScanKeys) {
     for (size_t i = 0; i < map.size(); ++i) {
       for (size_t k = 0; k < i; ++k) {
         TORCH_CHECK_VALUE(map[k].first != map[i].first, "JsonValue: the map has the key ",
@@ -38,7 +38,7 @@ void check_unique_keys(const JsonValue::Map& map) {
 }
 
 [[noreturn]] void wrong_type(const char* want, const JsonValue& got) {
-  TORCH_CHECK_TYPE(false, "JsonValue: expected ", want, ", got ", wire::json_type_name(got));
+  TORCH_CHECK_TYPE(false, "JsonValue: expected ", want, ", got ", core::json_type_name(got));
 }
 
 }  // namespace
@@ -96,12 +96,12 @@ const JsonValue& JsonValue::at(size_t index) const {
 
 std::string JsonValue::dump() const {
   std::string out;
-  wire::append_json(out, *this, /*sort_keys=*/false);
+  core::append_json(out, *this, /*sort_keys=*/false);
   return out;
 }
 
 JsonValue JsonValue::parse(std::string_view text) {
-  return wire::parse_json(text, wire::JsonLimits{}, "JsonValue::parse");
+  return core::parse_json(text, core::JsonLimits{}, "JsonValue::parse");
 }
 
 }  // namespace tensordict

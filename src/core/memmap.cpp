@@ -19,7 +19,7 @@
 
 #include "tensordict/dtypes.h"
 #include "tensordict/errors.h"
-#include "wire/json_text.h"
+#include "core/json_text.h"
 
 namespace tensordict {
 namespace {
@@ -398,7 +398,7 @@ constexpr size_t kMaxMetaTotalBytes = size_t{256} << 20;
 constexpr size_t kValueBytesPerMetaByte = 3;
 constexpr size_t kValueAllowance = size_t{16} << 20;
 // A level's entry ({"dtype", "shape", ...}) or field is read on its own, within these bounds.
-constexpr wire::JsonLimits kEntryLimits{.max_depth = 8, .max_values = 4096,
+constexpr core::JsonLimits kEntryLimits{.max_depth = 8, .max_values = 4096,
                                         .max_bytes = size_t{1} << 20};
 
 class Fd {
@@ -552,17 +552,17 @@ NonTensorData load_non_tensor(const Dir& dir, const std::string& where, std::str
     const std::string text = read_meta(dir, budget);
     const size_t allowed = kValueBytesPerMetaByte * budget.read + kValueAllowance;
     const std::string who = c10::str("load_memmap: ", file);
-    const wire::JsonLimits limits{.max_depth = 256, .max_bytes = allowed - budget.values};
+    const core::JsonLimits limits{.max_depth = 256, .max_bytes = allowed - budget.values};
     size_t bytes = 0;
     try {
-      bytes = wire::json_bytes(text, limits, who.c_str());
+      bytes = core::json_bytes(text, limits, who.c_str());
     } catch (const c10::ValueError& e) {
       TORCH_CHECK_VALUE(false, e.msg(), " (a load spends at most ", kValueBytesPerMetaByte,
                         " bytes per byte of meta.json read, plus ", kValueAllowance,
                         ", on the values of non-tensor entries: docs/reliability.md)");
     }
     budget.values += bytes;
-    meta = wire::parse_json(text, limits, who.c_str());
+    meta = core::parse_json(text, limits, who.c_str());
   }
   TORCH_CHECK_VALUE(meta.is_map(), "load_memmap: ", file, " does not hold a JSON object");
   const JsonValue* type = find(meta, "_type");
@@ -626,7 +626,7 @@ TensorDict load_level(const Dir& dir, std::vector<std::string>& path, Budget& bu
     // JSON"; an entry's fault leaves it as it is.
     const std::string text = read_meta(dir, budget);
     const std::string who = c10::str("load_memmap: ", file_s, " is not valid JSON");
-    wire::parse_json_members(text, kEntryLimits, who.c_str(), [&](std::string key, JsonValue value) {
+    core::parse_json_members(text, kEntryLimits, who.c_str(), [&](std::string key, JsonValue value) {
       if (!value.is_map()) {  // the level's own fields ("shape", "device", "_type", ...)
         fields.emplace_back(std::move(key), std::move(value));
         return;

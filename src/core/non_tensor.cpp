@@ -9,7 +9,7 @@
 #include <c10/core/WrapDimMinimal.h>
 
 #include "non_tensor_ops.h"
-#include "wire/json_text.h"
+#include "core/json_text.h"
 
 namespace tensordict {
 namespace {
@@ -81,7 +81,7 @@ NonTensorData NonTensorData::stack(std::vector<NonTensorData> members, int64_t s
 NonTensorData NonTensorData::from_list(const JsonValue& values, std::optional<at::Device> device,
                                        std::optional<int64_t> ndim) {
   TORCH_CHECK_TYPE(values.is_list(), "NonTensorStack.from_list: expected a list, got ",
-                   wire::json_type_name(values));
+                   core::json_type_name(values));
   const auto& items = values.as_list();
   bool nested = !items.empty() && (!ndim || *ndim > 1);
   for (size_t i = 0; nested && i < items.size(); ++i) {
@@ -119,7 +119,7 @@ std::optional<JsonValue> NonTensorData::common_data() const {
   if (elements.atoms.empty()) return std::nullopt;
   const JsonValue& first = elements.atoms.front()->data();
   for (const NonTensorData* a : elements.atoms) {
-    if (!wire::json_identical(a->data(), first)) return std::nullopt;
+    if (!core::json_identical(a->data(), first)) return std::nullopt;
   }
   return first;
 }
@@ -180,7 +180,7 @@ bool NonTensorData::operator==(const NonTensorData& other) const {
   if (kind_ != other.kind_ || batch_size_ != other.batch_size_ || device_ != other.device_) {
     return false;
   }
-  if (!is_stack()) return wire::json_identical(data_, other.data_);
+  if (!is_stack()) return core::json_identical(data_, other.data_);
   return stack_dim_ == other.stack_dim_ && stack_dim_name_ == other.stack_dim_name_ &&
          *members_ == *other.members_;
 }
@@ -297,7 +297,7 @@ NonTensorData stack_non_tensors(std::vector<NonTensorData> parts, int64_t dim) {
   bool one = parts.front().is_metadata();
   for (size_t i = 1; one && i < parts.size(); ++i) {
     one = parts[i].is_metadata() && parts[i].batch_size() == parts[0].batch_size() &&
-          wire::json_identical(parts[i].data(), parts[0].data());
+          core::json_identical(parts[i].data(), parts[0].data());
   }
   if (one) {
     std::vector<int64_t> bs = parts[0].batch_size().vec();
@@ -312,7 +312,7 @@ NonTensorData cat_non_tensors(const std::vector<NonTensorData>& parts, int64_t d
   const NonTensorData& first = parts.front();
   bool same = !first.is_stack();
   for (size_t i = 1; same && i < parts.size(); ++i) {
-    same = parts[i].kind() == first.kind() && wire::json_identical(parts[i].data(), first.data());
+    same = parts[i].kind() == first.kind() && core::json_identical(parts[i].data(), first.data());
   }
   if (same) {
     std::vector<int64_t> bs = first.batch_size().vec();

@@ -8,7 +8,7 @@
 #include <sstream>
 #include <unordered_set>
 
-#include "wire/json_text.h"
+#include "core/json_text.h"
 #include "tensordict/dtypes.h"
 #include "tensor_dict_impl.h"
 #include "tensordict/lazy_stack.h"
@@ -81,12 +81,12 @@ size_t utf8_length(std::string_view s) {
 // past 200; NonTensorStack's: str(tolist()), cut after 50 characters.
 std::string non_tensor_repr(const NonTensorData& nt) {
   if (nt.is_stack()) {
-    std::string values = wire::python_str(nt.tolist());
+    std::string values = core::python_str(nt.tolist());
     if (utf8_length(values) > 50) values = std::string(utf8_head(values, 50)) + "...";
     return "NonTensorStack(\n    " + values + ",\n    batch_size=" + size_repr(nt.batch_size()) +
            ",\n    device=" + device_repr(nt.device()) + ")";
   }
-  std::string data = wire::python_str(nt.data());
+  std::string data = core::python_str(nt.data());
   if (utf8_length(data) > 200) {
     data = std::string(utf8_head(data, 20)) + "  ...  " + std::string(utf8_tail(data, 20));
   }
@@ -270,7 +270,7 @@ Shown token(std::string t) {
 
 // A non-tensor entry: the type of its data, or its class for a stack or a MetaData.
 Shown non_tensor_token(const NonTensorData& nt) {
-  return token(nt.kind() == NonTensorKind::kData ? wire::json_type_name(nt.data())
+  return token(nt.kind() == NonTensorKind::kData ? core::json_type_name(nt.data())
                                                  : nt.class_name());
 }
 

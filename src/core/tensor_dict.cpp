@@ -473,7 +473,8 @@ std::shared_ptr<const ConsolidatedState> TensorDict::consolidated_state() const 
   return impl_->consolidated;
 }
 
-void TensorDict::set_consolidated_state(std::shared_ptr<const ConsolidatedState> state) {
+void TensorDict::set_consolidated_state(const TestKey& /*key*/,
+                                        std::shared_ptr<const ConsolidatedState> state) {
   impl_->consolidated = std::move(state);
   impl_->checked_generations.reset();  // a state from outside is checked on first use
 }

@@ -9,7 +9,7 @@
 
 #include "non_tensor_ops.h"
 #include "tensor_dict_impl.h"
-#include "wire/json_text.h"
+#include "core/json_text.h"
 
 namespace tensordict {
 

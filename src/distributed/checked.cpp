@@ -7,12 +7,15 @@
 #include <memory>
 #include <string>
 
-#include "checked_wire.h"
+#include "wire/checked.h"
 #include "tensordict/consolidate.h"
 #include "tensordict/distributed/p2p.h"
 #include "tensordict/errors.h"
 
 namespace tensordict::dist::detail {
+
+using namespace wire::checked;  // the bytes of this protocol (src/wire/checked.cpp)
+
 namespace {
 
 // A contiguous tensor's bytes as a 1-D uint8 tensor sharing its memory (and keeping it alive).

@@ -7,6 +7,7 @@
 #include <cstring>
 
 #include "remote.h"
+#include "wire/metadata_pickle.h"
 #include "tensordict/errors.h"
 #include "tensordict/distributed/p2p.h"
 #include "tensordict/leaf.h"
@@ -439,7 +440,7 @@ std::optional<TensorDict> gather_and_stack(const TensorDict& td, std::optional<i
     const at::Tensor& got = gathered[0][r];
     const std::string_view bytes(reinterpret_cast<const char*>(got.const_data_ptr<uint8_t>()) + h[1],
                                  static_cast<size_t>(h[2] - h[1]));
-    wire::ValidatedMetadata m = [&] {
+    core::ValidatedMetadata m = [&] {
       try {
         return wire::read_metadata_pickle(bytes);
       } catch (const c10::Error& e) {
@@ -448,7 +449,7 @@ std::optional<TensorDict> gather_and_stack(const TensorDict& td, std::optional<i
     }();
     TD_CHECK_PEER(m.storage_bytes() <= h[1], describe(kCall, r), ": the layout needs ",
                   m.storage_bytes(), " bytes of a ", h[1], "-byte storage");
-    rows.push_back(wire::rebuild_validated(std::move(m), got.narrow(0, 0, h[1])));
+    rows.push_back(core::rebuild_validated(std::move(m), got.narrow(0, 0, h[1])));
   }
   TensorDict out(td);
   out.update(stack(rows, 0), {.inplace = true});

@@ -9,6 +9,8 @@
 #include <cstdlib>
 #include <sstream>
 
+#include "core/env.h"
+
 namespace tensordict::dist::detail {
 
 namespace {
@@ -41,8 +43,8 @@ c10::intrusive_ptr<c10d::Backend> make_gloo_backend(const c10::intrusive_ptr<c10
   auto options = ProcessGroupGloo::Options::create(timeout);
   if (!hostname.empty()) {
     options->devices.push_back(ProcessGroupGloo::createDeviceForHostname(hostname));
-  } else if (const char* ifnames = std::getenv("GLOO_SOCKET_IFNAME"); ifnames && *ifnames) {
-    std::stringstream list(ifnames);
+  } else if (const auto ifnames = core::env("GLOO_SOCKET_IFNAME")) {
+    std::stringstream list(*ifnames);
     for (std::string name; std::getline(list, name, ',');) {
       if (!name.empty()) {
         options->devices.push_back(ProcessGroupGloo::createDeviceForInterface(name));

@@ -12,6 +12,7 @@
 #include "tensordict/nested_key.h"
 #include "checked.h"
 #include "peer.h"
+#include "wire/leaf_order.h"
 
 namespace tensordict::dist {
 namespace {
@@ -21,42 +22,10 @@ using detail::post_all;
 using detail::resolve_peer;
 using detail::sendable;
 
-// Calls [fn(path, leaf)] in wire order: each level's keys sorted by code point (std::string's
-// ordering compares as unsigned char, i.e. UTF-8 byte order), nested levels at their key's
-// position, non-tensor entries left out; a lazy stack's members in stack order.
-template <typename Fn>
-void walk(const TensorDict& td, std::vector<std::string>* path, Fn& fn) {
-  const auto& entries = td.entries();
-  std::vector<const TensorDict::Entry*> sorted;
-  sorted.reserve(entries.size());
-  for (const auto& entry : entries) {
-    sorted.push_back(&entry);
-  }
-  // A lazy stack's members go in stack order, each with its own sorted keys (the reference's
-  // LazyStackedTensorDict._send walks self.tensordicts).
-  if (!td.is_lazy_stack()) {
-    std::sort(sorted.begin(), sorted.end(),
-              [](const auto* a, const auto* b) { return a->first < b->first; });
-  }
-  for (const auto* entry : sorted) {
-    if (path) {
-      path->push_back(entry->first);
-    }
-    if (entry->second.is_tensor()) {
-      fn(path, entry->second.tensor());
-    } else if (entry->second.is_tensordict()) {
-      walk(entry->second.tensordict(), path, fn);
-    }  // a non-tensor entry takes no tag, as in the reference (docs/wire-format.md §1.2)
-    if (path) {
-      path->pop_back();
-    }
-  }
-}
-
 std::vector<at::Tensor> leaves_of(const TensorDict& td) {
   std::vector<at::Tensor> leaves;
   auto add = [&](std::vector<std::string>*, const at::Tensor& t) { leaves.push_back(t); };
-  walk(td, nullptr, add);
+  wire::for_each_leaf(td, nullptr, add);
   return leaves;
 }
 
@@ -283,11 +252,7 @@ void irecv(const SubTensorDict& sub, std::optional<int64_t> src, const RecvOptio
 }
 
 std::vector<std::pair<std::vector<std::string>, at::Tensor>> wire_order(const TensorDict& td) {
-  std::vector<std::pair<std::vector<std::string>, at::Tensor>> out;
-  std::vector<std::string> path;
-  auto add = [&](std::vector<std::string>* p, const at::Tensor& t) { out.emplace_back(*p, t); };
-  walk(td, &path, add);
-  return out;
+  return wire::leaves_in_order(td);
 }
 
 }  // namespace tensordict::dist

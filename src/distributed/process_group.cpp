@@ -12,6 +12,7 @@
 #include <string_view>
 #include <unordered_map>
 
+#include "core/env.h"
 #include "gloo.h"
 #include "tensordict/log.h"
 #include "tensordict/transfer_stats.h"
@@ -170,13 +171,7 @@ constexpr const char* kNotInitialized =
     "Default process group has not been initialized, please make sure to call "
     "init_process_group.";
 
-std::optional<std::string> env(const char* name) {
-  const char* value = std::getenv(name);
-  if (value == nullptr || *value == '\0') {
-    return std::nullopt;
-  }
-  return std::string(value);
-}
+using core::env;
 
 int64_t parse_int(const std::string& text, const std::string& what) {
   size_t used = 0;

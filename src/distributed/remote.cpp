@@ -13,8 +13,8 @@
 
 #include "tensordict/memory.h"
 #include "tensordict/errors.h"
-#include "wire/bytes.h"
-#include "wire/metadata.h"
+#include "core/bytes.h"
+#include "core/metadata.h"
 #include "wire/metadata_pickle.h"
 #include "wire/pickle.h"
 
@@ -70,7 +70,7 @@ std::optional<int64_t> last_total_bytes(std::string_view b) {
   static constexpr std::string_view kKey = "\x8c\x0c_total_bytes";
   const size_t at = b.rfind(kKey);
   if (at == std::string_view::npos) return std::nullopt;
-  wire::ByteReader in(b.substr(at + kKey.size()));
+  core::ByteReader in(b.substr(at + kKey.size()));
   if (in.has(1) && static_cast<uint8_t>(in.rest()[0]) == 0x94) in.skip(1);  // MEMOIZE
   if (!in.has(1)) return std::nullopt;
   switch (in.u8()) {
@@ -415,7 +415,7 @@ TensorDict finish(Incoming& in, const StorageBuffer& buffer) {
   TD_CHECK_PEER(!buffer.stamp.short_message(), in.from,
               ": the sender's storage message is shorter than the ", buffer.bytes.numel(),
               " bytes it announced; the TensorDict is refused");
-  return wire::rebuild_validated(std::move(*in.metadata),
+  return core::rebuild_validated(std::move(*in.metadata),
                                  buffer.bytes.narrow(0, 0, *in.total_bytes));
 }
 

@@ -13,7 +13,7 @@
 
 #include "peer.h"
 #include "tensordict/consolidate.h"
-#include "wire/metadata.h"
+#include "core/metadata.h"
 
 namespace tensordict::dist::detail {
 
@@ -51,7 +51,7 @@ std::string scatter_objects(const Waiter& w, const Peer& root,
 /// joined (its size is known and within the bound), so that the other ranks complete.
 struct Incoming {
   std::string from;                    // the peer, as messages name it
-  std::optional<wire::ValidatedMetadata> metadata;  // parsed and validated once
+  std::optional<core::ValidatedMetadata> metadata;  // parsed and validated once
   std::optional<int64_t> total_bytes;  // known and sane
   std::optional<int64_t> max_bytes;    // scatter's padded size, known and sane
   std::optional<std::string> storage_device;

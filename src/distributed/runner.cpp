@@ -24,6 +24,7 @@
 #include <sstream>
 #include <thread>
 
+#include "core/env.h"
 #include "tensordict/distributed/process_group.h"
 
 extern char** environ;
@@ -42,10 +43,7 @@ constexpr const char* kEnvParent = "TENSORDICT_RUN_PARENT";
 std::atomic<int> g_run_calls{0};
 std::string g_scratch_dir;  // set in a rank only
 
-std::optional<std::string> env(const char* name) {
-  const char* value = std::getenv(name);
-  return value && *value ? std::optional<std::string>(value) : std::nullopt;
-}
+using core::env;
 
 std::string error_file(const std::string& dir, int rank) {
   return dir + "/rank" + std::to_string(rank) + ".error";

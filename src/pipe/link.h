@@ -1,6 +1,6 @@
 #pragma once
-// What a pipe moves its messages through: a UCX endpoint of ours (ucx_worker.h), or a transport
-// the caller supplies (PipeLink, pipe.h; in Python, a ucxx endpoint). No UCX here.
+// What a pipe moves its messages through: a UCX endpoint of ours (ucx_endpoint.h), or a
+// transport the caller supplies (PipeLink, pipe.h; in Python, a ucxx endpoint). No UCX here.
 
 #include <ATen/core/Tensor.h>
 
@@ -8,9 +8,12 @@
 #include <cstddef>
 #include <string>
 
-#include "frames.h"
+#include "wire/pipe_frames.h"
 
 namespace tensordict::pipe::detail {
+
+// The pipe's bytes (src/wire/pipe_frames.cpp): flags, peer info, the frame reader.
+using namespace ::tensordict::wire::frames;
 
 using Millis = std::chrono::milliseconds;
 

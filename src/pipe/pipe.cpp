@@ -19,14 +19,16 @@
 #include <utility>
 #include <vector>
 
+#include "core/bytes.h"
 #include "pipe_impl.h"
 #include "tensordict/consolidate.h"
 #include "tensordict/dtypes.h"
 #include "tensordict/errors.h"
 #include "tensordict/log.h"
 #include "tensordict/transfer_stats.h"
-#include "wire/bytes.h"
-#include "wire/json_text.h"
+#include "ucx_endpoint.h"
+#include "ucx_listener.h"
+#include "ucx_worker.h"
 
 namespace tensordict::pipe {
 namespace detail {
@@ -51,19 +53,6 @@ at::Device infer_device(const TensorDict& td) {
 void check_cpu(const at::Tensor& t, const char* what) {
   TORCH_CHECK_VALUE(t.device().is_cpu(), "send: ", what, " is on ", t.device(),
                     "; this build of the pipe moves CPU memory only");
-}
-
-// Python's json.dumps of one string (ensure_ascii).
-std::string json_string(const std::string& s) {
-  std::string out;
-  wire::append_json_string(out, s, "send");
-  return out;
-}
-
-std::string json_ints(at::IntArrayRef v) {
-  std::string out = "[";
-  for (size_t i = 0; i < v.size(); ++i) out += (i ? ", " : "") + std::to_string(v[i]);
-  return out + "]";
 }
 
 // The pipe's endpoint as the FrameReader's message source: reads count in the stats; a fault
@@ -314,7 +303,7 @@ void PipeImpl::send_consolidated(Link& e, const TensorDict& td) {
         *state->metadata, /*sort_keys=*/false,
         {{"_total_bytes", storage.numel()}, {"_device", storage.device().str()}});
     scratch[0] = kNewSchemaFlag;
-    wire::put_le(scratch + 8, json.size());
+    core::put_le(scratch + 8, json.size());
     send_first(e, scratch, 1, "the flag byte");
     send_bytes(e, scratch + 8, 8, send_scratch, "the metadata length");
     const at::Tensor json_bytes = bytes_tensor(json);
@@ -388,78 +377,20 @@ TensorDict PipeImpl::recv_consolidated(Link& e, const std::optional<TensorDict>&
 }
 
 // ---- uncollated mode (§6.2, in the form tensordict 0.15.3 sends) -----------------------------
-// Header {"keys", "dtypes", "shapes", "batch_size", "unbatched", "non_tensors"}, then each
-// tensor leaf (nested ones included) sorted by its "."-joined key. A receiver that knows only
-// keys/dtypes/shapes reads the top-level case; ours reads both forms.
+// The header and leaves of wire/pipe_frames.h's UncollatedFrame, after the header's length. A
+// receiver that knows only keys/dtypes/shapes reads the top-level case; ours reads both forms.
 
 void PipeImpl::send_uncollated(Link& e, const TensorDict& td) {
-  // Tensors and non-tensor entries, as the reference's items(is_leaf=_is_leaf_nontensor).
-  std::vector<std::pair<NestedKey, Value>> items;
-  for (auto& item : td.items({.include_nested = true})) {
-    if (!item.second.is_tensordict()) items.push_back(std::move(item));
-  }
-  auto joined = [](const NestedKey& k) {
-    std::string s;
-    for (size_t i = 0; i < k.size(); ++i) s += (i ? "." : "") + k[i];
-    return s;
-  };
-  std::vector<std::pair<std::string, size_t>> order;
-  order.reserve(items.size());
-  for (size_t i = 0; i < items.size(); ++i) order.emplace_back(joined(items[i].first), i);
-  std::stable_sort(order.begin(), order.end());  // byte order = code-point order in UTF-8
-
-  const auto wire_key = [](const NestedKey& key) {
-    if (!key.is_nested()) return json_string(key[0]);
-    std::string parts = "[";
-    for (size_t i = 0; i < key.size(); ++i) parts += (i ? ", " : "") + json_string(key[i]);
-    return parts + "]";
-  };
-  std::string keys = "[", dtypes = "[", shapes = "[", non_tensors = "[", unbatched = "[";
-  std::vector<at::Tensor> leaves;
-  for (size_t j = 0; j < order.size(); ++j) {
-    const auto& [key, value] = items[order[j].second];
-    if (value.is_non_tensor()) {
-      // [key, data] for a NonTensorData, [key, values, batch_size, stack_dim] for a
-      // NonTensorStack, as the reference sends them; a MetaData it refuses.
-      const NonTensorData& nt = value.non_tensor();
-      TORCH_CHECK_VALUE(!nt.is_metadata(), "consolidated=False cannot send the MetaData entry ",
-                        key.str(), ": it sends only NonTensorData and NonTensorStack entries "
-                        "whose values are str, int, float, bool, None, or lists or dicts (with "
-                        "str keys) of them. Send it with consolidated=True.");
-      if (non_tensors.size() > 1) non_tensors += ", ";
-      non_tensors += "[" + wire_key(key) + ", ";
-      if (nt.is_stack()) {
-        wire::append_json(non_tensors, nt.tolist(), false);
-        non_tensors += ", " + json_ints(nt.batch_size()) + ", " + std::to_string(nt.stack_dim());
-      } else {
-        wire::append_json(non_tensors, nt.data(), false);
-      }
-      non_tensors += "]";
-      continue;
-    }
-    const at::Tensor& t = value.tensor();
+  const UncollatedFrame frame = uncollated_frame(td, [](const NestedKey& key, const at::Tensor& t) {
     check_cpu(t, c10::str("leaf ", key.str()).c_str());
-    TORCH_CHECK_VALUE(!c10::isQIntType(t.scalar_type()), "send: leaf ", key.str(),
-                      " has the quantized dtype ", dtype_name(t.scalar_type()),
-                      ", which the pipe cannot carry");
-    const char* sep = leaves.empty() ? "" : ", ";
-    keys += sep + wire_key(key);
-    if (value.is_unbatched()) unbatched += (unbatched.size() > 1 ? ", " : "") + wire_key(key);
-    dtypes += sep + json_string(dtype_name(t.scalar_type()));
-    shapes += sep + json_ints(t.sizes());
-    leaves.push_back(t.contiguous());
-  }
-  const std::string header = "{\"keys\": " + keys + "], \"dtypes\": " + dtypes +
-                             "], \"shapes\": " + shapes + "], \"batch_size\": " +
-                             json_ints(td.batch_size()) +
-                             ", \"unbatched\": " + unbatched + "], \"non_tensors\": " +
-                             non_tensors + "]}";
+  });
+  const std::string& header = frame.header;
   auto* scratch = send_scratch.data_ptr<uint8_t>();
-  wire::put_le(scratch, header.size());
+  core::put_le(scratch, header.size());
   send_first(e, scratch, 8, "the header length");
   const at::Tensor header_bytes = bytes_tensor(header);
   send_bytes(e, header_bytes.data_ptr(), header.size(), header_bytes, "the header");
-  for (const at::Tensor& t : leaves) send_bytes(e, t.data_ptr(), t.nbytes(), t, "a leaf");
+  for (const at::Tensor& t : frame.leaves) send_bytes(e, t.data_ptr(), t.nbytes(), t, "a leaf");
 }
 
 TensorDict PipeImpl::recv_uncollated(Link& e, std::optional<at::Device> device) {
@@ -632,7 +563,7 @@ PipeStats Pipe::stats() const {
           c.bytes_sent.load(), c.bytes_received.load()};
 }
 
-void Pipe::send_raw(const void* data, size_t n) {
+void Pipe::send_raw(const TestKey& /*key*/, const void* data, size_t n) {
   std::lock_guard<std::mutex> lk(impl_->send_mu);
   auto e = impl_->endpoint("send");
   impl_->at_message_boundary = false;  // the framing is the caller's now
@@ -640,7 +571,7 @@ void Pipe::send_raw(const void* data, size_t n) {
   impl_->send_bytes(*e, copy.data_ptr(), n, copy, "raw bytes");
 }
 
-std::string Pipe::recv_raw(size_t n) {
+std::string Pipe::recv_raw(const TestKey& /*key*/, size_t n) {
   std::lock_guard<std::mutex> lk(impl_->recv_mu);
   auto e = impl_->endpoint("recv");
   const at::Tensor buf = detail::bytes_tensor(n);

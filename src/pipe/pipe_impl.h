@@ -8,9 +8,11 @@
 #include <optional>
 #include <string>
 
-#include "frames.h"
+#include "wire/pipe_frames.h"
+#include "link.h"
 #include "tensordict/consolidate.h"
 #include "tensordict/pipe/pipe.h"
+#include "ucx_listener.h"
 #include "ucx_worker.h"
 
 namespace tensordict::pipe::detail {

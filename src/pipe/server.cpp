@@ -8,7 +8,10 @@
 #include <thread>
 #include <utility>
 
+#include "link.h"
 #include "pipe_impl.h"
+#include "ucx_endpoint.h"
+#include "ucx_listener.h"
 #include "ucx_worker.h"
 
 namespace tensordict::pipe {

@@ -12,12 +12,12 @@
 #include <optional>
 #include <unordered_set>
 
-#include "metadata_reader.h"
-#include "metadata_tree.h"
+#include "core/metadata_reader.h"
+#include "core/metadata_tree.h"
 #include "tensordict/dtypes.h"
-#include "wire/bytes.h"
-#include "wire/json_text.h"
-#include "wire/metadata.h"
+#include "core/bytes.h"
+#include "core/json_text.h"
+#include "core/metadata.h"
 
 namespace tensordict {
 namespace {
@@ -28,7 +28,7 @@ using pickle::Value;
 
 // Strings leave as Python str, so they must be UTF-8 (Python's pickle would refuse them too).
 void write_str(pickle::Writer& w, std::string_view s) {
-  TORCH_CHECK_VALUE(wire::valid_utf8(s), "metadata_to_pickle: the string ", quote_key(s),
+  TORCH_CHECK_VALUE(core::valid_utf8(s), "metadata_to_pickle: the string ", quote_key(s),
                     " is not valid UTF-8");
   w.str(s);
 }
@@ -79,7 +79,7 @@ void write_node(pickle::Writer& w, const Metadata& m, const TransportFields* tra
   const size_t n = 4 + m.children.size() + (transport ? transport->size() : 0);
   w.dict_open(n);
   w.str("cls");
-  write_str(w, wire::is_class_reference_name(m.cls) ? std::string_view("TensorDict")
+  write_str(w, core::is_class_reference_name(m.cls) ? std::string_view("TensorDict")
                                                     : std::string_view(m.cls));
   w.str("non_tensors");
   w.dict_open(m.non_tensors.size());
@@ -320,11 +320,11 @@ namespace fast {
 inline constexpr size_t kFastBytesPerInputByte = 24;
 inline constexpr size_t kMaxFastBytes = size_t{512} << 20;
 
-using wire::tree::GiveUp;
-using wire::tree::Kind;
-using wire::tree::Node;
-using wire::tree::node_of;
-using wire::tree::Tree;
+using core::tree::GiveUp;
+using core::tree::Kind;
+using core::tree::Node;
+using core::tree::node_of;
+using core::tree::Tree;
 
 class Parser {
  public:
@@ -453,7 +453,7 @@ class Parser {
     if (!in_.has(n)) throw GiveUp{};
     if (n > UINT32_MAX) throw GiveUp{};
     const std::string_view text = in_.take(n);
-    if (!wire::valid_utf8(text)) throw GiveUp{};
+    if (!core::valid_utf8(text)) throw GiveUp{};
     Node s = node_of(Kind::Str);
     s.p = text.data();
     s.count = static_cast<uint32_t>(n);
@@ -510,7 +510,7 @@ class Parser {
     append_items(c, first);
     if (kind == Kind::Dict) check_unique(c);
   }
-  void check_unique(uint32_t c) { wire::tree::check_unique_keys(tree_, tree_.nodes[c]); }
+  void check_unique(uint32_t c) { core::tree::check_unique_keys(tree_, tree_.nodes[c]); }
   void stack_global() {
     if (stack_.size() < 2 + floor()) throw GiveUp{};
     const Node& module = tree_.nodes[stack_[stack_.size() - 2]];
@@ -549,7 +549,7 @@ class Parser {
     value(/*new_node=*/false);
     stack_.push_back(n);  // the same immutable node: a str or a scalar
   }
-  wire::ByteReader in_;
+  core::ByteReader in_;
   pickle::Limits limits_;
   size_t budget_;
   Tree& tree_;
@@ -562,22 +562,22 @@ class Parser {
 };
 
 // The validated metadata of `bytes`, or nullopt where the general way must read them.
-std::optional<wire::ValidatedMetadata> read(std::string_view bytes) {
-  return wire::tree::read_fast(bytes, /*json=*/false, [](std::string_view in, Tree& tree) {
+std::optional<core::ValidatedMetadata> read(std::string_view bytes) {
+  return core::tree::read_fast(bytes, /*json=*/false, [](std::string_view in, Tree& tree) {
     return Parser(in, metadata_pickle_limits(), tree).run();
   });
 }
 
 }  // namespace fast
 
-wire::ValidatedMetadata read_validated(const pickle::Value& value) {
+core::ValidatedMetadata read_validated(const pickle::Value& value) {
   TORCH_CHECK_VALUE(value.kind() == pickle::Value::Kind::Dict, "metadata: expected a dict, got a ",
                     pickle::Value::kind_name(value.kind()));
   Path path;
   refuse_class_refs(value, path, /*is_node=*/true);
   TransportFields transport;
-  Metadata m = wire::reader::read_root<PickleTraits>(value, &transport, /*json=*/false);
-  return wire::validated(std::move(m), std::move(transport));
+  Metadata m = core::reader::read_root<PickleTraits>(value, &transport, /*json=*/false);
+  return core::validated(std::move(m), std::move(transport));
 }
 
 }  // namespace
@@ -599,23 +599,23 @@ pickle::Value metadata_to_pickle(const Metadata& metadata, const TransportFields
 }
 
 Metadata metadata_from_pickle(const pickle::Value& value, TransportFields* transport) {
-  wire::ValidatedMetadata v = read_validated(value);
+  core::ValidatedMetadata v = read_validated(value);
   return std::move(v).take(transport);
 }
 
 pickle::Limits metadata_pickle_limits() {
   // The bounds of metadata_from_json, counted on the pickle's containers and values.
-  return {.max_depth = wire::kMaxMetadataJsonDepth, .max_elements = wire::kMaxMetadataJsonValues};
+  return {.max_depth = core::kMaxMetadataJsonDepth, .max_elements = core::kMaxMetadataJsonValues};
 }
 
 Metadata metadata_from_pickle_bytes(std::string_view bytes, TransportFields* transport) {
-  wire::ValidatedMetadata v = wire::read_metadata_pickle(bytes);
+  core::ValidatedMetadata v = wire::read_metadata_pickle(bytes);
   return std::move(v).take(transport);
 }
 
 namespace wire {
 
-ValidatedMetadata read_metadata_pickle(std::string_view bytes) {
+core::ValidatedMetadata read_metadata_pickle(std::string_view bytes) {
   if (auto fast = fast::read(bytes)) return std::move(*fast);
   return read_validated(pickle::loads(bytes, metadata_pickle_limits()));
 }

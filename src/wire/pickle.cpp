@@ -10,13 +10,13 @@
 #include <unordered_map>
 #include <unordered_set>
 
-#include "wire/bytes.h"
-#include "wire/json_text.h"
+#include "core/bytes.h"
+#include "core/json_text.h"
 
 namespace tensordict::pickle {
 
-using wire::append_be;
-using wire::append_le;
+using core::append_be;
+using core::append_le;
 
 // ---- Value ---------------------------------------------------------------------------------
 
@@ -66,7 +66,7 @@ Value Value::class_ref(std::string module, std::string qualname) {
 }
 
 size_t Value::position(std::string_view key) const {
-  if (keys_.size() <= wire::kScanKeys) {
+  if (keys_.size() <= core::kScanKeys) {
     for (size_t i = 0; i < keys_.size(); ++i) {
       if (keys_[i] == key) return i;
     }
@@ -79,23 +79,6 @@ size_t Value::position(std::string_view key) const {
   }
   auto it = index_->find(key);
   return it == index_->end() ? keys_.size() : it->second;
-}
-
-bool valid_dotted_name(std::string_view name) {
-  bool start = true;  // at the start of a component
-  for (const char c : name) {
-    const bool alpha = (c >= 'a' && c <= 'z') || (c >= 'A' && c <= 'Z') || c == '_';
-    const bool digit = c >= '0' && c <= '9';
-    if (c == '.') {
-      if (start) return false;  // empty component
-      start = true;
-    } else if (alpha || (digit && !start)) {
-      start = false;
-    } else {
-      return false;
-    }
-  }
-  return !start;  // non-empty, no trailing dot
 }
 
 bool Value::as_bool() const {
@@ -547,7 +530,7 @@ class Reader {
   void push_str(size_t at, uint64_t n) {
     fail_if(!in_.has(n), at, "string of ", n, " bytes runs past the end");
     const std::string_view s = in_.take(n);
-    fail_if(!wire::valid_utf8(s), at, "string is not valid UTF-8");
+    fail_if(!core::valid_utf8(s), at, "string is not valid UTF-8");
     push(Value::from_str(std::string(s)));
   }
   // GLOBAL's newline-terminated argument, at most max_name_bytes long, as UTF-8.
@@ -687,7 +670,7 @@ class Reader {
     stack_.push_back(Node{s.value, s.cost, nullptr});
   }
 
-  wire::ByteReader in_;
+  core::ByteReader in_;
   Limits limits_;
   size_t budget_;
   size_t spent_ = 0;

@@ -16,6 +16,7 @@
 #include <limits>
 #include <string>
 
+#include "core/testing.h"
 #include "expect_throw.h"
 #include "tensordict/consolidate.h"
 #include "tensordict/tensor_dict.h"
@@ -471,11 +472,11 @@ TEST(ConsolidateRebuild, ChecksAgainAfterAnyChangeOfEntries) {
   // A state set from outside is not trusted: its views are checked.
   TensorDict other = consolidate(td);
   TensorDict plain = td.clone();
-  plain.set_consolidated_state(other.consolidated_state());
+  plain.set_consolidated_state(TestKey{}, other.consolidated_state());
   EXPECT_FALSE(is_consolidated(plain));
   TensorDict same = consolidate(td);
   TensorDict alias({{"a", same.get("a")}, {"c", same.get("c")}}, {4});
-  alias.set_consolidated_state(same.consolidated_state());
+  alias.set_consolidated_state(TestKey{}, same.consolidated_state());
   EXPECT_TRUE(is_consolidated(alias));  // the same views: it does describe them
 }
 

@@ -8,7 +8,7 @@
 
 #include "expect_throw.h"
 #include "tensordict/tensordict.h"
-#include "wire/metadata.h"
+#include "core/metadata.h"
 #include "wire/metadata_pickle.h"
 
 using namespace at::indexing;

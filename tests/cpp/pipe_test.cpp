@@ -13,11 +13,12 @@
 #include <poll.h>
 #include <unistd.h>
 
-#include "../../src/pipe/frames.h"
+#include "wire/pipe_frames.h"
 #include "pipe_test_util.h"
 #include "tensordict/consolidate.h"
 #include "tensordict/pipe/pipe.h"
 #include "tensordict/transfer_stats.h"
+#include "core/testing.h"
 
 using namespace tensordict;
 using namespace pipe_test;
@@ -179,13 +180,13 @@ TEST(Pipe, FramingIsTheReferencesByteForByte) {
   auto [server, client] = pair_of();
   const TensorDict src = consolidate(worked_example());
   client.send(src);
-  EXPECT_EQ(server.recv_raw(1), std::string(1, '\x00'));
+  EXPECT_EQ(server.recv_raw(TestKey{}, 1), std::string(1, '\x00'));
   const std::string json = kWorkedExampleWire;
   ASSERT_EQ(json.size(), 449u);
-  EXPECT_EQ(server.recv_raw(8), u64_le(449));
-  EXPECT_EQ(server.recv_raw(449), json);
+  EXPECT_EQ(server.recv_raw(TestKey{}, 8), u64_le(449));
+  EXPECT_EQ(server.recv_raw(TestKey{}, 449), json);
   const at::Tensor storage = consolidated_storage(src);
-  EXPECT_EQ(server.recv_raw(96),
+  EXPECT_EQ(server.recv_raw(TestKey{}, 96),
             std::string(static_cast<const char*>(storage.const_data_ptr()), 96));
   // Same schema: 0x01, then the storage only; between peers of ours in one message (the
   // joined frame of §6.8), since the storage is small. The reference's two messages are
@@ -193,7 +194,7 @@ TEST(Pipe, FramingIsTheReferencesByteForByte) {
   client.send(src);
   std::string joined(1, '\x01');
   joined.append(static_cast<const char*>(storage.const_data_ptr()), 96);
-  EXPECT_EQ(server.recv_raw(97), joined);
+  EXPECT_EQ(server.recv_raw(TestKey{}, 97), joined);
   EXPECT_EQ(client.stats().bytes_sent, 1 + 8 + 449 + 96 + 1 + 96);
 }
 
@@ -203,7 +204,7 @@ TEST(Pipe, OnlySmallSameSchemaStoragesAreJoined) {
   Watchdog dog(60s);
   auto [server, client] = pair_of();
   EXPECT_TRUE(client.peer_is_tensordict_cpp());
-  for (const int64_t n : {pipe::detail::kMaxJoinedStorage, pipe::detail::kMaxJoinedStorage + 1}) {
+  for (const int64_t n : {wire::frames::kMaxJoinedStorage, wire::frames::kMaxJoinedStorage + 1}) {
     const TensorDict td = consolidate(TensorDict({{"x", at::full({n}, 7, at::kByte)}}));
     const at::Tensor storage = consolidated_storage(td);
     const auto bytes = static_cast<size_t>(storage.numel());  // n, or padded to 8 past it
@@ -212,11 +213,11 @@ TEST(Pipe, OnlySmallSameSchemaStoragesAreJoined) {
     client.send(td);
     expect_same(td, server.recv());  // the new schema
     client.send(td);
-    if (n <= pipe::detail::kMaxJoinedStorage) {
-      EXPECT_EQ(server.recv_raw(1 + bytes), '\x01' + expected);
+    if (n <= wire::frames::kMaxJoinedStorage) {
+      EXPECT_EQ(server.recv_raw(TestKey{}, 1 + bytes), '\x01' + expected);
     } else {
-      EXPECT_EQ(server.recv_raw(1), "\x01");
-      EXPECT_EQ(server.recv_raw(bytes), expected);
+      EXPECT_EQ(server.recv_raw(TestKey{}, 1), "\x01");
+      EXPECT_EQ(server.recv_raw(TestKey{}, bytes), expected);
     }
   }
 }
@@ -230,14 +231,14 @@ TEST(Pipe, AJoinedReceiveTakesTheTwoMessageFormAndRefusesAJoinedNewSchemaFlag) {
   // A peer of ours may still send the flag byte alone, then the storage (the reference's form):
   // it lands in the same TensorDict.
   const at::Tensor next = at::arange(10, 14, at::kFloat);
-  client.send_raw("\x01", 1);
-  client.send_raw(next.const_data_ptr(), 16);
+  client.send_raw(TestKey{}, "\x01", 1);
+  client.send_raw(TestKey{}, next.const_data_ptr(), 16);
   TensorDict again = server.recv();
   EXPECT_TRUE(again.is_same(got));
   EXPECT_TRUE(at::equal(again.get("x").tensor(), next));
   // Only the same-schema flag carries a storage.
   std::string bad(17, '\0');
-  client.send_raw(bad.data(), bad.size());
+  client.send_raw(TestKey{}, bad.data(), bad.size());
   EXPECT_THROW_MSG(server.recv(), c10::Error, "joined a storage to the flag 0");
 }
 
@@ -268,7 +269,7 @@ TEST(Pipe, AJoinedReceiveRefusesAnyOtherLength) {
   client.send(consolidate(TensorDict({{"x", at::arange(4, at::kFloat)}})));
   server.recv();
   const std::string eight(9, '\x01');  // neither 1 nor 1 + 16 bytes
-  client.send_raw(eight.data(), eight.size());
+  client.send_raw(TestKey{}, eight.data(), eight.size());
   EXPECT_THROW_MSG(server.recv(), c10::Error, "sent a message of 9 bytes where 1 or 17 were");
 }
 
@@ -324,10 +325,10 @@ TEST(Pipe, UncollatedHeaderIsThePythonOne) {
   client.send(td);
   const std::string header =
       R"({"keys": [["a", "y"], "b"], "dtypes": ["torch.float32", "torch.int64"], "shapes": [[2, 1], [2]], "batch_size": [2], "unbatched": [], "non_tensors": []})";
-  EXPECT_EQ(server.recv_raw(8), u64_le(header.size()));
-  EXPECT_EQ(server.recv_raw(header.size()), header);
-  EXPECT_EQ(server.recv_raw(8).size(), 8u);   // ("a", "y"): one message per leaf
-  EXPECT_EQ(server.recv_raw(16).size(), 16u);  // "b"
+  EXPECT_EQ(server.recv_raw(TestKey{}, 8), u64_le(header.size()));
+  EXPECT_EQ(server.recv_raw(TestKey{}, header.size()), header);
+  EXPECT_EQ(server.recv_raw(TestKey{}, 8).size(), 8u);   // ("a", "y"): one message per leaf
+  EXPECT_EQ(server.recv_raw(TestKey{}, 16).size(), 16u);  // "b"
 }
 
 namespace {
@@ -375,10 +376,10 @@ TEST(Pipe, UncollatedHeaderWithNonTensorsIsThePythonOne) {
   // tests/python/test_non_tensor.py checks this line against the reference's sender.
   const std::string header =
       R"({"keys": [["a", "y"], "b"], "dtypes": ["torch.float32", "torch.int64"], "shapes": [[2, 1], [2]], "batch_size": [2], "unbatched": [], "non_tensors": [[["a", "s"], {"k": [1.0, null]}], ["z", "last"]]})";
-  EXPECT_EQ(server.recv_raw(8), u64_le(header.size()));
-  EXPECT_EQ(server.recv_raw(header.size()), header);
-  EXPECT_EQ(server.recv_raw(8).size(), 8u);   // ("a", "y"): one message per leaf
-  EXPECT_EQ(server.recv_raw(16).size(), 16u);  // "b"
+  EXPECT_EQ(server.recv_raw(TestKey{}, 8), u64_le(header.size()));
+  EXPECT_EQ(server.recv_raw(TestKey{}, header.size()), header);
+  EXPECT_EQ(server.recv_raw(TestKey{}, 8).size(), 8u);   // ("a", "y"): one message per leaf
+  EXPECT_EQ(server.recv_raw(TestKey{}, 16).size(), 16u);  // "b"
 }
 
 TEST(Pipe, SendsAlreadyConsolidatedAndReceivesIntoAGivenTarget) {
@@ -411,9 +412,9 @@ TEST(Pipe, MetadataLengthOverTheCapIsRefused) {
 TEST(Pipe, HugeAnnouncedLengthIsRefusedBeforeAllocating) {
   Watchdog dog(60s);
   auto [server, client] = pair_of();
-  client.send_raw(std::string(1, '\x00').data(), 1);
+  client.send_raw(TestKey{}, std::string(1, '\x00').data(), 1);
   const std::string len = u64_le(uint64_t{1} << 62);
-  client.send_raw(len.data(), 8);
+  client.send_raw(TestKey{}, len.data(), 8);
   EXPECT_THROW_MSG(server.recv(), c10::Error, "max_metadata_bytes");
 }
 
@@ -435,14 +436,14 @@ TEST(Pipe, StorageOverTheCapIsRefused) {
 TEST(Pipe, UnknownFlagByteIsAnError) {
   Watchdog dog(60s);
   auto [server, client] = pair_of();
-  client.send_raw("\x07", 1);
+  client.send_raw(TestKey{}, "\x07", 1);
   EXPECT_THROW_MSG(server.recv(), c10::Error, "Unknown TensorDictPipe protocol flag: 0x07");
 }
 
 TEST(Pipe, SameSchemaFlagWithoutTargetIsTheReferencesError) {
   Watchdog dog(60s);
   auto [server, client] = pair_of();
-  client.send_raw("\x01", 1);
+  client.send_raw(TestKey{}, "\x01", 1);
   EXPECT_THROW_MSG(server.recv(), c10::Error,
                    "Received same-schema flag but no consolidated TensorDict is available for "
                    "in-place receive. The sender and receiver may be out of sync.");
@@ -451,10 +452,10 @@ TEST(Pipe, SameSchemaFlagWithoutTargetIsTheReferencesError) {
 TEST(Pipe, MalformedMetadataFailsTheSafeRebuild) {
   Watchdog dog(60s);
   auto send_metadata = [](Pipe& client, const std::string& json) {
-    client.send_raw("\x00", 1);
+    client.send_raw(TestKey{}, "\x00", 1);
     const std::string len = u64_le(json.size());
-    client.send_raw(len.data(), 8);
-    client.send_raw(json.data(), json.size());
+    client.send_raw(TestKey{}, len.data(), 8);
+    client.send_raw(TestKey{}, json.data(), json.size());
   };
   {
     auto [server, client] = pair_of();
@@ -509,8 +510,8 @@ TEST(Pipe, MalformedMetadataFailsTheSafeRebuild) {
           R"({"keys": ["a"], "dtypes": ["torch.float32"], "shapes": [[1]], "non_tensors": )" + nt +
           "}";
       const std::string len = u64_le(header.size());
-      client.send_raw(len.data(), 8);
-      client.send_raw(header.data(), header.size());
+      client.send_raw(TestKey{}, len.data(), 8);
+      client.send_raw(TestKey{}, header.data(), header.size());
       EXPECT_THROW_MSG(server.recv(), c10::ValueError, needle);
     }
   }
@@ -519,8 +520,8 @@ TEST(Pipe, MalformedMetadataFailsTheSafeRebuild) {
     auto [server, client] = pair_of(fast_options(false), fast_options(false));
     const std::string header = R"({"keys": ["a"], "dtypes": ["torch.nope"], "shapes": [[1]]})";
     const std::string len = u64_le(header.size());
-    client.send_raw(len.data(), 8);
-    client.send_raw(header.data(), header.size());
+    client.send_raw(TestKey{}, len.data(), 8);
+    client.send_raw(TestKey{}, header.data(), header.size());
     EXPECT_THROW_MSG(server.recv(), c10::ValueError, "unknown torch dtype");
   }
   {
@@ -530,8 +531,8 @@ TEST(Pipe, MalformedMetadataFailsTheSafeRebuild) {
     auto [server, client] = pair_of(fast_options(false), fast_options(false));
     const std::string header = R"({"keys": ["a"], "dtypes": ["torch.quint4x2"], "shapes": [[8]]})";
     const std::string len = u64_le(header.size());
-    client.send_raw(len.data(), 8);
-    client.send_raw(header.data(), header.size());
+    client.send_raw(TestKey{}, len.data(), 8);
+    client.send_raw(TestKey{}, header.data(), header.size());
     EXPECT_THROW_MSG(server.recv(), c10::ValueError,
                      "the quantized dtype \"torch.quint4x2\" cannot be sent through the pipe");
   }
@@ -548,10 +549,10 @@ TEST(Pipe, AShortMessageIsRefusedAndBreaksThePipe) {
   // peer's fault, refused at once (not a wait for bytes that will never come).
   Watchdog dog(60s);
   auto [server, client] = pair_of();
-  client.send_raw("\x00", 1);
+  client.send_raw(TestKey{}, "\x00", 1);
   const std::string len = u64_le(449);
-  client.send_raw(len.data(), 8);
-  client.send_raw(kWorkedExampleJson, 100);  // a third of the metadata
+  client.send_raw(TestKey{}, len.data(), 8);
+  client.send_raw(TestKey{}, kWorkedExampleJson, 100);  // a third of the metadata
   EXPECT_THROW_MSG(server.recv(), MalformedPeerDataError,
                    "sent a message of 100 bytes where 449 were expected");
   EXPECT_THROW_MSG(server.recv(), PeerLostError, "is broken");
@@ -562,9 +563,9 @@ TEST(Pipe, PeerLeavingMidTensorDictFailsPromptly) {
   PipeOptions o = fast_options();
   o.timeout = 8s;
   auto [server, client] = pair_of(o);
-  client.send_raw("\x00", 1);
+  client.send_raw(TestKey{}, "\x00", 1);
   const std::string len = u64_le(449);
-  client.send_raw(len.data(), 8);
+  client.send_raw(TestKey{}, len.data(), 8);
   client.close();  // the metadata never comes
   const auto start = std::chrono::steady_clock::now();
   EXPECT_THROW_MSG(server.recv(), PeerLostError, "disconnected");
@@ -731,7 +732,7 @@ TEST(Pipe, ReportsItsPeerAndTransports) {
 // ucxx's peer-info exchange (docs/wire-format.md §6.6), with values computed by ucxx's own
 // hash64bits (ucxx/_lib_async/utils.py) on this machine.
 TEST(PipeFrames, PeerInfoIsUcxxs) {
-  using namespace tensordict::pipe::detail;
+  using namespace tensordict::wire::frames;
   EXPECT_EQ(hash64bits(0), 0x22dd0956b1627f9fULL);
   EXPECT_EQ(hash64bits(1234), 0x60f8172b0eed38baULL);
   EXPECT_EQ(hash64bits(~uint64_t{0}), 0x81ca8f731742cb98ULL);

@@ -126,7 +126,8 @@ def test_the_cpp_install_builds_without_a_warning(copy):
     warnings = [line for line in log.splitlines() if "warning:" in line]
     assert not warnings, "\n".join(warnings[:40])
     prefix = copy.home / ".local" / "tensordict"
-    for name in ["lib/libtensordict.so", "lib/libtensordict_dist.so", "lib/libtensordict_pipe.so",
+    for name in ["lib/libtensordict.so", "lib/libtensordict_wire.so", "lib/libtensordict_dist.so",
+                 "lib/libtensordict_pipe.so",
                  "lib/cmake/tensordict/tensordictConfig.cmake", "include/tensordict/tensor_dict.h"]:
         assert (prefix / name).exists(), name
     assert ".debug_info" not in _run(["readelf", "-S", "-W", str(prefix / "lib/libtensordict.so")])

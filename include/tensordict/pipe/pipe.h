@@ -21,6 +21,7 @@ namespace tensordict::pipe {
 
 namespace detail {
 struct PipeImpl;
+struct ServerImpl;
 }  // namespace detail
 
 /// Options of a pipe, shared by both ends' constructors (connect, listen, TensorDictServer).
@@ -83,8 +84,9 @@ struct PipeLink {
 /// one send() and one recv() may run concurrently (the two directions are independent); calls
 /// in the same direction are serialised. close() may be called from any thread at any time and
 /// makes pending calls fail promptly. The connection and its progress thread live until close()
-/// or until the last handle goes away.
-class Pipe {
+/// or until the last handle goes away. Made by listen(), connect(), over() and
+/// TensorDictServer only.
+class Pipe final {
  public:
   /// Binds a listener on `host`:`port` and returns at once, without waiting for the client:
   /// the first send()/recv() (or accept()) waits for it, up to the timeout. Port 0 binds a free
@@ -188,15 +190,21 @@ class Pipe {
   SendAttempt try_send(const TensorDict& td,
                        std::chrono::microseconds spin = std::chrono::microseconds(0));
 
-  /// Test hooks: send raw bytes on the stream / receive exactly `n` raw bytes, outside the
-  /// framing (to inject malformed frames or check the exact bytes sent). Same errors and
+  /// Test hooks, not API: only the project's tests, benchmarks and the Python binding's test
+  /// hooks can make the key (TestKey: src/core/include/core/testing.h, not installed).
+  /// send_raw sends `n` raw bytes at `data` as one message on the stream, outside the framing
+  /// (to inject malformed frames); the pipe sends no close marker after it. recv_raw receives
+  /// one message of exactly `n` raw bytes (to check the exact bytes sent). Same errors and
   /// timeouts as send()/recv().
-  void send_raw(const void* data, size_t n);
-  std::string recv_raw(size_t n);
-
-  explicit Pipe(std::shared_ptr<detail::PipeImpl> impl);
+  void send_raw(const TestKey& key, const void* data, size_t n);
+  std::string recv_raw(const TestKey& key, size_t n);
 
  private:
+  // Only the library makes a Pipe from its state: listen(), connect(), over(), and
+  // TensorDictServer's accepted pipes (ServerImpl).
+  friend struct detail::ServerImpl;
+  explicit Pipe(std::shared_ptr<detail::PipeImpl> impl);
+
   std::shared_ptr<detail::PipeImpl> impl_;
 };
 

@@ -6,6 +6,7 @@
 #include <string>
 #include <string_view>
 
+#include "core/metadata.h"
 #include "tensordict/consolidate.h"
 #include "wire/pickle.h"
 
@@ -32,3 +33,11 @@ pickle::Limits metadata_pickle_limits();
 Metadata metadata_from_pickle_bytes(std::string_view bytes, TransportFields* transport = nullptr);
 
 }  // namespace tensordict
+
+namespace tensordict::wire {
+
+/// A peer's metadata pickle (init_remote and the collectives, §4.2), read by the restricted
+/// reader under metadata_pickle_limits() and validated.
+core::ValidatedMetadata read_metadata_pickle(std::string_view bytes);
+
+}  // namespace tensordict::wire

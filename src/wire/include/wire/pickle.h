@@ -14,6 +14,8 @@
 #include <utility>
 #include <vector>
 
+#include "core/metadata.h"
+
 namespace tensordict::pickle {
 
 /// One value of the subset. Dicts keep insertion order (as Python's do) and have str keys.
@@ -76,7 +78,7 @@ class Value {
 
  private:
   // Lean on purpose: a metadata pickle reads into tens of thousands of these. A dict keeps its
-  // keys in order and finds one by a scan up to wire::kScanKeys keys; a larger dict builds a
+  // keys in order and finds one by a scan up to core::kScanKeys keys; a larger dict builds a
   // hash index on first lookup (not copied with the value: rebuilt when needed).
   struct KeyHash {
     using is_transparent = void;
@@ -128,9 +130,9 @@ inline constexpr size_t kMemoIndexCharge = 48;
 size_t read_budget(std::string_view data, const Limits& limits);
 }  // namespace detail
 
-/// Whether `name` is a dotted name of ASCII identifiers ("a", "pkg.mod", "Outer.Inner"): what
-/// a class reference's module and qualname must be.
-bool valid_dotted_name(std::string_view name);
+/// The schema's rule for class names (core/metadata.h), which a class reference's module and
+/// qualname must satisfy.
+using core::valid_dotted_name;
 
 /// Writes a protocol-4 pickle opcode by opcode, as Python's pickler writes the subset without
 /// memo (what dumps() and the metadata writer emit): open a container with its element count,

@@ -1,6 +1,7 @@
 #pragma once
-// Private to src/wire: a parsed metadata text (pickle or JSON) as an arena of 16-byte nodes, and
-// its adapter for metadata_reader.h. The fast paths of metadata_pickle.cpp and
+// A parsed metadata text (JSON or pickle) as an arena of 16-byte nodes, and its adapter for
+// metadata_reader.h; shared by the codecs of src/core/metadata_json.cpp and
+// src/wire/metadata_pickle.cpp. The fast paths of metadata_pickle.cpp and
 // metadata_json.cpp parse the plain shape of a peer's metadata into it without building
 // pickle::Values or JsonValues (strings stay views of the input, containers are ranges of the
 // arena) and give up (GiveUp) on anything else, which the general reader then reads, also
@@ -15,15 +16,16 @@
 #include <utility>
 #include <vector>
 
-#include "metadata_reader.h"
+#include "core/metadata_reader.h"
 #include "tensordict/json_value.h"
-#include "wire/json_text.h"
-#include "wire/metadata.h"
-#include "wire/pickle.h"
+#include "core/json_text.h"
+#include "core/metadata.h"
 
-namespace tensordict::wire::tree {
+namespace tensordict::core::tree {
 
-using Kind = pickle::Value::Kind;
+// The value kinds of both encodings: JSON's, plus the tuple and the class reference of a pickle
+// (src/wire/metadata_pickle.cpp parses into this arena too).
+enum class Kind { None, Bool, Int, Float, Str, List, Tuple, Dict, ClassRef };
 
 // 16 bytes, so that the arena of a 1000-leaf metadata stays in cache.
 struct Node {
@@ -240,4 +242,4 @@ std::optional<ValidatedMetadata> read_fast(std::string_view input, bool json, Pa
   return std::nullopt;
 }
 
-}  // namespace tensordict::wire::tree
+}  // namespace tensordict::core::tree

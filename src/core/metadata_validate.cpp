@@ -1,4 +1,4 @@
-// Validation of metadata (wire/metadata.h): what a layout must satisfy before any byte of a
+// Validation of metadata (core/metadata.h): what a layout must satisfy before any byte of a
 // storage is viewed through it (docs/wire-format.md §3.1-3.3).
 
 #include <ATen/ATen.h>
@@ -10,10 +10,10 @@
 
 #include "tensordict/dtypes.h"
 #include "tensordict/nested_key.h"
-#include "wire/json_text.h"
-#include "wire/metadata.h"
+#include "core/json_text.h"
+#include "core/metadata.h"
 
-namespace tensordict::wire {
+namespace tensordict::core {
 namespace {
 
 // The reference's utils._TORCH_DTYPES: the dtypes whose names the metadata may carry.
@@ -322,6 +322,23 @@ int64_t validate(const Metadata& m, std::optional<int64_t> storage_bytes, int64_
   return v.max_stop;
 }
 
+bool valid_dotted_name(std::string_view name) {
+  bool start = true;  // at the start of a component
+  for (const char c : name) {
+    const bool alpha = (c >= 'a' && c <= 'z') || (c >= 'A' && c <= 'Z') || c == '_';
+    const bool digit = c >= '0' && c <= '9';
+    if (c == '.') {
+      if (start) return false;  // empty component
+      start = true;
+    } else if (alpha || (digit && !start)) {
+      start = false;
+    } else {
+      return false;
+    }
+  }
+  return !start;  // non-empty, no trailing dot
+}
+
 bool is_wire_dtype(at::ScalarType t) {
   return std::find(kWireDtypes.begin(), kWireDtypes.end(), t) != kWireDtypes.end();
 }
@@ -339,4 +356,4 @@ ValidatedMetadata validated(Metadata metadata, TransportFields transport) {
   return out;
 }
 
-}  // namespace tensordict::wire
+}  // namespace tensordict::core

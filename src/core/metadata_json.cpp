@@ -8,12 +8,12 @@
 #include <limits>
 #include <ostream>
 
-#include "metadata_reader.h"
-#include "metadata_tree.h"
+#include "core/metadata_reader.h"
+#include "core/metadata_tree.h"
 #include "tensordict/consolidate.h"
 #include "tensordict/dtypes.h"
-#include "wire/json_text.h"
-#include "wire/metadata.h"
+#include "core/json_text.h"
+#include "core/metadata.h"
 
 namespace tensordict {
 namespace {
@@ -21,7 +21,7 @@ namespace {
 // ---- writer -------------------------------------------------------------------------------
 
 void append_string(std::string& out, std::string_view s) {
-  wire::append_json_string(out, s, "metadata_to_json");
+  core::append_json_string(out, s, "metadata_to_json");
 }
 
 void append_ints(std::string& out, const std::vector<int64_t>& v) {
@@ -75,14 +75,14 @@ void append_node(std::string& out, const Metadata& m, bool sort, const Transport
   // A class reference read from a peer's pickle is written as the TensorDict it was rebuilt as:
   // we never write class references.
   node.add("cls", [&] {
-    append_string(out, wire::is_class_reference_name(m.cls) ? std::string("TensorDict") : m.cls);
+    append_string(out, core::is_class_reference_name(m.cls) ? std::string("TensorDict") : m.cls);
   });
   node.add("non_tensors", [&] {
     ObjectWriter w(out, sort);
     for (const auto& [key, nt] : m.non_tensors) {
       w.add(key, [&] {
         out += '[';
-        wire::append_json(out, nt.data, sort);
+        core::append_json(out, nt.data, sort);
         out += ", ";
         append_ints(out, nt.batch_size);
         out += ", ";
@@ -166,11 +166,11 @@ std::string metadata_to_json(const Metadata& metadata, bool sort_keys,
 }
 
 Metadata metadata_from_json(std::string_view text, TransportFields* transport) {
-  wire::ValidatedMetadata v = wire::read_metadata_json(text);
+  core::ValidatedMetadata v = core::read_metadata_json(text);
   return std::move(v).take(transport);
 }
 
-namespace wire {
+namespace core {
 namespace {
 
 // A parsed JSON text as metadata_reader.h reads trees.
@@ -354,6 +354,6 @@ ValidatedMetadata read_metadata_json_general(std::string_view text) {
   return validated(std::move(m), std::move(transport));
 }
 
-}  // namespace wire
+}  // namespace core
 
 }  // namespace tensordict

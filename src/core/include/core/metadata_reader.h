@@ -1,7 +1,7 @@
 #pragma once
-// Private to src/wire: the one reader of metadata trees, shared by the JSON and the pickle codec
-// (metadata_json.cpp, metadata_pickle.cpp), so that both give the same errors for the same
-// faults. `T` adapts a parsed tree (JsonValue or pickle::Value): T::Value, the kind tests
+// The one reader of metadata trees, shared by the JSON codec (src/core/metadata_json.cpp) and
+// the pickle codec (src/wire/metadata_pickle.cpp), so that both give the same errors for the
+// same faults. `T` adapts a parsed tree (JsonValue or pickle::Value): T::Value, the kind tests
 // (is_null, is_bool, is_int, is_number, is_string, is_list, is_map, is_class_ref), as_bool,
 // as_int, as_string, items (a list's or tuple's elements), members (a map's (key, value) pairs),
 // is_plain_list (a list and not a tuple: a pickle tells them apart, JSON does not),
@@ -20,9 +20,9 @@
 #include "tensordict/consolidate.h"
 #include "tensordict/dtypes.h"
 #include "tensordict/nested_key.h"
-#include "wire/metadata.h"
+#include "core/metadata.h"
 
-namespace tensordict::wire::reader {
+namespace tensordict::core::reader {
 
 template <typename T>
 std::string short_dump(const typename T::Value& j) {
@@ -272,4 +272,4 @@ Metadata read_root(const typename T::Value& root, TransportFields* transport, bo
   return r.node(root, 0, transport);
 }
 
-}  // namespace tensordict::wire::reader
+}  // namespace tensordict::core::reader

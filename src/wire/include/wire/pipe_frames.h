@@ -1,20 +1,24 @@
 #pragma once
-// The receive half of TensorDictPipe's framing (docs/wire-format.md §6.1, §6.2) over an abstract
-// byte source: the flag byte, the lengths, the metadata JSON or the uncollated header, their
-// validation against the caps, and the storage or leaves they announce. No UCX here: PipeImpl
-// feeds a FrameReader from its endpoint, fuzz/pipe_frames.cpp from a buffer.
+// TensorDictPipe's frames (docs/wire-format.md §6): ucxx's peer info, our tags and markers, the
+// uncollated header the sender writes, and the receive half over an abstract byte source: the
+// flag byte, the lengths, the metadata JSON or the uncollated header, their validation against
+// the caps, and the storage or leaves they announce. No UCX here: the pipe (src/pipe/) feeds a
+// FrameReader from its endpoint, fuzz/pipe_frames.cpp from a buffer.
 
 #include <ATen/core/Tensor.h>
 #include <c10/core/Device.h>
 
 #include <cstddef>
 #include <cstdint>
+#include <functional>
 #include <optional>
 #include <string>
+#include <vector>
 
+#include "tensordict/nested_key.h"
 #include "tensordict/tensor_dict.h"
 
-namespace tensordict::pipe::detail {
+namespace tensordict::wire::frames {
 
 inline constexpr uint8_t kNewSchemaFlag = 0x00;
 inline constexpr uint8_t kSameSchemaFlag = 0x01;
@@ -98,6 +102,22 @@ struct FrameLimits {
   int64_t max_storage_bytes = 0;
 };
 
+/// What the sender of the uncollated mode (§6.2, in the form tensordict 0.15.3 sends) puts on
+/// the wire after the header length: the header JSON {"keys", "dtypes", "shapes", "batch_size",
+/// "unbatched", "non_tensors"}, then each tensor leaf (nested ones included, contiguous) in the
+/// header's order: sorted by "."-joined key.
+struct UncollatedFrame {
+  std::string header;
+  std::vector<at::Tensor> leaves;
+};
+
+/// The uncollated frame of `td`. `check(key, leaf)` is called on each tensor leaf, in order,
+/// before it is taken: the transport's own conditions (the pipe's: CPU memory only). ValueError
+/// (starting with "send") for a MetaData entry or a quantized leaf, which the format cannot
+/// carry, or a key that is not valid UTF-8.
+UncollatedFrame uncollated_frame(
+    const TensorDict& td, const std::function<void(const NestedKey&, const at::Tensor&)>& check);
+
 /// Reads one TensorDict per call from a ByteSource, keeping the consolidated mode's receive
 /// state (the last schema and the TensorDict a same-schema message lands in). Not thread-safe:
 /// one call at a time (PipeImpl holds its recv mutex).
@@ -137,4 +157,4 @@ class FrameReader {
   std::optional<TensorDict> td_;  // the TensorDict a same-schema message lands in
 };
 
-}  // namespace tensordict::pipe::detail
+}  // namespace tensordict::wire::frames

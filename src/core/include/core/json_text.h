@@ -1,6 +1,6 @@
 #pragma once
-// Private: JSON text as Python's json module writes and reads it, shared by JsonValue, the
-// metadata codecs and the pipe's headers. Every reader of a peer's text goes through
+// Internal (not installed): JSON text as Python's json module writes and reads it, shared by
+// JsonValue, the metadata codecs, memmap's meta.json and the pipe's headers. Every reader of a peer's text goes through
 // parse_json with bounds, so nesting and element counts are checked while the tree is built.
 
 #include <cstddef>
@@ -11,7 +11,7 @@
 
 #include "tensordict/json_value.h"
 
-namespace tensordict::wire {
+namespace tensordict::core {
 
 /// Maps up to this size find a duplicate key by a scan; larger ones through a hash index.
 inline constexpr size_t kScanKeys = 8;
@@ -41,8 +41,10 @@ void append_json_string(std::string& out, std::string_view s, const char* who = 
 std::string python_float_repr(double d);
 
 /// Appends json.dumps(value, sort_keys=sort_keys): ", " and ": " separators, ASCII only,
-/// NaN / Infinity / -Infinity for the non-finite floats. Throws ValueError on invalid UTF-8.
-void append_json(std::string& out, const JsonValue& value, bool sort_keys);
+/// NaN / Infinity / -Infinity for the non-finite floats. Throws ValueError (starting with `who`)
+/// on invalid UTF-8.
+void append_json(std::string& out, const JsonValue& value, bool sort_keys,
+                 const char* who = "json");
 
 /// Python's str(value): a string as is, anything else as repr() would print the Python object
 /// json.loads gives ('single quotes', True, None, {'k': 1}). Non-ASCII characters are kept
@@ -82,4 +84,4 @@ const char* json_type_name(const JsonValue& value);
 /// same data", for the checks that a copy is unchanged (consolidated views, update, stack).
 bool json_identical(const JsonValue& a, const JsonValue& b);
 
-}  // namespace tensordict::wire
+}  // namespace tensordict::core

@@ -8,7 +8,7 @@
 #include <string>
 #include <string_view>
 
-namespace tensordict::wire {
+namespace tensordict::core {
 
 /// The low `n` bytes (1 to 8) of `v`, least significant first, at `out`.
 inline void put_le(uint8_t* out, uint64_t v, size_t n = 8) {
@@ -68,4 +68,4 @@ class ByteReader {
   size_t pos_ = 0;
 };
 
-}  // namespace tensordict::wire
+}  // namespace tensordict::core

@@ -1,4 +1,4 @@
-#include "checked_wire.h"
+#include "wire/checked.h"
 
 #include <c10/util/Exception.h>
 #include <c10/util/StringUtil.h>
@@ -14,9 +14,9 @@
 #include "tensordict/dtypes.h"
 #include "tensordict/errors.h"
 #include "tensordict/nested_key.h"
-#include "wire/bytes.h"
+#include "core/bytes.h"
 
-namespace tensordict::dist::detail {
+namespace tensordict::wire::checked {
 namespace {
 
 constexpr std::array<char, 8> kMagic = {'T', 'D', 'C', 'H', 'E', 'C', 'K', 'D'};
@@ -31,8 +31,8 @@ const char* mode_name(Mode m) {
   return m == Mode::kConsolidated ? "consolidated=True" : "consolidated=False";
 }
 
-void put_u32(std::string& out, uint32_t v) { wire::append_le(out, v, 4); }
-void put_u64(std::string& out, uint64_t v) { wire::append_le(out, v, 8); }
+void put_u32(std::string& out, uint32_t v) { core::append_le(out, v, 4); }
+void put_u64(std::string& out, uint64_t v) { core::append_le(out, v, 8); }
 
 void put_str(std::string& out, std::string_view s) {
   put_u32(out, static_cast<uint32_t>(s.size()));
@@ -66,7 +66,7 @@ class Reader {
     return bytes_.le(n);
   }
   const char* call_;
-  wire::ByteReader bytes_;
+  core::ByteReader bytes_;
 };
 
 int64_t checked_int(const char* call, uint64_t v, const char* what) {
@@ -310,4 +310,4 @@ void for_each_message(const char* call, const Header& h, const uint8_t* blob,
                 [&](const LeafSchema& l) { cut(l.nbytes); });
 }
 
-}  // namespace tensordict::dist::detail
+}  // namespace tensordict::wire::checked

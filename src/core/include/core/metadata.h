@@ -1,8 +1,9 @@
 #pragma once
-// Metadata as the wire carries it (docs/wire-format.md §3.2): the rules every reader of a peer's
-// metadata applies, and the readers themselves. A peer's metadata is parsed and validated once,
-// into ValidatedMetadata; the stages after (the storage transfer, rebuild) take that type and
-// trust it.
+// The schema (docs/wire-format.md §3): what every metadata must satisfy, whoever made it, and its
+// JSON reader (the core's public API reads and writes that form: files, metadata_from_json).
+// The transports' other encoding (the pickle, src/wire/) reads into the same types. A peer's
+// metadata is parsed and validated once, into ValidatedMetadata; the stages after (the storage
+// transfer, rebuild) take that type and trust it.
 
 #include <ATen/core/Tensor.h>
 #include <c10/core/ScalarType.h>
@@ -16,9 +17,8 @@
 
 #include "tensordict/consolidate.h"
 #include "tensordict/dtypes.h"
-#include "wire/pickle.h"
 
-namespace tensordict::wire {
+namespace tensordict::core {
 
 /// Bounds on the tree of a peer's metadata: node nesting, plus a node's fields, a leaf or
 /// non-tensor entry and the data of a non-tensor entry; and the number of values.
@@ -28,11 +28,15 @@ inline constexpr size_t kMaxMetadataJsonValues = 8 * static_cast<size_t>(kMaxMet
 /// Leaves start and end on multiples of this many bytes (docs/wire-format.md §3.1).
 inline constexpr int64_t kLeafAlign = 8;
 
+/// Whether `name` is a dotted name of ASCII identifiers ("a", "pkg.mod", "Outer.Inner"): what
+/// a class reference's module and qualname must be.
+bool valid_dotted_name(std::string_view name);
+
 /// Whether a Metadata::cls is "module.qualname" from a peer's pickled class reference (a
 /// tensorclass node: rebuilt as a TensorDict node, written back as "TensorDict"), rather than a
 /// class name of the reference's CLS_MAP (which never holds a dot).
 inline bool is_class_reference_name(std::string_view cls) {
-  return cls.find('.') != std::string_view::npos && pickle::valid_dotted_name(cls);
+  return cls.find('.') != std::string_view::npos && valid_dotted_name(cls);
 }
 
 /// The node fields a nested key may not be named after.
@@ -99,13 +103,9 @@ ValidatedMetadata read_metadata_json(std::string_view text);
 /// path must agree with (fuzz/metadata_json.cpp checks it); ValueError as there.
 ValidatedMetadata read_metadata_json_general(std::string_view text);
 
-/// A peer's metadata pickle (init_remote and the collectives, §4.2), read by the restricted
-/// reader under metadata_pickle_limits() and validated.
-ValidatedMetadata read_metadata_pickle(std::string_view bytes);
-
 /// A TensorDict of views of `storage` laid out as `metadata` says, without validating again:
 /// only that the storage is a 1-D contiguous uint8 tensor of at least storage_bytes() bytes
 /// whose offset keeps every leaf aligned is checked (else this is rebuild()).
 TensorDict rebuild_validated(ValidatedMetadata metadata, const at::Tensor& storage);
 
-}  // namespace tensordict::wire
+}  // namespace tensordict::core

@@ -1,4 +1,4 @@
-// JSON text as Python's json module writes and reads it (wire/json_text.h).
+// JSON text as Python's json module writes and reads it (core/json_text.h).
 
 #include <c10/util/Exception.h>
 #include <c10/util/StringUtil.h>
@@ -13,12 +13,12 @@
 #include <unordered_map>
 #include <unordered_set>
 
-#include "wire/json_text.h"
+#include "core/json_text.h"
 #include "tensordict/errors.h"
 #include "tensordict/nested_key.h"
 
 namespace tensordict {
-namespace wire {
+namespace core {
 namespace {
 
 void append_u_escape(std::string& out, uint32_t unit) {
@@ -447,11 +447,11 @@ class Parser {
 };
 
 }  // namespace
-}  // namespace wire
+}  // namespace core
 
 // ---- json_text.h --------------------------------------------------------------------------------
 
-namespace wire {
+namespace core {
 
 bool valid_utf8(std::string_view s) {
   uint32_t cp = 0;
@@ -580,7 +580,7 @@ std::string python_float_repr(double d) {
   return out;
 }
 
-void append_json(std::string& out, const JsonValue& v, bool sort_keys) {
+void append_json(std::string& out, const JsonValue& v, bool sort_keys, const char* who) {
   if (v.is_null()) {
     out += "null";
   } else if (v.is_bool()) {
@@ -597,14 +597,14 @@ void append_json(std::string& out, const JsonValue& v, bool sort_keys) {
       out += python_float_repr(d);
     }
   } else if (v.is_string()) {
-    append_json_string(out, v.as_string());
+    append_json_string(out, v.as_string(), who);
   } else if (v.is_list()) {
     out += '[';
     bool first = true;
     for (const auto& item : v.as_list()) {
       if (!first) out += ", ";
       first = false;
-      append_json(out, item, sort_keys);
+      append_json(out, item, sort_keys, who);
     }
     out += ']';
   } else {
@@ -620,9 +620,9 @@ void append_json(std::string& out, const JsonValue& v, bool sort_keys) {
     out += '{';
     for (size_t i = 0; i < members.size(); ++i) {
       if (i) out += ", ";
-      append_json_string(out, members[i]->first);
+      append_json_string(out, members[i]->first, who);
       out += ": ";
-      append_json(out, members[i]->second, sort_keys);
+      append_json(out, members[i]->second, sort_keys, who);
     }
     out += '}';
   }
@@ -685,5 +685,5 @@ bool json_identical(const JsonValue& a, const JsonValue& b) {
   return a == b;
 }
 
-}  // namespace wire
+}  // namespace core
 }  // namespace tensordict

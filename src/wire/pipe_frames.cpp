@@ -1,6 +1,6 @@
-// The receive half of the pipe's framing, moved out of PipeImpl so that it depends on bytes
-// only (see frames.h). Messages name the peer: the caller's pipe errors read as before.
-#include "frames.h"
+// The pipe's frames (wire/pipe_frames.h): the peer info, the frame reader, the uncollated
+// header. Bytes only; messages name the peer, so the pipe's errors read as the reference's.
+#include "wire/pipe_frames.h"
 
 #include <ATen/ATen.h>
 #include <c10/util/Exception.h>
@@ -21,11 +21,11 @@
 #include "tensordict/dtypes.h"
 #include "tensordict/errors.h"
 #include "tensordict/nested_key.h"
-#include "wire/bytes.h"
-#include "wire/json_text.h"
-#include "wire/metadata.h"
+#include "core/bytes.h"
+#include "core/json_text.h"
+#include "core/metadata.h"
 
-namespace tensordict::pipe::detail {
+namespace tensordict::wire::frames {
 
 // ---- peer info ----------------------------------------------------------------------------------
 
@@ -46,14 +46,14 @@ uint64_t make_our_tag() {
 }
 
 void write_peer_info(uint64_t tag, uint8_t* out) {
-  wire::put_le(out, tag);
-  wire::put_le(out + 8, hash64bits(tag));
+  core::put_le(out, tag);
+  core::put_le(out + 8, hash64bits(tag));
 }
 
 PeerInfo read_peer_info(const uint8_t* in) {
   PeerInfo info;
-  info.tag = wire::get_le(in);
-  const uint64_t checksum = wire::get_le(in + 8);
+  info.tag = core::get_le(in);
+  const uint64_t checksum = core::get_le(in + 8);
   const uint64_t expected = hash64bits(info.tag);
   TD_CHECK_PEER(checksum == expected, "Checksum invalid! 0x", std::hex, expected, " != 0x",
                 checksum, " (the peer is not a ucxx endpoint)");
@@ -87,7 +87,7 @@ uint64_t FrameReader::read_length(ByteSource& src, const char* what, bool first)
   } else {
     src.read(buf, 8, scratch_, what);
   }
-  const uint64_t n = wire::get_le(buf);
+  const uint64_t n = core::get_le(buf);
   if (first && n == kCloseLength) src.peer_left();
   if (n > static_cast<uint64_t>(limits_.max_metadata_bytes)) {
     const std::string why = c10::str("recv: peer ", src.peer(), " announced ", what, " of ", n,
@@ -174,11 +174,11 @@ TensorDict FrameReader::recv_consolidated(ByteSource& src, const std::optional<T
   const uint64_t meta_len = read_length(src, "metadata", /*first=*/false);
   const at::Tensor meta_buf = bytes_tensor(meta_len);
   src.read(meta_buf.data_ptr(), meta_len, meta_buf, "the metadata");
-  std::optional<wire::ValidatedMetadata> metadata;
+  std::optional<core::ValidatedMetadata> metadata;
   int64_t total = -1;
   std::string sender_device = "cpu";
   try {
-    metadata = wire::read_metadata_json(
+    metadata = core::read_metadata_json(
         std::string_view(static_cast<const char*>(meta_buf.const_data_ptr()), meta_len));
     for (const auto& [key, value] : metadata->transport()) {
       if (key == "_total_bytes") {
@@ -233,7 +233,7 @@ TensorDict FrameReader::recv_consolidated(ByteSource& src, const std::optional<T
     at::Tensor storage =
         at::empty({total}, at::TensorOptions().dtype(at::kByte).device(target_device));
     src.read(storage.data_ptr(), static_cast<size_t>(total), storage, "the storage");
-    td_ = wire::rebuild_validated(std::move(*metadata), storage);
+    td_ = core::rebuild_validated(std::move(*metadata), storage);
   }
   if (new_schema) *new_schema = true;
   return *td_;
@@ -291,10 +291,10 @@ TensorDict FrameReader::recv_uncollated(ByteSource& src, std::optional<at::Devic
   std::vector<std::pair<std::vector<std::string>, NonTensorData>> non_tensors;
   std::vector<int64_t> batch_size;
   try {
-    const JsonValue header = wire::parse_json(
+    const JsonValue header = core::parse_json(
         std::string_view(static_cast<const char*>(buf.const_data_ptr()), len),
-        wire::JsonLimits{.max_depth = wire::kMaxMetadataJsonDepth,
-                                       .max_values = wire::kMaxMetadataJsonValues},
+        core::JsonLimits{.max_depth = core::kMaxMetadataJsonDepth,
+                                       .max_values = core::kMaxMetadataJsonValues},
         "the header");
     auto field = [&](const char* name) -> const JsonValue* {
       if (!header.is_map()) return nullptr;
@@ -417,4 +417,77 @@ TensorDict FrameReader::recv_uncollated(ByteSource& src, std::optional<at::Devic
   return result;
 }
 
-}  // namespace tensordict::pipe::detail
+// ---- the uncollated sender's frame (§6.2) --------------------------------------------------------
+
+UncollatedFrame uncollated_frame(
+    const TensorDict& td, const std::function<void(const NestedKey&, const at::Tensor&)>& check) {
+  // Tensors and non-tensor entries, as the reference's items(is_leaf=_is_leaf_nontensor).
+  std::vector<std::pair<NestedKey, Value>> items;
+  for (auto& item : td.items({.include_nested = true})) {
+    if (!item.second.is_tensordict()) items.push_back(std::move(item));
+  }
+  auto joined = [](const NestedKey& k) {
+    std::string s;
+    for (size_t i = 0; i < k.size(); ++i) s += (i ? "." : "") + k[i];
+    return s;
+  };
+  std::vector<std::pair<std::string, size_t>> order;
+  order.reserve(items.size());
+  for (size_t i = 0; i < items.size(); ++i) order.emplace_back(joined(items[i].first), i);
+  std::stable_sort(order.begin(), order.end());  // byte order = code-point order in UTF-8
+
+  // A key as the reference writes it: its string, or the list of a nested key's parts.
+  const auto wire_key = [](const NestedKey& key) -> JsonValue {
+    if (!key.is_nested()) return JsonValue(key[0]);
+    JsonValue::List parts(key.parts().begin(), key.parts().end());
+    return JsonValue(std::move(parts));
+  };
+  const auto ints = [](at::IntArrayRef v) {
+    return JsonValue(JsonValue::List(v.begin(), v.end()));
+  };
+  JsonValue::List keys, dtypes, shapes, unbatched, non_tensors;
+  UncollatedFrame frame;
+  for (const auto& [joined_key, index] : order) {
+    const auto& [key, value] = items[index];
+    if (value.is_non_tensor()) {
+      // [key, data] for a NonTensorData, [key, values, batch_size, stack_dim] for a
+      // NonTensorStack, as the reference sends them; a MetaData it refuses.
+      const NonTensorData& nt = value.non_tensor();
+      TORCH_CHECK_VALUE(!nt.is_metadata(), "consolidated=False cannot send the MetaData entry ",
+                        key.str(), ": it sends only NonTensorData and NonTensorStack entries "
+                        "whose values are str, int, float, bool, None, or lists or dicts (with "
+                        "str keys) of them. Send it with consolidated=True.");
+      JsonValue::List entry{wire_key(key)};
+      if (nt.is_stack()) {
+        entry.push_back(nt.tolist());
+        entry.push_back(ints(nt.batch_size()));
+        entry.push_back(JsonValue(nt.stack_dim()));
+      } else {
+        entry.push_back(nt.data());
+      }
+      non_tensors.emplace_back(std::move(entry));
+      continue;
+    }
+    const at::Tensor& t = value.tensor();
+    check(key, t);
+    TORCH_CHECK_VALUE(!c10::isQIntType(t.scalar_type()), "send: leaf ", key.str(),
+                      " has the quantized dtype ", dtype_name(t.scalar_type()),
+                      ", which the pipe cannot carry");
+    keys.push_back(wire_key(key));
+    if (value.is_unbatched()) unbatched.push_back(wire_key(key));
+    dtypes.emplace_back(dtype_name(t.scalar_type()));
+    shapes.push_back(ints(t.sizes()));
+    frame.leaves.push_back(t.contiguous());
+  }
+  JsonValue::Map header;
+  header.emplace_back("keys", std::move(keys));
+  header.emplace_back("dtypes", std::move(dtypes));
+  header.emplace_back("shapes", std::move(shapes));
+  header.emplace_back("batch_size", ints(td.batch_size()));
+  header.emplace_back("unbatched", std::move(unbatched));
+  header.emplace_back("non_tensors", std::move(non_tensors));
+  core::append_json(frame.header, JsonValue(std::move(header)), /*sort_keys=*/false, "send");
+  return frame;
+}
+
+}  // namespace tensordict::wire::frames

@@ -2,7 +2,7 @@
 // The bytes of a checked transfer (docs/reliability.md, "The messages"): the header, the
 // schema, and the receiver's reading of both, with every bound a peer's announcement must
 // pass. No transport here, so that fuzz/checked.cpp reads a peer's bytes exactly as a
-// receiver does. Private to the c10d layer.
+// receiver does. Used by the c10d layer (src/distributed/checked.cpp).
 
 #include <ATen/core/Tensor.h>
 
@@ -13,7 +13,7 @@
 #include <utility>
 #include <vector>
 
-namespace tensordict::dist::detail {
+namespace tensordict::wire::checked {
 
 inline constexpr size_t kCheckedHeaderBytes = 64;
 /// Payload messages are at most this long, which bounds the scratch a mismatched receiver
@@ -81,4 +81,4 @@ std::string describe_mismatch(const char* call, const Header& h, const uint8_t* 
 void for_each_message(const char* call, const Header& h, const uint8_t* blob,
                       const std::function<void(int64_t)>& fn);
 
-}  // namespace tensordict::dist::detail
+}  // namespace tensordict::wire::checked
