@@ -2,7 +2,6 @@
 
 #include <c10/util/Exception.h>
 
-#include <algorithm>
 #include <limits>
 
 #include "tensordict/consolidate.h"

@@ -22,7 +22,6 @@
 #include "core/bytes.h"
 #include "pipe_impl.h"
 #include "tensordict/consolidate.h"
-#include "tensordict/dtypes.h"
 #include "tensordict/errors.h"
 #include "tensordict/log.h"
 #include "tensordict/transfer_stats.h"
