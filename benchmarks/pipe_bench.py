@@ -37,7 +37,7 @@ import sys
 import time
 
 ROOT = pathlib.Path(__file__).resolve().parents[1]
-KB, MB100 = 1024, 100 * 1024 * 1024
+KB, MB100, QUICK_BIG = 1024, 100 * 1024 * 1024, 4 * 1024 * 1024
 SETTINGS = {"default": {}, "tcp": {"UCX_TLS": "tcp", "UCX_NET_DEVICES": "lo"}}
 # The TCP segment sizes the pipe sets unless the environment does (src/pipe/ucx_worker.cpp):
 # ucx_perftest runs with them too, beside its defaults, to compare like with like.
@@ -260,48 +260,57 @@ def gloo(nbytes: int, rounds: int) -> float:
 
 # ---- the run ----------------------------------------------------------------------------------
 def measure(quick: bool, repeats: int) -> dict:
-    """Medians over `repeats` runs of every arm, per setting."""
+    """Medians over `repeats` runs of every arm, per setting. --quick (the test suite's smoke
+    run, which checks that every arm runs, not its speed) streams 4 MB instead of 100 MB."""
     lat_rounds, bw_rounds = (500, 5) if quick else (5000, 10)
-    results: dict = {"gloo_100mb": []}
+    big = QUICK_BIG if quick else MB100
+    results: dict = {"big": big, "gloo_big": []}
     for setting in SETTINGS:
         env = env_for(setting)
         r = results[setting] = {k: [] for k in ("perftest_lat", "perftest_bw", "perftest_bw_seg",
                                                 "ours_lat", "ours_bw", "ref_lat", "ref_bw")}
         for _ in range(repeats):
             r["perftest_lat"].append(perftest("tag_lat", KB, lat_rounds * 4, env))
-            r["perftest_bw"].append(perftest("tag_bw", MB100, bw_rounds * 2, env))
+            r["perftest_bw"].append(perftest("tag_bw", big, bw_rounds * 2, env))
             if setting == "tcp":  # the segments change nothing on shared memory
-                r["perftest_bw_seg"].append(perftest("tag_bw", MB100, bw_rounds * 2,
+                r["perftest_bw_seg"].append(perftest("tag_bw", big, bw_rounds * 2,
                                                      {**env, **PIPE_TCP_SEGMENTS}))
             lat, r["transports_lat"] = ours("lat", KB, lat_rounds, env)
             r["ours_lat"].append(lat)
-            bw, r["transports_bw"] = ours("bw", MB100, bw_rounds, env)
+            bw, r["transports_bw"] = ours("bw", big, bw_rounds, env)
             r["ours_bw"].append(bw)
             r["ref_lat"].append(reference("lat", KB, lat_rounds // 5, env))
-            r["ref_bw"].append(reference("bw", MB100, max(2, bw_rounds // 2), env))
+            r["ref_bw"].append(reference("bw", big, max(2, bw_rounds // 2), env))
             if setting == "default":
-                python_arms(r, env, lat_rounds, bw_rounds)
+                python_arms(r, env, lat_rounds, bw_rounds, big)
             print(f"pipe_bench: {setting}: " + ", ".join(
                 f"{k} {v[-1]:.1f}" for k, v in r.items() if isinstance(v, list) and v),
                 file=sys.stderr, flush=True)
     for _ in range(repeats):
-        results["gloo_100mb"].append(gloo(MB100, 5 if quick else 10))
+        results["gloo_big"].append(gloo(big, 5 if quick else 10))
     return results
 
 
-# The cases of the Python comparison: (key, mode, bytes); "lat" is an echo's round trip (the
-# receiver sends back the TensorDict it received), "bw" a stream's time per message.
-PY_CASES = [("stream1k", "bw", KB), ("echo1k", "lat", KB), ("stream100", "bw", MB100),
-            ("echo100", "lat", MB100)]
+# The cases of the Python comparison: (key, mode, bytes or None for the run's large size); "lat"
+# is an echo's round trip (the receiver sends back the TensorDict it received), "bw" a stream's
+# time per message.
+PY_CASES = [("stream1k", "bw", KB), ("echo1k", "lat", KB), ("stream100", "bw", None),
+            ("echo100", "lat", None)]
 
 
-def python_arms(r: dict, env: dict, lat_rounds: int, bw_rounds: int) -> None:
+def mb(results: dict) -> str:
+    """The large case's size, as the tables name it."""
+    return f"{results['big'] >> 20} MB"
+
+
+def python_arms(r: dict, env: dict, lat_rounds: int, bw_rounds: int, big: int) -> None:
     """Ours from C++, from Python (sync and asyncio) and the reference's pipe, in every case of
     PY_CASES, appended to `r` (one run each)."""
     def rounds(nbytes: int) -> int:
         return lat_rounds if nbytes == KB else bw_rounds
     r.setdefault("perftest_bw1k", []).append(perftest("tag_bw", KB, lat_rounds * 4, env))
     for key, mode, nbytes in PY_CASES:
+        nbytes = nbytes or big
         r.setdefault(f"cpp_{key}", []).append(ours(mode, nbytes, rounds(nbytes), env)[0])
         for api in ("sync", "async"):
             r.setdefault(f"py_{api}_{key}", []).append(
@@ -317,7 +326,8 @@ def python_table(results: dict) -> tuple[str, list[tuple[str, float, float, bool
     m = {k: med(v) for k, v in r.items() if k.startswith(("cpp_", "py_", "ref_", "perftest_"))
          and isinstance(v, list) and v}
     names = {"stream1k": "1 KB stream, per message", "echo1k": "1 KB echo, round trip",
-             "stream100": "100 MB stream, per message", "echo100": "100 MB echo, round trip"}
+             "stream100": f"{mb(results)} stream, per message",
+             "echo100": f"{mb(results)} echo, round trip"}
     floors = {"stream1k": f"{fmt(m['perftest_bw1k'])} (tag_bw)",
               "echo1k": f"{fmt(m['perftest_lat'])} (2 x tag_lat)",
               "stream100": f"{fmt(m['perftest_bw'])} (tag_bw)", "echo100": ""}
@@ -333,14 +343,14 @@ def python_table(results: dict) -> tuple[str, list[tuple[str, float, float, bool
          m["ref_stream1k"] / m["py_async_stream1k"], 10, ">="),
         ("1 KB echo: the reference over Python asend / arecv (goal >= 10)",
          m["ref_echo1k"] / m["py_async_echo1k"], 10, ">="),
-        ("100 MB stream: Python send / recv over C++ (goal <= 1.2)",
+        (f"{mb(results)} stream: Python send / recv over C++ (goal <= 1.2)",
          m["py_sync_stream100"] / m["cpp_stream100"], 1.2, "<="),
-        ("100 MB stream: Python asend / arecv over C++ (goal <= 1.2)",
+        (f"{mb(results)} stream: Python asend / arecv over C++ (goal <= 1.2)",
          m["py_async_stream100"] / m["cpp_stream100"], 1.2, "<="),
     ]
     for api, label in (("cpp", "C++"), ("py_sync", "Python send / recv"),
                        ("py_async", "Python asend / arecv")):
-        ratio.append((f"100 MB echo, {label}: the round trip over 2 stream messages (goal <= 1.1)",
+        ratio.append((f"{mb(results)} echo, {label}: the round trip over 2 stream messages (goal <= 1.1)",
                       m[f"{api}_echo100"] / (2 * m[f"{api}_stream100"]), 1.1, "<="))
     goals = [(g, v, limit, v <= limit if op == "<=" else v >= limit) for g, v, limit, op in ratio]
     goal_rows = ["| goal | measured | met |", "|---|--:|---|"]
@@ -354,7 +364,7 @@ def fmt(us: float) -> str:
 
 def table(results: dict) -> tuple[str, list[tuple[str, float, float, bool]]]:
     med = statistics.median
-    gloo_us = med(results["gloo_100mb"])
+    gloo_us, size = med(results["gloo_big"]), mb(results)
     rows = ["| UCX transports | case | ours (C++) | ucx_perftest | ucx_perftest, the pipe's TCP "
             "segments | reference pipe | raw Gloo send | lanes UCX chose |",
             "|---|---|--:|--:|--:|--:|--:|---|"]
@@ -367,21 +377,21 @@ def table(results: dict) -> tuple[str, list[tuple[str, float, float, bool]]]:
         sbw = med(r["perftest_bw_seg"]) if r["perftest_bw_seg"] else None
         rows.append(f"| {name} | 1 KB round trip | {fmt(lat)} | {fmt(plat)} (2 x tag_lat) | | "
                     f"{fmt(rlat)} | | {r['transports_lat']} |")
-        rows.append(f"| {name} | 100 MB, per message | {fmt(bw)} | {fmt(pbw)} (tag_bw) | "
+        rows.append(f"| {name} | {size}, per message | {fmt(bw)} | {fmt(pbw)} (tag_bw) | "
                     f"{fmt(sbw) if sbw else ''} | {fmt(rbw)} | {fmt(gloo_us)} | "
                     f"{r['transports_bw']} |")
         goals += [
             (f"{name}: 1 KB round trip / ucx_perftest's (goal <= 3)", lat / plat, 3, lat / plat <= 3),
-            (f"{name}: 100 MB / ucx_perftest tag_bw's (goal <= 1.25)", bw / pbw, 1.25,
+            (f"{name}: {size} / ucx_perftest tag_bw's (goal <= 1.25)", bw / pbw, 1.25,
              bw / pbw <= 1.25),
         ]
         if sbw:
-            goals.append((f"{name}: 100 MB / ucx_perftest tag_bw's with the pipe's TCP segments "
+            goals.append((f"{name}: {size} / ucx_perftest tag_bw's with the pipe's TCP segments "
                           "(<= 1.25)", bw / sbw, 1.25, bw / sbw <= 1.25))
         goals += [
-            (f"{name}: 100 MB, raw Gloo send / ours (goal >= 2)", gloo_us / bw, 2, gloo_us / bw >= 2),
+            (f"{name}: {size}, raw Gloo send / ours (goal >= 2)", gloo_us / bw, 2, gloo_us / bw >= 2),
             (f"{name}: 1 KB, reference / ours (goal >= 5)", rlat / lat, 5, rlat / lat >= 5),
-            (f"{name}: 100 MB, reference / ours (goal >= 2)", rbw / bw, 2, rbw / bw >= 2),
+            (f"{name}: {size}, reference / ours (goal >= 2)", rbw / bw, 2, rbw / bw >= 2),
         ]
     goal_rows = ["| goal | measured | met |", "|---|--:|---|"]
     goal_rows += [f"| {g} | {v:.2f} | {'yes' if ok else '**no**'} |" for g, v, _, ok in goals]
@@ -400,7 +410,8 @@ def section(results: dict) -> str:
         "UCX's own choice of transports and under `UCX_TLS=tcp`. Cases: a round trip of a "
         "consolidated 1 KB TensorDict (the schema sent once in the warm-up; each way then one "
         "tag message, the flag byte joined to the storage between peers of ours, as "
-        "ucx_perftest's one message each way; the reference sends two), and one 100 MB "
+        "ucx_perftest's one message each way; the reference sends two), and one "
+        f"{mb(results)} "
         "TensorDict in a stream of them (time per message; the raw Gloo send includes a 1-byte "
         "acknowledgement). The pipe sets UCX's TCP segments to 256 KiB (docs/pipe.md, "
         "\"Speed\"); ucx_perftest's tag_bw runs with UCX's defaults and with those segments. "
@@ -417,7 +428,7 @@ def section(results: dict) -> str:
 
 def main() -> int:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
-    parser.add_argument("--quick", action="store_true", help="fewer rounds")
+    parser.add_argument("--quick", action="store_true", help="fewer rounds, 4 MB for 100 MB")
     parser.add_argument("--repeats", type=int, default=3, help="runs of every arm (median)")
     parser.add_argument("--json", help="write the raw results here")
     args = parser.parse_args()
