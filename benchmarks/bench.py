@@ -795,7 +795,8 @@ a thread wake-up, so a goal below that column cannot be met without another wire
 def main() -> int:
     parser = argparse.ArgumentParser(prog="benchmarks/run", description=__doc__.split("\n")[0])
     parser.add_argument("--quick", action="store_true",
-                        help=f"one small case ({QUICK_CASE}), few repetitions, the pipe with 4 MB for 100 MB (the smoke test)")
+                        help=f"one small case ({QUICK_CASE}), few repetitions, the pipe with 4 MB "
+                             "for 100 MB (the smoke test)")
     parser.add_argument("--no-write", action="store_true",
                         help="print only: leave docs/benchmarks.md and docs/benchmarks.png")
     parser.add_argument("--json", help="also write every result to this file")
