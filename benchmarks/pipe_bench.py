@@ -291,26 +291,21 @@ def measure(quick: bool, repeats: int) -> dict:
     return results
 
 
-# The cases of the Python comparison: (key, mode, bytes or None for the run's large size); "lat"
-# is an echo's round trip (the receiver sends back the TensorDict it received), "bw" a stream's
-# time per message.
-PY_CASES = [("stream1k", "bw", KB), ("echo1k", "lat", KB), ("stream_big", "bw", None),
-            ("echo_big", "lat", None)]
-
-
 def mb(results: dict) -> str:
     """The large case's size, as the tables name it."""
     return f"{results['big'] >> 20} MB"
 
 
 def python_arms(r: dict, env: dict, lat_rounds: int, bw_rounds: int, big: int) -> None:
-    """Ours from C++, from Python (sync and asyncio) and the reference's pipe, in every case of
-    PY_CASES, appended to `r` (one run each)."""
+    """Ours from C++, from Python (sync and asyncio) and the reference's pipe, appended to `r`
+    (one run each), in four cases: 1 KB and the run's large size (`big`), each as a stream
+    ("bw": time per message) and as an echo ("lat": the round trip, the receiver sending back
+    the TensorDict it received)."""
     def rounds(nbytes: int) -> int:
         return lat_rounds if nbytes == KB else bw_rounds
     r.setdefault("perftest_bw1k", []).append(perftest("tag_bw", KB, lat_rounds * 4, env))
-    for key, mode, nbytes in PY_CASES:
-        nbytes = nbytes or big
+    for key, mode, nbytes in (("stream1k", "bw", KB), ("echo1k", "lat", KB),
+                              ("stream_big", "bw", big), ("echo_big", "lat", big)):
         r.setdefault(f"cpp_{key}", []).append(ours(mode, nbytes, rounds(nbytes), env)[0])
         for api in ("sync", "async"):
             r.setdefault(f"py_{api}_{key}", []).append(
@@ -325,9 +320,9 @@ def python_table(results: dict) -> tuple[str, list[tuple[str, float, float, bool
     r = results["default"]
     m = {k: med(v) for k, v in r.items() if k.startswith(("cpp_", "py_", "ref_", "perftest_"))
          and isinstance(v, list) and v}
+    size = mb(results)
     names = {"stream1k": "1 KB stream, per message", "echo1k": "1 KB echo, round trip",
-             "stream_big": f"{mb(results)} stream, per message",
-             "echo_big": f"{mb(results)} echo, round trip"}
+             "stream_big": f"{size} stream, per message", "echo_big": f"{size} echo, round trip"}
     floors = {"stream1k": f"{fmt(m['perftest_bw1k'])} (tag_bw)",
               "echo1k": f"{fmt(m['perftest_lat'])} (2 x tag_lat)",
               "stream_big": f"{fmt(m['perftest_bw'])} (tag_bw)", "echo_big": ""}
@@ -343,15 +338,14 @@ def python_table(results: dict) -> tuple[str, list[tuple[str, float, float, bool
          m["ref_stream1k"] / m["py_async_stream1k"], 10, ">="),
         ("1 KB echo: the reference over Python asend / arecv (goal >= 10)",
          m["ref_echo1k"] / m["py_async_echo1k"], 10, ">="),
-        (f"{mb(results)} stream: Python send / recv over C++ (goal <= 1.2)",
+        (f"{size} stream: Python send / recv over C++ (goal <= 1.2)",
          m["py_sync_stream_big"] / m["cpp_stream_big"], 1.2, "<="),
-        (f"{mb(results)} stream: Python asend / arecv over C++ (goal <= 1.2)",
+        (f"{size} stream: Python asend / arecv over C++ (goal <= 1.2)",
          m["py_async_stream_big"] / m["cpp_stream_big"], 1.2, "<="),
     ]
     for api, label in (("cpp", "C++"), ("py_sync", "Python send / recv"),
                        ("py_async", "Python asend / arecv")):
-        ratio.append((f"{mb(results)} echo, {label}: the round trip over 2 stream messages "
-                      "(goal <= 1.1)",
+        ratio.append((f"{size} echo, {label}: the round trip over 2 stream messages (goal <= 1.1)",
                       m[f"{api}_echo_big"] / (2 * m[f"{api}_stream_big"]), 1.1, "<="))
     goals = [(g, v, limit, v <= limit if op == "<=" else v >= limit) for g, v, limit, op in ratio]
     goal_rows = ["| goal | measured | met |", "|---|--:|---|"]
