@@ -150,9 +150,41 @@ void bind_pipe(py::module_& m) {
                                      py::arg("peer") = "a caller's link",
                                      py::arg("peer_tag") = py::none()),
                      pipe_option_args()));
-  pipe.def("send", &Pipe::send, py::arg("td"), py::call_guard<py::gil_scoped_release>())
+  // send's `timeout`: this send's own limit in seconds from now, in place of the pipe's per wait
+  // (PipeSendOptions::deadline); asend's thread passes what is left of its call's.
+  pipe.def(
+          "send",
+          [](Pipe& p, const TensorDict& td, std::optional<double> timeout) {
+            pipe::PipeSendOptions o;
+            if (timeout) {
+              TORCH_CHECK_VALUE(*timeout < 1e9, "timeout must be under 1e9 seconds, got ",
+                                *timeout);
+              o.deadline = std::chrono::steady_clock::now() +
+                           std::chrono::microseconds(static_cast<int64_t>(*timeout * 1e6));
+            }
+            py::gil_scoped_release nogil;
+            p.send(td, o);
+          },
+          py::arg("td"), py::kw_only(), py::arg("timeout") = py::none())
       .def("recv", &Pipe::recv, py::arg("td") = py::none(), py::kw_only(),
            py::arg("device") = py::none(), py::call_guard<py::gil_scoped_release>())
+      // try_recv: the received TensorDict, or why not as a str: "not_arrived" or "would_wait".
+      .def(
+          "try_recv",
+          [](Pipe& p, const std::optional<TensorDict>& td, std::optional<at::Device> device,
+             bool spin) -> py::object {
+            Pipe::RecvAttempt a;
+            std::optional<TensorDict> out;
+            {
+              py::gil_scoped_release nogil;
+              out = p.try_recv(&a, td, device,
+                               spin ? p.options().spin : std::chrono::microseconds(0));
+            }
+            if (out) return py::cast(std::move(*out));
+            return py::str(a == Pipe::RecvAttempt::kNotArrived ? "not_arrived" : "would_wait");
+          },
+          py::arg("td") = py::none(), py::kw_only(), py::arg("device") = py::none(),
+          py::arg("spin") = false)
       // try_send's answer as a str: "sent", "window_full" or "would_wait".
       .def(
           "try_send",

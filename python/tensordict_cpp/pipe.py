@@ -3,12 +3,13 @@
 The transport is the C++ pipe (``tensordict::pipe``, docs/pipe.md): each pipe has its own UCX
 worker, driven by a C++ progress thread while nobody waits. The coroutines (:meth:`asend`,
 :meth:`arecv`) run on the event loop's own thread without handing anything to another one:
-a receive waits for its TensorDict's first message on the pipe's event fd (``add_reader``),
-after a short busy-poll (the ``spin`` option), then receives it on the loop's thread; a small
-send of a known schema goes out at once (it never waits for the peer). Only what could hold
-the loop for long goes to a thread owned by the pipe, one per direction, while the loop keeps
+a receive waits on the pipe's event fd (``add_reader``), after a short busy-poll (the ``spin``
+option), until every message of its TensorDict has arrived, then receives it on the loop's
+thread; a small send of a known schema goes out at once (it never waits for the peer). What
+could hold the loop goes to a thread owned by the pipe, one per direction, while the loop keeps
 running: a send that would wait for the peer (a new schema, more than 8 KiB, a full
-flow-control window) and a receive whose TensorDicts are large (over 1 MiB last time). The
+flow-control window) and a receive with a message too large to set aside before it lands (over
+1 MiB). No peer can make the loop wait: a stalled or hostile one delays only its own pipe. The
 plain methods (:meth:`send`, :meth:`recv`, ...) block the calling thread. Both work with or
 without a running event loop: a plain call inside a coroutine blocks that loop for its
 duration, but it never deadlocks, since completing it needs no Python code.
@@ -26,6 +27,7 @@ import concurrent.futures
 import inspect
 import os
 import threading
+import time
 from typing import Any, AsyncIterator, Awaitable, Callable
 
 import torch
@@ -36,11 +38,6 @@ from tensordict_cpp import errors
 from tensordict_cpp.errors import PeerClosedError, PipeClosedError
 
 __all__ = ["TensorDictPipe", "TensorDictServer"]
-
-# arecv receives on the loop's thread when the pipe's last TensorDict took at most this many
-# bytes (about 50 us of copying here), else on the pipe's receive thread, so that the loop keeps
-# running while a large one lands: against the transfer, the thread's hand-over costs ~1%.
-_INLINE_RECV_BYTES = 1 << 20
 
 def _cpp_td(td: Any) -> Any:
     """The _C.TensorDict of ours, or of a reference TensorDict (its leaves shared)."""
@@ -334,6 +331,8 @@ class TensorDictPipe:
         room, it has sent nothing; once on the thread, the send completes (or fails) in the
         background."""
         cpp_td = _cpp_td(td)
+        # Its own deadline, from this call: time spent in line behind earlier asends counts.
+        deadline = time.monotonic() + self._timeout()
         if self._endpoint_loop is not None:
             self._endpoint_loop.bind()
         elif not self._queued["send"]:
@@ -342,13 +341,19 @@ class TensorDictPipe:
             attempt = "window_full" if self._send_line else self._cpp.try_send(cpp_td, True)
             if attempt == "sent":
                 return
-            if attempt == "window_full" and await self._send_when_room(cpp_td):
+            if attempt == "window_full" and await self._send_when_room(cpp_td, deadline):
                 return
-        await self._submit("send", self._cpp.send, cpp_td)
+        await self._submit("send", self._send_by, cpp_td, deadline)
 
-    async def _send_when_room(self, cpp_td: Any) -> bool:
+    def _send_by(self, cpp_td: Any, deadline: float) -> None:
+        # On the send thread: every wait of the send ends by the asend's deadline (raising
+        # TimeoutError at once, having sent nothing, when it passed in the queue).
+        self._cpp.send(cpp_td, timeout=deadline - time.monotonic())
+
+    async def _send_when_room(self, cpp_td: Any, deadline: float) -> bool:
         """Waits on the loop, in line behind earlier asends, until the flow-control window has
-        room, and sends. False when the send turned out to need the thread after all."""
+        room, and sends; TimeoutError, having sent nothing, at ``deadline``. False when the
+        send turned out to need the thread after all."""
         token = object()
         self._send_line.append(token)
         attempt = "window_full"
@@ -363,7 +368,8 @@ class TensorDictPipe:
         try:
             await self._until(sent_or_cannot, lambda: errors.TimeoutError(
                 f"send: the peer {self._cpp.peer} has not started receiving the last "
-                f"TensorDicts within {self._timeout():g} s (max_unreceived); nothing was sent"))
+                f"TensorDicts within {self._timeout():g} s (max_unreceived); nothing was sent"),
+                deadline)
         finally:
             self._send_line.remove(token)
             if self._send_line:  # the next in line looks again now
@@ -400,37 +406,59 @@ class TensorDictPipe:
     async def arecv(self, td: TensorDict | None = None, *, device: Any = None) -> TensorDict:
         """:meth:`recv` as a coroutine.
 
-        It waits for the TensorDict's first message on the event loop (the pipe's event fd,
-        after a busy-poll of ``spin`` seconds), without a thread, then receives it on the
-        loop's thread; when the pipe's last TensorDict took over 1 MiB it receives on the
-        pipe's receive thread instead, so that the loop keeps running meanwhile. Waiting longer
-        than ``timeout`` for the first message raises ``TimeoutError`` and, having received
-        nothing, leaves the pipe usable.
+        It receives on the loop's thread only a TensorDict whose messages have all arrived (at
+        most 1 MiB together), and never waits there for the peer: until they have, it waits
+        on the pipe's event fd (after a busy-poll of ``spin`` seconds), without a thread, and
+        each message that arrives is set aside in order. A TensorDict with a larger message
+        is received on the pipe's receive thread instead, while the loop keeps running.
+        Waiting longer than ``timeout`` for a whole TensorDict raises ``TimeoutError`` having
+        received nothing, and leaves the pipe usable: the part that arrived is kept for the
+        next :meth:`arecv`.
 
-        Cancelling it (``asyncio.wait_for`` included) loses nothing and leaves the pipe usable:
-        cancelled while waiting for the message, it has received nothing; cancelled while the
-        receive thread was receiving, the message is returned by the next :meth:`arecv`
-        (which then ignores its own arguments), or its error raised there.
+        Cancelling it (``asyncio.wait_for`` included) returns at once, loses nothing and leaves
+        the pipe usable: cancelled while waiting on the loop, it has received nothing (what
+        arrived is kept, in order, for the next receive); cancelled while the receive thread
+        was receiving, the message is returned by the next :meth:`arecv` (which then ignores
+        its own arguments), or its error raised there (a timeout there breaks the pipe, as
+        :meth:`recv`'s does).
         """
         if self._endpoint_loop is not None:
             self._endpoint_loop.bind()
             return await self._arecv_on_thread(td, device)
         # Read without the lock: a stale answer only sends this call to the thread, in order.
         if self._orphan is None and not self._queued["recv"]:
-            if not self._cpp.recv_ready():  # busy-polls for the pipe's spin first
-                await self._until(lambda: self._cpp.recv_ready(0.0), lambda: errors.TimeoutError(
-                    f"recv: no TensorDict from {self._cpp.peer or 'a client'} within "
-                    f"{self._timeout():g} s (the pipe's timeout); nothing was received, the "
-                    f"pipe stays usable"))
-            if (self._orphan is None and not self._queued["recv"]  # none queued meanwhile
-                    and self._cpp.last_recv_bytes <= _INLINE_RECV_BYTES):
-                return self._recv_blocking(td, device)  # it waits only for bytes under way
+            into, dev = _cpp_td(td), _device(device)
+            got = self._cpp.try_recv(into, device=dev, spin=True)  # busy-polls for the spin
+            if type(got) is str and got == "not_arrived":
+                got = await self._when_arrived(into, dev)
+            if type(got) is not str:  # received whole, on the loop's thread
+                return self._wrap(td, into, got)
         return await self._arecv_on_thread(td, device)
 
+    async def _when_arrived(self, into: Any, device: Any) -> Any:
+        """Waits on the loop until try_recv receives (the TensorDict) or needs the thread
+        ("would_wait"); TimeoutError, having received nothing, after the pipe's timeout."""
+        got: Any = "not_arrived"
+
+        def arrived() -> bool:
+            nonlocal got
+            if self._orphan is not None or self._queued["recv"]:
+                got = "would_wait"  # in line behind a receive on the thread
+            else:
+                got = self._cpp.try_recv(into, device=device)
+            return type(got) is not str or got != "not_arrived"
+
+        await self._until(arrived, lambda: errors.TimeoutError(
+            f"recv: no whole TensorDict from {self._cpp.peer or 'a client'} within "
+            f"{self._timeout():g} s (the pipe's timeout); nothing was received, the pipe stays "
+            f"usable (what arrived is kept for the next receive)"),
+            time.monotonic() + self._timeout())
+        return got
+
     async def _until(self, ready: Callable[[], bool],
-                     timeout_error: Callable[[], BaseException]) -> None:
+                     timeout_error: Callable[[], BaseException], deadline: float) -> None:
         """Waits on the pipe's event fd, on the running loop, until ``ready()`` (looked at
-        after each event), or raises ``timeout_error()`` after the pipe's timeout."""
+        after each event), or raises ``timeout_error()`` at ``deadline`` (time.monotonic())."""
         loop = asyncio.get_running_loop()
         with self._lock:
             watch = self._watches.get(loop)
@@ -438,9 +466,8 @@ class TensorDictPipe:
                 watch = self._watches[loop] = _LoopWatch(self._cpp, loop)
             watch.acquire()
         try:
-            deadline = loop.time() + self._timeout()
             while not ready():  # looked at after watching: no event is missed
-                remaining = deadline - loop.time()
+                remaining = deadline - time.monotonic()
                 if remaining <= 0:
                     raise timeout_error()
                 await watch.next_event(remaining)
@@ -464,7 +491,11 @@ class TensorDictPipe:
 
     def _recv_blocking(self, td: Any, device: Any) -> Any:
         into = _cpp_td(td)
-        out = self._cpp.recv(into, device=_device(device))
+        return self._wrap(td, into, self._cpp.recv(into, device=_device(device)))
+
+    def _wrap(self, td: Any, into: Any, out: Any) -> Any:
+        """The Python TensorDict of ``out``, received into ``into`` (``td``'s): the same
+        object as before when the receive landed in place."""
         if into is not None and not isinstance(td, TensorDict) and into.is_same(out):
             return td  # a reference TensorDict, received into its own tensors
         # The same C++ TensorDict as before (same schema): the same Python object too. No lock:

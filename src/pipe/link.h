@@ -6,6 +6,7 @@
 
 #include <chrono>
 #include <cstddef>
+#include <functional>
 #include <string>
 
 #include "wire/pipe_frames.h"
@@ -43,6 +44,17 @@ class Link {
   /// arrived, or fail at once (the link closed, broken or left by the peer), progressing the
   /// transport for up to `spin` meanwhile. A caller's link cannot tell: true.
   virtual bool recv_would_not_wait(std::chrono::microseconds /*spin*/) { return true; }
+  /// For event loops (Pipe::try_recv): progresses the transport from the calling thread until
+  /// `decide(peek)` is no longer kIncomplete, or until it has had nothing to do for `spin`;
+  /// returns decide's last answer. `peek.peek(i)` looks at the i-th message not yet received:
+  /// messages are taken off the transport into a stash, in order, while the stash holds at most
+  /// `stash_limit` bytes, and later receives read them from there first, so nothing is lost
+  /// or reordered whatever the caller does next. A caller's link cannot look ahead:
+  /// kNeedsReceiver.
+  virtual Arrival look_ahead(const std::function<Arrival(MessagePeek&)>& /*decide*/,
+                             size_t /*stash_limit*/, std::chrono::microseconds /*spin*/) {
+    return Arrival::kNeedsReceiver;
+  }
   /// For event loops (Pipe::try_send): whether the next send_credit() within `window` would
   /// return without waiting for the peer, driving the transport for up to `spin` until it
   /// would. A caller's link cannot tell: false.

@@ -201,18 +201,16 @@ PipeImpl::PipeImpl(PipeOptions opts, std::shared_ptr<Worker> w)
 }
 
 PipeImpl::~PipeImpl() {
-  close();
-  if (event_fd.load() >= 0) {
-    if (watchers.load() > 0 && worker) worker->unwatch(event_fd.load());
-    ::close(event_fd.load());
-  }
+  close();  // unwatched the worker, which it released
+  if (event_fd.load() >= 0) ::close(event_fd.load());
 }
 
 void PipeImpl::signal_event() const {
-  if (watchers.load() == 0) return;
+  // Locked: close() may be closing the fd.
+  std::lock_guard<std::mutex> lk(event_mu);
+  if (watchers.load() == 0 || event_fd.load() < 0) return;
   const uint64_t one = 1;
-  const int fd = event_fd.load();
-  [[maybe_unused]] auto n = ::write(fd, &one, sizeof(one));
+  [[maybe_unused]] auto n = ::write(event_fd.load(), &one, sizeof(one));
 }
 
 std::shared_ptr<Link> PipeImpl::endpoint(const char* op) {
@@ -237,9 +235,15 @@ std::shared_ptr<Link> PipeImpl::endpoint_if_connected() {
   return ep;
 }
 
+Millis PipeImpl::send_wait() const {
+  if (!send_deadline) return options.timeout;
+  const auto left = std::chrono::duration_cast<Millis>(*send_deadline - Clock::now());
+  return std::clamp(left, Millis(0), options.timeout);
+}
+
 void PipeImpl::send_bytes(Link& e, const void* data, size_t n, const at::Tensor& owner,
                           const char* what) {
-  e.send(data, n, owner, what, options.timeout);
+  e.send(data, n, owner, what, send_wait());
   counted(e, true, n, what);
 }
 
@@ -251,8 +255,7 @@ void PipeImpl::send_first(Link& e, const void* data, size_t n, const char* what)
 
 void PipeImpl::send_credit(Link& e, const void* data, size_t n, const at::Tensor& owner,
                            const char* what) {
-  e.send_credit(data, n, owner, what, static_cast<size_t>(options.max_unreceived),
-                options.timeout);
+  e.send_credit(data, n, owner, what, static_cast<size_t>(options.max_unreceived), send_wait());
   ++credits_sent;
   counted(e, true, n, what);
 }
@@ -424,8 +427,11 @@ void PipeImpl::say_goodbye(Link& e) noexcept {
 
 void PipeImpl::close() noexcept {
   if (closed.exchange(true)) return;
-  if (listener) listener->close(options.timeout);  // wakes an accept() waiting for a client
+  // Set once before close (listen), reset only below: read without ep_mu, which an accept()
+  // waiting for a client holds until this wakes it.
+  if (listener) listener->close(options.timeout);
   std::shared_ptr<Link> e;
+  std::shared_ptr<Listener> l;
   {
     std::lock_guard<std::mutex> lk(ep_mu);
     e = ep;
@@ -434,7 +440,36 @@ void PipeImpl::close() noexcept {
     if (!peer_closed.load()) say_goodbye(*e);
     e->close(options.timeout);
   }
-  signal_event();  // a loop waiting on this pipe looks again, and finds it closed
+  {
+    // Released now rather than with the last handle: a closed pipe, healthy or broken, keeps
+    // no endpoint, worker, thread or descriptor (calls still running hold their own
+    // references, and release them as they fail).
+    std::lock_guard<std::mutex> lk(ep_mu);
+    if (ep) {
+      closed_peer = ep->peer();
+      closed_peer_ours = ep->peer_info().ours;
+    }
+    ep.reset();
+    l = std::move(listener);
+  }
+  std::shared_ptr<Worker> w;
+  {
+    std::lock_guard<std::mutex> lk(event_mu);
+    const int fd = event_fd.load();
+    if (fd >= 0) {
+      const uint64_t one = 1;  // a loop waiting on this pipe looks again, and finds it closed
+      [[maybe_unused]] auto n = ::write(fd, &one, sizeof(one));
+      if (watchers.load() > 0 && worker) worker->unwatch(fd);
+      if (watchers.load() == 0) {  // else the last unwatch closes it
+        ::close(fd);
+        event_fd = -1;
+      }
+    }
+    w = std::move(worker);
+  }
+  e.reset();
+  l.reset();
+  w.reset();  // the last reference joins the progress thread and releases UCX
 }
 
 }  // namespace detail
@@ -466,10 +501,22 @@ Pipe Pipe::over(PipeLink link, const PipeOptions& options) {
   return Pipe(std::move(impl));
 }
 
-void Pipe::send(const TensorDict& td) {
+void Pipe::send(const TensorDict& td, const PipeSendOptions& send_options) {
   std::lock_guard<std::mutex> lk(impl_->send_mu);
   auto e = impl_->endpoint("send");
-  impl_->send_locked(*e, td);
+  if (send_options.deadline) {
+    TD_CHECK_AS(TimeoutError, detail::Clock::now() < *send_options.deadline,
+                "send: the deadline passed before the send could start (queued behind earlier "
+                "sends to ", e->peer(), "); nothing was sent");
+  }
+  impl_->send_deadline = send_options.deadline;
+  try {
+    impl_->send_locked(*e, td);
+  } catch (...) {
+    impl_->send_deadline.reset();
+    throw;
+  }
+  impl_->send_deadline.reset();
 }
 
 Pipe::SendAttempt Pipe::try_send(const TensorDict& td, std::chrono::microseconds spin) {
@@ -483,18 +530,52 @@ Pipe::SendAttempt Pipe::try_send(const TensorDict& td, std::chrono::microseconds
   return attempt;
 }
 
+TensorDict detail::PipeImpl::recv_locked(detail::Link& e, const std::optional<TensorDict>& td,
+                                         std::optional<at::Device> device) {
+  const detail::Transfer transfer(*this, e, /*sent=*/false);
+  TensorDict out = options.consolidated ? recv_consolidated(e, td, device)
+                                        : recv_uncollated(e, device);
+  count(&detail::Counters::recvs, 1);
+  last_recv_bytes = transfer.bytes();
+  transfer.done();
+  signal_event();  // a loop that found this receive running looks again
+  return out;
+}
+
 TensorDict Pipe::recv(const std::optional<TensorDict>& td, std::optional<at::Device> device) {
   std::lock_guard<std::mutex> lk(impl_->recv_mu);
   auto e = impl_->endpoint("recv");
-  const detail::Transfer transfer(*impl_, *e, /*sent=*/false);
-  TensorDict out = impl_->options.consolidated ? impl_->recv_consolidated(*e, td, device)
-                                               : impl_->recv_uncollated(*e, device);
-  impl_->count(&detail::Counters::recvs, 1);
-  impl_->last_recv_bytes = transfer.bytes();
-  transfer.done();
-  impl_->signal_event();  // a loop that found this receive running looks again
-  return out;
+  return impl_->recv_locked(*e, td, device);
 }
+
+std::optional<TensorDict> Pipe::try_recv(RecvAttempt* attempt, const std::optional<TensorDict>& td,
+                                         std::optional<at::Device> device,
+                                         std::chrono::microseconds spin) {
+  TORCH_CHECK_VALUE(attempt != nullptr, "try_recv: attempt must not be null");
+  std::unique_lock<std::mutex> lk(impl_->recv_mu, std::try_to_lock);
+  if (!lk.owns_lock()) {  // another receive running would take what is seen
+    *attempt = RecvAttempt::kWouldWait;
+    return std::nullopt;
+  }
+  if (impl_->closed.load() || impl_->peer_closed.load()) impl_->endpoint("recv");  // throws
+  auto e = impl_->endpoint_if_connected();
+  if (!e) {  // a listening pipe without its client: its connection is an event too
+    *attempt = RecvAttempt::kNotArrived;
+    return std::nullopt;
+  }
+  const bool consolidated = impl_->options.consolidated;
+  const detail::Arrival arrival = e->look_ahead(
+      [&](detail::MessagePeek& peek) { return impl_->reader.arrival(peek, consolidated); },
+      kTryRecvStashBytes, spin);
+  if (arrival != detail::Arrival::kWhole) {
+    *attempt = arrival == detail::Arrival::kIncomplete ? RecvAttempt::kNotArrived
+                                                       : RecvAttempt::kWouldWait;
+    return std::nullopt;
+  }
+  *attempt = RecvAttempt::kReceived;
+  return impl_->recv_locked(*e, td, device);
+}
+
 
 bool Pipe::recv_ready(std::chrono::microseconds spin) {
   if (impl_->closed.load() || impl_->peer_closed.load()) return true;  // recv() throws at once
@@ -510,6 +591,8 @@ int64_t Pipe::last_recv_bytes() const { return impl_->last_recv_bytes.load(); }
 int Pipe::event_fd() {
   std::lock_guard<std::mutex> lk(impl_->event_mu);
   if (impl_->event_fd.load() < 0) {
+    // A closed pipe released its fd (or never had one): none is made again.
+    TD_CHECK_AS(PipeClosedError, !impl_->closed.load(), "Cannot recv on a closed pipe.");
     const int fd = ::eventfd(0, EFD_NONBLOCK | EFD_CLOEXEC);
     TORCH_CHECK(fd >= 0, "pipe: eventfd failed: ", std::strerror(errno));
     impl_->event_fd = fd;
@@ -518,12 +601,20 @@ int Pipe::event_fd() {
 }
 
 void Pipe::watch(bool on) {
-  const int fd = event_fd();
+  if (on) event_fd();  // made on first use (throws once a closed pipe released it)
   std::lock_guard<std::mutex> lk(impl_->event_mu);
+  const int fd = impl_->event_fd.load();
+  if (fd < 0) return;
   const int before = impl_->watchers.load();
   const int after = std::max(0, before + (on ? 1 : -1));
   impl_->watchers = after;
-  if (!impl_->worker) return;  // a caller's link: only the pipe's own events write the fd
+  if (after == 0 && impl_->closed.load()) {  // the last watcher of a closed pipe: release it
+    ::close(fd);
+    impl_->event_fd = -1;
+    return;
+  }
+  // No worker: a caller's link (only the pipe's own events write the fd), or a closed pipe.
+  if (!impl_->worker) return;
   if (before == 0 && after == 1) impl_->worker->watch(fd);
   if (before == 1 && after == 0) impl_->worker->unwatch(fd);
 }
@@ -546,12 +637,12 @@ std::string Pipe::transports() const {
 
 bool Pipe::peer_is_tensordict_cpp() const {
   std::lock_guard<std::mutex> lk(impl_->ep_mu);
-  return impl_->ep && impl_->ep->peer_info().ours;
+  return impl_->ep ? impl_->ep->peer_info().ours : impl_->closed_peer_ours;
 }
 
 std::string Pipe::peer() const {
   std::lock_guard<std::mutex> lk(impl_->ep_mu);
-  return impl_->ep ? impl_->ep->peer() : std::string();
+  return impl_->ep ? impl_->ep->peer() : impl_->closed_peer;
 }
 
 const PipeOptions& Pipe::options() const { return impl_->options; }

@@ -35,6 +35,12 @@ struct PipeImpl {
 
   /// One send, `send_mu` held: send() and try_send().
   void send_locked(Link& e, const TensorDict& td);
+  /// The wait a send's next message may take (send_mu held): the timeout, or what is left
+  /// until the send's deadline (PipeSendOptions).
+  Millis send_wait() const;
+  /// One receive, `recv_mu` held: recv() and try_recv().
+  TensorDict recv_locked(Link& e, const std::optional<TensorDict>& td,
+                         std::optional<at::Device> device);
   /// Whether send_locked(e, td) would not wait for the peer (Pipe::try_send's conditions).
   Pipe::SendAttempt sends_without_waiting(Link& e, const TensorDict& td, Micros spin);
   void signal_event() const;
@@ -65,12 +71,16 @@ struct PipeImpl {
 
   const PipeOptions options;
   // Declared before the listener and the endpoint, so released after them: they point into it.
+  // close() drops all three (calls still running hold their own references), so that a closed
+  // pipe keeps no UCX worker, thread or descriptor, healthy or broken. Guarded by event_mu.
   std::shared_ptr<Worker> worker;
-  std::shared_ptr<Listener> listener;  // listening pipes only
+  std::shared_ptr<Listener> listener;  // listening pipes only; guarded by ep_mu
   int port = 0;
 
-  mutable std::mutex ep_mu;  // guards ep (set once, by connect or by the first accept)
+  mutable std::mutex ep_mu;  // guards ep (set by connect or by the first accept, reset by close)
   std::shared_ptr<Link> ep;
+  std::string closed_peer;    // ep's peer() and peer_info().ours, kept by close() (ep_mu)
+  bool closed_peer_ours = false;
   std::atomic<bool> closed{false};
   std::atomic<bool> peer_closed{false};  // the peer's close marker was read
 
@@ -85,6 +95,7 @@ struct PipeImpl {
   bool at_message_boundary = true;  // false after a raw or failed send: no close marker then
   std::shared_ptr<const Metadata> last_sent_metadata;
   std::string last_sent_schema;
+  std::optional<Clock::time_point> send_deadline;  // the running send's (PipeSendOptions)
 
   std::mutex recv_mu;  // one recv at a time; guards the receive state below
   FrameReader reader;  // the framing and the receive state (the last schema and its storage)
@@ -93,8 +104,8 @@ struct PipeImpl {
   std::atomic<int64_t> last_recv_bytes{0};
 
   // Event loops' wake-up (Pipe::event_fd): made on first use, watched on the worker while
-  // `watchers` > 0.
-  std::mutex event_mu;  // guards making the fd and changing `watchers`
+  // `watchers` > 0; closed by close(), or by the last unwatch after it.
+  mutable std::mutex event_mu;  // guards the fd, `watchers` and `worker`
   std::atomic<int> event_fd{-1};
   std::atomic<int> watchers{0};
 };

@@ -6,6 +6,7 @@
 
 #include <algorithm>
 #include <chrono>
+#include <cstring>
 #include <utility>
 
 #include "wire/pipe_frames.h"
@@ -71,11 +72,11 @@ void Endpoint::create_locked(const ucp_ep_params_t& params) {
 
 std::shared_ptr<Op> Endpoint::start(Dir dir, void* data, size_t n, const at::Tensor& owner,
                                     std::function<void(ucs_status_t, size_t)> then,
-                                    const Head* head) {
+                                    const Head* head, ucp_tag_message_h message) {
   auto op = std::make_shared<Op>();
   op->owner = owner;
   op->then = std::move(then);
-  const bool tag_recv = dir == Dir::kRecv || dir == Dir::kRecvJoined;
+  const bool tag_recv = dir == Dir::kRecv || dir == Dir::kRecvJoined || dir == Dir::kRecvMessage;
   if (ep_ == nullptr && !tag_recv) {
     worker_->complete(*op, UCS_ERR_NOT_CONNECTED, 0);
     return op;
@@ -112,6 +113,12 @@ std::shared_ptr<Op> Endpoint::start(Dir dir, void* data, size_t n, const at::Ten
         req = ucp_tag_recv_nbx(worker_->handle(), data, n, recv_tag_, kFullMask, &param);
       }
       break;
+    case Dir::kRecvMessage:  // a message a look-ahead took off the queue
+      param.op_attr_mask |= UCP_OP_ATTR_FIELD_RECV_INFO;
+      param.recv_info.tag_info = &tag_info;
+      param.cb.recv = &on_tag_recv;
+      req = ucp_tag_msg_recv_nbx(worker_->handle(), data, n, message, &param);
+      break;
     case Dir::kStreamSend:
       req = ucp_stream_send_nbx(ep_, data, n, &param);
       break;
@@ -132,7 +139,9 @@ std::shared_ptr<Op> Endpoint::start(Dir dir, void* data, size_t n, const at::Ten
   if (!UCS_PTR_IS_PTR(req)) {  // completed (or failed) at once: no callback will come
     delete ctx;
     const ucs_status_t st = UCS_PTR_STATUS(req);
-    worker_->complete(*op, st, st == UCS_OK ? (tag_recv ? tag_info.length : length) : 0);
+    // A probed message's length is known; a posted receive's comes with it.
+    const size_t got = dir == Dir::kRecvMessage ? n : tag_recv ? tag_info.length : length;
+    worker_->complete(*op, st, st == UCS_OK ? got : 0);
     return op;
   }
   op->request = req;
@@ -217,8 +226,72 @@ bool Endpoint::credit_available(size_t window, Micros spin) {
       spin, Clock::now() + spin);
 }
 
+std::optional<Endpoint::Stashed> Endpoint::take_stashed(const char* what) {
+  auto lk = worker_->lock();
+  if (stash_.empty()) return std::nullopt;
+  if (closed_ || !failure_.empty()) throw_unusable("recv", what);
+  Stashed s = std::move(stash_.front());
+  stash_.pop_front();
+  stash_bytes_ -= s.length;
+  return s;
+}
+
+void Endpoint::drop_stash_locked() {
+  stash_.clear();  // a landing one is cancelled with the other receives, or freed with the worker
+  stash_bytes_ = 0;
+}
+
+Peeked Endpoint::peek_locked(size_t i, size_t stash_limit) {
+  if (closed_ || !failure_.empty()) return {Peeked::kUnusable};
+  while (stash_.size() <= i) {
+    ucp_tag_recv_info_t info{};
+    // Looked at in place first: a message over the limit stays in UCX's queue, in order.
+    if (ucp_tag_probe_nb(worker_->handle(), recv_tag_, kFullMask, /*remove=*/0, &info) ==
+        nullptr) {
+      // A peer that left sends nothing more: a receive fails at once.
+      return {peer_gone_ ? Peeked::kUnusable : Peeked::kNotYet};
+    }
+    if (stash_bytes_ + info.length > stash_limit) return {Peeked::kTooLarge, info.length};
+    ucp_tag_message_h msg =
+        ucp_tag_probe_nb(worker_->handle(), recv_tag_, kFullMask, /*remove=*/1, &info);
+    if (msg == nullptr) return {Peeked::kNotYet};
+    // A stream of small messages reuses one buffer (no allocation per message).
+    constexpr size_t kSpareBytes = 16 << 10;
+    if (info.length <= kSpareBytes && !spare_.defined()) spare_ = bytes_tensor(kSpareBytes);
+    const bool spare = info.length <= kSpareBytes && spare_.use_count() == 1;
+    Stashed s{nullptr, spare ? spare_ : bytes_tensor(std::max<size_t>(info.length, 1)),
+              info.length};
+    s.op = start(Dir::kRecvMessage, s.data.data_ptr(), info.length, s.data, {}, nullptr, msg);
+    stash_bytes_ += info.length;
+    stash_.push_back(std::move(s));
+  }
+  const Stashed& s = stash_[i];
+  if (!s.op->done.load()) return {Peeked::kNotYet, s.length};  // still landing
+  if (s.op->status != UCS_OK) return {Peeked::kUnusable};      // its receive reports why
+  return {Peeked::kLanded, s.length, s.data.const_data_ptr<uint8_t>()};
+}
+
+Arrival Endpoint::look_ahead(const std::function<Arrival(MessagePeek&)>& decide,
+                             size_t stash_limit, Micros spin) {
+  struct Peek final : MessagePeek {
+    Endpoint& e;
+    size_t limit;
+    Peek(Endpoint& ep, size_t l) : e(ep), limit(l) {}
+    Peeked peek(size_t i) override { return e.peek_locked(i, limit); }
+  } peek(*this, stash_limit);
+  Arrival answer = Arrival::kIncomplete;
+  worker_->spin_until(  // `ready` runs with the UCX lock held
+      [&] {
+        answer = decide(peek);
+        return answer != Arrival::kIncomplete;
+      },
+      spin, Clock::now() + spin);
+  return answer;
+}
+
 bool Endpoint::recv_would_not_wait(Micros spin) {
   const auto arrived = [this] {  // UCX lock held
+    if (!stash_.empty()) return true;  // a look-ahead took the next message off the queue
     if (closed_ || peer_gone_ || !failure_.empty() || ep_ == nullptr) return true;
     ucp_tag_recv_info_t info;
     return ucp_tag_probe_nb(worker_->handle(), recv_tag_, kFullMask, /*remove=*/0, &info) !=
@@ -275,11 +348,23 @@ std::shared_ptr<Op> Endpoint::post_recv(Dir dir, void* data, size_t n, const at:
 
 void Endpoint::recv(void* data, size_t n, const at::Tensor& owner, const char* what,
                     Millis timeout) {
+  if (auto s = take_stashed(what)) {
+    wait_op(s->op, Dir::kRecv, n, what, timeout);  // landed already, unless a thread took it
+    if (n > 0) std::memcpy(data, s->data.const_data_ptr(), n);
+    return;
+  }
   wait_op(post_recv(Dir::kRecv, data, n, owner, what), Dir::kRecv, n, what, timeout);
 }
 
 size_t Endpoint::recv_joined(uint8_t* head, const at::Tensor& head_owner, void* data, size_t n,
                              const at::Tensor& owner, const char* what, Millis timeout) {
+  if (auto s = take_stashed(what)) {
+    wait_op(s->op, Dir::kRecvJoined, 1 + n, what, timeout);
+    const auto* bytes = s->data.const_data_ptr<uint8_t>();
+    head[0] = bytes[0];
+    if (s->op->length > 1) std::memcpy(data, bytes + 1, n);
+    return s->op->length;
+  }
   const Head h{head, head_owner};
   const auto op = post_recv(Dir::kRecvJoined, data, n, owner, what, &h);
   wait_op(op, Dir::kRecvJoined, 1 + n, what, timeout);
@@ -332,6 +417,7 @@ void Endpoint::force_close_locked() {
 void Endpoint::break_locked(const std::string& why) {
   if (failure_.empty()) failure_ = why;
   force_close_locked();
+  drop_stash_locked();
   discard_unread_locked();
 }
 
@@ -385,6 +471,7 @@ void Endpoint::close(Millis timeout) noexcept {
     // orderly disconnect. Bounded, as every wait; otherwise by force.
     if (ep_ != nullptr && !peer_gone_ && failure_.empty()) op = start(Dir::kClose, nullptr, 0, {});
     force_close_locked();  // cancels our receives; the endpoint is gone already after kClose
+    drop_stash_locked();
     discard_unread_locked();
   }
   if (op) worker_->wait(*op, Clock::now() + std::min(timeout, kTeardownGrace));

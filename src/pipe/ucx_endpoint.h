@@ -13,6 +13,7 @@
 #include <deque>
 #include <functional>
 #include <memory>
+#include <optional>
 #include <string>
 #include <vector>
 
@@ -70,6 +71,12 @@ class Endpoint final : public Link {
   /// A tag message for this endpoint is waiting unreceived (ucp_tag_probe_nb), or the endpoint
   /// is unusable; progresses the worker for up to `spin` until then.
   bool recv_would_not_wait(Micros spin) override;
+  /// Looks ahead (Link::look_ahead): messages are taken off the worker's unexpected queue
+  /// (ucp_tag_probe_nb, removing them) and received into a stash of their own, in order, while
+  /// the stash holds at most `stash_limit` bytes; recv() and recv_joined() read the stash first.
+  /// A message over the limit stays in UCX's queue, for the receive that posts its buffer.
+  Arrival look_ahead(const std::function<Arrival(MessagePeek&)>& decide, size_t stash_limit,
+                     Micros spin) override;
   bool credit_available(size_t window, Micros spin) override;
   /// Waits up to `timeout` until every credit send has been received by the peer.
   bool drain(Millis timeout) override;
@@ -89,18 +96,31 @@ class Endpoint final : public Link {
 
  private:
   friend class Listener;
-  enum class Dir { kSend, kSyncSend, kRecv, kRecvJoined, kStreamSend, kStreamRecv, kFlush,
-                   kClose };
+  enum class Dir { kSend, kSyncSend, kRecv, kRecvJoined, kRecvMessage, kStreamSend, kStreamRecv,
+                   kFlush, kClose };
+  // A message taken off UCX's queue by a look-ahead, received (or landing) into `data`.
+  struct Stashed {
+    std::shared_ptr<Op> op;
+    at::Tensor data;
+    size_t length = 0;
+  };
   // A joined receive's first byte: where it goes, and what keeps that alive.
   struct Head {
     uint8_t* data;
     const at::Tensor& owner;
   };
   // Posts an operation (UCX lock held); `then` runs when it completes. kRecvJoined receives 1
-  // byte into `head`, the rest into `data`.
+  // byte into `head`, the rest into `data`; kRecvMessage receives `message` (a probed one).
   std::shared_ptr<Op> start(Dir dir, void* data, size_t n, const at::Tensor& owner,
                             std::function<void(ucs_status_t, size_t)> then = {},
-                            const Head* head = nullptr);
+                            const Head* head = nullptr, ucp_tag_message_h message = nullptr);
+  // The i-th message not yet handed to a receive, stashing up to it (UCX lock held).
+  Peeked peek_locked(size_t i, size_t stash_limit);
+  // The oldest stashed message, taken out of the stash (nullopt when empty); throws when the
+  // endpoint is closed or broken.
+  std::optional<Stashed> take_stashed(const char* what);
+  // Drops the stash (UCX lock held): this end closed or broke.
+  void drop_stash_locked();
   // Posts a tag receive (kRecv or kRecvJoined) if the endpoint can still receive (UCX lock
   // taken here).
   std::shared_ptr<Op> post_recv(Dir dir, void* data, size_t n, const at::Tensor& owner,
@@ -126,6 +146,9 @@ class Endpoint final : public Link {
   bool closed_ = false;
   bool peer_gone_ = false;
   std::vector<std::shared_ptr<Op>> recvs_;     // posted receives (cancelled when it breaks)
+  std::deque<Stashed> stash_;                  // look-ahead's messages, oldest first
+  size_t stash_bytes_ = 0;                     // their lengths' sum
+  at::Tensor spare_;  // a small message's stash buffer, reused once its last user is done
   std::deque<std::shared_ptr<Op>> credits_;    // credit sends not yet matched by the peer
   uint64_t credit_count_ = 0;                  // first frames sent (the send thread's)
   at::Tensor handshake_;                       // 32 bytes: our peer info, then the peer's

@@ -271,6 +271,134 @@ NonTensorData decode_stack(const JsonValue& values, const JsonValue& stack_batch
   return stack;
 }
 
+// The uncollated header's leaves and non-tensor entries, validated against the caps (a
+// ValueError otherwise). Parsed by the receive, and by a look-ahead for the leaves' sizes.
+struct UncollatedLeaf {
+  std::vector<std::string> key;
+  at::ScalarType dtype;
+  std::vector<int64_t> shape;
+  int64_t nbytes;
+  bool unbatched = false;
+};
+struct UncollatedHeader {
+  std::vector<UncollatedLeaf> leaves;
+  std::vector<std::pair<std::vector<std::string>, NonTensorData>> non_tensors;
+  std::vector<int64_t> batch_size;
+};
+
+UncollatedHeader parse_uncollated_header(std::string_view text, const FrameLimits& limits) {
+  UncollatedHeader h;
+  const JsonValue header = core::parse_json(
+      text,
+      core::JsonLimits{.max_depth = core::kMaxMetadataJsonDepth,
+                       .max_values = core::kMaxMetadataJsonValues},
+      "the header");
+  auto field = [&](const char* name) -> const JsonValue* {
+    if (!header.is_map()) return nullptr;
+    for (const auto& [k, v] : header.as_map()) {
+      if (k == name) return &v;
+    }
+    return nullptr;
+  };
+  TORCH_CHECK_VALUE(header.is_map() && field("keys") && field("keys")->is_list() &&
+                        field("dtypes") && field("dtypes")->is_list() && field("shapes") &&
+                        field("shapes")->is_list(),
+                    "expected keys, dtypes, and shapes lists");
+  const auto& keys = field("keys")->as_list();
+  const auto& dtypes = field("dtypes")->as_list();
+  const auto& shapes = field("shapes")->as_list();
+  TORCH_CHECK_VALUE(keys.size() == dtypes.size() && keys.size() == shapes.size(),
+                    "list lengths must match");
+  auto nonneg_ints = [](const JsonValue& j, const char* what) {
+    TORCH_CHECK_VALUE(j.is_list(), what, " must be a list");
+    std::vector<int64_t> out;
+    for (const auto& d : j.as_list()) {
+      TORCH_CHECK_VALUE(d.is_int() && d.as_int() >= 0, what, " must be nonnegative integers");
+      out.push_back(d.as_int());
+    }
+    return out;
+  };
+  // The reference's _decode_uncollated_key: a string, or a nonempty list of them (nested
+  // lists flattened).
+  auto decode_key = [](const JsonValue& k) {
+    std::vector<std::string> key;
+    std::function<void(const JsonValue&)> flatten = [&](const JsonValue& part) {
+      if (part.is_string()) {
+        key.push_back(part.as_string());
+        return;
+      }
+      TORCH_CHECK_VALUE(part.is_list() && !part.as_list().empty() && key.size() < 64,
+                        "a key must be a string or a nonempty nested path");
+      for (const auto& p : part.as_list()) flatten(p);
+    };
+    flatten(k);
+    return key;
+  };
+  if (const auto* b = field("batch_size")) h.batch_size = nonneg_ints(*b, "the batch size");
+  // The keys of UnbatchedTensor leaves, whose shapes need not start with the batch size.
+  std::set<std::vector<std::string>> unbatched;
+  if (const auto* f = field("unbatched")) {
+    TORCH_CHECK_VALUE(f->is_list(), "expected unbatched and non_tensors lists");
+    for (const auto& k : f->as_list()) unbatched.insert(decode_key(k));
+  }
+  std::set<std::vector<std::string>> seen;
+  if (const auto* f = field("non_tensors")) {
+    TORCH_CHECK_VALUE(f->is_list(), "expected unbatched and non_tensors lists");
+    for (const auto& entry : f->as_list()) {
+      const size_t n = entry.is_list() ? entry.as_list().size() : 0;
+      TORCH_CHECK_VALUE(n == 2 || n == 4, "a non_tensors entry must be [key, data] or "
+                        "[key, values, batch_size, stack_dim]");
+      const auto& e = entry.as_list();
+      auto key = decode_key(e[0]);
+      TORCH_CHECK_VALUE(seen.insert(key).second, "keys must be unique");
+      h.non_tensors.emplace_back(std::move(key), n == 2 ? NonTensorData(e[1])
+                                                      : decode_stack(e[1], e[2], e[3], h.batch_size));
+    }
+  }
+  int64_t total = 0;
+  for (size_t i = 0; i < keys.size(); ++i) {
+    UncollatedLeaf leaf;
+    leaf.key = decode_key(keys[i]);
+    TORCH_CHECK_VALUE(seen.insert(leaf.key).second, "keys must be unique");
+    TORCH_CHECK_VALUE(dtypes[i].is_string(), "unknown torch dtype");
+    const auto dt = dtype_from_name(dtypes[i].as_string());
+    TORCH_CHECK_VALUE(dt.has_value(), "unknown torch dtype ", dtypes[i].dump());
+    leaf.dtype = *dt;
+    // Quantized storage is not numel * element size bytes (quint4x2 packs two per byte).
+    TORCH_CHECK_VALUE(!c10::isQIntType(leaf.dtype), "the quantized dtype ", dtypes[i].dump(),
+                      " cannot be sent through the pipe");
+    leaf.shape = nonneg_ints(shapes[i], "dimensions");
+    leaf.unbatched = unbatched.count(leaf.key) > 0;
+    TORCH_CHECK_VALUE(leaf.unbatched || (leaf.shape.size() >= h.batch_size.size() &&
+                                         std::equal(h.batch_size.begin(), h.batch_size.end(),
+                                                    leaf.shape.begin())),
+                      "a shape does not start with the batch size");
+    int64_t n = static_cast<int64_t>(c10::elementSize(leaf.dtype));
+    for (int64_t d : leaf.shape) {
+      TORCH_CHECK_VALUE(d == 0 || n <= limits.max_storage_bytes / d,
+                        "the leaves exceed the storage limit of ", limits.max_storage_bytes,
+                        " (PipeOptions::max_storage_bytes)");
+      n *= d;
+    }
+    total += n;
+    TORCH_CHECK_VALUE(total <= limits.max_storage_bytes, "the leaves exceed the storage ",
+                      "limit of ", limits.max_storage_bytes,
+                      " (PipeOptions::max_storage_bytes)");
+    leaf.nbytes = n;
+    h.leaves.push_back(std::move(leaf));
+  }
+  // Every unbatched key names a leaf (both sets are sorted: linear, whatever a peer lists).
+  TORCH_CHECK_VALUE(std::includes(seen.begin(), seen.end(), unbatched.begin(), unbatched.end()),
+                    "unknown unbatched key");
+  for (const auto& key : seen) {  // a leaf cannot also be a level above another leaf
+    for (size_t n = 1; n < key.size(); ++n) {
+      TORCH_CHECK_VALUE(!seen.count({key.begin(), key.begin() + n}),
+                        "a leaf key cannot also have descendants");
+    }
+  }
+  return h;
+}
+
 }  // namespace
 
 TensorDict FrameReader::recv_uncollated(ByteSource& src, std::optional<at::Device> device) {
@@ -280,141 +408,87 @@ TensorDict FrameReader::recv_uncollated(ByteSource& src, std::optional<at::Devic
   const at::Tensor buf = bytes_tensor(len);
   src.read(buf.data_ptr(), len, buf, "the header");
 
-  struct Leaf {
-    std::vector<std::string> key;
-    at::ScalarType dtype;
-    std::vector<int64_t> shape;
-    int64_t nbytes;
-    bool unbatched = false;
-  };
-  std::vector<Leaf> leaves;
-  std::vector<std::pair<std::vector<std::string>, NonTensorData>> non_tensors;
-  std::vector<int64_t> batch_size;
+  UncollatedHeader h;
   try {
-    const JsonValue header = core::parse_json(
-        std::string_view(static_cast<const char*>(buf.const_data_ptr()), len),
-        core::JsonLimits{.max_depth = core::kMaxMetadataJsonDepth,
-                                       .max_values = core::kMaxMetadataJsonValues},
-        "the header");
-    auto field = [&](const char* name) -> const JsonValue* {
-      if (!header.is_map()) return nullptr;
-      for (const auto& [k, v] : header.as_map()) {
-        if (k == name) return &v;
-      }
-      return nullptr;
-    };
-    TORCH_CHECK_VALUE(header.is_map() && field("keys") && field("keys")->is_list() &&
-                          field("dtypes") && field("dtypes")->is_list() && field("shapes") &&
-                          field("shapes")->is_list(),
-                      "expected keys, dtypes, and shapes lists");
-    const auto& keys = field("keys")->as_list();
-    const auto& dtypes = field("dtypes")->as_list();
-    const auto& shapes = field("shapes")->as_list();
-    TORCH_CHECK_VALUE(keys.size() == dtypes.size() && keys.size() == shapes.size(),
-                      "list lengths must match");
-    auto nonneg_ints = [](const JsonValue& j, const char* what) {
-      TORCH_CHECK_VALUE(j.is_list(), what, " must be a list");
-      std::vector<int64_t> out;
-      for (const auto& d : j.as_list()) {
-        TORCH_CHECK_VALUE(d.is_int() && d.as_int() >= 0, what, " must be nonnegative integers");
-        out.push_back(d.as_int());
-      }
-      return out;
-    };
-    // The reference's _decode_uncollated_key: a string, or a nonempty list of them (nested
-    // lists flattened).
-    auto decode_key = [](const JsonValue& k) {
-      std::vector<std::string> key;
-      std::function<void(const JsonValue&)> flatten = [&](const JsonValue& part) {
-        if (part.is_string()) {
-          key.push_back(part.as_string());
-          return;
-        }
-        TORCH_CHECK_VALUE(part.is_list() && !part.as_list().empty() && key.size() < 64,
-                          "a key must be a string or a nonempty nested path");
-        for (const auto& p : part.as_list()) flatten(p);
-      };
-      flatten(k);
-      return key;
-    };
-    if (const auto* b = field("batch_size")) batch_size = nonneg_ints(*b, "the batch size");
-    // The keys of UnbatchedTensor leaves, whose shapes need not start with the batch size.
-    std::set<std::vector<std::string>> unbatched;
-    if (const auto* f = field("unbatched")) {
-      TORCH_CHECK_VALUE(f->is_list(), "expected unbatched and non_tensors lists");
-      for (const auto& k : f->as_list()) unbatched.insert(decode_key(k));
-    }
-    std::set<std::vector<std::string>> seen;
-    if (const auto* f = field("non_tensors")) {
-      TORCH_CHECK_VALUE(f->is_list(), "expected unbatched and non_tensors lists");
-      for (const auto& entry : f->as_list()) {
-        const size_t n = entry.is_list() ? entry.as_list().size() : 0;
-        TORCH_CHECK_VALUE(n == 2 || n == 4, "a non_tensors entry must be [key, data] or "
-                          "[key, values, batch_size, stack_dim]");
-        const auto& e = entry.as_list();
-        auto key = decode_key(e[0]);
-        TORCH_CHECK_VALUE(seen.insert(key).second, "keys must be unique");
-        non_tensors.emplace_back(std::move(key), n == 2 ? NonTensorData(e[1])
-                                                        : decode_stack(e[1], e[2], e[3], batch_size));
-      }
-    }
-    int64_t total = 0;
-    for (size_t i = 0; i < keys.size(); ++i) {
-      Leaf leaf;
-      leaf.key = decode_key(keys[i]);
-      TORCH_CHECK_VALUE(seen.insert(leaf.key).second, "keys must be unique");
-      TORCH_CHECK_VALUE(dtypes[i].is_string(), "unknown torch dtype");
-      const auto dt = dtype_from_name(dtypes[i].as_string());
-      TORCH_CHECK_VALUE(dt.has_value(), "unknown torch dtype ", dtypes[i].dump());
-      leaf.dtype = *dt;
-      // Quantized storage is not numel * element size bytes (quint4x2 packs two per byte).
-      TORCH_CHECK_VALUE(!c10::isQIntType(leaf.dtype), "the quantized dtype ", dtypes[i].dump(),
-                        " cannot be sent through the pipe");
-      leaf.shape = nonneg_ints(shapes[i], "dimensions");
-      leaf.unbatched = unbatched.count(leaf.key) > 0;
-      TORCH_CHECK_VALUE(leaf.unbatched || (leaf.shape.size() >= batch_size.size() &&
-                                           std::equal(batch_size.begin(), batch_size.end(),
-                                                      leaf.shape.begin())),
-                        "a shape does not start with the batch size");
-      int64_t n = static_cast<int64_t>(c10::elementSize(leaf.dtype));
-      for (int64_t d : leaf.shape) {
-        TORCH_CHECK_VALUE(d == 0 || n <= limits_.max_storage_bytes / d,
-                          "the leaves exceed the storage limit of ", limits_.max_storage_bytes,
-                          " (PipeOptions::max_storage_bytes)");
-        n *= d;
-      }
-      total += n;
-      TORCH_CHECK_VALUE(total <= limits_.max_storage_bytes, "the leaves exceed the storage ",
-                        "limit of ", limits_.max_storage_bytes,
-                        " (PipeOptions::max_storage_bytes)");
-      leaf.nbytes = n;
-      leaves.push_back(std::move(leaf));
-    }
-    // Every unbatched key names a leaf (both sets are sorted: linear, whatever a peer lists).
-    TORCH_CHECK_VALUE(std::includes(seen.begin(), seen.end(), unbatched.begin(), unbatched.end()),
-                      "unknown unbatched key");
-    for (const auto& key : seen) {  // a leaf cannot also be a level above another leaf
-      for (size_t n = 1; n < key.size(); ++n) {
-        TORCH_CHECK_VALUE(!seen.count({key.begin(), key.begin() + n}),
-                          "a leaf key cannot also have descendants");
-      }
-    }
+    h = parse_uncollated_header(
+        std::string_view(static_cast<const char*>(buf.const_data_ptr()), len), limits_);
   } catch (const c10::Error& err) {
     const std::string why = c10::str("recv: invalid uncollated header from peer ", src.peer(),
                                      ": ", err.what_without_backtrace());
     src.fail(why);
     TD_THROW(MalformedPeerDataError, why);
   }
-  TensorDict result({}, batch_size);
-  for (const Leaf& leaf : leaves) {
+  TensorDict result({}, h.batch_size);
+  for (const UncollatedLeaf& leaf : h.leaves) {
     at::Tensor t =
         at::empty(leaf.shape, at::TensorOptions().dtype(leaf.dtype).device(target_device));
     src.read(t.data_ptr(), static_cast<size_t>(leaf.nbytes), t, "a leaf");
     result.set(NestedKey(leaf.key), leaf.unbatched ? Value::unbatched(t) : Value(t));
   }
   // As the reference: set after the leaves, a NonTensorData with its level's batch size.
-  for (auto& [key, entry] : non_tensors) result.set_non_tensor(NestedKey(key), std::move(entry));
+  for (auto& [key, entry] : h.non_tensors) result.set_non_tensor(NestedKey(key), std::move(entry));
   return result;
+}
+
+// ---- look-ahead (Pipe::try_recv) -----------------------------------------------------------------
+// The receive's walk over the framing, on messages that have landed, reading nothing: a receive
+// started on kWhole reads only landed messages (or fails at once), so it never waits.
+
+Arrival FrameReader::arrival(MessagePeek& src, bool consolidated) const {
+  size_t next = 0;
+  // The next message, landed: its bytes; otherwise what to answer.
+  std::optional<Arrival> early;
+  auto landed = [&](Peeked& m) {
+    m = src.peek(next++);
+    switch (m.state) {
+      case Peeked::kNotYet: early = Arrival::kIncomplete; return false;
+      case Peeked::kTooLarge: early = Arrival::kNeedsReceiver; return false;
+      case Peeked::kUnusable: early = Arrival::kWhole; return false;  // the receive fails
+      case Peeked::kLanded: return true;
+    }
+    return false;
+  };
+  // A length message: its value, or nullopt when the receive refuses it at once.
+  auto length_of = [&](const Peeked& m) -> std::optional<uint64_t> {
+    if (m.length != 8) return std::nullopt;
+    const uint64_t n = core::get_le(m.data);
+    if (n > static_cast<uint64_t>(limits_.max_metadata_bytes)) return std::nullopt;
+    return n;
+  };
+  Peeked m;
+  if (!consolidated) {
+    if (!landed(m)) return *early;
+    const auto len = length_of(m);  // the close marker too: the receive throws at once
+    if (!len) return Arrival::kWhole;
+    if (!landed(m)) return *early;
+    if (m.length != *len) return Arrival::kWhole;
+    UncollatedHeader h;
+    try {
+      h = parse_uncollated_header(
+          std::string_view(reinterpret_cast<const char*>(m.data), m.length), limits_);
+    } catch (const c10::Error&) {
+      return Arrival::kWhole;
+    }
+    for (size_t i = 0; i < h.leaves.size(); ++i) {
+      if (!landed(m)) return *early;
+    }
+    return Arrival::kWhole;
+  }
+  if (!landed(m)) return *early;
+  // A joined message (or one of a wrong length): the whole TensorDict, or an error at once.
+  if (m.length != 1) return Arrival::kWhole;
+  const uint8_t flag = m.data[0];
+  if (flag == kSameSchemaFlag) {
+    if (!have_schema_) return Arrival::kWhole;
+    return landed(m) ? Arrival::kWhole : *early;
+  }
+  if (flag != kNewSchemaFlag) return Arrival::kWhole;  // the close marker, an unknown flag
+  if (!landed(m)) return *early;
+  const auto len = length_of(m);
+  if (!len) return Arrival::kWhole;
+  if (!landed(m)) return *early;  // the metadata
+  if (!landed(m)) return *early;  // the storage
+  return Arrival::kWhole;
 }
 
 // ---- the uncollated sender's frame (§6.2) --------------------------------------------------------

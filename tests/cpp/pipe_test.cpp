@@ -7,9 +7,12 @@
 #include <chrono>
 #include <cmath>
 #include <cstdlib>
+#include <optional>
 #include <string>
 #include <thread>
+#include <vector>
 
+#include <fcntl.h>
 #include <poll.h>
 #include <unistd.h>
 
@@ -705,6 +708,116 @@ TEST(Pipe, EventLoopFormsNeverWaitForThePeer) {
   closer.join();
   EXPECT_THROW(server.recv(), PipeClosedError);
   server.watch(false);
+}
+
+TEST(Pipe, TryRecvReceivesOnlyWhatHasWhollyArrivedAndKeepsTheRest) {
+  // try_recv never waits for the peer (issue 41, case 3): a TensorDict stalled after its flag
+  // and length, or after a same-schema flag, is not received; what arrived is kept, in order,
+  // and the TensorDict is received whole once the rest comes.
+  Watchdog dog(60s);
+  auto [server, client] = pair_of();
+  const int fd = server.event_fd();
+  server.watch(true);
+  using Attempt = Pipe::RecvAttempt;
+  Attempt attempt = Attempt::kReceived;
+  const auto not_arrived = [&] {
+    const auto start = std::chrono::steady_clock::now();
+    const bool none = !server.try_recv(&attempt, std::nullopt, std::nullopt, 2ms);
+    EXPECT_LT(std::chrono::steady_clock::now() - start, 50ms);  // the spin, then returns
+    return none && attempt == Attempt::kNotArrived;
+  };
+  const std::string wire = kWorkedExampleWire;
+  const std::string len = u64_le(wire.size());
+  client.send_raw(TestKey{}, "\x00", 1);
+  client.send_raw(TestKey{}, len.data(), 8);
+  for (int i = 0; i < 5; ++i) EXPECT_TRUE(not_arrived());
+  client.send_raw(TestKey{}, wire.data(), wire.size());
+  EXPECT_TRUE(not_arrived());  // the storage has not come
+  const at::Tensor storage = consolidated_storage(consolidate(worked_example(1)));
+  client.send_raw(TestKey{}, storage.const_data_ptr(), 96);
+  std::optional<TensorDict> got;
+  ASSERT_TRUE(woken(fd, [&] { return (got = server.try_recv(&attempt)).has_value(); }));
+  EXPECT_EQ(attempt, Attempt::kReceived);
+  expect_same(worked_example(1), *got);
+  // A same-schema flag without its storage, then the storage.
+  client.send_raw(TestKey{}, "\x01", 1);
+  EXPECT_TRUE(not_arrived());
+  const at::Tensor next = consolidated_storage(consolidate(worked_example(2)));
+  client.send_raw(TestKey{}, next.const_data_ptr(), 96);
+  ASSERT_TRUE(woken(fd, [&] { return (got = server.try_recv(&attempt)).has_value(); }));
+  expect_same(worked_example(2), *got);
+  // A message over the stash's limit needs a receiver: kWouldWait, then recv() takes it.
+  const TensorDict big = consolidate(TensorDict({{"x", at::ones({1 << 19})}}));  // 2 MiB
+  std::thread sender([&] { client.send(big); });
+  ASSERT_TRUE(woken(fd, [&] {
+    return !server.try_recv(&attempt) && attempt == Attempt::kWouldWait;
+  }));
+  expect_same(big, server.recv());
+  sender.join();
+  server.watch(false);
+}
+
+TEST(Pipe, ASendDeadlineCountsFromItsCall) {
+  // PipeSendOptions::deadline (asend's, issue 41 case 4): a send queued past its deadline
+  // fails at once having sent nothing, and a window wait ends at the deadline; the pipe goes on.
+  Watchdog dog(60s);
+  PipeOptions o = fast_options();
+  o.max_unreceived = 2;
+  auto [server, client] = pair_of(fast_options(), o);
+  const TensorDict td = consolidate(worked_example(0));
+  using Clock = std::chrono::steady_clock;
+  EXPECT_THROW_MSG(client.send(td, {.deadline = Clock::now() - 1ms}), TimeoutError,
+                   "nothing was sent");
+  EXPECT_EQ(client.stats().sends, 0);
+  int sent = 0;
+  auto start = Clock::now();
+  try {
+    for (; sent < 10; ++sent) client.send(td, {.deadline = start + 300ms});  // nobody reads
+  } catch (const TimeoutError& e) {
+    EXPECT_NE(std::string(e.what()).find("nothing was sent"), std::string::npos) << e.what();
+  }
+  const auto took = Clock::now() - start;
+  EXPECT_LT(sent, 10);
+  EXPECT_GE(took, 250ms);
+  EXPECT_LT(took, 2s);  // not the pipe's 10 s timeout
+  for (int i = 0; i < sent; ++i) expect_same(worked_example(0), server.recv());
+  client.send(td);
+  expect_same(worked_example(0), server.recv());
+}
+
+TEST(Pipe, ClosingABrokenPipeReleasesItsWorkerThreadsAndDescriptors) {
+  // Issue 41, case 5: a closed pipe keeps no UCX worker, progress thread or descriptor, even
+  // while its handle lives, whatever broke it (a stalled peer, a peer gone mid-message, a
+  // protocol error).
+  Watchdog dog(120s);
+  PipeOptions o = fast_options();
+  o.timeout = 100ms;
+  {
+    auto [server, client] = pair_of(o, o);  // UCX's process-wide state is made once
+    client.send(worked_example(0));
+    server.recv();
+  }
+  const int fds = open_fds(), tasks = threads();
+  std::vector<Pipe> kept;
+  for (int i = 0; i < 24; ++i) {
+    auto [server, client] = pair_of(o, o);
+    const int fd = server.event_fd();  // a watched pipe releases its fd too
+    server.watch(true);
+    const std::string len = u64_le(449);
+    client.send_raw(TestKey{}, i % 3 == 2 ? "\x07" : "\x00", 1);
+    client.send_raw(TestKey{}, len.data(), 8);
+    if (i % 3 == 1) client.close();  // gone mid-message
+    EXPECT_ANY_THROW(server.recv());  // a timeout, a lost peer, an unknown flag
+    server.close();
+    client.close();
+    EXPECT_NE(::fcntl(fd, F_GETFD), -1) << "closed while still watched";
+    server.watch(false);
+    kept.push_back(server);
+    kept.push_back(client);
+  }
+  EXPECT_EQ(open_fds(), fds);
+  EXPECT_EQ(threads(), tasks);
+  for (auto& p : kept) EXPECT_THROW(p.recv(), PipeClosedError);
 }
 
 TEST(Pipe, RecvAfterThePeerLeftFailsPromptly) {

@@ -64,6 +64,15 @@ struct PipeStats {
   int64_t bytes_received = 0;
 };
 
+/// Options of one Pipe::send.
+struct PipeSendOptions {
+  /// When set, every wait of this send ends by then (TimeoutError), in place of
+  /// PipeOptions::timeout per wait: a send queued behind others (asend's send thread) keeps the
+  /// deadline of its own call. Already past: TimeoutError at once, nothing sent. A window wait
+  /// that expires has sent nothing and the pipe goes on; a later wait that expires breaks it.
+  std::optional<std::chrono::steady_clock::time_point> deadline{};
+};
+
 /// A message transport the caller supplies, for a pipe over a connection made elsewhere (in
 /// Python, a ucxx endpoint: TensorDictPipe(endpoint)). Each call moves exactly one message, in
 /// order, and blocks until it is done: send() until the buffer may be reused, recv() until `n`
@@ -109,7 +118,7 @@ class Pipe final {
   /// must not be modified meanwhile. Throws RuntimeError on a closed or broken pipe, a peer
   /// error or a timeout ("Cannot send on a closed pipe." when closed); ValueError for a
   /// TensorDict the wire cannot carry (dtype, non-CPU storage).
-  void send(const TensorDict& td);
+  void send(const TensorDict& td, const PipeSendOptions& send_options = {});
 
   /// Receives one TensorDict. Consolidated mode: on a new schema the metadata is validated
   /// (the safe rebuild) and a storage of its size is allocated on `device` (default: the
@@ -174,6 +183,26 @@ class Pipe final {
   /// Bytes the last recv() took from the stream, framing included: about what the next
   /// same-schema one moves.
   int64_t last_recv_bytes() const;
+  /// What try_recv() did.
+  enum class RecvAttempt {
+    kReceived,    // received, as recv() would have
+    kNotArrived,  // nothing received: part of the next TensorDict has not arrived; try again
+                  // after an event (what arrived is kept, in order, for the next receive)
+    kWouldWait,   // nothing received: this receive needs to wait for the peer (a message over
+                  // kTryRecvStashBytes, another receive running, a caller's link); use recv()
+  };
+  /// The most bytes try_recv() takes off the transport ahead of a receive (its stash).
+  static constexpr size_t kTryRecvStashBytes = size_t{1} << 20;
+  /// Receives as recv() does when that cannot wait for the peer: every message of the next
+  /// TensorDict has arrived whole (at most kTryRecvStashBytes together; they are moved aside
+  /// as they arrive, so a partial TensorDict is kept for the next call), or recv() would throw
+  /// at once (then it throws, as recv() would). Otherwise returns nullopt with `*attempt` set,
+  /// having received nothing. Drives UCX from the calling thread for up to `spin` meanwhile (a
+  /// busy-poll). Never waits for the peer: an event loop calls it on its own thread.
+  std::optional<TensorDict> try_recv(RecvAttempt* attempt,
+                                     const std::optional<TensorDict>& td = std::nullopt,
+                                     std::optional<at::Device> device = std::nullopt,
+                                     std::chrono::microseconds spin = std::chrono::microseconds(0));
   /// What try_send() did.
   enum class SendAttempt {
     kSent,        // sent, as send() would have

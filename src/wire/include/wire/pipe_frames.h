@@ -96,6 +96,35 @@ class ByteSource {
   virtual std::string peer() const = 0;
 };
 
+/// One message not yet received, as a look-ahead sees it (MessagePeek).
+struct Peeked {
+  enum State {
+    kNotYet,    // not arrived, or still landing in the stash
+    kLanded,    // whole in the stash: `length` bytes at `data`
+    kTooLarge,  // arrived, too large for the stash: it lands only in a receive's own buffer
+    kUnusable,  // the stream is closed, broken or left by the peer: a receive fails at once
+  };
+  State state = kNotYet;
+  size_t length = 0;
+  const uint8_t* data = nullptr;
+};
+
+/// A look-ahead at the messages a source has not handed to a receive yet (the pipe's endpoint,
+/// for event loops: Pipe::try_recv). peek(0) is the next message, peek(1) the one after it...
+class MessagePeek {
+ public:
+  virtual ~MessagePeek() = default;
+  virtual Peeked peek(size_t i) = 0;
+};
+
+/// Whether the next TensorDict can be received without waiting for the peer (FrameReader::
+/// arrival).
+enum class Arrival {
+  kIncomplete,     // some of its messages have not arrived (or not landed) yet
+  kWhole,          // every message it needs has landed, or a receive would fail at once
+  kNeedsReceiver,  // a message is too large to land before a receive posts its buffer
+};
+
 /// The caps applied before anything announced by the peer is allocated (PipeOptions' fields).
 struct FrameLimits {
   int64_t max_metadata_bytes = 0;
@@ -135,6 +164,13 @@ class FrameReader {
   /// `new_schema` (if given) tells whether the message carried metadata.
   TensorDict recv_consolidated(ByteSource& src, const std::optional<TensorDict>& td,
                                std::optional<at::Device> device, bool* new_schema = nullptr);
+
+  /// Whether the next recv_consolidated / recv_uncollated (per `consolidated`) would find
+  /// every message it reads landed in `src`'s look-ahead, walking the framing as the receive
+  /// would (the flag, the lengths, the uncollated header's leaves); a message that a receive
+  /// would refuse at once (a wrong length, an unknown flag, a size over the caps, bad JSON)
+  /// counts as kWhole. Reads nothing and changes no state.
+  Arrival arrival(MessagePeek& src, bool consolidated) const;
 
   /// Uncollated mode (§6.2, and the form tensordict 0.15.3 sends): the u64 header length, the
   /// header JSON (validated), then each leaf. A new TensorDict on `device` (CPU only). Same

@@ -1,0 +1,358 @@
+"""A pipe against stalled, slow and dying peers (issue 41, cases 3-5; docs/pipe.md, "From an
+event loop" and "Closing"): no peer holds the event loop's thread, queued asends keep the
+deadline of their own call, and a pipe closed after any error keeps no thread or descriptor.
+
+The stalled peers are raw: a pipe's test hook send_raw sends frames outside the framing (a
+new-schema flag and a length, then nothing; or a same-schema flag without its storage), from
+another UCX worker of this process; the killed one is a child process, SIGKILLed mid-message."""
+import os
+
+# Before anything creates a UCX context: UCX reads these when a pipe creates its context.
+os.environ["UCX_TLS"] = "tcp"
+os.environ["UCX_NET_DEVICES"] = "lo"
+os.environ["UCX_WARN_UNUSED_ENV_VARS"] = "n"
+
+import asyncio  # noqa: E402
+import gc  # noqa: E402
+import json  # noqa: E402
+import resource  # noqa: E402
+import signal  # noqa: E402
+import struct  # noqa: E402
+import subprocess  # noqa: E402
+import sys  # noqa: E402
+import textwrap  # noqa: E402
+import threading  # noqa: E402
+import time  # noqa: E402
+
+import pytest  # noqa: E402
+import torch  # noqa: E402
+
+from tensordict_cpp import TensorDict, TensorDictPipe, errors  # noqa: E402
+
+HOST = "127.0.0.1"
+TICK = 0.005
+SLACK = 0.05  # what the loop may be silent beyond a call's own deadline
+
+
+@pytest.fixture(autouse=True)
+def watchdog():
+    def expired(*_):
+        raise TimeoutError("test exceeded its 60 s budget")
+
+    old = signal.signal(signal.SIGALRM, expired)
+    signal.alarm(60)
+    yield
+    signal.alarm(0)
+    signal.signal(signal.SIGALRM, old)
+
+
+def pair(**opts):
+    server = TensorDictPipe.listen_sync(0, HOST, **opts)
+    client = TensorDictPipe.connect_sync(HOST, server.port, **opts)
+    return server, client
+
+
+def sample(k):
+    return TensorDict(x=torch.full((10,), float(k)), y=torch.full((4,), k, dtype=torch.int64),
+                      batch_size=[]).consolidate()
+
+
+def frames_of(td):
+    """The frames an honest sender of ours puts on the wire for a new schema: the flag, the
+    length, the metadata, the storage (read raw by a third pipe)."""
+    a, b = pair(timeout=5.0)
+    with a, b:
+        b.send(td)
+        flag = a._cpp.recv_raw(1)
+        length = a._cpp.recv_raw(8)
+        meta = a._cpp.recv_raw(struct.unpack("<Q", length)[0])
+        storage = a._cpp.recv_raw(json.loads(meta)["_total_bytes"])
+    return flag, length, meta, storage
+
+
+class Ticker:
+    """A task ticking every 5 ms on the running loop; `longest` is its longest silence."""
+
+    def __init__(self):
+        self.longest = 0.0
+        self._task = asyncio.ensure_future(self._run())
+
+    async def _run(self):
+        last = time.monotonic()
+        while True:
+            await asyncio.sleep(TICK)
+            now = time.monotonic()
+            self.longest = max(self.longest, now - last)
+            last = now
+
+    async def stop(self):
+        await asyncio.sleep(2 * TICK)  # one more turn: a silence at the end counts too
+        self._task.cancel()
+        return self.longest
+
+
+def peak_rss_mb():
+    return resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024
+
+
+def rss_mb():
+    with open("/proc/self/statm") as f:
+        return int(f.read().split()[1]) * os.sysconf("SC_PAGE_SIZE") / 2**20
+
+
+# ---- case 3: a stalled peer holds nothing but its own pipe -------------------------------------
+@pytest.mark.parametrize("stall", ["flag-and-length", "same-schema-flag"])
+def test_a_stalled_peer_never_holds_the_loop(stall):
+    """wait_for(arecv(), 0.3) on a pipe with timeout=5 raises TimeoutError at 0.3 s while a
+    5 ms ticker keeps running; the rest of the TensorDict, sent later, is received whole by the
+    next arecv (nothing lost, nothing out of step)."""
+    flag, length, meta, storage = frames_of(sample(7))
+    server, client = pair(timeout=5.0)
+    rss0 = rss_mb()
+
+    async def main():
+        if stall == "same-schema-flag":
+            client.send(sample(1))  # one honest message
+            assert (await server.arecv())["x"][0].item() == 1.0
+            client._cpp.send_raw(b"\x01")  # then a same-schema flag without its storage
+            rest = [storage]
+        else:
+            client._cpp.send_raw(flag)  # a new-schema flag and the length, then nothing
+            client._cpp.send_raw(length)
+            rest = [meta, storage]
+        ticker = Ticker()
+        start = time.monotonic()
+        with pytest.raises(asyncio.TimeoutError):
+            await asyncio.wait_for(server.arecv(), 0.3)
+        took = time.monotonic() - start
+        longest = await ticker.stop()
+        print(f"stalled peer ({stall}): TimeoutError after {took:.3f} s, longest ticker "
+              f"silence {longest * 1e3:.1f} ms")
+        assert took < 0.3 + SLACK
+        assert longest < TICK + SLACK
+        assert server._recv_ex is None  # waited on the loop, no thread
+        for f in rest:  # the peer resumes: the next arecv gets the whole TensorDict
+            client._cpp.send_raw(f)
+        got = await asyncio.wait_for(server.arecv(), 5.0)
+        torch.testing.assert_close(got["x"], sample(7)["x"])
+        torch.testing.assert_close(got["y"], sample(7)["y"])
+        client.send(sample(8))  # and the pipe goes on, in order
+        assert (await asyncio.wait_for(server.arecv(), 5.0))["x"][0].item() == 8.0
+
+    with server, client:
+        asyncio.run(asyncio.wait_for(main(), 30))
+    assert rss_mb() - rss0 < 100
+
+
+def test_a_peer_stalled_past_the_pipe_timeout_raises_timeout_error_on_time():
+    """With no wait_for, arecv gives up at the pipe's timeout, the loop ticking throughout, and
+    the pipe stays usable."""
+    flag, length, meta, storage = frames_of(sample(3))
+    server, client = pair(timeout=0.5)
+
+    async def main():
+        client._cpp.send_raw(flag)
+        client._cpp.send_raw(length)
+        ticker = Ticker()
+        start = time.monotonic()
+        with pytest.raises(errors.TimeoutError, match="nothing was received"):
+            await server.arecv()
+        took = time.monotonic() - start
+        assert await ticker.stop() < TICK + SLACK
+        assert 0.45 < took < 0.5 + SLACK
+        client._cpp.send_raw(meta)
+        client._cpp.send_raw(storage)
+        torch.testing.assert_close((await server.arecv())["x"], sample(3)["x"])
+
+    with server, client:
+        asyncio.run(asyncio.wait_for(main(), 30))
+
+
+def test_a_large_message_after_small_ones_goes_to_the_thread():
+    """The receive rule looks at the message that came, not at the last one: a 4 MiB storage
+    after small TensorDicts lands on the receive thread while the loop ticks."""
+    server, client = pair(timeout=5.0)
+
+    async def main():
+        for k in range(3):
+            client.send(sample(k))
+            assert (await server.arecv())["x"][0].item() == k
+        assert server._recv_ex is None
+        big = TensorDict(x=torch.ones(1 << 20), batch_size=[]).consolidate()
+        ticker = Ticker()
+        sending = asyncio.ensure_future(client.asend(big))
+        got = await asyncio.wait_for(server.arecv(), 10)
+        await sending
+        assert await ticker.stop() < TICK + SLACK
+        assert server._recv_ex is not None and got["x"].numel() == 1 << 20
+
+    with server, client:
+        asyncio.run(asyncio.wait_for(main(), 30))
+
+
+# ---- case 4: each asend's deadline runs from its own call --------------------------------------
+def test_gathered_asends_to_a_peer_that_does_not_read_end_within_one_timeout():
+    """24 asends gathered on a pipe with timeout=1, the peer not reading: every one ends
+    (sent, or TimeoutError having sent nothing) within about 1 s, not 1 s each in turn; what
+    was sent arrives, in order, once the peer reads."""
+    server, client = pair(timeout=1.0)
+    rss0 = rss_mb()
+
+    async def main():
+        ticker = Ticker()
+        start = time.monotonic()
+        results = await asyncio.gather(*(client.asend(sample(k)) for k in range(24)),
+                                       return_exceptions=True)
+        took = time.monotonic() - start
+        longest = await ticker.stop()
+        return results, took, longest
+
+    with server, client:
+        results, took, longest = asyncio.run(asyncio.wait_for(main(), 30))
+        errs = [r for r in results if r is not None]
+        sent = [k for k, r in enumerate(results) if r is None]
+        print(f"24 gathered asends, timeout=1: done after {took:.2f} s, {len(sent)} sent, "
+              f"{len(errs)} TimeoutError, longest ticker silence {longest * 1e3:.1f} ms")
+        assert all(isinstance(e, errors.TimeoutError) for e in errs), errs
+        assert all("nothing was sent" in str(e) for e in errs), errs
+        assert 0 < len(sent) < 24
+        assert took < 1.0 + 0.5
+        assert longest < TICK + SLACK
+        for k in sent:  # the pipe went on: what was sent arrives in order
+            assert server.recv()["x"][0].item() == k
+    assert rss_mb() - rss0 < 100
+
+
+# ---- case 5: a broken pipe leaks nothing ------------------------------------------------------
+def open_fds():
+    return len(os.listdir("/proc/self/fd"))
+
+
+def os_threads():
+    return len(os.listdir("/proc/self/task"))
+
+
+def break_one(kind):
+    """One pipe pair broken mid-message by `kind`, both ends closed; returns them (kept alive:
+    close() itself must release everything)."""
+    server, client = pair(timeout=0.2)
+    client._cpp.send_raw(b"\x07" if kind == "protocol" else b"\x00")
+    client._cpp.send_raw(struct.pack("<Q", 400))
+    if kind == "gone":
+        client.close()  # the peer leaves mid-message
+    if kind == "cancelled":
+        async def wait():
+            with pytest.raises(asyncio.TimeoutError):
+                await asyncio.wait_for(server.arecv(), 0.02)  # a partial message kept aside
+        asyncio.run(wait())
+    else:
+        with pytest.raises(RuntimeError):  # a timeout (stall), a lost peer, an unknown flag
+            server.recv()
+    server.close()
+    client.close()
+    return server, client
+
+
+def test_a_hundred_broken_pipes_leave_no_thread_or_descriptor():
+    kinds = ["stall", "gone", "protocol", "cancelled"]
+    for kind in kinds:  # warm-up: UCX's process-wide state is made once
+        break_one(kind)
+    gc.collect()
+    before = (open_fds(), os_threads(), threading.active_count())
+    rss0, peak0 = rss_mb(), peak_rss_mb()
+    kept = [break_one(kinds[i % 4]) for i in range(100)]
+    after = (open_fds(), os_threads(), threading.active_count())
+    print(f"100 broken pipes: fds/OS threads/Python threads {before} -> {after}, RSS "
+          f"+{rss_mb() - rss0:.1f} MB, peak +{peak_rss_mb() - peak0:.1f} MB")
+    assert after == before  # with every pipe object still alive
+    assert rss_mb() - rss0 < 100
+    assert len(kept) == 100 and all(s.closed and c.closed for s, c in kept)
+
+
+KILLED_MID_MESSAGE = textwrap.dedent("""
+    import struct, sys
+    from tensordict_cpp import TensorDictPipe
+    pipes = [TensorDictPipe.connect_sync("127.0.0.1", int(p), timeout=20.0) for p in sys.argv[1:]]
+    for p in pipes:  # a new-schema flag and a length: a TensorDict begun, never finished
+        p._cpp.send_raw(b"\\x00")
+        p._cpp.send_raw(struct.pack("<Q", 400))
+    print("sent", flush=True)
+    sys.stdin.read()  # until SIGKILLed
+""")
+
+
+def test_pipes_to_a_peer_killed_mid_message_leave_no_thread_or_descriptor():
+    n = 12
+    warm = TensorDictPipe.listen_sync(0, HOST)  # UCX's process-wide state, made once
+    warm.close()
+    gc.collect()
+    before = (open_fds(), os_threads(), threading.active_count())
+    servers = [TensorDictPipe.listen_sync(0, HOST, timeout=20.0) for _ in range(n)]
+    child = subprocess.Popen([sys.executable, "-c", KILLED_MID_MESSAGE,
+                              *(str(s.port) for s in servers)],
+                             stdin=subprocess.PIPE, stdout=subprocess.PIPE, env=os.environ.copy())
+    try:
+        assert child.stdout.readline().strip() == b"sent"
+
+        async def main():
+            ticker = Ticker()
+            for s in servers:  # every TensorDict is partial: nothing inline, nothing on time
+                with pytest.raises(asyncio.TimeoutError):
+                    await asyncio.wait_for(s.arecv(), 0.05)
+            child.send_signal(signal.SIGKILL)
+            killed = time.monotonic()
+            for s in servers:
+                with pytest.raises(errors.PeerLostError):
+                    await asyncio.wait_for(s.arecv(), 15)
+            assert await ticker.stop() < TICK + SLACK
+            return time.monotonic() - killed
+
+        lost_after = asyncio.run(asyncio.wait_for(main(), 40))
+    finally:
+        child.kill()
+        child.wait(10)
+        child.stdin.close()
+        child.stdout.close()
+    for s in servers:
+        s.close()
+    after = (open_fds(), os_threads(), threading.active_count())
+    print(f"{n} pipes to a peer SIGKILLed mid-message: PeerLostError {lost_after:.2f} s after "
+          f"the kill; fds/OS threads/Python threads {before} -> {after}")
+    assert after == before
+
+
+# ---- concurrent consumers of one consolidated pipe (docs/pipe.md) ---------------------------
+def test_concurrent_consumers_share_one_target_unless_they_pass_their_own():
+    """Two loops (two threads) receiving from one consolidated pipe each get whole messages in
+    turn, but the same in-place TensorDict: the next receive of either overwrites it. Each
+    passing its own consolidated TensorDict (arecv(td)) receives into its own."""
+    server, client = pair(timeout=5.0)
+    with server, client:
+        client.send(sample(0))
+        first = server.recv()
+        mine = {name: first.clone().consolidate() for name in ("a", "b")}
+        shared, own = {}, {}
+        barrier = threading.Barrier(2)
+
+        def consumer(name):
+            async def main():
+                barrier.wait()
+                shared[name] = await asyncio.wait_for(server.arecv(), 10)
+                barrier.wait()
+                own[name] = await asyncio.wait_for(server.arecv(mine[name]), 10)
+            asyncio.run(main())
+
+        threads = [threading.Thread(target=consumer, args=(n,)) for n in ("a", "b")]
+        for t in threads:
+            t.start()
+        for k in (1, 2):
+            client.send(sample(k))
+        time.sleep(0.3)  # both shared receives done before the next two messages
+        for k in (3, 4):
+            client.send(sample(k))
+        for t in threads:
+            t.join(20)
+        assert shared["a"] is shared["b"] is first  # one object, holding the last message
+        assert first["x"][0].item() == 2.0
+        assert own["a"] is mine["a"] and own["b"] is mine["b"]
+        assert sorted(mine[n]["x"][0].item() for n in ("a", "b")) == [3.0, 4.0]
