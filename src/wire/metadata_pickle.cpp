@@ -8,8 +8,10 @@
 
 #include "wire/metadata_pickle.h"
 
+#include <algorithm>
 #include <bit>
 #include <optional>
+#include <unordered_map>
 #include <unordered_set>
 
 #include "core/metadata_reader.h"
@@ -352,6 +354,7 @@ class Parser {
         }
         case '.':  // STOP
           if (stack_.size() != 1 || !marks_.empty() || in_.left() != 0) throw GiveUp{};
+          check_unique_keys();
           return stack_.back();
         case 'N': push(Node{}); break;
         case 0x88: case 0x89: {  // NEWTRUE, NEWFALSE
@@ -469,22 +472,42 @@ class Parser {
     parent.depth = std::max<uint16_t>(parent.depth, static_cast<uint16_t>(child.depth + 1));
     if (parent.depth > limits_.max_depth) throw GiveUp{};
   }
-  // Appends the nodes stack_[first, end) to container `c`'s items (moving its earlier items to
-  // the end of the arena first, when another container's items were written since).
+  // Appends the nodes stack_[first, end) to container `c`'s items, one range of the arena. When
+  // other containers' items were written after that range and it has no room left, it moves to
+  // the end of the arena with room for as many items again: Python's pickler fills a large dict
+  // or list 1000 items per SETITEMS / APPENDS, each batch writing its values' items first, and
+  // a move per batch would copy a container of n items n^2 / 2000 times.
   void append_items(uint32_t c, size_t first) {
     Node& n = tree_.nodes[c];
-    if (n.first + n.count != tree_.kids.size()) {
-      charge(sizeof(uint32_t) * n.count);
+    const size_t add = stack_.size() - first;
+    const size_t count = n.count + add;
+    if (count > UINT32_MAX) throw GiveUp{};
+    const auto room_of = room_.find(c);
+    size_t room = room_of == room_.end() ? n.count : room_of->second;  // items + free slots
+    if (n.first + room != tree_.kids.size() && count > room) {
+      room = n.count == 0 ? add : 2 * count;  // room only for a container filled in steps
+      if (tree_.kids.size() + room > UINT32_MAX) throw GiveUp{};
+      charge(sizeof(uint32_t) * room);
       const auto old = static_cast<uint32_t>(tree_.kids.size());
-      for (uint32_t k = 0; k < n.count; ++k) tree_.kids.push_back(tree_.kids[n.first + k]);
+      tree_.kids.resize(old + room);
+      std::copy_n(tree_.kids.begin() + n.first, n.count, tree_.kids.begin() + old);
       n.first = old;
     }
-    charge(sizeof(uint32_t) * (stack_.size() - first));
-    for (size_t i = first; i < stack_.size(); ++i) {
-      adopt(tree_.nodes[c], tree_.nodes[stack_[i]]);
-      tree_.kids.push_back(stack_[i]);
+    if (count > room) {  // the range ends the arena: it grows there
+      charge(sizeof(uint32_t) * (count - room));
+      tree_.kids.resize(n.first + count);
     }
-    tree_.nodes[c].count += static_cast<uint32_t>(stack_.size() - first);
+    for (size_t i = first; i < stack_.size(); ++i) {
+      adopt(n, tree_.nodes[stack_[i]]);
+      tree_.kids[n.first + n.count + (i - first)] = stack_[i];
+    }
+    n.count = static_cast<uint32_t>(count);
+    if (room > count) {
+      if (room_of == room_.end()) charge(kRoomEntryBytes);
+      room_[c] = static_cast<uint32_t>(room);
+    } else if (room_of != room_.end()) {
+      room_.erase(room_of);
+    }
     stack_.resize(first);
   }
   void collect(Kind kind, size_t first) {
@@ -508,9 +531,14 @@ class Parser {
       }
     }
     append_items(c, first);
-    if (kind == Kind::Dict) check_unique(c);
   }
-  void check_unique(uint32_t c) { core::tree::check_unique_keys(tree_, tree_.nodes[c]); }
+  // Once, when the pickle is read: a check per SETITEMS would hash a large dict's keys again for
+  // each batch of 1000.
+  void check_unique_keys() const {
+    for (const Node& n : tree_.nodes) {
+      if (n.kind == Kind::Dict) core::tree::check_unique_keys(tree_, n);
+    }
+  }
   void stack_global() {
     if (stack_.size() < 2 + floor()) throw GiveUp{};
     const Node& module = tree_.nodes[stack_[stack_.size() - 2]];
@@ -559,6 +587,9 @@ class Parser {
   std::vector<uint32_t> stack_;
   std::vector<size_t> marks_;
   std::vector<uint32_t> memo_;
+  // The arena slots of the containers that have room past their items (append_items).
+  std::unordered_map<uint32_t, uint32_t> room_;
+  static constexpr size_t kRoomEntryBytes = 32;  // a node of room_, about
 };
 
 // The validated metadata of `bytes`, or nullopt where the general way must read them.
