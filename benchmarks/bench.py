@@ -9,7 +9,9 @@ For each case (1 x 1 KB, 100 x 1 KB, 1000 x 64 B nested 3 deep, 16 x 8 MB, 1 x 1
   leaf, consolidated, init_remote) and ours called from Python;
 * ucx_perftest (server and client on 127.0.0.1), the floor of the pipe, when the pipe is built.
 
-Then build/micro_bench (Google Benchmark) and the same work done by the reference / Python.
+Then build/micro_bench (Google Benchmark) and the same work done by the reference / Python,
+and a NonTensorStack of 1,000,000 strings received from the reference's init_remote messages
+beside the same stack's file read by from_consolidated (two Python ranks).
 Prints markdown tables and, unless --no-write, rewrites docs/benchmarks.md and
 docs/benchmarks.png. Exits 1 if any received data failed verification.
 
@@ -626,6 +628,87 @@ def method_micro(quick: bool) -> list[tuple[str, float, float | None, str]]:
             for name, call in METHOD_CALLS.items()]
 
 
+# ---- a large NonTensorStack received (issue 41) ----------------------------------------------
+def stack_metadata(n: int) -> dict:
+    """The metadata dict the reference's init_remote pickles for TensorDict(a=NonTensorStack of
+    n strings "s{i}"), written out directly: the reference takes 20 s to consolidate 1e6."""
+    return {"cls": "TensorDict", "non_tensors": {}, "leaves": {},
+            "cls_metadata": {"device": None, "names": [None], "batch_size": [n],
+                             "is_locked": False},
+            "a": {"cls": "NonTensorStack",
+                  "non_tensors": {str(i): (f"s{i}", [], None) for i in range(n)}, "leaves": {},
+                  "cls_metadata": {"stack_dim": 0, "stack_dim_name": None, "is_locked": False}},
+            "_total_bytes": 0}
+
+
+def stack_rank(cfg: dict, rank: int, world_size: int) -> None:
+    """Rank 0 sends the reference's init_remote messages for the stack (send_object_list
+    framing, as the reference's sender: its pickle's length, Python's pickle of the dict, an
+    empty storage), rank 1 times from_remote_init; then rank 1 times from_consolidated of the
+    same stack's file. Seconds per call, median of the repetitions."""
+    import pickle
+
+    import torch
+    import torch.distributed as dist
+
+    import tensordict_cpp as ours
+
+    torch.set_num_threads(1)
+    n, reps = cfg["members"], cfg["reps"]
+    if rank == 0:
+        blob = pickle.dumps(stack_metadata(n))
+        for _ in range(reps):
+            dist.barrier()
+            dist.send(torch.tensor([len(blob)]), dst=1)
+            dist.send(torch.frombuffer(bytearray(blob), dtype=torch.uint8), dst=1)
+            dist.send(torch.empty(0, dtype=torch.uint8), dst=1)
+        return
+    remote, local = [], []
+    for _ in range(reps):
+        dist.barrier()  # the sender's pickle is ready: the time is the receive and the parse
+        t0 = time.perf_counter()
+        got = ours.TensorDict.from_remote_init(src=0)
+        remote.append(time.perf_counter() - t0)
+        ok = got["a"][n - 1] == f"s{n - 1}" and len(got["a"]) == n
+        del got
+    td = ours.TensorDict(a=ours.NonTensorStack.from_list([f"s{i}" for i in range(n)]),
+                         batch_size=[n])
+    path = os.path.join(cfg["tmp"], "stack.td")
+    td.consolidate(filename=path)
+    for _ in range(reps):
+        t0 = time.perf_counter()
+        got = ours.TensorDict.from_consolidated(path)
+        local.append(time.perf_counter() - t0)
+        ok = ok and got["a"][n - 1] == f"s{n - 1}"
+        del got
+    pathlib.Path(cfg["json"]).write_text(json.dumps(
+        {"members": n, "pickle_bytes": len(pickle.dumps(stack_metadata(n))),
+         "file_bytes": os.path.getsize(path), "from_remote_init_s": statistics.median(remote),
+         "from_consolidated_s": statistics.median(local), "verified": bool(ok)}))
+
+
+def stack_receive(quick: bool, tmp: str) -> dict:
+    from tensordict_cpp.distributed import run
+
+    out = pathlib.Path(tmp) / "stack.json"
+    cfg = dict(members=100_000 if quick else 1_000_000, reps=1 if quick else 3, json=str(out),
+               tmp=tmp)
+    run(functools.partial(stack_rank, cfg), 2, timeout=600, group_timeout=300)
+    return json.loads(out.read_text())
+
+
+def stack_table(r: dict) -> str:
+    n = f"{r['members']:,}"
+    return "\n".join([
+        "| receiving a NonTensorStack of " + n + " strings | bytes read | time | × the file |",
+        "|---|--:|--:|--:|",
+        f"| from_remote_init of the reference's init_remote (Python's pickle) | "
+        f"{human(r['pickle_bytes'])} | {r['from_remote_init_s'] * 1e3:.0f} ms | "
+        f"{r['from_remote_init_s'] / r['from_consolidated_s']:.2f} |",
+        f"| from_consolidated of the same stack's file (JSON metadata) | "
+        f"{human(r['file_bytes'])} | {r['from_consolidated_s'] * 1e3:.0f} ms | 1.00 |"])
+
+
 def conversion_table(rows: list[tuple[str, float, float | None, str]]) -> str:
     out = ["| work | ours (Python) | reference | what ran there | × faster |",
            "|---|--:|--:|---|--:|"]
@@ -844,6 +927,8 @@ def main() -> int:
         ref_micro = reference_micro(args.quick)
         conversions = conversion_micro(args.quick)
         methods = method_micro(args.quick)
+        print("benchmarks/run: a large NonTensorStack received ...", file=sys.stderr, flush=True)
+        stack = stack_receive(args.quick, tmp)
     pipe_md = "(not built: no build/pipe_bench)"
     if (build / "pipe_bench").is_file():
         print("benchmarks/run: the pipe ...", file=sys.stderr, flush=True)
@@ -859,9 +944,13 @@ def main() -> int:
         "\n\nEveryday methods (docs/api-coverage.md), per call, in Python, on a 100-leaf "
         "TensorDict: the same call on ours and on the reference, side by side in this run (goal: "
         "ours within 1.5x of the reference's time, i.e. × faster at least 0.67).\n\n" +
-        conversion_table(methods))
+        conversion_table(methods) +
+        "\n\nA large NonTensorStack received (issue 41), in Python: from_remote_init of the "
+        "messages the reference's init_remote sends (Python's pickle fills the stack's dict "
+        "1000 entries at a time), beside from_consolidated of the same stack's file, median of "
+        "the repetitions (goal: within 2x of the file).\n\n" + stack_table(stack))
     targets = target_table(rows, micro, ref_micro)
-    verified = all(r["verified"] is not False for r in rows)
+    verified = all(r["verified"] is not False for r in rows) and stack["verified"]
     print(transfer)
     print()
     print(micro_md)
@@ -876,7 +965,7 @@ def main() -> int:
     if args.json:
         pathlib.Path(args.json).write_text(json.dumps(
             {"cases": results, "rows": rows, "micro": micro, "reference_micro": ref_micro,
-             "verified": verified, "seconds": elapsed}, indent=1))
+             "stack_receive": stack, "verified": verified, "seconds": elapsed}, indent=1))
     if not args.no_write:
         # The options that change what is measured; --json only copies the results elsewhere.
         shown = [f"--case {c}" for c in args.case or []] + (["--quick"] if args.quick else [])

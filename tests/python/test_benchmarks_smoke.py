@@ -38,7 +38,9 @@ def test_quick_run_reports_every_arm_and_verifies(tmp_path):
     assert len(rows) == len(arms)
     assert any("reference: td.send (per leaf)" in r for r in rows)
     for label in ("pseudo_rand tag", "sort 1000 keys", "consolidate 1000 x 64 B",
-                  "metadata -> JSON", "JSON -> metadata", "restricted pickle read"):
+                  "metadata -> JSON", "JSON -> metadata", "restricted pickle read",
+                  "from_remote_init of the reference's init_remote", "from_consolidated of the"):
         assert any(l.startswith(f"| {label}") for l in lines), label
+    assert result["stack_receive"]["verified"] is True
     # --no-write leaves the published report alone.
     assert "wrote docs/benchmarks.md" not in proc.stdout
