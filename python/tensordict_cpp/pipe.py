@@ -206,12 +206,16 @@ class TensorDictPipe:
 
     .. warning::
         With ``consolidated=True``, each receive with the same structure overwrites and returns
-        the same TensorDict: ``clone()`` it to keep it.
+        the same TensorDict, whichever task, loop or thread made it (concurrent consumers of
+        one pipe share it): ``clone()`` it to keep it, or pass a consolidated TensorDict of
+        your own with the sender's layout (``arecv(mine)``) to receive into that instead.
 
     Keyword Args (of :meth:`listen` and :meth:`connect`):
         consolidated (bool): the framing; both ends must agree. Defaults to ``True``.
-        timeout (float): seconds any wait may take (connect, accept, each message). An expired
-            wait breaks the pipe. Defaults to ``30``.
+        timeout (float): seconds any wait may take (connect, accept, each message), and an
+            :meth:`asend`'s whole call (time queued behind earlier ones included). An expired
+            wait breaks the pipe, except where nothing was received or sent: an :meth:`arecv`
+            waiting on its loop, a send waiting for the window. Defaults to ``30``.
         max_metadata_bytes (int): the largest metadata a receive accepts. Defaults to 64 MiB.
         max_storage_bytes (int): the largest storage a receive accepts. Defaults to half of this
             machine's physical memory.

@@ -164,9 +164,9 @@ class Pipe final {
   PipeStats stats() const;
 
   // ---- For event loops (docs/pipe.md, "From an event loop") -------------------------------
-  // A loop waits for a pipe without a thread of its own: it watches event_fd(), asks
-  // recv_ready() before recv(), and try_send() before send(). tensordict_cpp.pipe's asend /
-  // arecv are built on these.
+  // A loop waits for a pipe without a thread of its own: it watches event_fd(), calls
+  // try_recv() (recv() only when that says kWouldWait, on another thread) and try_send() before
+  // send(). tensordict_cpp.pipe's asend / arecv are built on these; no peer can make them wait.
 
   /// An eventfd owned by the pipe that turns readable, while watched, when the pipe may have
   /// progressed: a message arrived, an operation completed, a client connected, the pipe
