@@ -10,14 +10,17 @@
 #include <array>
 #include <cstring>
 #include <optional>
+#include <memory>
 #include <string_view>
 #include <string>
+#include <unordered_map>
 #include <vector>
 
 #include "bindings.h"
 #include "tensordict/consolidate.h"
 #include "tensordict/lazy_stack.h"
 #include "tensordict/sub_tensor_dict.h"
+#include "core/json_text.h"
 
 namespace tensordict::python {
 namespace {
@@ -87,15 +90,48 @@ at::Scalar scalar_from_py(py::handle v) {
 std::vector<int64_t> ints(py::handle seq) { return seq.cast<std::vector<int64_t>>(); }
 
 // Deeper data than this is refused (the conversions recurse; Python's own limit is ~1000).
-constexpr int kMaxJsonDepth = 512;
+constexpr size_t kMaxJsonDepth = 512;
 
 std::string py_type_name(py::handle v) { return py::str(py::type::of(v).attr("__name__")); }
 
+// The conversions of one scope (one call, or a _C.json_scope() block: a rebuild from a pickle)
+// share: a Python str (beyond the small-string buffer), list or dict used again is converted
+// once and its value shared, so 256 entries holding one 8 MiB str hold it once, and a pickle's
+// "billion laughs" (one list referenced 32 times, five levels deep) costs its distinct objects.
+struct PyJsonScope {
+  core::SharedJsonBuilder builder{{.max_depth = kMaxJsonDepth}, [] { return std::string(); }};
+  std::vector<py::object> keep;  // the objects whose addresses key the builder, alive meanwhile
+  int open = 0;
+};
+thread_local PyJsonScope* g_json_scope = nullptr;
+
+// Opens the thread's scope, or joins the one open.
+class JsonScopeGuard {
+ public:
+  JsonScopeGuard() {
+    if (g_json_scope == nullptr) {
+      own_ = std::make_unique<PyJsonScope>();
+      g_json_scope = own_.get();
+    }
+    ++g_json_scope->open;
+  }
+  ~JsonScopeGuard() {
+    if (--g_json_scope->open == 0) g_json_scope = nullptr;
+  }
+  JsonScopeGuard(const JsonScopeGuard&) = delete;
+  JsonScopeGuard& operator=(const JsonScopeGuard&) = delete;
+  PyJsonScope& scope() { return *g_json_scope; }
+
+ private:
+  std::unique_ptr<PyJsonScope> own_;
+};
+
 // `where` is the position inside the data, for messages: "", "[2]", "['k'][0]", ...
-JsonValue json_from_py(py::handle v, const NestedKey& key, const std::string& where, int depth) {
+JsonValue json_from_py(py::handle v, const NestedKey& key, const std::string& where, size_t depth,
+                       PyJsonScope& scope) {
   const auto at = [&] { return where.empty() ? std::string() : " at " + where; };
-  TORCH_CHECK_VALUE(depth <= kMaxJsonDepth, "the non-tensor value of key ", key.str(),
-                    " is nested deeper than ", kMaxJsonDepth, " levels");
+  core::SharedJsonBuilder& b = scope.builder;
+  b.enter(depth, "");
   if (v.is_none()) return JsonValue();
   if (PyBool_Check(v.ptr())) return JsonValue(v.ptr() == Py_True);
   if (PyLong_Check(v.ptr())) {
@@ -107,6 +143,15 @@ JsonValue json_from_py(py::handle v, const NestedKey& key, const std::string& wh
     return JsonValue(static_cast<int64_t>(i));
   }
   if (PyFloat_Check(v.ptr())) return JsonValue(PyFloat_AS_DOUBLE(v.ptr()));
+  const bool shareable = PyUnicode_Check(v.ptr()) || PyList_Check(v.ptr()) || PyDict_Check(v.ptr());
+  if (shareable) {
+    if (const JsonValue* done = b.find(v.ptr())) return *done;
+  }
+  const auto keep = [&](JsonValue value) -> JsonValue {
+    if (value.node() == nullptr) return value;  // a short str: a copy costs no more
+    scope.keep.push_back(py::reinterpret_borrow<py::object>(v));
+    return b.remember(v.ptr(), std::move(value));
+  };
   if (PyUnicode_Check(v.ptr())) {
     Py_ssize_t n = 0;
     const char* utf8 = PyUnicode_AsUTF8AndSize(v.ptr(), &n);
@@ -115,48 +160,79 @@ JsonValue json_from_py(py::handle v, const NestedKey& key, const std::string& wh
       TORCH_CHECK_VALUE(false, "the non-tensor value of key ", key.str(), at(),
                         " holds a string that cannot be encoded as UTF-8");
     }
-    return JsonValue(std::string(utf8, static_cast<size_t>(n)));
+    b.charge(core::SharedJsonBuilder::string_bytes(static_cast<size_t>(n)));
+    return keep(JsonValue(std::string(utf8, static_cast<size_t>(n))));
   }
   if (PyList_Check(v.ptr())) {
+    b.charge(core::kSharedNodeBytes);
     JsonValue::List items;
     const py::list list = py::reinterpret_borrow<py::list>(v);
     items.reserve(list.size());
     for (size_t i = 0; i < list.size(); ++i) {
-      items.push_back(json_from_py(list[i], key, c10::str(where, "[", i, "]"), depth + 1));
+      items.push_back(json_from_py(list[i], key, c10::str(where, "[", i, "]"), depth + 1, scope));
     }
-    return JsonValue(std::move(items));
+    return keep(JsonValue(std::move(items)));
   }
   if (PyDict_Check(v.ptr())) {
+    b.charge(core::kSharedNodeBytes);
     JsonValue::Map items;
     for (auto [k, item] : py::reinterpret_borrow<py::dict>(v)) {
       TORCH_CHECK_TYPE(PyUnicode_Check(k.ptr()), "the non-tensor value of key ", key.str(), at(),
                        " is a dict with a key of type ", py_type_name(k),
                        "; JSON-like data has str keys only");
-      const std::string name = k.cast<std::string>();
-      items.emplace_back(name, json_from_py(item, key, c10::str(where, "[", quote_key(name), "]"),
-                                            depth + 1));
+      std::string name = k.cast<std::string>();
+      b.charge(core::SharedJsonBuilder::key_bytes(name.size()) - sizeof(JsonValue));
+      JsonValue value =
+          json_from_py(item, key, c10::str(where, "[", quote_key(name), "]"), depth + 1, scope);
+      items.emplace_back(std::move(name), std::move(value));
     }
-    return JsonValue(std::move(items));
+    return keep(JsonValue(std::move(items)));
   }
   TORCH_CHECK_TYPE(false, "the non-tensor value of key ", key.str(), at(), " is of type ",
                    py_type_name(v), "; non-tensor data must be JSON-like: str, int, float, bool, "
                    "None, or lists and dicts (with str keys) of them");
 }
 
-py::object json_to_py(const JsonValue& v) {
+JsonValue json_from_py(py::handle v, const NestedKey& key, const std::string& where, int depth) {
+  JsonScopeGuard guard;
+  guard.scope().builder.set_what([key] { return "the non-tensor value of key " + key.str(); });
+  return json_from_py(v, key, where, static_cast<size_t>(depth), guard.scope());
+}
+
+// A node reused within the value becomes one Python object reused, as the reference's data is
+// (one unpickled object), so shared data never expands here.
+py::object json_to_py(const JsonValue& v, std::unordered_map<const void*, py::object>& done) {
   if (v.is_null()) return py::none();
   if (v.is_bool()) return py::bool_(v.as_bool());
   if (v.is_int()) return py::int_(v.as_int());
   if (v.is_float()) return py::float_(v.as_float());
-  if (v.is_string()) return py::str(v.as_string());
-  if (v.is_list()) {
-    py::list out;
-    for (const auto& item : v.as_list()) out.append(json_to_py(item));
-    return out;
+  if (v.node() != nullptr) {
+    if (const auto it = done.find(v.node()); it != done.end()) return it->second;
   }
-  py::dict out;
-  for (const auto& [k, item] : v.as_map()) out[py::str(k)] = json_to_py(item);
+  py::object out;
+  if (v.is_string()) {
+    out = py::str(v.as_string());
+  } else if (v.is_list()) {
+    py::list list(v.as_list().size());
+    size_t i = 0;
+    for (const auto& item : v.as_list()) list[i++] = json_to_py(item, done);
+    out = std::move(list);
+  } else {
+    py::dict dict;
+    for (const auto& [k, item] : v.as_map()) dict[py::str(k)] = json_to_py(item, done);
+    out = std::move(dict);
+  }
+  if (v.node() != nullptr) done.emplace(v.node(), out);
   return out;
+}
+
+py::object json_to_py(const JsonValue& v) {
+  if (v.node() == nullptr) {
+    std::unordered_map<const void*, py::object> none;
+    return json_to_py(v, none);
+  }
+  std::unordered_map<const void*, py::object> done;
+  return json_to_py(v, done);
 }
 
 py::list py_list(const std::vector<TensorDict>& tds) {
@@ -394,6 +470,15 @@ void bind_tensor_dict(py::module_& m) {
                              [](const NonTensorData& nt) { return nt.batch_size().vec(); })
       .def_property_readonly("device", &NonTensorData::device);
 
+  // `with _C.json_scope():` makes the non-tensor conversions inside share what they convert
+  // (PyJsonScope): the rebuild functions torch.load calls open one.
+  struct JsonScopeBlock {
+    std::unique_ptr<JsonScopeGuard> guard;
+  };
+  py::class_<JsonScopeBlock>(m, "_JsonScope")
+      .def("__enter__", [](JsonScopeBlock& b) { b.guard = std::make_unique<JsonScopeGuard>(); })
+      .def("__exit__", [](JsonScopeBlock& b, py::args) { b.guard.reset(); });
+  m.def("json_scope", [] { return JsonScopeBlock{}; });
   m.def("_install_getitem", &install_fast_getitem, py::arg("cls"));
   py::class_<TD>(m, "TensorDict")
       .def(py::init([](const py::list& entries, const py::object& batch_size,

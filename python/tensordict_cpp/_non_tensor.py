@@ -299,7 +299,9 @@ class NonTensorStack:
 
 
 def _rebuild_stack(members: list, stack_dim: int, stack_dim_name: str | None) -> NonTensorStack:
-    return NonTensorStack(*members, stack_dim=stack_dim, stack_dim_name=stack_dim_name)
+    # One conversion scope: members sharing one unpickled object share one value (_td.py).
+    with _C.json_scope():
+        return NonTensorStack(*members, stack_dim=stack_dim, stack_dim_name=stack_dim_name)
 
 
 torch.serialization.add_safe_globals([_rebuild_stack])

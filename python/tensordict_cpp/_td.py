@@ -159,15 +159,9 @@ class TensorDict:
             raise TypeError(f"source must be a mapping or a TensorDict, got {type(source)}")
         bs = _batch_size(batch_size)
         dev = _device(device)
-        for k in source or {}:
-            if not _is_key(k):
-                raise errors.InvalidKeyError(
-                    f"TensorDict: key {k!r} ({type(k).__name__}) is not a str or a non-empty "
-                    f"tuple of str; a tuple such as ('a', 'b') makes nested levels")
+        _check_keys(source or {})
         entries = [(k, _to_value(v, bs, dev, k)) for k, v in (source or {}).items()]
-        entries = [(k, _C.NonTensorData(v.data, [], None, k) if isinstance(v, _RawNonTensor) else v)
-                   for k, v in entries]
-        self._cpp = _CTD(entries, bs, dev)
+        self._cpp = _level(entries, bs, dev)
 
     @classmethod
     def from_tensordict(cls, td: Any) -> "TensorDict":
@@ -1391,15 +1385,20 @@ def maybe_dense_stack(input: Sequence[Any], dim: int = 0, *, out: Any = None,
     return out
 
 
+# The rebuilds convert their non-tensor values in one _C.json_scope(): what a pickle shares
+# (one str in many entries, one list referenced many times) is converted once and shared, as
+# the unpickled Python objects are, instead of copied per reference.
 def _rebuild_tensordict(entries: list, batch_size: list, device: str | None,
                         locked: bool) -> TensorDict:
-    td = TensorDict(dict(entries), batch_size, device)
+    with _C.json_scope():
+        td = TensorDict(dict(entries), batch_size, device)
     return td.lock_() if locked else td
 
 
 def _rebuild_lazy_stack(members: list, stack_dim: int, stack_dim_name: str | None,
                         locked: bool) -> TensorDict:
-    td = LazyStackedTensorDict(*members, stack_dim=stack_dim, stack_dim_name=stack_dim_name)
+    with _C.json_scope():
+        td = LazyStackedTensorDict(*members, stack_dim=stack_dim, stack_dim_name=stack_dim_name)
     return td.lock_() if locked else td
 
 
@@ -1543,6 +1542,57 @@ class _RawNonTensor:
         self.data = data
 
 
+def _check_keys(source: Mapping) -> None:
+    for k in source:
+        if not _is_key(k):
+            raise errors.InvalidKeyError(
+                f"TensorDict: key {k!r} ({type(k).__name__}) is not a str or a non-empty "
+                f"tuple of str; a tuple such as ('a', 'b') makes nested levels")
+
+
+def _level(entries: list, batch_size: list[int], device: torch.device | None) -> _CTD:
+    """The core TensorDict of one level's converted entries."""
+    entries = [(k, _C.NonTensorData(v.data, [], None, k) if isinstance(v, _RawNonTensor) else v)
+               for k, v in entries]
+    return _CTD(entries, batch_size, device)
+
+
+# Dicts nested deeper than this (or a dict that holds itself) are refused, as non-tensor data
+# nested deeper than 512 levels is (python/csrc/tensor_dict.cpp).
+_MAX_DICT_DEPTH = 512
+
+
+def _nested_level(root: Mapping, batch_size: list[int], device: torch.device | None,
+                  key: Any) -> _CTD:
+    """The nested TensorDict of a dict value and the dicts inside it, built bottom-up with a
+    stack of its own: Python's recursion limit (about 240 levels of TensorDict.__init__) is not
+    what bounds the depth, _MAX_DICT_DEPTH is, with a ValueError."""
+    # Each frame: a dict, its remaining items, its converted entries so far.
+    _check_keys(root)
+    stack = [(iter(root.items()), [])]
+    while True:
+        items, done = stack[-1]
+        for k, v in items:
+            if isinstance(v, Mapping) and not isinstance(v, TensorDict) and \
+                    not _reference.is_reference(v):
+                if len(stack) >= _MAX_DICT_DEPTH:
+                    raise ValueError(
+                        f"TensorDict: the dict of key {key!r} is nested deeper than "
+                        f"{_MAX_DICT_DEPTH} levels (a dict that holds itself never ends)")
+                _check_keys(v)
+                done.append((k, None))  # the level below, once built
+                stack.append((iter(v.items()), []))
+                break
+            done.append((k, _to_value(v, batch_size, device, k)))
+        else:
+            stack.pop()
+            cpp = _level(done, batch_size, device)
+            if not stack:
+                return cpp
+            parent = stack[-1][1]
+            parent[-1] = (parent[-1][0], cpp)
+
+
 def _to_value(value: Any, batch_size: list[int], device: torch.device | None,
               key: Any = None) -> Any:
     # The reference's __setitem__ conversions (base.py _convert_to_tensor): numbers and numeric
@@ -1553,6 +1603,8 @@ def _to_value(value: Any, batch_size: list[int], device: torch.device | None,
         return value._cpp
     if _is_non_tensor(value):
         return _non_tensor_to_cpp(value, key if key is not None else "data")
+    if isinstance(value, Mapping) and not _reference.is_reference(value):
+        return _nested_level(value, batch_size, device, key)
     if isinstance(value, Mapping):
         return TensorDict(value, batch_size=batch_size, device=device)._cpp
     if isinstance(value, (numbers.Number, bool)) or hasattr(value, "__array__"):

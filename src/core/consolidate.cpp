@@ -718,6 +718,8 @@ TensorDict from_consolidated(const std::string& filename, const FromConsolidated
   std::optional<core::ValidatedMetadata> metadata;
   try {
     metadata = core::read_metadata_json(json);
+  } catch (const core::ValueBudgetError& e) {
+    TORCH_CHECK_VALUE(false, "from_consolidated: ", filename, ": ", e.what_without_backtrace());
   } catch (const c10::Error& e) {
     fail(e.what_without_backtrace());
   }

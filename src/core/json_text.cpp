@@ -188,7 +188,7 @@ class Parser {
                       limits_.max_bytes, " bytes of memory");
   }
   void charge_string(const std::string& str) {
-    if (str.size() >= sizeof(std::string)) charge(str.size() + 1);
+    if (str.size() > JsonValue::kInlineString) charge(str.size() + 1 + kSharedNodeBytes);
   }
   void skip_ws() {
     while (pos_ < s_.size() &&
@@ -241,6 +241,7 @@ class Parser {
 
   JsonValue list(size_t depth) {
     enter(depth);
+    charge(kSharedNodeBytes);
     ++pos_;
     JsonValue::List items;
     skip_ws();
@@ -299,11 +300,12 @@ class Parser {
 
   JsonValue map(size_t depth) {
     enter(depth);
+    charge(kSharedNodeBytes);
     JsonValue::Map items;
     std::unique_ptr<std::unordered_map<std::string, size_t>> index;
     object([&](std::string key) {
       charge(sizeof(JsonValue::Map::value_type) - sizeof(JsonValue));
-      charge_string(key);
+      if (key.size() > JsonValue::kInlineString) charge(key.size() + 1);
       JsonValue v = value(depth);
       if (dry_) return;
       // json.loads builds a dict: a repeated key keeps its first position and its last value.
@@ -626,6 +628,102 @@ void append_json(std::string& out, const JsonValue& v, bool sort_keys, const cha
     }
     out += '}';
   }
+}
+
+// ---- written out in full -----------------------------------------------------------------
+
+JsonExpansion::JsonExpansion(size_t max_extra_bytes) : max_extra_(max_extra_bytes) {}
+
+size_t JsonExpansion::text_bytes(const JsonValue& v) {
+  const void* node = v.node();
+  if (node == nullptr) return v.is_string() ? v.as_string().size() + 2 : 8;  // about its text
+  if (const auto it = sizes_.find(node); it != sizes_.end()) return it->second;
+  // First visit: the node's own bytes count once (held), its text each time (written).
+  size_t own = 2, text = 2;
+  const auto add_item = [&](const JsonValue& item, size_t extra) {
+    const size_t n = text_bytes(item);
+    own += extra + (item.node() == nullptr ? n : 0);  // an inline item is part of this node
+    text = text > SIZE_MAX - n - extra ? SIZE_MAX : text + n + extra;
+  };
+  if (v.is_string()) {
+    own = text = v.as_string().size() + 2;
+  } else if (v.is_list()) {
+    for (const auto& item : v.as_list()) add_item(item, 2);
+  } else {
+    for (const auto& [key, item] : v.as_map()) add_item(item, key.size() + 6);
+  }
+  distinct_ += own;
+  sizes_.emplace(node, text);
+  return text;
+}
+
+void JsonExpansion::add(const JsonValue& value, const std::function<std::string()>& what) {
+  const size_t n = text_bytes(value);
+  if (value.node() == nullptr) distinct_ += n;
+  written_ = written_ > SIZE_MAX - n ? SIZE_MAX : written_ + n;
+  TORCH_CHECK_VALUE(written_ <= distinct_ || written_ - distinct_ <= max_extra_, what(),
+                    ": writing it out in full would take about ", written_,
+                    " bytes, since it reuses shared values (one object referenced many times), "
+                    "which is ", written_ - distinct_, " bytes more than the data holds; the "
+                    "limit is ", max_extra_, " bytes (docs/reliability.md)");
+}
+
+namespace {
+size_t json_memory(const JsonValue& v, std::unordered_set<const void*>& seen) {
+  size_t bytes = sizeof(JsonValue);
+  if (v.node() == nullptr || !seen.insert(v.node()).second) return bytes;
+  if (v.is_string()) return bytes + v.as_string().size() + 1 + kSharedNodeBytes;
+  bytes += kSharedNodeBytes;
+  if (v.is_list()) {
+    for (const auto& item : v.as_list()) bytes += json_memory(item, seen);
+  } else {
+    for (const auto& [key, item] : v.as_map()) {
+      bytes += sizeof(JsonValue::Map::value_type) - sizeof(JsonValue) +
+               (key.size() > JsonValue::kInlineString ? key.size() + 1 : 0) +
+               json_memory(item, seen);
+    }
+  }
+  return bytes;
+}
+}  // namespace
+
+size_t json_memory(const JsonValue& value) {
+  std::unordered_set<const void*> seen;
+  return json_memory(value, seen);
+}
+
+// ---- built from shared objects ------------------------------------------------------------
+
+const JsonValue* SharedJsonBuilder::find(const void* id) {
+  const auto it = built_.find(id);
+  if (it == built_.end()) return nullptr;
+  charge();
+  return &it->second;
+}
+
+const JsonValue& SharedJsonBuilder::remember(const void* id, JsonValue value) {
+  return built_.insert_or_assign(id, std::move(value)).first->second;
+}
+
+void SharedJsonBuilder::enter(size_t depth, const std::string& where) const {
+  TORCH_CHECK_VALUE(depth <= limits_.max_depth, what_(), where.empty() ? "" : " at ", where,
+                    " is nested deeper than ", limits_.max_depth, " levels");
+}
+
+void SharedJsonBuilder::charge(size_t extra) {
+  const size_t n = sizeof(JsonValue) + extra;
+  bytes_ = bytes_ > SIZE_MAX - n ? SIZE_MAX : bytes_ + n;
+  TORCH_CHECK_VALUE(bytes_ <= limits_.max_bytes, what_(), " would take more than ",
+                    limits_.max_bytes, " bytes of memory");
+}
+
+size_t SharedJsonBuilder::string_bytes(size_t n) {
+  return n > JsonValue::kInlineString ? n + 1 + kSharedNodeBytes : 0;
+}
+
+size_t SharedJsonBuilder::key_bytes(size_t n) {
+  return sizeof(JsonValue::Map::value_type) - sizeof(JsonValue) +
+         (n > JsonValue::kInlineString ? n + 1 : 0);
 }
 
 std::string python_str(const JsonValue& value) {

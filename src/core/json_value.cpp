@@ -43,9 +43,20 @@ void check_unique_keys(const JsonValue::Map& map) {
 
 }  // namespace
 
+JsonValue::JsonValue(const JsonValue& other) = default;
+JsonValue& JsonValue::operator=(const JsonValue& other) = default;
+
+JsonValue::JsonValue(std::string s) {
+  if (s.size() <= kInlineString) {
+    v_ = std::move(s);
+  } else {
+    v_ = std::make_shared<const std::string>(std::move(s));
+  }
+}
+
 JsonValue::JsonValue(Map map) {
   check_unique_keys(map);
-  v_ = std::move(map);
+  v_ = std::make_shared<const Map>(std::move(map));
 }
 
 bool JsonValue::as_bool() const {
@@ -65,18 +76,19 @@ double JsonValue::as_float() const {
 }
 
 const std::string& JsonValue::as_string() const {
+  if (v_.index() == 4) return std::get<std::string>(v_);
   if (!is_string()) wrong_type("str", *this);
-  return std::get<std::string>(v_);
+  return *std::get<std::shared_ptr<const std::string>>(v_);
 }
 
 const JsonValue::List& JsonValue::as_list() const {
   if (!is_list()) wrong_type("list", *this);
-  return std::get<List>(v_);
+  return *std::get<std::shared_ptr<const List>>(v_);
 }
 
 const JsonValue::Map& JsonValue::as_map() const {
   if (!is_map()) wrong_type("dict", *this);
-  return std::get<Map>(v_);
+  return *std::get<std::shared_ptr<const Map>>(v_);
 }
 
 const JsonValue& JsonValue::at(std::string_view key) const {
@@ -92,6 +104,26 @@ const JsonValue& JsonValue::at(size_t index) const {
   TORCH_CHECK_INDEX(index < list.size(), "JsonValue: index ", index, " is out of range for a list of ",
                     list.size(), " items");
   return list[index];
+}
+
+const void* JsonValue::node() const {
+  switch (v_.index()) {
+    case 5: return std::get<5>(v_).get();
+    case 6: return std::get<6>(v_).get();
+    case 7: return std::get<7>(v_).get();
+    default: return nullptr;
+  }
+}
+
+bool JsonValue::operator==(const JsonValue& other) const {
+  if (is_string() && other.is_string()) return as_string() == other.as_string();
+  if (v_.index() != other.v_.index()) return false;
+  if (node() != nullptr && node() == other.node()) return true;  // one shared node
+  switch (v_.index()) {
+    case 6: return as_list() == other.as_list();
+    case 7: return as_map() == other.as_map();
+    default: return v_ == other.v_;
+  }
 }
 
 std::string JsonValue::dump() const {

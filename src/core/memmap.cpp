@@ -328,6 +328,10 @@ struct Writer {
                                  {"_metadata", nullptr},
                                  {"_is_non_tensor", true}});
           }
+          // Its text is held whole before it is written: bounded where shared values expand.
+          core::JsonExpansion().add(nt, [&] {
+            return c10::str(fn, ": the non-tensor value of key ", quote_key(key));
+          });
           write_text(fn, *sub / "meta.json", nt.dump());
           meta.emplace_back(key, JsonValue::map({{"type", v.class_name()}}));
         }
@@ -395,8 +399,8 @@ void swap_in(TensorDict td, const TensorDict& mapped) {
 // values of non-tensor entries (the part of them the load keeps) may take kValueBytesPerMetaByte
 // bytes per byte read, plus kValueAllowance; docs/reliability.md gives these figures.
 constexpr size_t kMaxMetaTotalBytes = size_t{256} << 20;
-constexpr size_t kValueBytesPerMetaByte = 3;
-constexpr size_t kValueAllowance = size_t{16} << 20;
+constexpr size_t kValueBytesPerMetaByte = core::kValueBytesPerTextByte;
+constexpr size_t kValueAllowance = core::kValueAllowanceBytes;
 // A level's entry ({"dtype", "shape", ...}) or field is read on its own, within these bounds.
 constexpr core::JsonLimits kEntryLimits{.max_depth = 8, .max_values = 4096,
                                         .max_bytes = size_t{1} << 20};

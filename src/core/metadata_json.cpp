@@ -12,6 +12,7 @@
 #include "core/metadata_tree.h"
 #include "tensordict/consolidate.h"
 #include "tensordict/dtypes.h"
+#include "tensordict/errors.h"
 #include "core/json_text.h"
 #include "core/metadata.h"
 
@@ -155,10 +156,33 @@ void append_node(std::string& out, const Metadata& m, bool sort, const Transport
   node.write();
 }
 
+void add_written(core::JsonExpansion& e, const Metadata& m, std::vector<std::string>& path,
+                 const char* who) {
+  for (const auto& [key, nt] : m.non_tensors) {
+    e.add(nt.data, [&] {
+      return c10::str(who, ": the non-tensor value of key ", core::path_str(path, key));
+    });
+  }
+  for (const auto& [key, child] : m.children) {
+    path.push_back(key);
+    add_written(e, child, path, who);
+    path.pop_back();
+  }
+}
+
 }  // namespace
+
+namespace core {
+void check_written_size(const Metadata& m, const char* who) {
+  JsonExpansion e;
+  std::vector<std::string> path;
+  add_written(e, m, path, who);
+}
+}  // namespace core
 
 std::string metadata_to_json(const Metadata& metadata, bool sort_keys,
                              const TransportFields& transport) {
+  core::check_written_size(metadata, "metadata JSON");
   std::string out;
   out.reserve(256 + 96 * metadata.leaves.size());
   append_node(out, metadata, sort_keys, &transport);
@@ -335,12 +359,32 @@ class FastJson {
 ValidatedMetadata read_metadata_json(std::string_view text) {
   TORCH_CHECK_VALUE(text.size() <= kMaxMetadataJsonBytes, "metadata: ", text.size(),
                     " bytes of JSON, more than the limit of ", kMaxMetadataJsonBytes);
-  if (auto fast = tree::read_fast(text, /*json=*/true, [](std::string_view in, tree::Tree& t) {
-        return FastJson(in, t).run();
-      })) {
-    return std::move(*fast);
+  const size_t budget = kValueBytesPerTextByte * text.size() + kValueAllowanceBytes;
+  const auto over = [&](size_t limit) {
+    TD_THROW(core::ValueBudgetError, "metadata: the non-tensor values would take more than ",
+             limit, " bytes of memory (a reader spends at most ", kValueBytesPerTextByte,
+             " bytes per byte of metadata JSON, plus ", kValueAllowanceBytes,
+             ", on them, as on meta.json's); keep large data in tensors");
+  };
+  try {
+    if (auto fast = tree::read_fast(
+            text, /*json=*/true,
+            [](std::string_view in, tree::Tree& t) { return FastJson(in, t).run(); }, budget)) {
+      return std::move(*fast);
+    }
+  } catch (const tree::OverBudget& e) {
+    over(e.limit);
   }
-  return read_metadata_json_general(text);
+  ValidatedMetadata v = read_metadata_json_general(text);
+  // The general way (a text the fast path does not take) has built the values: measured after.
+  size_t bytes = 0;
+  const std::function<void(const Metadata&)> walk = [&](const Metadata& m) {
+    for (const auto& [key, nt] : m.non_tensors) bytes += json_memory(nt.data);
+    for (const auto& [key, child] : m.children) walk(child);
+  };
+  walk(v.metadata());
+  if (bytes > budget) over(budget);
+  return v;
 }
 
 ValidatedMetadata read_metadata_json_general(std::string_view text) {

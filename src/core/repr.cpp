@@ -80,6 +80,9 @@ size_t utf8_length(std::string_view s) {
 // NonTensorData.__repr__ (MetaData's too): str(data), cut to its first and last 20 characters
 // past 200; NonTensorStack's: str(tolist()), cut after 50 characters.
 std::string non_tensor_repr(const NonTensorData& nt) {
+  // str() of data that reuses shared values writes each reuse again: measured first.
+  core::JsonExpansion().add(nt.is_stack() ? nt.tolist() : nt.data(),
+                            [] { return std::string("repr of a non-tensor entry"); });
   if (nt.is_stack()) {
     std::string values = core::python_str(nt.tolist());
     if (utf8_length(values) > 50) values = std::string(utf8_head(values, 50)) + "...";

@@ -575,6 +575,8 @@ class Parser {
     const Node& v = tree_.nodes[n];
     if (v.kind == Kind::List || v.kind == Kind::Tuple || v.kind == Kind::Dict) throw GiveUp{};
     value(/*new_node=*/false);
+    // A long str read again is built once (metadata_tree.h: Tree::shared_strings).
+    if (v.kind == Kind::Str && v.count > JsonValue::kInlineString) tree_.nodes[n].b = true;
     stack_.push_back(n);  // the same immutable node: a str or a scalar
   }
   core::ByteReader in_;
@@ -614,6 +616,7 @@ core::ValidatedMetadata read_validated(const pickle::Value& value) {
 }  // namespace
 
 std::string metadata_pickle_bytes(const Metadata& metadata, const TransportFields& transport) {
+  core::check_written_size(metadata, "metadata pickle");
   std::string out;
   out.reserve(256 + 64 * metadata.leaves.size());
   pickle::Writer w(out);

@@ -9,6 +9,7 @@
 #include "expect_throw.h"
 #include "tensordict/errors.h"
 #include "tensordict/json_value.h"
+#include "core/json_text.h"
 
 using tensordict::JsonValue;
 using tensordict::KeyError;
@@ -107,4 +108,52 @@ TEST(JsonValue, ParseFaults) {
   EXPECT_THROW_MSG(JsonValue::parse("18446744073709551616"), c10::ValueError, "out of range");
   EXPECT_THROW_MSG(JsonValue::parse(std::string(100000, '[')), c10::ValueError,
                    "nested deeper than");
+}
+
+// Shared nodes (issue 41): a copy shares; a value built from shared objects holds them once;
+// writing it out in full is measured first.
+TEST(JsonValue, CopiesShareTheirNodes) {
+  const JsonValue big(std::string(1 << 20, 'x'));
+  const JsonValue copy = big;  // NOLINT(performance-unnecessary-copy-initialization)
+  EXPECT_NE(big.node(), nullptr);
+  EXPECT_EQ(copy.node(), big.node());
+  EXPECT_EQ(&copy.as_string(), &big.as_string());
+  EXPECT_EQ(JsonValue("short").node(), nullptr);  // held inline
+  // Equality is by contents, whether the nodes are shared or not.
+  EXPECT_EQ(JsonValue::list({big, 1}), JsonValue::list({JsonValue(std::string(1 << 20, 'x')), 1}));
+  EXPECT_NE(JsonValue::list({big}), JsonValue::list({JsonValue(std::string(1 << 20, 'y'))}));
+  EXPECT_EQ(JsonValue::list({std::string(20, 'a')}), JsonValue::list({std::string(20, 'a')}));
+}
+
+TEST(JsonValue, SharedDataIsHeldOnceAndMeasuredBeforeAFullWrite) {
+  // One 1 KiB str referenced 32 times, that list 32 times, five levels: 32 GiB of text.
+  tensordict::core::SharedJsonBuilder builder({}, [] { return std::string("laughs"); });
+  JsonValue value(std::string(1024, 'x'));
+  for (int level = 0; level < 5; ++level) {
+    JsonValue::List items(32, value);
+    value = JsonValue(std::move(items));
+    builder.charge(32 * sizeof(JsonValue));
+  }
+  EXPECT_LT(tensordict::core::json_memory(value), 10'000u);  // 5 lists and one str
+  EXPECT_LT(builder.bytes(), 10'000u);
+  tensordict::core::JsonExpansion written;
+  EXPECT_THROW_MSG(written.add(value, [] { return std::string("write of 'a'"); }),
+                   c10::ValueError, "write of 'a': writing it out in full would take about");
+  // Without reuse nothing is an expansion, however large.
+  tensordict::core::JsonExpansion plain(0);
+  plain.add(JsonValue(std::string(4 << 20, 'y')), [] { return std::string("plain"); });
+  plain.add(JsonValue::list({1, 2, "abc"}), [] { return std::string("plain"); });
+  // A builder refuses past its budget and its depth.
+  tensordict::core::SharedJsonBuilder small({.max_depth = 2, .max_bytes = 100},
+                                            [] { return std::string("small"); });
+  EXPECT_THROW_MSG(small.charge(200), c10::ValueError, "small would take more than 100 bytes");
+  EXPECT_THROW_MSG(small.enter(3, ""), c10::ValueError, "small is nested deeper than 2 levels");
+  // find() gives the value remembered for an object, charging a node.
+  int object = 0;
+  tensordict::core::SharedJsonBuilder memo({}, [] { return std::string("memo"); });
+  EXPECT_EQ(memo.find(&object), nullptr);
+  memo.remember(&object, value);
+  ASSERT_NE(memo.find(&object), nullptr);
+  EXPECT_EQ(memo.find(&object)->node(), value.node());
+  EXPECT_EQ(memo.bytes(), 2 * sizeof(JsonValue));
 }

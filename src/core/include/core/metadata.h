@@ -60,6 +60,11 @@ void check_leaf_dtype(at::ScalarType t, const char* who, const Where& where) {
 /// The nested key path + key, as messages print it: 'a' or ('a', 'b').
 std::string path_str(std::vector<std::string> path, const std::string& key);
 
+/// ValueError, starting with `who` and naming the key, before a full write of `m` (JSON text,
+/// a pickle) when its non-tensor values reuse shared values so much that the write would exceed
+/// what they hold by more than kMaxJsonExpansion (core/json_text.h: JsonExpansion).
+void check_written_size(const Metadata& m, const char* who);
+
 /// A stack node's batch size (a lazy stack's or a NonTensorStack's): its members' (keyed "0",
 /// "1", ..., which share one) with their count inserted at stack_dim; nullopt when the node is
 /// not such a stack (validate() says why). The wire leaves it out, so readers fill it in.
@@ -96,8 +101,17 @@ class ValidatedMetadata {
 /// Validates `metadata` (ValueError on any fault) and keeps the result.
 ValidatedMetadata validated(Metadata metadata, TransportFields transport = {});
 
+/// read_metadata_json's refusal of non-tensor values beyond the value budget: a ValueError,
+/// which from_consolidated keeps one (its other refusals are RuntimeErrors naming the file).
+class ValueBudgetError : public c10::ValueError {
+ public:
+  using c10::ValueError::ValueError;
+};
+
 /// A peer's metadata JSON (the pipe's, docs/wire-format.md §6.1), parsed and validated: the
-/// errors and bounds of metadata_from_json. Top-level transport fields are kept.
+/// errors and bounds of metadata_from_json. Top-level transport fields are kept. Its non-tensor
+/// values may take meta.json's value budget (kValueBytesPerTextByte per byte of `text`, plus
+/// kValueAllowanceBytes), measured before they are built: ValueError beyond it.
 ValidatedMetadata read_metadata_json(std::string_view text);
 /// The general reader behind read_metadata_json (parse_json, then the tree), which its fast
 /// path must agree with (fuzz/metadata_json.cpp checks it); ValueError as there.

@@ -10,6 +10,7 @@
 
 #include <cstdint>
 #include <optional>
+#include <unordered_map>
 #include <unordered_set>
 #include <string>
 #include <string_view>
@@ -30,7 +31,7 @@ enum class Kind { None, Bool, Int, Float, Str, List, Tuple, Dict, ClassRef };
 // 16 bytes, so that the arena of a 1000-leaf metadata stays in cache.
 struct Node {
   Kind kind = Kind::None;
-  bool b = false;
+  bool b = false;      // bool: its value; str: read again through a pickle memo (to_json shares it)
   uint16_t depth = 0;  // container nesting, 0 for scalars
   uint32_t count = 0;  // container: its items; str: its bytes; class ref: its Tree::refs index
   union {
@@ -52,6 +53,12 @@ struct Tree {
   std::vector<Node> nodes;
   std::vector<uint32_t> kids;
   std::vector<std::pair<std::string_view, std::string_view>> refs;  // (module, qualname)
+  // The JsonValue of each str node a pickle's memo reads again (marked by `b`): one value
+  // however many entries reuse it, as Python's unpickler gives one object.
+  mutable std::unordered_map<uint32_t, JsonValue> shared_strings;
+  // The memory the non-tensor values built from this tree may take, and what they took.
+  size_t max_value_bytes = SIZE_MAX;
+  mutable size_t value_bytes = 0;
   // The bytes a str or class reference node holds, as the pickle budget counts them.
   size_t text_bytes(const Node& n) const {
     if (n.kind == Kind::Str) return n.count;
@@ -61,6 +68,11 @@ struct Tree {
 };
 
 struct GiveUp {};  // not the plain shape: read it the general way
+// The non-tensor values would take more than Tree::max_value_bytes: an error the general way
+// would only reach after building them, so read_fast lets it through.
+struct OverBudget {
+  size_t limit;
+};
 
 /// GiveUp when the dict node `d` repeats a key: Python keeps the key's first place and its
 /// last value, which the general reader reproduces.
@@ -142,6 +154,29 @@ class Members {
   Items items_;
 };
 
+/// What to_json(r) allocates, as parse_json's budget counts it (core/json_text.h).
+inline size_t json_cost(const Ref& r) {
+  const Node& n = r.node();
+  size_t bytes = sizeof(JsonValue);
+  if (n.kind == Kind::Str) {
+    if (n.count > JsonValue::kInlineString) bytes += n.count + 1 + kSharedNodeBytes;
+  } else if (n.kind == Kind::List || n.kind == Kind::Tuple || n.kind == Kind::Dict) {
+    bytes += kSharedNodeBytes;
+    const bool dict = n.kind == Kind::Dict;
+    const Items items(r.tree, n);
+    for (size_t i = 0; i < items.size(); ++i) {
+      const Ref e = items[i];
+      if (dict && i % 2 == 0) {  // a key, held in the map entry
+        bytes += sizeof(JsonValue::Map::value_type) - sizeof(JsonValue);
+        if (e.node().count > JsonValue::kInlineString) bytes += e.node().count + 1;
+        continue;
+      }
+      bytes += json_cost(e);
+    }
+  }
+  return bytes;
+}
+
 inline JsonValue to_json(const Ref& r) {
   const Node& n = r.node();
   switch (n.kind) {
@@ -149,7 +184,12 @@ inline JsonValue to_json(const Ref& r) {
     case Kind::Bool: return JsonValue(n.b);
     case Kind::Int: return JsonValue(n.i);
     case Kind::Float: return JsonValue(n.f);
-    case Kind::Str: return JsonValue(n.s());
+    case Kind::Str: {
+      if (!n.b) return JsonValue(n.s());
+      auto [it, fresh] = r.tree->shared_strings.try_emplace(r.index);
+      if (fresh) it->second = JsonValue(n.s());
+      return it->second;
+    }
     case Kind::List:
     case Kind::Tuple: {
       JsonValue::List out;
@@ -203,7 +243,13 @@ struct Traits {
   static std::string as_string(const Ref& v) { return std::string(v.node().s()); }
   static Items items(const Ref& v) { return Items(v.tree, v.node()); }
   static Members members(const Ref& v) { return Members(Items(v.tree, v.node())); }
-  static JsonValue to_json(const Ref& v) { return tree::to_json(v); }
+  static JsonValue to_json(const Ref& v) {
+    if (v.tree->max_value_bytes != SIZE_MAX) {  // measured before it is built
+      v.tree->value_bytes += json_cost(v);
+      if (v.tree->value_bytes > v.tree->max_value_bytes) throw OverBudget{v.tree->max_value_bytes};
+    }
+    return tree::to_json(v);
+  }
   static std::string dump(const Ref&) { throw GiveUp{}; }  // an error: the general way's text
   static void ignored(const Ref& v) { check_class_refs(v); }
 };
@@ -213,15 +259,21 @@ struct Traits {
 /// where the general reader must read it
 /// (the parser or the reader gave up, or failed). The arena is kept per thread: fresh pages for
 /// it would cost more than the parse; one that a large input grew is given back after use.
+/// `max_value_bytes` bounds the non-tensor values it builds: OverBudget past it.
 template <typename Parse>
-std::optional<ValidatedMetadata> read_fast(std::string_view input, bool json, Parse&& parse) {
+std::optional<ValidatedMetadata> read_fast(std::string_view input, bool json, Parse&& parse,
+                                           size_t max_value_bytes = SIZE_MAX) {
   constexpr size_t kKeptNodes = size_t{1} << 16;
   thread_local Tree tree;
+  tree.max_value_bytes = max_value_bytes;
+  tree.value_bytes = 0;
   struct Reset {
     ~Reset() {
       tree.nodes.clear();
       tree.kids.clear();
       tree.refs.clear();
+      tree.shared_strings.clear();
+      tree.max_value_bytes = SIZE_MAX;
       if (tree.nodes.capacity() > kKeptNodes) tree = Tree{};
     }
   } reset;
