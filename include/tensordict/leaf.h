@@ -20,4 +20,13 @@ const char* untransferable_reason(const at::Tensor& leaf);
 /// (NotImplementedError for a subclass that dispatches to Python, as the reference's DTensor).
 void check_transferable(std::string_view who, std::string_view key, const at::Tensor& leaf);
 
+/// Tells autograd that a transport writes `leaf`'s memory behind its back (Gloo receiving or
+/// reducing into it, a bucket's bytes copied back with memcpy): bumps its version counter, as
+/// any in-place op does, so that a backward that saved the tensor (a Parameter used before the
+/// receive) raises "one of the variables needed for gradient computation has been modified by
+/// an inplace operation" instead of silently using the new values. Views share their base's
+/// counter, so marking a view marks the base. Inference tensors, which have no counter, are
+/// left alone. The reference does not do this (docs/distributed.md).
+void mark_written(const at::Tensor& leaf);
+
 }  // namespace tensordict

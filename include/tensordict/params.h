@@ -4,7 +4,8 @@
 // policy's weights live in for weight synchronisation. The leaves and the module's parameters
 // are the same tensors, so a receive into params() (dist::recv, init_remote's peer, the pipe)
 // writes into the parameters in place: an optimizer holding them, or the module they came from
-// (from_module), sees the new values.
+// (from_module), sees the new values. The c10d receives bump the parameters' autograd versions
+// (unlike the reference's), so a backward built before one raises instead of using them.
 //
 // Nested levels of the TensorDict are submodules (TensorDictParams of their own) under their
 // keys, so named_parameters() gives "a.b" as the reference's flat names do. Not thread-safe for

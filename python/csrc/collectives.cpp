@@ -32,6 +32,9 @@ py::arg_v use_broadcast_arg() {
   return py::arg("use_broadcast") = dist::InitRemoteOptions{}.use_broadcast;
 }
 py::arg_v async_op_arg() { return py::arg("async_op") = false; }
+py::arg_v check_buckets_arg() {
+  return py::arg("check_buckets") = dist::AllReduceOptions{}.check_buckets;
+}
 
 }  // namespace
 
@@ -143,9 +146,11 @@ void bind_collectives(py::module_& m) {
                       max_total_bytes_arg(), timeout_arg()));
   def(m, "all_reduce",
       [](const TensorDict& td, const c10d::ReduceOp& op, bool async_op, py::object group,
-         std::optional<double> timeout, std::optional<int64_t> bucket_bytes) -> py::object {
+         std::optional<double> timeout, std::optional<int64_t> bucket_bytes,
+         bool check_buckets) -> py::object {
         dist::AllReduceOptions o{.op = op, .async_op = false, .group = group_from_py(group),
-                                 .timeout = timeout_from_py(timeout), .bucket_bytes = bucket_bytes};
+                                 .timeout = timeout_from_py(timeout), .bucket_bytes = bucket_bytes,
+                                 .check_buckets = check_buckets};
         std::vector<dist::WorkPtr> works;
         {
           py::gil_scoped_release nogil;
@@ -158,17 +163,18 @@ void bind_collectives(py::module_& m) {
         return async_op ? py::object(works_to_py(works)) : py::object(py::none());
       },
       std::make_tuple(py::arg("td"), py::arg("op"), py::kw_only(), async_op_arg(), group_arg(),
-                      timeout_arg(), py::arg("bucket_bytes") = py::none()));
+                      timeout_arg(), py::arg("bucket_bytes") = py::none(), check_buckets_arg()));
   def(m, "reduce",
       [](const TensorDict& td, int64_t group_dst, const c10d::ReduceOp& op, bool async_op,
          bool return_premature, py::object group, std::optional<double> timeout,
-         std::optional<int64_t> bucket_bytes) -> py::object {
+         std::optional<int64_t> bucket_bytes, bool check_buckets) -> py::object {
         dist::ReduceOptions o{.op = op,
                               .async_op = async_op,
                               .group = group_from_py(group),
                               .group_dst = group_dst,
                               .timeout = timeout_from_py(timeout),
-                              .bucket_bytes = bucket_bytes};
+                              .bucket_bytes = bucket_bytes,
+                              .check_buckets = check_buckets};
         std::vector<dist::WorkPtr> works;
         const bool premature = async_op && return_premature;
         {
@@ -183,7 +189,7 @@ void bind_collectives(py::module_& m) {
       },
       std::make_tuple(py::arg("td"), py::arg("group_dst"), py::arg("op"), py::kw_only(),
                       async_op_arg(), py::arg("return_premature") = false, group_arg(),
-                      timeout_arg(), py::arg("bucket_bytes") = py::none()));
+                      timeout_arg(), py::arg("bucket_bytes") = py::none(), check_buckets_arg()));
 }
 
 }  // namespace tensordict::python

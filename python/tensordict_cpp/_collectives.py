@@ -57,6 +57,13 @@ def _bucket_bytes(bucket_bytes: Any) -> int | None:
     return int(bucket_bytes) or 1
 
 
+def _flag(name: str, value: Any) -> bool:
+    """A bool keyword of ours, refused when it is anything else (TypeError naming it)."""
+    if not isinstance(value, bool):
+        raise TypeError(f"{name} must be a bool, got {type(value).__name__}")
+    return value
+
+
 def _cpp_of(td: Any) -> Any:
     """The ``_C.TensorDict`` behind a tensordict_cpp.TensorDict (its ``_cpp``); TypeError for
     anything else."""
@@ -351,7 +358,8 @@ def gather_and_stack(self, dst: int, group: Any = None, *, max_total_bytes: int 
 
 
 def all_reduce(self, op: Any = None, *, group: Any = None, async_op: bool = False,
-               bucket_bytes: int | None = None, timeout: Timeout = None) -> list | None:
+               bucket_bytes: int | None = None, check_buckets: bool = False,
+               timeout: Timeout = None) -> list | None:
     """Reduces every leaf in place over the group, so that every rank holds the result.
 
     One ``torch.distributed.all_reduce`` per leaf, in insertion order (depth first): every rank
@@ -371,8 +379,15 @@ def all_reduce(self, op: Any = None, *, group: Any = None, async_op: bool = Fals
             is not contiguous alone first, then the others grouped by device and dtype (groups
             in order of first appearance), packed in leaf order; a larger leaf alone. Many
             small leaves then cost a few collectives instead of one each. Every rank must pass
-            the same value. ValueError when not positive. Defaults to ``None``: one collective
-            per leaf.
+            the same value: ranks whose buckets differ post collectives of different sizes, and
+            Gloo aborts a rank that receives more bytes than it posted for (SIGABRT, "Received
+            data size doesn't match expected size"), whose peers then raise ``PeerLostError``;
+            as with the reference. ValueError when not positive. Defaults to ``None``: one
+            collective per leaf.
+        check_buckets (bool, optional): ours, off the reference's wire: first all-gather a hash
+            of each rank's bucket layout and raise ``ValueError`` naming ``bucket_bytes`` on
+            every rank when they differ, instead of the abort. One small collective more; every
+            rank of the group must pass it (a reference rank cannot). Defaults to ``False``.
         timeout (float or datetime.timedelta, optional): the longest the call may wait for
             its messages, all of them together; on expiry, ``DistBackendError`` naming the
             call, the peer, what was in flight and the time waited. Defaults to ``None``:
@@ -380,15 +395,18 @@ def all_reduce(self, op: Any = None, *, group: Any = None, async_op: bool = Fals
 
     Returns:
         With ``async_op=True``, the list of ``Work`` objects (one per leaf, or per bucket: a
-        bucket's ``wait()`` also writes its values back into the leaves); otherwise ``None``.
+        bucket's ``wait()`` also writes its values back into the leaves; a lost peer raises
+        ``PeerLostError`` there, a timeout ``TimeoutError``); otherwise ``None``.
     """
     return _C.all_reduce(self._cpp, _op(op), async_op=async_op, group=_group(group),
-                         timeout=_seconds(timeout), bucket_bytes=_bucket_bytes(bucket_bytes))
+                         timeout=_seconds(timeout), bucket_bytes=_bucket_bytes(bucket_bytes),
+                         check_buckets=_flag("check_buckets", check_buckets))
 
 
 def reduce(self, dst: int, op: Any = None, async_op: bool = False,
            return_premature: bool = False, group: Any = None, *,
-           bucket_bytes: int | None = None, timeout: Timeout = None) -> list | None:
+           bucket_bytes: int | None = None, check_buckets: bool = False,
+           timeout: Timeout = None) -> list | None:
     """Reduces every leaf over the group into rank ``dst``, in place.
 
     One ``torch.distributed.reduce`` per leaf, keys sorted by code point at each level, depth
@@ -410,6 +428,7 @@ def reduce(self, dst: int, op: Any = None, async_op: bool = False,
     Keyword Args:
         bucket_bytes (int, optional): as for :meth:`all_reduce`, in reduce's leaf order; only
             rank ``dst`` takes a bucket's values back into its leaves. Defaults to ``None``.
+        check_buckets (bool, optional): as for :meth:`all_reduce`. Defaults to ``False``.
         timeout (float or datetime.timedelta, optional): the longest the call may wait for
             its messages, all of them together; on expiry, ``DistBackendError`` naming the
             call, the peer, what was in flight and the time waited. Defaults to ``None``:
@@ -422,4 +441,5 @@ def reduce(self, dst: int, op: Any = None, async_op: bool = False,
     pg = _group(group)
     return _C.reduce(self._cpp, _group_rank(pg, dst), _op(op), async_op=async_op,
                      return_premature=return_premature, group=pg, timeout=_seconds(timeout),
-                     bucket_bytes=_bucket_bytes(bucket_bytes))
+                     bucket_bytes=_bucket_bytes(bucket_bytes),
+                     check_buckets=_flag("check_buckets", check_buckets))

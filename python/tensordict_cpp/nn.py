@@ -7,7 +7,10 @@ leaves in place) and an ``nn.Module`` (``named_parameters()`` gives the leaves u
 "a.b" names, so an optimizer, ``state_dict`` or a parent module sees them). The leaves *are*
 the Parameter objects: a ``recv`` into a TensorDictParams, or into ``from_module(m,
 as_module=True)``, writes into ``m``'s own parameters, and an optimizer holding them sees the new
-values.
+values. Unlike the reference's, such a receive bumps the parameters' autograd versions, so a
+backward built before it raises instead of using the new values (docs/distributed.md), and
+``torch.load(weights_only=True)`` reads a saved TensorDictParams back (``_rebuild_params`` is
+allowlisted; the reference's needs ``weights_only=False``).
 """
 from __future__ import annotations
 
@@ -222,6 +225,24 @@ TensorDict._params_class = TensorDictParams  # for TensorDict.from_module(as_mod
 
 
 def _rebuild_params(td: TensorDict, no_convert: Any, lock: bool, locked: bool) -> TensorDictParams:
+    """What a TensorDictParams pickles as (``__reduce__``): rebuilt from its TensorDict (whose
+    leaves come back as the Parameters and buffers they were) and its three flags. It builds
+    only from those, imports and calls nothing else, so ``torch.load(weights_only=True)`` may
+    take it (allowlisted below); a forged pickle that passes other objects is refused here."""
+    if type(td) is not TensorDict:
+        raise TypeError(f"_rebuild_params: expected a TensorDict of the parameters, got "
+                        f"{type(td).__name__}")
+    if not (isinstance(no_convert, bool) or no_convert == "skip"):
+        got = repr(no_convert) if isinstance(no_convert, str) else type(no_convert).__name__
+        raise ValueError(f"_rebuild_params: no_convert must be a bool or 'skip', got {got}")
+    for name, flag in (("lock", lock), ("locked", locked)):
+        if not isinstance(flag, bool):
+            raise TypeError(f"_rebuild_params: {name} must be a bool, got {type(flag).__name__}")
     params = TensorDictParams(td, no_convert=True, lock=lock)  # registered as pickled
     params.no_convert = no_convert
     return params.lock_() if locked else params
+
+
+# torch.load(weights_only=True) rebuilds only allowlisted globals; the TensorDict and its
+# Parameters are rebuilt by globals already allowed (_td.py's, torch's own).
+torch.serialization.add_safe_globals([_rebuild_params])

@@ -1,5 +1,6 @@
 #include "tensordict/leaf.h"
 
+#include <c10/core/TensorImpl.h>
 #include <c10/util/Exception.h>
 
 #include "tensordict/dtypes.h"
@@ -45,6 +46,10 @@ void check_transferable(std::string_view who, std::string_view key, const at::Te
   // rule for the c10d ops).
   TORCH_CHECK_NOT_IMPLEMENTED(reason != kPythonSubclass, who, ": leaf ", key, " ", reason);
   TORCH_CHECK_VALUE(false, who, ": leaf ", key, " ", reason);
+}
+
+void mark_written(const at::Tensor& leaf) {
+  if (leaf.defined() && !leaf.is_inference()) leaf.unsafeGetTensorImpl()->bump_version();
 }
 
 }  // namespace tensordict

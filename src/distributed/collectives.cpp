@@ -10,6 +10,7 @@
 #include "wire/metadata_pickle.h"
 #include "tensordict/errors.h"
 #include "tensordict/distributed/p2p.h"
+#include "tensordict/distributed/process_group.h"
 #include "tensordict/leaf.h"
 #include "tensordict/nested_key.h"
 
@@ -61,6 +62,10 @@ struct AllReducer {
   }
 };
 
+void check_layout(const char* call, const Group& group, const std::vector<at::Tensor>& leaves,
+                  std::optional<int64_t> bucket_bytes,
+                  std::optional<std::chrono::milliseconds> timeout);
+
 std::vector<at::Tensor> all_reduce_leaves(const TensorDict& td, const AllReduceOptions& o) {
   std::vector<at::Tensor> leaves;
   insertion_leaves(td, leaves);
@@ -70,6 +75,11 @@ std::vector<at::Tensor> all_reduce_leaves(const TensorDict& td, const AllReduceO
     TORCH_CHECK_VALUE(!leaf.is_complex() || supports_complex(o.op),
                       "all_reduce does not support this op on complex tensors");
   }
+  if (o.check_buckets) {
+    check_layout("all_reduce", detail::resolve_group(o.group), leaves, o.bucket_bytes, o.timeout);
+  }
+  // Gloo (or a bucket's memcpy) writes the leaves behind autograd's back.
+  for (const auto& leaf : leaves) mark_written(leaf);
   return leaves;
 }
 
@@ -140,6 +150,14 @@ Reducer make_reducer(const TensorDict& td, std::optional<int64_t> dst, const Red
     check_transferable("reduce", NestedKey(l.path).str(), l.leaf);
     if (!l.lazy) detail::check_writable("reduce", l.leaf, "reduce into", "reducing rank");
   }
+  if (o.check_buckets) {
+    std::vector<at::Tensor> leaves;
+    for (const auto& l : r.leaves) leaves.push_back(l.leaf);
+    check_layout("reduce", r.group, leaves, o.bucket_bytes, o.timeout);
+  }
+  // Every rank's leaves are written (the others' hold Gloo's partial results); a lazy stack's
+  // stacked copy is written back into its members with set_, which marks them itself.
+  for (const auto& l : r.leaves) mark_written(l.leaf);
   return r;
 }
 
@@ -242,6 +260,61 @@ std::vector<WorkPtr> post_buckets(const std::vector<at::Tensor>& leaves, int64_t
       }
     }, {flat});
   });
+}
+
+// ---- check_buckets: the ranks' layouts compared before any bucket is posted ----------------
+
+// The collectives `leaves` make with `bucket_bytes` (each leaf alone without it), hashed: for
+// each in posting order, its dtype and its leaves' element counts (64-bit FNV-1a).
+uint64_t layout_hash(const std::vector<at::Tensor>& leaves,
+                     const std::vector<std::vector<size_t>>& buckets) {
+  uint64_t h = 0xcbf29ce484222325ULL;
+  const auto mix = [&h](uint64_t v) {
+    for (int i = 0; i < 8; ++i, v >>= 8) h = (h ^ (v & 0xff)) * 0x100000001b3ULL;
+  };
+  mix(buckets.size());
+  for (const auto& bucket : buckets) {
+    mix(bucket.size());
+    mix(static_cast<uint64_t>(leaves[bucket.front()].scalar_type()));
+    for (size_t i : bucket) mix(static_cast<uint64_t>(leaves[i].numel()));
+  }
+  return h;
+}
+
+void check_layout(const char* call, const Group& group, const std::vector<at::Tensor>& leaves,
+                  std::optional<int64_t> bucket_bytes,
+                  std::optional<std::chrono::milliseconds> timeout) {
+  std::vector<std::vector<size_t>> buckets;
+  if (bucket_bytes) {
+    buckets = make_buckets(leaves, *bucket_bytes);
+  } else {
+    for (size_t i = 0; i < leaves.size(); ++i) buckets.push_back({i});
+  }
+  const detail::Waiter w(call, timeout, "the group");
+  const int size = group.size();
+  std::vector<at::Tensor> mine{at::tensor(
+      {static_cast<int64_t>(layout_hash(leaves, buckets)), bucket_bytes.value_or(0),
+       static_cast<int64_t>(buckets.size())},
+      at::kLong)};
+  std::vector<std::vector<at::Tensor>> all(1);
+  for (int r = 0; r < size; ++r) all[0].push_back(at::empty({3}, at::kLong));
+  w.wait(group.allgather(all, mine), "the bucket layouts (check_buckets)");
+  const auto* first = all[0][0].const_data_ptr<int64_t>();
+  bool same = true;
+  for (int r = 1; r < size; ++r) same = same && all[0][r].const_data_ptr<int64_t>()[0] == first[0];
+  if (same) return;
+  // Every rank gathered the same rows, so every rank raises the same error.
+  std::string ranks;
+  for (int r = 0; r < size; ++r) {
+    const auto* row = all[0][r].const_data_ptr<int64_t>();
+    ranks += c10::str(r == 0 ? "" : "; ", "rank ", r, ": bucket_bytes = ",
+                      row[1] == 0 ? std::string("None") : c10::str(row[1]), ", ", row[2],
+                      row[2] == 1 ? " collective" : " collectives");
+  }
+  TORCH_CHECK_VALUE(false, call, "(check_buckets=True): the ranks' buckets differ, so their "
+                    "collectives would not match and Gloo would abort a rank (", ranks,
+                    "). Every rank must pass the same bucket_bytes and hold the same leaves "
+                    "(keys, order, shapes and dtypes)");
 }
 
 std::vector<WorkPtr> all_reduce_buckets(const TensorDict& td, const AllReduceOptions& o) {
@@ -518,12 +591,23 @@ void all_reduce(const TensorDict& td, const AllReduceOptions& options) {
   run_each(w, leaves.size(), options.async_op, post);
 }
 
+// The works of all_reduce_async and reduce_premature, which the caller waits on: their wait()
+// raises TimeoutError / PeerLostError as the blocking calls do.
+std::vector<WorkPtr> typed(const char* call, std::string peer, std::vector<WorkPtr> works,
+                           bool buckets) {
+  return detail::typed_works(call, peer, std::move(works), [buckets](size_t i) {
+    return buckets ? c10::str("bucket ", i) : c10::str("leaf ", i);
+  });
+}
+
 std::vector<WorkPtr> all_reduce_async(const TensorDict& td, const AllReduceOptions& options) {
-  if (options.bucket_bytes) return all_reduce_buckets(td, options);
+  if (options.bucket_bytes) {
+    return typed("all_reduce", "the group", all_reduce_buckets(td, options), true);
+  }
   const auto leaves = all_reduce_leaves(td, options);
   AllReducer post{leaves, detail::resolve_group(options.group), {}};
   post.opts.reduceOp = options.op;
-  return detail::post_all(leaves.size(), post);
+  return typed("all_reduce", "the group", detail::post_all(leaves.size(), post), false);
 }
 
 void reduce(const TensorDict& td, std::optional<int64_t> dst, const ReduceOptions& options) {
@@ -541,13 +625,14 @@ std::vector<WorkPtr> reduce_premature(const TensorDict& td, std::optional<int64_
                                       const ReduceOptions& options) {
   auto post = std::make_shared<Reducer>(make_reducer(td, dst, options));
   post->callbacks = true;
+  const std::string peer = c10::str("the group (destination rank ", post->opts.rootRank, ")");
   if (options.bucket_bytes) {
     // The works' finishing steps use the reducer's leaves: they keep it alive.
     auto works = reduce_buckets(*post, *options.bucket_bytes);
     for (auto& w : works) w = detail::then({w}, [post] {}, {});
-    return works;
+    return typed("reduce", peer, std::move(works), true);
   }
-  return detail::post_all(post->leaves.size(), *post);
+  return typed("reduce", peer, detail::post_all(post->leaves.size(), *post), false);
 }
 
 }  // namespace tensordict::dist

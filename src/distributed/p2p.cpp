@@ -5,6 +5,7 @@
 #include <limits>
 
 #include "tensordict/consolidate.h"
+#include "tensordict/leaf.h"
 #include "tensordict/log.h"
 #include "tensordict/distributed/process_group.h"
 #include "tensordict/distributed/tags.h"
@@ -61,15 +62,17 @@ struct Posted {
   int tag = 0;                      // the one tag of a consolidated or checked transfer
 };
 
-// What work i of `posted` carries, for a timeout's message; keys are looked up only then.
+// What work i of `posted` carries, for a timeout's message; keys are looked up only then. Owns
+// what it reads, so that works handed to the caller (typed_works) may keep it.
 detail::InFlight in_flight(const Posted& posted, const TensorDict& td) {
-  return [&posted, td](size_t i) -> std::string {
-    if (posted.tags.empty()) {
-      return c10::str(posted.last_tag ? "the checked transfer" : "the consolidated storage",
-                      " (tag ", posted.tag, ", message ", i + 1, " of ", posted.works.size(), ")");
+  return [tags = posted.tags, last_tag = posted.last_tag, tag = posted.tag,
+          count = posted.works.size(), td](size_t i) -> std::string {
+    if (tags.empty()) {
+      return c10::str(last_tag ? "the checked transfer" : "the consolidated storage",
+                      " (tag ", tag, ", message ", i + 1, " of ", count, ")");
     }
     const auto leaves = wire_order(td);
-    return c10::str("tag ", posted.tags[i], " (key ",
+    return c10::str("tag ", tags[i], " (key ",
                     i < leaves.size() ? NestedKey(leaves[i].first).str() : "?", ")");
   };
 }
@@ -132,8 +135,9 @@ Posted post_send(detail::Waiter& waiter, const TensorDict& td, const std::option
   return {std::move(works), last_tag, std::move(tags)};
 }
 
-Posted post_recv(detail::Waiter& waiter, const TensorDict& td, const std::optional<int64_t>& src,
-                 const RecvOptions& options, bool refuse_self) {
+Posted post_receives(detail::Waiter& waiter, const TensorDict& td,
+                     const std::optional<int64_t>& src, const RecvOptions& options,
+                     bool refuse_self) {
   const char* call = waiter.call();
   Peer peer = resolve_peer(call, src, options.group_src, options.group, "src", "group_src",
                            refuse_self);
@@ -176,6 +180,17 @@ Posted post_recv(detail::Waiter& waiter, const TensorDict& td, const std::option
   return {std::move(works), last_tag, std::move(tags)};
 }
 
+// Every receive into a TensorDict (per leaf, checked, consolidated; recv, irecv and their
+// SubTensorDict forms) posts here: Gloo writes the leaves' memory (or the storage they view)
+// behind autograd's back, so each leaf's version is bumped once the receives are posted (a
+// refused checked receive, which keeps the values, bumps nothing).
+Posted post_recv(detail::Waiter& waiter, const TensorDict& td, const std::optional<int64_t>& src,
+                 const RecvOptions& options, bool refuse_self) {
+  Posted posted = post_receives(waiter, td, src, options, refuse_self);
+  for (const auto& leaf : leaves_of(td)) mark_written(leaf);
+  return posted;
+}
+
 }  // namespace
 
 void send(const TensorDict& td, std::optional<int64_t> dst, const SendOptions& options) {
@@ -203,7 +218,8 @@ std::optional<int64_t> isend(const TensorDict& td, std::optional<int64_t> dst,
 std::vector<WorkPtr> isend_early(const TensorDict& td, std::optional<int64_t> dst,
                                  const SendOptions& options) {
   detail::Waiter waiter("isend", options.timeout, "the receiver");
-  return post_send(waiter, td, dst, options, /*refuse_self=*/false).works;
+  Posted posted = post_send(waiter, td, dst, options, /*refuse_self=*/false);
+  return detail::typed_works(waiter.call(), waiter.peer(), posted.works, in_flight(posted, td));
 }
 
 void irecv(const TensorDict& td, std::optional<int64_t> src, const RecvOptions& options) {
@@ -216,7 +232,8 @@ std::vector<WorkPtr> irecv_premature(const TensorDict& td, std::optional<int64_t
                                      const RecvOptions& options) {
   // The timeout bounds the checked header and schema, which are waited for here.
   detail::Waiter waiter("irecv", options.timeout, "the sender");
-  return post_recv(waiter, td, src, options, /*refuse_self=*/false).works;
+  Posted posted = post_recv(waiter, td, src, options, /*refuse_self=*/false);
+  return detail::typed_works(waiter.call(), waiter.peer(), posted.works, in_flight(posted, td));
 }
 
 namespace {

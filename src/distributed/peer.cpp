@@ -11,6 +11,7 @@
 #include <cstdio>
 #include <cstring>
 #include <functional>
+#include <memory>
 #include <random>
 #include <string_view>
 
@@ -158,7 +159,77 @@ bool is_timeout_text(std::string_view s) {
          s.find("Timeout") != std::string_view::npos;
 }
 
+// Rethrows the exception being handled, `e`, as the failure kind it is, once timeouts are
+// told apart: our typed errors and c10's own as they are; Gloo's transport errors (a
+// gloo::IoException is a plain std::exception: "Connection closed by peer", "Connection reset
+// by peer") and c10 errors with their texts as PeerLostError, saying where (`where`).
+[[noreturn]] void rethrow_lost(const std::exception& e, const std::string& where) {
+  const auto* c10_error = dynamic_cast<const c10::Error*>(&e);
+  const std::string text = c10_error ? c10_error->msg() : e.what();
+  const bool lost_text = text.find("Connection closed by peer") != std::string::npos ||
+                         text.find("Connection reset by peer") != std::string::npos;
+  const bool typed = dynamic_cast<const PeerLostError*>(&e) != nullptr ||
+                     dynamic_cast<const TimeoutError*>(&e) != nullptr;
+  if (c10_error != nullptr && (typed || !lost_text)) throw;
+  TD_THROW(PeerLostError, where, ": ", text);
+}
+
+// A work handed to the caller: its wait() raises the typed errors (typed_works). What it
+// carries is worded only when it fails.
+class TypedWork : public c10d::Work {
+ public:
+  TypedWork(WorkPtr inner, const char* call, std::shared_ptr<const std::string> peer,
+            std::shared_ptr<const InFlight> what, size_t index)
+      : c10d::Work(-1, c10d::OpType::UNKNOWN),
+        inner_(std::move(inner)),
+        call_(call),
+        peer_(std::move(peer)),
+        what_(std::move(what)),
+        index_(index) {}
+
+  bool wait(std::chrono::milliseconds timeout = kNoTimeout) override {
+    try {
+      return inner_->wait(timeout);
+    } catch (const std::exception& e) {
+      const auto* c10_error = dynamic_cast<const c10::Error*>(&e);
+      const std::string text = c10_error ? c10_error->msg() : e.what();
+      if (is_timeout_text(text) && dynamic_cast<const TimeoutError*>(&e) == nullptr) {
+        TD_THROW(TimeoutError, call_, ": timed out waiting for ", *peer_, ": ", (*what_)(index_),
+                 " (", text, "). Gloo closes a group's connections when a wait times out: make "
+                 "a new group to go on");
+      }
+      rethrow_lost(e, c10::str(call_, ": lost the connection to ", *peer_, " while waiting for ",
+                               (*what_)(index_)));
+    }
+  }
+  bool isCompleted() override { return inner_->isCompleted(); }
+  bool isSuccess() const override { return inner_->isSuccess(); }
+  std::exception_ptr exception() const override { return inner_->exception(); }
+  int sourceRank() const override { return inner_->sourceRank(); }
+  std::vector<at::Tensor> result() override { return inner_->result(); }
+  c10::intrusive_ptr<c10::ivalue::Future> getFuture() override { return inner_->getFuture(); }
+  void abort() override { inner_->abort(); }
+
+ private:
+  WorkPtr inner_;
+  const char* call_;  // a string literal
+  std::shared_ptr<const std::string> peer_;
+  std::shared_ptr<const InFlight> what_;
+  size_t index_;
+};
+
 }  // namespace
+
+std::vector<WorkPtr> typed_works(const char* call, const std::string& peer,
+                                 std::vector<WorkPtr> works, const InFlight& what) {
+  auto shared_peer = std::make_shared<const std::string>(peer);
+  auto shared_what = std::make_shared<const InFlight>(what);
+  for (size_t i = 0; i < works.size(); ++i) {
+    works[i] =
+        c10::make_intrusive<TypedWork>(std::move(works[i]), call, shared_peer, shared_what, i);
+  }
+  return works;
+}
 
 void Waiter::wait(const std::vector<WorkPtr>& works, const InFlight& what) const {
   using std::chrono::milliseconds;
@@ -193,9 +264,8 @@ void Waiter::wait(const std::vector<WorkPtr>& works, const InFlight& what) const
         if (is_timeout_text(text) || past_deadline()) {
           timed_out(what(i), text);
         }
-        if (c10_error) throw;
-        // Gloo's transport errors: the connection to the peer reset or closed.
-        TD_THROW(PeerLostError, text);
+        rethrow_lost(e, c10::str(call_, ": lost the connection to ", peer_,
+                                 " while waiting for ", what(i)));
       } catch (...) {
         first = std::current_exception();
       }

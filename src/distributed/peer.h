@@ -62,6 +62,7 @@ class Waiter {
   void set_detail(std::string detail) { detail_ = std::move(detail); }
 
   const char* call() const { return call_; }
+  const std::string& peer() const { return peer_; }
   void set_peer(std::string peer) { peer_ = std::move(peer); }
 
   /// Waits on every work. After the first failure the rest are aborted, so that a dead peer or
@@ -80,6 +81,14 @@ class Waiter {
   std::string detail_;
   int uncaught_;  // std::uncaught_exceptions() when the call began
 };
+
+/// Works handed to a caller, who waits on them itself (all_reduce_async, reduce_premature,
+/// isend_early, irecv_premature): each wrapped so that its wait() raises what a Waiter's
+/// would, a TimeoutError for a timeout and a PeerLostError for a lost connection (Gloo's own
+/// exceptions are plain std::exceptions), naming `call`, `peer` ("rank 1", "the group") and
+/// `what(i)`.
+std::vector<WorkPtr> typed_works(const char* call, const std::string& peer,
+                                 std::vector<WorkPtr> works, const InFlight& what);
 
 /// Aborts and drains works already posted, ignoring their errors (cleanup before a rethrow).
 void abandon(const std::vector<WorkPtr>& works);

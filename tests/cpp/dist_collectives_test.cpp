@@ -3,6 +3,8 @@
 #include <gtest/gtest.h>
 #include <torch/csrc/distributed/c10d/FileStore.hpp>
 #include <torch/csrc/distributed/c10d/PrefixStore.hpp>
+#include <torch/nn/modules/linear.h>
+#include <torch/utils.h>
 
 #include <chrono>
 #include <cstring>
@@ -14,6 +16,7 @@
 #include "tensordict/distributed/p2p.h"
 #include "tensordict/distributed/process_group.h"
 #include "tensordict/lazy_stack.h"
+#include "tensordict/params.h"
 #include "wire/metadata_pickle.h"
 #include "wire/pickle.h"
 
@@ -586,6 +589,128 @@ TEST(DistCollectives, BucketBytesReduceIntoALazyStack) {
       EXPECT_TRUE(members[1].get("y").tensor().eq(9).all().item<bool>());
       EXPECT_TRUE(td.get("z").tensor().eq(11).all().item<bool>());
     }
+  });
+}
+
+// check_buckets: the ranks' layouts are compared first, so a bucket_bytes that differs is a
+// ValueError on every rank instead of Gloo's abort; equal layouts go through, and the group
+// stays in step.
+TEST(DistCollectives, CheckBucketsRefusesDifferentBucketBytesOnEveryRank) {
+  run_ranks(2, [](int rank, int) {
+    // Four float32 leaves of 64 bytes: 64 makes four buckets, 1 MiB one.
+    const auto make = [&] {
+      std::vector<TensorDict::Entry> entries;
+      for (int i = 0; i < 4; ++i) {
+        entries.emplace_back(c10::str("k", i), at::full({16}, rank + 1.0));
+      }
+      return TensorDict(entries, {});
+    };
+    const int64_t mine = rank == 0 ? 64 : int64_t{1} << 20;
+    std::string error = "<no error>";
+    try {
+      all_reduce(make(), {.bucket_bytes = mine, .check_buckets = true});
+    } catch (const c10::ValueError& e) {
+      error = e.msg();
+    }
+    EXPECT_NE(error.find("all_reduce(check_buckets=True): the ranks' buckets differ"),
+              std::string::npos) << error;
+    EXPECT_NE(error.find("rank 0: bucket_bytes = 64, 4 collectives; rank 1: bucket_bytes = "
+                         "1048576, 1 collective)"), std::string::npos) << error;
+    EXPECT_NE(error_of([&] {
+                for (const auto& w :
+                     all_reduce_async(make(), {.bucket_bytes = mine, .check_buckets = true})) {
+                  w->wait();
+                }
+              }).find("the ranks' buckets differ"),
+              std::string::npos);
+    EXPECT_NE(error_of([&] {
+                reduce(make(), 0, {.bucket_bytes = rank == 0 ? std::optional<int64_t>(1 << 20)
+                                                             : std::nullopt,
+                                   .check_buckets = true});
+              }).find("reduce(check_buckets=True): the ranks' buckets differ, so their "
+                      "collectives would not match and Gloo would abort a rank (rank 0: "
+                      "bucket_bytes = 1048576, 1 collective; rank 1: bucket_bytes = None, 4 "
+                      "collectives). Every rank must pass the same bucket_bytes"),
+              std::string::npos);
+    // Values that give the same layout pass the check: every leaf fits either way, or 64 bytes
+    // make a bucket of each leaf as no bucket_bytes does.
+    TensorDict td = make();
+    all_reduce(td, {.bucket_bytes = rank == 0 ? 256 : 4096, .check_buckets = true});
+    EXPECT_TRUE(td.get("k3").tensor().eq(3).all().item<bool>());
+    TensorDict r = make();
+    const auto bytes = rank == 0 ? std::optional<int64_t>(64) : std::nullopt;
+    for (const auto& w : reduce_premature(r, 1, {.bucket_bytes = bytes, .check_buckets = true})) {
+      w->wait();
+    }
+    if (rank == 1) {
+      EXPECT_TRUE(r.get("k0").tensor().eq(3).all().item<bool>());
+    }
+  });
+}
+
+// Every transfer that writes into a TensorDict's leaves bumps their autograd version counters,
+// so that a backward that saved a leaf before the write raises (the reference bumps nothing).
+TEST(DistCollectives, WritesIntoLeavesBumpTheirVersions) {
+  run_ranks(2, [](int rank, int) {
+    const auto make = [&] {
+      return TensorDict({{"w", at::full({4, 3}, rank + 1.0)},
+                         {"n", TensorDict({{"t", at::full({4, 3}, 2.0).t()}}, {})}},
+                        {});
+    };
+    const auto versions = [](const TensorDict& td) {
+      return std::vector<int64_t>{td.get("w").tensor()._version(),
+                                  td.get(NestedKey({"n", "t"})).tensor()._version()};
+    };
+    const auto bumped = [&](const TensorDict& td, const std::vector<int64_t>& before) {
+      const auto after = versions(td);
+      for (size_t i = 0; i < after.size(); ++i) EXPECT_GT(after[i], before[i]) << i;
+    };
+    for (int mode = 0; mode < 7; ++mode) {
+      SCOPED_TRACE(c10::str("mode ", mode));
+      TensorDict td = mode >= 5 ? consolidate(make()) : make();
+      const auto before = versions(td);
+      switch (mode) {
+        case 0: all_reduce(td); break;
+        case 1: all_reduce(td, {.bucket_bytes = 1 << 20}); break;
+        case 2:
+          for (const auto& w : all_reduce_async(td, {.bucket_bytes = 1 << 20})) w->wait();
+          break;
+        case 3: reduce(td, 0, {.bucket_bytes = 1 << 20}); break;
+        case 4:
+        case 5:
+        case 6: {
+          const SendOptions o{.consolidated = mode == 5, .checked = mode == 6};
+          if (rank == 0) {
+            send(td, 1, o);
+            continue;
+          }
+          recv(td, 0, {.consolidated = o.consolidated, .checked = o.checked});
+          break;
+        }
+      }
+      bumped(td, before);
+    }
+  });
+}
+
+// The same through a module's parameters: a backward built before a receive into
+// TensorDictParams::from_module(...)->params() raises autograd's in-place error.
+TEST(DistCollectives, ReceiveIntoModuleParametersInvalidatesAnEarlierGraph) {
+  run_ranks(2, [](int rank, int) {
+    torch::manual_seed(rank);
+    torch::nn::Linear linear(4, 2);
+    const TensorDict params = TensorDictParams::from_module(*linear)->params();
+    if (rank == 0) {
+      send(params, 1);
+      return;
+    }
+    const at::Tensor x = at::ones({3, 4}).requires_grad_();  // so the weight is saved
+    const at::Tensor out = linear->forward(x).sum();
+    recv(params, 0);
+    EXPECT_NE(error_of([&] { out.backward(); })
+                  .find("one of the variables needed for gradient computation has been modified "
+                        "by an inplace operation"),
+              std::string::npos);
   });
 }
 

@@ -311,3 +311,128 @@ def test_ours_on_three_ranks_with_a_subgroup():
         marker = os.path.join(tmp, "pwned")
         run(functools.partial(ours_only, marker), world_size=3, **RUN)
         assert not os.path.exists(marker)
+
+
+# ---- check_buckets, and what a bucket_bytes mismatch does without it ----------------------------
+
+def check_buckets(rank, world_size):
+    torch.set_num_threads(1)
+    from tensordict_cpp import TensorDict
+
+    def make():  # four float32 leaves of 64 bytes: 64 makes four buckets, 1 MiB one
+        return TensorDict({f"k{i}": torch.full((16,), float(rank + 1)) for i in range(4)})
+
+    mine = 64 if rank == 0 else 1 << 20
+    expected = (r"the ranks' buckets differ, so their collectives would not match and Gloo would "
+                r"abort a rank \(rank 0: bucket_bytes = 64, 4 collectives; rank 1: bucket_bytes = "
+                r"1048576, 1 collective\)\. Every rank must pass the same bucket_bytes")
+    with pytest.raises(ValueError, match=r"all_reduce\(check_buckets=True\): " + expected):
+        make().all_reduce(bucket_bytes=mine, check_buckets=True)
+    with pytest.raises(ValueError, match=r"reduce\(check_buckets=True\): " + expected):
+        make().reduce(dst=0, bucket_bytes=mine, async_op=True, return_premature=True,
+                      check_buckets=True)
+    with pytest.raises(TypeError, match="check_buckets must be a bool"):
+        make().all_reduce(check_buckets=1)
+    # The same layout passes (every leaf fits either way), and the group is still in step.
+    td = make()
+    td.all_reduce(bucket_bytes=256 if rank == 0 else 4096, check_buckets=True)
+    assert (td["k3"] == 3).all()
+    td = make()
+    for w in td.all_reduce(bucket_bytes=64, async_op=True, check_buckets=True):
+        w.wait()
+    assert (td["k0"] == 3).all()
+
+
+def test_check_buckets_refuses_different_bucket_bytes_on_every_rank():
+    run(check_buckets, world_size=2, **RUN)
+
+
+# Two ranks of a Gloo group on a FileStore, each a process of its own (not run(), which ends the
+# survivor with the victim): what each rank saw goes back through `results`.
+def _gloo_rank(rank, store_path, case, results):
+    import datetime
+    import signal
+    import time
+
+    os.environ["GLOO_SOCKET_IFNAME"] = "lo"
+    torch.set_num_threads(1)
+    from tensordict_cpp import TensorDict, errors
+
+    dist.init_process_group("gloo", store=dist.FileStore(store_path, 2), rank=rank,
+                            world_size=2, timeout=datetime.timedelta(seconds=10))
+    dist.barrier()  # both ranks connected
+    # 32 MB in buckets of 8 MB: the survivor is still transferring when the victim dies.
+    td = TensorDict({f"k{i}": torch.ones(1 << 20) for i in range(8)})
+    start = time.monotonic()
+    try:
+        if case == "mismatch":  # bucket_bytes that differ, without check_buckets
+            td = TensorDict({f"k{i}": torch.ones(16) for i in range(4)})
+            td.all_reduce(bucket_bytes=64 if rank == 0 else 256)
+            results.put((rank, "no error", "", 0.0))
+            return
+        if case.startswith("irecv"):
+            works = [] if rank == 1 else td.irecv(src=1, return_premature=True)
+        elif case.startswith("reduce"):
+            works = td.reduce(0, async_op=True, return_premature=True, bucket_bytes=8 << 20)
+        else:
+            works = td.all_reduce(async_op=True,
+                                  bucket_bytes=8 << 20 if case.endswith("bucketed") else None)
+        if rank == 1:
+            os.kill(os.getpid(), signal.SIGKILL)  # with its collectives posted, or nothing sent
+        for w in works:
+            w.wait()
+        results.put((rank, "no error", "", time.monotonic() - start))
+    except Exception as e:  # noqa: BLE001 - the survivor reports what it got
+        kind = "PeerLostError" if isinstance(e, errors.PeerLostError) else type(e).__name__
+        results.put((rank, kind, str(e), time.monotonic() - start))
+
+
+def _two_gloo_ranks(case):
+    import torch.multiprocessing as mp
+
+    ctx = mp.get_context("spawn")
+    with tempfile.TemporaryDirectory() as tmp:
+        results = ctx.Queue()
+        procs = [ctx.Process(target=_gloo_rank, args=(r, os.path.join(tmp, "store"), case, results))
+                 for r in range(2)]
+        for p in procs:
+            p.start()
+        for p in procs:
+            p.join(60)
+        codes = [p.exitcode for p in procs]
+        for p in procs:
+            if p.exitcode is None:
+                p.kill()
+        reports = {}
+        while not results.empty():
+            rank, kind, text, took = results.get(timeout=5)
+            reports[rank] = (kind, text, took)
+        return codes, reports
+
+
+@pytest.mark.parametrize("case", ["all_reduce bucketed", "all_reduce", "reduce bucketed",
+                                  "irecv premature"])
+def test_a_lost_peer_is_peer_lost_error_from_the_works(case):
+    import signal
+
+    codes, reports = _two_gloo_ranks(case)
+    assert codes == [0, -signal.SIGKILL], (codes, reports)
+    kind, text, took = reports[0]
+    assert kind == "PeerLostError", (kind, text)
+    call = case.split()[0]
+    assert text.startswith(f"{call}: lost the connection to "), text
+    assert "Connection" in text and "127.0.0.1" in text, text  # Gloo's own words follow
+    assert took < 5, took  # at once, not at the group's timeout of 10 s
+
+
+def test_different_bucket_bytes_abort_a_rank_inside_gloo():
+    # What docs/collectives.md says of a mismatch without check_buckets, on small buckets: Gloo's
+    # enforce ends the rank that receives more bytes than it posted for (SIGABRT, "Received data
+    # size doesn't match expected size"); the other one loses its peer at once. The reference
+    # does the same.
+    import signal
+
+    codes, reports = _two_gloo_ranks("mismatch")
+    assert sorted(codes, key=lambda c: c or 0) == [-signal.SIGABRT, 0], (codes, reports)
+    survivor = codes.index(0)
+    assert reports[survivor][0] == "PeerLostError", reports

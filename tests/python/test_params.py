@@ -1,6 +1,8 @@
 """TensorDictParams against the reference's tensordict.nn.TensorDictParams: registration,
 conversion, locking, from_module(as_module=True), and weight synchronisation with the
 reference's TensorDictParams on the other rank, both ways, into live modules."""
+import pickle
+
 import pytest
 import tensordict
 import torch
@@ -132,3 +134,109 @@ def test_weight_sync_with_the_reference_both_ways():
     from tensordict_cpp.distributed import run
 
     run(sync, world_size=2, timeout=120, group_timeout=20)
+
+
+# ---- torch.load(weights_only=True) ---------------------------------------------------------------
+
+@pytest.mark.parametrize("options", [{}, {"no_convert": True}, {"lock": True}, {"locked": True}])
+def test_torch_load_weights_only_round_trip(options):
+    import io
+
+    module = nn.Sequential(nn.Linear(2, 3), nn.BatchNorm1d(3))
+    locked = options.pop("locked", False)
+    params = TensorDictParams(tensordict_cpp.TensorDict.from_module(module), **options)
+    if locked:
+        params.lock_()
+    buffer = io.BytesIO()
+    torch.save(params, buffer)
+    buffer.seek(0)
+    back = torch.load(buffer, weights_only=True)  # _rebuild_params is allowlisted
+    assert type(back) is TensorDictParams and names(back) == names(params)
+    for key in params.keys(True, True):
+        assert type(back[key]) is type(params[key]), key  # Parameters come back as Parameters
+        assert back[key].requires_grad == params[key].requires_grad, key
+        assert torch.equal(back[key], params[key]), key
+    assert back.no_convert == params.no_convert and back._lock_content == params._lock_content
+    assert back.is_locked == locked and back._param_td.is_locked == params._param_td.is_locked
+    # The reference's TensorDictParams is not allowlisted: its file needs weights_only=False.
+    ref = RefParams(tensordict.TensorDict.from_module(module))
+    buffer = io.BytesIO()
+    torch.save(ref, buffer)
+    buffer.seek(0)
+    with pytest.raises(pickle.UnpicklingError, match="TensorDictParams"):
+        torch.load(buffer, weights_only=True)
+
+
+class _Forged:
+    """A pickle naming the allowlisted _rebuild_params with arguments it never writes."""
+
+    def __init__(self, *args):
+        self.args = args
+
+    def __reduce__(self):
+        from tensordict_cpp.nn import _rebuild_params
+
+        return _rebuild_params, self.args
+
+
+@pytest.mark.parametrize("args, error, match", [
+    (({"w": torch.zeros(2)}, False, False, False), TypeError, "expected a TensorDict .* got dict"),
+    ((torch.zeros(2), False, False, False), TypeError, "expected a TensorDict .* got Tensor"),
+    (("td", "yes", False, False), ValueError, "no_convert must be a bool or 'skip', got 'yes'"),
+    (("td", torch.ones(1), False, False), ValueError, "no_convert .* got Tensor"),
+    (("td", False, 1, False), TypeError, "lock must be a bool, got int"),
+    (("td", False, False, "no"), TypeError, "locked must be a bool, got str"),
+])
+def test_a_forged_params_pickle_is_refused(args, error, match):
+    import io
+
+    td = tensordict_cpp.TensorDict(w=torch.zeros(2))
+    buffer = io.BytesIO()
+    torch.save(_Forged(*(td if a == "td" else a for a in args)), buffer)
+    buffer.seek(0)
+    with pytest.raises(error, match=match):
+        torch.load(buffer, weights_only=True)
+
+
+# ---- a receive into Parameters bumps their versions --------------------------------------------
+
+def stale_graph(rank, world_size):
+    """Rank 1 builds a graph with its policy's parameters, then receives into them: autograd
+    must refuse the backward (ours), where the reference computes it from the new values."""
+    torch.set_num_threads(1)
+    x = torch.linspace(-1, 1, 12).reshape(3, 4)
+    cases = ("recv", "irecv", "checked", "all_reduce", "bucketed", "reference")
+    for case in cases:
+        module = policy(rank)
+        lib = tensordict if case == "reference" and rank == 1 else tensordict_cpp
+        params = lib.TensorDict.from_module(module, as_module=True)
+        p2p = case in ("recv", "irecv", "checked", "reference")
+        if p2p and rank == 0:
+            params.send(dst=1, checked=case == "checked")
+            continue
+        out = module(x).sum()  # saves the second Linear's weight (its input requires grad)
+        if case == "all_reduce":
+            params.all_reduce()
+        elif case == "bucketed":  # the values reach the leaves by memcpy from the bucket
+            for w in params.all_reduce(async_op=True, bucket_bytes=1 << 20):
+                w.wait()
+        elif case == "irecv":
+            params.irecv(src=0)
+        elif case == "checked":
+            params.recv(src=0, checked=True)
+        else:
+            params.recv(src=0)
+        if case == "reference":
+            out.backward()  # silently uses the received weights
+            continue
+        with pytest.raises(RuntimeError, match="one of the variables needed for gradient "
+                                               "computation has been modified by an inplace "
+                                               "operation"):
+            out.backward()
+    dist.barrier()
+
+
+def test_a_receive_into_parameters_bumps_their_versions():
+    from tensordict_cpp.distributed import run
+
+    run(stale_graph, world_size=2, timeout=120, group_timeout=20)

@@ -78,7 +78,8 @@ void all_reduce(const TensorDict& td, const AllReduceOptions& options = {});
 
 /// Python's all_reduce(async_op=True): posts every leaf's allreduce and returns the works, in
 /// leaf order. Lifetime: the leaves hold the result, and must stay untouched, until each
-/// work's wait() has returned.
+/// work's wait() has returned. A wait() that fails raises as the blocking call does
+/// (PeerLostError for a lost peer, TimeoutError), not Gloo's bare exception.
 std::vector<WorkPtr> all_reduce_async(const TensorDict& td, const AllReduceOptions& options = {});
 
 /// Reduces every leaf with options.op into rank `dst` (a global rank) or options.group_dst;

@@ -181,8 +181,15 @@ struct AllReduceOptions {
   Group group{};
   std::optional<std::chrono::milliseconds> timeout{};  // see "Timeouts" above
   /// Pack the leaves of one device and dtype into flat buckets of at most this many bytes and
-  /// reduce one bucket per collective, as the reference's bucket_bytes (collectives.h).
+  /// reduce one bucket per collective, as the reference's bucket_bytes (collectives.h). Every
+  /// rank must pass the same value: ranks whose buckets differ post collectives of different
+  /// sizes, and Gloo aborts a rank (docs/collectives.md).
   std::optional<int64_t> bucket_bytes{};
+  /// Ours, off the reference's wire: first all-gather a hash of each rank's bucket layout (the
+  /// sizes and dtypes of the collectives it will post) and raise ValueError naming
+  /// bucket_bytes on every rank when they differ, instead of Gloo's abort. Costs one small
+  /// collective; every rank of the group must pass it (a reference rank cannot).
+  bool check_buckets = false;
 };
 
 /// Keyword arguments of reduce() and reduce_premature().
@@ -193,6 +200,7 @@ struct ReduceOptions {
   std::optional<int64_t> group_dst{};    // destination's rank in `group` (exclusive with dst)
   std::optional<std::chrono::milliseconds> timeout{};  // see "Timeouts" above
   std::optional<int64_t> bucket_bytes{};  // as AllReduceOptions::bucket_bytes
+  bool check_buckets = false;             // as AllReduceOptions::check_buckets
 };
 
 }  // namespace tensordict::dist

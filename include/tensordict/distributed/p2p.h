@@ -54,7 +54,9 @@ void send(const TensorDict& td, std::optional<int64_t> dst, const SendOptions& o
 /// Receives what send()/isend() sends into `td`'s tensors, in place. Returns the last leaf's
 /// tag (init_tag - 1 when there are no leaves), or nullopt with consolidated=True, which
 /// receives one message into the consolidated storage (td must be consolidated, with the
-/// sender's layout). Blocks until everything has arrived.
+/// sender's layout). Blocks until everything has arrived. Every receive (irecv and the
+/// collectives' reductions too) bumps each leaf's autograd version, as an in-place op does
+/// (mark_written, tensordict/leaf.h).
 std::optional<int64_t> recv(const TensorDict& td, std::optional<int64_t> src,
                             const RecvOptions& options = {});
 
@@ -65,6 +67,7 @@ std::optional<int64_t> isend(const TensorDict& td, std::optional<int64_t> dst,
 /// Python's isend(return_early=True): posts every message and returns their Work handles
 /// without waiting (one per leaf in wire order, or one for a consolidated message).
 /// Lifetime: the leaves must stay alive and unchanged until every handle's wait() returned.
+/// A failed wait() raises PeerLostError or TimeoutError, as send() does.
 std::vector<WorkPtr> isend_early(const TensorDict& td, std::optional<int64_t> dst,
                                  const SendOptions& options = {});
 
@@ -74,6 +77,7 @@ void irecv(const TensorDict& td, std::optional<int64_t> src, const RecvOptions& 
 /// Python's irecv(return_premature=True): posts every receive and returns the Work handles.
 /// The leaves hold the received values only once each handle's wait() has returned (for a
 /// non-contiguous leaf, wait() copies the data in); until then, do not read or write them.
+/// A failed wait() raises PeerLostError or TimeoutError, as recv() does.
 std::vector<WorkPtr> irecv_premature(const TensorDict& td, std::optional<int64_t> src,
                                      const RecvOptions& options = {});
 
