@@ -67,6 +67,8 @@ constexpr int64_t kBigElems = int64_t{16} << 20;  // float32: 64 MB
 constexpr int kWholeMessages = 3;                 // the 4th is cut
 
 void consumer_role() {
+  Pipe::listen(0, "127.0.0.1", options()).close();  // UCX's process-wide state, made once
+  const int fds = pipe_test::open_fds(), tasks = pipe_test::threads();
   Pipe pipe = Pipe::listen(0, "127.0.0.1", options());
   write_file(role_dir() + "/port", std::to_string(pipe.port()));
   int64_t received = 0;
@@ -91,6 +93,9 @@ void consumer_role() {
   }
   const int64_t end = now_ns();
   pipe.close();
+  // A pipe broken by a peer killed mid-message, closed, its handle alive: nothing left over.
+  write_file(role_dir() + "/leaks", std::to_string(pipe_test::open_fds() - fds) + " " +
+                                        std::to_string(pipe_test::threads() - tasks));
   write_file(role_dir() + "/survivor", std::to_string(end) + " " + std::to_string(received) +
                                            " " + std::to_string(intact) + "\n" + error);
 }
@@ -153,6 +158,9 @@ TEST(PipeFault, ProducerKilledMidMessage) {
       << "a kill must not look like a clean close: " << error;
   const double after_kill_ms = ms_between(*killed_at, end);
   EXPECT_LT(after_kill_ms, to_ms(kTimeout + kSlack));
+  const auto leaks = read_file(dir.path + "/leaks");
+  ASSERT_TRUE(leaks.has_value());
+  EXPECT_EQ(*leaks, "0 0") << "descriptors and threads left by the closed pipe";
   std::printf("[fault] pipe producer killed mid-message %lld: consumer raised %.1f ms after the "
               "kill: %s\n",
               static_cast<long long>(received + 1), after_kill_ms, error.c_str());
