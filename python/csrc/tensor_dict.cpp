@@ -101,6 +101,8 @@ std::string py_type_name(py::handle v) { return py::str(py::type::of(v).attr("__
 struct PyJsonScope {
   core::SharedJsonBuilder builder{{.max_depth = kMaxJsonDepth}, [] { return std::string(); }};
   std::vector<py::object> keep;  // the objects whose addresses key the builder, alive meanwhile
+  // The way back: a node's Python object, the node kept so that its address is not reused.
+  std::unordered_map<const void*, std::pair<JsonValue, py::object>> to_py;
   int open = 0;
 };
 thread_local PyJsonScope* g_json_scope = nullptr;
@@ -201,13 +203,15 @@ JsonValue json_from_py(py::handle v, const NestedKey& key, const std::string& wh
 
 // A node reused within the value becomes one Python object reused, as the reference's data is
 // (one unpickled object), so shared data never expands here.
-py::object json_to_py(const JsonValue& v, std::unordered_map<const void*, py::object>& done) {
+using ToPyMemo = std::unordered_map<const void*, std::pair<JsonValue, py::object>>;
+
+py::object json_to_py(const JsonValue& v, ToPyMemo& done) {
   if (v.is_null()) return py::none();
   if (v.is_bool()) return py::bool_(v.as_bool());
   if (v.is_int()) return py::int_(v.as_int());
   if (v.is_float()) return py::float_(v.as_float());
   if (v.node() != nullptr) {
-    if (const auto it = done.find(v.node()); it != done.end()) return it->second;
+    if (const auto it = done.find(v.node()); it != done.end()) return it->second.second;
   }
   py::object out;
   if (v.is_string()) {
@@ -222,16 +226,14 @@ py::object json_to_py(const JsonValue& v, std::unordered_map<const void*, py::ob
     for (const auto& [k, item] : v.as_map()) dict[py::str(k)] = json_to_py(item, done);
     out = std::move(dict);
   }
-  if (v.node() != nullptr) done.emplace(v.node(), out);
+  if (v.node() != nullptr) done.emplace(v.node(), std::make_pair(v, out));
   return out;
 }
 
 py::object json_to_py(const JsonValue& v) {
-  if (v.node() == nullptr) {
-    std::unordered_map<const void*, py::object> none;
-    return json_to_py(v, none);
-  }
-  std::unordered_map<const void*, py::object> done;
+  // Within a scope (a pickling __reduce__), entries that share a node share its Python object.
+  if (g_json_scope != nullptr) return json_to_py(v, g_json_scope->to_py);
+  ToPyMemo done;
   return json_to_py(v, done);
 }
 

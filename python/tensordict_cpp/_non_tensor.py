@@ -198,7 +198,9 @@ class NonTensorStack:
         self._cpp = _C.NonTensorData.stack(parts, stack_dim, stack_dim_name)
 
     def __reduce__(self) -> tuple:
-        return _rebuild_stack, (list(self.tensordicts), self.stack_dim, self.stack_dim_name)
+        with _C.json_scope():  # members sharing a value give one Python object: pickled once
+            members = list(self.tensordicts)
+        return _rebuild_stack, (members, self.stack_dim, self.stack_dim_name)
 
     @classmethod
     def from_list(cls, values: list, device: Any = None) -> "NonTensorStack":

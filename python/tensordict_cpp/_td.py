@@ -208,8 +208,9 @@ class TensorDict:
             return _rebuild_lazy_stack, (self.tensordicts, self.stack_dim, self.stack_dim_name,
                                          self.is_locked)
         device = None if self.device is None else str(self.device)
-        return _rebuild_tensordict, (list(self.items()), list(self.batch_size), device,
-                                     self.is_locked)
+        with _C.json_scope():  # entries sharing a value give one Python object: pickled once
+            items = list(self.items())
+        return _rebuild_tensordict, (items, list(self.batch_size), device, self.is_locked)
 
     # ---- modules -----------------------------------------------------------------------------
     @classmethod
