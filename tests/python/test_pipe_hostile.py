@@ -144,6 +144,40 @@ def test_a_stalled_peer_never_holds_the_loop(stall):
     assert rss_mb() - rss0 < 100
 
 
+def test_uncollated_a_stalled_peer_never_holds_the_loop_and_small_ones_stay_inline():
+    """The same rule in the uncollated mode: the look-ahead reads the header for its leaves.
+    A peer stalled after the header's length holds nothing; small TensorDicts that arrived are
+    received on the loop."""
+    a, b = pair(timeout=5.0, consolidated=False)
+    with a, b:  # an honest sender's frames: the header's length, the header, each leaf
+        b.send(sample(5))
+        length = a._cpp.recv_raw(8)
+        header = a._cpp.recv_raw(struct.unpack("<Q", length)[0])
+        leaves = [a._cpp.recv_raw(40), a._cpp.recv_raw(32)]  # x: 10 float32, y: 4 int64
+    server, client = pair(timeout=5.0, consolidated=False)
+
+    async def main():
+        for k in range(3):
+            await client.asend(sample(k))
+            assert (await server.arecv())["x"][0].item() == k
+        client._cpp.send_raw(length)
+        client._cpp.send_raw(header)
+        client._cpp.send_raw(leaves[0])  # the last leaf never comes
+        ticker = Ticker()
+        start = time.monotonic()
+        with pytest.raises(asyncio.TimeoutError):
+            await asyncio.wait_for(server.arecv(), 0.3)
+        assert time.monotonic() - start < 0.3 + SLACK
+        assert await ticker.stop() < TICK + SLACK
+        client._cpp.send_raw(leaves[1])
+        got = await asyncio.wait_for(server.arecv(), 5.0)
+        torch.testing.assert_close(got["y"], sample(5)["y"])
+        assert server._recv_ex is None  # every receive ran on the loop
+
+    with server, client:
+        asyncio.run(asyncio.wait_for(main(), 30))
+
+
 def test_a_peer_stalled_past_the_pipe_timeout_raises_timeout_error_on_time():
     """With no wait_for, arecv gives up at the pipe's timeout, the loop ticking throughout, and
     the pipe stays usable."""
