@@ -298,7 +298,8 @@ def test_a_hundred_broken_pipes_leave_no_thread_or_descriptor():
     after = (open_fds(), os_threads(), threading.active_count())
     print(f"100 broken pipes: fds/OS threads/Python threads {before} -> {after}, RSS "
           f"+{rss_mb() - rss0:.1f} MB, peak +{peak_rss_mb() - peak0:.1f} MB")
-    assert after == before  # with every pipe object still alive
+    # With every pipe object still alive (<=: another test's leftovers may end meanwhile).
+    assert all(a <= b for a, b in zip(after, before)), (before, after)
     assert rss_mb() - rss0 < 100
     assert len(kept) == 100 and all(s.closed and c.closed for s, c in kept)
 
@@ -352,7 +353,7 @@ def test_pipes_to_a_peer_killed_mid_message_leave_no_thread_or_descriptor():
     after = (open_fds(), os_threads(), threading.active_count())
     print(f"{n} pipes to a peer SIGKILLed mid-message: PeerLostError {lost_after:.2f} s after "
           f"the kill; fds/OS threads/Python threads {before} -> {after}")
-    assert after == before
+    assert all(a <= b for a, b in zip(after, before)), (before, after)
 
 
 # ---- concurrent consumers of one consolidated pipe (docs/pipe.md) ---------------------------
