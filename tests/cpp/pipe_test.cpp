@@ -5,7 +5,10 @@
 #include <gtest/gtest.h>
 
 #include <chrono>
+#include <algorithm>
 #include <cmath>
+#include <cstring>
+#include <stdexcept>
 #include <cstdlib>
 #include <optional>
 #include <string>
@@ -919,3 +922,65 @@ TEST(Pipe, BadArguments) {
 }
 
 }  // namespace
+
+// FrameReader::arrival (Pipe::try_recv's walk over the framing, no UCX): kWhole only once every
+// message the receive reads has landed, and then the receive reads exactly those (it never
+// waits for a message that has not come).
+TEST(PipeFrames, ArrivalIsWholeExactlyWhenTheReceiveReadsOnlyLandedMessages) {
+  using namespace tensordict::wire::frames;
+  struct Messages final : ByteSource, MessagePeek {
+    std::vector<std::string> msgs;
+    size_t landed = 0, next = 0, limit = SIZE_MAX;
+    Peeked peek(size_t i) override {
+      if (i >= landed) return {Peeked::kNotYet};
+      if (msgs[i].size() > limit) return {Peeked::kTooLarge, msgs[i].size()};
+      return {Peeked::kLanded, msgs[i].size(),
+              reinterpret_cast<const uint8_t*>(msgs[i].data())};
+    }
+    void read(void* data, size_t n, const at::Tensor&, const char* what) override {
+      if (next >= landed) throw std::runtime_error(std::string("read unlanded ") + what);
+      EXPECT_EQ(n, msgs[next].size()) << what;
+      std::memcpy(data, msgs[next].data(), std::min(n, msgs[next].size()));
+      ++next;
+    }
+    void fail(const std::string&) override {}
+    [[noreturn]] void peer_left() override { throw std::runtime_error("closed"); }
+    std::string peer() const override { return "test"; }
+  };
+  const FrameLimits limits{1 << 20, 1 << 20};
+  const auto check = [&](FrameReader& reader, std::vector<std::string> msgs, bool consolidated) {
+    Messages m;
+    m.msgs = std::move(msgs);
+    for (m.landed = 0; m.landed < m.msgs.size(); ++m.landed) {
+      EXPECT_EQ(reader.arrival(m, consolidated), Arrival::kIncomplete) << m.landed;
+    }
+    EXPECT_EQ(reader.arrival(m, consolidated), Arrival::kWhole);
+    m.limit = m.msgs.back().size() - 1;  // the last message too large for a stash
+    EXPECT_EQ(reader.arrival(m, consolidated), Arrival::kNeedsReceiver);
+    const TensorDict td = consolidated ? reader.recv_consolidated(m, std::nullopt, std::nullopt)
+                                       : reader.recv_uncollated(m, std::nullopt);
+    EXPECT_EQ(m.next, m.msgs.size());  // read every landed message, no other
+    return td;
+  };
+  const at::Tensor storage = consolidated_storage(consolidate(worked_example(1)));
+  const std::string bytes(static_cast<const char*>(storage.const_data_ptr()), 96);
+  FrameReader reader(limits);
+  const std::string wire = kWorkedExampleWire;
+  expect_same(worked_example(1), check(reader, {std::string(1, '\0'), u64_le(wire.size()), wire,
+                                                 bytes}, true));
+  expect_same(worked_example(1), check(reader, {"\x01", bytes}, true));  // same schema
+  Messages bad;  // a message the receive refuses at once counts as whole: it fails, not waits
+  bad.msgs = {"\x07"};
+  bad.landed = 1;
+  EXPECT_EQ(reader.arrival(bad, true), Arrival::kWhole);
+  bad.msgs = {std::string(1, '\0'), u64_le(uint64_t{1} << 40)};  // over the metadata cap
+  bad.landed = 2;
+  EXPECT_EQ(reader.arrival(bad, true), Arrival::kWhole);
+  const auto frame = uncollated_frame(worked_example(2), [](const NestedKey&, const at::Tensor&) {});
+  std::vector<std::string> msgs{u64_le(frame.header.size()), frame.header};
+  for (const at::Tensor& leaf : frame.leaves) {
+    msgs.emplace_back(static_cast<const char*>(leaf.const_data_ptr()), leaf.nbytes());
+  }
+  FrameReader uncollated(limits);
+  expect_same(worked_example(2), check(uncollated, msgs, false));
+}
