@@ -20,10 +20,12 @@
 #include "tensordict/consolidate.h"
 #include "tensordict/dtypes.h"
 #include "tensordict/errors.h"
+#include "tensordict/leaf.h"
 #include "tensordict/nested_key.h"
 #include "core/bytes.h"
 #include "core/json_text.h"
 #include "core/metadata.h"
+#include "wire/leaf_order.h"
 
 namespace tensordict::wire::frames {
 
@@ -161,6 +163,9 @@ TensorDict FrameReader::recv_consolidated(ByteSource& src, const std::optional<T
       TORCH_INTERNAL_ASSERT(storage.numel() == total_bytes_);
       src.read(storage.data_ptr(), static_cast<size_t>(storage.numel()), storage, "the storage");
     }
+    // Written in place behind autograd's back: a graph that saved a leaf must see it changed.
+    auto written = [](std::vector<std::string>*, const at::Tensor& leaf) { mark_written(leaf); };
+    for_each_leaf(*target, nullptr, written);
     td_ = target;
     return *target;
   }

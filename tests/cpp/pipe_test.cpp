@@ -402,6 +402,22 @@ TEST(Pipe, SendsAlreadyConsolidatedAndReceivesIntoAGivenTarget) {
   expect_same(src, got);
 }
 
+// A same-schema storage lands in the target's memory behind autograd's back: its leaves'
+// version counters move, so a graph that saved one raises instead of using the new values.
+TEST(Pipe, AnInPlaceReceiveBumpsTheLeavesVersions) {
+  Watchdog dog(60s);
+  auto [server, client] = pair_of();
+  const TensorDict src = consolidate(worked_example(1));
+  client.send(src);
+  TensorDict target = server.recv();
+  const auto a = target.get("a").tensor()._version();
+  const auto d = target.get({"c", "d"}).tensor()._version();
+  client.send(src);
+  server.recv(target);
+  EXPECT_GT(target.get("a").tensor()._version(), a);
+  EXPECT_GT(target.get({"c", "d"}).tensor()._version(), d);
+}
+
 // ---- robustness ---------------------------------------------------------------------------
 
 TEST(Pipe, MetadataLengthOverTheCapIsRefused) {
