@@ -26,9 +26,9 @@ SIGNATURES = {
                   "timeout"],
     "all_gather": ["td", "group", "max_total_bytes", "timeout"],
     "scatter": ["group_src", "tensordicts", "group", "device", "max_total_bytes", "timeout"],
-    "all_reduce": ["td", "op", "async_op", "group", "timeout", "bucket_bytes"],
+    "all_reduce": ["td", "op", "async_op", "group", "timeout", "bucket_bytes", "check_buckets"],
     "reduce": ["td", "group_dst", "op", "async_op", "return_premature", "group", "timeout",
-               "bucket_bytes"],
+               "bucket_bytes", "check_buckets"],
 }
 
 
