@@ -80,7 +80,8 @@ class JsonValue {
   /// each node of shared data once (conversions, size measures).
   const void* node() const;
 
-  /// Equal contents (a float by ==, so NaN differs from itself), shared or not.
+  /// Equal contents, shared or not: a float by ==, so NaN differs from itself, except inside
+  /// one shared node compared with itself (taken as equal without a walk, which could expand).
   bool operator==(const JsonValue& other) const;
 
   /// Strings up to this many bytes are held inline (std::string's small-string buffer).
