@@ -12,6 +12,25 @@ def build_dir() -> pathlib.Path:
     return BUILD_DIR
 
 
+def watchdog(seconds: int):
+    """An autouse fixture for a test file: a test that hangs past ``seconds`` fails instead of
+    stalling the run (every C++ wait is bounded too). ``watchdog = conftest.watchdog(40)``."""
+    import signal
+
+    @pytest.fixture(autouse=True)
+    def fixture():
+        def expired(*_):
+            raise TimeoutError(f"test exceeded its {seconds} s budget")
+
+        old = signal.signal(signal.SIGALRM, expired)
+        signal.alarm(seconds)
+        yield
+        signal.alarm(0)
+        signal.signal(signal.SIGALRM, old)
+
+    return fixture
+
+
 def built(name: str) -> pathlib.Path:
     """Path of a program built by CMake; fails clearly when it is missing."""
     path = BUILD_DIR / name

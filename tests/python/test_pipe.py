@@ -23,6 +23,7 @@ import textwrap  # noqa: E402
 import threading  # noqa: E402
 import time  # noqa: E402
 
+import conftest  # noqa: E402
 import pytest  # noqa: E402
 import torch  # noqa: E402
 
@@ -32,17 +33,7 @@ OPTS = dict(timeout=5.0)
 HOST = "127.0.0.1"
 
 
-@pytest.fixture(autouse=True)
-def watchdog():
-    """A hang fails the test instead of stalling the run (every C++ wait is bounded too)."""
-    def expired(*_):
-        raise TimeoutError("test exceeded its 40 s budget")
-
-    old = signal.signal(signal.SIGALRM, expired)
-    signal.alarm(40)
-    yield
-    signal.alarm(0)
-    signal.signal(signal.SIGALRM, old)
+watchdog = conftest.watchdog(40)
 
 
 def run(coro, budget=20.0):

@@ -24,6 +24,7 @@ import textwrap  # noqa: E402
 import threading  # noqa: E402
 import time  # noqa: E402
 
+import conftest  # noqa: E402
 import pytest  # noqa: E402
 import torch  # noqa: E402
 
@@ -34,16 +35,7 @@ TICK = 0.005
 SLACK = 0.05  # what the loop may be silent beyond a call's own deadline
 
 
-@pytest.fixture(autouse=True)
-def watchdog():
-    def expired(*_):
-        raise TimeoutError("test exceeded its 60 s budget")
-
-    old = signal.signal(signal.SIGALRM, expired)
-    signal.alarm(60)
-    yield
-    signal.alarm(0)
-    signal.signal(signal.SIGALRM, old)
+watchdog = conftest.watchdog(60)
 
 
 def pair(**opts):
