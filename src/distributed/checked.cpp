@@ -38,11 +38,6 @@ at::Tensor bytes_tensor(const std::string& s, at::Device device) {
   return t.to(device);
 }
 
-WorkPtr recv_one(const Peer& peer, const at::Tensor& t, int tag) {
-  std::vector<at::Tensor> one{t};
-  return peer.group.recv(one, peer.rank, tag);
-}
-
 // Receives the messages a mismatched sender sends, one at a time into one scratch buffer of at
 // most one chunk; nothing is kept per message, so a peer announcing many cannot make the
 // receiver build a list of them.
@@ -54,7 +49,8 @@ void drain(const Waiter& waiter, const Peer& peer, int tag, const Header& h, con
       at::empty({std::min(static_cast<int64_t>(h.chunk_bytes), payload)},
                 at::TensorOptions().dtype(at::kByte).device(device));
   for_each_message(waiter.call(), h, blob, [&](int64_t n) {
-    waiter.wait(recv_one(peer, scratch.narrow(0, 0, n), tag),
+    at::Tensor part = scratch.narrow(0, 0, n);
+    waiter.wait(waiter.recv(peer, part, tag),
                 c10::str("a mismatched sender's payload, drained (tag ", tag, ")"));
   });
 }
@@ -95,8 +91,8 @@ at::Device device_of(const std::vector<at::Tensor>& tensors) {
 
 }  // namespace
 
-std::vector<WorkPtr> post_checked_send(const TensorDict& td, const Peer& peer, int tag,
-                                       bool consolidated) {
+std::vector<WorkPtr> post_checked_send(const Waiter& waiter, const TensorDict& td,
+                                       const Peer& peer, int tag, bool consolidated) {
   EncodedSchema per_leaf;
   const EncodedSchema* mine = &per_leaf;
   std::vector<at::Tensor> payload;  // 1-D uint8 views, in wire order
@@ -128,15 +124,26 @@ std::vector<WorkPtr> post_checked_send(const TensorDict& td, const Peer& peer, i
   std::vector<at::Tensor> messages{bytes_tensor(encode_header(h), device),
                                    bytes_tensor(blob, device)};
   for (const auto& bytes : payload) chunk(bytes, kChunkBytes, messages);
-  return post_all(messages.size(), [&](size_t i) {
-    std::vector<at::Tensor> one{messages[i]};
-    return peer.group.send(one, peer.rank, tag);
-  });
+  return post_all(messages.size(),
+                  [&](size_t i) { return waiter.send(peer, messages[i], tag); });
 }
 
 std::vector<WorkPtr> post_checked_recv(const Waiter& waiter, const TensorDict& td,
-                                       const Peer& peer, int tag, bool consolidated) {
+                                       const Peer& peer, int tag, bool consolidated, Late late) {
   const char* call = waiter.call();
+  // Each late transfer is received as late="deliver" would receive it, into a copy of td
+  // (its later messages depend on its header), then dropped; a mismatched one is drained.
+  while (late == Late::kDrop &&
+         LateMessages::get().has(group_key(peer.group), peer.rank, {tag})) {
+    const TensorDict scratch = consolidated ? consolidate(td.clone()) : td.clone();
+    try {
+      waiter.wait(post_checked_recv(waiter, scratch, peer, tag, consolidated, Late::kDeliver),
+                  [](size_t) { return std::string("a late checked payload, to be dropped"); });
+    } catch (const SchemaMismatchError&) {
+      // dropped all the same
+    }
+    waiter.land();  // into the scratch copy; what it received is not parked again
+  }
   EncodedSchema per_leaf;
   const EncodedSchema* encoded_mine = &per_leaf;
   std::vector<at::Tensor> targets;  // what the payload lands in, in wire order
@@ -157,8 +164,9 @@ std::vector<WorkPtr> post_checked_recv(const Waiter& waiter, const TensorDict& t
 
   at::Tensor header_t = at::empty({static_cast<int64_t>(kCheckedHeaderBytes)},
                                   at::TensorOptions().dtype(at::kByte).device(device));
-  const TailStamp header_stamp(header_t);
-  waiter.wait(recv_one(peer, header_t, tag), c10::str("the checked header (tag ", tag, ")"));
+  TailStamp header_stamp(header_t);
+  waiter.wait(waiter.recv(peer, header_t, tag, {&header_stamp}),
+              c10::str("the checked header (tag ", tag, ")"));
   TD_CHECK_PEER(!header_stamp.short_message(), call, "(checked=True): the peer's first message "
               "is shorter than a checked-transfer header (", kCheckedHeaderBytes,
               " bytes); the sender must pass checked=True too");
@@ -172,12 +180,17 @@ std::vector<WorkPtr> post_checked_recv(const Waiter& waiter, const TensorDict& t
     try {
       for (const auto& target : targets) {
         if (target.numel() == 0) continue;
-        const bool direct = target.is_contiguous();
-        at::Tensor buffer = direct ? target : at::empty_like(target, at::MemoryFormat::Contiguous);
+        const bool direct = waiter.staged() || target.is_contiguous();
+        at::Tensor buffer;
+        if (waiter.staged()) {
+          buffer = waiter.stage(target);  // copied into target by the caller's land()
+        } else {
+          buffer = direct ? target : at::empty_like(target, at::MemoryFormat::Contiguous);
+        }
         std::vector<at::Tensor> chunks;
         chunk(bytes_of(buffer), chunk_bytes, chunks);
         const size_t first = works.size();
-        for (const auto& c : chunks) works.push_back(recv_one(peer, c, tag));
+        for (auto& c : chunks) works.push_back(waiter.recv(peer, c, tag, {}, /*copy_late=*/true));
         if (!direct) {
           std::vector<WorkPtr> leaf_works(works.begin() + first, works.end());
           works.resize(first);
@@ -199,8 +212,8 @@ std::vector<WorkPtr> post_checked_recv(const Waiter& waiter, const TensorDict& t
 
   at::Tensor blob_t = at::empty({static_cast<int64_t>(h.schema_bytes)},
                                 at::TensorOptions().dtype(at::kByte).device(device));
-  const TailStamp blob_stamp(blob_t);
-  WorkPtr blob_work = recv_one(peer, blob_t, tag);
+  TailStamp blob_stamp(blob_t);
+  WorkPtr blob_work = waiter.recv(peer, blob_t, tag, {&blob_stamp});
   std::vector<WorkPtr> works;
   if (announced_same) works = post_payload();
   try {
@@ -228,10 +241,11 @@ std::vector<WorkPtr> post_checked_recv(const Waiter& waiter, const TensorDict& t
   if (!announced_same) drain(waiter, peer, tag, h, blob, device);
   TD_THROW(SchemaMismatchError, call,
            "(checked=True): the sender's TensorDict does not match this one: ", difference,
-           announced_same ? ". Its schema's size and hash announced this one's, so its payload "
-                            "was received into this TensorDict"
-                          : ". The sender's payload was received into scratch space and "
-                            "dropped; this TensorDict is unchanged");
+           announced_same && !waiter.staged()
+               ? ". Its schema's size and hash announced this one's, so its payload was "
+                 "received into this TensorDict"
+               : ". The sender's payload was received into scratch space and dropped; this "
+                 "TensorDict is unchanged");
 }
 
 }  // namespace tensordict::dist::detail

@@ -290,7 +290,7 @@ void check_layout(const char* call, const Group& group, const std::vector<at::Te
   } else {
     for (size_t i = 0; i < leaves.size(); ++i) buckets.push_back({i});
   }
-  const detail::Waiter w(call, timeout, "the group");
+  const detail::Waiter w(call, timeout, "the group", /*keeps_group=*/false);
   const int size = group.size();
   std::vector<at::Tensor> mine{at::tensor(
       {static_cast<int64_t>(layout_hash(leaves, buckets)), bucket_bytes.value_or(0),
@@ -369,8 +369,9 @@ TensorDict broadcast(const TensorDict& td, std::optional<int64_t> src,
   constexpr const char* kCall = "broadcast";
   const auto root = detail::resolve_peer(kCall, src, options.group_src, options.group, "src",
                                          "group_src", /*refuse_self=*/false);
-  const detail::Waiter w(kCall, options.timeout, c10::str("the group (source rank ", root.rank,
-                                                           ")"));
+  const detail::Waiter w(kCall, options.timeout,
+                         c10::str("the group (source rank ", root.rank, ")"),
+                         /*keeps_group=*/false);
   c10d::BroadcastOptions opts;
   opts.rootRank = root.rank;
   if (root.group.rank() == root.rank) {
@@ -405,7 +406,7 @@ std::vector<TensorDict> all_gather(const TensorDict& td, const AllGatherOptions&
   const Group group = detail::resolve_group(options.group);
   const int size = group.size();
   const int64_t max_total_bytes = detail::resolve_max_total_bytes(kCall, options.max_total_bytes);
-  const detail::Waiter w(kCall, options.timeout, "the group");
+  const detail::Waiter w(kCall, options.timeout, "the group", /*keeps_group=*/false);
   TensorDict c = detail::consolidated(td, std::nullopt);
   const at::Tensor storage = consolidated_storage(c);
   const auto pickles = detail::all_gather_objects(
@@ -447,7 +448,8 @@ std::optional<TensorDict> gather_and_stack(const TensorDict& td, std::optional<i
                                          "group_dst", /*refuse_self=*/false);
   const int64_t max_total_bytes = detail::resolve_max_total_bytes(kCall, options.max_total_bytes);
   const detail::Waiter w(kCall, options.timeout,
-                         c10::str("the group (destination rank ", root.rank, ")"));
+                         c10::str("the group (destination rank ", root.rank, ")"),
+                         /*keeps_group=*/false);
   const int me = root.group.rank(), size = root.group.size();
   const bool is_dst = me == root.rank;
 
@@ -534,8 +536,9 @@ TensorDict scatter(std::optional<int64_t> src, const std::vector<TensorDict>& te
   constexpr const char* kCall = "scatter";
   const auto root = detail::resolve_peer(kCall, src, options.group_src, options.group, "src",
                                          "group_src", /*refuse_self=*/false);
-  const detail::Waiter w(kCall, options.timeout, c10::str("the group (source rank ", root.rank,
-                                                           ")"));
+  const detail::Waiter w(kCall, options.timeout,
+                         c10::str("the group (source rank ", root.rank, ")"),
+                         /*keeps_group=*/false);
   c10d::ScatterOptions opts;
   opts.rootRank = root.rank;
   const int me = root.group.rank();
@@ -580,7 +583,7 @@ TensorDict scatter(std::optional<int64_t> src, const std::vector<TensorDict>& te
 }
 
 void all_reduce(const TensorDict& td, const AllReduceOptions& options) {
-  const detail::Waiter w("all_reduce", options.timeout, "the group");
+  const detail::Waiter w("all_reduce", options.timeout, "the group", /*keeps_group=*/false);
   if (options.bucket_bytes) {
     w.wait(all_reduce_buckets(td, options), [](size_t i) { return c10::str("bucket ", i); });
     return;
@@ -595,9 +598,10 @@ void all_reduce(const TensorDict& td, const AllReduceOptions& options) {
 // raises TimeoutError / PeerLostError as the blocking calls do.
 std::vector<WorkPtr> typed(const char* call, std::string peer, std::vector<WorkPtr> works,
                            bool buckets) {
-  return detail::typed_works(call, peer, std::move(works), [buckets](size_t i) {
-    return buckets ? c10::str("bucket ", i) : c10::str("leaf ", i);
-  });
+  return detail::typed_works(
+      call, peer, std::move(works),
+      [buckets](size_t i) { return buckets ? c10::str("bucket ", i) : c10::str("leaf ", i); },
+      /*keeps_group=*/false);
 }
 
 std::vector<WorkPtr> all_reduce_async(const TensorDict& td, const AllReduceOptions& options) {
@@ -611,7 +615,7 @@ std::vector<WorkPtr> all_reduce_async(const TensorDict& td, const AllReduceOptio
 }
 
 void reduce(const TensorDict& td, std::optional<int64_t> dst, const ReduceOptions& options) {
-  const detail::Waiter w("reduce", options.timeout, "the group");
+  const detail::Waiter w("reduce", options.timeout, "the group", /*keeps_group=*/false);
   const Reducer post = make_reducer(td, dst, options);
   if (options.bucket_bytes) {
     w.wait(reduce_buckets(post, *options.bucket_bytes), [](size_t i) { return c10::str("bucket ", i); });

@@ -1,5 +1,7 @@
 #include "tensordict/distributed/init_remote.h"
 
+#include <algorithm>
+
 #include "remote.h"
 #include "tensordict/distributed/collectives.h"
 
@@ -45,6 +47,24 @@ TensorDict from_remote_init(std::optional<int64_t> src, const FromRemoteInitOpti
   const int64_t max_total_bytes = detail::resolve_max_total_bytes(kCall, options.max_total_bytes);
   const auto peer = detail::resolve_peer(kCall, src, options.group_src, options.group, "src",
                                          "group_src", /*refuse_self=*/true);
+  if (options.late == Late::kDrop) {
+    // Each late transfer is received as late="deliver" would (its pickle says what follows)
+    // and dropped.
+    FromRemoteInitOptions deliver = options;
+    deliver.late = Late::kDeliver;
+    deliver.group = peer.group;
+    deliver.group_src = peer.rank;
+    const auto deadline =
+        detail::Clock::now() + options.timeout.value_or(std::chrono::milliseconds(0));
+    while (detail::LateMessages::get().has(detail::group_key(peer.group), peer.rank, {0})) {
+      if (options.timeout) {  // the late transfers share the call's timeout
+        deliver.timeout = std::max(std::chrono::milliseconds(1),
+                                   std::chrono::duration_cast<std::chrono::milliseconds>(
+                                       deadline - detail::Clock::now()));
+      }
+      from_remote_init(std::nullopt, deliver, nullptr);
+    }
+  }
   const detail::Waiter w(kCall, options.timeout, c10::str("rank ", peer.rank));
   const at::Device device = options.device.value_or(at::kCPU);
   const std::string pickle = detail::recv_object(w, peer, device);
@@ -53,9 +73,8 @@ TensorDict from_remote_init(std::optional<int64_t> src, const FromRemoteInitOpti
   // costs next to no memory, then dropped), so that the sender completes and the pair stays
   // in step.
   auto buffer = detail::storage_buffer(in, detail::transfer_bytes(in, /*padded=*/false), device);
-  std::vector<at::Tensor> storage{buffer.bytes};
-  w.wait(peer.group.recv(storage, peer.rank, 0),
-         c10::str("the storage of ", storage[0].numel(), " bytes (tag 0)"));
+  w.wait(w.recv(peer, buffer.bytes, 0, {&buffer.stamp}),
+         c10::str("the storage of ", buffer.bytes.numel(), " bytes (tag 0)"));
   TensorDict out = detail::finish(in, buffer);
   if (tensorclass_type != nullptr) *tensorclass_type = in.tensorclass_type;
   return out;

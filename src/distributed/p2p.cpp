@@ -107,13 +107,13 @@ Posted post_send(detail::Waiter& waiter, const TensorDict& td, const std::option
   const bool logging = log_enabled(LogLevel::kInfo);
   if (options.checked && options.consolidated) {
     if (logging) waiter.set_detail("checked, consolidated, tag 0");
-    return {detail::post_checked_send(td, peer, 0, true), std::nullopt, {}};
+    return {detail::post_checked_send(waiter, td, peer, 0, true), std::nullopt, {}};
   }
   if (options.consolidated) {
     std::vector<at::Tensor> storage{is_consolidated(td) ? consolidated_storage(td)
                                                         : consolidated_storage(consolidate(td))};
     if (logging) waiter.set_detail(describe("consolidated", {0}, 1, bytes_of(storage), false));
-    return {{peer.group.send(storage, peer.rank, 0)}, std::nullopt, {}};
+    return {{waiter.send(peer, storage[0], 0)}, std::nullopt, {}};
   }
   auto leaves = leaves_of(td);
   detail::check_leaves(call, td, leaves);
@@ -122,16 +122,14 @@ Posted post_send(detail::Waiter& waiter, const TensorDict& td, const std::option
   if (options.checked) {
     const int tag = checked_tag(call, options.init_tag, tags);
     if (logging) waiter.set_detail(c10::str("checked, per leaf, tag ", tag));
-    return {detail::post_checked_send(td, peer, tag, false), last_tag, {}, tag};
+    return {detail::post_checked_send(waiter, td, peer, tag, false), last_tag, {}, tag};
   }
   if (logging) {
     waiter.set_detail(describe("per leaf", tags, static_cast<int64_t>(leaves.size()),
                                bytes_of(leaves), options.pseudo_rand));
   }
-  auto works = post_all(leaves.size(), [&](size_t i) {
-    std::vector<at::Tensor> one{sendable(leaves[i])};
-    return peer.group.send(one, peer.rank, tags[i]);
-  });
+  auto works = post_all(leaves.size(),
+                        [&](size_t i) { return waiter.send(peer, sendable(leaves[i]), tags[i]); });
   return {std::move(works), last_tag, std::move(tags)};
 }
 
@@ -149,11 +147,16 @@ Posted post_receives(detail::Waiter& waiter, const TensorDict& td,
                       "consolidated TensorDict with the sender's layout (consolidate() it first)");
     if (options.checked) {
       if (logging) waiter.set_detail("checked, consolidated, tag 0");
-      return {detail::post_checked_recv(waiter, td, peer, 0, true), std::nullopt, {}};
+      return {detail::post_checked_recv(waiter, td, peer, 0, true, options.late), std::nullopt,
+              {}};
     }
-    std::vector<at::Tensor> storage{consolidated_storage(td)};
-    if (logging) waiter.set_detail(describe("consolidated", {0}, 1, bytes_of(storage), false));
-    return {{peer.group.recv(storage, peer.rank, 0)}, std::nullopt, {}};
+    const at::Tensor storage = consolidated_storage(td);
+    if (logging) {
+      waiter.set_detail(
+          describe("consolidated", {0}, 1, static_cast<int64_t>(storage.nbytes()), false));
+    }
+    if (options.late == Late::kDrop) waiter.drop_late(peer, {0});
+    return {{waiter.recv_into(peer, storage, 0)}, std::nullopt, {}};
   }
   auto leaves = leaves_of(td);
   detail::check_leaves(call, td, leaves);
@@ -162,7 +165,8 @@ Posted post_receives(detail::Waiter& waiter, const TensorDict& td,
   if (options.checked) {
     const int tag = checked_tag(call, options.init_tag, tags);
     if (logging) waiter.set_detail(c10::str("checked, per leaf, tag ", tag));
-    return {detail::post_checked_recv(waiter, td, peer, tag, false), last_tag, {}, tag};
+    return {detail::post_checked_recv(waiter, td, peer, tag, false, options.late), last_tag, {},
+            tag};
   }
   if (logging) {
     waiter.set_detail(describe("per leaf", tags, static_cast<int64_t>(leaves.size()),
@@ -171,24 +175,31 @@ Posted post_receives(detail::Waiter& waiter, const TensorDict& td,
   for (const auto& leaf : leaves) {
     detail::check_writable(call, leaf, "receive into", "receiver");
   }
-  auto works = post_all(leaves.size(), [&](size_t i) {
-    return detail::post_in_place(leaves[i], /*reads_leaf=*/false, [&](const at::Tensor& buf) {
-      std::vector<at::Tensor> one{buf};
-      return peer.group.recv(one, peer.rank, tags[i]);
-    });
-  });
+  if (options.late == Late::kDrop) waiter.drop_late(peer, tags);
+  auto works = post_all(leaves.size(),
+                        [&](size_t i) { return waiter.recv_into(peer, leaves[i], tags[i]); });
   return {std::move(works), last_tag, std::move(tags)};
 }
 
 // Every receive into a TensorDict (per leaf, checked, consolidated; recv, irecv and their
 // SubTensorDict forms) posts here: Gloo writes the leaves' memory (or the storage they view)
 // behind autograd's back, so each leaf's version is bumped once the receives are posted (a
-// refused checked receive, which keeps the values, bumps nothing).
+// refused checked receive, which keeps the values, bumps nothing). A staged receive (one with
+// a timeout) writes them only in land_recv(), which bumps them then.
 Posted post_recv(detail::Waiter& waiter, const TensorDict& td, const std::optional<int64_t>& src,
                  const RecvOptions& options, bool refuse_self) {
   Posted posted = post_receives(waiter, td, src, options, refuse_self);
-  for (const auto& leaf : leaves_of(td)) mark_written(leaf);
+  if (!waiter.staged()) {
+    for (const auto& leaf : leaves_of(td)) mark_written(leaf);
+  }
   return posted;
+}
+
+// After the last wait of a blocking receive: a staged one is copied into td now.
+void land_recv(const detail::Waiter& waiter, const TensorDict& td) {
+  if (!waiter.staged()) return;
+  waiter.land();
+  for (const auto& leaf : leaves_of(td)) mark_written(leaf);
 }
 
 }  // namespace
@@ -204,6 +215,7 @@ std::optional<int64_t> recv(const TensorDict& td, std::optional<int64_t> src,
   detail::Waiter waiter("recv", options.timeout, "the sender");
   const Posted posted = post_recv(waiter, td, src, options, /*refuse_self=*/true);
   waiter.wait(posted.works, in_flight(posted, td));
+  land_recv(waiter, td);
   return posted.last_tag;
 }
 
@@ -219,21 +231,25 @@ std::vector<WorkPtr> isend_early(const TensorDict& td, std::optional<int64_t> ds
                                  const SendOptions& options) {
   detail::Waiter waiter("isend", options.timeout, "the receiver");
   Posted posted = post_send(waiter, td, dst, options, /*refuse_self=*/false);
-  return detail::typed_works(waiter.call(), waiter.peer(), posted.works, in_flight(posted, td));
+  return detail::typed_works(waiter.call(), waiter.peer(), posted.works, in_flight(posted, td),
+                             /*keeps_group=*/true);
 }
 
 void irecv(const TensorDict& td, std::optional<int64_t> src, const RecvOptions& options) {
   detail::Waiter waiter("irecv", options.timeout, "the sender");
   const Posted posted = post_recv(waiter, td, src, options, /*refuse_self=*/false);
   waiter.wait(posted.works, in_flight(posted, td));
+  land_recv(waiter, td);
 }
 
 std::vector<WorkPtr> irecv_premature(const TensorDict& td, std::optional<int64_t> src,
                                      const RecvOptions& options) {
   // The timeout bounds the checked header and schema, which are waited for here.
   detail::Waiter waiter("irecv", options.timeout, "the sender");
+  waiter.direct_landing();  // the caller waits on the returned works, then reads td
   Posted posted = post_recv(waiter, td, src, options, /*refuse_self=*/false);
-  return detail::typed_works(waiter.call(), waiter.peer(), posted.works, in_flight(posted, td));
+  return detail::typed_works(waiter.call(), waiter.peer(), posted.works, in_flight(posted, td),
+                             /*keeps_group=*/true);
 }
 
 namespace {

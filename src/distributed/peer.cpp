@@ -114,9 +114,68 @@ Peer resolve_peer(const char* call, const std::optional<int64_t>& peer,
   return out;
 }
 
+namespace {
+
+// The arena staged receives are cut from, kept per thread between calls (Waiter::stage()).
+thread_local at::Tensor t_arena;  // NOLINT: one per thread by design
+
+// Staged buffers are cut at this alignment, so that any dtype may view them.
+constexpr int64_t kStageAlign = 64;
+// The largest arena a thread keeps between calls.
+constexpr int64_t kMaxKeptArena = int64_t{1} << 30;
+
+// A fresh message's work: marks the message done once a wait succeeds.
+class MessageWork : public c10d::Work {
+ public:
+  explicit MessageWork(MessagePtr m) : c10d::Work(-1, c10d::OpType::UNKNOWN), m_(std::move(m)) {}
+  bool wait(std::chrono::milliseconds timeout = kNoTimeout) override {
+    if (m_->done) return true;
+    const bool ok = m_->work->wait(timeout);
+    if (ok) m_->done = true;
+    return ok;
+  }
+  bool isCompleted() override { return m_->done; }
+  int sourceRank() const override { return m_->work->sourceRank(); }
+  void abort() override { m_->work->abort(); }
+
+ private:
+  MessagePtr m_;
+};
+
+// A receive taken from the registry into the caller's memory: waits for the parked message,
+// then copies its bytes into `dest` once.
+class AdoptedWork : public c10d::Work {
+ public:
+  AdoptedWork(MessagePtr m, at::Tensor dest)
+      : c10d::Work(-1, c10d::OpType::UNKNOWN), m_(std::move(m)), dest_(std::move(dest)) {}
+  bool wait(std::chrono::milliseconds timeout = kNoTimeout) override {
+    if (!m_->done) {
+      if (!m_->work->wait(timeout)) return false;
+      m_->done = true;
+    }
+    if (dest_.defined()) {
+      at::NoGradGuard no_grad;
+      // Both are contiguous receive buffers of the same size, perhaps of other dtypes.
+      dest_.reshape({-1}).view(at::kByte).copy_(m_->buffer.reshape({-1}).view(at::kByte));
+      dest_ = at::Tensor();
+    }
+    return true;
+  }
+  bool isCompleted() override { return m_->done && !dest_.defined(); }
+  int sourceRank() const override { return m_->work->sourceRank(); }
+  void abort() override { m_->work->abort(); }
+
+ private:
+  MessagePtr m_;
+  at::Tensor dest_;  // undefined once copied
+};
+
+}  // namespace
+
 Waiter::Waiter(const char* call, std::optional<std::chrono::milliseconds> timeout,
-               std::string peer)
-    : call_(call), timeout_(timeout), start_(std::chrono::steady_clock::now()),
+               std::string peer, bool keeps_group)
+    : call_(call), timeout_(timeout), keeps_group_(keeps_group),
+      staged_(keeps_group && timeout.has_value()), start_(std::chrono::steady_clock::now()),
       start_ticks_(::tensordict::detail::transfer_ticks()),
       peer_(std::move(peer)), uncaught_(std::uncaught_exceptions()) {
   TORCH_CHECK_VALUE(!timeout || timeout->count() > 0, call, ": timeout must be positive, got ",
@@ -124,6 +183,14 @@ Waiter::Waiter(const char* call, std::optional<std::chrono::milliseconds> timeou
 }
 
 Waiter::~Waiter() {
+  // The arena goes back to the thread unless something still holds a part of it: parked
+  // receives, or works of a failed call that Gloo may still write into.
+  landings_.clear();
+  records_.clear();
+  if (arena_.defined() && !parked_ && arena_.use_count() == 1 &&
+      arena_.storage().use_count() == 1) {
+    t_arena = std::move(arena_);
+  }
   if (std::uncaught_exceptions() > uncaught_) return;  // the call failed: its error tells
   const int64_t ticks =
       ::tensordict::detail::finish_transfer(Channel::kProcessGroup, start_ticks_);
@@ -143,12 +210,162 @@ void Waiter::timed_out(const std::string& what, const std::string& detail) const
                 std::chrono::duration<double>(std::chrono::steady_clock::now() - start_).count());
   std::string limit = timeout_ ? c10::str("the call's timeout of ", timeout_->count(), " ms")
                                : std::string("the group's timeout");
-  TD_THROW(TimeoutError,
-                  call_, ": timed out after ", waited, " s (",
-                           limit, ") waiting for ", peer_, ": ", what,
-                           detail.empty() ? "" : " (" + detail + ")",
-                           ". Gloo closes a group's connections when a wait times out: make a "
-                           "new group to go on");
+  std::string after;
+  if (!keeps_group_ || !timeout_) {
+    after = ". Gloo closes a group's connections when its own timeout passes: make a new group "
+            "to go on";
+  } else {
+    bool recvs = false, sends = false;
+    for (const auto& r : records_) (r.message->is_recv ? recvs : sends) = true;
+    after = ". The group stays usable";
+    if (recvs) {
+      after += c10::str("; the late message stays posted: the next receive from ", peer_,
+                        " on its tags takes it (late=\"deliver\") or drops it (late=\"drop\")");
+    }
+    if (sends) after += "; the send stays queued, its bytes kept until the receiver takes them";
+    park();  // before anything else is touched: what was posted stays posted
+  }
+  TD_THROW(TimeoutError, call_, ": timed out after ", waited, " s (", limit, ") waiting for ",
+           peer_, ": ", what, detail.empty() ? "" : " (" + detail + ")", after);
+}
+
+void Waiter::record(const Peer& peer, MessagePtr message) const {
+  records_.push_back({group_key(peer.group), peer.rank, std::move(message)});
+}
+
+void Waiter::park() const {
+  if (records_.empty()) return;
+  parked_ = true;
+  // One park per peer, the call's messages in posting order.
+  std::vector<bool> done(records_.size(), false);
+  for (size_t i = 0; i < records_.size(); ++i) {
+    if (done[i]) continue;
+    std::vector<MessagePtr> mine;
+    for (size_t j = i; j < records_.size(); ++j) {
+      if (records_[j].group == records_[i].group && records_[j].peer == records_[i].peer) {
+        mine.push_back(records_[j].message);
+        done[j] = true;
+      }
+    }
+    LateMessages::get().park(records_[i].group, records_[i].peer, mine);
+  }
+  records_.clear();
+  landings_.clear();
+}
+
+WorkPtr Waiter::recv(const Peer& peer, at::Tensor& buffer, int tag,
+                     std::initializer_list<TailStamp*> stamps, bool copy_late) const {
+  const void* key = group_key(peer.group);
+  if (MessagePtr late = LateMessages::get().take(key, peer.rank, tag)) {
+    if (late->buffer.nbytes() != buffer.nbytes() || late->stamps.size() != stamps.size()) {
+      const auto late_bytes = late->buffer.nbytes();
+      LateMessages::get().park(key, peer.rank, {late});
+      TORCH_CHECK_VALUE(false, call_, ": a late message from ", peer_, " on tag ", tag,
+                        ", received into ", late_bytes, " bytes by a call that timed out, "
+                        "waits to be taken, and this receive expects ", buffer.nbytes(),
+                        " bytes there. Receive it as it was sent, or pass late=\"drop\"");
+    }
+    if (copy_late) {
+      if (timeout_ && keeps_group_) record(peer, late);
+      return c10::make_intrusive<AdoptedWork>(std::move(late), buffer);
+    }
+    buffer = late->buffer;
+    size_t i = 0;
+    for (TailStamp* s : stamps) *s = late->stamps[i++];
+    if (timeout_ && keeps_group_) record(peer, late);
+    return c10::make_intrusive<MessageWork>(std::move(late));
+  }
+  std::vector<at::Tensor> one{buffer};
+  WorkPtr work = peer.group.recv(one, peer.rank, tag);
+  if (!timeout_ || !keeps_group_) return work;
+  auto m = std::make_shared<PostedMessage>();
+  m->work = std::move(work);
+  m->buffer = buffer;
+  for (TailStamp* s : stamps) m->stamps.push_back(*s);
+  m->tag = tag;
+  record(peer, m);
+  return c10::make_intrusive<MessageWork>(std::move(m));
+}
+
+WorkPtr Waiter::recv_into(const Peer& peer, const at::Tensor& dest, int tag) const {
+  if (staged_) {
+    at::Tensor buffer = stage(dest);
+    return recv(peer, buffer, tag, {}, /*copy_late=*/true);
+  }
+  return post_in_place(dest, /*reads_leaf=*/false, [&](const at::Tensor& b) {
+    at::Tensor buffer = b;
+    return recv(peer, buffer, tag, {}, /*copy_late=*/true);
+  });
+}
+
+WorkPtr Waiter::send(const Peer& peer, const at::Tensor& tensor, int tag) const {
+  std::vector<at::Tensor> one{tensor};
+  WorkPtr work = peer.group.send(one, peer.rank, tag);
+  if (!timeout_ || !keeps_group_) return work;
+  auto m = std::make_shared<PostedMessage>();
+  m->work = std::move(work);
+  m->buffer = tensor;
+  m->tag = tag;
+  m->is_recv = false;
+  record(peer, m);
+  return c10::make_intrusive<MessageWork>(std::move(m));
+}
+
+at::Tensor Waiter::stage(const at::Tensor& dest) const {
+  const auto n = static_cast<int64_t>(dest.nbytes());
+  const int64_t cut = (n + kStageAlign - 1) / kStageAlign * kStageAlign;
+  if (!arena_.defined() && t_arena.defined() && dest.is_cpu()) {
+    arena_ = std::move(t_arena);  // taken: a call nested on this thread cuts its own
+    arena_used_ = 0;
+  }
+  at::Tensor bytes;
+  if (dest.is_cpu() && arena_.defined() && arena_used_ + cut <= arena_.numel()) {
+    bytes = arena_.narrow(0, arena_used_, n);
+    arena_used_ += cut;
+  } else {
+    bytes = at::empty({n}, dest.options().dtype(at::kByte));
+  }
+  if (dest.is_cpu()) staged_bytes_ += cut;
+  landings_.emplace_back(dest, bytes);
+  return bytes;  // Gloo moves bytes: no typed view needed (each costs a dispatch)
+}
+
+void Waiter::land() const {
+  {
+    at::NoGradGuard no_grad;
+    for (auto& [dest, bytes] : landings_) {
+      if (bytes.numel() == 0) continue;
+      if (dest.is_cpu() && dest.is_contiguous()) {
+        std::memcpy(dest.data_ptr(), bytes.data_ptr(), bytes.numel());
+      } else {
+        at::Tensor(dest).copy_(bytes.view(dest.scalar_type()).view(dest.sizes()));
+      }
+    }
+  }
+  landings_.clear();
+  records_.clear();
+  // Next time, one arena for all of it.
+  if (staged_bytes_ > (arena_.defined() ? arena_.numel() : 0) && staged_bytes_ <= kMaxKeptArena) {
+    arena_ = at::empty({staged_bytes_}, at::kByte);
+  }
+}
+
+void Waiter::drop_late(const Peer& peer, const std::vector<int>& tags) const {
+  auto late = LateMessages::get().take_all(group_key(peer.group), peer.rank, tags);
+  if (late.empty()) return;
+  std::vector<WorkPtr> works;
+  for (auto& m : late) {
+    if (timeout_ && keeps_group_) record(peer, m);
+    works.push_back(c10::make_intrusive<MessageWork>(m));
+  }
+  wait(works, [&](size_t i) {
+    return c10::str("a late message on tag ", late[i]->tag, " (", late[i]->buffer.nbytes(),
+                    " bytes), to be dropped");
+  });
+  // Taken and complete: nothing of them is parked again.
+  std::erase_if(records_, [&](const Record& r) {
+    return std::find(late.begin(), late.end(), r.message) != late.end();
+  });
 }
 
 namespace {
@@ -179,17 +396,33 @@ bool is_timeout_text(std::string_view s) {
 class TypedWork : public c10d::Work {
  public:
   TypedWork(WorkPtr inner, const char* call, std::shared_ptr<const std::string> peer,
-            std::shared_ptr<const InFlight> what, size_t index)
+            std::shared_ptr<const InFlight> what, size_t index, bool keeps_group)
       : c10d::Work(-1, c10d::OpType::UNKNOWN),
         inner_(std::move(inner)),
         call_(call),
         peer_(std::move(peer)),
         what_(std::move(what)),
-        index_(index) {}
+        index_(index),
+        keeps_group_(keeps_group) {}
 
   bool wait(std::chrono::milliseconds timeout = kNoTimeout) override {
     try {
+      if (keeps_group_ && timeout != kNoTimeout) {
+        // Aborted at the deadline: the work stays posted, and a later wait() may finish it.
+        if (wait_until(inner_, Clock::now() + timeout)) return true;
+        TD_THROW(TimeoutError, call_, ": timed out after ", timeout.count(), " ms waiting for ",
+                 *peer_, ": ", (*what_)(index_), ". The group stays usable and the work posted: "
+                 "wait() on it again");
+      }
+      if (timeout == kNoTimeout) {
+        while (!inner_->wait(timeout)) {
+          // false only when aborted: by an earlier timed wait that gave up
+        }
+        return true;
+      }
       return inner_->wait(timeout);
+    } catch (const TimeoutError&) {
+      throw;
     } catch (const std::exception& e) {
       const auto* c10_error = dynamic_cast<const c10::Error*>(&e);
       const std::string text = c10_error ? c10_error->msg() : e.what();
@@ -216,17 +449,20 @@ class TypedWork : public c10d::Work {
   std::shared_ptr<const std::string> peer_;
   std::shared_ptr<const InFlight> what_;
   size_t index_;
+  bool keeps_group_;  // a point-to-point work: a timed wait aborts it, never lets Gloo expire
 };
 
 }  // namespace
 
 std::vector<WorkPtr> typed_works(const char* call, const std::string& peer,
-                                 std::vector<WorkPtr> works, const InFlight& what) {
+                                 std::vector<WorkPtr> works, const InFlight& what,
+                                 bool keeps_group) {
   auto shared_peer = std::make_shared<const std::string>(peer);
   auto shared_what = std::make_shared<const InFlight>(what);
   for (size_t i = 0; i < works.size(); ++i) {
     works[i] =
-        c10::make_intrusive<TypedWork>(std::move(works[i]), call, shared_peer, shared_what, i);
+        c10::make_intrusive<TypedWork>(std::move(works[i]), call, shared_peer, shared_what, i,
+                                      keeps_group);
   }
   return works;
 }
@@ -247,13 +483,22 @@ void Waiter::wait(const std::vector<WorkPtr>& works, const InFlight& what) const
         continue;
       }
       if (!has_deadline) {
-        works[i]->wait();
+        // False only when aborted: a parked message aborted by the call that gave up on it.
+        while (!works[i]->wait()) {
+        }
+        continue;
+      }
+      if (keeps_group_) {
+        if (!wait_until(works[i], deadline)) timed_out(what(i), "");  // parks what was posted
         continue;
       }
       const auto left =
           std::chrono::duration_cast<milliseconds>(deadline - std::chrono::steady_clock::now());
       // Work::wait(0) means "no timeout": a deadline already passed still waits 1 ms.
       if (!works[i]->wait(std::max(left, milliseconds(1)))) timed_out(what(i), "");
+    } catch (const TimeoutError&) {
+      if (parked_) throw;  // the rest stays posted, parked
+      if (!first) first = std::current_exception();
     } catch (const std::exception& e) {
       if (first) continue;
       // Gloo's own errors (gloo::IoException, "Connection reset by peer") reach Work::wait()
@@ -292,54 +537,6 @@ void abandon(const std::vector<WorkPtr>& works) {
 
 at::Tensor sendable(const at::Tensor& leaf) {
   return leaf.is_contiguous() ? leaf : leaf.contiguous();
-}
-
-namespace {
-
-// A 64-bit stamp no peer can predict: seeded once from the OS, then advanced per stamp.
-uint64_t next_stamp() {
-  static std::atomic<uint64_t> state{[] {
-    std::random_device rd;
-    return (uint64_t{rd()} << 32) ^ rd();
-  }()};
-  uint64_t z = state.fetch_add(0x9e3779b97f4a7c15ULL) + 0x9e3779b97f4a7c15ULL;  // splitmix64
-  z = (z ^ (z >> 30)) * 0xbf58476d1ce4e5b9ULL;
-  z = (z ^ (z >> 27)) * 0x94d049bb133111ebULL;
-  return z ^ (z >> 31);
-}
-
-at::Tensor stamp_tensor(uint64_t stamp) {
-  at::Tensor t = at::empty({8}, at::kByte);
-  std::memcpy(t.data_ptr(), &stamp, 8);
-  return t;
-}
-
-}  // namespace
-
-TailStamp::TailStamp(const at::Tensor& bytes) {
-  const int64_t n = bytes.numel();
-  if (n < 8) {
-    if (n > 0) bytes.zero_();
-    return;
-  }
-  stamp_ = next_stamp();
-  tail_ = bytes.narrow(0, n - 8, 8);
-  if (tail_.is_cpu()) {
-    std::memcpy(tail_.data_ptr(), &stamp_, 8);
-  } else {
-    tail_.copy_(stamp_tensor(stamp_));
-  }
-}
-
-bool TailStamp::short_message() const {
-  if (!tail_.defined()) return false;
-  uint64_t now = 0;
-  if (tail_.is_cpu()) {
-    std::memcpy(&now, tail_.data_ptr(), 8);
-  } else {
-    std::memcpy(&now, tail_.cpu().data_ptr(), 8);
-  }
-  return now == stamp_;
 }
 
 void check_leaves(const char* call, const TensorDict& td, const std::vector<at::Tensor>& leaves) {

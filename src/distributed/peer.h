@@ -8,10 +8,13 @@
 #include <chrono>
 #include <cstdint>
 #include <functional>
+#include <initializer_list>
 #include <string>
 #include <optional>
 #include <vector>
 
+#include "late.h"
+#include "tail_stamp.h"
 #include "tensordict/distributed/options.h"
 #include "tensordict/tensor_dict.h"
 
@@ -44,13 +47,22 @@ Group resolve_group(const Group& group);
 using InFlight = std::function<std::string(size_t)>;
 
 /// The waits of one blocking call. They share the call's deadline (its `timeout` option, when
-/// given; otherwise each wait runs under the group's own timeout), and a wait that times out,
-/// by either, raises DistBackendError naming the call, the peer, what was in flight and the
-/// time waited, which Gloo's own message does not.
+/// given; otherwise each wait runs under the group's own timeout), and a wait that times out
+/// raises TimeoutError naming the call, the peer, what was in flight and the time waited,
+/// which Gloo's own message does not.
+///
+/// A point-to-point call's deadline keeps the group (late.h): its waits are aborted at the
+/// deadline, and what it posted through recv()/recv_into()/send() is parked, not freed. With a
+/// deadline, receives into the caller's memory land in buffers of the library's own (stage())
+/// and are copied into place by land() once the whole call has arrived, so a call that times
+/// out leaves its TensorDict as it was. Collectives cannot keep the group (Gloo's collective
+/// works cannot be aborted, and ranks that gave up a collective would be out of step): their
+/// Waiter (`keeps_group` false) lets Gloo's wait expire as before.
 class Waiter {
  public:
   /// `peer` in words ("rank 1", "the group"). ValueError for a timeout that is not positive.
-  Waiter(const char* call, std::optional<std::chrono::milliseconds> timeout, std::string peer);
+  Waiter(const char* call, std::optional<std::chrono::milliseconds> timeout, std::string peer,
+         bool keeps_group = true);
   /// A call that completes (no exception leaves it) counts as a transfer of the process-group
   /// channel (transfer_stats.h) and is logged at "info" (log.h): call, peer, detail, duration.
   ~Waiter();
@@ -66,29 +78,85 @@ class Waiter {
   void set_peer(std::string peer) { peer_ = std::move(peer); }
 
   /// Waits on every work. After the first failure the rest are aborted, so that a dead peer or
-  /// a timeout costs one timeout, not one per work; the first error is rethrown.
+  /// a timeout costs one timeout, not one per work; the first error is rethrown. A deadline
+  /// that passes in a call that keeps the group parks what the call posted instead.
   void wait(const std::vector<WorkPtr>& works, const InFlight& what) const;
   void wait(const WorkPtr& work, const std::string& what) const;
 
+  /// Posts a receive from `peer` on `tag` into `buffer`, memory the library owns (a header, a
+  /// new TensorDict's storage). When an earlier call that timed out left a receive from that
+  /// peer on that tag, it is taken instead: `buffer` and `stamps` become the parked message's
+  /// (no copy), or with `copy_late` its bytes are copied into `buffer` once it completes.
+  /// ValueError when that message's size differs from `buffer`'s.
+  WorkPtr recv(const Peer& peer, at::Tensor& buffer, int tag,
+               std::initializer_list<TailStamp*> stamps = {}, bool copy_late = false) const;
+  /// Posts a receive from `peer` on `tag` into the caller's `dest` (a leaf, a consolidated
+  /// storage): with a deadline into stage(dest); otherwise into dest itself, or a contiguous
+  /// stand-in copied into it once waited. A parked receive on that tag is taken instead, its
+  /// bytes copied in once it completes.
+  WorkPtr recv_into(const Peer& peer, const at::Tensor& dest, int tag) const;
+  /// Posts a send to `peer` on `tag`; with a deadline, one that times out stays queued, its
+  /// tensor kept until the receiver has taken it.
+  WorkPtr send(const Peer& peer, const at::Tensor& tensor, int tag) const;
+
+  /// Whether receives into the caller's memory are staged: a deadline in a call that keeps the
+  /// group, unless direct_landing() was called.
+  bool staged() const { return staged_; }
+  /// The call's receives land in the caller's memory as they come (irecv(return_premature)).
+  void direct_landing() { staged_ = false; }
+  /// A buffer of the library's own for `dest`'s bytes (1-D uint8), copied into `dest` by
+  /// land(). From a per-thread arena that the next call reuses (the size of the largest staged
+  /// call, kept).
+  at::Tensor stage(const at::Tensor& dest) const;
+  /// Copies every staged buffer into its destination. Call once, after the last wait.
+  void land() const;
+
+  /// late="drop": waits for the receives from `peer` on `tags` that earlier calls left parked,
+  /// and drops them. For transfers whose later messages depend on their first ones (checked,
+  /// from_remote_init), run the call itself instead, into a throwaway target.
+  void drop_late(const Peer& peer, const std::vector<int>& tags) const;
+
  private:
+  struct Record {
+    const void* group;
+    int peer;
+    MessagePtr message;
+  };
+
+  /// Raises the TimeoutError; in a call that keeps the group, parks what it posted first.
   [[noreturn]] void timed_out(const std::string& what, const std::string& detail) const;
+  void record(const Peer& peer, MessagePtr message) const;
+  void park() const;
 
   const char* call_;
   std::optional<std::chrono::milliseconds> timeout_;
+  bool keeps_group_;
+  bool staged_;
   std::chrono::steady_clock::time_point start_;
   int64_t start_ticks_;  // transfer_ticks(), for the transfer's counted duration
   std::string peer_;
   std::string detail_;
   int uncaught_;  // std::uncaught_exceptions() when the call began
+  // What the call posted, parked if its deadline passes (with a deadline only).
+  mutable std::vector<Record> records_;
+  mutable bool parked_ = false;
+  // Staged receives: the arena they are cut from, the bytes cut, and where each lands.
+  mutable at::Tensor arena_;
+  mutable int64_t arena_used_ = 0;
+  mutable int64_t staged_bytes_ = 0;
+  mutable std::vector<std::pair<at::Tensor, at::Tensor>> landings_;  // (dest, buffer)
 };
 
 /// Works handed to a caller, who waits on them itself (all_reduce_async, reduce_premature,
 /// isend_early, irecv_premature): each wrapped so that its wait() raises what a Waiter's
 /// would, a TimeoutError for a timeout and a PeerLostError for a lost connection (Gloo's own
 /// exceptions are plain std::exceptions), naming `call`, `peer` ("rank 1", "the group") and
-/// `what(i)`.
+/// `what(i)`. With `keeps_group` (point-to-point works), a wait(timeout) that times out aborts
+/// the wait and raises TimeoutError, the work still posted, instead of letting Gloo's wait
+/// expire (which closes the group).
 std::vector<WorkPtr> typed_works(const char* call, const std::string& peer,
-                                 std::vector<WorkPtr> works, const InFlight& what);
+                                 std::vector<WorkPtr> works, const InFlight& what,
+                                 bool keeps_group);
 
 /// Aborts and drains works already posted, ignoring their errors (cleanup before a rethrow).
 void abandon(const std::vector<WorkPtr>& works);
@@ -119,25 +187,6 @@ at::Tensor sendable(const at::Tensor& leaf);
 /// passed to post as they are.
 template <typename Post>
 WorkPtr post_in_place(const at::Tensor& leaf, bool reads_leaf, Post&& post);
-
-/// Gloo does not tell a receiver how many bytes a message carried: a message shorter than the
-/// posted buffer leaves the rest of the buffer as it was, which for a fresh allocation is
-/// memory freed earlier. A TailStamp writes 8 random bytes at the end of a buffer before the
-/// receive; if they are still there afterwards, the message stopped short of the end (by 8
-/// bytes or more; the chance that a full message ends with the same 8 bytes is 2^-64). A
-/// message shorter by 1 to 7 bytes leaves stamp bytes, never old memory. Buffers under 8
-/// bytes are zeroed instead, and short_message() is then always false.
-class TailStamp {
- public:
-  /// `bytes`: a contiguous 1-D uint8 tensor, on any device, about to be received into.
-  explicit TailStamp(const at::Tensor& bytes);
-  /// After the receive: whether the message ended before the stamp.
-  bool short_message() const;
-
- private:
-  at::Tensor tail_;  // a view of the buffer's last 8 bytes, or undefined
-  uint64_t stamp_ = 0;
-};
 
 /// ValueError naming the key when one of `leaves` (td's) cannot travel: meta, sparse, nested
 /// or quantized (check_transferable). Keys are looked up only for a refused leaf.

@@ -196,30 +196,29 @@ void send_object_and_storage(const Waiter& w, const Peer& peer, const std::strin
       {storage}};
   static constexpr const char* kWhat[] = {"the metadata pickle's length (tag 0)",
                                           "the metadata pickle (tag 0)", "the storage (tag 0)"};
-  w.wait(post_all(messages.size(),
-                  [&](size_t i) { return peer.group.send(messages[i], peer.rank, 0); }),
+  w.wait(post_all(messages.size(), [&](size_t i) { return w.send(peer, messages[i][0], 0); }),
          [](size_t i) { return std::string(kWhat[i]); });
 }
 
 std::string recv_object(const Waiter& w, const Peer& peer, at::Device framing_device) {
-  std::vector<at::Tensor> size{int64_tensor(0, framing_device)};
-  w.wait(peer.group.recv(size, peer.rank, 0), "the metadata pickle's length (tag 0)");
-  const int64_t n = int64_value(size[0]);
+  at::Tensor size = int64_tensor(0, framing_device);
+  w.wait(w.recv(peer, size, 0), "the metadata pickle's length (tag 0)");
+  const int64_t n = int64_value(size);
   check_pickle_size(w.call(), n, "a metadata pickle");
   if (!framing_device.is_cpu()) {
     // Zeroed: a shorter message than announced leaves zeros, which the reader refuses.
-    std::vector<at::Tensor> bytes{byte_buffer(n, framing_device, /*zeroed=*/true)};
-    w.wait(peer.group.recv(bytes, peer.rank, 0), c10::str("the metadata pickle of ", n, " bytes"));
-    return pickle_string(bytes[0], n);
+    at::Tensor bytes = byte_buffer(n, framing_device, /*zeroed=*/true);
+    w.wait(w.recv(peer, bytes, 0), c10::str("the metadata pickle of ", n, " bytes"));
+    return pickle_string(bytes, n);
   }
   // Gloo aborts the process on a message longer than the posted buffer, but takes a shorter
   // one: the buffer is as long as any pickle may be (pages untouched until bytes land cost
   // nothing), and stamps after the announced end and at its tail tell a longer or a shorter
   // message from the announced one.
   at::Tensor room = byte_buffer(kMaxPickleBytes + 8, at::kCPU);
-  const TailStamp end(room.narrow(0, 0, n)), beyond(room.narrow(0, 0, n + 8));
-  std::vector<at::Tensor> bytes{room};
-  w.wait(peer.group.recv(bytes, peer.rank, 0), c10::str("the metadata pickle of ", n, " bytes"));
+  TailStamp end(room.narrow(0, 0, n)), beyond(room.narrow(0, 0, n + 8));
+  w.wait(w.recv(peer, room, 0, {&end, &beyond}),
+         c10::str("the metadata pickle of ", n, " bytes"));
   TD_CHECK_PEER(beyond.short_message(), w.call(), ": the peer announced a metadata pickle of ", n,
                 " bytes and sent more");
   TD_CHECK_PEER(!end.short_message(), w.call(), ": the peer announced a metadata pickle of ", n,

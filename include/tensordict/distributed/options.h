@@ -73,9 +73,19 @@ class Group {
 };
 
 // Timeouts: every options struct has `timeout`, the longest the call waits for its messages,
-// all of them together. Unset, each wait runs under the group's own timeout. On expiry the
-// call raises DistBackendError naming the call, the peer, what was in flight and the time
-// waited (docs/reliability.md); Gloo then closes the group's connections (make a new group).
+// all of them together. Unset, each wait runs under the group's own timeout, whose expiry
+// makes Gloo close the group's connections. On expiry the call raises TimeoutError naming the
+// call, the peer, what was in flight and the time waited (docs/reliability.md). A
+// point-to-point call's own timeout keeps the group: its waits are aborted, what it posted
+// stays posted (its receives into memory of the library's own, so the TensorDict is
+// unchanged; its sends queued), and the next receive from that peer on the same tags takes
+// the late message (`late`). A collective's timeout still ends the group (Gloo's collectives
+// cannot be aborted).
+
+/// What a receive does with a message that an earlier receive from the same peer, on the same
+/// tags, gave up on (its timeout passed): return it (the reference's order of messages,
+/// one late), or receive and drop it, then wait for the next.
+enum class Late { kDeliver, kDrop };
 
 /// Keyword arguments of send() and isend().
 struct SendOptions {
@@ -101,6 +111,7 @@ struct RecvOptions {
   bool consolidated = false;
   bool checked = false;                  // must match the sender's (see SendOptions::checked)
   std::optional<std::chrono::milliseconds> timeout{};  // see "Timeouts" above
+  Late late = Late::kDeliver;            // see "Timeouts" above
 };
 
 /// The largest storage a peer may make this process receive when it sends a TensorDict whose
@@ -135,6 +146,7 @@ struct FromRemoteInitOptions {
   bool use_broadcast = false;            // must match the sender's
   std::optional<int64_t> max_total_bytes{};  // unset: default_max_total_bytes()
   std::optional<std::chrono::milliseconds> timeout{};  // see "Timeouts" above
+  Late late = Late::kDeliver;            // point-to-point only; see "Timeouts" above
 };
 
 /// Keyword arguments of broadcast().
