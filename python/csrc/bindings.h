@@ -61,6 +61,9 @@ py::list works_to_py(const std::vector<dist::WorkPtr>& works);
 /// A transfer's `timeout` in seconds (the Python layer turns a timedelta into seconds) as the
 /// options take it, rounded up to whole milliseconds; the core refuses one that is not positive.
 std::optional<std::chrono::milliseconds> timeout_from_py(std::optional<double> seconds);
+
+/// A receive's `late=` ("deliver" or "drop"; ValueError otherwise).
+dist::Late late_from_py(const std::string& late);
 void bind_collectives(py::module_& m);
 #endif
 void bind_distributed(py::module_& m);

@@ -61,13 +61,14 @@ void bind_collectives(py::module_& m) {
   def(m, "from_remote_init",
       [](std::optional<int64_t> group_src, py::object group, std::optional<at::Device> device,
          bool use_broadcast, std::optional<int64_t> max_total_bytes,
-         std::optional<double> timeout) {
+         std::optional<double> timeout, const std::string& late) {
         dist::FromRemoteInitOptions o{.group = group_from_py(group),
                                       .group_src = group_src,
                                       .device = device,
                                       .use_broadcast = use_broadcast,
                                       .max_total_bytes = max_total_bytes,
-                                      .timeout = timeout_from_py(timeout)};
+                                      .timeout = timeout_from_py(timeout),
+                                      .late = late_from_py(late)};
         std::optional<std::string> type;
         TensorDict out;
         {
@@ -77,7 +78,8 @@ void bind_collectives(py::module_& m) {
         return std::make_pair(out, type);
       },
       std::make_tuple(py::arg("group_src"), py::kw_only(), group_arg(), device_arg(),
-                      use_broadcast_arg(), max_total_bytes_arg(), timeout_arg()));
+                      use_broadcast_arg(), max_total_bytes_arg(), timeout_arg(),
+                      py::arg("late") = "deliver"));
   def(m, "broadcast",
       [](const TensorDict& td, std::optional<int64_t> group_src, py::object group,
          std::optional<at::Device> device, std::optional<int64_t> max_total_bytes,

@@ -48,14 +48,16 @@ dist::SendOptions send_options(py::handle group, std::optional<int64_t> group_ds
 
 dist::RecvOptions recv_options(py::handle group, std::optional<int64_t> group_src,
                                int64_t init_tag, bool pseudo_rand, bool consolidated,
-                               bool checked, std::optional<double> timeout) {
+                               bool checked, std::optional<double> timeout,
+                               const std::string& late) {
   return {.group = group_from_py(group),
           .group_src = group_src,
           .init_tag = init_tag,
           .pseudo_rand = pseudo_rand,
           .consolidated = consolidated,
           .checked = checked,
-          .timeout = timeout_from_py(timeout)};
+          .timeout = timeout_from_py(timeout),
+          .late = late_from_py(late)};
 }
 
 }  // namespace
@@ -93,6 +95,12 @@ std::optional<std::chrono::milliseconds> timeout_from_py(std::optional<double> s
   return std::chrono::milliseconds(static_cast<int64_t>(std::ceil(*seconds * 1000)));
 }
 
+dist::Late late_from_py(const std::string& late) {
+  if (late == "deliver") return dist::Late::kDeliver;
+  TORCH_CHECK_VALUE(late == "drop", "late must be \"deliver\" or \"drop\", got \"", late, "\"");
+  return dist::Late::kDrop;
+}
+
 py::list works_to_py(const std::vector<dist::WorkPtr>& works) {
   py::list out;
   for (const auto& w : works) out.append(py::cast(w));
@@ -112,15 +120,33 @@ auto p2p_args(const char* peer, const char* group_peer) {
                          py::arg("checked") = d.checked, timeout_arg());
 }
 
-// A point-to-point binding: the Python arguments p2p_args names become the call's options
-// (made by `options`, with the GIL held), then `call(td, peer, options)` runs.
-template <typename MakeOptions, typename Call>
-auto p2p(MakeOptions options, Call call) {
-  return [options, call](const TensorDict& td, std::optional<int64_t> peer, py::object group,
-                         std::optional<int64_t> group_peer, int64_t init_tag, bool pseudo_rand,
-                         bool consolidated, bool checked, std::optional<double> timeout) {
-    return call(td, peer,
-                options(group, group_peer, init_tag, pseudo_rand, consolidated, checked, timeout));
+// The receiving bindings' arguments: p2p_args and `late`.
+auto recv_p2p_args() {
+  return std::tuple_cat(p2p_args("src", "group_src"),
+                        std::make_tuple(py::arg("late") = "deliver"));
+}
+
+// A sending binding: the Python arguments p2p_args names become the call's options (with the
+// GIL held), then `call(td, peer, options)` runs.
+template <typename Call>
+auto send_p2p(Call call) {
+  return [call](const TensorDict& td, std::optional<int64_t> peer, py::object group,
+                std::optional<int64_t> group_peer, int64_t init_tag, bool pseudo_rand,
+                bool consolidated, bool checked, std::optional<double> timeout) {
+    return call(td, peer, send_options(group, group_peer, init_tag, pseudo_rand, consolidated,
+                                       checked, timeout));
+  };
+}
+
+// The same for the receives, which take recv_p2p_args.
+template <typename Call>
+auto recv_p2p(Call call) {
+  return [call](const TensorDict& td, std::optional<int64_t> peer, py::object group,
+                std::optional<int64_t> group_peer, int64_t init_tag, bool pseudo_rand,
+                bool consolidated, bool checked, std::optional<double> timeout,
+                const std::string& late) {
+    return call(td, peer, recv_options(group, group_peer, init_tag, pseudo_rand, consolidated,
+                                       checked, timeout, late));
   };
 }
 
@@ -149,9 +175,10 @@ template <typename Fn>
 auto p2p_rows(Fn fn) {
   return [fn](const SubTensorDict& rows, std::optional<int64_t> peer, py::object group,
               std::optional<int64_t> group_peer, int64_t init_tag, bool pseudo_rand,
-              bool consolidated, bool checked, std::optional<double> timeout) {
+              bool consolidated, bool checked, std::optional<double> timeout,
+              const std::string& late) {
     const auto o = recv_options(group, group_peer, init_tag, pseudo_rand, consolidated, checked,
-                                timeout);
+                                timeout, late);
     py::gil_scoped_release nogil;
     return fn(rows, peer, o);
   };
@@ -161,17 +188,17 @@ auto p2p_rows(Fn fn) {
 
 void bind_distributed(py::module_& m) {
   const auto send_args = p2p_args("dst", "group_dst");
-  const auto recv_args = p2p_args("src", "group_src");
-  def(m, "send", p2p(send_options, released<&dist::send>), send_args);
-  def(m, "isend", p2p(send_options, released<&dist::isend>), send_args);
-  def(m, "isend_early", p2p(send_options, released<&dist::isend_early>), send_args);
+  const auto recv_args = recv_p2p_args();
+  def(m, "send", send_p2p(released<&dist::send>), send_args);
+  def(m, "isend", send_p2p(released<&dist::isend>), send_args);
+  def(m, "isend_early", send_p2p(released<&dist::isend_early>), send_args);
   // recv and irecv are overloaded for SubTensorDict; these pick the TensorDict ones.
   using Recv = std::optional<int64_t> (*)(const TensorDict&, std::optional<int64_t>,
                                           const dist::RecvOptions&);
   using IRecv = void (*)(const TensorDict&, std::optional<int64_t>, const dist::RecvOptions&);
-  def(m, "recv", p2p(recv_options, released<static_cast<Recv>(&dist::recv)>), recv_args);
-  def(m, "irecv", p2p(recv_options, released<static_cast<IRecv>(&dist::irecv)>), recv_args);
-  def(m, "irecv_premature", p2p(recv_options, released<&dist::irecv_premature>), recv_args);
+  def(m, "recv", recv_p2p(released<static_cast<Recv>(&dist::recv)>), recv_args);
+  def(m, "irecv", recv_p2p(released<static_cast<IRecv>(&dist::irecv)>), recv_args);
+  def(m, "irecv_premature", recv_p2p(released<&dist::irecv_premature>), recv_args);
   def(m, "recv_rows", p2p_rows([](const SubTensorDict& rows, std::optional<int64_t> peer,
                                   const dist::RecvOptions& o) { return dist::recv(rows, peer, o); }),
       recv_args);

@@ -24,7 +24,7 @@ import torch.distributed as dist
 from torch.distributed import distributed_c10d as _c10d
 
 from tensordict_cpp import _C
-from tensordict_cpp._p2p import Timeout, _seconds
+from tensordict_cpp._p2p import Timeout, _late, _seconds
 
 
 def _group(group: Any) -> Any:
@@ -152,7 +152,8 @@ def init_remote(self, dst: int | None = None, group: Any = None, device: Any = N
 @classmethod
 def from_remote_init(cls, src: int, group: Any = None, device: Any = None,
                      use_broadcast: bool = False, *, max_total_bytes: int | None = None,
-                     allow_import: bool = False, timeout: Timeout = None):
+                     allow_import: bool = False, timeout: Timeout = None,
+                     late: str = "deliver"):
     """Receives what :meth:`init_remote` sends and returns it as a new consolidated
     TensorDict.
 
@@ -182,9 +183,15 @@ def from_remote_init(cls, src: int, group: Any = None, device: Any = None,
             this process has is imported (its module, then the class, which must be a
             ``tensordict_cpp`` tensorclass). Defaults to ``False``: an unknown name is an error.
         timeout (float or datetime.timedelta, optional): the longest the call may wait for
-            its messages, all of them together; on expiry, ``DistBackendError`` naming the
-            call, the peer, what was in flight and the time waited. Defaults to ``None``:
-            each wait runs under the group's own timeout.
+            its messages, all of them together; on expiry,
+            :class:`~tensordict_cpp.errors.TimeoutError` naming the call, the peer, what was in
+            flight and the time waited. Point-to-point, the group stays usable and the late
+            transfer is kept for the next ``from_remote_init`` from that peer (see ``late``);
+            with ``use_broadcast=True`` Gloo closes the group's connections (a broadcast cannot
+            be aborted). Defaults to ``None``: each wait runs under the group's own timeout.
+        late (str, optional): point-to-point, what this call does with a transfer from
+            ``src`` that an earlier call gave up on: ``"deliver"`` returns it, ``"drop"``
+            receives it, drops it and waits for the next. Defaults to ``"deliver"``.
 
     Raises:
         ValueError: for malformed metadata (a pickle outside the accepted subset, truncated,
@@ -192,13 +199,15 @@ def from_remote_init(cls, src: int, group: Any = None, device: Any = None,
             tensorclass name that is not known here.
         RuntimeError: if the transport fails or a timeout (``timeout``, else the group's) passes.
     """
+    _late(late)
     pg = _group(group)
     group_src = _group_rank(pg, src)
     if not use_broadcast:
         _c10d._check_not_self_rank(pg, group_src, "source")
     received = _C.from_remote_init(group_src, group=pg, device=device,
                                    use_broadcast=use_broadcast,
-                                   max_total_bytes=max_total_bytes, timeout=_seconds(timeout))
+                                   max_total_bytes=max_total_bytes, timeout=_seconds(timeout),
+                                   late=late)
     return _typed(cls._wrap, received, allow_import)
 
 

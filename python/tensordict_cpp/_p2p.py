@@ -25,6 +25,36 @@ from tensordict_cpp import _C
 Timeout = Union[float, datetime.timedelta, None]
 
 
+# Paragraphs that several docstrings share, formatted in once (below the functions).
+_DOCS = {
+    "timeout": """timeout (float or datetime.timedelta, optional): the longest the call may wait for
+            its messages, all of them together. On expiry it raises
+            :class:`~tensordict_cpp.errors.TimeoutError` (a
+            ``torch.distributed.DistBackendError``) naming the call, the peer, the tag or key in
+            flight and the time waited. The group stays usable: the call's waits are aborted,
+            never left to Gloo's own timeout, and what it posted stays posted: a send stays
+            queued (its tensors kept until the receiver takes them), a receive waits for the
+            next receive from that peer on its tags (see ``late``). With a timeout, received
+            bytes land in buffers of the library's own and are copied into this TensorDict once
+            the whole transfer is in (one copy more, none without a timeout), so a receive that
+            times out leaves it unchanged and never writes it afterwards. Defaults to ``None``:
+            each wait runs under the group's own timeout, whose expiry makes Gloo close the
+            group's connections. See docs/reliability.md.""",
+    "late": """late (str, optional): what this receive does with a message that an earlier
+            receive from the same peer on the same tags gave up on (its timeout passed):
+            ``"deliver"`` returns it (messages keep their order, this receive gets the late
+            one); ``"drop"`` receives it, drops it and waits for the next. Defaults to
+            ``"deliver"``.""",
+}
+
+
+def _late(late: str) -> str:
+    """``late``, checked before anything else of the call."""
+    if late not in ("deliver", "drop"):
+        raise ValueError(f'late must be "deliver" or "drop", got "{late}"')
+    return late
+
+
 def _seconds(timeout: Timeout) -> float | None:
     """``timeout`` in seconds, for the core (which refuses one that is not positive)."""
     if timeout is None:
@@ -126,12 +156,7 @@ def send(self, dst: Any = None, *, group: Any = None, group_dst: int | None = No
             or filled in part (sent fewer). Not in the reference: its peers cannot take part.
             The ``Work`` handles of ``return_early`` / ``return_premature`` are then those of
             the checked messages. See docs/reliability.md. Defaults to ``False``.
-        timeout (float or datetime.timedelta, optional): the longest the call may wait for
-            its messages, all of them together. On expiry it raises
-            ``torch.distributed.DistBackendError`` naming the call, the peer, the tag or key
-            in flight and the time waited; Gloo then closes the group's connections, so make
-            a new group to go on. Defaults to ``None``: each wait runs under the group's own
-            timeout.
+        %(timeout)s
 
     Raises:
         ValueError: if both or neither of ``dst`` and ``group_dst`` are given, if
@@ -156,7 +181,7 @@ def send(self, dst: Any = None, *, group: Any = None, group_dst: int | None = No
 
 def recv(self, src: Any = None, *, group: Any = None, group_src: int | None = None,
          init_tag: int = 0, pseudo_rand: bool = False, consolidated: bool = False,
-         checked: bool = False, timeout: Timeout = None) -> Any:
+         checked: bool = False, timeout: Timeout = None, late: str = "deliver") -> Any:
     """Receives what :meth:`send` or :meth:`isend` sends, writing it into this TensorDict's
     tensors in place.
 
@@ -192,12 +217,8 @@ def recv(self, src: Any = None, *, group: Any = None, group_src: int | None = No
             or filled in part (sent fewer). Not in the reference: its peers cannot take part.
             The ``Work`` handles of ``return_early`` / ``return_premature`` are then those of
             the checked messages. See docs/reliability.md. Defaults to ``False``.
-        timeout (float or datetime.timedelta, optional): the longest the call may wait for
-            its messages, all of them together. On expiry it raises
-            ``torch.distributed.DistBackendError`` naming the call, the peer, the tag or key
-            in flight and the time waited; Gloo then closes the group's connections, so make
-            a new group to go on. Defaults to ``None``: each wait runs under the group's own
-            timeout.
+        %(timeout)s
+        %(late)s
 
     Returns:
         The tag of the last leaf received (``init_tag - 1`` without leaves), or ``None`` with
@@ -210,6 +231,7 @@ def recv(self, src: Any = None, *, group: Any = None, group_src: int | None = No
             is given with a pipe.
         RuntimeError: if the transport fails or a timeout (``timeout``, else the group's) passes.
     """
+    _late(late)
     pipe = _pipe_peer(src, group_src, "src")
     if pipe is not None:
         return pipe.recv(self)
@@ -221,7 +243,7 @@ def recv(self, src: Any = None, *, group: Any = None, group_src: int | None = No
     call, target = _receiver(self, _C.recv, _C.recv_rows)
     return call(target, src, group=group, group_src=group_src, init_tag=init_tag,
                 pseudo_rand=pseudo_rand, consolidated=consolidated, checked=checked,
-                timeout=_seconds(timeout))
+                timeout=_seconds(timeout), late=late)
 
 
 def isend(self, dst: int | None = None, *, group: Any = None, group_dst: int | None = None,
@@ -264,12 +286,7 @@ def isend(self, dst: int | None = None, *, group: Any = None, group_dst: int | N
             or filled in part (sent fewer). Not in the reference: its peers cannot take part.
             The ``Work`` handles of ``return_early`` / ``return_premature`` are then those of
             the checked messages. See docs/reliability.md. Defaults to ``False``.
-        timeout (float or datetime.timedelta, optional): the longest the call may wait for
-            its messages, all of them together. On expiry it raises
-            ``torch.distributed.DistBackendError`` naming the call, the peer, the tag or key
-            in flight and the time waited; Gloo then closes the group's connections, so make
-            a new group to go on. Defaults to ``None``: each wait runs under the group's own
-            timeout.
+        %(timeout)s
 
     Returns:
         With ``return_early=True``, the list of ``Work`` handles. Otherwise the tag of the last
@@ -290,7 +307,7 @@ def isend(self, dst: int | None = None, *, group: Any = None, group_dst: int | N
 def irecv(self, src: int | None = None, *, group: Any = None, group_src: int | None = None,
           return_premature: bool = False, init_tag: int = 0, pseudo_rand: bool = False,
           consolidated: bool = False, checked: bool = False,
-          timeout: Timeout = None) -> list | None:
+          timeout: Timeout = None, late: str = "deliver") -> list | None:
     """Receives the leaves with every receive posted at once, into this TensorDict in place.
 
     Takes what :meth:`isend` or :meth:`send` sends. By default the call waits until everything
@@ -326,12 +343,8 @@ def irecv(self, src: int | None = None, *, group: Any = None, group_src: int | N
             or filled in part (sent fewer). Not in the reference: its peers cannot take part.
             The ``Work`` handles of ``return_early`` / ``return_premature`` are then those of
             the checked messages. See docs/reliability.md. Defaults to ``False``.
-        timeout (float or datetime.timedelta, optional): the longest the call may wait for
-            its messages, all of them together. On expiry it raises
-            ``torch.distributed.DistBackendError`` naming the call, the peer, the tag or key
-            in flight and the time waited; Gloo then closes the group's connections, so make
-            a new group to go on. Defaults to ``None``: each wait runs under the group's own
-            timeout.
+        %(timeout)s
+        %(late)s
 
     Returns:
         With ``return_premature=True``, the list of ``Work`` handles; otherwise ``None``.
@@ -341,6 +354,7 @@ def irecv(self, src: int | None = None, *, group: Any = None, group_src: int | N
             ``group_src`` is given without ``group``, or ``src`` is not in ``group``.
         RuntimeError: if the transport fails (when waiting: here, or in ``Work.wait()``).
     """
+    _late(late)
     call, target = _receiver(self, _C.irecv_premature if return_premature else _C.irecv,
                              _C.irecv_rows)
     if return_premature and call is _C.irecv_rows:
@@ -353,7 +367,7 @@ def irecv(self, src: int | None = None, *, group: Any = None, group_src: int | N
     src, group, group_src = _resolve(src, group, group_src)
     works = call(target, src, group=group, group_src=group_src, init_tag=init_tag,
                  pseudo_rand=pseudo_rand, consolidated=consolidated, checked=checked,
-                 timeout=_seconds(timeout))
+                 timeout=_seconds(timeout), late=late)
     return works if return_premature else None
 
 
@@ -380,3 +394,8 @@ async def arecv(self, src: Any, *, device: Any = None) -> Any:
     if not _is_pipe(src):
         raise TypeError(f"arecv: src must be a TensorDictPipe, got {type(src)}")
     return await src.arecv(self, device=device)
+
+
+for _f in (send, recv, isend, irecv):
+    _f.__doc__ = _f.__doc__ % _DOCS
+del _f
