@@ -267,8 +267,10 @@ def test_p2p_signatures_match_the_reference():
     for name in ("send", "recv", "isend", "irecv"):
         ours = inspect.signature(getattr(TensorDict, name))
         ref = inspect.signature(getattr(tensordict.TensorDict, name))
-        # The reference's parameters, then our extensions `checked` and `timeout`.
+        # The reference's parameters, then our extensions `checked`, `timeout` and, for the
+        # receives, `late`.
+        late = [("late", inspect.Parameter.KEYWORD_ONLY, "deliver")] if "recv" in name else []
         assert [(p.name, p.kind, p.default) for p in ours.parameters.values()] == [
             (p.name, p.kind, p.default) for p in ref.parameters.values()] + [
             ("checked", inspect.Parameter.KEYWORD_ONLY, False),
-            ("timeout", inspect.Parameter.KEYWORD_ONLY, None)], name
+            ("timeout", inspect.Parameter.KEYWORD_ONLY, None)] + late, name

@@ -85,7 +85,7 @@ def own_faults(rank, world_size):
         sparse.send(dst=1 - rank)
 
     # Rank 0 sends nothing: rank 1's per-call timeouts end the waits, on groups of their own
-    # (Gloo closes a group's connections once a wait timed out).
+    # (each leaves its receives parked on its group for a later receive).
     groups = [dist.new_group([0, 1], timeout=datetime.timedelta(seconds=20)) for _ in range(2)]
     if rank == 1:
         for group, timeout in zip(groups, (0.4, datetime.timedelta(milliseconds=400))):
