@@ -19,6 +19,10 @@ def test_quick_run_reports_every_arm_and_verifies(tmp_path):
 
     result = json.loads(out.read_text())
     assert result["verified"] is True
+    # The receive with a timeout beside one without, and the memcpy it may add.
+    timed = result["timeouts"]
+    assert {"plain", "timeout"} <= timed["cases"]["1 KB, per leaf"].keys()
+    assert timed["memcpy_s"] > 0 and "with one (µs)" in proc.stdout
     [case] = result["cases"]
     assert case["name"] == "1x1KB"
     arms = case["arms"]
