@@ -126,27 +126,17 @@ auto recv_p2p_args() {
                         std::make_tuple(py::arg("late") = "deliver"));
 }
 
-// A sending binding: the Python arguments p2p_args names become the call's options (with the
-// GIL held), then `call(td, peer, options)` runs.
-template <typename Call>
-auto send_p2p(Call call) {
-  return [call](const TensorDict& td, std::optional<int64_t> peer, py::object group,
-                std::optional<int64_t> group_peer, int64_t init_tag, bool pseudo_rand,
-                bool consolidated, bool checked, std::optional<double> timeout) {
-    return call(td, peer, send_options(group, group_peer, init_tag, pseudo_rand, consolidated,
-                                       checked, timeout));
-  };
-}
-
-// The same for the receives, which take recv_p2p_args.
-template <typename Call>
-auto recv_p2p(Call call) {
-  return [call](const TensorDict& td, std::optional<int64_t> peer, py::object group,
-                std::optional<int64_t> group_peer, int64_t init_tag, bool pseudo_rand,
-                bool consolidated, bool checked, std::optional<double> timeout,
-                const std::string& late) {
-    return call(td, peer, recv_options(group, group_peer, init_tag, pseudo_rand, consolidated,
-                                       checked, timeout, late));
+// A point-to-point binding: the Python arguments p2p_args names (and, for the receives, the
+// `Extra` ones recv_p2p_args adds) become the call's options (made by `options`, with the GIL
+// held), then `call(td, peer, options)` runs.
+template <typename... Extra, typename MakeOptions, typename Call>
+auto p2p(MakeOptions options, Call call) {
+  return [options, call](const TensorDict& td, std::optional<int64_t> peer, py::object group,
+                         std::optional<int64_t> group_peer, int64_t init_tag, bool pseudo_rand,
+                         bool consolidated, bool checked, std::optional<double> timeout,
+                         Extra... extra) {
+    return call(td, peer, options(group, group_peer, init_tag, pseudo_rand, consolidated,
+                                  checked, timeout, extra...));
   };
 }
 
@@ -189,16 +179,19 @@ auto p2p_rows(Fn fn) {
 void bind_distributed(py::module_& m) {
   const auto send_args = p2p_args("dst", "group_dst");
   const auto recv_args = recv_p2p_args();
-  def(m, "send", send_p2p(released<&dist::send>), send_args);
-  def(m, "isend", send_p2p(released<&dist::isend>), send_args);
-  def(m, "isend_early", send_p2p(released<&dist::isend_early>), send_args);
+  def(m, "send", p2p(send_options, released<&dist::send>), send_args);
+  def(m, "isend", p2p(send_options, released<&dist::isend>), send_args);
+  def(m, "isend_early", p2p(send_options, released<&dist::isend_early>), send_args);
   // recv and irecv are overloaded for SubTensorDict; these pick the TensorDict ones.
   using Recv = std::optional<int64_t> (*)(const TensorDict&, std::optional<int64_t>,
                                           const dist::RecvOptions&);
   using IRecv = void (*)(const TensorDict&, std::optional<int64_t>, const dist::RecvOptions&);
-  def(m, "recv", recv_p2p(released<static_cast<Recv>(&dist::recv)>), recv_args);
-  def(m, "irecv", recv_p2p(released<static_cast<IRecv>(&dist::irecv)>), recv_args);
-  def(m, "irecv_premature", recv_p2p(released<&dist::irecv_premature>), recv_args);
+  using Late = const std::string&;  // recv_p2p_args' `late`
+  def(m, "recv", p2p<Late>(recv_options, released<static_cast<Recv>(&dist::recv)>), recv_args);
+  def(m, "irecv", p2p<Late>(recv_options, released<static_cast<IRecv>(&dist::irecv)>),
+      recv_args);
+  def(m, "irecv_premature", p2p<Late>(recv_options, released<&dist::irecv_premature>),
+      recv_args);
   def(m, "recv_rows", p2p_rows([](const SubTensorDict& rows, std::optional<int64_t> peer,
                                   const dist::RecvOptions& o) { return dist::recv(rows, peer, o); }),
       recv_args);

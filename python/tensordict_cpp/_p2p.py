@@ -48,11 +48,10 @@ _DOCS = {
 }
 
 
-def _late(late: str) -> str:
-    """``late``, checked before anything else of the call."""
+def _late(late: str) -> None:
+    """Checks ``late`` before anything else of the call (the binding converts it)."""
     if late not in ("deliver", "drop"):
         raise ValueError(f'late must be "deliver" or "drop", got "{late}"')
-    return late
 
 
 def _seconds(timeout: Timeout) -> float | None:

@@ -121,6 +121,29 @@ struct LateMessages::Impl {
   std::condition_variable sends_ready;
   bool reaper_started = false;
 
+  // Takes out of the queue of (group, peer) the parked receives `wanted` accepts, oldest
+  // first: only the first with `first_only`. Holds `mutex`.
+  template <typename Wanted>
+  std::vector<MessagePtr> take(const void* group, int peer, Wanted wanted, bool first_only) {
+    std::vector<MessagePtr> out;
+    const auto it = receives.find({group, peer});
+    if (it == receives.end()) return out;
+    auto& queue = it->second;
+    for (auto m = queue.begin(); m != queue.end();) {
+      if (!wanted(**m)) {
+        ++m;
+        continue;
+      }
+      (*m)->taken = true;
+      out.push_back(std::move(*m));
+      m = queue.erase(m);
+      receive_count.fetch_sub(1);
+      if (first_only) break;
+    }
+    if (queue.empty()) receives.erase(it);
+    return out;
+  }
+
   void reap() {
     std::unique_lock<std::mutex> lock(mutex);
     for (;;) {
@@ -164,16 +187,16 @@ void LateMessages::park(const void* group, int peer, const std::vector<MessagePt
         d.reaper_started = true;
       }
       d.sends_ready.notify_one();
-    } else if (m->taken) {
+      continue;
+    }
+    if (m->taken) {
       front.push_back(m);
     } else {
       queue.push_back(m);
     }
+    d.receive_count.fetch_add(1);
   }
   queue.insert(queue.begin(), front.begin(), front.end());
-  for (const auto& m : messages) {
-    if (m->is_recv) d.receive_count.fetch_add(1);
-  }
   if (queue.empty()) d.receives.erase({group, peer});
 }
 
@@ -181,41 +204,18 @@ MessagePtr LateMessages::take(const void* group, int peer, int tag) {
   Impl& d = impl();
   if (d.receive_count.load(std::memory_order_acquire) == 0) return nullptr;
   std::lock_guard<std::mutex> lock(d.mutex);
-  const auto it = d.receives.find({group, peer});
-  if (it == d.receives.end()) return nullptr;
-  auto& queue = it->second;
-  const auto found =
-      std::find_if(queue.begin(), queue.end(), [&](const MessagePtr& m) { return m->tag == tag; });
-  if (found == queue.end()) return nullptr;
-  MessagePtr m = *found;
-  queue.erase(found);
-  if (queue.empty()) d.receives.erase(it);
-  d.receive_count.fetch_sub(1);
-  m->taken = true;
-  return m;
+  auto taken = d.take(group, peer, [&](const PostedMessage& m) { return m.tag == tag; }, true);
+  return taken.empty() ? nullptr : std::move(taken.front());
 }
 
 std::vector<MessagePtr> LateMessages::take_all(const void* group, int peer,
                                                const std::vector<int>& tags) {
-  std::vector<MessagePtr> out;
   Impl& d = impl();
-  if (d.receive_count.load(std::memory_order_acquire) == 0) return out;
+  if (d.receive_count.load(std::memory_order_acquire) == 0) return {};
   std::lock_guard<std::mutex> lock(d.mutex);
-  const auto it = d.receives.find({group, peer});
-  if (it == d.receives.end()) return out;
-  auto& queue = it->second;
-  for (auto m = queue.begin(); m != queue.end();) {
-    if (std::find(tags.begin(), tags.end(), (*m)->tag) == tags.end()) {
-      ++m;
-      continue;
-    }
-    (*m)->taken = true;
-    out.push_back(std::move(*m));
-    m = queue.erase(m);
-    d.receive_count.fetch_sub(1);
-  }
-  if (queue.empty()) d.receives.erase(it);
-  return out;
+  return d.take(group, peer, [&](const PostedMessage& m) {
+    return std::find(tags.begin(), tags.end(), m.tag) != tags.end();
+  }, false);
 }
 
 bool LateMessages::has(const void* group, int peer, const std::vector<int>& tags) const {
@@ -227,23 +227,6 @@ bool LateMessages::has(const void* group, int peer, const std::vector<int>& tags
   return std::any_of(it->second.begin(), it->second.end(), [&](const MessagePtr& m) {
     return std::find(tags.begin(), tags.end(), m->tag) != tags.end();
   });
-}
-
-LateMessages::Counts LateMessages::counts() const {
-  const Impl& d = impl();
-  std::lock_guard<std::mutex> lock(d.mutex);
-  Counts c;
-  for (const auto& [key, queue] : d.receives) {
-    for (const auto& m : queue) {
-      ++c.receives;
-      c.bytes += static_cast<int64_t>(m->buffer.nbytes());
-    }
-  }
-  for (const auto& m : d.sends) {
-    ++c.sends;
-    c.bytes += static_cast<int64_t>(m->buffer.nbytes());
-  }
-  return c;
 }
 
 const void* group_key(const Group& group) {

@@ -60,12 +60,6 @@ class LateMessages {
   /// nothing is parked.
   bool has(const void* group, int peer, const std::vector<int>& tags) const;
 
-  /// Parked receives and sends, and the bytes they hold (tests, stats).
-  struct Counts {
-    int64_t receives = 0, sends = 0, bytes = 0;
-  };
-  Counts counts() const;
-
  private:
   LateMessages() = default;
   struct Impl;

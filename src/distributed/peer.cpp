@@ -138,21 +138,17 @@ class MessageWork : public c10d::Work {
   int sourceRank() const override { return m_->work->sourceRank(); }
   void abort() override { m_->work->abort(); }
 
- private:
+ protected:
   MessagePtr m_;
 };
 
 // A receive taken from the registry into the caller's memory: waits for the parked message,
 // then copies its bytes into `dest` once.
-class AdoptedWork : public c10d::Work {
+class AdoptedWork : public MessageWork {
  public:
-  AdoptedWork(MessagePtr m, at::Tensor dest)
-      : c10d::Work(-1, c10d::OpType::UNKNOWN), m_(std::move(m)), dest_(std::move(dest)) {}
+  AdoptedWork(MessagePtr m, at::Tensor dest) : MessageWork(std::move(m)), dest_(std::move(dest)) {}
   bool wait(std::chrono::milliseconds timeout = kNoTimeout) override {
-    if (!m_->done) {
-      if (!m_->work->wait(timeout)) return false;
-      m_->done = true;
-    }
+    if (!MessageWork::wait(timeout)) return false;
     if (dest_.defined()) {
       at::NoGradGuard no_grad;
       // Both are contiguous receive buffers of the same size, perhaps of other dtypes.
@@ -161,12 +157,9 @@ class AdoptedWork : public c10d::Work {
     }
     return true;
   }
-  bool isCompleted() override { return m_->done && !dest_.defined(); }
-  int sourceRank() const override { return m_->work->sourceRank(); }
-  void abort() override { m_->work->abort(); }
+  bool isCompleted() override { return MessageWork::isCompleted() && !dest_.defined(); }
 
  private:
-  MessagePtr m_;
   at::Tensor dest_;  // undefined once copied
 };
 
@@ -211,7 +204,7 @@ void Waiter::timed_out(const std::string& what, const std::string& detail) const
   std::string limit = timeout_ ? c10::str("the call's timeout of ", timeout_->count(), " ms")
                                : std::string("the group's timeout");
   std::string after;
-  if (!keeps_group_ || !timeout_) {
+  if (!parks()) {
     after = ". Gloo closes a group's connections when its own timeout passes: make a new group "
             "to go on";
   } else {
@@ -230,7 +223,21 @@ void Waiter::timed_out(const std::string& what, const std::string& detail) const
 }
 
 void Waiter::record(const Peer& peer, MessagePtr message) const {
+  if (!parks()) return;
   records_.push_back({group_key(peer.group), peer.rank, std::move(message)});
+}
+
+MessagePtr Waiter::track(const Peer& peer, WorkPtr& work, const at::Tensor& buffer, int tag,
+                         bool is_recv) const {
+  if (!parks()) return nullptr;
+  auto m = std::make_shared<PostedMessage>();
+  m->work = work;
+  m->buffer = buffer;
+  m->tag = tag;
+  m->is_recv = is_recv;
+  record(peer, m);
+  work = c10::make_intrusive<MessageWork>(m);
+  return m;
 }
 
 void Waiter::park() const {
@@ -265,26 +272,19 @@ WorkPtr Waiter::recv(const Peer& peer, at::Tensor& buffer, int tag,
                         "waits to be taken, and this receive expects ", buffer.nbytes(),
                         " bytes there. Receive it as it was sent, or pass late=\"drop\"");
     }
-    if (copy_late) {
-      if (timeout_ && keeps_group_) record(peer, late);
-      return c10::make_intrusive<AdoptedWork>(std::move(late), buffer);
-    }
+    record(peer, late);
+    if (copy_late) return c10::make_intrusive<AdoptedWork>(std::move(late), buffer);
     buffer = late->buffer;
     size_t i = 0;
     for (TailStamp* s : stamps) *s = late->stamps[i++];
-    if (timeout_ && keeps_group_) record(peer, late);
     return c10::make_intrusive<MessageWork>(std::move(late));
   }
   std::vector<at::Tensor> one{buffer};
   WorkPtr work = peer.group.recv(one, peer.rank, tag);
-  if (!timeout_ || !keeps_group_) return work;
-  auto m = std::make_shared<PostedMessage>();
-  m->work = std::move(work);
-  m->buffer = buffer;
-  for (TailStamp* s : stamps) m->stamps.push_back(*s);
-  m->tag = tag;
-  record(peer, m);
-  return c10::make_intrusive<MessageWork>(std::move(m));
+  if (MessagePtr m = track(peer, work, buffer, tag, /*is_recv=*/true)) {
+    for (TailStamp* s : stamps) m->stamps.push_back(*s);
+  }
+  return work;
 }
 
 WorkPtr Waiter::recv_into(const Peer& peer, const at::Tensor& dest, int tag) const {
@@ -301,14 +301,8 @@ WorkPtr Waiter::recv_into(const Peer& peer, const at::Tensor& dest, int tag) con
 WorkPtr Waiter::send(const Peer& peer, const at::Tensor& tensor, int tag) const {
   std::vector<at::Tensor> one{tensor};
   WorkPtr work = peer.group.send(one, peer.rank, tag);
-  if (!timeout_ || !keeps_group_) return work;
-  auto m = std::make_shared<PostedMessage>();
-  m->work = std::move(work);
-  m->buffer = tensor;
-  m->tag = tag;
-  m->is_recv = false;
-  record(peer, m);
-  return c10::make_intrusive<MessageWork>(std::move(m));
+  track(peer, work, tensor, tag, /*is_recv=*/false);
+  return work;
 }
 
 at::Tensor Waiter::stage(const at::Tensor& dest) const {
@@ -355,7 +349,7 @@ void Waiter::drop_late(const Peer& peer, const std::vector<int>& tags) const {
   if (late.empty()) return;
   std::vector<WorkPtr> works;
   for (auto& m : late) {
-    if (timeout_ && keeps_group_) record(peer, m);
+    record(peer, m);
     works.push_back(c10::make_intrusive<MessageWork>(m));
   }
   wait(works, [&](size_t i) {

@@ -125,7 +125,14 @@ class Waiter {
 
   /// Raises the TimeoutError; in a call that keeps the group, parks what it posted first.
   [[noreturn]] void timed_out(const std::string& what, const std::string& detail) const;
+  /// Whether a timeout parks what the call posted: a deadline, in a call that keeps the group.
+  bool parks() const { return timeout_.has_value() && keeps_group_; }
+  /// Keeps `message` for park(), when parks().
   void record(const Peer& peer, MessagePtr message) const;
+  /// The same for a message just posted through `work`, which then becomes a work that marks
+  /// the message done; the message, or null when nothing is kept.
+  MessagePtr track(const Peer& peer, WorkPtr& work, const at::Tensor& buffer, int tag,
+                   bool is_recv) const;
   void park() const;
 
   const char* call_;
