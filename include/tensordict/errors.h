@@ -54,6 +54,14 @@ class SchemaMismatchError : public c10::Error {
   using c10::Error::Error;
 };
 
+/// A Subscriber's publisher does not answer: its rank has taken no request within the pull's
+/// timeout (it runs no Publisher on that channel: none yet, or the reference tensordict,
+/// which has none), or it closed. Python: NoPublisherError, a RuntimeError.
+class NoPublisherError : public c10::Error {
+ public:
+  using c10::Error::Error;
+};
+
 /// Bytes from a peer that break the wire format (docs/wire-format.md): bad metadata, lengths,
 /// offsets, dtypes, pickles or frames. Python: MalformedPeerDataError, a ValueError.
 class MalformedPeerDataError : public c10::ValueError {

@@ -1,6 +1,6 @@
 // tensordict_cpp._C: the pybind11 module. Errors cross to Python in translate() below, the one
 // mapping point, as the table of docs/errors.md says; everything else is in tensor_dict.cpp,
-// memmap.cpp, distributed.cpp, collectives.cpp and pipe.cpp.
+// memmap.cpp, distributed.cpp, collectives.cpp, publication.cpp and pipe.cpp.
 
 #include <c10/util/Exception.h>
 
@@ -22,7 +22,8 @@ PyObject* torch_exception(const char* name) {
 // imports nothing of the package), and never freed: a translator may run until the interpreter
 // ends, after static destructors would have released them.
 struct ErrorClasses {
-  py::object timeout, peer_lost, pipe_closed, peer_closed, schema_mismatch, malformed_peer_data;
+  py::object timeout, peer_lost, pipe_closed, peer_closed, schema_mismatch, malformed_peer_data,
+      no_publisher;
 };
 const ErrorClasses* error_classes = nullptr;
 
@@ -30,7 +31,8 @@ void load_error_classes() {
   py::module_ m = py::module_::import("tensordict_cpp.errors");
   error_classes = new ErrorClasses{m.attr("TimeoutError"),        m.attr("PeerLostError"),
                                    m.attr("PipeClosedError"),     m.attr("PeerClosedError"),
-                                   m.attr("SchemaMismatchError"), m.attr("MalformedPeerDataError")};
+                                   m.attr("SchemaMismatchError"), m.attr("MalformedPeerDataError"),
+                                   m.attr("NoPublisherError")};
 }
 
 void set_error(const py::object& cls, const c10::Error& e) {
@@ -53,6 +55,8 @@ void translate(std::exception_ptr p) {
     set_error(error_classes->schema_mismatch, e);
   } catch (const MalformedPeerDataError& e) {
     set_error(error_classes->malformed_peer_data, e);
+  } catch (const NoPublisherError& e) {
+    set_error(error_classes->no_publisher, e);
   } catch (const KeyError& e) {
     // KeyError's str() quotes its argument; the message is the whole argument, as the
     // reference raises it.
@@ -87,6 +91,7 @@ void raise_for_test(const std::string& kind, const std::string& msg) {
   if (kind == "PeerClosedError") TD_THROW(PeerClosedError, msg);
   if (kind == "SchemaMismatchError") TD_THROW(SchemaMismatchError, msg);
   if (kind == "MalformedPeerDataError") TD_THROW(MalformedPeerDataError, msg);
+  if (kind == "NoPublisherError") TD_THROW(NoPublisherError, msg);
   if (kind == "ValueError") TORCH_CHECK_VALUE(false, msg);
   if (kind == "TypeError") TORCH_CHECK_TYPE(false, msg);
   if (kind == "IndexError") TORCH_CHECK_INDEX(false, msg);
@@ -115,6 +120,7 @@ PYBIND11_MODULE(_C, m) {
 #ifdef TENSORDICT_WITH_DIST
   tp::bind_distributed(m);
   tp::bind_collectives(m);
+  tp::bind_publication(m);
   m.attr("has_distributed") = true;
 #else
   m.attr("has_distributed") = false;

@@ -37,6 +37,8 @@ from tensordict_cpp.nn import TensorDictParams
 # As in the reference, the name `tensorclass` is the decorator; the module stays reachable as
 # `from tensordict_cpp.tensorclass import ...` (through sys.modules).
 from tensordict_cpp.tensorclass import is_tensor_collection, is_tensorclass, tensorclass
+if _C.has_distributed:
+    from tensordict_cpp.publication import Publisher, Subscriber
 
 __all__ = ["TensorDict", "LazyStackedTensorDict", "NonTensorData", "MetaData", "NonTensorStack",
            "UnbatchedTensor", "TensorDictParams", "MemoryMappedTensor", "stack",
@@ -45,6 +47,6 @@ __all__ = ["TensorDict", "LazyStackedTensorDict", "NonTensorData", "MetaData", "
            "is_tensorclass", "send", "recv", "isend", "irecv", "init_remote", "consolidate",
            "broadcast", "all_gather", "scatter", "all_reduce", "reduce", "gather_and_stack",
            "is_tensor_collection", "set_log_level", "log_level", "transfer_stats",
-           "reset_transfer_stats", "set_printoptions"]
+           "reset_transfer_stats", "set_printoptions", "Publisher", "Subscriber"]
 from_consolidated = TensorDict.from_consolidated
 __version__ = "0.1.0"

@@ -12,7 +12,7 @@ import builtins
 from torch.distributed import DistBackendError
 
 __all__ = ["TimeoutError", "PeerLostError", "PipeClosedError", "PeerClosedError",
-           "SchemaMismatchError", "MalformedPeerDataError", "InvalidKeyError"]
+           "SchemaMismatchError", "MalformedPeerDataError", "NoPublisherError", "InvalidKeyError"]
 
 
 class TimeoutError(DistBackendError, builtins.TimeoutError):  # noqa: A001 - mirrors the C++ name
@@ -33,6 +33,10 @@ class PeerClosedError(RuntimeError):
 
 class SchemaMismatchError(RuntimeError):
     """A checked receive found that the sender's TensorDict has other keys, dtypes or shapes."""
+
+
+class NoPublisherError(RuntimeError):
+    """A Subscriber's publisher does not answer: none runs on its rank and channel, or it closed."""
 
 
 # Both bases: bad metadata, lengths, offsets, dtypes and pickles raised ValueError before, bad

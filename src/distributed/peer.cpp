@@ -370,20 +370,6 @@ bool is_timeout_text(std::string_view s) {
          s.find("Timeout") != std::string_view::npos;
 }
 
-// Rethrows the exception being handled, `e`, as the failure kind it is, once timeouts are
-// told apart: our typed errors and c10's own as they are; Gloo's transport errors (a
-// gloo::IoException is a plain std::exception: "Connection closed by peer", "Connection reset
-// by peer") and c10 errors with their texts as PeerLostError, saying where (`where`).
-[[noreturn]] void rethrow_lost(const std::exception& e, const std::string& where) {
-  const auto* c10_error = dynamic_cast<const c10::Error*>(&e);
-  const std::string text = c10_error ? c10_error->msg() : e.what();
-  const bool lost_text = text.find("Connection closed by peer") != std::string::npos ||
-                         text.find("Connection reset by peer") != std::string::npos;
-  const bool typed = dynamic_cast<const PeerLostError*>(&e) != nullptr ||
-                     dynamic_cast<const TimeoutError*>(&e) != nullptr;
-  if (c10_error != nullptr && (typed || !lost_text)) throw;
-  TD_THROW(PeerLostError, where, ": ", text);
-}
 
 // A work handed to the caller: its wait() raises the typed errors (typed_works). What it
 // carries is worded only when it fails.
@@ -447,6 +433,17 @@ class TypedWork : public c10d::Work {
 };
 
 }  // namespace
+
+void rethrow_lost(const std::exception& e, const std::string& where) {
+  const auto* c10_error = dynamic_cast<const c10::Error*>(&e);
+  const std::string text = c10_error ? c10_error->msg() : e.what();
+  const bool lost_text = text.find("Connection closed by peer") != std::string::npos ||
+                         text.find("Connection reset by peer") != std::string::npos;
+  const bool typed = dynamic_cast<const PeerLostError*>(&e) != nullptr ||
+                     dynamic_cast<const TimeoutError*>(&e) != nullptr;
+  if (c10_error != nullptr && (typed || !lost_text)) throw;
+  TD_THROW(PeerLostError, where, ": ", text);
+}
 
 std::vector<WorkPtr> typed_works(const char* call, const std::string& peer,
                                  std::vector<WorkPtr> works, const InFlight& what,

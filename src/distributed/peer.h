@@ -165,6 +165,11 @@ std::vector<WorkPtr> typed_works(const char* call, const std::string& peer,
                                  std::vector<WorkPtr> works, const InFlight& what,
                                  bool keeps_group);
 
+/// Rethrows the exception being handled, `e`, as the failure kind it is: our typed errors and
+/// c10's own as they are; Gloo's transport errors ("Connection closed by peer", "Connection
+/// reset by peer", plain std::exceptions) as PeerLostError, saying where (`where`).
+[[noreturn]] void rethrow_lost(const std::exception& e, const std::string& where);
+
 /// Aborts and drains works already posted, ignoring their errors (cleanup before a rethrow).
 void abandon(const std::vector<WorkPtr>& works);
 

@@ -36,6 +36,7 @@ inline std::string kind_of(const c10::Error& e) {
   if (dynamic_cast<const PeerClosedError*>(&e)) return "PeerClosedError";
   if (dynamic_cast<const SchemaMismatchError*>(&e)) return "SchemaMismatchError";
   if (dynamic_cast<const MalformedPeerDataError*>(&e)) return "MalformedPeerDataError";
+  if (dynamic_cast<const NoPublisherError*>(&e)) return "NoPublisherError";
   return "c10::Error";
 }
 

@@ -46,6 +46,7 @@ TYPED = [
     ("PeerClosedError", errors.PeerClosedError, (RuntimeError,)),
     ("SchemaMismatchError", errors.SchemaMismatchError, (RuntimeError,)),
     ("MalformedPeerDataError", errors.MalformedPeerDataError, (ValueError, RuntimeError)),
+    ("NoPublisherError", errors.NoPublisherError, (RuntimeError,)),
 ]
 
 

@@ -1,0 +1,79 @@
+#pragma once
+// The messages of publication (docs/wire-format.md §9, docs/publication.md): a subscriber's
+// request and the publisher's offer, 64 bytes each, and the reading of both, with every check
+// a peer's bytes must pass. No transport here, so that fuzz/publication.cpp reads a peer's
+// bytes exactly as the two sides do. Used by the c10d layer (src/distributed/publication.cpp).
+
+#include <cstddef>
+#include <cstdint>
+#include <string>
+
+namespace tensordict::wire::publication {
+
+inline constexpr size_t kMessageBytes = 64;
+
+/// The four messages of a pull share one channel's tags: kTagBase + 8 * channel + kind.
+/// Far above the reference's tags (init_tag + leaf index, pseudo-random tags below 10,000),
+/// so a publication and the reference's transfers share a group without meeting.
+inline constexpr int64_t kTagBase = 0x7E000000;
+inline constexpr int64_t kMaxChannel = 0xFFFF;
+enum class Kind : int64_t { kRequest = 0, kOffer = 1, kSchema = 2, kData = 3 };
+int tag_of(int64_t channel, Kind kind);
+
+/// What a subscriber asks for: the newest version newer than the one it holds (and at least
+/// min_version), waiting up to wait_ms for one (-1: for ever; 0: answer at once).
+struct Request {
+  uint64_t seq = 0;          // the subscriber's count of requests; the offer repeats it
+  uint64_t epoch = 0;        // the epoch of the version it holds; 0: it holds none
+  int64_t version = 0;       // the version it holds (0: none)
+  int64_t min_version = 0;   // 0: any newer
+  int64_t wait_ms = 0;       // -1: until one is published
+  uint64_t schema = 0;       // the hash of the schema it holds; 0: none
+};
+
+enum class Status : uint32_t {
+  kNew = 1,      // a version follows: its schema (when schema_bytes > 0), then its data
+  kNone = 2,     // nothing newer within wait_ms
+  kClosed = 3,   // the publisher is closing
+  kRefused = 4,  // the request was malformed (the publisher stops serving this subscriber)
+};
+
+/// The publisher's answer to one request.
+struct Offer {
+  Status status = Status::kNone;
+  uint64_t seq = 0;           // the request's
+  uint64_t epoch = 0;         // the publisher's: random, never 0, new for each Publisher
+  int64_t version = 0;        // kNew: the version that follows (>= 1, increasing in an epoch)
+  int64_t data_bytes = 0;     // kNew: the consolidated storage's size
+  int64_t schema_bytes = 0;   // kNew: the metadata JSON's size; 0 when the request's schema is
+                              // the version's (the subscriber reuses what it holds)
+  uint64_t schema = 0;        // kNew: the hash of the version's metadata JSON
+};
+
+std::string encode(const Request& r);
+std::string encode(const Offer& o);
+
+/// A peer's kMessageBytes, validated: magic, protocol, every field in range.
+/// MalformedPeerDataError naming `who` ("Publisher (rank 2's request)") otherwise.
+Request decode_request(const char* who, const uint8_t* p);
+Offer decode_offer(const char* who, const uint8_t* p);
+
+/// What the subscriber holds, to check an offer against.
+struct Held {
+  uint64_t seq = 0;          // the request the offer answers
+  uint64_t epoch = 0;        // 0: nothing held
+  int64_t version = 0;
+  uint64_t schema = 0;
+  int64_t data_bytes = 0;    // the held schema's storage size
+  int64_t max_data_bytes = 0;  // the subscriber's bound on a storage
+};
+
+/// Checks that a kNew offer may follow what the subscriber holds: the request it answers, a
+/// version that goes forward within an epoch, sizes within the bounds, a schema reused only
+/// when it is the held one and of the held size. MalformedPeerDataError naming `who`.
+void check_offer(const char* who, const Offer& o, const Held& held);
+
+/// 64-bit FNV-1a of a metadata JSON: the schema hash both sides compute.
+uint64_t schema_hash(const std::string& json);
+
+}  // namespace tensordict::wire::publication

@@ -1,0 +1,138 @@
+#include "wire/publication.h"
+
+#include <array>
+#include <cstring>
+
+#include "tensordict/consolidate.h"
+#include "tensordict/errors.h"
+#include "core/bytes.h"
+#include "wire/checked.h"
+
+namespace tensordict::wire::publication {
+namespace {
+
+constexpr std::array<char, 8> kRequestMagic = {'T', 'D', 'P', 'U', 'B', 'R', 'E', 'Q'};
+constexpr std::array<char, 8> kOfferMagic = {'T', 'D', 'P', 'U', 'B', 'O', 'F', 'R'};
+constexpr uint32_t kProtocol = 1;
+// A wait longer than this is refused: the publisher keeps the request that long.
+constexpr int64_t kMaxWaitMs = int64_t{1} << 40;
+
+void put(std::string& out, uint64_t v) { core::append_le(out, v, 8); }
+
+std::string head(const std::array<char, 8>& magic, uint32_t word) {
+  std::string out(magic.data(), magic.size());
+  core::append_le(out, kProtocol, 4);
+  core::append_le(out, word, 4);
+  return out;
+}
+
+void check_head(const char* who, const char* what, const std::array<char, 8>& magic,
+                const uint8_t* p) {
+  TD_CHECK_PEER(std::memcmp(p, magic.data(), magic.size()) == 0, who, ": the peer's ", what,
+                " does not start with the publication magic \"",
+                std::string(magic.data(), magic.size()),
+                "\": it is not a tensordict_cpp peer of this channel");
+  const auto protocol = static_cast<uint32_t>(core::get_le(p + 8, 4));
+  TD_CHECK_PEER(protocol == kProtocol, who, ": the peer's ", what, " is of protocol ", protocol,
+                "; this build speaks protocol ", kProtocol);
+}
+
+int64_t field(const uint8_t* p, size_t at) {
+  return static_cast<int64_t>(core::get_le(p + at, 8));
+}
+
+}  // namespace
+
+int tag_of(int64_t channel, Kind kind) {
+  return static_cast<int>(kTagBase + 8 * channel + static_cast<int64_t>(kind));
+}
+
+std::string encode(const Request& r) {
+  std::string out = head(kRequestMagic, 0);
+  put(out, r.seq);
+  put(out, r.epoch);
+  put(out, static_cast<uint64_t>(r.version));
+  put(out, static_cast<uint64_t>(r.min_version));
+  put(out, static_cast<uint64_t>(r.wait_ms));
+  put(out, r.schema);
+  return out;
+}
+
+std::string encode(const Offer& o) {
+  std::string out = head(kOfferMagic, static_cast<uint32_t>(o.status));
+  put(out, o.seq);
+  put(out, o.epoch);
+  put(out, static_cast<uint64_t>(o.version));
+  put(out, static_cast<uint64_t>(o.data_bytes));
+  put(out, static_cast<uint64_t>(o.schema_bytes));
+  put(out, o.schema);
+  return out;
+}
+
+Request decode_request(const char* who, const uint8_t* p) {
+  check_head(who, "request", kRequestMagic, p);
+  TD_CHECK_PEER(core::get_le(p + 12, 4) == 0, who, ": the peer's request has flags ",
+                core::get_le(p + 12, 4), " (none are defined)");
+  Request r;
+  r.seq = core::get_le(p + 16);
+  r.epoch = core::get_le(p + 24);
+  r.version = field(p, 32);
+  r.min_version = field(p, 40);
+  r.wait_ms = field(p, 48);
+  r.schema = core::get_le(p + 56);
+  TD_CHECK_PEER(r.version >= 0 && r.min_version >= 0, who,
+                ": the peer's request holds version ", r.version, " and asks for at least ",
+                r.min_version, " (versions are not negative)");
+  TD_CHECK_PEER((r.epoch == 0) == (r.version == 0), who, ": the peer's request holds version ",
+                r.version, " of epoch ", r.epoch, " (a version has an epoch, and none has 0)");
+  TD_CHECK_PEER(r.wait_ms >= -1 && r.wait_ms <= kMaxWaitMs, who,
+                ": the peer's request waits ", r.wait_ms, " ms (-1 to ", kMaxWaitMs, ")");
+  return r;
+}
+
+Offer decode_offer(const char* who, const uint8_t* p) {
+  check_head(who, "offer", kOfferMagic, p);
+  Offer o;
+  const auto status = static_cast<uint32_t>(core::get_le(p + 12, 4));
+  TD_CHECK_PEER(status >= 1 && status <= 4, who, ": the publisher's offer has status ", status,
+                " (1 to 4)");
+  o.status = static_cast<Status>(status);
+  o.seq = core::get_le(p + 16);
+  o.epoch = core::get_le(p + 24);
+  o.version = field(p, 32);
+  o.data_bytes = field(p, 40);
+  o.schema_bytes = field(p, 48);
+  o.schema = core::get_le(p + 56);
+  return o;
+}
+
+void check_offer(const char* who, const Offer& o, const Held& held) {
+  TD_CHECK_PEER(o.seq == held.seq, who, ": the publisher's offer answers request ", o.seq,
+                ", not request ", held.seq, " (a message out of order)");
+  TD_CHECK_PEER(o.epoch != 0, who, ": the publisher's offer has epoch 0 (never used)");
+  TD_CHECK_PEER(o.version >= 1, who, ": the publisher's offer has version ", o.version,
+                " (versions start at 1)");
+  TD_CHECK_PEER(o.epoch != held.epoch || o.version > held.version, who,
+                ": the publisher's offer of version ", o.version, " goes back from version ",
+                held.version, " of the same epoch ", o.epoch, " (versions only increase)");
+  TD_CHECK_PEER(o.data_bytes >= 0 && o.data_bytes <= held.max_data_bytes, who,
+                ": the publisher announces a storage of ", o.data_bytes,
+                " bytes; this subscriber takes 0 to ", held.max_data_bytes,
+                " (max_total_bytes)");
+  TD_CHECK_PEER(o.schema_bytes >= 0 &&
+                    static_cast<uint64_t>(o.schema_bytes) <= kMaxMetadataJsonBytes,
+                who, ": the publisher announces a schema of ", o.schema_bytes,
+                " bytes (0 to ", kMaxMetadataJsonBytes, ")");
+  if (o.schema_bytes == 0) {
+    TD_CHECK_PEER(held.schema != 0 && o.schema == held.schema && o.data_bytes == held.data_bytes,
+                  who, ": the publisher reuses a schema (hash ", o.schema, ", ", o.data_bytes,
+                  " bytes) that this subscriber does not hold");
+  }
+}
+
+uint64_t schema_hash(const std::string& json) {
+  const uint64_t h = checked::fnv1a(reinterpret_cast<const uint8_t*>(json.data()), json.size());
+  return h == 0 ? 1 : h;  // 0 means "no schema"
+}
+
+}  // namespace tensordict::wire::publication
