@@ -553,9 +553,10 @@ struct Subscriber::Impl {
   int tag(pub::Kind kind) const { return pub::tag_of(channel, kind); }
   std::string from() const { return c10::str("Subscriber.pull (", rank_str(peer.rank), ")"); }
 
-  void send_request(const PullOptions& options);
+  // `start`: when the pull began (the request counts as sent then, for NoPublisherError).
+  void send_request(const PullOptions& options, Clock::time_point start);
   // Runs the pull's messages until a version is in; false when the deadline passed first.
-  bool advance(Clock::time_point deadline, const PullOptions& options);
+  bool advance(Clock::time_point start, Clock::time_point deadline, const PullOptions& options);
   bool wait(const WorkPtr& work, Clock::time_point deadline, const char* what);
 };
 
@@ -568,7 +569,7 @@ bool Subscriber::Impl::wait(const WorkPtr& work, Clock::time_point deadline, con
   }
 }
 
-void Subscriber::Impl::send_request(const PullOptions& options) {
+void Subscriber::Impl::send_request(const PullOptions& options, Clock::time_point start) {
   auto o = std::make_shared<Outstanding>();
   o->seq = ++seq;
   o->held = held;
@@ -585,14 +586,15 @@ void Subscriber::Impl::send_request(const PullOptions& options) {
   o->offer_work = post_recv(peer.group, o->offer_buffer, peer.rank, tag(pub::Kind::kOffer));
   o->request = tensor_of(pub::encode(r));
   o->request_work = post_send(peer.group, o->request, peer.rank, tag(pub::Kind::kRequest));
-  o->sent = Clock::now();
+  o->sent = start;
   out = std::move(o);
 }
 
-bool Subscriber::Impl::advance(Clock::time_point deadline, const PullOptions& options) {
+bool Subscriber::Impl::advance(Clock::time_point start, Clock::time_point deadline,
+                               const PullOptions& options) {
   const std::string who = from();
   for (;;) {
-    if (!out) send_request(options);
+    if (!out) send_request(options, start);
     Outstanding& o = *out;
     if (!o.request_taken) {
       if (!wait(o.request_work, deadline, "the publisher to take the request")) {
@@ -756,9 +758,10 @@ std::optional<int64_t> Subscriber::pull(TensorDict& td, const PullOptions& optio
   const std::string who = d.from();
   TORCH_CHECK_VALUE(!options.timeout || options.timeout->count() >= 0,
                     "Subscriber.pull: timeout must not be negative");
+  const auto start = Clock::now();
   const auto deadline = deadline_of(options.timeout);
   for (;;) {
-    if (!d.advance(deadline, options)) return std::nullopt;
+    if (!d.advance(start, deadline, options)) return std::nullopt;
     auto o = d.out;
     d.out.reset();
     const auto& metadata = o->metadata;
@@ -788,9 +791,10 @@ std::optional<Pulled> Subscriber::pull(const PullOptions& options) {
   Impl& d = *impl_;
   TORCH_CHECK_VALUE(!options.timeout || options.timeout->count() >= 0,
                     "Subscriber.pull: timeout must not be negative");
+  const auto start = Clock::now();
   const auto deadline = deadline_of(options.timeout);
   for (;;) {
-    if (!d.advance(deadline, options)) return std::nullopt;
+    if (!d.advance(start, deadline, options)) return std::nullopt;
     auto o = d.out;
     d.out.reset();
     // The new TensorDict keeps the stage as its storage; the next pull makes another.
