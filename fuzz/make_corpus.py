@@ -212,6 +212,49 @@ def checked_seeds():
     yield "patched_hashes", bytes([2]) + message(0, 56, [a, c])[1:]
 
 
+def publication_seeds():
+    """Inputs of fuzz/publication.cpp: a control byte, a 64-byte request or offer
+    (docs/wire-format.md §9, our extension), then an offer's schema: the JSON of a reference
+    TensorDict's consolidated metadata with the "_total_bytes" a publisher adds."""
+    import struct
+
+    def fnv1a(b):
+        h = 0xcbf29ce484222325
+        for c in b:
+            h = ((h ^ c) * 0x100000001b3) & 0xFFFFFFFFFFFFFFFF
+        return h or 1
+
+    def request(seq=1, epoch=0, version=0, min_version=0, wait_ms=-1, schema=0,
+                magic=b"TDPUBREQ"):
+        return magic + struct.pack("<IIQQqqqQ", 1, 0, seq, epoch, version, min_version, wait_ms,
+                                   schema)
+
+    def offer(status, seq=1, epoch=9, version=1, data=0, schema_bytes=0, schema=0):
+        return b"TDPUBOFR" + struct.pack("<IIQQqqqQ", 1, status, seq, epoch, version, data,
+                                         schema_bytes, schema)
+
+    td = TensorDict(a=torch.ones(2, 3), b=TensorDict(c=torch.arange(4), batch_size=[]),
+                    batch_size=[])
+    _, meta, storage = consolidated(td)
+    n = storage.numel()
+    text = json.dumps(dict(meta, _total_bytes=n)).encode()
+    yield "request-first", bytes([0]) + request()
+    yield "request-held", bytes([0]) + request(seq=7, epoch=9, version=3, min_version=5,
+                                               wait_ms=2000, schema=fnv1a(text))
+    yield "request-bad_magic", bytes([0]) + request(magic=b"TDPUBXXX")
+    yield "request-version_without_epoch", bytes([0]) + request(version=4)
+    yield "offer-none", bytes([1]) + offer(2)
+    yield "offer-closed", bytes([1]) + offer(3)
+    yield "offer-new", bytes([1]) + offer(1, data=n, schema_bytes=len(text),
+                                          schema=fnv1a(text)) + text
+    yield "offer-new_patched", bytes([5]) + offer(1, data=n, schema_bytes=len(text)) + text
+    yield "offer-reused_schema", bytes([3]) + offer(1, epoch=5, version=4, data=64, schema=77)
+    yield "offer-goes_back", bytes([3]) + offer(1, epoch=5, version=2, data=64, schema=77)
+    yield "offer-short_storage", bytes([1]) + offer(1, data=n - 8, schema_bytes=len(text),
+                                                    schema=fnv1a(text)) + text
+    yield "offer-huge", bytes([1]) + offer(1, data=1 << 62, schema_bytes=1 << 40)
+
+
 def loader_seeds():
     """The seeds of lazy_stack and memmap_meta."""
     # lazy_stack: (members per stack, nesting | leaves << 2 | x64 << 7, stack dim[, patches])
@@ -337,6 +380,11 @@ def main():
     write_dict("checked", [b"TDCHECKD", b"\x01\x00\x00\x00", (1 << 20).to_bytes(8, "little"),
                            (4 << 20).to_bytes(8, "little"), b"\xff" * 8, b"\x0dtorch.float32",
                            b"\x0btorch.int64", b"\x0atorch.bool", b"\x0ftorch.complex64"])
+
+    for name, data in publication_seeds():
+        write("publication", name, data)
+    write_dict("publication", [b"TDPUBREQ", b"TDPUBOFR", b"\x01\x00\x00\x00", b"\xff" * 8,
+                               b'"_total_bytes": '])
 
     loader_seeds()
 

@@ -668,17 +668,8 @@ bool Subscriber::Impl::advance(Clock::time_point start, Clock::time_point deadli
       const std::string_view text(reinterpret_cast<const char*>(bytes_of(o.schema)),
                                   static_cast<size_t>(o.schema.numel()));
       try {
-        const uint64_t hash = pub::schema_hash(std::string(text));
-        TD_CHECK_PEER(hash == o.offer->schema, who, ": the version's schema does not hash to ",
-                      "the offer's (", hash, " against ", o.offer->schema, ")");
-        auto m = std::make_shared<core::ValidatedMetadata>(core::read_metadata_json(text));
-        const JsonScalar* total = field_of(*m, "_total_bytes");
-        TD_CHECK_PEER(total != nullptr && std::holds_alternative<int64_t>(*total) &&
-                          std::get<int64_t>(*total) == o.offer->data_bytes &&
-                          m->storage_bytes() <= o.offer->data_bytes,
-                      who, ": the version's schema (a storage of ", m->storage_bytes(),
-                      " bytes) does not fit the offer's ", o.offer->data_bytes, " bytes");
-        o.metadata = std::move(m);
+        o.metadata = std::make_shared<core::ValidatedMetadata>(
+            pub::read_schema(who.c_str(), *o.offer, text));
       } catch (...) {
         // The data still comes: drain it before giving up, so the tags stay in step.
         try {

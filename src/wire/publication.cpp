@@ -2,6 +2,7 @@
 
 #include <array>
 #include <cstring>
+#include <variant>
 
 #include "tensordict/consolidate.h"
 #include "tensordict/errors.h"
@@ -130,9 +131,26 @@ void check_offer(const char* who, const Offer& o, const Held& held) {
   }
 }
 
-uint64_t schema_hash(const std::string& json) {
+uint64_t schema_hash(std::string_view json) {
   const uint64_t h = checked::fnv1a(reinterpret_cast<const uint8_t*>(json.data()), json.size());
   return h == 0 ? 1 : h;  // 0 means "no schema"
+}
+
+core::ValidatedMetadata read_schema(const char* who, const Offer& o, std::string_view text) {
+  const uint64_t hash = schema_hash(text);
+  TD_CHECK_PEER(hash == o.schema, who, ": the version's schema does not hash to the offer's (",
+                hash, " against ", o.schema, ")");
+  core::ValidatedMetadata m = core::read_metadata_json(text);
+  const JsonScalar* total = nullptr;
+  for (const auto& [key, value] : m.transport()) {
+    if (key == "_total_bytes") total = &value;
+  }
+  TD_CHECK_PEER(total != nullptr && std::holds_alternative<int64_t>(*total) &&
+                    std::get<int64_t>(*total) == o.data_bytes &&
+                    m.storage_bytes() <= o.data_bytes,
+                who, ": the version's schema (a storage of ", m.storage_bytes(),
+                " bytes) does not fit the offer's ", o.data_bytes, " bytes");
+  return m;
 }
 
 }  // namespace tensordict::wire::publication

@@ -7,6 +7,9 @@
 #include <cstddef>
 #include <cstdint>
 #include <string>
+#include <string_view>
+
+#include "core/metadata.h"
 
 namespace tensordict::wire::publication {
 
@@ -73,7 +76,13 @@ struct Held {
 /// when it is the held one and of the held size. MalformedPeerDataError naming `who`.
 void check_offer(const char* who, const Offer& o, const Held& held);
 
+/// The schema message that follows a kNew offer: its hash checked against the offer's, read
+/// and validated as every peer's metadata JSON is (core::read_metadata_json), and fitting the
+/// offer's storage ("_total_bytes" equal to data_bytes). MalformedPeerDataError, or the
+/// reader's ValueError, otherwise.
+core::ValidatedMetadata read_schema(const char* who, const Offer& o, std::string_view text);
+
 /// 64-bit FNV-1a of a metadata JSON: the schema hash both sides compute.
-uint64_t schema_hash(const std::string& json);
+uint64_t schema_hash(std::string_view json);
 
 }  // namespace tensordict::wire::publication
