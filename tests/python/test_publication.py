@@ -287,3 +287,18 @@ def test_a_reference_peer_is_named_and_the_group_lives():
     run(with_reference, world_size=2, timeout=120, group_timeout=20)
 
 
+
+
+def test_the_example_python_trainer_and_cpp_workers():
+    # examples/policy_trainer.py publishes its policy; three examples/policy_worker.cpp
+    # processes pull each version into their torch::nn::Module and report its output.
+    import subprocess
+    import sys
+
+    from conftest import ROOT, built
+    worker = built("policy_worker")
+    proc = subprocess.run([sys.executable, str(ROOT / "examples" / "policy_trainer.py"),
+                           "--worker", str(worker), "--workers", "3"],
+                          capture_output=True, text=True, timeout=180)
+    assert proc.returncode == 0, proc.stdout + proc.stderr
+    assert "3 workers ran" in proc.stdout and "acknowledged: [20, 20, 20] of 20" in proc.stdout
