@@ -36,8 +36,9 @@ namespace {
 constexpr auto kSlice = std::chrono::milliseconds(100);
 constexpr auto kLongSlice = std::chrono::seconds(10);
 
+// Zeroed: a peer's short message leaves zeros, which the readers refuse or read as zeros.
 at::Tensor message_buffer() {
-  return at::empty({static_cast<int64_t>(pub::kMessageBytes)}, at::kByte);
+  return at::zeros({static_cast<int64_t>(pub::kMessageBytes)}, at::kByte);
 }
 
 at::Tensor tensor_of(const std::string& bytes) {
@@ -523,6 +524,7 @@ struct Outstanding {
   std::shared_ptr<const core::ValidatedMetadata> metadata;  // the offer's, once read
   at::Tensor schema, data;
   WorkPtr schema_work, data_work;
+  std::optional<detail::TailStamp> data_stamp;  // tells a data message shorter than announced
   bool schema_done = false, data_done = false;
 };
 
@@ -660,6 +662,7 @@ bool Subscriber::Impl::advance(Clock::time_point start, Clock::time_point deadli
         stage = at::empty({std::max<int64_t>(n, 1)}, at::kByte);
       }
       o.data = stage.narrow(0, 0, n);
+      o.data_stamp.emplace(o.data);
       o.data_work = post_recv(peer.group, o.data, peer.rank, tag(pub::Kind::kData));
     }
     if (o.schema_work && !o.schema_done) {
@@ -683,6 +686,11 @@ bool Subscriber::Impl::advance(Clock::time_point start, Clock::time_point deadli
     if (!o.data_done) {
       if (!wait(o.data_work, deadline, "the version's data")) return false;
       o.data_done = true;
+      if (o.data_stamp->short_message()) {
+        out.reset();
+        TD_THROW(MalformedPeerDataError, who, ": the version's data stopped short of the ",
+                 o.offer->data_bytes, " bytes its offer announced");
+      }
     }
     return true;
   }

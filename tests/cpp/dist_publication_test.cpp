@@ -375,6 +375,17 @@ TEST(Publication, ForgedMessagesGetNamedErrors) {
         recv_raw(1, kRequestTag, 64);
         send_raw(offer, 1, kOfferTag);
       }
+      // A whole schema, then data 16 bytes shorter than announced.
+      const TensorDict c = consolidate(weights(3));
+      const int64_t n = consolidated_storage(c).numel();
+      const std::string json = metadata_to_json(*consolidated_metadata(c), false,
+                                                {{"_total_bytes", n}});
+      recv_raw(1, kRequestTag, 64);
+      send_raw(message("TDPUBOFR", 1, {5, 5, 1, static_cast<uint64_t>(n), json.size(),
+                                       testing::fnv1a(json.data(), json.size())}),
+               1, kOfferTag);
+      send_raw(testing::bytes_of(json), 1, kRequestTag + 2);
+      send_raw(consolidated_storage(c).narrow(0, 0, n - 16).clone(), 1, kDataTag);
       // A publisher facing a forged request: the subscriber is lost, named, and refused.
       dist::Publisher pub({.channel = 1});
       await_ready(1);
@@ -387,7 +398,7 @@ TEST(Publication, ForgedMessagesGetNamedErrors) {
       dist::Subscriber sub({.src = 0, .max_total_bytes = 1 << 20});
       TensorDict td = weights(0);
       for (const char* words : {"magic", "1152921504606846976 bytes", "status 9",
-                                "does not hold"}) {
+                                "does not hold", "stopped short"}) {
         std::string kind;
         const std::string e = error_of([&] { sub.pull(td, {.timeout = 10s}); }, &kind);
         EXPECT_EQ(kind, "MalformedPeerDataError") << e;
