@@ -185,7 +185,8 @@ class Subscriber:
                 polls: it takes what has arrived and waits for nothing (a version still on
                 its way is taken by a later pull). Defaults to ``None``: until one is published.
             min_version (int, optional): wait for at least this version of the publisher's
-                epoch (a new epoch is always newer). Defaults to ``None``: any newer.
+                current epoch. Defaults to ``None``: any newer than the one held (a version of
+                a new epoch is newer than any of the old one).
             allow_import (bool, optional): as :meth:`TensorDict.from_remote_init`'s, for a new
                 TensorDict of a tensorclass. Defaults to ``False``.
 

@@ -265,8 +265,8 @@ void Publisher::Impl::serve(Served& s) {
       if (newest < 0) return false;
       const Slot& slot = slots[newest];
       if (slot.writing) return false;  // the only slot, being filled again (max_slots 1)
-      if (r.epoch != epoch) return true;
-      return slot.version > r.version && slot.version >= r.min_version;
+      const bool newer = r.epoch != epoch || slot.version > r.version;
+      return newer && slot.version >= r.min_version;
     };
     if (r.wait_ms < 0) {
       changed.wait(lock, eligible);
@@ -750,13 +750,20 @@ void check_same_leaves(const std::string& who, const Leaves& have, const Leaves&
   }
 }
 
+void check_pull(const PullOptions& options) {
+  TORCH_CHECK_VALUE(!options.timeout || options.timeout->count() >= 0,
+                    "Subscriber.pull: timeout must not be negative");
+  TORCH_CHECK_VALUE(options.min_version.value_or(0) >= 0,
+                    "Subscriber.pull: min_version must not be negative, got ",
+                    options.min_version.value_or(0));
+}
+
 }  // namespace
 
 std::optional<int64_t> Subscriber::pull(TensorDict& td, const PullOptions& options) {
   Impl& d = *impl_;
   const std::string who = d.from();
-  TORCH_CHECK_VALUE(!options.timeout || options.timeout->count() >= 0,
-                    "Subscriber.pull: timeout must not be negative");
+  check_pull(options);
   const auto start = Clock::now();
   const auto deadline = deadline_of(options.timeout);
   for (;;) {
@@ -778,8 +785,7 @@ std::optional<int64_t> Subscriber::pull(TensorDict& td, const PullOptions& optio
     }
     d.held = HeldVersion{o->offer->epoch, o->offer->version, o->offer->schema,
                          o->offer->data_bytes, metadata, tensorclass_of(*metadata)};
-    if (!options.min_version || o->offer->epoch != o->held.epoch ||
-        o->offer->version >= *options.min_version) {
+    if (o->offer->version >= options.min_version.value_or(0)) {
       return o->offer->version;
     }
     if (Clock::now() >= deadline) return std::nullopt;
@@ -788,8 +794,7 @@ std::optional<int64_t> Subscriber::pull(TensorDict& td, const PullOptions& optio
 
 std::optional<Pulled> Subscriber::pull(const PullOptions& options) {
   Impl& d = *impl_;
-  TORCH_CHECK_VALUE(!options.timeout || options.timeout->count() >= 0,
-                    "Subscriber.pull: timeout must not be negative");
+  check_pull(options);
   const auto start = Clock::now();
   const auto deadline = deadline_of(options.timeout);
   for (;;) {
@@ -802,8 +807,7 @@ std::optional<Pulled> Subscriber::pull(const PullOptions& options) {
     d.stage_views_for = nullptr;
     d.held = HeldVersion{o->offer->epoch, o->offer->version, o->offer->schema,
                          o->offer->data_bytes, o->metadata, tensorclass_of(*o->metadata)};
-    if (!options.min_version || o->offer->epoch != o->held.epoch ||
-        o->offer->version >= *options.min_version) {
+    if (o->offer->version >= options.min_version.value_or(0)) {
       return Pulled{std::move(td), o->offer->version, d.held.tensorclass_type};
     }
     if (Clock::now() >= deadline) return std::nullopt;

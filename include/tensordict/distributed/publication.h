@@ -102,8 +102,8 @@ struct PullOptions {
   /// unchanged. 0 polls: what has arrived is taken, nothing is waited for (a version the
   /// publisher is still sending is taken by a later pull). Unset: until one is published.
   std::optional<std::chrono::milliseconds> timeout{};
-  /// Wait for at least this version (of the publisher's current epoch); unset: any newer than
-  /// the one held. A publisher's new epoch is always newer.
+  /// Wait for at least this version of the publisher's current epoch; unset: any newer than
+  /// the one held (a version of a new epoch is newer than any of the old one).
   std::optional<int64_t> min_version{};
 };
 
