@@ -302,3 +302,44 @@ def test_the_example_python_trainer_and_cpp_workers():
                           capture_output=True, text=True, timeout=180)
     assert proc.returncode == 0, proc.stdout + proc.stderr
     assert "3 workers ran" in proc.stdout and "acknowledged: [20, 20, 20] of 20" in proc.stdout
+
+
+def groups(rank, world_size):
+    # A registered subgroup (ranks 0 and 2: group ranks 0 and 1) and a standalone Gloo group
+    # on a store of its own (ranks 1 and 2), each carrying a publication.
+    torch.set_num_threads(1)
+    from datetime import timedelta
+
+    from tensordict_cpp import Publisher, Subscriber
+    sub_group = dist.new_group([0, 2])
+    store = dist.TCPStore("127.0.0.1", int(os.environ["TD_TEST_PORT"]), 2, rank == 1,
+                          timeout=timedelta(seconds=30)) if rank in (1, 2) else None
+    alone = (dist.ProcessGroupGloo(store, rank - 1, 2, timedelta(seconds=30))
+             if store is not None else None)
+    if rank == 0:
+        pub = Publisher(sub_group, subscribers=[2])  # global ranks
+        assert [s["rank"] for s in pub.stats()] == [1]  # its rank in the subgroup
+        pub.publish(weights(4))
+        await_ready(2)
+        pub.close()
+    elif rank == 1:
+        pub = Publisher(alone)  # the standalone group's other rank
+        pub.publish(weights(5))
+        await_ready(2)
+        pub.close()
+    else:
+        td = Subscriber(src=0, group=sub_group).pull(timeout=20)
+        assert holds(td, 4)
+        td = Subscriber(src=0, group=alone).pull(timeout=20)  # rank 0 of the standalone group
+        assert holds(td, 5)
+        ready(0)
+        ready(1)
+    dist.barrier()
+
+
+def test_a_registered_subgroup_and_a_standalone_group(monkeypatch):
+    import socket
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        monkeypatch.setenv("TD_TEST_PORT", str(s.getsockname()[1]))
+    run(groups, world_size=3, timeout=120, group_timeout=30)
