@@ -9,7 +9,8 @@
 // Arms (JSON ids): floor.raw_one (one raw c10d send of the consolidated storage's bytes),
 // floor.raw_n (one raw message per leaf, all posted then waited; only with several leaves),
 // floor.memcpy (rank 0 alone: memcpy of the same bytes into a warm buffer), cpp.per_leaf,
-// cpp.consolidated (a consolidated TensorDict, one message), cpp.per_leaf_checked and
+// cpp.consolidated (a consolidated TensorDict, one message), cpp.per_leaf_timeout and
+// cpp.consolidated_timeout (the same receives with a timeout), cpp.per_leaf_checked and
 // cpp.consolidated_checked (the same with checked = true), cpp.init_remote (init_remote /
 // from_remote_init of the plain TensorDict: a cold start), cpp.pipe (when built with the UCX
 // pipe: TensorDictPipe in consolidated mode, the schema sent once in the warm-up).
@@ -226,6 +227,19 @@ std::vector<Arm> make_arms(const CaseSpec& s, int rank, Peers& peers) {
   arms.push_back({.id = "cpp.consolidated",
                   .send = [cons] { dist::send(*cons, 1, {.consolidated = true}); },
                   .recv = [cons] { dist::recv(*cons, 0, {.consolidated = true}); },
+                  .verify = [cons, expected_td] { return (*cons == expected_td()).all(); }});
+  // Receives with a timeout: they land in the library's buffers, then are copied in
+  // (docs/reliability.md, "A point-to-point timeout keeps the group").
+  arms.push_back({.id = "cpp.per_leaf_timeout",
+                  .send = [td] { dist::send(*td, 1); },
+                  .recv = [td] { dist::recv(*td, 0, {.timeout = std::chrono::seconds(60)}); },
+                  .verify = [td, expected_td] { return (*td == expected_td()).all(); }});
+  arms.push_back({.id = "cpp.consolidated_timeout",
+                  .send = [cons] { dist::send(*cons, 1, {.consolidated = true}); },
+                  .recv = [cons] {
+                    dist::recv(*cons, 0, {.consolidated = true,
+                                          .timeout = std::chrono::seconds(60)});
+                  },
                   .verify = [cons, expected_td] { return (*cons == expected_td()).all(); }});
   // Checked transfers: a header and the schema before the same payload.
   arms.push_back({.id = "cpp.per_leaf_checked",
