@@ -687,9 +687,10 @@ bool Subscriber::Impl::advance(Clock::time_point start, Clock::time_point deadli
       if (!wait(o.data_work, deadline, "the version's data")) return false;
       o.data_done = true;
       if (o.data_stamp->short_message()) {
-        out.reset();
+        const int64_t announced = o.offer->data_bytes;
+        out.reset();  // `o` with it
         TD_THROW(MalformedPeerDataError, who, ": the version's data stopped short of the ",
-                 o.offer->data_bytes, " bytes its offer announced");
+                 announced, " bytes its offer announced");
       }
     }
     return true;
