@@ -12,6 +12,7 @@
 #include <random>
 #include <thread>
 #include <tuple>
+#include <type_traits>
 #include <variant>
 
 #include "core/metadata.h"
@@ -759,60 +760,58 @@ void check_pull(const PullOptions& options) {
                     options.min_version.value_or(0));
 }
 
-}  // namespace
-
-std::optional<int64_t> Subscriber::pull(TensorDict& td, const PullOptions& options) {
-  Impl& d = *impl_;
-  const std::string who = d.from();
+// Pulls until a version of at least min_version is in, or the deadline passes: apply(o) puts
+// each version where it goes (it may throw, the version then not held) and makes the result.
+template <typename Apply>
+auto pull_with(Subscriber::Impl& d, const PullOptions& options, Apply&& apply)
+    -> std::optional<std::invoke_result_t<Apply&, Outstanding&>> {
   check_pull(options);
   const auto start = Clock::now();
   const auto deadline = deadline_of(options.timeout);
   for (;;) {
     if (!d.advance(start, deadline, options)) return std::nullopt;
-    auto o = d.out;
-    d.out.reset();
-    const auto& metadata = o->metadata;
-    // The version's leaves as views of the data, made once per schema and stage.
-    if (d.stage_views_for != o->data.data_ptr() || d.stage_views_schema != o->offer->schema) {
-      d.stage_views = wire::leaves_in_order(core::rebuild_validated(*metadata, o->data));
-      d.stage_views_for = o->data.data_ptr();
-      d.stage_views_schema = o->offer->schema;
-    }
-    const Leaves target = wire::leaves_in_order(td);
-    check_same_leaves(who, target, d.stage_views);
-    copy_leaves(d.stage_views, target);
-    if (has_non_tensors(metadata->metadata())) {
-      copy_non_tensors(core::rebuild_validated(*metadata, o->data), td);
-    }
-    d.held = HeldVersion{o->offer->epoch, o->offer->version, o->offer->schema,
-                         o->offer->data_bytes, metadata, tensorclass_of(*metadata)};
-    if (o->offer->version >= options.min_version.value_or(0)) {
-      return o->offer->version;
-    }
+    const std::shared_ptr<Outstanding> o = std::move(d.out);
+    auto result = apply(*o);
+    const pub::Offer& offer = *o->offer;
+    d.held = HeldVersion{offer.epoch, offer.version, offer.schema, offer.data_bytes,
+                         o->metadata, tensorclass_of(*o->metadata)};
+    if (offer.version >= options.min_version.value_or(0)) return result;
     if (Clock::now() >= deadline) return std::nullopt;
   }
 }
 
+}  // namespace
+
+std::optional<int64_t> Subscriber::pull(TensorDict& td, const PullOptions& options) {
+  Impl& d = *impl_;
+  return pull_with(d, options, [&](Outstanding& o) {
+    const auto& metadata = *o.metadata;
+    // The version's leaves as views of the data, made once per schema and stage.
+    if (d.stage_views_for != o.data.data_ptr() || d.stage_views_schema != o.offer->schema) {
+      d.stage_views = wire::leaves_in_order(core::rebuild_validated(metadata, o.data));
+      d.stage_views_for = o.data.data_ptr();
+      d.stage_views_schema = o.offer->schema;
+    }
+    const Leaves target = wire::leaves_in_order(td);
+    check_same_leaves(d.from(), target, d.stage_views);
+    copy_leaves(d.stage_views, target);
+    if (has_non_tensors(metadata.metadata())) {
+      copy_non_tensors(core::rebuild_validated(metadata, o.data), td);
+    }
+    return o.offer->version;
+  });
+}
+
 std::optional<Pulled> Subscriber::pull(const PullOptions& options) {
   Impl& d = *impl_;
-  check_pull(options);
-  const auto start = Clock::now();
-  const auto deadline = deadline_of(options.timeout);
-  for (;;) {
-    if (!d.advance(start, deadline, options)) return std::nullopt;
-    auto o = d.out;
-    d.out.reset();
+  return pull_with(d, options, [&](Outstanding& o) {
     // The new TensorDict keeps the stage as its storage; the next pull makes another.
-    TensorDict td = core::rebuild_validated(*o->metadata, o->data);
+    Pulled pulled{core::rebuild_validated(*o.metadata, o.data), o.offer->version,
+                  tensorclass_of(*o.metadata)};
     d.stage = at::Tensor();
     d.stage_views_for = nullptr;
-    d.held = HeldVersion{o->offer->epoch, o->offer->version, o->offer->schema,
-                         o->offer->data_bytes, o->metadata, tensorclass_of(*o->metadata)};
-    if (o->offer->version >= options.min_version.value_or(0)) {
-      return Pulled{std::move(td), o->offer->version, d.held.tensorclass_type};
-    }
-    if (Clock::now() >= deadline) return std::nullopt;
-  }
+    return pulled;
+  });
 }
 
 int64_t Subscriber::version() const { return impl_->held.version; }
