@@ -20,6 +20,7 @@ import datetime
 from typing import Any, Union
 
 from tensordict_cpp import _C, _collectives, _reference
+from tensordict_cpp._p2p import _seconds
 from tensordict_cpp._td import TensorDict
 from tensordict_cpp.tensorclass import _type_name, is_tensorclass
 
@@ -27,17 +28,6 @@ __all__ = ["Publisher", "Subscriber"]
 
 #: A wait: seconds (0 polls), a ``datetime.timedelta``, or ``None`` (no limit).
 Wait = Union[float, datetime.timedelta, None]
-
-
-def _seconds(timeout: Wait) -> float | None:
-    if timeout is None:
-        return None
-    if isinstance(timeout, datetime.timedelta):
-        return timeout.total_seconds()
-    if isinstance(timeout, bool) or not isinstance(timeout, (int, float)):
-        raise TypeError(f"timeout must be a number of seconds, a datetime.timedelta or None, "
-                        f"got {type(timeout).__name__}")
-    return float(timeout)
 
 
 def _cpp(td: Any, call: str) -> tuple:

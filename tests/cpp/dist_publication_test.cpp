@@ -24,10 +24,11 @@ namespace tensordict {
 namespace {
 
 using namespace std::chrono_literals;
+using testing::await_ready;
 using testing::error_of;
+using testing::ready;
 using testing::run_ranks;
 
-constexpr int kReady = 9000;  // the tag of the "go on" messages between the ranks
 // The publication tags of channel 0 (docs/wire-format.md §9).
 constexpr int kRequestTag = 0x7E000000;
 constexpr int kOfferTag = kRequestTag + 1;
@@ -46,15 +47,6 @@ bool holds(const TensorDict& td, double v) {
     if (!leaf.eq(v).all().item<bool>()) return false;
   }
   return true;
-}
-
-void ready(int dst) {
-  std::vector<at::Tensor> one{at::ones({1})};
-  dist::default_group()->send(one, dst, kReady)->wait();
-}
-void await_ready(int src) {
-  std::vector<at::Tensor> one{at::zeros({1})};
-  dist::default_group()->recv(one, src, kReady)->wait();
 }
 
 // A TensorDict still moves between a and b, both ways.

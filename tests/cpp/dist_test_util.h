@@ -16,6 +16,7 @@
 #include <stdexcept>
 #include <string>
 
+#include "tensordict/distributed/process_group.h"
 #include "tensordict/distributed/runner.h"
 #include "tensordict/errors.h"
 
@@ -65,6 +66,20 @@ inline uint64_t fnv1a(const void* data, size_t n) {
   uint64_t h = 0xcbf29ce484222325ULL;
   for (size_t i = 0; i < n; ++i) h = (h ^ p[i]) * 0x100000001b3ULL;
   return h;
+}
+
+/// The tag of the "go on" messages between the ranks of a test, so that no step of it depends
+/// on timing.
+inline constexpr int kReady = 9000;
+/// One small message on kReady to `dst` of the default group: "go on".
+inline void ready(int dst) {
+  std::vector<at::Tensor> one{at::ones({1})};
+  dist::default_group()->send(one, dst, kReady)->wait();
+}
+/// Waits for `src`'s "go on".
+inline void await_ready(int src) {
+  std::vector<at::Tensor> one{at::zeros({1})};
+  dist::default_group()->recv(one, src, kReady)->wait();
 }
 
 inline void run_ranks(int world_size, const std::function<void(int rank, int world_size)>& fn,

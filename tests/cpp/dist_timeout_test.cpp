@@ -3,7 +3,7 @@
 // every pair; the late message is delivered to the next receive from that peer on its tags
 // (late="deliver") or dropped (late="drop"); a send that timed out stays queued. Three ranks:
 // rank 0 sends, rank 1 receives, rank 2 checks the other pairs. Readiness travels as messages
-// on a tag of its own (kReady), so that no step depends on timing.
+// on a tag of its own (testing::kReady), so that no step depends on timing.
 
 #include <ATen/ATen.h>
 #include <gtest/gtest.h>
@@ -23,10 +23,11 @@ namespace tensordict {
 namespace {
 
 using namespace std::chrono_literals;
+using testing::await_ready;
 using testing::error_of;
+using testing::ready;
 using testing::run_ranks;
 
-constexpr int kReady = 9000;  // the tag of the "go on" messages between the ranks
 constexpr auto kShort = 300ms;
 
 TensorDict filled(double v, int64_t n = 4) {
@@ -46,17 +47,6 @@ bool all_equal(const TensorDict& td, double v) {
   return true;
 }
 
-// One small message on kReady: "go on".
-void ready(int dst) {
-  at::Tensor t = at::ones({1});
-  std::vector<at::Tensor> one{t};
-  dist::default_group()->send(one, dst, kReady)->wait();
-}
-void await_ready(int src) {
-  at::Tensor t = at::zeros({1});
-  std::vector<at::Tensor> one{t};
-  dist::default_group()->recv(one, src, kReady)->wait();
-}
 
 // Every pair of the three ranks still moves a TensorDict, and barrier() completes.
 void check_every_pair(int rank) {
