@@ -76,6 +76,10 @@ ARMS = {
     "cpp.per_leaf_checked": ("ours, C++: dist::send (per leaf), checked", "floor.raw_n", None),
     "cpp.consolidated_checked": ("ours, C++: dist::send consolidated, checked", "floor.raw_one",
                                  None),
+    "cpp.per_leaf_timeout": ("ours, C++: dist::recv (per leaf) with a timeout", "floor.raw_n",
+                             None),
+    "cpp.consolidated_timeout": ("ours, C++: dist::recv consolidated with a timeout",
+                                 "floor.raw_one", None),
     "cpp.init_remote": ("ours, C++: dist::init_remote / from_remote_init", "floor.raw_one",
                         "ref.init_remote"),
     "py.per_leaf": ("ours, Python: td.send (per leaf)", "floor.py_raw_n", "ref.per_leaf"),
@@ -1007,6 +1011,10 @@ def main() -> int:
         print("benchmarks/run: the pipe ...", file=sys.stderr, flush=True)
         import pipe_bench
         pipe_md = pipe_bench.section(pipe_bench.measure(args.quick, 1 if args.quick else 3))
+    print("benchmarks/run: publication ...", file=sys.stderr, flush=True)
+    import publication_bench
+    publication = publication_bench.measure(args.quick)
+    pipe_md += "\n\n" + publication_bench.section(publication)
     rows = merge(results)
     transfer, micro_md = transfer_table(rows), micro_table(micro, ref_micro)
     micro_md += (
@@ -1043,7 +1051,8 @@ def main() -> int:
     if args.json:
         pathlib.Path(args.json).write_text(json.dumps(
             {"cases": results, "rows": rows, "micro": micro, "reference_micro": ref_micro,
-             "stack_receive": stack, "timeouts": timeouts, "verified": verified,
+             "stack_receive": stack, "timeouts": timeouts, "publication": publication,
+             "verified": verified,
              "seconds": elapsed}, indent=1))
     if not args.no_write:
         # The options that change what is measured; --json only copies the results elsewhere.

@@ -46,5 +46,9 @@ def test_quick_run_reports_every_arm_and_verifies(tmp_path):
                   "from_remote_init of the reference's init_remote", "from_consolidated of the"):
         assert any(l.startswith(f"| {label}") for l in lines), label
     assert result["stack_receive"]["verified"] is True
+    # Publication: every pull whole, and the section printed.
+    torn = result["publication"]["torn"]
+    assert torn["pulls"] > 0 and torn["torn"] == 0 and torn["not_increasing"] == 0
+    assert "## Publication" in proc.stdout
     # --no-write leaves the published report alone.
     assert "wrote docs/benchmarks.md" not in proc.stdout
