@@ -20,6 +20,7 @@
 #include <vector>
 
 #include "wire/checked.h"
+#include "core/bytes.h"
 #include "fuzz_util.h"
 
 using namespace tensordict;
@@ -41,10 +42,6 @@ Schema mine(bool consolidated, bool empty) {
   if (!consolidated) return schema_of(leaves, nullptr);
   const at::Tensor storage = consolidated_storage(td);
   return schema_of(leaves, &storage);
-}
-
-void put_u64(uint8_t* p, uint64_t v) {
-  for (int i = 0; i < 8; ++i) p[i] = static_cast<uint8_t>(v >> (8 * i));
 }
 
 }  // namespace
@@ -73,8 +70,8 @@ extern "C" int LLVMFuzzerTestOneInput(const uint8_t* data, size_t size) {
   for (size_t i = got; i < blob.size(); ++i) blob[i] = static_cast<uint8_t>(0xa5 ^ i);  // stamp
 
   if (control & 2) {
-    put_u64(header.data() + 32, fnv1a(blob.data(), blob.size()));
-    put_u64(header.data() + 56, fnv1a(header.data(), 56));
+    core::put_le(header.data() + 32, fnv1a(blob.data(), blob.size()));
+    core::put_le(header.data() + 56, fnv1a(header.data(), 56));
   }
   Header h;
   try {

@@ -19,6 +19,7 @@
 #include <string_view>
 #include <vector>
 
+#include "core/bytes.h"
 #include "fuzz_util.h"
 #include "wire/publication.h"
 
@@ -28,10 +29,6 @@ namespace pub = tensordict::wire::publication;
 namespace {
 
 constexpr int64_t kMaxData = int64_t{1} << 20;  // the subscriber's max_total_bytes here
-
-void put_u64(uint8_t* p, uint64_t v) {
-  for (int i = 0; i < 8; ++i) p[i] = static_cast<uint8_t>(v >> (8 * i));
-}
 
 }  // namespace
 
@@ -56,7 +53,7 @@ extern "C" int LLVMFuzzerTestOneInput(const uint8_t* data, size_t size) {
       if (r.version < 0 || r.min_version < 0 || r.wait_ms < -1) fuzz::fail("a bad request passed");
       return 0;
     }
-    if (control & 4) put_u64(message.data() + 56, pub::schema_hash(rest));
+    if (control & 4) core::put_le(message.data() + 56, pub::schema_hash(rest));
     const pub::Offer o = pub::decode_offer("fuzz", message.data());
     pub::Held held;
     held.seq = o.seq;  // the seq check is plain equality; let inputs past it

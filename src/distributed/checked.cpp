@@ -32,12 +32,6 @@ void chunk(const at::Tensor& bytes, int64_t chunk_bytes, std::vector<at::Tensor>
   }
 }
 
-at::Tensor bytes_tensor(const std::string& s, at::Device device) {
-  at::Tensor t = at::empty({static_cast<int64_t>(s.size())}, at::kByte);
-  if (!s.empty()) std::memcpy(t.data_ptr(), s.data(), s.size());  // null data when empty
-  return t.to(device);
-}
-
 // Receives the messages a mismatched sender sends, one at a time into one scratch buffer of at
 // most one chunk; nothing is kept per message, so a peer announcing many cannot make the
 // receiver build a list of them.

@@ -10,6 +10,7 @@
 #include <functional>
 #include <initializer_list>
 #include <string>
+#include <string_view>
 #include <optional>
 #include <vector>
 
@@ -188,6 +189,9 @@ std::vector<WorkPtr> post_all(size_t count, Post&& post) {
   }
   return works;
 }
+
+/// `s`'s bytes as a 1-D uint8 tensor on `device`: a message to send.
+at::Tensor bytes_tensor(std::string_view s, at::Device device = at::kCPU);
 
 /// Gloo moves contiguous buffers only: `leaf`, or a contiguous copy of it.
 at::Tensor sendable(const at::Tensor& leaf);

@@ -6,7 +6,6 @@
 #include <algorithm>
 #include <atomic>
 #include <condition_variable>
-#include <cstring>
 #include <map>
 #include <mutex>
 #include <random>
@@ -40,12 +39,6 @@ constexpr auto kLongSlice = std::chrono::seconds(10);
 // Zeroed: a peer's short message leaves zeros, which the readers refuse or read as zeros.
 at::Tensor message_buffer() {
   return at::zeros({static_cast<int64_t>(pub::kMessageBytes)}, at::kByte);
-}
-
-at::Tensor tensor_of(const std::string& bytes) {
-  at::Tensor t = at::empty({static_cast<int64_t>(bytes.size())}, at::kByte);
-  if (!bytes.empty()) std::memcpy(t.data_ptr(), bytes.data(), bytes.size());
-  return t;
 }
 
 const uint8_t* bytes_of(const at::Tensor& t) { return t.data_ptr<uint8_t>(); }
@@ -119,16 +112,8 @@ uint64_t random_epoch() {
 
 std::string rank_str(int rank) { return c10::str("rank ", rank); }
 
-// A transport field of a peer's metadata: the int or the string, when it has that type.
-const JsonScalar* field_of(const core::ValidatedMetadata& m, std::string_view name) {
-  for (const auto& [key, value] : m.transport()) {
-    if (key == name) return &value;
-  }
-  return nullptr;
-}
-
 std::optional<std::string> tensorclass_of(const core::ValidatedMetadata& m) {
-  const JsonScalar* v = field_of(m, "_tensorclass_type");
+  const JsonScalar* v = pub::transport_field(m, "_tensorclass_type");
   if (v == nullptr || !std::holds_alternative<std::string>(*v)) return std::nullopt;
   return std::get<std::string>(*v);
 }
@@ -201,7 +186,7 @@ bool Publisher::Impl::answer(Served& s, const pub::Offer& offer, const at::Tenso
     m->work = post_send(group, t, s.rank, m->tag);
     posted.push_back(std::move(m));
   };
-  post(tensor_of(pub::encode(offer)), pub::Kind::kOffer);
+  post(detail::bytes_tensor(pub::encode(offer)), pub::Kind::kOffer);
   if (offer.status == pub::Status::kNew) {
     if (offer.schema_bytes > 0) post(schema, pub::Kind::kSchema);
     post(data, pub::Kind::kData);
@@ -299,7 +284,7 @@ void Publisher::Impl::serve(Served& s) {
     offer.schema = slot.schema;
     const bool reuse = r.epoch == epoch && r.schema == slot.schema;
     offer.schema_bytes = reuse ? 0 : static_cast<int64_t>(slot.json->size());
-    const at::Tensor schema = reuse ? at::Tensor() : tensor_of(*slot.json);
+    const at::Tensor schema = reuse ? at::Tensor() : detail::bytes_tensor(*slot.json);
     const at::Tensor data = slot.storage.narrow(0, 0, slot.bytes);
     lock.unlock();
 
@@ -587,7 +572,7 @@ void Subscriber::Impl::send_request(const PullOptions& options, Clock::time_poin
   // publisher never waits on this subscriber to answer it.
   o->offer_buffer = message_buffer();
   o->offer_work = post_recv(peer.group, o->offer_buffer, peer.rank, tag(pub::Kind::kOffer));
-  o->request = tensor_of(pub::encode(r));
+  o->request = detail::bytes_tensor(pub::encode(r));
   o->request_work = post_send(peer.group, o->request, peer.rank, tag(pub::Kind::kRequest));
   o->sent = start;
   out = std::move(o);

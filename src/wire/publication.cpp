@@ -136,15 +136,19 @@ uint64_t schema_hash(std::string_view json) {
   return h == 0 ? 1 : h;  // 0 means "no schema"
 }
 
+const JsonScalar* transport_field(const core::ValidatedMetadata& m, std::string_view name) {
+  for (const auto& [key, value] : m.transport()) {
+    if (key == name) return &value;
+  }
+  return nullptr;
+}
+
 core::ValidatedMetadata read_schema(const char* who, const Offer& o, std::string_view text) {
   const uint64_t hash = schema_hash(text);
   TD_CHECK_PEER(hash == o.schema, who, ": the version's schema does not hash to the offer's (",
                 hash, " against ", o.schema, ")");
   core::ValidatedMetadata m = core::read_metadata_json(text);
-  const JsonScalar* total = nullptr;
-  for (const auto& [key, value] : m.transport()) {
-    if (key == "_total_bytes") total = &value;
-  }
+  const JsonScalar* total = transport_field(m, "_total_bytes");
   TD_CHECK_PEER(total != nullptr && std::holds_alternative<int64_t>(*total) &&
                     std::get<int64_t>(*total) == o.data_bytes &&
                     m.storage_bytes() <= o.data_bytes,

@@ -82,6 +82,10 @@ void check_offer(const char* who, const Offer& o, const Held& held);
 /// reader's ValueError, otherwise.
 core::ValidatedMetadata read_schema(const char* who, const Offer& o, std::string_view text);
 
+/// The transport field `name` of a peer's metadata ("_total_bytes", "_tensorclass_type"), or
+/// null.
+const JsonScalar* transport_field(const core::ValidatedMetadata& m, std::string_view name);
+
 /// 64-bit FNV-1a of a metadata JSON: the schema hash both sides compute.
 uint64_t schema_hash(std::string_view json);
 
