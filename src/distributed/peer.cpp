@@ -526,12 +526,6 @@ void abandon(const std::vector<WorkPtr>& works) {
   }
 }
 
-at::Tensor bytes_tensor(std::string_view s, at::Device device) {
-  at::Tensor t = at::empty({static_cast<int64_t>(s.size())}, at::kByte);
-  if (!s.empty()) std::memcpy(t.data_ptr(), s.data(), s.size());  // null data when empty
-  return t.to(device);
-}
-
 at::Tensor sendable(const at::Tensor& leaf) {
   return leaf.is_contiguous() ? leaf : leaf.contiguous();
 }

@@ -14,6 +14,7 @@
 #include <optional>
 #include <vector>
 
+#include "core/byte_tensor.h"
 #include "late.h"
 #include "tail_stamp.h"
 #include "tensordict/distributed/options.h"
@@ -190,8 +191,7 @@ std::vector<WorkPtr> post_all(size_t count, Post&& post) {
   return works;
 }
 
-/// `s`'s bytes as a 1-D uint8 tensor on `device`: a message to send.
-at::Tensor bytes_tensor(std::string_view s, at::Device device = at::kCPU);
+using core::bytes_tensor;
 
 /// Gloo moves contiguous buffers only: `leaf`, or a contiguous copy of it.
 at::Tensor sendable(const at::Tensor& leaf);

@@ -67,13 +67,6 @@ PeerInfo read_peer_info(const uint8_t* in) {
 
 // ---- frames ---------------------------------------------------------------------------------------
 
-at::Tensor bytes_tensor(size_t n) { return at::empty({static_cast<int64_t>(n)}, at::kByte); }
-
-at::Tensor bytes_tensor(const std::string& s) {
-  at::Tensor t = bytes_tensor(s.size());
-  if (!s.empty()) std::memcpy(t.data_ptr(), s.data(), s.size());  // null data when empty
-  return t;
-}
 
 size_t ByteSource::read_first_joined(uint8_t*, const at::Tensor&, void*, size_t,
                                      const at::Tensor&, const char*) {

@@ -15,6 +15,7 @@
 #include <string>
 #include <vector>
 
+#include "core/byte_tensor.h"
 #include "tensordict/nested_key.h"
 #include "tensordict/tensor_dict.h"
 
@@ -63,9 +64,7 @@ void write_peer_info(uint64_t tag, uint8_t* out);
 /// the checksum does not match.
 PeerInfo read_peer_info(const uint8_t* in);
 
-/// A CPU uint8 tensor of `n` bytes (uninitialised), or holding a copy of `s`.
-at::Tensor bytes_tensor(size_t n);
-at::Tensor bytes_tensor(const std::string& s);
+using core::bytes_tensor;
 
 /// Where a FrameReader's messages come from, in order: each read is one message of exactly `n`
 /// bytes (one UCX tag message). Implementations throw from read() when the message cannot come
