@@ -65,9 +65,10 @@ std::optional<std::chrono::milliseconds> timeout_from_py(std::optional<double> s
 /// A receive's `late=` ("deliver" or "drop"; ValueError otherwise).
 dist::Late late_from_py(const std::string& late);
 void bind_collectives(py::module_& m);
-void bind_publication(py::module_& m);
 #endif
 void bind_distributed(py::module_& m);
 void bind_pipe(py::module_& m);
+/// _C.Publisher and _C.Subscriber (c10d), _C.PipePublisher and _C.PipeSubscriber (the pipe).
+void bind_publication(py::module_& m);
 
 }  // namespace tensordict::python

@@ -120,7 +120,6 @@ PYBIND11_MODULE(_C, m) {
 #ifdef TENSORDICT_WITH_DIST
   tp::bind_distributed(m);
   tp::bind_collectives(m);
-  tp::bind_publication(m);
   m.attr("has_distributed") = true;
 #else
   m.attr("has_distributed") = false;
@@ -128,4 +127,5 @@ PYBIND11_MODULE(_C, m) {
 #ifdef TENSORDICT_WITH_PIPE
   tp::bind_pipe(m);
 #endif
+  tp::bind_publication(m);
 }

@@ -1,7 +1,8 @@
-// Binding of tensordict::dist's Publisher and Subscriber (docs/publication.md). As in
-// distributed.cpp, the Python layer (python/tensordict_cpp/publication.py) has turned global
-// ranks into group ranks and `group=None` into torch's default group; every call that waits
-// releases the GIL.
+// Binding of publication (docs/publication.md): tensordict::dist's Publisher and Subscriber as
+// _C.Publisher / _C.Subscriber, tensordict::pipe's as _C.PipePublisher / _C.PipeSubscriber,
+// with the same methods. As in distributed.cpp, the Python layer
+// (python/tensordict_cpp/publication.py) has turned global ranks into group ranks and
+// `group=None` into torch's default group; every call that waits releases the GIL.
 
 #include <cmath>
 #include <optional>
@@ -9,7 +10,13 @@
 #include <utility>
 
 #include "bindings.h"
+#include "tensordict/publication.h"
+#ifdef TENSORDICT_WITH_DIST
 #include "tensordict/distributed/publication.h"
+#endif
+#ifdef TENSORDICT_WITH_PIPE
+#include "tensordict/pipe/publication.h"
+#endif
 
 namespace tensordict::python {
 namespace {
@@ -22,9 +29,12 @@ std::optional<std::chrono::milliseconds> wait_from_py(std::optional<double> seco
   return std::chrono::milliseconds(static_cast<int64_t>(std::ceil(*seconds * 1000)));
 }
 
-py::dict stats_to_py(const dist::SubscriberStats& s) {
+py::arg_v wait_arg() { return py::arg("timeout") = py::none(); }
+
+py::dict stats_to_py(const SubscriberStats& s) {
   py::dict d;
-  d["rank"] = s.rank;
+  d["rank"] = s.rank >= 0 ? py::cast(s.rank) : py::none();
+  d["peer"] = s.peer;
   d["version"] = s.version ? py::cast(*s.version) : py::none();
   d["pulls"] = s.pulls;
   d["pinned"] = s.pinned ? py::cast(*s.pinned) : py::none();
@@ -34,10 +44,68 @@ py::dict stats_to_py(const dist::SubscriberStats& s) {
   return d;
 }
 
+// What the two Publishers share.
+template <class P>
+void publisher_methods(py::class_<P>& cls) {
+  cls.def(
+         "publish",
+         [](P& p, const TensorDict& td, std::optional<double> timeout,
+            std::optional<std::string> tensorclass_type) {
+           const auto wait = wait_from_py(timeout);
+           py::gil_scoped_release nogil;
+           return p.publish(td, wait, tensorclass_type);
+         },
+         py::arg("td"), py::kw_only(), wait_arg(), py::arg("_tensorclass_type") = py::none())
+      .def_property_readonly("epoch", &P::epoch)
+      .def_property_readonly("version", &P::version)
+      .def("stats",
+           [](const P& p) {
+             py::list out;
+             for (const auto& s : p.stats()) out.append(stats_to_py(s));
+             return out;
+           })
+      .def("close", &P::close, py::call_guard<py::gil_scoped_release>());
+}
+
+// What the two Subscribers share.
+template <class S>
+void subscriber_methods(py::class_<S>& cls) {
+  cls.def(
+         "pull_into",
+         [](S& s, TensorDict& td, std::optional<double> timeout,
+            std::optional<int64_t> min_version) {
+           PullOptions o{.timeout = wait_from_py(timeout), .min_version = min_version};
+           py::gil_scoped_release nogil;
+           return s.pull(td, o);
+         },
+         py::arg("td"), py::kw_only(), wait_arg(), py::arg("min_version") = py::none())
+      .def(
+          "pull_new",
+          [](S& s, std::optional<double> timeout,
+             std::optional<int64_t> min_version) -> py::object {
+            PullOptions o{.timeout = wait_from_py(timeout), .min_version = min_version};
+            std::optional<Pulled> pulled;
+            {
+              py::gil_scoped_release nogil;
+              pulled = s.pull(o);
+            }
+            if (!pulled) return py::none();
+            return py::make_tuple(std::move(pulled->td), pulled->version,
+                                  pulled->tensorclass_type);
+          },
+          py::kw_only(), wait_arg(), py::arg("min_version") = py::none())
+      .def("interrupt", &S::interrupt, py::arg("on") = true)
+      .def_property_readonly("version", &S::version)
+      .def_property_readonly("epoch", &S::epoch)
+      .def_property_readonly("publisher_closed", &S::publisher_closed);
+}
+
 }  // namespace
 
 void bind_publication(py::module_& m) {
-  py::class_<dist::Publisher>(m, "Publisher")
+#ifdef TENSORDICT_WITH_DIST
+  py::class_<dist::Publisher> publisher(m, "Publisher");
+  publisher
       .def(py::init([](py::object group, int64_t max_slots, std::vector<int64_t> subscribers,
                        int64_t channel) {
              dist::PublisherOptions o{.group = group_from_py(group),
@@ -50,70 +118,56 @@ void bind_publication(py::module_& m) {
            py::kw_only(), group_arg(), py::arg("max_slots") = 2,
            py::arg("subscribers") = std::vector<int64_t>{}, py::arg("channel") = 0)
       .def(
-          "publish",
-          [](dist::Publisher& p, const TensorDict& td, std::optional<double> timeout,
-             std::optional<std::string> tensorclass_type) {
-            const auto wait = wait_from_py(timeout);
-            py::gil_scoped_release nogil;
-            return p.publish(td, wait, tensorclass_type);
-          },
-          py::arg("td"), py::kw_only(), timeout_arg(), py::arg("_tensorclass_type") = py::none())
-      .def_property_readonly("epoch", &dist::Publisher::epoch)
-      .def_property_readonly("version", &dist::Publisher::version)
-      .def("stats",
-           [](const dist::Publisher& p) {
-             py::list out;
-             for (const auto& s : p.stats()) out.append(stats_to_py(s));
-             return out;
-           })
-      .def(
           "wait_for_subscribers",
           [](const dist::Publisher& p, double timeout) {
             const auto wait = wait_from_py(timeout);
             py::gil_scoped_release nogil;
             p.wait_for_subscribers(*wait);
           },
-          py::arg("timeout"))
-      .def("close", &dist::Publisher::close, py::call_guard<py::gil_scoped_release>());
+          py::arg("timeout"));
+  publisher_methods(publisher);
 
-  py::class_<dist::Subscriber>(m, "Subscriber")
-      .def(py::init([](int64_t group_src, py::object group, int64_t channel,
-                       std::optional<int64_t> max_total_bytes) {
-             dist::SubscriberOptions o{.group = group_from_py(group),
-                                       .group_src = group_src,
-                                       .channel = channel,
-                                       .max_total_bytes = max_total_bytes};
+  py::class_<dist::Subscriber> subscriber(m, "Subscriber");
+  subscriber.def(py::init([](int64_t group_src, py::object group, int64_t channel,
+                             std::optional<int64_t> max_total_bytes) {
+                   dist::SubscriberOptions o{.group = group_from_py(group),
+                                             .group_src = group_src,
+                                             .channel = channel,
+                                             .max_total_bytes = max_total_bytes};
+                   py::gil_scoped_release nogil;
+                   return std::make_unique<dist::Subscriber>(o);
+                 }),
+                 py::arg("group_src"), py::kw_only(), group_arg(), py::arg("channel") = 0,
+                 py::arg("max_total_bytes") = py::none());
+  subscriber_methods(subscriber);
+#endif
+#ifdef TENSORDICT_WITH_PIPE
+  py::class_<pipe::Publisher> pipe_publisher(m, "PipePublisher");
+  pipe_publisher
+      .def(py::init([](pipe::TensorDictServer& server, int64_t max_slots) {
              py::gil_scoped_release nogil;
-             return std::make_unique<dist::Subscriber>(o);
+             return std::make_unique<pipe::Publisher>(server, pipe::PublisherOptions{max_slots});
            }),
-           py::arg("group_src"), py::kw_only(), group_arg(), py::arg("channel") = 0,
-           py::arg("max_total_bytes") = py::none())
+           py::arg("server"), py::kw_only(), py::arg("max_slots") = 2, py::keep_alive<1, 2>())
       .def(
-          "pull_into",
-          [](dist::Subscriber& s, TensorDict& td, std::optional<double> timeout,
-             std::optional<int64_t> min_version) {
-            dist::PullOptions o{.timeout = wait_from_py(timeout), .min_version = min_version};
+          "wait_for_subscribers",
+          [](const pipe::Publisher& p, size_t count, double timeout) {
+            const auto wait = wait_from_py(timeout);
             py::gil_scoped_release nogil;
-            return s.pull(td, o);
+            p.wait_for_subscribers(count, *wait);
           },
-          py::arg("td"), py::kw_only(), timeout_arg(), py::arg("min_version") = py::none())
-      .def(
-          "pull_new",
-          [](dist::Subscriber& s, std::optional<double> timeout,
-             std::optional<int64_t> min_version) -> py::object {
-            dist::PullOptions o{.timeout = wait_from_py(timeout), .min_version = min_version};
-            std::optional<dist::Pulled> pulled;
-            {
-              py::gil_scoped_release nogil;
-              pulled = s.pull(o);
-            }
-            if (!pulled) return py::none();
-            return py::make_tuple(std::move(pulled->td), pulled->version,
-                                  pulled->tensorclass_type);
-          },
-          py::kw_only(), timeout_arg(), py::arg("min_version") = py::none())
-      .def_property_readonly("version", &dist::Subscriber::version)
-      .def_property_readonly("epoch", &dist::Subscriber::epoch);
+          py::arg("count"), py::arg("timeout"));
+  publisher_methods(pipe_publisher);
+
+  py::class_<pipe::Subscriber> pipe_subscriber(m, "PipeSubscriber");
+  pipe_subscriber.def(py::init([](const pipe::Pipe& p, std::optional<int64_t> max_total_bytes) {
+                        py::gil_scoped_release nogil;
+                        return std::make_unique<pipe::Subscriber>(
+                            p, pipe::SubscriberOptions{max_total_bytes});
+                      }),
+                      py::arg("pipe"), py::kw_only(), py::arg("max_total_bytes") = py::none());
+  subscriber_methods(pipe_subscriber);
+#endif
 }
 
 }  // namespace tensordict::python

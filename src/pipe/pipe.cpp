@@ -217,6 +217,8 @@ std::shared_ptr<Link> PipeImpl::endpoint(const char* op) {
   std::lock_guard<std::mutex> lk(ep_mu);
   TD_CHECK_AS(PipeClosedError, !closed.load(), "Cannot ", op, " on a closed pipe.");
   TD_CHECK_AS(PeerClosedError, !peer_closed.load(), op, ": the peer closed the pipe");
+  TORCH_CHECK(!publication.load(), op, ": this pipe carries a publication (a Subscriber pulls "
+              "on it, or a Publisher serves it) and moves nothing else");
   if (ep) return ep;
   TORCH_INTERNAL_ASSERT(listener != nullptr);
   ep = listener->accept(options.timeout);
@@ -229,6 +231,8 @@ std::shared_ptr<Link> PipeImpl::endpoint(const char* op) {
 
 std::shared_ptr<Link> PipeImpl::endpoint_if_connected() {
   std::lock_guard<std::mutex> lk(ep_mu);
+  TORCH_CHECK(!publication.load(), "this pipe carries a publication (a Subscriber pulls on it, "
+              "or a Publisher serves it) and moves nothing else");
   if (ep || !listener || closed.load()) return ep;
   ep = listener->accept(Millis(0));
   if (ep) log_connected(*ep, "accepted");

@@ -82,6 +82,8 @@ struct PipeImpl {
   std::string closed_peer;    // ep's peer() and peer_info().ours, kept by close() (ep_mu)
   bool closed_peer_ours = false;
   std::atomic<bool> closed{false};
+  // The pipe carries a publication (src/pipe/publication.cpp): send() and recv() refuse.
+  std::atomic<bool> publication{false};
   std::atomic<bool> peer_closed{false};  // the peer's close marker was read
 
   std::mutex send_mu;  // one send at a time; guards the send state below
@@ -108,6 +110,11 @@ struct PipeImpl {
   mutable std::mutex event_mu;  // guards the fd, `watchers` and `worker`
   std::atomic<int> event_fd{-1};
   std::atomic<int> watchers{0};
+};
+
+/// The state behind a Pipe, for the library's own classes built on pipes.
+struct PipeAccess {
+  static const std::shared_ptr<PipeImpl>& impl(const Pipe& pipe) { return pipe.impl_; }
 };
 
 /// One send() or recv(): counted in the process's pipe channel when done() and logged at info

@@ -346,6 +346,28 @@ std::shared_ptr<Op> Endpoint::post_recv(Dir dir, void* data, size_t n, const at:
   return op;
 }
 
+std::shared_ptr<Op> Endpoint::post_message(bool recv, bool sync, void* data, size_t n,
+                                           const at::Tensor& owner, const char* what) {
+  if (recv) return post_recv(Dir::kRecv, data, n, owner, what);
+  auto lk = worker_->lock();
+  if (closed_ || peer_gone_ || !failure_.empty() || ep_ == nullptr) throw_unusable("send", what);
+  return start(sync ? Dir::kSyncSend : Dir::kSend, data, n, owner);
+}
+
+bool Endpoint::wait_message(const std::shared_ptr<Op>& op, Clock::time_point deadline, bool recv,
+                            const char* what) {
+  if (!op->done.load() && !worker_->wait(*op, deadline)) return false;
+  if (op->status == UCS_OK) return true;
+  if (op->status == UCS_ERR_MESSAGE_TRUNCATED) {
+    const std::string why = c10::str("recv ", what, ": peer ", peer_,
+                                     " sent a message longer than expected");
+    fail(why);
+    TD_THROW(MalformedPeerDataError, why);
+  }
+  auto lk = worker_->lock();
+  throw_unusable(op_name(recv), what);
+}
+
 void Endpoint::recv(void* data, size_t n, const at::Tensor& owner, const char* what,
                     Millis timeout) {
   if (auto s = take_stashed(what)) {

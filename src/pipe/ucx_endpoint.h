@@ -68,6 +68,18 @@ class Endpoint final : public Link {
   size_t recv_joined(uint8_t* head, const at::Tensor& head_owner, void* data, size_t n,
                      const at::Tensor& owner, const char* what, Millis timeout) override;
 
+  /// Publication's messages (src/pipe/publication.cpp), each posted, then waited on apart: a
+  /// wait that gives up leaves the message posted and the endpoint as it was. A `sync` send
+  /// completes once the peer has matched it. Throws as send()/recv() when the endpoint is
+  /// unusable.
+  std::shared_ptr<Op> post_message(bool recv, bool sync, void* data, size_t n,
+                                   const at::Tensor& owner, const char* what);
+  /// Waits until `op` (from post_message) completes, true, or `deadline` passes, false (still
+  /// posted). A failed one throws as send()/recv() do: PeerLostError, PipeClosedError, and
+  /// MalformedPeerDataError for a message longer than its buffer (which breaks the endpoint).
+  bool wait_message(const std::shared_ptr<Op>& op, Clock::time_point deadline, bool recv,
+                    const char* what);
+
   /// A tag message for this endpoint is waiting unreceived (ucp_tag_probe_nb), or the endpoint
   /// is unusable; progresses the worker for up to `spin` until then.
   bool recv_would_not_wait(Micros spin) override;

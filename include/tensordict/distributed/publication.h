@@ -15,9 +15,15 @@
 #include <vector>
 
 #include "tensordict/distributed/options.h"
+#include "tensordict/publication.h"
 #include "tensordict/tensor_dict.h"
 
 namespace tensordict::dist {
+
+// Shared with the pipe's publication (tensordict/publication.h).
+using tensordict::PullOptions;
+using tensordict::Pulled;
+using tensordict::SubscriberStats;
 
 /// Keyword arguments of Publisher.
 struct PublisherOptions {
@@ -30,19 +36,6 @@ struct PublisherOptions {
   /// Several publications on one group use one channel each, 0 to 65535; a Subscriber pulls
   /// from the publisher of its channel.
   int64_t channel = 0;
-};
-
-/// What Publisher::stats() reports of one subscriber. The version it last pulled is its
-/// acknowledgement: the publisher saw its last message taken, so no extra message is needed.
-struct SubscriberStats {
-  int64_t rank = 0;                       // in the group
-  std::optional<int64_t> version{};       // the last version it received whole (this epoch)
-  int64_t pulls = 0;                      // versions it received whole
-  std::optional<int64_t> pinned{};        // the version of the slot it is receiving now
-  bool waiting = false;                   // a pull of it waits for a version to be published
-  bool lost = false;                      // its connection broke, or it sent bytes that are
-                                          // not a request (then `error` says what)
-  std::string error{};
 };
 
 /// Publishes versions of a TensorDict to subscribers on a c10d group (Gloo). Thread-safe.
@@ -96,24 +89,6 @@ struct SubscriberOptions {
   std::optional<int64_t> max_total_bytes{};
 };
 
-/// Keyword arguments of Subscriber::pull().
-struct PullOptions {
-  /// The longest pull waits for a newer version, then it returns nothing, its TensorDict
-  /// unchanged. 0 polls: what has arrived is taken, nothing is waited for (a version the
-  /// publisher is still sending is taken by a later pull). Unset: until one is published.
-  std::optional<std::chrono::milliseconds> timeout{};
-  /// Wait for at least this version of the publisher's current epoch; unset: any newer than
-  /// the one held (a version of a new epoch is newer than any of the old one).
-  std::optional<int64_t> min_version{};
-};
-
-/// A version pulled into a new TensorDict.
-struct Pulled {
-  TensorDict td;
-  int64_t version = 0;
-  std::optional<std::string> tensorclass_type{};  // the publisher's, when it named one
-};
-
 /// Pulls versions from the Publisher on rank `src` (its channel). Not thread-safe: one thread
 /// pulls at a time.
 class Subscriber {
@@ -138,9 +113,16 @@ class Subscriber {
   /// later pulls.
   std::optional<Pulled> pull(const PullOptions& options = {});
 
+  /// Makes the running pull (or, when none runs, the next) return nothing within 100 ms, its
+  /// TensorDict unchanged: an event loop's cancelled apull. interrupt(false) withdraws it.
+  /// The only method another thread may call during a pull.
+  void interrupt(bool on = true);
+
   /// The version held (0: none) and its publisher's epoch (0: none).
   int64_t version() const;
   uint64_t epoch() const;
+  /// Whether a pull found the publisher closed (its NoPublisherError said "closed").
+  bool publisher_closed() const;
 
   struct Impl;
 

@@ -21,6 +21,7 @@ namespace tensordict::pipe {
 
 namespace detail {
 struct PipeImpl;
+struct PipeAccess;
 struct ServerImpl;
 }  // namespace detail
 
@@ -232,6 +233,7 @@ class Pipe final {
   // Only the library makes a Pipe from its state: listen(), connect(), over(), and
   // TensorDictServer's accepted pipes (ServerImpl).
   friend struct detail::ServerImpl;
+  friend struct detail::PipeAccess;  // publication (src/pipe/publication.cpp)
   explicit Pipe(std::shared_ptr<detail::PipeImpl> impl);
 
   std::shared_ptr<detail::PipeImpl> impl_;

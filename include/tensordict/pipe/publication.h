@@ -1,0 +1,112 @@
+#pragma once
+// Publication over the pipe (docs/publication.md): a TensorDictServer's Publisher hands the
+// newest version of a TensorDict to each connected TensorDictPipe's Subscriber, each pulling
+// when it wants, as tensordict::dist::Publisher does over a c10d group: versions in max_slots
+// slots, a pull pinning the slot it is sent from, never a torn version. The messages are the
+// group's (docs/wire-format.md §9), in order on the pipe (§9.7); a pipe that subscribes carries
+// nothing else.
+
+#include <chrono>
+#include <cstdint>
+#include <memory>
+#include <optional>
+#include <string>
+#include <vector>
+
+#include "tensordict/pipe/pipe.h"
+#include "tensordict/pipe/server.h"
+#include "tensordict/publication.h"
+#include "tensordict/tensor_dict.h"
+
+namespace tensordict::pipe {
+
+/// Keyword arguments of Publisher.
+struct PublisherOptions {
+  /// How many copies of the TensorDict the publisher keeps (>= 1). With 2, a publish never
+  /// waits while at most one subscriber is mid-pull.
+  int64_t max_slots = 2;
+};
+
+/// Publishes versions of a TensorDict to every client of `server`, present and future: it
+/// serves the server (TensorDictServer::serve), each client's pipe from the server's thread
+/// for it, so a slow, stopped or dead subscriber costs the others nothing and the publisher at
+/// most the slot it pins. A client that is not a tensordict_cpp peer (the reference's pipe) is
+/// recorded as lost and its pipe closed. Thread-safe.
+class Publisher {
+ public:
+  /// RuntimeError when `server` is closed or serves already.
+  explicit Publisher(TensorDictServer& server, const PublisherOptions& options = {});
+  /// close().
+  ~Publisher();
+  Publisher(const Publisher&) = delete;
+  Publisher& operator=(const Publisher&) = delete;
+
+  /// As dist::Publisher::publish: copies `td` into a slot nobody pins and returns its version;
+  /// waits only while every slot is pinned, at most `timeout`, then TimeoutError naming the
+  /// subscribers (their pipes' peers) that pin them.
+  int64_t publish(const TensorDict& td,
+                  std::optional<std::chrono::milliseconds> timeout = std::nullopt,
+                  const std::optional<std::string>& tensorclass_type = std::nullopt);
+
+  uint64_t epoch() const;
+  int64_t version() const;
+  /// One entry per client, in the order they connected (`peer`: the pipe's peer, `rank` -1).
+  std::vector<SubscriberStats> stats() const;
+  /// Waits until at least `count` clients have connected and each has sent a request (or was
+  /// lost), at most `timeout`; TimeoutError naming those that have not.
+  void wait_for_subscribers(size_t count, std::chrono::milliseconds timeout) const;
+  /// Stops serving: pulls waiting for a version get "closed" (NoPublisherError), and every
+  /// client's pipe is closed once its thread has answered. The server keeps running (close it
+  /// to stop accepting). Idempotent.
+  void close();
+
+  struct Impl;
+
+ private:
+  std::shared_ptr<Impl> impl_;
+};
+
+/// Keyword arguments of Subscriber.
+struct SubscriberOptions {
+  /// The largest storage the publisher may announce; unset: the pipe's max_storage_bytes.
+  std::optional<int64_t> max_total_bytes{};
+};
+
+/// Pulls versions from the Publisher of the server at the other end of `pipe` (made by
+/// Pipe::connect, or listen for a single client). The pipe then carries the publication's
+/// messages only: its send() and recv() raise. Not thread-safe: one thread pulls at a time.
+class Subscriber {
+ public:
+  /// ValueError for a pipe over a caller's link (Pipe::over), whose messages cannot be waited
+  /// on apart; the pipe's errors when it is closed or broken.
+  explicit Subscriber(Pipe pipe, const SubscriberOptions& options = {});
+  ~Subscriber();
+  Subscriber(const Subscriber&) = delete;
+  Subscriber& operator=(const Subscriber&) = delete;
+
+  /// As dist::Subscriber::pull: fills `td` with the newest version newer than the one held and
+  /// returns its number, or nothing when the timeout passes first (`td` unchanged, the pipe
+  /// usable). NoPublisherError at once when the peer is not a tensordict_cpp peer (the
+  /// reference's pipe has no Publisher), when it takes no request within the timeout (its
+  /// server runs no Publisher), and when its Publisher closed; PeerLostError when the pipe
+  /// broke.
+  std::optional<int64_t> pull(TensorDict& td, const PullOptions& options = {});
+  /// The same into a new TensorDict (its leaves views of a storage of its own).
+  std::optional<Pulled> pull(const PullOptions& options = {});
+  /// Makes the running pull (or, when none runs, the next) return nothing within 100 ms, its
+  /// TensorDict unchanged: an event loop's cancelled apull. interrupt(false) withdraws it.
+  void interrupt(bool on = true);
+
+  int64_t version() const;
+  uint64_t epoch() const;
+  /// Whether a pull found the publisher closed (its NoPublisherError said "closed").
+  bool publisher_closed() const;
+  const Pipe& pipe() const;
+
+  struct Impl;
+
+ private:
+  std::unique_ptr<Impl> impl_;
+};
+
+}  // namespace tensordict::pipe

@@ -1,0 +1,53 @@
+#pragma once
+// How publication's messages travel (docs/wire-format.md §9): the two ends of the exchange
+// (publication_publisher.h, publication_subscriber.h) post and wait on messages through a Link,
+// which each transport implements: a c10d group's tags (src/distributed/publication.cpp) and a
+// pipe's tag messages (src/pipe/publication.cpp). No transport here.
+
+#include <ATen/core/Tensor.h>
+
+#include <chrono>
+#include <memory>
+#include <string>
+#include <vector>
+
+#include "wire/publication.h"
+
+namespace tensordict::wire::publication {
+
+using Clock = std::chrono::steady_clock;
+
+/// One message posted on a Link (the transport's own record behind it).
+struct Pending {
+  virtual ~Pending() = default;
+};
+using PendingPtr = std::shared_ptr<Pending>;
+
+/// One publisher and one subscriber's messages. Messages of one Kind arrive in the order they
+/// were sent; a message posted stays posted, its buffer kept, until it completes, however many
+/// waits give up on it. Called by one thread at a time.
+class Link {
+ public:
+  virtual ~Link() = default;
+  /// Posts the receive of the next message of `kind` into `buffer` (contiguous uint8).
+  virtual PendingPtr post_recv(const at::Tensor& buffer, Kind kind) = 0;
+  /// Posts the send of `buffer`. A request's completes only once the peer has taken it (posted
+  /// its receive): that is how a subscriber tells a peer that runs no publisher.
+  virtual PendingPtr post_send(const at::Tensor& buffer, Kind kind) = 0;
+  /// Waits until `p` completes (true) or `deadline` passes (false; it stays posted). Throws
+  /// PeerLostError for a lost connection, MalformedPeerDataError for a request or an offer of
+  /// the wrong size, NoPublisherError or PeerClosedError for the peer's clean close where an
+  /// offer or a request was due.
+  virtual bool wait(const PendingPtr& p, Clock::time_point deadline) = 0;
+  /// Whether the completed receive `p` carried fewer bytes than its buffer.
+  virtual bool short_message(const PendingPtr& p) const = 0;
+  /// Messages a closing publisher leaves posted: kept until they complete, or dropped with a
+  /// connection that goes.
+  virtual void keep(const std::vector<PendingPtr>& posted) = 0;
+  /// The peer in words, for messages: "rank 2", "127.0.0.1:40123".
+  virtual std::string peer() const = 0;
+  /// Why a peer that takes no request runs no publisher, for NoPublisherError.
+  virtual std::string no_publisher() const = 0;
+};
+
+}  // namespace tensordict::wire::publication

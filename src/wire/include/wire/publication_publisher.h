@@ -1,0 +1,89 @@
+#pragma once
+// The publisher's end of publication (docs/publication.md, docs/wire-format.md §9.4), whatever
+// carries its messages: the slots, the versions, and the answer to each subscriber's requests
+// over its Link. The transports own the threads (one per subscriber) and the links:
+// tensordict::dist::Publisher over a c10d group, tensordict::pipe::Publisher over a server's
+// pipes.
+
+#include <atomic>
+#include <chrono>
+#include <condition_variable>
+#include <cstdint>
+#include <list>
+#include <memory>
+#include <mutex>
+#include <optional>
+#include <string>
+#include <vector>
+
+#include "tensordict/consolidate.h"
+#include "tensordict/publication.h"
+#include "tensordict/tensor_dict.h"
+#include "wire/publication_link.h"
+
+namespace tensordict::wire::publication {
+
+/// Thread-safe. publish() copies a version into one of the slots; serve() answers one
+/// subscriber's requests on the calling thread, pinning the slot it sends from until the
+/// subscriber has taken it, so a publish never overwrites what a subscriber receives.
+class PublisherCore {
+ public:
+  /// One subscriber, as add() registers it.
+  struct Subscription;
+
+  /// `max_slots` >= 1 (checked by the caller, whose argument it is).
+  explicit PublisherCore(int64_t max_slots);
+  ~PublisherCore();
+  PublisherCore(const PublisherCore&) = delete;
+  PublisherCore& operator=(const PublisherCore&) = delete;
+
+  /// Publisher::publish (both transports): copies `td` into a slot nobody pins, the oldest
+  /// first, and makes it the newest version, whose number it returns. Waits only while every
+  /// slot is pinned, at most `timeout`, then TimeoutError naming the subscribers that pin them.
+  int64_t publish(const TensorDict& td, std::optional<std::chrono::milliseconds> timeout,
+                  const std::optional<std::string>& tensorclass_type);
+
+  /// Registers a subscriber; `stats` names it (rank, peer). Alive as long as the core.
+  Subscription& add(SubscriberStats stats);
+  /// Answers `s`'s requests over `link` until close(), a lost connection (recorded in its
+  /// stats) or a request that is not one (then answered "refused"). Never throws.
+  void serve(Subscription& s, Link& link);
+  /// Records `s` as lost, with `error` as its reason (kept if one is already recorded).
+  void lose(Subscription& s, const std::string& error);
+
+  uint64_t epoch() const { return epoch_; }
+  int64_t version() const;
+  /// One entry per subscriber, in the order they were added.
+  std::vector<SubscriberStats> stats() const;
+  /// Waits until at least `count` subscribers were added and each has sent a request or was
+  /// lost, at most `timeout`; then TimeoutError: "<call>: " and the subscribers that have not
+  /// asked, then `hint` (who they may be).
+  void wait_for_subscribers(const char* call, size_t count, std::chrono::milliseconds timeout,
+                            const std::string& hint) const;
+  /// Serving stops: pulls waiting for a version get "closed", messages in flight are left to
+  /// the links (Link::keep), serve() returns within a slice of its waits. Idempotent.
+  void close();
+  bool closing() const { return closing_.load(); }
+
+ private:
+  struct Slot;
+  bool answer(Subscription& s, Link& link, const Offer& offer, const at::Tensor& schema,
+              const at::Tensor& data);
+  std::string pinning_locked() const;
+
+  const uint64_t epoch_;
+  mutable std::mutex mutex_;
+  mutable std::condition_variable changed_;  // a version published, a slot unpinned, a request
+  std::vector<Slot> slots_;
+  int newest_ = -1;
+  int64_t version_ = 0;
+  std::list<Subscription> subscriptions_;  // a list: each stays where it is
+  std::atomic<bool> closing_{false};
+  std::mutex publish_mutex_;  // one publish copies at a time; guards the last_* fields
+  std::optional<Metadata> last_metadata_;
+  std::optional<std::string> last_tensorclass_;
+  std::shared_ptr<const std::string> last_json_;
+  uint64_t last_schema_ = 0;
+};
+
+}  // namespace tensordict::wire::publication

@@ -1,0 +1,87 @@
+#pragma once
+// The subscriber's end of publication (docs/publication.md, docs/wire-format.md §9.4), whatever
+// carries its messages: a pull's request, offer, schema and data over a Link, the checks every
+// field of the publisher's must pass, and the copy of a whole version into the caller's
+// TensorDict. The transports own the links: tensordict::dist::Subscriber over a c10d group,
+// tensordict::pipe::Subscriber over a pipe.
+
+#include <atomic>
+#include <cstdint>
+#include <memory>
+#include <optional>
+#include <string>
+#include <type_traits>
+#include <utility>
+#include <vector>
+
+#include "core/metadata.h"
+#include "tensordict/publication.h"
+#include "tensordict/tensor_dict.h"
+#include "wire/publication_link.h"
+
+namespace tensordict::wire::publication {
+
+/// One pull's messages, from its request on: what a pull that gave up left in flight for the
+/// next, and what a destroyed subscriber leaves to the next one on the same link.
+struct InFlight;
+
+/// Not thread-safe, but for interrupt(): one thread pulls at a time.
+class SubscriberCore {
+ public:
+  /// `link`: the publisher's messages. `who` names the pulls in errors ("Subscriber.pull (rank
+  /// 0)"); `max_total_bytes` bounds the storage an offer may announce.
+  SubscriberCore(std::shared_ptr<Link> link, std::string who, int64_t max_total_bytes);
+  ~SubscriberCore();
+  SubscriberCore(const SubscriberCore&) = delete;
+  SubscriberCore& operator=(const SubscriberCore&) = delete;
+
+  /// Subscriber::pull (both transports): fills `td` with the newest version newer than the one
+  /// held, or returns nothing when the timeout passes first (`td` unchanged); see
+  /// tensordict/distributed/publication.h for the errors.
+  std::optional<int64_t> pull(TensorDict& td, const PullOptions& options);
+  /// The same into a new TensorDict, whose leaves are views of a storage of its own.
+  std::optional<Pulled> pull(const PullOptions& options);
+
+  int64_t version() const;
+  uint64_t epoch() const;
+  /// Whether a pull found the publisher closed (NoPublisherError "closed").
+  bool publisher_closed() const { return publisher_closed_; }
+
+  /// Makes the running pull, or the next one, return nothing within a slice of its waits, its
+  /// TensorDict unchanged (an event loop's cancelled apull); interrupt(false) withdraws it.
+  void interrupt(bool on) { interrupted_.store(on); }
+
+  /// What a pull left in flight, taken out (null when nothing is); adopt() hands it to another
+  /// subscriber on the same link, whose first pull finishes it.
+  std::shared_ptr<InFlight> release();
+  void adopt(std::shared_ptr<InFlight> in_flight);
+
+  struct Held;
+
+ private:
+  void send_request(const PullOptions& options, Clock::time_point start);
+  bool advance(Clock::time_point start, Clock::time_point deadline, const PullOptions& options);
+  bool wait(const PendingPtr& p, Clock::time_point deadline, const char* what);
+  // After a lost connection (on `lost`): NoPublisherError when the publisher's close marker is
+  // what the offer's receive found, else nothing.
+  void said_goodbye(const PendingPtr& lost);
+  template <typename Apply>
+  auto pull_with(const PullOptions& options, Apply&& apply)
+      -> std::optional<std::invoke_result_t<Apply&, InFlight&>>;
+
+  std::shared_ptr<Link> link_;
+  const std::string who_;
+  const int64_t max_total_bytes_;
+  std::unique_ptr<Held> held_;
+  uint64_t seq_ = 0;
+  std::shared_ptr<InFlight> out_;
+  std::atomic<bool> interrupted_{false};
+  bool publisher_closed_ = false;
+  at::Tensor stage_;  // where data lands; kept between pulls
+  // The stage's leaves as views, for the schema they were made for.
+  std::vector<std::pair<std::vector<std::string>, at::Tensor>> stage_views_;
+  const void* stage_views_for_ = nullptr;
+  uint64_t stage_views_schema_ = 0;
+};
+
+}  // namespace tensordict::wire::publication

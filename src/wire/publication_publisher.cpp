@@ -1,0 +1,330 @@
+#include "wire/publication_publisher.h"
+
+#include <ATen/ATen.h>
+#include <ATen/core/grad_mode.h>
+#include <c10/util/Exception.h>
+
+#include <algorithm>
+#include <random>
+#include <utility>
+
+#include "core/byte_tensor.h"
+#include "tensordict/errors.h"
+#include "tensordict/leaf.h"
+#include "tensordict/nested_key.h"
+#include "wire/leaf_order.h"
+
+namespace tensordict::wire::publication {
+namespace {
+
+// Waits are cut in slices, so that a closing publisher stops within one.
+constexpr auto kSlice = std::chrono::milliseconds(100);
+
+using Leaves = std::vector<std::pair<std::vector<std::string>, at::Tensor>>;
+
+uint64_t random_epoch() {
+  std::random_device device;
+  std::mt19937_64 mix((uint64_t{device()} << 32) ^ device() ^
+                      static_cast<uint64_t>(Clock::now().time_since_epoch().count()));
+  uint64_t e = 0;
+  while (e == 0) e = mix();
+  return e;
+}
+
+// Zeroed: a peer's short message leaves zeros, which decode_request refuses.
+at::Tensor message_buffer() {
+  return at::zeros({static_cast<int64_t>(kMessageBytes)}, at::kByte);
+}
+
+// Waits for `p` in slices until it completes (true) or the publisher closes (false).
+bool wait_unless_closing(Link& link, const PendingPtr& p, const std::atomic<bool>& closing) {
+  while (!closing.load()) {
+    if (link.wait(p, Clock::now() + kSlice)) return true;
+  }
+  return false;
+}
+
+}  // namespace
+
+struct PublisherCore::Slot {
+  at::Tensor storage;   // 1-D uint8, at least `bytes` long
+  int64_t version = 0;  // 0: never filled
+  int64_t bytes = 0;
+  std::shared_ptr<const std::string> json;  // the version's metadata JSON
+  uint64_t schema = 0;
+  int pins = 0;          // subscribers receiving it now
+  bool writing = false;  // a publish is copying into it
+  Leaves views;          // the slot's leaves as views, for the schema they were made for
+  uint64_t views_schema = 0;
+};
+
+struct PublisherCore::Subscription {
+  SubscriberStats stats;
+  bool asked = false;  // a request arrived
+};
+
+PublisherCore::PublisherCore(int64_t max_slots)
+    : epoch_(random_epoch()), slots_(static_cast<size_t>(max_slots)) {}
+
+PublisherCore::~PublisherCore() = default;
+
+PublisherCore::Subscription& PublisherCore::add(SubscriberStats stats) {
+  std::lock_guard<std::mutex> lock(mutex_);
+  subscriptions_.push_back(Subscription{std::move(stats)});
+  return subscriptions_.back();
+}
+
+void PublisherCore::lose(Subscription& s, const std::string& error) {
+  std::lock_guard<std::mutex> lock(mutex_);
+  s.stats.lost = true;
+  s.stats.waiting = false;
+  if (s.stats.error.empty()) s.stats.error = error;
+  changed_.notify_all();  // wait_for_subscribers
+}
+
+bool PublisherCore::answer(Subscription& s, Link& link, const Offer& offer,
+                           const at::Tensor& schema, const at::Tensor& data) {
+  std::vector<PendingPtr> posted;
+  try {
+    posted.push_back(link.post_send(core::bytes_tensor(encode(offer)), Kind::kOffer));
+    if (offer.status == Status::kNew) {
+      if (offer.schema_bytes > 0) posted.push_back(link.post_send(schema, Kind::kSchema));
+      posted.push_back(link.post_send(data, Kind::kData));
+    }
+    for (const auto& p : posted) {
+      if (!wait_unless_closing(link, p, closing_)) {
+        // Closing while the subscriber has not taken everything: the sends stay posted, so
+        // that its connection is not harmed.
+        link.keep(posted);
+        return false;
+      }
+    }
+  } catch (const std::exception& e) {
+    lose(s, e.what());
+    return false;
+  }
+  return true;
+}
+
+void PublisherCore::serve(Subscription& s, Link& link) {
+  at::Tensor request = message_buffer();
+  PendingPtr pending;
+  const std::string who = c10::str("Publisher (", link.peer(), "'s request)");
+  try {
+    pending = link.post_recv(request, Kind::kRequest);
+    for (;;) {
+      if (!wait_unless_closing(link, pending, closing_)) break;
+      Request r;
+      try {
+        r = decode_request(who.c_str(), request.data_ptr<uint8_t>());
+      } catch (const c10::Error& e) {
+        // Not a request: the peer's messages cannot be trusted any more.
+        lose(s, e.msg());
+        Offer refused;
+        refused.status = Status::kRefused;
+        answer(s, link, refused, {}, {});
+        return;
+      }
+      request = message_buffer();
+      pending = link.post_recv(request, Kind::kRequest);  // ready for the next one at once
+
+      std::unique_lock<std::mutex> lock(mutex_);
+      s.asked = true;
+      s.stats.waiting = true;
+      changed_.notify_all();  // wait_for_subscribers
+      const auto eligible = [&] {
+        if (closing_.load()) return true;
+        if (newest_ < 0) return false;
+        const Slot& slot = slots_[newest_];
+        if (slot.writing) return false;  // the only slot, being filled again (max_slots 1)
+        const bool newer = r.epoch != epoch_ || slot.version > r.version;
+        return newer && slot.version >= r.min_version;
+      };
+      if (r.wait_ms < 0) {
+        changed_.wait(lock, eligible);
+      } else {
+        changed_.wait_until(lock, Clock::now() + std::chrono::milliseconds(r.wait_ms), eligible);
+      }
+      s.stats.waiting = false;
+      Offer offer;
+      offer.seq = r.seq;
+      offer.epoch = epoch_;
+      if (closing_.load()) {
+        offer.status = Status::kClosed;
+        lock.unlock();
+        answer(s, link, offer, {}, {});
+        break;
+      }
+      if (!eligible()) {
+        offer.status = Status::kNone;
+        lock.unlock();
+        if (!answer(s, link, offer, {}, {})) return;
+        continue;
+      }
+      Slot& slot = slots_[newest_];
+      ++slot.pins;
+      s.stats.pinned = slot.version;
+      offer.status = Status::kNew;
+      offer.version = slot.version;
+      offer.data_bytes = slot.bytes;
+      offer.schema = slot.schema;
+      const bool reuse = r.epoch == epoch_ && r.schema == slot.schema;
+      offer.schema_bytes = reuse ? 0 : static_cast<int64_t>(slot.json->size());
+      const at::Tensor schema = reuse ? at::Tensor() : core::bytes_tensor(*slot.json);
+      const at::Tensor data = slot.storage.narrow(0, 0, slot.bytes);
+      lock.unlock();
+
+      const bool taken = answer(s, link, offer, schema, data);
+      lock.lock();
+      --slot.pins;
+      s.stats.pinned.reset();
+      if (taken) {
+        s.stats.version = offer.version;
+        ++s.stats.pulls;
+      }
+      changed_.notify_all();
+      if (!taken) return;
+    }
+  } catch (const std::exception& e) {
+    lose(s, e.what());
+    return;
+  }
+  // Closing: the posted receive is kept (its buffer alive) for a later publisher.
+  if (pending) link.keep({pending});
+}
+
+int64_t PublisherCore::version() const {
+  std::lock_guard<std::mutex> lock(mutex_);
+  return version_;
+}
+
+std::vector<SubscriberStats> PublisherCore::stats() const {
+  std::lock_guard<std::mutex> lock(mutex_);
+  std::vector<SubscriberStats> out;
+  for (const auto& s : subscriptions_) out.push_back(s.stats);
+  return out;
+}
+
+void PublisherCore::wait_for_subscribers(const char* call, size_t count,
+                                         std::chrono::milliseconds timeout,
+                                         const std::string& hint) const {
+  std::unique_lock<std::mutex> lock(mutex_);
+  const auto all = [&] {
+    return subscriptions_.size() >= count &&
+           std::all_of(subscriptions_.begin(), subscriptions_.end(),
+                       [](const Subscription& s) { return s.asked || s.stats.lost; });
+  };
+  if (changed_.wait_for(lock, timeout, all)) return;
+  std::string silent;
+  for (const auto& s : subscriptions_) {
+    if (!s.asked && !s.stats.lost) silent += c10::str(silent.empty() ? "" : ", ", s.stats.peer);
+  }
+  if (subscriptions_.size() < count) {
+    silent += c10::str(silent.empty() ? "" : "; ", count - subscriptions_.size(),
+                       " of the ", count, " subscribers expected never connected");
+  }
+  TD_THROW(TimeoutError, call, ": no request from ", silent, " within ", timeout.count(),
+           " ms: ", hint);
+}
+
+void PublisherCore::close() {
+  std::lock_guard<std::mutex> lock(mutex_);
+  closing_.store(true);
+  changed_.notify_all();
+}
+
+std::string PublisherCore::pinning_locked() const {
+  std::string pinning;
+  for (const auto& s : subscriptions_) {
+    if (!s.stats.pinned) continue;
+    pinning += c10::str(pinning.empty() ? "" : ", ", s.stats.peer, " (version ", *s.stats.pinned,
+                        ")");
+  }
+  return pinning;
+}
+
+int64_t PublisherCore::publish(const TensorDict& td,
+                               std::optional<std::chrono::milliseconds> timeout,
+                               const std::optional<std::string>& tensorclass_type) {
+  constexpr const char* kCall = "publish";
+  TORCH_CHECK(!closing_.load(), kCall, ": the Publisher is closed");
+  TORCH_CHECK_VALUE(!timeout || timeout->count() >= 0, kCall,
+                    ": timeout must not be negative");
+  std::lock_guard<std::mutex> one(publish_mutex_);
+  const Leaves leaves = leaves_in_order(td);
+  for (const auto& [path, leaf] : leaves) check_transferable(kCall, NestedKey(path).str(), leaf);
+
+  Metadata metadata = metadata_of(td);
+  if (!last_metadata_ || !(*last_metadata_ == metadata) ||
+      last_tensorclass_ != tensorclass_type) {
+    const int64_t bytes = metadata_storage_bytes(metadata);
+    TransportFields fields{{"_total_bytes", bytes}};
+    if (tensorclass_type) fields.emplace_back("_tensorclass_type", *tensorclass_type);
+    last_json_ = std::make_shared<const std::string>(metadata_to_json(metadata, false, fields));
+    last_schema_ = schema_hash(*last_json_);
+    last_metadata_ = std::move(metadata);
+    last_tensorclass_ = tensorclass_type;
+  }
+  const int64_t bytes = metadata_storage_bytes(*last_metadata_);
+
+  // A slot nobody pins or fills, the oldest first; the newest last (while it is filled again,
+  // pulls wait for the new version rather than take the old one).
+  std::unique_lock<std::mutex> lock(mutex_);
+  const auto pick = [&]() -> int {
+    int best = -1;
+    const auto rank_of = [&](int i) { return std::pair{i == newest_, slots_[i].version}; };
+    for (int i = 0; i < static_cast<int>(slots_.size()); ++i) {
+      const auto& s = slots_[i];
+      if (s.pins > 0 || s.writing) continue;
+      if (best < 0 || rank_of(i) < rank_of(best)) best = i;
+    }
+    return best;
+  };
+  int index = pick();
+  if (index < 0) {
+    const auto deadline = timeout ? Clock::now() + *timeout : Clock::time_point::max();
+    while ((index = pick()) < 0 && !closing_.load()) {
+      if (changed_.wait_until(lock, deadline) == std::cv_status::timeout && pick() < 0) {
+        TD_THROW(TimeoutError, kCall, ": every one of the ", slots_.size(),
+                 " slots is pinned by a subscriber still receiving it: ", pinning_locked(),
+                 "; waited ", timeout ? timeout->count() : 0,
+                 " ms. Raise max_slots, or find out why they do not take their data");
+      }
+    }
+    TORCH_CHECK(!closing_.load(), kCall, ": the Publisher was closed");
+  }
+  Slot& slot = slots_[index];
+  slot.writing = true;
+  lock.unlock();
+  try {
+    if (!slot.storage.defined() || slot.storage.numel() < bytes) {
+      slot.storage = at::empty({bytes}, at::kByte);
+      slot.views_schema = 0;
+    }
+    if (slot.views_schema != last_schema_) {
+      slot.views = leaves_in_order(rebuild(*last_metadata_, slot.storage.narrow(0, 0, bytes)));
+      slot.views_schema = last_schema_;
+    }
+    at::NoGradGuard no_grad;
+    for (size_t i = 0; i < leaves.size(); ++i) slot.views[i].second.copy_(leaves[i].second);
+  } catch (...) {
+    // Half written: the slot holds no version any more.
+    std::lock_guard<std::mutex> relock(mutex_);
+    slot.writing = false;
+    slot.version = 0;
+    if (newest_ == index) newest_ = -1;
+    changed_.notify_all();
+    throw;
+  }
+  lock.lock();
+  slot.writing = false;
+  slot.bytes = bytes;
+  slot.json = last_json_;
+  slot.schema = last_schema_;
+  slot.version = ++version_;
+  newest_ = index;
+  changed_.notify_all();
+  return slot.version;
+}
+
+}  // namespace tensordict::wire::publication
