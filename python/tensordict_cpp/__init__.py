@@ -37,7 +37,7 @@ from tensordict_cpp.nn import TensorDictParams
 # As in the reference, the name `tensorclass` is the decorator; the module stays reachable as
 # `from tensordict_cpp.tensorclass import ...` (through sys.modules).
 from tensordict_cpp.tensorclass import is_tensor_collection, is_tensorclass, tensorclass
-if _C.has_distributed:
+if _C.has_distributed or hasattr(_C, "PipePublisher"):
     from tensordict_cpp.publication import Publisher, Subscriber
 
 __all__ = ["TensorDict", "LazyStackedTensorDict", "NonTensorData", "MetaData", "NonTensorStack",

@@ -1,9 +1,12 @@
 """Publication: one trainer, many receivers (docs/publication.md).
 
-A :class:`Publisher` hands the newest version of a TensorDict to many :class:`Subscriber`\\ s
-over a c10d group, each pulling when it wants; a version travels only to a subscriber that
-asks, so a slow, stopped or dead subscriber costs the others nothing. Versions are numbered,
-and each Publisher has an epoch of its own, so a subscriber notices a restarted trainer.
+A :class:`Publisher` hands the newest version of a TensorDict to many :class:`Subscriber`\\ s,
+each pulling when it wants, over a c10d group or over the UCX pipe (a
+:class:`~tensordict_cpp.TensorDictServer` publishes, each connected
+:class:`~tensordict_cpp.TensorDictPipe` subscribes); a version travels only to a subscriber
+that asks, so a slow, stopped or dead subscriber costs the others nothing. Versions are
+numbered, and each Publisher has an epoch of its own, so a subscriber notices a restarted
+trainer.
 
 >>> pub = Publisher(max_slots=2)                      # on the trainer, rank 0
 >>> v = pub.publish(TensorDict.from_module(policy))   # never waits for the subscribers
@@ -11,17 +14,23 @@ and each Publisher has an epoch of its own, so a subscriber notices a restarted 
 >>> weights = sub.pull(timeout=30)                    # a new TensorDict, the newest version
 >>> v = sub.pull(weights, timeout=0)                  # later: in place, or None (a poll)
 
-The C++ classes (``tensordict::dist::Publisher`` / ``Subscriber``) do the work with the GIL
-released; this module maps ranks and classes.
+Over the pipe: ``Publisher(server)`` and ``Subscriber(pipe)``, the same methods, and
+``await sub.apull(td)`` / ``async for v in sub.updates(td)`` from an event loop.
+
+The C++ classes (``tensordict::dist::Publisher`` / ``Subscriber``, ``tensordict::pipe::...``)
+do the work with the GIL released; this module maps ranks, pipes and classes.
 """
 from __future__ import annotations
 
+import asyncio
 import datetime
-from typing import Any, Union
+import threading
+from typing import Any, AsyncIterator, Callable, Union
 
 from tensordict_cpp import _C, _collectives, _reference
 from tensordict_cpp._p2p import _seconds
 from tensordict_cpp._td import TensorDict
+from tensordict_cpp.errors import NoPublisherError
 from tensordict_cpp.tensorclass import _type_name, is_tensorclass
 
 __all__ = ["Publisher", "Subscriber"]
@@ -43,21 +52,38 @@ def _cpp(td: Any, call: str) -> tuple:
                     f"got {type(td).__name__}")
 
 
+def _pipe_class(name: str) -> Any:
+    """tensordict_cpp.pipe's class ``name`` (imported late: the pipe is optional)."""
+    from tensordict_cpp import pipe
+    return getattr(pipe, name)
+
+
+def _is_pipe_object(obj: Any, name: str) -> bool:
+    return hasattr(_C, "Pipe") and isinstance(obj, _pipe_class(name))
+
+
 class Publisher:
-    """Publishes versions of a TensorDict to the :class:`Subscriber`\\ s of a group.
+    """Publishes versions of a TensorDict to the :class:`Subscriber`\\ s of a group, or of a
+    :class:`~tensordict_cpp.TensorDictServer`'s pipes.
 
     Each :meth:`publish` copies the TensorDict into one of ``max_slots`` slots that no
     subscriber is receiving and makes it the newest version; a subscriber's pull pins the slot
     it is sent from until it has taken it. So ``publish`` never waits for subscribers, unless
-    every slot is pinned. A thread per subscriber answers its pulls. Memory: ``max_slots``
-    copies of the TensorDict's bytes.
+    every slot is pinned. A thread per subscriber answers its pulls (over a server, the
+    server's thread for each client). Memory: ``max_slots`` copies of the TensorDict's bytes.
 
     Args:
-        group (torch.distributed.ProcessGroup, optional): the process group: the default one,
-            a registered one, or a standalone group (``ProcessGroupGloo`` on a store). Defaults
-            to ``None``: the default process group.
+        group (torch.distributed.ProcessGroup or TensorDictServer, optional): the process group:
+            the default one, a registered one, or a standalone group (``ProcessGroupGloo`` on a
+            store); or a server, as ``server=``. Defaults to ``None``: the default process
+            group.
 
     Keyword Args:
+        server (TensorDictServer, optional): publish to every client of this server, present
+            and future, instead of a group; the server then serves nothing else (do not call its
+            ``accept`` or ``serve``). A client that is not a tensordict_cpp peer (the reference's
+            pipe) is recorded as lost in :meth:`stats` and its pipe closed. Defaults to
+            ``None``.
         max_slots (int, optional): how many versions may be in flight at once. Defaults to 2.
         subscribers (list of int, optional): the subscribers' global ranks (for a standalone
             group, its ranks). Defaults to ``None``: every other rank of the group.
@@ -65,8 +91,20 @@ class Publisher:
             of their own. Defaults to 0.
     """
 
-    def __init__(self, group: Any = None, *, max_slots: int = 2,
+    def __init__(self, group: Any = None, *, server: Any = None, max_slots: int = 2,
                  subscribers: list[int] | None = None, channel: int = 0) -> None:
+        if server is None and _is_pipe_object(group, "TensorDictServer"):
+            server, group = group, None
+        self._server = server
+        if server is not None:
+            if not _is_pipe_object(server, "TensorDictServer"):
+                raise TypeError(f"Publisher: server= takes a TensorDictServer, got "
+                                f"{type(server).__name__}")
+            if group is not None or subscribers is not None or channel != 0:
+                raise ValueError("Publisher: a server's publisher takes no group, subscribers "
+                                 "or channel (its clients subscribe)")
+            self._cpp = _C.PipePublisher(server._cpp, max_slots=max_slots)
+            return
         pg = _collectives._group(group)
         ranks = [] if subscribers is None else [self._rank(pg, r) for r in subscribers]
         self._cpp = _C.Publisher(group=pg, max_slots=max_slots, subscribers=ranks,
@@ -109,17 +147,31 @@ class Publisher:
         return self._cpp.version
 
     def stats(self) -> list[dict]:
-        """Per subscriber: ``rank`` (in the group), ``version`` (the last it received whole:
-        its acknowledgement, no extra message), ``pulls``, ``pinned`` (the version it is
-        receiving now, or None), ``waiting`` (a pull of it waits for a version), ``lost`` and
-        ``error``."""
+        """Per subscriber: ``rank`` (in the group; None over a server), ``peer`` ("rank 2", or
+        the pipe's peer "127.0.0.1:40123"), ``version`` (the last it received whole: its
+        acknowledgement, no extra message), ``pulls``, ``pinned`` (the version it is receiving
+        now, or None), ``waiting`` (a pull of it waits for a version), ``lost`` and ``error``."""
         return self._cpp.stats()
 
-    def wait_for_subscribers(self, timeout: Wait) -> None:
+    def wait_for_subscribers(self, timeout: Wait, *, count: int | None = None) -> None:
         """Waits until every subscriber has pulled once (or been lost), at most ``timeout``;
-        :class:`tensordict_cpp.errors.TimeoutError` naming the ranks that have not (ranks that
-        run no Subscriber, such as the reference ``tensordict``, which has none)."""
-        self._cpp.wait_for_subscribers(_seconds(timeout))
+        :class:`tensordict_cpp.errors.TimeoutError` naming those that have not (ranks that
+        run no Subscriber, such as the reference ``tensordict``, which has none).
+
+        Keyword Args:
+            count (int, optional): over a server, how many clients to wait for (required
+                there); over a group, every subscriber is waited for. Defaults to ``None``.
+        """
+        if self._server is None:
+            if count is not None:
+                raise ValueError("wait_for_subscribers: count= is for a server's publisher; "
+                                 "over a group every subscriber is waited for")
+            self._cpp.wait_for_subscribers(_seconds(timeout))
+        else:
+            if count is None or count < 0:
+                raise ValueError("wait_for_subscribers: a server's publisher needs count=, the "
+                                 "number of clients to wait for")
+            self._cpp.wait_for_subscribers(count, _seconds(timeout))
 
     def close(self) -> None:
         """Stops serving (pulls waiting for a version raise NoPublisherError). Idempotent."""
@@ -133,26 +185,53 @@ class Publisher:
 
 
 class Subscriber:
-    """Pulls versions from the :class:`Publisher` on rank ``src``.
+    """Pulls versions from the :class:`Publisher` on rank ``src``, or at the other end of a
+    :class:`~tensordict_cpp.TensorDictPipe`.
 
     :meth:`pull` fills a TensorDict with the newest version newer than the one this subscriber
     holds: the bytes land in a buffer of the subscriber's own and are copied into the
     TensorDict's leaves once the whole version is in, so the TensorDict changes only inside
-    ``pull``, only to one whole version, never torn. One thread pulls at a time.
+    ``pull``, only to one whole version, never torn. One pull runs at a time (a second waits
+    for the first). From an event loop, :meth:`apull` and :meth:`updates` pull on a thread of
+    their own, so that no publisher can hold the loop.
 
     Args:
-        src (int): the publisher's global rank (for a standalone group, its rank there).
+        src (int or TensorDictPipe): the publisher's global rank (for a standalone group, its
+            rank there); or a pipe, as ``pipe=``.
         group (torch.distributed.ProcessGroup, optional): the publisher's group. Defaults to
             ``None``: the default process group.
 
     Keyword Args:
-        channel (int, optional): the publisher's channel. Defaults to 0.
+        pipe (TensorDictPipe, optional): pull from the server at the other end of this pipe
+            (made by ``TensorDictPipe.connect``), instead of a group; the pipe then carries the
+            publication only (its send and recv raise). Defaults to ``None``.
+        channel (int, optional): the publisher's channel (over a group). Defaults to 0.
         max_total_bytes (int, optional): the largest storage the publisher may announce.
-            Defaults to ``None``: half of this machine's physical memory.
+            Defaults to ``None``: half of this machine's physical memory (over a pipe, its
+            ``max_storage_bytes``).
+
+    Raises:
+        NoPublisherError: over a pipe whose peer is not a tensordict_cpp peer (the reference's
+            pipe has no Publisher).
     """
 
-    def __init__(self, src: int, group: Any = None, *, channel: int = 0,
-                 max_total_bytes: int | None = None) -> None:
+    def __init__(self, src: Any = None, group: Any = None, *, pipe: Any = None,
+                 channel: int = 0, max_total_bytes: int | None = None) -> None:
+        if pipe is None and _is_pipe_object(src, "TensorDictPipe"):
+            pipe, src = src, None
+        self._pipe = pipe
+        self._lock = threading.Lock()  # one pull at a time
+        if pipe is not None:
+            if not _is_pipe_object(pipe, "TensorDictPipe"):
+                raise TypeError(f"Subscriber: pipe= takes a TensorDictPipe, got "
+                                f"{type(pipe).__name__}")
+            if src is not None or group is not None or channel != 0:
+                raise ValueError("Subscriber: a pipe's subscriber takes no src, group or "
+                                 "channel (the pipe's peer publishes)")
+            self._cpp = _C.PipeSubscriber(pipe._cpp, max_total_bytes=max_total_bytes)
+            return
+        if src is None:
+            raise TypeError("Subscriber: src, the publisher's rank, is required over a group")
         pg = _collectives._group(group)
         self._cpp = _C.Subscriber(Publisher._rank(pg, src), group=pg, channel=channel,
                                   max_total_bytes=max_total_bytes)
@@ -171,9 +250,10 @@ class Subscriber:
 
         Keyword Args:
             timeout (float or datetime.timedelta, optional): the longest to wait for a newer
-                version; then the pull returns None, ``td`` unchanged, the group usable. 0
-                polls: it takes what has arrived and waits for nothing (a version still on
-                its way is taken by a later pull). Defaults to ``None``: until one is published.
+                version; then the pull returns None, ``td`` unchanged, the group or pipe
+                usable. 0 polls: it takes what has arrived and waits for nothing (a version
+                still on its way is taken by a later pull). Defaults to ``None``: until one is
+                published.
             min_version (int, optional): wait for at least this version of the publisher's
                 current epoch. Defaults to ``None``: any newer than the one held (a version of
                 a new epoch is newer than any of the old one).
@@ -186,21 +266,53 @@ class Subscriber:
         Raises:
             SchemaMismatchError: when ``td``'s keys, dtypes or shapes are not the version's,
                 naming the first difference (``td`` unchanged).
-            NoPublisherError: when ``src`` took no request within the timeout (no Publisher
-                runs there on this channel: not yet, or it runs the reference ``tensordict``),
-                or its Publisher closed.
+            NoPublisherError: when the publisher's side has taken none of this subscriber's
+                requests within the timeout (no Publisher runs there: not yet, or it runs the
+                reference ``tensordict``; one that took requests before is slow or stopped,
+                and the pull returns None), or its Publisher closed (then
+                :attr:`publisher_closed` is True).
             MalformedPeerDataError: for bytes that break the publication messages.
             PeerLostError: when the publisher's connection broke.
         """
         wait = _seconds(timeout)
-        if td is None:
+        into = None if td is None else _cpp(td, "pull")[0]
+        with self._lock:
+            if into is not None:
+                return self._cpp.pull_into(into, timeout=wait, min_version=min_version)
             got = self._cpp.pull_new(timeout=wait, min_version=min_version)
-            if got is None:
-                return None
-            cpp, _version, tensorclass_type = got
-            return _collectives._typed(TensorDict._wrap, (cpp, tensorclass_type), allow_import)
-        cpp, _ = _cpp(td, "pull")
-        return self._cpp.pull_into(cpp, timeout=wait, min_version=min_version)
+        if got is None:
+            return None
+        cpp, _version, tensorclass_type = got
+        return _collectives._typed(TensorDict._wrap, (cpp, tensorclass_type), allow_import)
+
+    async def apull(self, td: Any = None, *, timeout: Wait = None,
+                    min_version: int | None = None, allow_import: bool = False) -> Any:
+        """:meth:`pull` as a coroutine: the pull runs on a thread of its own while the event
+        loop goes on. Cancelled, it makes the pull return within 100 ms and waits for that, so
+        ``td`` is never written after the cancellation (it holds its old version, or the whole
+        new one if the pull had completed)."""
+        return await _in_thread(
+            lambda: self.pull(td, timeout=timeout, min_version=min_version,
+                              allow_import=allow_import),
+            self._cpp.interrupt)
+
+    async def updates(self, td: Any, *, timeout: Wait = None) -> AsyncIterator[int]:
+        """Pulls each new version into ``td`` and yields its number: ``async for v in
+        sub.updates(td)``. Ends when the publisher closes; a version not published within
+        ``timeout`` (default: no limit) raises :class:`tensordict_cpp.errors.TimeoutError`."""
+        from tensordict_cpp.errors import TimeoutError as PullTimeout
+        if td is None:
+            raise TypeError("updates: pass the TensorDict to fill (pull() without one makes it)")
+        while True:
+            try:
+                version = await self.apull(td, timeout=timeout)
+            except NoPublisherError:
+                if self.publisher_closed:
+                    return
+                raise
+            if version is None:
+                raise PullTimeout(f"updates: no new version within {timeout} s")
+            yield version
 
     @property
     def version(self) -> int:
@@ -211,3 +323,47 @@ class Subscriber:
     def epoch(self) -> int:
         """The epoch of the version held (0: none); it changes when the publisher restarts."""
         return self._cpp.epoch
+
+    @property
+    def publisher_closed(self) -> bool:
+        """Whether a pull found the publisher closed."""
+        return self._cpp.publisher_closed
+
+
+async def _in_thread(fn: Callable[[], Any], interrupt: Callable[[bool], None]) -> Any:
+    """Runs ``fn`` on a daemon thread of its own (an interpreter that exits does not wait for a
+    pull) and awaits it. Cancelled, it calls ``interrupt(True)``, waits for ``fn`` to return,
+    then ``interrupt(False)``, and re-raises."""
+    loop = asyncio.get_running_loop()
+    done = loop.create_future()
+
+    def settle(result: Any, error: BaseException | None) -> None:
+        if done.cancelled():
+            return
+        if error is None:
+            done.set_result(result)
+        else:
+            done.set_exception(error)
+
+    def run() -> None:
+        try:
+            outcome: tuple = (fn(), None)
+        except BaseException as err:  # noqa: BLE001 - handed to the awaiting task
+            outcome = (None, err)
+        try:
+            loop.call_soon_threadsafe(settle, *outcome)
+        except RuntimeError:  # the loop closed meanwhile: nobody awaits
+            pass
+
+    thread = threading.Thread(target=run, name="td-subscriber-pull", daemon=True)
+    thread.start()
+    try:
+        return await asyncio.shield(done)
+    except asyncio.CancelledError:
+        interrupt(True)
+        try:
+            while not done.done():
+                await asyncio.sleep(0.005)
+        finally:
+            interrupt(False)
+        raise

@@ -202,7 +202,8 @@ bool SubscriberCore::advance(Clock::time_point start, Clock::time_point deadline
     InFlight& o = *out_;
     if (!o.request_taken) {
       if (!wait(o.request_sent, deadline, "the publisher to take the request")) {
-        if (interrupted_.load()) return false;
+        // A publisher that took requests before is slow or stopped, not missing.
+        if (interrupted_.load() || answered_) return false;
         const auto waited = Clock::now() - o.sent;
         const auto asked = options.timeout.value_or(std::chrono::milliseconds(0));
         const auto least = asked.count() > 0 ? asked : kPollPatience;
@@ -214,6 +215,7 @@ bool SubscriberCore::advance(Clock::time_point start, Clock::time_point deadline
         return false;
       }
       o.request_taken = true;
+      answered_ = true;
     }
     if (!o.offer) {
       if (!wait(o.offer_received, deadline, "the publisher's offer")) return false;

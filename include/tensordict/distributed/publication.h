@@ -105,8 +105,10 @@ class Subscriber {
   /// `td` changes only here, only to one whole version: the bytes land in a buffer of the
   /// subscriber's own, then are copied into td's leaves (Parameters stay the same objects).
   /// SchemaMismatchError naming the key when td's keys, dtypes or shapes are not the
-  /// version's (td unchanged); NoPublisherError when the publisher's rank has taken no request
-  /// within the timeout (it runs no Publisher on this channel), or the publisher closed;
+  /// version's (td unchanged); NoPublisherError when the publisher's rank has taken none of
+  /// this subscriber's requests yet, within the timeout (it runs no Publisher on this channel;
+  /// one that took requests before and stops taking them is slow or stopped: the pull returns
+  /// nothing), or the publisher closed;
   /// MalformedPeerDataError for bytes that break docs/wire-format.md §9; PeerLostError.
   std::optional<int64_t> pull(TensorDict& td, const PullOptions& options = {});
   /// The same into a new TensorDict (its leaves views of a storage of its own); fill it with

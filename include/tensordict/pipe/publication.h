@@ -87,9 +87,9 @@ class Subscriber {
   /// As dist::Subscriber::pull: fills `td` with the newest version newer than the one held and
   /// returns its number, or nothing when the timeout passes first (`td` unchanged, the pipe
   /// usable). NoPublisherError at once when the peer is not a tensordict_cpp peer (the
-  /// reference's pipe has no Publisher), when it takes no request within the timeout (its
-  /// server runs no Publisher), and when its Publisher closed; PeerLostError when the pipe
-  /// broke.
+  /// reference's pipe has no Publisher), when it has taken none of this subscriber's requests
+  /// within the timeout (its server runs no Publisher), and when its Publisher closed;
+  /// PeerLostError when the pipe broke.
   std::optional<int64_t> pull(TensorDict& td, const PullOptions& options = {});
   /// The same into a new TensorDict (its leaves views of a storage of its own).
   std::optional<Pulled> pull(const PullOptions& options = {});
