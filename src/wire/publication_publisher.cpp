@@ -83,7 +83,8 @@ void PublisherCore::lose(Subscription& s, const std::string& error) {
 }
 
 bool PublisherCore::answer(Subscription& s, Link& link, const Offer& offer,
-                           const at::Tensor& schema, const at::Tensor& data) {
+                           const at::Tensor& schema, const at::Tensor& data,
+                           const PendingPtr& next_request) {
   std::vector<PendingPtr> posted;
   try {
     posted.push_back(link.post_send(core::bytes_tensor(encode(offer)), Kind::kOffer));
@@ -91,8 +92,15 @@ bool PublisherCore::answer(Subscription& s, Link& link, const Offer& offer,
       if (offer.schema_bytes > 0) posted.push_back(link.post_send(schema, Kind::kSchema));
       posted.push_back(link.post_send(data, Kind::kData));
     }
+    bool next_in = !next_request;
     for (const auto& p : posted) {
-      if (!wait_unless_closing(link, p, closing_)) {
+      while (!closing_.load() && !link.wait(p, Clock::now() + kSlice)) {
+        // A send to a dead peer may never fail (Gloo reports a lost connection to a read, not
+        // always to a pending write): the next request's receive, on the same connection,
+        // does. Looked at once a slice, while a send takes longer.
+        if (!next_in) next_in = link.wait(next_request, Clock::now());
+      }
+      if (closing_.load()) {
         // Closing while the subscriber has not taken everything: the sends stay posted, so
         // that its connection is not harmed.
         link.keep(posted);
@@ -122,7 +130,7 @@ void PublisherCore::serve(Subscription& s, Link& link) {
         lose(s, e.msg());
         Offer refused;
         refused.status = Status::kRefused;
-        answer(s, link, refused, {}, {});
+        answer(s, link, refused, {}, {}, nullptr);
         return;
       }
       request = message_buffer();
@@ -152,13 +160,13 @@ void PublisherCore::serve(Subscription& s, Link& link) {
       if (closing_.load()) {
         offer.status = Status::kClosed;
         lock.unlock();
-        answer(s, link, offer, {}, {});
+        answer(s, link, offer, {}, {}, pending);
         break;
       }
       if (!eligible()) {
         offer.status = Status::kNone;
         lock.unlock();
-        if (!answer(s, link, offer, {}, {})) return;
+        if (!answer(s, link, offer, {}, {}, pending)) return;
         continue;
       }
       Slot& slot = slots_[newest_];
@@ -174,7 +182,7 @@ void PublisherCore::serve(Subscription& s, Link& link) {
       const at::Tensor data = slot.storage.narrow(0, 0, slot.bytes);
       lock.unlock();
 
-      const bool taken = answer(s, link, offer, schema, data);
+      const bool taken = answer(s, link, offer, schema, data, pending);
       lock.lock();
       --slot.pins;
       s.stats.pinned.reset();

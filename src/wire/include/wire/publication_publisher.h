@@ -67,8 +67,10 @@ class PublisherCore {
 
  private:
   struct Slot;
+  // Sends `offer` (and, for a new version, the schema and the data) to `s`; true once taken.
+  // `next_request`, the receive of its next request, tells a dead subscriber.
   bool answer(Subscription& s, Link& link, const Offer& offer, const at::Tensor& schema,
-              const at::Tensor& data);
+              const at::Tensor& data, const PendingPtr& next_request);
   std::string pinning_locked() const;
 
   const uint64_t epoch_;
