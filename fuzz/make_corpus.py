@@ -255,6 +255,29 @@ def publication_seeds():
     yield "offer-huge", bytes([1]) + offer(1, data=1 << 62, schema_bytes=1 << 40)
 
 
+def roundtrip_seeds():
+    """Inputs of fuzz/pipe_frames_roundtrip.cpp: a control byte (bit 0 uncollated, bit 1
+    joined frames), then per TensorDict a step byte (bit 0 a new structure, bit 1 into the
+    previous result); for a new structure a batch size byte, an entry count byte, a kind byte
+    per entry (low nibble the dtype, 11 and up a str; 0x10 nested; 0x20 a trailing dim, whose
+    size byte follows); then a seed byte for the values and a length byte per str. The
+    entry count byte is the count less one."""
+    # float32 [3, 2], a nested int64 [3] and a str; the same structure again, then received
+    # into the previous result; then a new structure (bool, nested int16 [4]).
+    first = bytes([1, 3, 2, 0x20, 2, 0x12, 0x0b, 7, 4])
+    again = bytes([0, 8, 2])
+    into = bytes([2, 9, 3])
+    new = bytes([1, 0, 1, 0x05, 0x38, 4, 10])
+    for name, control in (("consolidated", 0), ("consolidated-joined", 2), ("uncollated", 1)):
+        yield name, bytes([control]) + first + again + into + new + again
+    # every dtype, batch size 2, each with a trailing dim of 3
+    every = bytes([1, 2, 4]) + b"".join(bytes([0x20 | d, 3]) for d in range(5))
+    more = bytes([1, 2, 4]) + b"".join(bytes([0x20 | d, 3]) for d in range(5, 10))
+    yield "every_dtype", bytes([0]) + every + bytes([11]) + more + bytes([12])
+    yield "every_dtype-uncollated", bytes([1]) + every + bytes([11]) + more + bytes([12])
+    yield "complex_and_joined", bytes([2, 1, 1, 0, 0x2a, 2, 13, 0, 14, 2, 15])
+
+
 def loader_seeds():
     """The seeds of lazy_stack and memmap_meta."""
     # lazy_stack: (members per stack, nesting | leaves << 2 | x64 << 7, stack dim[, patches])
@@ -385,6 +408,9 @@ def main():
         write("publication", name, data)
     write_dict("publication", [b"TDPUBREQ", b"TDPUBOFR", b"\x01\x00\x00\x00", b"\xff" * 8,
                                b'"_total_bytes": '])
+
+    for name, data in roundtrip_seeds():
+        write("pipe_frames_roundtrip", name, data)
 
     loader_seeds()
 

@@ -113,7 +113,7 @@ class PipeLink final : public pub::Link {
 // The endpoint of a pipe of ours (not over a caller's link), its client accepted: a
 // publication's, once checked (then mark_publication). `call` names the caller in errors.
 std::shared_ptr<Endpoint> publication_endpoint(const Pipe& pipe, const char* call) {
-  auto ep = std::dynamic_pointer_cast<Endpoint>(PipeAccess::impl(pipe)->endpoint(call));
+  auto ep = std::dynamic_pointer_cast<Endpoint>(PipeAccess::impl(pipe).publication_link(call));
   TORCH_CHECK_VALUE(ep != nullptr, call, ": the pipe runs over a caller's link, whose messages "
                     "cannot be waited on apart; use a pipe of tensordict_cpp's own (connect, "
                     "listen, a TensorDictServer's)");
@@ -121,7 +121,7 @@ std::shared_ptr<Endpoint> publication_endpoint(const Pipe& pipe, const char* cal
 }
 
 // From now on the pipe's own send() and recv() refuse.
-void mark_publication(const Pipe& pipe) { PipeAccess::impl(pipe)->publication = true; }
+void mark_publication(const Pipe& pipe) { PipeAccess::impl(pipe).carry_publication(); }
 
 }  // namespace
 }  // namespace detail

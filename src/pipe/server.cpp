@@ -42,11 +42,9 @@ struct ServerImpl {
   std::atomic<bool> stopping{false};
 
   Pipe make_pipe(std::shared_ptr<Endpoint> ep) {
-    auto impl = std::make_shared<PipeImpl>(options, worker);
     log_connected(*ep, "accepted");
-    impl->ep = std::move(ep);
-    impl->port = listener->port();
-    return Pipe(std::move(impl));
+    return PipeAccess::make(
+        std::make_shared<PipeImpl>(options, worker, std::move(ep), listener->port()));
   }
 
   // Joins the handlers that finished (called by the accept thread, so threads do not pile up).

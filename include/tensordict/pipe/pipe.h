@@ -20,9 +20,8 @@
 namespace tensordict::pipe {
 
 namespace detail {
-struct PipeImpl;
+class PipeImpl;
 struct PipeAccess;
-struct ServerImpl;
 }  // namespace detail
 
 /// Options of a pipe, shared by both ends' constructors (connect, listen, TensorDictServer).
@@ -231,9 +230,9 @@ class Pipe final {
 
  private:
   // Only the library makes a Pipe from its state: listen(), connect(), over(), and
-  // TensorDictServer's accepted pipes (ServerImpl).
-  friend struct detail::ServerImpl;
-  friend struct detail::PipeAccess;  // publication (src/pipe/publication.cpp)
+  // TensorDictServer's accepted pipes, through PipeAccess (src/pipe/pipe_impl.h), which
+  // publication uses too.
+  friend struct detail::PipeAccess;
   explicit Pipe(std::shared_ptr<detail::PipeImpl> impl);
 
   std::shared_ptr<detail::PipeImpl> impl_;

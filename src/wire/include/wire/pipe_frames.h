@@ -1,9 +1,11 @@
 #pragma once
 // TensorDictPipe's frames (docs/wire-format.md §6): ucxx's peer info, our tags and markers, the
-// uncollated header the sender writes, and the receive half over an abstract byte source: the
-// flag byte, the lengths, the metadata JSON or the uncollated header, their validation against
-// the caps, and the storage or leaves they announce. No UCX here: the pipe (src/pipe/) feeds a
-// FrameReader from its endpoint, fuzz/pipe_frames.cpp from a buffer.
+// send half (FrameWriter: every message of both modes, and the close marker) and the receive
+// half over an abstract byte source (FrameReader: the flag byte, the lengths, the metadata JSON
+// or the uncollated header, their validation against the caps, and the storage or leaves they
+// announce). No UCX here: the pipe (src/pipe/) sends a FrameWriter's messages and feeds a
+// FrameReader from its endpoint; fuzz/pipe_frames.cpp reads from a buffer, and
+// fuzz/pipe_frames_roundtrip.cpp reads what a FrameWriter wrote.
 
 #include <ATen/core/Tensor.h>
 #include <c10/core/Device.h>
@@ -11,11 +13,13 @@
 #include <cstddef>
 #include <cstdint>
 #include <functional>
+#include <memory>
 #include <optional>
 #include <string>
 #include <vector>
 
 #include "core/byte_tensor.h"
+#include "tensordict/consolidate.h"
 #include "tensordict/nested_key.h"
 #include "tensordict/tensor_dict.h"
 
@@ -145,6 +149,57 @@ struct UncollatedFrame {
 /// carry, or a key that is not valid UTF-8.
 UncollatedFrame uncollated_frame(
     const TensorDict& td, const std::function<void(const NestedKey&, const at::Tensor&)>& check);
+
+/// One message a FrameWriter wrote: `n` bytes at `data`, which `owner` keeps alive (until the
+/// transport is done with it).
+struct OutFrame {
+  const void* data = nullptr;
+  size_t n = 0;
+  at::Tensor owner;
+  const char* what = "";  // names it for errors ("the flag byte")
+};
+
+/// The transport's own conditions on a tensor it sends (the pipe's: CPU memory only), called
+/// with the tensor and its name ("leaf ('a', 'b')", "the consolidated storage").
+using SendCheck = std::function<void(const std::string& what, const at::Tensor& t)>;
+
+/// Writes one TensorDict per call as its messages, keeping the sending side's framing state:
+/// the schema last sent (consolidated mode: the metadata travels only when it changes) and the
+/// buffers the small messages are built in. Not thread-safe: one call at a time (PipeImpl holds
+/// its send mutex); the messages of one call are valid until the next.
+class FrameWriter {
+ public:
+  explicit FrameWriter(bool consolidated);
+
+  /// `td`'s messages in order (§6.1 or §6.2; joined, §6.8, when `joins` and the storage is
+  /// small). The first is the TensorDict's first message (the flag byte, the header length,
+  /// or a joined message), which the pipe sends as its flow control's credit. Consolidated
+  /// mode: `td` is consolidated first when it is not (a copy, on its device). The schema
+  /// counts as sent from here on. `new_schema` (if given) tells whether the metadata goes.
+  /// ValueError for what the format cannot carry (check's, a MetaData in uncollated mode...).
+  std::vector<OutFrame> write(const TensorDict& td, bool joins, const SendCheck& check,
+                              bool* new_schema = nullptr);
+  /// Whether write(td, /*joins=*/true, ...) would be one joined message: consolidated mode, a
+  /// consolidated CPU `td` of the schema last sent, its storage at most kMaxJoinedStorage.
+  bool writes_joined(const TensorDict& td) const;
+  /// The close marker (§6.7) of this mode.
+  OutFrame close_marker();
+
+ private:
+  std::vector<OutFrame> write_consolidated(const TensorDict& td, bool joins,
+                                           const SendCheck& check, bool* new_schema);
+  std::vector<OutFrame> write_uncollated(const TensorDict& td, const SendCheck& check);
+  // Whether `state`'s schema differs from the one last sent (remembering it).
+  bool schema_changes(const ConsolidatedState& state);
+
+  const bool consolidated_;
+  at::Tensor scratch_;   // 16 bytes: the flag byte or a length, and the metadata length
+  at::Tensor joined_;    // 1 + kMaxJoinedStorage bytes: a joined message, reused when free
+  at::Tensor text_;      // the metadata JSON or the uncollated header of the last call
+  bool sent_once_ = false;
+  std::shared_ptr<const Metadata> last_metadata_;
+  std::string last_schema_;  // its sorted JSON
+};
 
 /// Reads one TensorDict per call from a ByteSource, keeping the consolidated mode's receive
 /// state (the last schema and the TensorDict a same-schema message lands in). Not thread-safe:
