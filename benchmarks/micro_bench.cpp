@@ -26,6 +26,7 @@
 namespace {
 
 using namespace tensordict;
+using namespace tensordict::wire;  // the metadata pickle (wire/metadata_pickle.h)
 
 // `count` float32 leaves of `bytes` each, spread over three nested levels a{i}/b{j}/c{k}/x.
 TensorDict make_case(int64_t count, int64_t bytes) {

@@ -40,6 +40,7 @@
 #include <string>
 #include <vector>
 
+#include "wire/leaf_order.h"
 #include "tensordict/consolidate.h"
 #include "tensordict/distributed/collectives.h"
 #include "tensordict/distributed/p2p.h"
@@ -56,6 +57,7 @@
 
 using tensordict::TensorDict;
 namespace dist = tensordict::dist;
+namespace wire = tensordict::wire;
 using Clock = std::chrono::steady_clock;
 
 namespace {
@@ -140,7 +142,7 @@ TensorDict make_td(const CaseSpec& s, bool filled) {
 
 std::vector<at::Tensor> leaves_of(const TensorDict& td) {
   std::vector<at::Tensor> out;
-  for (auto& [path, t] : dist::wire_order(td)) out.push_back(t);
+  for (auto& [path, t] : wire::leaves_in_order(td)) out.push_back(t);
   return out;
 }
 

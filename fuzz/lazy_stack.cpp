@@ -23,6 +23,7 @@
 #include "wire/metadata_pickle.h"
 
 using namespace tensordict;
+using namespace tensordict::wire;  // the metadata pickle (wire/metadata_pickle.h)
 
 extern "C" int LLVMFuzzerInitialize(int*, char***) {
   fuzz::init();

@@ -17,6 +17,7 @@
 #include "wire/pickle.h"
 
 using namespace tensordict;
+using namespace tensordict::wire;  // the metadata pickle (wire/metadata_pickle.h)
 
 extern "C" int LLVMFuzzerInitialize(int*, char***) {
   fuzz::init();

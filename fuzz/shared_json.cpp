@@ -24,6 +24,7 @@
 #include "wire/metadata_pickle.h"
 
 using namespace tensordict;
+using namespace tensordict::wire;  // the metadata pickle (wire/metadata_pickle.h)
 
 namespace {
 

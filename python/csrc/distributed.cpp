@@ -198,16 +198,6 @@ void bind_distributed(py::module_& m) {
   def(m, "irecv_rows", p2p_rows([](const SubTensorDict& rows, std::optional<int64_t> peer,
                                    const dist::RecvOptions& o) { dist::irecv(rows, peer, o); }),
       recv_args);
-  m.def(
-      "wire_order",
-      [](const TensorDict& td) {
-        py::list out;
-        for (const auto& [path, t] : dist::wire_order(td)) {
-          out.append(py::make_tuple(key_to_py(NestedKey(path)), t));
-        }
-        return out;
-      },
-      py::arg("td"));
 }
 
 }  // namespace tensordict::python

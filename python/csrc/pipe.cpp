@@ -235,7 +235,7 @@ void bind_pipe(py::module_& m) {
              return d;
            })
       .def(
-          "send_raw",
+          "_send_raw",
           [](Pipe& p, const py::bytes& data) {
             std::string s = data;
             py::gil_scoped_release nogil;
@@ -243,7 +243,7 @@ void bind_pipe(py::module_& m) {
           },
           py::arg("data"))
       .def(
-          "recv_raw",
+          "_recv_raw",
           [](Pipe& p, size_t n) {
             std::string s;
             {

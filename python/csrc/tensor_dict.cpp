@@ -427,7 +427,6 @@ void install_fast_getitem(const py::type& cls) {
 
 void bind_tensor_dict(py::module_& m) {
   using TD = TensorDict;
-  // The core's non-tensor entry; tensordict_cpp.NonTensorData is the Python face.
   // The core's non-tensor entry in its three kinds; tensordict_cpp.NonTensorData, MetaData and
   // NonTensorStack are the Python faces.
   py::class_<NonTensorData>(m, "NonTensorData")

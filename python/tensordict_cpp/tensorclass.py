@@ -39,7 +39,7 @@ from typing import Any, Callable
 import torch
 
 from tensordict_cpp import _collectives, _reference
-from tensordict_cpp._td import TensorDict, _repr_compact
+from tensordict_cpp._td import TensorDict, _repr_compact, cat, stack
 
 __all__ = ["tensorclass", "is_tensorclass"]
 
@@ -555,8 +555,6 @@ class _Methods:
     def __torch_function__(cls, func, types, args=(), kwargs=None):
         """``torch.stack`` / ``torch.cat`` of instances of one class give an instance of it;
         ``torch.unbind`` a tuple of them."""
-        from tensordict_cpp._td import cat, stack
-
         kwargs = kwargs or {}
         if func in (torch.stack, torch.cat):
             items = args[0] if args else kwargs.pop("tensors")

@@ -7,6 +7,7 @@
 #include <memory>
 #include <string>
 
+#include "wire/leaf_order.h"
 #include "wire/checked.h"
 #include "tensordict/consolidate.h"
 #include "tensordict/distributed/p2p.h"
@@ -73,7 +74,7 @@ const EncodedSchema& consolidated_schema(const TensorDict& c) {
   const bool holds = state && is_consolidated(c);
   if (!holds || last.lock() != state) {
     at::Tensor storage = consolidated_storage(c);
-    cached = encoded(schema_of(wire_order(c), &storage));
+    cached = encoded(schema_of(wire::leaves_in_order(c), &storage));
     last = holds ? state : nullptr;
   }
   return cached;
@@ -95,7 +96,7 @@ std::vector<WorkPtr> post_checked_send(const Waiter& waiter, const TensorDict& t
     mine = &consolidated_schema(c);
     payload.push_back(bytes_of(consolidated_storage(c).contiguous()));
   } else {
-    const WireLeaves leaves = wire_order(td);
+    const WireLeaves leaves = wire::leaves_in_order(td);
     per_leaf = encoded(schema_of(leaves, nullptr));
     for (const auto& [path, leaf] : leaves) {
       if (leaf.numel() > 0) payload.push_back(bytes_of(sendable(leaf)));
@@ -145,7 +146,7 @@ std::vector<WorkPtr> post_checked_recv(const Waiter& waiter, const TensorDict& t
     encoded_mine = &consolidated_schema(td);
     targets.push_back(consolidated_storage(td));
   } else {
-    const WireLeaves leaves = wire_order(td);
+    const WireLeaves leaves = wire::leaves_in_order(td);
     per_leaf = encoded(schema_of(leaves, nullptr));
     for (const auto& [path, leaf] : leaves) {
       check_writable(call, leaf, "receive into", "receiver");

@@ -3,7 +3,7 @@
 // of the reference's wire: a header and a schema travel before the payload, so a receiver whose
 // TensorDict differs from the sender's raises a named error instead of being aborted by Gloo
 // (sent more bytes than it posted) or silently filled in part (sent fewer). Private to the c10d
-// layer; the byte format is in docs/reliability.md.
+// layer; the byte format is docs/wire-format.md §1.6, written and read in src/wire/checked.cpp.
 
 #include <vector>
 

@@ -53,11 +53,11 @@ bool supports_complex(const c10d::ReduceOp& op) {
 struct AllReducer {
   const std::vector<at::Tensor>& leaves;
   Group group;
-  c10d::AllreduceOptions opts;
+  c10d::ReduceOp op;
   WorkPtr operator()(size_t i) const {
     return detail::post_in_place(leaves[i], /*reads_leaf=*/true, [&](const at::Tensor& t) {
       std::vector<at::Tensor> one{t.is_complex() ? at::view_as_real(t) : t};
-      return group.allreduce(one, opts);
+      return group.allreduce(one, op);
     });
   }
 };
@@ -110,7 +110,8 @@ void reduce_order(const TensorDict& td, std::vector<std::string>& path,
 struct Reducer {
   std::vector<ReduceLeaf> leaves;
   Group group;
-  c10d::ReduceOptions opts;
+  c10d::ReduceOp op;
+  int root = 0;  // the destination's group rank
   bool is_dst = false;
   // With `callbacks`, a stacked leaf is written back when its reduction completes (the
   // reference's future.then); without, write_back() does it after the waits.
@@ -118,7 +119,7 @@ struct Reducer {
   WorkPtr operator()(size_t i) const {
     WorkPtr work = detail::post_in_place(leaves[i].leaf, /*reads_leaf=*/true, [&](const at::Tensor& t) {
       std::vector<at::Tensor> one{t};
-      return group.reduce(one, opts);
+      return group.reduce(one, op, root);
     });
     if (callbacks && is_dst && leaves[i].lazy) {
       const ReduceLeaf l = leaves[i];
@@ -140,9 +141,7 @@ struct Reducer {
 Reducer make_reducer(const TensorDict& td, std::optional<int64_t> dst, const ReduceOptions& o) {
   const auto root = detail::resolve_peer("reduce", dst, o.group_dst, o.group, "dst", "group_dst",
                                          /*refuse_self=*/false);
-  Reducer r{{}, root.group, {}};
-  r.opts.reduceOp = o.op;
-  r.opts.rootRank = root.rank;
+  Reducer r{{}, root.group, o.op, root.rank};
   r.is_dst = root.group.rank() == root.rank;
   std::vector<std::string> path;
   reduce_order(td, path, r.leaves);
@@ -319,12 +318,11 @@ void check_layout(const char* call, const Group& group, const std::vector<at::Te
 
 std::vector<WorkPtr> all_reduce_buckets(const TensorDict& td, const AllReduceOptions& o) {
   const auto leaves = all_reduce_leaves(td, o);
-  AllReducer post{leaves, detail::resolve_group(o.group), {}};
-  post.opts.reduceOp = o.op;
+  AllReducer post{leaves, detail::resolve_group(o.group), o.op};
   return post_buckets(leaves, *o.bucket_bytes, /*copy_back=*/true, nullptr, post,
                       [&](const at::Tensor& flat) {
                         std::vector<at::Tensor> one{flat.is_complex() ? at::view_as_real(flat) : flat};
-                        return post.group.allreduce(one, post.opts);
+                        return post.group.allreduce(one, post.op);
                       });
 }
 
@@ -342,7 +340,7 @@ std::vector<WorkPtr> reduce_buckets(const Reducer& r, int64_t bucket_bytes) {
   }
   return post_buckets(leaves, bucket_bytes, r.is_dst, after, r, [&](const at::Tensor& flat) {
     std::vector<at::Tensor> one{flat};
-    return r.group.reduce(one, r.opts);
+    return r.group.reduce(one, r.op, r.root);
   });
 }
 
@@ -372,8 +370,6 @@ TensorDict broadcast(const TensorDict& td, std::optional<int64_t> src,
   const detail::Waiter w(kCall, options.timeout,
                          c10::str("the group (source rank ", root.rank, ")"),
                          /*keeps_group=*/false);
-  c10d::BroadcastOptions opts;
-  opts.rootRank = root.rank;
   if (root.group.rank() == root.rank) {
     TensorDict c = detail::consolidated(td, options.device);
     std::vector<at::Tensor> storage{consolidated_storage(c)};
@@ -384,7 +380,7 @@ TensorDict broadcast(const TensorDict& td, std::optional<int64_t> src,
     }
     const std::string pickle = detail::metadata_pickle(c, fields);
     detail::broadcast_object(w, root, &pickle);
-    w.wait(root.group.broadcast(storage, opts), "the storage");
+    w.wait(root.group.broadcast(storage, root.rank), "the storage");
     if (tensorclass_type != nullptr) *tensorclass_type = options.tensorclass_type;
     return c;
   }
@@ -395,7 +391,7 @@ TensorDict broadcast(const TensorDict& td, std::optional<int64_t> src,
   const int64_t n = detail::transfer_bytes(in, /*padded=*/false);
   auto buffer = detail::storage_buffer(in, n, detail::receive_device(from, options.device, in));
   std::vector<at::Tensor> storage{buffer.bytes};
-  w.wait(root.group.broadcast(storage, opts), c10::str("the storage of ", n, " bytes"));
+  w.wait(root.group.broadcast(storage, root.rank), c10::str("the storage of ", n, " bytes"));
   TensorDict out = detail::finish(in, buffer);
   if (tensorclass_type != nullptr) *tensorclass_type = in.tensorclass_type;
   return out;
@@ -503,9 +499,7 @@ std::optional<TensorDict> gather_and_stack(const TensorDict& td, std::optional<i
   if (is_dst) {
     for (int r = 0; r < size; ++r) gathered[0].push_back(detail::byte_buffer(longest, at::kCPU));
   }
-  c10d::GatherOptions opts;
-  opts.rootRank = root.rank;
-  w.wait(root.group.gather(gathered, mine, opts), c10::str("the buffers, ", longest, " bytes each"));
+  w.wait(root.group.gather(gathered, mine, root.rank), c10::str("the buffers, ", longest, " bytes each"));
   if (!is_dst) return std::nullopt;
 
   std::vector<TensorDict> rows;
@@ -539,8 +533,6 @@ TensorDict scatter(std::optional<int64_t> src, const std::vector<TensorDict>& te
   const detail::Waiter w(kCall, options.timeout,
                          c10::str("the group (source rank ", root.rank, ")"),
                          /*keeps_group=*/false);
-  c10d::ScatterOptions opts;
-  opts.rootRank = root.rank;
   const int me = root.group.rank();
   if (me == root.rank) {
     const size_t size = static_cast<size_t>(root.group.size());
@@ -565,7 +557,7 @@ TensorDict scatter(std::optional<int64_t> src, const std::vector<TensorDict>& te
     }
     detail::scatter_objects(w, root, &pickles);
     std::vector<at::Tensor> mine{detail::byte_buffer(longest, device)};
-    w.wait(root.group.scatter(mine, padded, opts), "the storages");
+    w.wait(root.group.scatter(mine, padded, root.rank), "the storages");
     const at::Tensor& own = consolidated_storage(cs[me]);
     return rebuild(*consolidated_metadata(cs[me]), mine[0].narrow(0, 0, own.numel()));
   }
@@ -578,7 +570,7 @@ TensorDict scatter(std::optional<int64_t> src, const std::vector<TensorDict>& te
   auto buffer = detail::storage_buffer(in, n, detail::receive_device(from, options.device, in));
   std::vector<at::Tensor> mine{buffer.bytes};
   std::vector<std::vector<at::Tensor>> none;
-  w.wait(root.group.scatter(mine, none, opts), c10::str("the storage of ", n, " bytes"));
+  w.wait(root.group.scatter(mine, none, root.rank), c10::str("the storage of ", n, " bytes"));
   return detail::finish(in, buffer);
 }
 
@@ -589,8 +581,7 @@ void all_reduce(const TensorDict& td, const AllReduceOptions& options) {
     return;
   }
   const auto leaves = all_reduce_leaves(td, options);
-  AllReducer post{leaves, detail::resolve_group(options.group), {}};
-  post.opts.reduceOp = options.op;
+  AllReducer post{leaves, detail::resolve_group(options.group), options.op};
   run_each(w, leaves.size(), options.async_op, post);
 }
 
@@ -609,8 +600,7 @@ std::vector<WorkPtr> all_reduce_async(const TensorDict& td, const AllReduceOptio
     return typed("all_reduce", "the group", all_reduce_buckets(td, options), true);
   }
   const auto leaves = all_reduce_leaves(td, options);
-  AllReducer post{leaves, detail::resolve_group(options.group), {}};
-  post.opts.reduceOp = options.op;
+  AllReducer post{leaves, detail::resolve_group(options.group), options.op};
   return typed("all_reduce", "the group", detail::post_all(leaves.size(), post), false);
 }
 
@@ -629,7 +619,7 @@ std::vector<WorkPtr> reduce_premature(const TensorDict& td, std::optional<int64_
                                       const ReduceOptions& options) {
   auto post = std::make_shared<Reducer>(make_reducer(td, dst, options));
   post->callbacks = true;
-  const std::string peer = c10::str("the group (destination rank ", post->opts.rootRank, ")");
+  const std::string peer = c10::str("the group (destination rank ", post->root, ")");
   if (options.bucket_bytes) {
     // The works' finishing steps use the reducer's leaves: they keep it alive.
     auto works = reduce_buckets(*post, *options.bucket_bytes);

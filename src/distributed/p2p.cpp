@@ -71,7 +71,7 @@ detail::InFlight in_flight(const Posted& posted, const TensorDict& td) {
       return c10::str(last_tag ? "the checked transfer" : "the consolidated storage",
                       " (tag ", tag, ", message ", i + 1, " of ", count, ")");
     }
-    const auto leaves = wire_order(td);
+    const auto leaves = wire::leaves_in_order(td);
     return c10::str("tag ", tags[i], " (key ",
                     i < leaves.size() ? NestedKey(leaves[i].first).str() : "?", ")");
   };
@@ -281,10 +281,6 @@ void irecv(const SubTensorDict& sub, std::optional<int64_t> src, const RecvOptio
   const TensorDict rows = receiving_rows(sub, options);
   irecv(rows, src, options);
   land(sub, rows, options);
-}
-
-std::vector<std::pair<std::vector<std::string>, at::Tensor>> wire_order(const TensorDict& td) {
-  return wire::leaves_in_order(td);
 }
 
 }  // namespace tensordict::dist

@@ -1,7 +1,5 @@
 #include "peer.h"
 
-#include "tensordict/errors.h"
-
 #include <ATen/MemoryOverlap.h>
 #include <ATen/core/grad_mode.h>
 #include <c10/util/Exception.h>
@@ -17,10 +15,12 @@
 
 #include "tensordict/distributed/p2p.h"
 #include "tensordict/distributed/process_group.h"
-#include "tensordict/log.h"
-#include "tensordict/transfer_stats.h"
+#include "tensordict/errors.h"
 #include "tensordict/leaf.h"
+#include "tensordict/log.h"
 #include "tensordict/nested_key.h"
+#include "tensordict/transfer_stats.h"
+#include "wire/leaf_order.h"
 
 namespace tensordict::dist::detail {
 namespace {
@@ -534,7 +534,7 @@ void check_leaves(const char* call, const TensorDict& td, const std::vector<at::
   for (const auto& leaf : leaves) {
     if (untransferable_reason(leaf) == nullptr) continue;
     std::string key = "?";
-    for (const auto& [path, t] : wire_order(td)) {
+    for (const auto& [path, t] : wire::leaves_in_order(td)) {
       if (t.is_same(leaf)) {
         key = NestedKey(path).str();
         break;

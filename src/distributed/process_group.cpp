@@ -89,10 +89,11 @@ WorkPtr Group::recv(std::vector<at::Tensor>& tensors, int src, int tag) const {
                         : backend_->recv(tensors, src, tag);
 }
 
-WorkPtr Group::broadcast(std::vector<at::Tensor>& tensors,
-                         const c10d::BroadcastOptions& opts) const {
+WorkPtr Group::broadcast(std::vector<at::Tensor>& tensors, int root) const {
   check_group_member(*this, "broadcast");
-  count("broadcast", opts.rootRank == rank(), nbytes(tensors));
+  count("broadcast", root == rank(), nbytes(tensors));
+  c10d::BroadcastOptions opts;
+  opts.rootRank = root;
   return process_group_ ? process_group_->broadcast(tensors, opts)
                         : backend_->broadcast(tensors, opts);
 }
@@ -107,36 +108,44 @@ WorkPtr Group::allgather(std::vector<std::vector<at::Tensor>>& outputs,
 }
 
 WorkPtr Group::scatter(std::vector<at::Tensor>& outputs,
-                       std::vector<std::vector<at::Tensor>>& inputs,
-                       const c10d::ScatterOptions& opts) const {
+                       std::vector<std::vector<at::Tensor>>& inputs, int root) const {
   check_group_member(*this, "scatter");
-  if (opts.rootRank == rank()) count("scatter", true, nbytes(inputs));
+  if (root == rank()) count("scatter", true, nbytes(inputs));
+  c10d::ScatterOptions opts;
+  opts.rootRank = root;
   count("scatter", false, nbytes(outputs));
   return process_group_ ? process_group_->scatter(outputs, inputs, opts)
                         : backend_->scatter(outputs, inputs, opts);
 }
 
 WorkPtr Group::gather(std::vector<std::vector<at::Tensor>>& outputs,
-                      std::vector<at::Tensor>& inputs, const c10d::GatherOptions& opts) const {
+                      std::vector<at::Tensor>& inputs, int root) const {
   check_group_member(*this, "gather");
   count("gather", true, nbytes(inputs));
-  if (opts.rootRank == rank()) count("gather", false, nbytes(outputs));
+  if (root == rank()) count("gather", false, nbytes(outputs));
+  c10d::GatherOptions opts;
+  opts.rootRank = root;
   return process_group_ ? process_group_->gather(outputs, inputs, opts)
                         : backend_->gather(outputs, inputs, opts);
 }
 
-WorkPtr Group::allreduce(std::vector<at::Tensor>& tensors,
-                         const c10d::AllreduceOptions& opts) const {
+WorkPtr Group::allreduce(std::vector<at::Tensor>& tensors, const c10d::ReduceOp& op) const {
   check_group_member(*this, "allreduce");
+  c10d::AllreduceOptions opts;
+  opts.reduceOp = op;
   count("allreduce", true, nbytes(tensors));
   count("allreduce", false, nbytes(tensors));
   return process_group_ ? process_group_->allreduce(tensors, opts)
                         : backend_->allreduce(tensors, opts);
 }
 
-WorkPtr Group::reduce(std::vector<at::Tensor>& tensors, const c10d::ReduceOptions& opts) const {
+WorkPtr Group::reduce(std::vector<at::Tensor>& tensors, const c10d::ReduceOp& op,
+                      int root) const {
   check_group_member(*this, "reduce");
-  count("reduce", opts.rootRank != rank(), nbytes(tensors));
+  count("reduce", root != rank(), nbytes(tensors));
+  c10d::ReduceOptions opts;
+  opts.reduceOp = op;
+  opts.rootRank = root;
   return process_group_ ? process_group_->reduce(tensors, opts)
                         : backend_->reduce(tensors, opts);
 }

@@ -97,13 +97,13 @@ std::optional<int64_t> last_total_bytes(std::string_view b) {
 TransportFields salvage_fields(std::string_view bytes) {
   TransportFields out;
   try {
-    pickle::Value top = pickle::loads(bytes, metadata_pickle_limits());
-    if (top.kind() != pickle::Value::Kind::Dict) return out;
+    wire::pickle::Value top = wire::pickle::loads(bytes, wire::metadata_pickle_limits());
+    if (top.kind() != wire::pickle::Value::Kind::Dict) return out;
     for (size_t i = 0; i < top.keys().size(); ++i) {
       const auto& v = top.values()[i];
-      if (v.kind() == pickle::Value::Kind::Int) {
+      if (v.kind() == wire::pickle::Value::Kind::Int) {
         out.emplace_back(top.keys()[i], v.as_int());
-      } else if (v.kind() == pickle::Value::Kind::Str) {
+      } else if (v.kind() == wire::pickle::Value::Kind::Str) {
         out.emplace_back(top.keys()[i], v.as_str());
       }
     }
@@ -185,7 +185,7 @@ TensorDict consolidated(const TensorDict& td, std::optional<at::Device> device) 
 }
 
 std::string metadata_pickle(const TensorDict& c, const TransportFields& fields) {
-  return metadata_pickle_bytes(*consolidated_metadata(c), fields);
+  return wire::metadata_pickle_bytes(*consolidated_metadata(c), fields);
 }
 
 void send_object_and_storage(const Waiter& w, const Peer& peer, const std::string& pickle,
@@ -228,17 +228,15 @@ std::string recv_object(const Waiter& w, const Peer& peer, at::Device framing_de
 
 std::string broadcast_object(const Waiter& w, const Peer& root, const std::string* pickle) {
   const bool is_root = pickle != nullptr;
-  c10d::BroadcastOptions opts;
-  opts.rootRank = root.rank;
   std::vector<at::Tensor> size{
       int64_tensor(is_root ? static_cast<int64_t>(pickle->size()) : 0, at::kCPU)};
-  w.wait(root.group.broadcast(size, opts), "the metadata pickle's length");
+  w.wait(root.group.broadcast(size, root.rank), "the metadata pickle's length");
   const int64_t n = int64_value(size[0]);
   if (!is_root) check_pickle_size(w.call(), n, "a metadata pickle");
   std::string out;
   std::vector<at::Tensor> bytes{is_root ? pickle_tensor(*pickle, n, at::kCPU)
                                         : string_buffer(out, n)};
-  w.wait(root.group.broadcast(bytes, opts), c10::str("the metadata pickle of ", n, " bytes"));
+  w.wait(root.group.broadcast(bytes, root.rank), c10::str("the metadata pickle of ", n, " bytes"));
   return is_root ? *pickle : out;
 }
 
@@ -273,22 +271,18 @@ std::string scatter_objects(const Waiter& w, const Peer& root,
   if (is_root) {
     for (const auto& p : *pickles) longest = std::max<int64_t>(longest, p.size());
   }
-  c10d::BroadcastOptions bopts;
-  bopts.rootRank = root.rank;
   std::vector<at::Tensor> max_size{int64_tensor(longest, at::kCPU)};
-  w.wait(root.group.broadcast(max_size, bopts), "the longest metadata pickle's length");
+  w.wait(root.group.broadcast(max_size, root.rank), "the longest metadata pickle's length");
   longest = int64_value(max_size[0]);
   if (!is_root) check_pickle_size(w.call(), longest, "a longest metadata pickle");
 
-  c10d::ScatterOptions sopts;
-  sopts.rootRank = root.rank;
   std::vector<at::Tensor> out{byte_buffer(longest, at::kCPU, /*zeroed=*/true)};
   std::vector<std::vector<at::Tensor>> in;
   if (is_root) {
     in.emplace_back();
     for (const auto& p : *pickles) in[0].push_back(pickle_tensor(p, longest, at::kCPU));
   }
-  w.wait(root.group.scatter(out, in, sopts), "the metadata pickles");
+  w.wait(root.group.scatter(out, in, root.rank), "the metadata pickles");
   std::vector<at::Tensor> length{int64_tensor(0, at::kCPU)};
   std::vector<std::vector<at::Tensor>> lengths;
   if (is_root) {
@@ -297,7 +291,7 @@ std::string scatter_objects(const Waiter& w, const Peer& root,
       lengths[0].push_back(int64_tensor(static_cast<int64_t>(p.size()), at::kCPU));
     }
   }
-  w.wait(root.group.scatter(length, lengths, sopts), "the metadata pickles' lengths");
+  w.wait(root.group.scatter(length, lengths, root.rank), "the metadata pickles' lengths");
   const int64_t n = int64_value(length[0]);
   TD_CHECK_PEER(n > 0 && n <= longest, w.call(),
               ": the peer announced a metadata pickle of ", n, " bytes in a buffer of ", longest);

@@ -21,7 +21,7 @@
 #include "core/json_text.h"
 #include "core/metadata.h"
 
-namespace tensordict {
+namespace tensordict::wire {
 namespace {
 
 using pickle::Value;
@@ -290,14 +290,14 @@ struct PickleTraits {
   static bool is_plain_list(const Value& v) { return v.kind() == Kind::List; }
   static bool is_map(const Value& v) { return v.kind() == Kind::Dict; }
   static bool is_class_ref(const Value& v) { return v.kind() == Kind::ClassRef; }
-  static std::string class_name(const Value& v) { return ::tensordict::class_name(v); }
+  static std::string class_name(const Value& v) { return wire::class_name(v); }
   static bool as_bool(const Value& v) { return v.as_bool(); }
   static int64_t as_int(const Value& v) { return v.as_int(); }
   static const std::string& as_string(const Value& v) { return v.as_str(); }
   static const std::vector<Value>& items(const Value& v) { return v.items(); }
   static Members members(const Value& v) { return DictMembers(v); }
   static void ignored(const Value&) {}  // refuse_class_refs saw every value first
-  static JsonValue to_json(const Value& v) { return ::tensordict::to_json(v); }
+  static JsonValue to_json(const Value& v) { return wire::to_json(v); }
   static std::string dump(const Value& v) { return to_json(v).dump(); }
 };
 
@@ -643,17 +643,13 @@ pickle::Limits metadata_pickle_limits() {
 }
 
 Metadata metadata_from_pickle_bytes(std::string_view bytes, TransportFields* transport) {
-  core::ValidatedMetadata v = wire::read_metadata_pickle(bytes);
+  core::ValidatedMetadata v = read_metadata_pickle(bytes);
   return std::move(v).take(transport);
 }
-
-namespace wire {
 
 core::ValidatedMetadata read_metadata_pickle(std::string_view bytes) {
   if (auto fast = fast::read(bytes)) return std::move(*fast);
   return read_validated(pickle::loads(bytes, metadata_pickle_limits()));
 }
 
-}  // namespace wire
-
-}  // namespace tensordict
+}  // namespace tensordict::wire

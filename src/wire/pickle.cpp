@@ -13,7 +13,7 @@
 #include "core/bytes.h"
 #include "core/json_text.h"
 
-namespace tensordict::pickle {
+namespace tensordict::wire::pickle {
 
 using core::append_be;
 using core::append_le;
@@ -791,4 +791,4 @@ std::string dumps(const Value& value) {
 
 Value loads(std::string_view data, const Limits& limits) { return Reader(data, limits).run(); }
 
-}  // namespace tensordict::pickle
+}  // namespace tensordict::wire::pickle

@@ -8,6 +8,7 @@
 
 #include "dist_test_util.h"
 #include "expect_throw.h"
+#include "wire/leaf_order.h"
 #include "tensordict/consolidate.h"
 #include "tensordict/distributed/p2p.h"
 #include "tensordict/distributed/process_group.h"
@@ -28,7 +29,7 @@ TensorDict sample(double base) {
 
 bool all_equal(const TensorDict& td, double base) {
   const std::map<std::string, double> want = {{"_", 0}, {"a2", 1}, {"b", 2}, {"c", 3}};
-  for (const auto& [path, leaf] : wire_order(td)) {
+  for (const auto& [path, leaf] : wire::leaves_in_order(td)) {
     if (!leaf.eq(base + want.at(path.back())).all().item<bool>()) return false;
   }
   return true;
@@ -161,7 +162,7 @@ TEST(DistChecked, MismatchesAreNamedAndTheReceiverKeepsItsValues) {
         EXPECT_NE(err.find(m.needle), std::string::npos) << m.name << ": " << err;
         EXPECT_EQ(kind, "SchemaMismatchError") << err;
         EXPECT_NE(err.find("this TensorDict is unchanged"), std::string::npos) << err;
-        for (const auto& [path, leaf] : wire_order(before)) {
+        for (const auto& [path, leaf] : wire::leaves_in_order(before)) {
           EXPECT_TRUE(at::equal(leaf, m.mine.get(NestedKey(path)).tensor())) << m.name;
         }
       }

@@ -23,6 +23,8 @@
 namespace tensordict::dist {
 namespace {
 
+using namespace ::tensordict::wire;  // the metadata pickle (wire/metadata_pickle.h)
+
 using testing::bytes_of;
 using testing::error_of;
 using testing::run_ranks;

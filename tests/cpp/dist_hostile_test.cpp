@@ -31,6 +31,8 @@ constexpr bool kMeasureMemory = true;
 namespace tensordict::dist {
 namespace {
 
+using namespace ::tensordict::wire;  // the metadata pickle (wire/metadata_pickle.h)
+
 using testing::bytes_of;
 using testing::error_of;
 using testing::fnv1a;

@@ -10,6 +10,7 @@
 #include <cstring>
 
 #include "dist_test_util.h"
+#include "wire/leaf_order.h"
 #include "tensordict/consolidate.h"
 #include "tensordict/distributed/collectives.h"
 #include "tensordict/distributed/init_remote.h"
@@ -21,6 +22,8 @@
 
 namespace tensordict::dist {
 namespace {
+
+using namespace ::tensordict::wire;  // the metadata pickle (wire/metadata_pickle.h)
 
 using testing::bytes_of;
 using testing::error_of;
@@ -42,7 +45,7 @@ TensorDict sample(double base, const std::string& who) {
 }
 
 void expect_leaves(const TensorDict& td, double base) {
-  const auto order = wire_order(td);
+  const auto order = wire::leaves_in_order(td);
   ASSERT_EQ(order.size(), 4u);  // the non-tensor entries are not leaves
   const std::vector<std::vector<std::string>> want = {{"_"}, {"a", "a2"}, {"a", "b"}, {"c"}};
   for (size_t i = 0; i < order.size(); ++i) {
@@ -129,7 +132,7 @@ TEST(DistNonTensor, ReductionsSkipThem) {
     const std::string who = c10::str("rank", rank);
     // Leaf i holds (1 + i) on rank 0 and (2 + i) on rank 1: the sum is 3 + 2i.
     auto expect_sums = [](const TensorDict& td) {
-      const auto order = wire_order(td);
+      const auto order = wire::leaves_in_order(td);
       ASSERT_EQ(order.size(), 4u);
       for (size_t i = 0; i < order.size(); ++i) {
         EXPECT_TRUE(order[i].second.eq(3.0 + 2.0 * double(i)).all().item<bool>()) << i;

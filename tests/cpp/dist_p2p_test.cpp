@@ -8,6 +8,7 @@
 #include <map>
 
 #include "dist_test_util.h"
+#include "wire/leaf_order.h"
 #include "tensordict/consolidate.h"
 #include "tensordict/distributed/collectives.h"
 #include "tensordict/distributed/init_remote.h"
@@ -35,7 +36,7 @@ TensorDict sample(double base, bool reversed = false) {
 }
 
 void expect_values(const TensorDict& td, double base) {
-  for (const auto& [path, leaf] : wire_order(td)) {
+  for (const auto& [path, leaf] : wire::leaves_in_order(td)) {
     static const std::vector<std::vector<std::string>> order = {
         {"_"}, {"a", "a2"}, {"a", "b"}, {"c"}};
     const auto i = std::find(order.begin(), order.end(), path) - order.begin();
@@ -244,7 +245,7 @@ TensorDict deep(bool reversed, bool zeros) {
 }
 
 TEST(DistP2P, WireOrderIsSortedDepthFirst) {
-  auto order = wire_order(deep(true, false));
+  auto order = wire::leaves_in_order(deep(true, false));
   ASSERT_EQ(order.size(), 13u);
   const std::vector<std::vector<std::string>> head = {
       {"A"}, {"_"}, {"b"}, {"c", "A"}, {"c", "_"}, {"c", "b"}, {"c", "c", "A"}};
@@ -282,10 +283,10 @@ TensorDict lazy_sample(double fill) {
 }
 
 bool all_equal(const TensorDict& td, double fill) {
-  for (const auto& [path, leaf] : wire_order(td)) {
+  for (const auto& [path, leaf] : wire::leaves_in_order(td)) {
     if (!leaf.eq(fill).all().item<bool>()) return false;
   }
-  return !wire_order(td).empty();
+  return !wire::leaves_in_order(td).empty();
 }
 
 TEST(DistP2P, LazyStacksPerLeafInitRemoteAndAllReduce) {
@@ -341,8 +342,8 @@ TensorDict every_dtype(bool zeros, bool nameable_only) {
 }
 
 void expect_same_bytes(const TensorDict& a, const TensorDict& b) {
-  auto x = wire_order(a);
-  auto y = wire_order(b);
+  auto x = wire::leaves_in_order(a);
+  auto y = wire::leaves_in_order(b);
   ASSERT_EQ(x.size(), y.size());
   for (size_t i = 0; i < x.size(); ++i) {
     EXPECT_EQ(x[i].second.scalar_type(), y[i].second.scalar_type());

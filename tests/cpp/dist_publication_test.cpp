@@ -12,6 +12,7 @@
 #include <thread>
 
 #include "dist_test_util.h"
+#include "wire/leaf_order.h"
 #include "tensordict/consolidate.h"
 #include "tensordict/distributed/p2p.h"
 #include "tensordict/distributed/process_group.h"
@@ -43,7 +44,7 @@ TensorDict weights(double v) {
 
 // Every leaf of td holds v.
 bool holds(const TensorDict& td, double v) {
-  for (const auto& [path, leaf] : dist::wire_order(td)) {
+  for (const auto& [path, leaf] : wire::leaves_in_order(td)) {
     if (!leaf.eq(v).all().item<bool>()) return false;
   }
   return true;

@@ -12,6 +12,7 @@
 #include <string>
 
 #include "dist_test_util.h"
+#include "wire/leaf_order.h"
 #include "tensordict/consolidate.h"
 #include "tensordict/distributed/init_remote.h"
 #include "tensordict/distributed/p2p.h"
@@ -41,7 +42,7 @@ TensorDict filled(double v, int64_t n = 4) {
 double value_of(const TensorDict& td) { return td.get("a").tensor()[0].item<double>(); }
 
 bool all_equal(const TensorDict& td, double v) {
-  for (const auto& [path, leaf] : dist::wire_order(td)) {
+  for (const auto& [path, leaf] : wire::leaves_in_order(td)) {
     if (!leaf.eq(v).all().item<bool>()) return false;
   }
   return true;

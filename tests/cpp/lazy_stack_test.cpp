@@ -14,6 +14,8 @@
 namespace tensordict {
 namespace {
 
+using namespace ::tensordict::wire;  // the metadata pickle (wire/metadata_pickle.h)
+
 using at::indexing::Slice;
 
 // Member 0 has x, e and n.y [3, 2]; member 1 has x and n.y [3, 4]: a heterogeneous stack.

@@ -147,7 +147,7 @@ TEST(NonTensorStack, ConsolidatesAndRebuildsAsTheReference) {
   // Through JSON (the pipe) and the pickle (init_remote, the collectives).
   const auto& meta = *tensordict::consolidated_metadata(c);
   for (const Metadata& back : {tensordict::metadata_from_json(tensordict::metadata_to_json(meta)),
-                               tensordict::metadata_from_pickle_bytes(tensordict::metadata_pickle_bytes(meta))}) {
+                               tensordict::wire::metadata_from_pickle_bytes(tensordict::wire::metadata_pickle_bytes(meta))}) {
     TensorDict r = tensordict::rebuild(back, tensordict::consolidated_storage(c));
     EXPECT_EQ(r.get_non_tensor("names"), JsonValue::list({"a", "b", "c"}));
     EXPECT_EQ(r.get("grid").non_tensor().tolist(), td.get("grid").non_tensor().tolist());
@@ -158,7 +158,7 @@ TEST(NonTensorStack, ConsolidatesAndRebuildsAsTheReference) {
   EXPECT_FALSE(tensordict::rebuild(tensordict::metadata_from_json(tensordict::metadata_to_json(meta)),
                                    tensordict::consolidated_storage(c))
                    .get("cfg").non_tensor().is_metadata());
-  EXPECT_TRUE(tensordict::rebuild(tensordict::metadata_from_pickle_bytes(tensordict::metadata_pickle_bytes(meta)),
+  EXPECT_TRUE(tensordict::rebuild(tensordict::wire::metadata_from_pickle_bytes(tensordict::wire::metadata_pickle_bytes(meta)),
                                   tensordict::consolidated_storage(c))
                   .get("cfg").non_tensor().is_metadata());
 }

@@ -8,7 +8,7 @@
 #include "wire/pickle.h"
 #include "tensordict/tensor_dict.h"
 
-namespace pk = tensordict::pickle;
+namespace pk = tensordict::wire::pickle;
 using pk::Value;
 
 namespace {
@@ -177,8 +177,8 @@ TEST(Pickle, BudgetsTheBytesItMaterialises) {
     const int64_t start = 8 * i;
     m.leaves.push_back({"leaf_" + std::to_string(i), {at::kFloat, {2}, start, start + 8, 0}});
   }
-  const std::string big = pk::dumps(tensordict::metadata_to_pickle(m, {}));
-  EXPECT_EQ(tensordict::metadata_from_pickle_bytes(big).leaves.size(), 20000u);
+  const std::string big = pk::dumps(tensordict::wire::metadata_to_pickle(m, {}));
+  EXPECT_EQ(tensordict::wire::metadata_from_pickle_bytes(big).leaves.size(), 20000u);
 }
 
 TEST(Pickle, AccessorsNameKinds) {
@@ -282,6 +282,7 @@ const std::string kReferenceTensorclassNode = lit(
 
 TEST(MetadataPickle, ReadsTheReferencesTensorclassNodeAsATensorDict) {
   using namespace tensordict;
+  using namespace tensordict::wire;
   const Metadata m = metadata_from_pickle_bytes(kReferenceTensorclassNode);
   EXPECT_EQ(m.cls, "TensorDict");
   ASSERT_EQ(m.children.size(), 1u);
@@ -307,6 +308,7 @@ TEST(MetadataPickle, ReadsTheReferencesTensorclassNodeAsATensorDict) {
 
 TEST(MetadataPickle, RefusesClassReferencesOutsideANodesCls) {
   using namespace tensordict;
+  using namespace tensordict::wire;
   const pk::Value good = pk::loads(kReferenceTensorclassNode);
   const pk::Value ref = pk::Value::class_ref("__main__", "Inner");
   const auto with = [&](auto edit) {
@@ -428,6 +430,7 @@ std::string pickler_stack(int64_t n) {
 // and past its budget from 100,000 members, where the general reader refuses the pickle too.
 TEST(MetadataPickle, ReadsPythonsBatchedDictsInLinearTime) {
   using namespace tensordict;
+  using namespace tensordict::wire;
   using clock = std::chrono::steady_clock;
   constexpr int64_t kMembers = 200'000;
   const std::string batched = pickler_stack(kMembers);

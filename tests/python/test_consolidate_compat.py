@@ -9,7 +9,7 @@ For every case, the same TensorDict is built on both sides (the C++ side through
 * we rebuild the reference's (metadata, storage) into the structure and bytes the
   reference's own rebuild gives.
 
-The tool is found in ``$TENSORDICT_BUILD_DIR`` (default ``/work/main/build``).
+The tool is found in ``$TENSORDICT_BUILD_DIR`` (default: the repository's ``build/``).
 """
 
 from __future__ import annotations
@@ -26,7 +26,7 @@ import torch
 from tensordict import NonTensorData, TensorDict, is_non_tensor
 from tensordict._reductions import _rebuild_tensordict_files_consolidated
 
-BUILD_DIR = Path(os.environ.get("TENSORDICT_BUILD_DIR", "/work/main/build"))
+BUILD_DIR = Path(os.environ.get("TENSORDICT_BUILD_DIR", Path(__file__).resolve().parents[2] / "build"))
 TOOL = BUILD_DIR / "td_layout"
 
 

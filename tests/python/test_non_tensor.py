@@ -310,21 +310,21 @@ def test_pipe_messages_equal_the_references(consolidated):
         raw = server._cpp
         if consolidated:
             assert len(want) == 4  # flag, length, metadata, storage
-            assert raw.recv_raw(1) == want[0] == b"\x00"
-            (n,) = struct.unpack("<Q", raw.recv_raw(8))
-            text = raw.recv_raw(n)
+            assert raw._recv_raw(1) == want[0] == b"\x00"
+            (n,) = struct.unpack("<Q", raw._recv_raw(8))
+            text = raw._recv_raw(n)
             # Insertion order, the transport keys last, as 0.15.3 writes it (docs/wire-format.md
             # §6.1): the same bytes, non-tensor data included.
             assert len(text) == n == struct.unpack("<Q", want[1])[0]
             assert text == want[2]
             assert json.loads(text)["a"]["non_tensors"]["a0"][0]["lr"] == 1e-07
-            assert raw.recv_raw(len(want[3])) == want[3]
+            assert raw._recv_raw(len(want[3])) == want[3]
         else:
-            (n,) = struct.unpack("<Q", raw.recv_raw(8))
+            (n,) = struct.unpack("<Q", raw._recv_raw(8))
             assert struct.pack("<Q", n) == want[0]
-            assert raw.recv_raw(n) == want[1]  # the header with its non_tensors
+            assert raw._recv_raw(n) == want[1]  # the header with its non_tensors
             for leaf in want[2:]:  # one message per leaf
-                assert raw.recv_raw(len(leaf)) == leaf
+                assert raw._recv_raw(len(leaf)) == leaf
 
 
 @pytest.mark.parametrize("consolidated", [True, False], ids=["consolidated", "uncollated"])
@@ -335,7 +335,7 @@ def test_pipe_receives_the_references_bytes(consolidated):
     server, client = pipe_pair(consolidated=consolidated)
     with server, client:
         for message in messages:
-            client._cpp.send_raw(message)
+            client._cpp._send_raw(message)
         got = server.recv()
     check_leaves(got, 1.0)
     check_non_tensors(got)
@@ -353,7 +353,7 @@ def test_pipe_refuses_malformed_non_tensors():
     server, client = pipe_pair()
     with server, client:
         for message in (b"\x00", struct.pack("<Q", len(text)), text):
-            client._cpp.send_raw(message)
+            client._cpp._send_raw(message)
         with pytest.raises(ValueError, match="non-tensor entry '0' has batch_size"):
             server.recv()
 

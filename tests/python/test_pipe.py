@@ -102,19 +102,19 @@ def test_framing_is_the_references():
         total = td._cpp.consolidated_storage().numel()
         client.send(td)
         raw = server._cpp
-        assert raw.recv_raw(1) == b"\x00"
-        (n,) = struct.unpack("<Q", raw.recv_raw(8))
+        assert raw._recv_raw(1) == b"\x00"
+        (n,) = struct.unpack("<Q", raw._recv_raw(8))
         assert n > 0
-        meta = json.loads(raw.recv_raw(n))
+        meta = json.loads(raw._recv_raw(n))
         assert meta["_total_bytes"] == total and meta["_device"] == "cpu"
-        assert len(raw.recv_raw(total)) == total
+        assert len(raw._recv_raw(total)) == total
         client.send(td)
-        joined = raw.recv_raw(1 + total)
+        joined = raw._recv_raw(1 + total)
         storage = td._cpp.consolidated_storage().numpy().tobytes()
         assert joined[:1] == b"\x01" and joined[1:] == storage
         other = TensorDict(z=torch.zeros(3), batch_size=[]).consolidate()
         client.send(other)
-        assert raw.recv_raw(1) == b"\x00"
+        assert raw._recv_raw(1) == b"\x00"
         assert client.stats()["schema_sends"] == 2 and client.stats()["sends"] == 3
 
 
@@ -422,7 +422,7 @@ def test_async_for_ends_on_a_clean_close_after_the_last_message():
 def test_async_for_raises_real_errors():
     server, client = pair()
     with server, client:
-        client._cpp.send_raw(b"\x07")  # not a flag of the protocol
+        client._cpp._send_raw(b"\x07")  # not a flag of the protocol
 
         async def consume():
             async for _ in server:
@@ -482,7 +482,7 @@ def test_malformed_frames_are_refused(frames, error, match):
     server, client = pair()
     with server, client:
         for f in frames:
-            client._cpp.send_raw(f)
+            client._cpp._send_raw(f)
         with pytest.raises(error, match=match):
             server.recv()
         with pytest.raises(RuntimeError, match="broken"):  # no out-of-step reads afterwards

@@ -2,7 +2,7 @@
 event loop" and "Closing"): no peer holds the event loop's thread, queued asends keep the
 deadline of their own call, and a pipe closed after any error keeps no thread or descriptor.
 
-The stalled peers are raw: a pipe's test hook send_raw sends frames outside the framing (a
+The stalled peers are raw: a pipe's test hook _send_raw sends frames outside the framing (a
 new-schema flag and a length, then nothing; or a same-schema flag without its storage), from
 another UCX worker of this process; the killed one is a child process, SIGKILLed mid-message."""
 import os
@@ -55,10 +55,10 @@ def frames_of(td):
     a, b = pair(timeout=5.0)
     with a, b:
         b.send(td)
-        flag = a._cpp.recv_raw(1)
-        length = a._cpp.recv_raw(8)
-        meta = a._cpp.recv_raw(struct.unpack("<Q", length)[0])
-        storage = a._cpp.recv_raw(json.loads(meta)["_total_bytes"])
+        flag = a._cpp._recv_raw(1)
+        length = a._cpp._recv_raw(8)
+        meta = a._cpp._recv_raw(struct.unpack("<Q", length)[0])
+        storage = a._cpp._recv_raw(json.loads(meta)["_total_bytes"])
     return flag, length, meta, storage
 
 
@@ -106,11 +106,11 @@ def test_a_stalled_peer_never_holds_the_loop(stall):
         if stall == "same-schema-flag":
             client.send(sample(1))  # one honest message
             assert (await server.arecv())["x"][0].item() == 1.0
-            client._cpp.send_raw(b"\x01")  # then a same-schema flag without its storage
+            client._cpp._send_raw(b"\x01")  # then a same-schema flag without its storage
             rest = [storage]
         else:
-            client._cpp.send_raw(flag)  # a new-schema flag and the length, then nothing
-            client._cpp.send_raw(length)
+            client._cpp._send_raw(flag)  # a new-schema flag and the length, then nothing
+            client._cpp._send_raw(length)
             rest = [meta, storage]
         ticker = Ticker()
         start = time.monotonic()
@@ -124,7 +124,7 @@ def test_a_stalled_peer_never_holds_the_loop(stall):
         assert longest < TICK + SLACK
         assert server._recv_ex is None  # waited on the loop, no thread
         for f in rest:  # the peer resumes: the next arecv gets the whole TensorDict
-            client._cpp.send_raw(f)
+            client._cpp._send_raw(f)
         got = await asyncio.wait_for(server.arecv(), 5.0)
         torch.testing.assert_close(got["x"], sample(7)["x"])
         torch.testing.assert_close(got["y"], sample(7)["y"])
@@ -143,25 +143,25 @@ def test_uncollated_a_stalled_peer_never_holds_the_loop_and_small_ones_stay_inli
     a, b = pair(timeout=5.0, consolidated=False)
     with a, b:  # an honest sender's frames: the header's length, the header, each leaf
         b.send(sample(5))
-        length = a._cpp.recv_raw(8)
-        header = a._cpp.recv_raw(struct.unpack("<Q", length)[0])
-        leaves = [a._cpp.recv_raw(40), a._cpp.recv_raw(32)]  # x: 10 float32, y: 4 int64
+        length = a._cpp._recv_raw(8)
+        header = a._cpp._recv_raw(struct.unpack("<Q", length)[0])
+        leaves = [a._cpp._recv_raw(40), a._cpp._recv_raw(32)]  # x: 10 float32, y: 4 int64
     server, client = pair(timeout=5.0, consolidated=False)
 
     async def main():
         for k in range(3):
             await client.asend(sample(k))
             assert (await server.arecv())["x"][0].item() == k
-        client._cpp.send_raw(length)
-        client._cpp.send_raw(header)
-        client._cpp.send_raw(leaves[0])  # the last leaf never comes
+        client._cpp._send_raw(length)
+        client._cpp._send_raw(header)
+        client._cpp._send_raw(leaves[0])  # the last leaf never comes
         ticker = Ticker()
         start = time.monotonic()
         with pytest.raises(asyncio.TimeoutError):
             await asyncio.wait_for(server.arecv(), 0.3)
         assert time.monotonic() - start < 0.3 + SLACK
         assert await ticker.stop() < TICK + SLACK
-        client._cpp.send_raw(leaves[1])
+        client._cpp._send_raw(leaves[1])
         got = await asyncio.wait_for(server.arecv(), 5.0)
         torch.testing.assert_close(got["y"], sample(5)["y"])
         assert server._recv_ex is None  # every receive ran on the loop
@@ -177,8 +177,8 @@ def test_a_peer_stalled_past_the_pipe_timeout_raises_timeout_error_on_time():
     server, client = pair(timeout=0.5)
 
     async def main():
-        client._cpp.send_raw(flag)
-        client._cpp.send_raw(length)
+        client._cpp._send_raw(flag)
+        client._cpp._send_raw(length)
         ticker = Ticker()
         start = time.monotonic()
         with pytest.raises(errors.TimeoutError, match="nothing was received"):
@@ -186,8 +186,8 @@ def test_a_peer_stalled_past_the_pipe_timeout_raises_timeout_error_on_time():
         took = time.monotonic() - start
         assert await ticker.stop() < TICK + SLACK
         assert 0.45 < took < 0.5 + SLACK
-        client._cpp.send_raw(meta)
-        client._cpp.send_raw(storage)
+        client._cpp._send_raw(meta)
+        client._cpp._send_raw(storage)
         torch.testing.assert_close((await server.arecv())["x"], sample(3)["x"])
 
     with server, client:
@@ -262,8 +262,8 @@ def break_one(kind):
     """One pipe pair broken mid-message by `kind`, both ends closed; returns them (kept alive:
     close() itself must release everything)."""
     server, client = pair(timeout=0.2)
-    client._cpp.send_raw(b"\x07" if kind == "protocol" else b"\x00")
-    client._cpp.send_raw(struct.pack("<Q", 400))
+    client._cpp._send_raw(b"\x07" if kind == "protocol" else b"\x00")
+    client._cpp._send_raw(struct.pack("<Q", 400))
     if kind == "gone":
         client.close()  # the peer leaves mid-message
     if kind == "cancelled":
@@ -301,8 +301,8 @@ KILLED_MID_MESSAGE = textwrap.dedent("""
     from tensordict_cpp import TensorDictPipe
     pipes = [TensorDictPipe.connect_sync("127.0.0.1", int(p), timeout=20.0) for p in sys.argv[1:]]
     for p in pipes:  # a new-schema flag and a length: a TensorDict begun, never finished
-        p._cpp.send_raw(b"\\x00")
-        p._cpp.send_raw(struct.pack("<Q", 400))
+        p._cpp._send_raw(b"\\x00")
+        p._cpp._send_raw(struct.pack("<Q", 400))
     print("sent", flush=True)
     sys.stdin.read()  # until SIGKILLed
 """)

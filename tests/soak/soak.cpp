@@ -36,6 +36,7 @@
 #include <vector>
 
 #include "../cpp/checksum.h"
+#include "wire/leaf_order.h"
 #include "tensordict/consolidate.h"
 #include "tensordict/distributed/p2p.h"
 #include "tensordict/distributed/runner.h"
@@ -47,6 +48,7 @@ namespace {
 
 using tensordict::TensorDict;
 namespace dist = tensordict::dist;
+namespace wire = tensordict::wire;
 namespace tdpipe = tensordict::pipe;
 using Clock = std::chrono::steady_clock;
 
@@ -82,7 +84,7 @@ using tensordict::testing::kFnvBasis;
 // Checksum of every leaf but "checksum", in wire order (key paths hashed too).
 int64_t checksum(const TensorDict& td) {
   uint64_t h = kFnvBasis;
-  for (const auto& [path, tensor] : dist::wire_order(td)) {
+  for (const auto& [path, tensor] : wire::leaves_in_order(td)) {
     if (path.size() == 1 && path[0] == "checksum") continue;
     for (const auto& part : path) {
       for (char ch : part) h = (h ^ static_cast<uint8_t>(ch)) * 1099511628211ull;

@@ -17,10 +17,10 @@ int main(int argc, char** argv) {
   try {
     if (metadata) {
       tensordict::TransportFields transport;
-      const auto meta = tensordict::metadata_from_pickle_bytes(in, &transport);
-      std::cout << tensordict::pickle::dumps(tensordict::metadata_to_pickle(meta, transport));
+      const auto meta = tensordict::wire::metadata_from_pickle_bytes(in, &transport);
+      std::cout << tensordict::wire::pickle::dumps(tensordict::wire::metadata_to_pickle(meta, transport));
     } else {
-      std::cout << tensordict::pickle::dumps(tensordict::pickle::loads(in));
+      std::cout << tensordict::wire::pickle::dumps(tensordict::wire::pickle::loads(in));
     }
   } catch (const c10::Error& e) {
     std::cerr << e.what_without_backtrace() << "\n";

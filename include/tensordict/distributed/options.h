@@ -56,16 +56,17 @@ class Group {
   /// `group.send([t], peer, tag)` does) or straight on the Backend. Non-blocking.
   WorkPtr send(std::vector<at::Tensor>& tensors, int dst, int tag) const;
   WorkPtr recv(std::vector<at::Tensor>& tensors, int src, int tag) const;
-  /// The c10d collectives, likewise; ranks in the options are group ranks. Non-blocking.
-  WorkPtr broadcast(std::vector<at::Tensor>& tensors, const c10d::BroadcastOptions& opts) const;
+  /// The c10d collectives, likewise; `root` is a group rank. Non-blocking. They take what of
+  /// c10d's options structs we use (the root, the op), so that those never meet ours.
+  WorkPtr broadcast(std::vector<at::Tensor>& tensors, int root) const;
   WorkPtr allgather(std::vector<std::vector<at::Tensor>>& outputs,
                     std::vector<at::Tensor>& inputs) const;
   WorkPtr scatter(std::vector<at::Tensor>& outputs, std::vector<std::vector<at::Tensor>>& inputs,
-                  const c10d::ScatterOptions& opts) const;
+                  int root) const;
   WorkPtr gather(std::vector<std::vector<at::Tensor>>& outputs, std::vector<at::Tensor>& inputs,
-                 const c10d::GatherOptions& opts) const;
-  WorkPtr allreduce(std::vector<at::Tensor>& tensors, const c10d::AllreduceOptions& opts) const;
-  WorkPtr reduce(std::vector<at::Tensor>& tensors, const c10d::ReduceOptions& opts) const;
+                 int root) const;
+  WorkPtr allreduce(std::vector<at::Tensor>& tensors, const c10d::ReduceOp& op) const;
+  WorkPtr reduce(std::vector<at::Tensor>& tensors, const c10d::ReduceOp& op, int root) const;
 
  private:
   ProcessGroupPtr process_group_;

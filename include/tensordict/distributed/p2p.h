@@ -91,8 +91,4 @@ std::optional<int64_t> recv(const SubTensorDict& sub, std::optional<int64_t> src
 /// irecv() likewise; with advanced indices the write back happens once every receive is done.
 void irecv(const SubTensorDict& sub, std::optional<int64_t> src, const RecvOptions& options = {});
 
-/// The leaves of `td` in per-leaf wire order (keys sorted by code point at each level,
-/// depth-first), as (key path, tensor).
-std::vector<std::pair<std::vector<std::string>, at::Tensor>> wire_order(const TensorDict& td);
-
 }  // namespace tensordict::dist

@@ -1,7 +1,7 @@
 #pragma once
 // The one reader of metadata trees, shared by the JSON codec (src/core/metadata_json.cpp) and
 // the pickle codec (src/wire/metadata_pickle.cpp), so that both give the same errors for the
-// same faults. `T` adapts a parsed tree (JsonValue or pickle::Value): T::Value, the kind tests
+// same faults. `T` adapts a parsed tree (JsonValue or wire::pickle::Value): T::Value, the kind tests
 // (is_null, is_bool, is_int, is_number, is_string, is_list, is_map, is_class_ref), as_bool,
 // as_int, as_string, items (a list's or tuple's elements), members (a map's (key, value) pairs),
 // is_plain_list (a list and not a tuple: a pickle tells them apart, JSON does not),

@@ -3,7 +3,7 @@
 // metadata_reader.h; shared by the codecs of src/core/metadata_json.cpp and
 // src/wire/metadata_pickle.cpp. The fast paths of metadata_pickle.cpp and
 // metadata_json.cpp parse the plain shape of a peer's metadata into it without building
-// pickle::Values or JsonValues (strings stay views of the input, containers are ranges of the
+// wire::pickle::Values or JsonValues (strings stay views of the input, containers are ranges of the
 // arena) and give up (GiveUp) on anything else, which the general reader then reads, also
 // making every error message. So a fast path accepts only what the general reader accepts,
 // and builds the same metadata from it.

@@ -10,7 +10,7 @@
 #include "tensordict/consolidate.h"
 #include "wire/pickle.h"
 
-namespace tensordict {
+namespace tensordict::wire {
 
 /// The pickle bytes of the reference's dict for `metadata`: the node structure of
 /// metadata_to_json, each "leaves" and "non_tensors" entry a tuple, `transport` fields added at
@@ -29,12 +29,8 @@ Metadata metadata_from_pickle(const pickle::Value& value, TransportFields* trans
 pickle::Limits metadata_pickle_limits();
 
 /// Reads the pickle bytes of a peer: pickle::loads under metadata_pickle_limits(), then
-/// metadata_from_pickle. (wire::read_metadata_pickle keeps the validation's result.)
+/// metadata_from_pickle. (read_metadata_pickle keeps the validation's result.)
 Metadata metadata_from_pickle_bytes(std::string_view bytes, TransportFields* transport = nullptr);
-
-}  // namespace tensordict
-
-namespace tensordict::wire {
 
 /// A peer's metadata pickle (init_remote and the collectives, §4.2), read by the restricted
 /// reader under metadata_pickle_limits() and validated.

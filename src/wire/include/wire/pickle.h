@@ -16,7 +16,7 @@
 
 #include "core/metadata.h"
 
-namespace tensordict::pickle {
+namespace tensordict::wire::pickle {
 
 /// One value of the subset. Dicts keep insertion order (as Python's do) and have str keys.
 class Value {
@@ -170,4 +170,4 @@ std::string dumps(const Value& value);
 /// whose parts are not dotted names, or a bound of `limits` exceeded.
 Value loads(std::string_view data, const Limits& limits = {});
 
-}  // namespace tensordict::pickle
+}  // namespace tensordict::wire::pickle
