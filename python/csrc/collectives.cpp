@@ -36,12 +36,12 @@ py::arg_v check_buckets_arg() {
   return py::arg("check_buckets") = dist::AllReduceOptions{}.check_buckets;
 }
 
-}  // namespace
+// Arguments are converted with the GIL held; the transfers run without it. from_remote_init and
+// broadcast return (TensorDict, the sender's tensorclass type or None): the Python layer
+// resolves the type against its tensorclass registry.
 
-void bind_collectives(py::module_& m) {
-  // Arguments are converted with the GIL held; the transfers run without it.
-  // from_remote_init and broadcast return (TensorDict, the sender's tensorclass type or None):
-  // the Python layer resolves the type against its tensorclass registry.
+// init_remote and from_remote_init.
+void bind_remote(py::module_& m) {
   def(m, "init_remote",
       [](const TensorDict& td, std::optional<int64_t> group_dst, py::object group,
          std::optional<at::Device> device, bool use_broadcast,
@@ -80,6 +80,10 @@ void bind_collectives(py::module_& m) {
       std::make_tuple(py::arg("group_src"), py::kw_only(), group_arg(), device_arg(),
                       use_broadcast_arg(), max_total_bytes_arg(), timeout_arg(),
                       py::arg("late") = "deliver"));
+}
+
+// The collectives that move whole TensorDicts: broadcast, all_gather, scatter, gather_and_stack.
+void bind_moving(py::module_& m) {
   def(m, "broadcast",
       [](const TensorDict& td, std::optional<int64_t> group_src, py::object group,
          std::optional<at::Device> device, std::optional<int64_t> max_total_bytes,
@@ -146,6 +150,10 @@ void bind_collectives(py::module_& m) {
       },
       std::make_tuple(py::arg("td"), py::arg("group_dst"), py::kw_only(), group_arg(),
                       max_total_bytes_arg(), timeout_arg()));
+}
+
+// The reductions: all_reduce and reduce.
+void bind_reductions(py::module_& m) {
   def(m, "all_reduce",
       [](const TensorDict& td, const c10d::ReduceOp& op, bool async_op, py::object group,
          std::optional<double> timeout, std::optional<int64_t> bucket_bytes,
@@ -192,6 +200,14 @@ void bind_collectives(py::module_& m) {
       std::make_tuple(py::arg("td"), py::arg("group_dst"), py::arg("op"), py::kw_only(),
                       async_op_arg(), py::arg("return_premature") = false, group_arg(),
                       timeout_arg(), py::arg("bucket_bytes") = py::none(), check_buckets_arg()));
+}
+
+}  // namespace
+
+void bind_collectives(py::module_& m) {
+  bind_remote(m);
+  bind_moving(m);
+  bind_reductions(m);
 }
 
 }  // namespace tensordict::python

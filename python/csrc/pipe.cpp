@@ -103,12 +103,12 @@ auto pipe_option_args() {
                          py::arg("spin") = static_cast<double>(d.spin.count()) / 1e6);
 }
 
-}  // namespace
+auto listen_args() {
+  return std::tuple_cat(std::make_tuple(py::arg("port"), py::arg("host")), pipe_option_args());
+}
 
-void bind_pipe(py::module_& m) {
-  py::class_<Pipe> pipe(m, "Pipe");
-  const auto listen_args =
-      std::tuple_cat(std::make_tuple(py::arg("port"), py::arg("host")), pipe_option_args());
+// listen, connect and over.
+void bind_pipe_makers(py::class_<Pipe>& pipe) {
   def_static(
       pipe, "listen",
       [](int port, const std::string& host, bool consolidated, double timeout,
@@ -119,7 +119,7 @@ void bind_pipe(py::module_& m) {
         py::gil_scoped_release nogil;
         return Pipe::listen(port, host, o);
       },
-      listen_args);
+      listen_args());
   def_static(
       pipe, "connect",
       [](const std::string& host, int port, bool consolidated, double timeout,
@@ -150,6 +150,10 @@ void bind_pipe(py::module_& m) {
                                      py::arg("peer") = "a caller's link",
                                      py::arg("peer_tag") = py::none()),
                      pipe_option_args()));
+}
+
+// send, recv and the event loops' calls.
+void bind_pipe_transfers(py::class_<Pipe>& pipe) {
   // send's `timeout`: this send's own limit in seconds from now, in place of the pipe's per wait
   // (PipeSendOptions::deadline); asend's thread passes what is left of its call's.
   pipe.def(
@@ -208,8 +212,12 @@ void bind_pipe(py::module_& m) {
             py::gil_scoped_release nogil;
             return p.recv_ready(us);
           },
-          py::arg("spin") = py::none())
-      .def_property_readonly("timeout", [](const Pipe& p) { return seconds(p.options().timeout); })
+          py::arg("spin") = py::none());
+}
+
+// The pipe's state, its counters and the test hooks.
+void bind_pipe_state(py::class_<Pipe>& pipe) {
+  pipe.def_property_readonly("timeout", [](const Pipe& p) { return seconds(p.options().timeout); })
       .def_property_readonly("last_recv_bytes", &Pipe::last_recv_bytes)
       .def("event_fd", &Pipe::event_fd)
       .def("watch", &Pipe::watch, py::arg("on"))
@@ -253,9 +261,11 @@ void bind_pipe(py::module_& m) {
             return py::bytes(s);
           },
           py::arg("n"));
+}
 
+void bind_server(py::module_& m) {
   // serve() is not bound: its handlers run on C++ threads; the Python server runs them as
-  // asyncio tasks over accept() instead.
+  // asyncio tasks over accept() instead (a Publisher serves through it in C++).
   py::class_<TensorDictServer> server(m, "PipeServer");
   std::apply(
       [&](const auto&... args) {
@@ -270,7 +280,7 @@ void bind_pipe(py::module_& m) {
                    }),
                    args...);
       },
-      listen_args);
+      listen_args());
   server.def_property_readonly("port", &TensorDictServer::port)
       .def_property_readonly("clients", &TensorDictServer::clients)
       .def(
@@ -283,6 +293,16 @@ void bind_pipe(py::module_& m) {
           },
           py::arg("timeout") = py::none())
       .def("close", &TensorDictServer::close, py::call_guard<py::gil_scoped_release>());
+}
+
+}  // namespace
+
+void bind_pipe(py::module_& m) {
+  py::class_<Pipe> pipe(m, "Pipe");
+  bind_pipe_makers(pipe);
+  bind_pipe_transfers(pipe);
+  bind_pipe_state(pipe);
+  bind_server(m);
 }
 
 }  // namespace tensordict::python

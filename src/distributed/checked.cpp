@@ -123,13 +123,13 @@ std::vector<WorkPtr> post_checked_send(const Waiter& waiter, const TensorDict& t
                   [&](size_t i) { return waiter.send(peer, messages[i], tag); });
 }
 
-std::vector<WorkPtr> post_checked_recv(const Waiter& waiter, const TensorDict& td,
-                                       const Peer& peer, int tag, bool consolidated, Late late) {
-  const char* call = waiter.call();
-  // Each late transfer is received as late="deliver" would receive it, into a copy of td
-  // (its later messages depend on its header), then dropped; a mismatched one is drained.
-  while (late == Late::kDrop &&
-         LateMessages::get().has(group_key(peer.group), peer.rank, {tag})) {
+namespace {
+
+// late="drop": each late transfer is received as late="deliver" would receive it, into a copy
+// of td (its later messages depend on its header), then dropped; a mismatched one is drained.
+void drop_late(const Waiter& waiter, const TensorDict& td, const Peer& peer, int tag,
+               bool consolidated) {
+  while (LateMessages::get().has(group_key(peer.group), peer.rank, {tag})) {
     const TensorDict scratch = consolidated ? consolidate(td.clone()) : td.clone();
     try {
       waiter.wait(post_checked_recv(waiter, scratch, peer, tag, consolidated, Late::kDeliver),
@@ -139,24 +139,34 @@ std::vector<WorkPtr> post_checked_recv(const Waiter& waiter, const TensorDict& t
     }
     waiter.land();  // into the scratch copy; what it received is not parked again
   }
-  EncodedSchema per_leaf;
-  const EncodedSchema* encoded_mine = &per_leaf;
-  std::vector<at::Tensor> targets;  // what the payload lands in, in wire order
-  if (consolidated) {
-    encoded_mine = &consolidated_schema(td);
-    targets.push_back(consolidated_storage(td));
-  } else {
-    const WireLeaves leaves = wire::leaves_in_order(td);
-    per_leaf = encoded(schema_of(leaves, nullptr));
-    for (const auto& [path, leaf] : leaves) {
-      check_writable(call, leaf, "receive into", "receiver");
-      targets.push_back(leaf);
-    }
-  }
-  const Schema& mine = encoded_mine->schema;
-  const std::string& mine_blob = encoded_mine->blob;
-  const at::Device device = device_of(targets);
+}
 
+// The receiver's side: its schema, and what the payload lands in, in wire order.
+struct Receiver {
+  EncodedSchema per_leaf;
+  const EncodedSchema* shared = nullptr;  // a consolidated TensorDict's own, kept by it
+  std::vector<at::Tensor> targets;
+  const EncodedSchema& encoded() const { return shared ? *shared : per_leaf; }
+};
+
+Receiver receiver_of(const char* call, const TensorDict& td, bool consolidated) {
+  Receiver r;
+  if (consolidated) {
+    r.shared = &consolidated_schema(td);
+    r.targets.push_back(consolidated_storage(td));
+    return r;
+  }
+  const WireLeaves leaves = wire::leaves_in_order(td);
+  r.per_leaf = encoded(schema_of(leaves, nullptr));
+  for (const auto& [path, leaf] : leaves) {
+    check_writable(call, leaf, "receive into", "receiver");
+    r.targets.push_back(leaf);
+  }
+  return r;
+}
+
+Header recv_header(const Waiter& waiter, const Peer& peer, int tag, at::Device device) {
+  const char* call = waiter.call();
   at::Tensor header_t = at::empty({static_cast<int64_t>(kCheckedHeaderBytes)},
                                   at::TensorOptions().dtype(at::kByte).device(device));
   TailStamp header_stamp(header_t);
@@ -166,43 +176,58 @@ std::vector<WorkPtr> post_checked_recv(const Waiter& waiter, const TensorDict& t
               "is shorter than a checked-transfer header (", kCheckedHeaderBytes,
               " bytes); the sender must pass checked=True too");
   header_t = header_t.cpu();
-  const Header h = decode_header(call, header_t.data_ptr<uint8_t>());
+  return decode_header(call, header_t.data_ptr<uint8_t>());
+}
 
-  const auto chunk_bytes = static_cast<int64_t>(h.chunk_bytes);
-  // Posts the payload's receives into td; on failure, no work is left behind.
-  const auto post_payload = [&] {
-    std::vector<WorkPtr> works;
-    try {
-      for (const auto& target : targets) {
-        if (target.numel() == 0) continue;
-        const bool direct = waiter.staged() || target.is_contiguous();
-        at::Tensor buffer;
-        if (waiter.staged()) {
-          buffer = waiter.stage(target);  // copied into target by the caller's land()
-        } else {
-          buffer = direct ? target : at::empty_like(target, at::MemoryFormat::Contiguous);
-        }
-        std::vector<at::Tensor> chunks;
-        chunk(bytes_of(buffer), chunk_bytes, chunks);
-        const size_t first = works.size();
-        for (auto& c : chunks) works.push_back(waiter.recv(peer, c, tag, {}, /*copy_late=*/true));
-        if (!direct) {
-          std::vector<WorkPtr> leaf_works(works.begin() + first, works.end());
-          works.resize(first);
-          works.push_back(copy_back_work(std::move(leaf_works), target, buffer));
-        }
+// Posts the payload's receives into `targets`, in chunks of `chunk_bytes`; on failure, no work
+// is left behind.
+std::vector<WorkPtr> post_payload(const Waiter& waiter, const Peer& peer, int tag,
+                                  const std::vector<at::Tensor>& targets, int64_t chunk_bytes) {
+  std::vector<WorkPtr> works;
+  try {
+    for (const auto& target : targets) {
+      if (target.numel() == 0) continue;
+      const bool direct = waiter.staged() || target.is_contiguous();
+      at::Tensor buffer;
+      if (waiter.staged()) {
+        buffer = waiter.stage(target);  // copied into target by the caller's land()
+      } else {
+        buffer = direct ? target : at::empty_like(target, at::MemoryFormat::Contiguous);
       }
-    } catch (...) {
-      abandon(works);
-      throw;
+      std::vector<at::Tensor> chunks;
+      chunk(bytes_of(buffer), chunk_bytes, chunks);
+      const size_t first = works.size();
+      for (auto& c : chunks) works.push_back(waiter.recv(peer, c, tag, {}, /*copy_late=*/true));
+      if (!direct) {
+        std::vector<WorkPtr> leaf_works(works.begin() + first, works.end());
+        works.resize(first);
+        works.push_back(copy_back_work(std::move(leaf_works), target, buffer));
+      }
     }
-    return works;
-  };
+  } catch (...) {
+    abandon(works);
+    throw;
+  }
+  return works;
+}
+
+}  // namespace
+
+std::vector<WorkPtr> post_checked_recv(const Waiter& waiter, const TensorDict& td,
+                                       const Peer& peer, int tag, bool consolidated, Late late) {
+  const char* call = waiter.call();
+  if (late == Late::kDrop) drop_late(waiter, td, peer, tag, consolidated);
+  const Receiver r = receiver_of(call, td, consolidated);
+  const Schema& mine = r.encoded().schema;
+  const std::string& mine_blob = r.encoded().blob;
+  const at::Device device = device_of(r.targets);
+  const Header h = recv_header(waiter, peer, tag, device);
+
   // A header announcing this receiver's own schema size, hash and payload: the schema's and the
   // payload's receives are posted together, saving a message latency. A schema that then
   // differs all the same (a hash collision, or a lying peer) has written the payload.
   const bool announced_same = h.mode == mine.mode && h.schema_bytes == mine_blob.size() &&
-                              h.schema_hash == encoded_mine->hash &&
+                              h.schema_hash == r.encoded().hash &&
                               static_cast<int64_t>(h.payload_bytes) == mine.payload_bytes;
 
   at::Tensor blob_t = at::empty({static_cast<int64_t>(h.schema_bytes)},
@@ -210,7 +235,9 @@ std::vector<WorkPtr> post_checked_recv(const Waiter& waiter, const TensorDict& t
   TailStamp blob_stamp(blob_t);
   WorkPtr blob_work = waiter.recv(peer, blob_t, tag, {&blob_stamp});
   std::vector<WorkPtr> works;
-  if (announced_same) works = post_payload();
+  if (announced_same) {
+    works = post_payload(waiter, peer, tag, r.targets, static_cast<int64_t>(h.chunk_bytes));
+  }
   try {
     waiter.wait(blob_work, c10::str("the checked schema (tag ", tag, ")"));
   } catch (...) {

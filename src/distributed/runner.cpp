@@ -205,10 +205,11 @@ std::string run_scratch_dir() { return g_scratch_dir; }
 
 bool is_run_rank() { return env(kEnvRank).has_value(); }
 
-void run(const std::function<void(int, int)>& fn, int world_size, const RunOptions& options) {
-  TORCH_CHECK_VALUE(world_size >= 1, "dist::run: world_size must be positive, got ", world_size);
-  // A launcher (torchrun) sets the four env:// variables; some but not all of them is a mistake
-  // that would otherwise start this program's own ranks in every launched process.
+namespace {
+
+// Whether a launcher (torchrun) set the four env:// variables; some but not all of them is a
+// mistake that would otherwise start this program's own ranks in every launched process.
+bool launched_by_env() {
   std::vector<std::string> missing;
   bool any = false;
   for (const char* name : {"RANK", "WORLD_SIZE", "MASTER_ADDR", "MASTER_PORT"}) {
@@ -222,51 +223,32 @@ void run(const std::function<void(int, int)>& fn, int world_size, const RunOptio
                     "part: ", c10::Join(", ", missing), " missing. A launcher sets RANK, "
                     "WORLD_SIZE, MASTER_ADDR and MASTER_PORT; unset them all to let run() start "
                     "its own ranks");
-  const int call = g_run_calls++;
+  return any;
+}
 
-  if (is_run_rank()) {
-    // Ranks count run() calls from their own start: the one that started them runs fn.
-
-    const int target = std::stoi(env(kEnvIndex).value_or("0"));
-    if (call < target) {
-      return;  // an earlier run() of the program: the caller process runs it, not this rank
-    }
-    TORCH_CHECK(call == target, "dist::run: a rank reached run() call ", call,
-                " but was started for call ", target);
-    run_as_rank(fn, options);
-  }
-
-  if (any) {
-    const int env_world = std::stoi(*env("WORLD_SIZE"));
-    TORCH_CHECK_VALUE(env_world == world_size, "dist::run: launched with WORLD_SIZE=",
-                      env_world, " but called with world_size=", world_size);
-    init_process_group({.backend = options.backend,
-                        .init_method = "env://",
-                        .timeout = options.group_timeout});
-    const int rank = static_cast<int>(get_rank());
-    try {
-      fn(rank, world_size);  // no leave_together(): the other ranks may not be ours
-    } catch (...) {
-      destroy_process_group();
-      throw;
-    }
+// This process is one of a launcher's ranks: fn runs on the env:// group.
+void run_launched(const std::function<void(int, int)>& fn, int world_size,
+                  const RunOptions& options) {
+  const int env_world = std::stoi(*env("WORLD_SIZE"));
+  TORCH_CHECK_VALUE(env_world == world_size, "dist::run: launched with WORLD_SIZE=", env_world,
+                    " but called with world_size=", world_size);
+  init_process_group({.backend = options.backend,
+                      .init_method = "env://",
+                      .timeout = options.group_timeout});
+  const int rank = static_cast<int>(get_rank());
+  try {
+    fn(rank, world_size);  // no leave_together(): the other ranks may not be ours
+  } catch (...) {
     destroy_process_group();
-    return;
+    throw;
   }
+  destroy_process_group();
+}
 
-  // ---- the caller: start the ranks ---------------------------------------------------------
-  std::string tmpl = (std::filesystem::temp_directory_path() / "tensordict-run-XXXXXX").string();
-  TORCH_CHECK(::mkdtemp(tmpl.data()) != nullptr, "dist::run: mkdtemp failed: ",
-              std::strerror(errno));
-  const std::string dir = tmpl;
-  struct DirGuard {
-    std::string path;
-    ~DirGuard() {
-      std::error_code ec;
-      std::filesystem::remove_all(path, ec);
-    }
-  } dir_guard{dir};
-
+// Starts `world_size` copies of this program (or options.argv) as the ranks of run() call
+// `call`, each with its rank and the shared scratch directory in its environment.
+std::vector<Child> start_ranks(int world_size, int call, const std::string& dir,
+                               const RunOptions& options) {
   // Everything exec needs is built before fork: between fork and exec the child may only make
   // async-signal-safe calls.
   std::vector<std::string> args = options.argv.empty() ? own_command_line() : options.argv;
@@ -317,7 +299,12 @@ void run(const std::function<void(int, int)>& fn, int world_size, const RunOptio
     children[r].pid = pid;
     children[r].pidfd = static_cast<int>(::syscall(SYS_pidfd_open, pid, 0));
   }
+  return children;
+}
 
+// Waits for every rank: returns when all exited cleanly; on the first failure (or the timeout)
+// kills the others and raises, with the failed rank's own error.
+void supervise(std::vector<Child>& children, const std::string& dir, const RunOptions& options) {
   const bool have_pidfds =
       std::all_of(children.begin(), children.end(), [](const Child& c) { return c.pidfd >= 0; });
   const auto start = std::chrono::steady_clock::now();
@@ -365,6 +352,40 @@ void run(const std::function<void(int, int)>& fn, int world_size, const RunOptio
       std::this_thread::sleep_for(std::chrono::milliseconds(10));
     }
   }
+}
+
+}  // namespace
+
+void run(const std::function<void(int, int)>& fn, int world_size, const RunOptions& options) {
+  TORCH_CHECK_VALUE(world_size >= 1, "dist::run: world_size must be positive, got ", world_size);
+  const bool launched = launched_by_env();
+  const int call = g_run_calls++;
+  if (is_run_rank()) {
+    // Ranks count run() calls from their own start: the one that started them runs fn.
+    const int target = std::stoi(env(kEnvIndex).value_or("0"));
+    if (call < target) {
+      return;  // an earlier run() of the program: the caller process runs it, not this rank
+    }
+    TORCH_CHECK(call == target, "dist::run: a rank reached run() call ", call,
+                " but was started for call ", target);
+    run_as_rank(fn, options);
+  }
+  if (launched) return run_launched(fn, world_size, options);
+
+  // The caller: start the ranks in a scratch directory of their own, and wait for them.
+  std::string tmpl = (std::filesystem::temp_directory_path() / "tensordict-run-XXXXXX").string();
+  TORCH_CHECK(::mkdtemp(tmpl.data()) != nullptr, "dist::run: mkdtemp failed: ",
+              std::strerror(errno));
+  const std::string dir = tmpl;
+  struct DirGuard {
+    std::string path;
+    ~DirGuard() {
+      std::error_code ec;
+      std::filesystem::remove_all(path, ec);
+    }
+  } dir_guard{dir};
+  std::vector<Child> children = start_ranks(world_size, call, dir, options);
+  supervise(children, dir, options);
 }
 
 }  // namespace tensordict::dist

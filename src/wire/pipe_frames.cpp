@@ -73,6 +73,17 @@ size_t ByteSource::read_first_joined(uint8_t*, const at::Tensor&, void*, size_t,
   TORCH_INTERNAL_ASSERT(false, "read_first_joined on a source that does not join frames");
 }
 
+namespace {
+
+// The peer broke the framing: the stream is out of step (the rest of a message is left unread),
+// so it is broken before the error goes up.
+[[noreturn]] void refuse(ByteSource& src, const std::string& why) {
+  src.fail(why);
+  TD_THROW(MalformedPeerDataError, why);
+}
+
+}  // namespace
+
 FrameReader::FrameReader(FrameLimits limits) : limits_(limits), scratch_(bytes_tensor(16)) {}
 
 uint64_t FrameReader::read_length(ByteSource& src, const char* what, bool first) {
@@ -85,22 +96,18 @@ uint64_t FrameReader::read_length(ByteSource& src, const char* what, bool first)
   const uint64_t n = core::get_le(buf);
   if (first && n == kCloseLength) src.peer_left();
   if (n > static_cast<uint64_t>(limits_.max_metadata_bytes)) {
-    const std::string why = c10::str("recv: peer ", src.peer(), " announced ", what, " of ", n,
-                                     " bytes, over the limit of ", limits_.max_metadata_bytes,
-                                     " (PipeOptions::max_metadata_bytes)");
-    src.fail(why);  // the rest of the message is left unread: the stream is out of step
-    TD_THROW(MalformedPeerDataError, why);
+    refuse(src, c10::str("recv: peer ", src.peer(), " announced ", what, " of ", n,
+                         " bytes, over the limit of ", limits_.max_metadata_bytes,
+                         " (PipeOptions::max_metadata_bytes)"));
   }
   return n;
 }
 
 void FrameReader::check_storage_cap(ByteSource& src, int64_t n, const char* what) {
   if (n > limits_.max_storage_bytes) {
-    const std::string why = c10::str("recv: peer ", src.peer(), " announced ", what, " of ", n,
-                                     " bytes, over the limit of ", limits_.max_storage_bytes,
-                                     " (PipeOptions::max_storage_bytes)");
-    src.fail(why);
-    TD_THROW(MalformedPeerDataError, why);
+    refuse(src, c10::str("recv: peer ", src.peer(), " announced ", what, " of ", n,
+                         " bytes, over the limit of ", limits_.max_storage_bytes,
+                         " (PipeOptions::max_storage_bytes)"));
   }
 }
 
@@ -136,69 +143,72 @@ TensorDict FrameReader::recv_consolidated(ByteSource& src, const std::optional<T
   }
   const uint8_t flag = scratch[0];
   if (first_length > 1 && flag != kSameSchemaFlag) {
-    const std::string why = c10::str("recv: peer ", src.peer(), " joined a storage to the flag ",
-                                     static_cast<int>(flag), " (only the same-schema flag 1 "
-                                     "carries one)");
-    src.fail(why);
-    TD_THROW(MalformedPeerDataError, why);
+    refuse(src, c10::str("recv: peer ", src.peer(), " joined a storage to the flag ",
+                         static_cast<int>(flag), " (only the same-schema flag 1 carries one)"));
   }
   if (flag == kCloseFlag) src.peer_left();
-  if (flag == kSameSchemaFlag) {
-    if (!target) {
-      const std::string why =
-          "Received same-schema flag but no consolidated TensorDict is available for in-place "
-          "receive. The sender and receiver may be out of sync.";
-      src.fail(why);
-      TD_THROW(MalformedPeerDataError, why);
-    }
-    if (first_length <= 1) {  // not joined: the storage is the next message
-      at::Tensor storage = consolidated_storage(*target);
-      TORCH_INTERNAL_ASSERT(storage.numel() == total_bytes_);
-      src.read(storage.data_ptr(), static_cast<size_t>(storage.numel()), storage, "the storage");
-    }
-    // Written in place behind autograd's back: a graph that saved a leaf must see it changed.
-    auto written = [](std::vector<std::string>*, const at::Tensor& leaf) { mark_written(leaf); };
-    for_each_leaf(*target, nullptr, written);
-    td_ = target;
-    return *target;
-  }
+  if (flag == kSameSchemaFlag) return recv_same_schema(src, target, first_length > 1);
   if (flag != kNewSchemaFlag) {
-    const std::string why = c10::str("Unknown TensorDictPipe protocol flag: 0x",
-                                     "0123456789abcdef"[flag >> 4], "0123456789abcdef"[flag & 15],
-                                     " from peer ", src.peer(), " (expected 0x00 or 0x01).");
-    src.fail(why);
-    TD_THROW(MalformedPeerDataError, why);
+    refuse(src, c10::str("Unknown TensorDictPipe protocol flag: 0x", "0123456789abcdef"[flag >> 4],
+                         "0123456789abcdef"[flag & 15], " from peer ", src.peer(),
+                         " (expected 0x00 or 0x01)."));
   }
+  TensorDict out = recv_new_schema(src, td, device);
+  if (new_schema) *new_schema = true;
+  return out;
+}
+
+TensorDict FrameReader::recv_same_schema(ByteSource& src, const std::optional<TensorDict>& target,
+                                         bool joined) {
+  if (!target) {
+    refuse(src,
+           "Received same-schema flag but no consolidated TensorDict is available for in-place "
+           "receive. The sender and receiver may be out of sync.");
+  }
+  if (!joined) {  // the storage is the next message
+    at::Tensor storage = consolidated_storage(*target);
+    TORCH_INTERNAL_ASSERT(storage.numel() == total_bytes_);
+    src.read(storage.data_ptr(), static_cast<size_t>(storage.numel()), storage, "the storage");
+  }
+  // Written in place behind autograd's back: a graph that saved a leaf must see it changed.
+  auto written = [](std::vector<std::string>*, const at::Tensor& leaf) { mark_written(leaf); };
+  for_each_leaf(*target, nullptr, written);
+  td_ = target;
+  return *target;
+}
+
+FrameReader::NewSchema FrameReader::read_new_schema(ByteSource& src) {
   const uint64_t meta_len = read_length(src, "metadata", /*first=*/false);
   const at::Tensor meta_buf = bytes_tensor(meta_len);
   src.read(meta_buf.data_ptr(), meta_len, meta_buf, "the metadata");
-  std::optional<core::ValidatedMetadata> metadata;
-  int64_t total = -1;
-  std::string sender_device = "cpu";
   try {
-    metadata = core::read_metadata_json(
-        std::string_view(static_cast<const char*>(meta_buf.const_data_ptr()), meta_len));
-    for (const auto& [key, value] : metadata->transport()) {
+    NewSchema out{core::read_metadata_json(
+                      std::string_view(static_cast<const char*>(meta_buf.const_data_ptr()),
+                                       meta_len)),
+                  -1, "cpu"};
+    for (const auto& [key, value] : out.metadata.transport()) {
       if (key == "_total_bytes") {
         TORCH_CHECK_VALUE(std::holds_alternative<int64_t>(value) && std::get<int64_t>(value) >= 0,
                           "_total_bytes must be a nonnegative integer");
-        total = std::get<int64_t>(value);
+        out.total = std::get<int64_t>(value);
       } else if (key == "_device") {
         TORCH_CHECK_VALUE(std::holds_alternative<std::string>(value),
                           "_device must be a string");
-        sender_device = std::get<std::string>(value);
+        out.sender_device = std::get<std::string>(value);
       }  // other transport keys (the reference's metadata pollution, §7.11) are dropped
     }
-    TORCH_CHECK_VALUE(total >= 0, "the metadata has no _total_bytes");
-    TORCH_CHECK_VALUE(metadata->storage_bytes() <= total, "the leaves end past "
-                      "_total_bytes (", total, ")");
+    TORCH_CHECK_VALUE(out.total >= 0, "the metadata has no _total_bytes");
+    TORCH_CHECK_VALUE(out.metadata.storage_bytes() <= out.total, "the leaves end past "
+                      "_total_bytes (", out.total, ")");
+    return out;
   } catch (const c10::Error& err) {
-    const std::string why = c10::str("recv: invalid metadata from peer ", src.peer(), ": ",
-                                     err.what_without_backtrace());
-    src.fail(why);
-    TD_THROW(MalformedPeerDataError, why);
+    refuse(src, c10::str("recv: invalid metadata from peer ", src.peer(), ": ",
+                         err.what_without_backtrace()));
   }
-  check_storage_cap(src, total, "a storage");
+}
+
+at::Device FrameReader::storage_device(ByteSource& src, const std::string& sender_device,
+                                       std::optional<at::Device> device) {
   at::Device target_device = at::kCPU;
   if (device) {
     target_device = *device;
@@ -216,12 +226,21 @@ TensorDict FrameReader::recv_consolidated(ByteSource& src, const std::optional<T
     TORCH_CHECK_VALUE(false, "recv: the storage would go to ", target_device,
                       "; this build of the pipe moves CPU memory only (pass device=cpu)");
   }
+  return target_device;
+}
+
+TensorDict FrameReader::recv_new_schema(ByteSource& src, const std::optional<TensorDict>& td,
+                                        std::optional<at::Device> device) {
+  NewSchema schema = read_new_schema(src);
+  const int64_t total = schema.total;
+  check_storage_cap(src, total, "a storage");
+  const at::Device target_device = storage_device(src, schema.sender_device, device);
   // The schema: the sorted JSON of the metadata read, transport fields left out, made once per
   // new schema; a TensorDict's own is kept by its state (can_recv_into).
   total_bytes_ = total;
   device_ = target_device;
   have_schema_ = true;
-  schema_ = metadata_to_json(metadata->metadata(), /*sort_keys=*/true);
+  schema_ = metadata_to_json(schema.metadata.metadata(), /*sort_keys=*/true);
   td_.reset();
   if (td && can_recv_into(*td)) {
     at::Tensor storage = consolidated_storage(*td);
@@ -231,9 +250,8 @@ TensorDict FrameReader::recv_consolidated(ByteSource& src, const std::optional<T
     at::Tensor storage =
         at::empty({total}, at::TensorOptions().dtype(at::kByte).device(target_device));
     src.read(storage.data_ptr(), static_cast<size_t>(total), storage, "the storage");
-    td_ = core::rebuild_validated(std::move(*metadata), storage);
+    td_ = core::rebuild_validated(std::move(schema.metadata), storage);
   }
-  if (new_schema) *new_schema = true;
   return *td_;
 }
 
@@ -284,6 +302,68 @@ struct UncollatedHeader {
   std::vector<int64_t> batch_size;
 };
 
+std::vector<int64_t> nonneg_ints(const JsonValue& j, const char* what) {
+  TORCH_CHECK_VALUE(j.is_list(), what, " must be a list");
+  std::vector<int64_t> out;
+  for (const auto& d : j.as_list()) {
+    TORCH_CHECK_VALUE(d.is_int() && d.as_int() >= 0, what, " must be nonnegative integers");
+    out.push_back(d.as_int());
+  }
+  return out;
+}
+
+// The reference's _decode_uncollated_key: a string, or a nonempty list of them (nested lists
+// flattened).
+std::vector<std::string> decode_key(const JsonValue& k) {
+  std::vector<std::string> key;
+  std::function<void(const JsonValue&)> flatten = [&](const JsonValue& part) {
+    if (part.is_string()) {
+      key.push_back(part.as_string());
+      return;
+    }
+    TORCH_CHECK_VALUE(part.is_list() && !part.as_list().empty() && key.size() < 64,
+                      "a key must be a string or a nonempty nested path");
+    for (const auto& p : part.as_list()) flatten(p);
+  };
+  flatten(k);
+  return key;
+}
+
+// One leaf of the header: its dtype and shape checked, its size added to `total` under the
+// storage cap.
+UncollatedLeaf read_leaf(std::vector<std::string> key, const JsonValue& dtype,
+                         const JsonValue& shape, bool unbatched,
+                         const std::vector<int64_t>& batch_size, const FrameLimits& limits,
+                         int64_t& total) {
+  UncollatedLeaf leaf;
+  leaf.key = std::move(key);
+  TORCH_CHECK_VALUE(dtype.is_string(), "unknown torch dtype");
+  const auto dt = dtype_from_name(dtype.as_string());
+  TORCH_CHECK_VALUE(dt.has_value(), "unknown torch dtype ", dtype.dump());
+  leaf.dtype = *dt;
+  // Quantized storage is not numel * element size bytes (quint4x2 packs two per byte).
+  TORCH_CHECK_VALUE(!c10::isQIntType(leaf.dtype), "the quantized dtype ", dtype.dump(),
+                    " cannot be sent through the pipe");
+  leaf.shape = nonneg_ints(shape, "dimensions");
+  leaf.unbatched = unbatched;
+  TORCH_CHECK_VALUE(unbatched || (leaf.shape.size() >= batch_size.size() &&
+                                  std::equal(batch_size.begin(), batch_size.end(),
+                                             leaf.shape.begin())),
+                    "a shape does not start with the batch size");
+  int64_t n = static_cast<int64_t>(c10::elementSize(leaf.dtype));
+  for (int64_t d : leaf.shape) {
+    TORCH_CHECK_VALUE(d == 0 || n <= limits.max_storage_bytes / d,
+                      "the leaves exceed the storage limit of ", limits.max_storage_bytes,
+                      " (PipeOptions::max_storage_bytes)");
+    n *= d;
+  }
+  total += n;
+  TORCH_CHECK_VALUE(total <= limits.max_storage_bytes, "the leaves exceed the storage ",
+                    "limit of ", limits.max_storage_bytes, " (PipeOptions::max_storage_bytes)");
+  leaf.nbytes = n;
+  return leaf;
+}
+
 UncollatedHeader parse_uncollated_header(std::string_view text, const FrameLimits& limits) {
   UncollatedHeader h;
   const JsonValue header = core::parse_json(
@@ -307,31 +387,6 @@ UncollatedHeader parse_uncollated_header(std::string_view text, const FrameLimit
   const auto& shapes = field("shapes")->as_list();
   TORCH_CHECK_VALUE(keys.size() == dtypes.size() && keys.size() == shapes.size(),
                     "list lengths must match");
-  auto nonneg_ints = [](const JsonValue& j, const char* what) {
-    TORCH_CHECK_VALUE(j.is_list(), what, " must be a list");
-    std::vector<int64_t> out;
-    for (const auto& d : j.as_list()) {
-      TORCH_CHECK_VALUE(d.is_int() && d.as_int() >= 0, what, " must be nonnegative integers");
-      out.push_back(d.as_int());
-    }
-    return out;
-  };
-  // The reference's _decode_uncollated_key: a string, or a nonempty list of them (nested
-  // lists flattened).
-  auto decode_key = [](const JsonValue& k) {
-    std::vector<std::string> key;
-    std::function<void(const JsonValue&)> flatten = [&](const JsonValue& part) {
-      if (part.is_string()) {
-        key.push_back(part.as_string());
-        return;
-      }
-      TORCH_CHECK_VALUE(part.is_list() && !part.as_list().empty() && key.size() < 64,
-                        "a key must be a string or a nonempty nested path");
-      for (const auto& p : part.as_list()) flatten(p);
-    };
-    flatten(k);
-    return key;
-  };
   if (const auto* b = field("batch_size")) h.batch_size = nonneg_ints(*b, "the batch size");
   // The keys of UnbatchedTensor leaves, whose shapes need not start with the batch size.
   std::set<std::vector<std::string>> unbatched;
@@ -355,35 +410,11 @@ UncollatedHeader parse_uncollated_header(std::string_view text, const FrameLimit
   }
   int64_t total = 0;
   for (size_t i = 0; i < keys.size(); ++i) {
-    UncollatedLeaf leaf;
-    leaf.key = decode_key(keys[i]);
-    TORCH_CHECK_VALUE(seen.insert(leaf.key).second, "keys must be unique");
-    TORCH_CHECK_VALUE(dtypes[i].is_string(), "unknown torch dtype");
-    const auto dt = dtype_from_name(dtypes[i].as_string());
-    TORCH_CHECK_VALUE(dt.has_value(), "unknown torch dtype ", dtypes[i].dump());
-    leaf.dtype = *dt;
-    // Quantized storage is not numel * element size bytes (quint4x2 packs two per byte).
-    TORCH_CHECK_VALUE(!c10::isQIntType(leaf.dtype), "the quantized dtype ", dtypes[i].dump(),
-                      " cannot be sent through the pipe");
-    leaf.shape = nonneg_ints(shapes[i], "dimensions");
-    leaf.unbatched = unbatched.count(leaf.key) > 0;
-    TORCH_CHECK_VALUE(leaf.unbatched || (leaf.shape.size() >= h.batch_size.size() &&
-                                         std::equal(h.batch_size.begin(), h.batch_size.end(),
-                                                    leaf.shape.begin())),
-                      "a shape does not start with the batch size");
-    int64_t n = static_cast<int64_t>(c10::elementSize(leaf.dtype));
-    for (int64_t d : leaf.shape) {
-      TORCH_CHECK_VALUE(d == 0 || n <= limits.max_storage_bytes / d,
-                        "the leaves exceed the storage limit of ", limits.max_storage_bytes,
-                        " (PipeOptions::max_storage_bytes)");
-      n *= d;
-    }
-    total += n;
-    TORCH_CHECK_VALUE(total <= limits.max_storage_bytes, "the leaves exceed the storage ",
-                      "limit of ", limits.max_storage_bytes,
-                      " (PipeOptions::max_storage_bytes)");
-    leaf.nbytes = n;
-    h.leaves.push_back(std::move(leaf));
+    auto key = decode_key(keys[i]);
+    TORCH_CHECK_VALUE(seen.insert(key).second, "keys must be unique");
+    const bool is_unbatched = unbatched.count(key) > 0;
+    h.leaves.push_back(read_leaf(std::move(key), dtypes[i], shapes[i], is_unbatched, h.batch_size,
+                                 limits, total));
   }
   // Every unbatched key names a leaf (both sets are sorted: linear, whatever a peer lists).
   TORCH_CHECK_VALUE(std::includes(seen.begin(), seen.end(), unbatched.begin(), unbatched.end()),
@@ -411,10 +442,8 @@ TensorDict FrameReader::recv_uncollated(ByteSource& src, std::optional<at::Devic
     h = parse_uncollated_header(
         std::string_view(static_cast<const char*>(buf.const_data_ptr()), len), limits_);
   } catch (const c10::Error& err) {
-    const std::string why = c10::str("recv: invalid uncollated header from peer ", src.peer(),
-                                     ": ", err.what_without_backtrace());
-    src.fail(why);
-    TD_THROW(MalformedPeerDataError, why);
+    refuse(src, c10::str("recv: invalid uncollated header from peer ", src.peer(), ": ",
+                         err.what_without_backtrace()));
   }
   TensorDict result({}, h.batch_size);
   for (const UncollatedLeaf& leaf : h.leaves) {

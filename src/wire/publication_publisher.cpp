@@ -135,63 +135,15 @@ void PublisherCore::serve(Subscription& s, Link& link) {
       }
       request = message_buffer();
       pending = link.post_recv(request, Kind::kRequest);  // ready for the next one at once
-
-      std::unique_lock<std::mutex> lock(mutex_);
-      s.asked = true;
-      s.stats.waiting = true;
-      changed_.notify_all();  // wait_for_subscribers
-      const auto eligible = [&] {
-        if (closing_.load()) return true;
-        if (newest_ < 0) return false;
-        const Slot& slot = slots_[newest_];
-        if (slot.writing) return false;  // the only slot, being filled again (max_slots 1)
-        const bool newer = r.epoch != epoch_ || slot.version > r.version;
-        return newer && slot.version >= r.min_version;
-      };
-      if (r.wait_ms < 0) {
-        changed_.wait(lock, eligible);
-      } else {
-        changed_.wait_until(lock, Clock::now() + std::chrono::milliseconds(r.wait_ms), eligible);
+      switch (answer_request(s, link, r, pending)) {
+        case Next::kServe:
+          continue;
+        case Next::kClose:
+          break;
+        case Next::kStop:
+          return;
       }
-      s.stats.waiting = false;
-      Offer offer;
-      offer.seq = r.seq;
-      offer.epoch = epoch_;
-      if (closing_.load()) {
-        offer.status = Status::kClosed;
-        lock.unlock();
-        answer(s, link, offer, {}, {}, pending);
-        break;
-      }
-      if (!eligible()) {
-        offer.status = Status::kNone;
-        lock.unlock();
-        if (!answer(s, link, offer, {}, {}, pending)) return;
-        continue;
-      }
-      Slot& slot = slots_[newest_];
-      ++slot.pins;
-      s.stats.pinned = slot.version;
-      offer.status = Status::kNew;
-      offer.version = slot.version;
-      offer.data_bytes = slot.bytes;
-      offer.schema = slot.schema;
-      const bool reuse = r.epoch == epoch_ && r.schema == slot.schema;
-      offer.schema_bytes = reuse ? 0 : static_cast<int64_t>(slot.json->size());
-      const at::Tensor schema = reuse ? at::Tensor() : core::bytes_tensor(*slot.json);
-      const at::Tensor data = slot.storage.narrow(0, 0, slot.bytes);
-      lock.unlock();
-
-      const bool taken = answer(s, link, offer, schema, data, pending);
-      lock.lock();
-      --slot.pins;
-      s.stats.pinned.reset();
-      if (taken) {
-        s.stats.version = offer.version;
-        ++s.stats.pulls;
-      }
-      changed_.notify_all();
-      if (!taken) return;
+      break;
     }
   } catch (const std::exception& e) {
     lose(s, e.what());
@@ -199,6 +151,65 @@ void PublisherCore::serve(Subscription& s, Link& link) {
   }
   // Closing: the posted receive is kept (its buffer alive) for a later publisher.
   if (pending) link.keep({pending});
+}
+
+PublisherCore::Next PublisherCore::answer_request(Subscription& s, Link& link, const Request& r,
+                                                  const PendingPtr& next_request) {
+  std::unique_lock<std::mutex> lock(mutex_);
+  s.asked = true;
+  s.stats.waiting = true;
+  changed_.notify_all();  // wait_for_subscribers
+  const auto eligible = [&] {
+    if (closing_.load()) return true;
+    if (newest_ < 0) return false;
+    const Slot& slot = slots_[newest_];
+    if (slot.writing) return false;  // the only slot, being filled again (max_slots 1)
+    const bool newer = r.epoch != epoch_ || slot.version > r.version;
+    return newer && slot.version >= r.min_version;
+  };
+  if (r.wait_ms < 0) {
+    changed_.wait(lock, eligible);
+  } else {
+    changed_.wait_until(lock, Clock::now() + std::chrono::milliseconds(r.wait_ms), eligible);
+  }
+  s.stats.waiting = false;
+  Offer offer;
+  offer.seq = r.seq;
+  offer.epoch = epoch_;
+  if (closing_.load()) {
+    offer.status = Status::kClosed;
+    lock.unlock();
+    answer(s, link, offer, {}, {}, next_request);
+    return Next::kClose;
+  }
+  if (!eligible()) {
+    offer.status = Status::kNone;
+    lock.unlock();
+    return answer(s, link, offer, {}, {}, next_request) ? Next::kServe : Next::kStop;
+  }
+  Slot& slot = slots_[newest_];
+  ++slot.pins;
+  s.stats.pinned = slot.version;
+  offer.status = Status::kNew;
+  offer.version = slot.version;
+  offer.data_bytes = slot.bytes;
+  offer.schema = slot.schema;
+  const bool reuse = r.epoch == epoch_ && r.schema == slot.schema;
+  offer.schema_bytes = reuse ? 0 : static_cast<int64_t>(slot.json->size());
+  const at::Tensor schema = reuse ? at::Tensor() : core::bytes_tensor(*slot.json);
+  const at::Tensor data = slot.storage.narrow(0, 0, slot.bytes);
+  lock.unlock();
+
+  const bool taken = answer(s, link, offer, schema, data, next_request);
+  lock.lock();
+  --slot.pins;
+  s.stats.pinned.reset();
+  if (taken) {
+    s.stats.version = offer.version;
+    ++s.stats.pulls;
+  }
+  changed_.notify_all();
+  return taken ? Next::kServe : Next::kStop;
 }
 
 int64_t PublisherCore::version() const {

@@ -195,104 +195,123 @@ void SubscriberCore::said_goodbye(const PendingPtr& lost) {
   }
 }
 
+bool SubscriberCore::request_taken(InFlight& o, Clock::time_point deadline,
+                                   const PullOptions& options) {
+  if (o.request_taken) return true;
+  if (!wait(o.request_sent, deadline, "the publisher to take the request")) {
+    // A publisher that took requests before is slow or stopped, not missing.
+    if (interrupted_.load() || answered_) return false;
+    const auto waited = Clock::now() - o.sent;
+    const auto asked = options.timeout.value_or(std::chrono::milliseconds(0));
+    const auto least = asked.count() > 0 ? asked : kPollPatience;
+    TD_CHECK_AS(NoPublisherError, waited < least, who_, ": ", link_->peer(),
+                " has taken no request in ",
+                std::chrono::duration_cast<std::chrono::milliseconds>(waited).count(), " ms: ",
+                link_->no_publisher(), ". The request stays queued for when one starts");
+    return false;
+  }
+  o.request_taken = true;
+  answered_ = true;
+  return true;
+}
+
+SubscriberCore::OfferRead SubscriberCore::read_offer(InFlight& o, Clock::time_point deadline) {
+  if (o.offer) return OfferRead::kNew;
+  if (!wait(o.offer_received, deadline, "the publisher's offer")) return OfferRead::kWaiting;
+  try {
+    o.offer = decode_offer(who_.c_str(), o.offer_buffer.data_ptr<uint8_t>());
+  } catch (...) {
+    out_.reset();  // what follows on this link cannot be trusted to fit
+    throw;
+  }
+  switch (o.offer->status) {
+    case Status::kNone:
+      out_.reset();
+      return OfferRead::kNone;
+    case Status::kClosed:
+      out_.reset();
+      publisher_closed_ = true;
+      TD_THROW(NoPublisherError, who_, ": the Publisher on ", link_->peer(), " closed");
+    case Status::kRefused:
+      out_.reset();
+      TD_THROW(MalformedPeerDataError, who_, ": the Publisher on ", link_->peer(),
+               " refused this subscriber's request as malformed and serves it no more");
+    case Status::kNew:
+      break;
+  }
+  const publication::Held check{o.seq,         o.held.epoch,      o.held.version,
+                                o.held.schema, o.held.data_bytes, max_total_bytes_};
+  try {
+    check_offer(who_.c_str(), *o.offer, check);
+  } catch (...) {
+    out_.reset();  // what follows on this link cannot be trusted to fit
+    throw;
+  }
+  // Nothing is allocated for a size before check_offer bounded it.
+  if (o.offer->schema_bytes > 0) {
+    o.schema = at::empty({o.offer->schema_bytes}, at::kByte);
+    o.schema_received = link_->post_recv(o.schema, Kind::kSchema);
+  } else {
+    o.metadata = o.held.metadata;
+  }
+  const int64_t n = o.offer->data_bytes;
+  // The stage, unless a pull into a new TensorDict took it (or it is too small).
+  if (!stage_.defined() || stage_.numel() < n) {
+    stage_ = at::empty({std::max<int64_t>(n, 1)}, at::kByte);
+  }
+  o.data = stage_.narrow(0, 0, n);
+  o.data_received = link_->post_recv(o.data, Kind::kData);
+  return OfferRead::kNew;
+}
+
+bool SubscriberCore::read_version(InFlight& o, Clock::time_point deadline) {
+  if (o.schema_received && !o.schema_done) {
+    if (!wait(o.schema_received, deadline, "the version's schema")) return false;
+    o.schema_done = true;
+    const std::string_view text(reinterpret_cast<const char*>(o.schema.data_ptr<uint8_t>()),
+                                static_cast<size_t>(o.schema.numel()));
+    try {
+      o.metadata =
+          std::make_shared<core::ValidatedMetadata>(read_schema(who_.c_str(), *o.offer, text));
+    } catch (...) {
+      // The data still comes: drain it before giving up, so the messages stay in step.
+      try {
+        while (!link_->wait(o.data_received, Clock::now() + kSlice)) {
+        }
+      } catch (...) {
+      }
+      out_.reset();
+      throw;
+    }
+  }
+  if (!o.data_done) {
+    if (!wait(o.data_received, deadline, "the version's data")) return false;
+    o.data_done = true;
+    if (link_->short_message(o.data_received)) {
+      const int64_t announced = o.offer->data_bytes;
+      out_.reset();  // `o` with it
+      TD_THROW(MalformedPeerDataError, who_, ": the version's data stopped short of the ",
+               announced, " bytes its offer announced");
+    }
+  }
+  return true;
+}
+
 bool SubscriberCore::advance(Clock::time_point start, Clock::time_point deadline,
                              const PullOptions& options) {
   for (;;) {
     if (!out_) send_request(options, start);
     InFlight& o = *out_;
-    if (!o.request_taken) {
-      if (!wait(o.request_sent, deadline, "the publisher to take the request")) {
-        // A publisher that took requests before is slow or stopped, not missing.
-        if (interrupted_.load() || answered_) return false;
-        const auto waited = Clock::now() - o.sent;
-        const auto asked = options.timeout.value_or(std::chrono::milliseconds(0));
-        const auto least = asked.count() > 0 ? asked : kPollPatience;
-        TD_CHECK_AS(NoPublisherError, waited < least, who_, ": ", link_->peer(),
-                    " has taken no request in ",
-                    std::chrono::duration_cast<std::chrono::milliseconds>(waited).count(),
-                    " ms: ", link_->no_publisher(), ". The request stays queued for when one "
-                    "starts");
+    if (!request_taken(o, deadline, options)) return false;
+    switch (read_offer(o, deadline)) {
+      case OfferRead::kWaiting:
         return false;
-      }
-      o.request_taken = true;
-      answered_ = true;
+      case OfferRead::kNone:  // nothing newer within the request's wait: ask again
+        if (Clock::now() >= deadline) return false;
+        continue;
+      case OfferRead::kNew:
+        return read_version(o, deadline);
     }
-    if (!o.offer) {
-      if (!wait(o.offer_received, deadline, "the publisher's offer")) return false;
-      try {
-        o.offer = decode_offer(who_.c_str(), o.offer_buffer.data_ptr<uint8_t>());
-      } catch (...) {
-        out_.reset();  // what follows on this link cannot be trusted to fit
-        throw;
-      }
-      switch (o.offer->status) {
-        case Status::kNone:
-          out_.reset();
-          if (Clock::now() >= deadline) return false;
-          continue;
-        case Status::kClosed:
-          out_.reset();
-          publisher_closed_ = true;
-          TD_THROW(NoPublisherError, who_, ": the Publisher on ", link_->peer(), " closed");
-        case Status::kRefused:
-          out_.reset();
-          TD_THROW(MalformedPeerDataError, who_, ": the Publisher on ", link_->peer(),
-                   " refused this subscriber's request as malformed and serves it no more");
-        case Status::kNew:
-          break;
-      }
-      const publication::Held check{o.seq,           o.held.epoch,      o.held.version,
-                                    o.held.schema,   o.held.data_bytes, max_total_bytes_};
-      try {
-        check_offer(who_.c_str(), *o.offer, check);
-      } catch (...) {
-        out_.reset();  // what follows on this link cannot be trusted to fit
-        throw;
-      }
-      if (o.offer->schema_bytes > 0) {
-        o.schema = at::empty({o.offer->schema_bytes}, at::kByte);
-        o.schema_received = link_->post_recv(o.schema, Kind::kSchema);
-      } else {
-        o.metadata = o.held.metadata;
-      }
-      const int64_t n = o.offer->data_bytes;
-      // The stage, unless a pull into a new TensorDict took it (or it is too small).
-      if (!stage_.defined() || stage_.numel() < n) {
-        stage_ = at::empty({std::max<int64_t>(n, 1)}, at::kByte);
-      }
-      o.data = stage_.narrow(0, 0, n);
-      o.data_received = link_->post_recv(o.data, Kind::kData);
-    }
-    if (o.schema_received && !o.schema_done) {
-      if (!wait(o.schema_received, deadline, "the version's schema")) return false;
-      o.schema_done = true;
-      const std::string_view text(reinterpret_cast<const char*>(o.schema.data_ptr<uint8_t>()),
-                                  static_cast<size_t>(o.schema.numel()));
-      try {
-        o.metadata = std::make_shared<core::ValidatedMetadata>(
-            read_schema(who_.c_str(), *o.offer, text));
-      } catch (...) {
-        // The data still comes: drain it before giving up, so the messages stay in step.
-        try {
-          while (!link_->wait(o.data_received, Clock::now() + kSlice)) {
-          }
-        } catch (...) {
-        }
-        out_.reset();
-        throw;
-      }
-    }
-    if (!o.data_done) {
-      if (!wait(o.data_received, deadline, "the version's data")) return false;
-      o.data_done = true;
-      if (link_->short_message(o.data_received)) {
-        const int64_t announced = o.offer->data_bytes;
-        out_.reset();  // `o` with it
-        TD_THROW(MalformedPeerDataError, who_, ": the version's data stopped short of the ",
-                 announced, " bytes its offer announced");
-      }
-    }
-    return true;
   }
 }
 

@@ -19,6 +19,7 @@
 #include <vector>
 
 #include "core/byte_tensor.h"
+#include "core/metadata.h"
 #include "tensordict/consolidate.h"
 #include "tensordict/nested_key.h"
 #include "tensordict/tensor_dict.h"
@@ -237,6 +238,22 @@ class FrameReader {
   uint64_t read_length(ByteSource& src, const char* what, bool first);
   void check_storage_cap(ByteSource& src, int64_t n, const char* what);
   bool can_recv_into(const TensorDict& td) const;
+  // The consolidated mode's two cases, after the flag byte: the storage into `target` (already
+  // in it when `joined`), or a new schema, then its storage.
+  TensorDict recv_same_schema(ByteSource& src, const std::optional<TensorDict>& target,
+                              bool joined);
+  TensorDict recv_new_schema(ByteSource& src, const std::optional<TensorDict>& td,
+                             std::optional<at::Device> device);
+  // A new schema's metadata message, validated, with its transport fields.
+  struct NewSchema {
+    core::ValidatedMetadata metadata;
+    int64_t total = -1;                // _total_bytes
+    std::string sender_device = "cpu";  // _device
+  };
+  NewSchema read_new_schema(ByteSource& src);
+  // Where the storage goes: `device`, else the sender's; the CPU only in this build.
+  static at::Device storage_device(ByteSource& src, const std::string& sender_device,
+                                   std::optional<at::Device> device);
 
   const FrameLimits limits_;
   at::Tensor scratch_;  // 16 bytes: the flag byte and the lengths, never reallocated

@@ -71,6 +71,13 @@ class PublisherCore {
   // `next_request`, the receive of its next request, tells a dead subscriber.
   bool answer(Subscription& s, Link& link, const Offer& offer, const at::Tensor& schema,
               const at::Tensor& data, const PendingPtr& next_request);
+  // What serve() does after answering a request: serve the next, stop (closing), or stop
+  // (the subscriber lost).
+  enum class Next { kServe, kClose, kStop };
+  // Waits until a version the request asks for is published (or its wait passes, or closing),
+  // then answers it, pinning the slot it sends from until the subscriber has taken it.
+  Next answer_request(Subscription& s, Link& link, const Request& r,
+                      const PendingPtr& next_request);
   std::string pinning_locked() const;
 
   const uint64_t epoch_;

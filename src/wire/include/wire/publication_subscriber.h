@@ -60,7 +60,14 @@ class SubscriberCore {
 
  private:
   void send_request(const PullOptions& options, Clock::time_point start);
+  // Runs the pull's messages until a version is in; false when the deadline passed first.
   bool advance(Clock::time_point start, Clock::time_point deadline, const PullOptions& options);
+  // The steps of advance(): the request taken (or NoPublisherError), the offer read and
+  // checked (then the schema's and the data's receives posted), the version in.
+  bool request_taken(InFlight& o, Clock::time_point deadline, const PullOptions& options);
+  enum class OfferRead { kWaiting, kNone, kNew };
+  OfferRead read_offer(InFlight& o, Clock::time_point deadline);
+  bool read_version(InFlight& o, Clock::time_point deadline);
   bool wait(const PendingPtr& p, Clock::time_point deadline, const char* what);
   // After a lost connection (on `lost`): NoPublisherError when the publisher's close marker is
   // what the offer's receive found, else nothing.
