@@ -25,11 +25,6 @@
 using namespace tensordict;
 using namespace tensordict::wire;  // the metadata pickle (wire/metadata_pickle.h)
 
-extern "C" int LLVMFuzzerInitialize(int*, char***) {
-  fuzz::init();
-  return 0;
-}
-
 namespace {
 
 TensorDict member(int leaves, int depth, int64_t members, int64_t dim, int64_t seed) {

@@ -25,29 +25,31 @@ namespace fs = std::filesystem;
 
 namespace {
 
-fs::path g_dir;
-
 void write(const fs::path& file, std::string_view text) {
   std::ofstream f(file, std::ios::binary | std::ios::trunc);
   f.write(text.data(), static_cast<std::streamsize>(text.size()));
 }
 
-}  // namespace
-
-extern "C" int LLVMFuzzerInitialize(int*, char***) {
-  fuzz::init();
-  std::string tmpl = (fs::temp_directory_path() / "td_fuzz_memmap_XXXXXX").string();
-  g_dir = mkdtemp(tmpl.data());
-  fs::create_directories(g_dir / "n");
-  fs::create_directories(g_dir / "v");
-  write(g_dir / "a.memmap", std::string(64, '\x01'));
-  write(g_dir / "n" / "b.memmap", std::string(64, '\x02'));
-  std::atexit([] {
-    std::error_code ec;
-    fs::remove_all(g_dir, ec);
-  });
-  return 0;
+// The folder the inputs' meta.json files go into, with the level's memmap files: made on the
+// first input, removed at exit (the path is never destroyed, so the exit handler can read it).
+const fs::path& folder() {
+  static const fs::path* dir = [] {
+    std::string tmpl = (fs::temp_directory_path() / "td_fuzz_memmap_XXXXXX").string();
+    auto* d = new fs::path(mkdtemp(tmpl.data()));
+    fs::create_directories(*d / "n");
+    fs::create_directories(*d / "v");
+    write(*d / "a.memmap", std::string(64, '\x01'));
+    write(*d / "n" / "b.memmap", std::string(64, '\x02'));
+    std::atexit([] {
+      std::error_code ec;
+      fs::remove_all(folder(), ec);
+    });
+    return d;
+  }();
+  return *dir;
 }
+
+}  // namespace
 
 extern "C" int LLVMFuzzerTestOneInput(const uint8_t* data, size_t size) {
   const std::string_view in(reinterpret_cast<const char*>(data), size);
@@ -58,12 +60,12 @@ extern "C" int LLVMFuzzerTestOneInput(const uint8_t* data, size_t size) {
     if (start <= in.size()) parts[i] = in.substr(start, end - start);
     start = end + 1;
   }
-  write(g_dir / "meta.json", parts[0]);
-  write(g_dir / "n" / "meta.json", parts[1]);
-  write(g_dir / "v" / "meta.json", parts[2]);
+  write(folder() / "meta.json", parts[0]);
+  write(folder() / "n" / "meta.json", parts[1]);
+  write(folder() / "v" / "meta.json", parts[2]);
   TensorDict td;
   try {
-    td = load_memmap(g_dir.string());
+    td = load_memmap(folder().string());
   } catch (const c10::Error&) {
     return 0;
   }

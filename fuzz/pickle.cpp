@@ -19,11 +19,6 @@
 using namespace tensordict;
 using namespace tensordict::wire;  // the metadata pickle (wire/metadata_pickle.h)
 
-extern "C" int LLVMFuzzerInitialize(int*, char***) {
-  fuzz::init();
-  return 0;
-}
-
 extern "C" int LLVMFuzzerTestOneInput(const uint8_t* data, size_t size) {
   const std::string_view bytes(reinterpret_cast<const char*>(data), size);
 

@@ -178,11 +178,6 @@ void check_same(const TensorDict& sent, const TensorDict& got) {
 
 }  // namespace
 
-extern "C" int LLVMFuzzerInitialize(int*, char***) {
-  fuzz::init();
-  return 0;
-}
-
 extern "C" int LLVMFuzzerTestOneInput(const uint8_t* data, size_t size) {
   if (size == 0) return 0;
   const bool consolidated = !(data[0] & 1);

@@ -100,11 +100,6 @@ std::vector<Node> program(const uint8_t* data, size_t size) {
 
 }  // namespace
 
-extern "C" int LLVMFuzzerInitialize(int*, char***) {
-  fuzz::init();
-  return 0;
-}
-
 extern "C" int LLVMFuzzerTestOneInput(const uint8_t* data, size_t size) {
   const std::vector<Node> nodes = program(data, size);
   if (nodes.empty()) return 0;

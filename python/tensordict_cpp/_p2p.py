@@ -40,6 +40,13 @@ _DOCS = {
             times out leaves it unchanged and never writes it afterwards. Defaults to ``None``:
             each wait runs under the group's own timeout, whose expiry makes Gloo close the
             group's connections. See docs/reliability.md.""",
+    "checked": """checked (bool, optional): if ``True`` (on both sides), a header with the byte
+            count and a schema of the keys, dtypes and shapes goes before the payload, so that
+            a receiver whose TensorDict differs raises an error naming the first difference and
+            keeps its values, instead of being aborted by Gloo (sent more bytes than it posted)
+            or filled in part (sent fewer). Not in the reference: its peers cannot take part.
+            The ``Work`` handles of ``return_early`` / ``return_premature`` are then those of
+            the checked messages. See docs/reliability.md. Defaults to ``False``.""",
     "late": """late (str, optional): what this receive does with a message that an earlier
             receive from the same peer on the same tags gave up on (its timeout passed):
             ``"deliver"`` returns it (messages keep their order, this receive gets the late
@@ -148,13 +155,7 @@ def send(self, dst: Any = None, *, group: Any = None, group_dst: int | None = No
             the TensorDict is consolidated already. The receiver calls
             ``recv(consolidated=True)`` on a consolidated TensorDict of the same structure.
             ``init_tag`` and ``pseudo_rand`` are then ignored. Defaults to ``False``.
-        checked (bool, optional): if ``True`` (on both sides), a header with the byte count
-            and a schema of the keys, dtypes and shapes goes before the payload, so that a
-            receiver whose TensorDict differs raises an error naming the first difference and
-            keeps its values, instead of being aborted by Gloo (sent more bytes than it posted)
-            or filled in part (sent fewer). Not in the reference: its peers cannot take part.
-            The ``Work`` handles of ``return_early`` / ``return_premature`` are then those of
-            the checked messages. See docs/reliability.md. Defaults to ``False``.
+        %(checked)s
         %(timeout)s
 
     Raises:
@@ -209,13 +210,7 @@ def recv(self, src: Any = None, *, group: Any = None, group_src: int | None = No
             storage of this TensorDict, which must be consolidated (see :meth:`consolidate`)
             with the sender's layout; this updates every leaf. ``init_tag`` and
             ``pseudo_rand`` are ignored. Defaults to ``False``.
-        checked (bool, optional): if ``True`` (on both sides), a header with the byte count
-            and a schema of the keys, dtypes and shapes goes before the payload, so that a
-            receiver whose TensorDict differs raises an error naming the first difference and
-            keeps its values, instead of being aborted by Gloo (sent more bytes than it posted)
-            or filled in part (sent fewer). Not in the reference: its peers cannot take part.
-            The ``Work`` handles of ``return_early`` / ``return_premature`` are then those of
-            the checked messages. See docs/reliability.md. Defaults to ``False``.
+        %(checked)s
         %(timeout)s
         %(late)s
 
@@ -278,13 +273,7 @@ def isend(self, dst: int | None = None, *, group: Any = None, group_dst: int | N
         consolidated (bool, optional): if ``True``, one message carrying the consolidated
             storage, as ``send(consolidated=True)``; a TensorDict that is not consolidated is
             consolidated (copied) on every call. Defaults to ``False``.
-        checked (bool, optional): if ``True`` (on both sides), a header with the byte count
-            and a schema of the keys, dtypes and shapes goes before the payload, so that a
-            receiver whose TensorDict differs raises an error naming the first difference and
-            keeps its values, instead of being aborted by Gloo (sent more bytes than it posted)
-            or filled in part (sent fewer). Not in the reference: its peers cannot take part.
-            The ``Work`` handles of ``return_early`` / ``return_premature`` are then those of
-            the checked messages. See docs/reliability.md. Defaults to ``False``.
+        %(checked)s
         %(timeout)s
 
     Returns:
@@ -335,13 +324,7 @@ def irecv(self, src: int | None = None, *, group: Any = None, group_src: int | N
         consolidated (bool, optional): if ``True``, one message into the consolidated storage,
             as ``recv(consolidated=True)``; the TensorDict must be consolidated. Defaults to
             ``False``.
-        checked (bool, optional): if ``True`` (on both sides), a header with the byte count
-            and a schema of the keys, dtypes and shapes goes before the payload, so that a
-            receiver whose TensorDict differs raises an error naming the first difference and
-            keeps its values, instead of being aborted by Gloo (sent more bytes than it posted)
-            or filled in part (sent fewer). Not in the reference: its peers cannot take part.
-            The ``Work`` handles of ``return_early`` / ``return_premature`` are then those of
-            the checked messages. See docs/reliability.md. Defaults to ``False``.
+        %(checked)s
         %(timeout)s
         %(late)s
 

@@ -62,6 +62,24 @@ def _is_pipe_object(obj: Any, name: str) -> bool:
     return hasattr(_C, "Pipe") and isinstance(obj, _pipe_class(name))
 
 
+def _pipe_end(call: str, given: Any, first: Any, kind: str, name: str) -> tuple:
+    """(the ``kind`` a publication runs over, or None over a group; the first argument): given
+    as ``name=`` or in place of the first argument (``Publisher(server)``, ``Subscriber(pipe)``).
+    TypeError for an object of another class."""
+    if given is None and _is_pipe_object(first, kind):
+        return first, None
+    if given is not None and not _is_pipe_object(given, kind):
+        raise TypeError(f"{call}: {name}= takes a {kind}, got {type(given).__name__}")
+    return given, first
+
+
+def _no_group_args(call: str, end: str, **given: bool) -> None:
+    """ValueError naming the group's arguments given beside a pipe end."""
+    extra = [name for name, is_given in given.items() if is_given]
+    if extra:
+        raise ValueError(f"{call}: a {end}'s {call.lower()} takes no {' or '.join(extra)}")
+
+
 class Publisher:
     """Publishes versions of a TensorDict to the :class:`Subscriber`\\ s of a group, or of a
     :class:`~tensordict_cpp.TensorDictServer`'s pipes.
@@ -93,16 +111,11 @@ class Publisher:
 
     def __init__(self, group: Any = None, *, server: Any = None, max_slots: int = 2,
                  subscribers: list[int] | None = None, channel: int = 0) -> None:
-        if server is None and _is_pipe_object(group, "TensorDictServer"):
-            server, group = group, None
+        server, group = _pipe_end("Publisher", server, group, "TensorDictServer", "server")
         self._server = server
         if server is not None:
-            if not _is_pipe_object(server, "TensorDictServer"):
-                raise TypeError(f"Publisher: server= takes a TensorDictServer, got "
-                                f"{type(server).__name__}")
-            if group is not None or subscribers is not None or channel != 0:
-                raise ValueError("Publisher: a server's publisher takes no group, subscribers "
-                                 "or channel (its clients subscribe)")
+            _no_group_args("Publisher", "server", group=group is not None,
+                           subscribers=subscribers is not None, channel=channel != 0)
             self._cpp = _C.PipePublisher(server._cpp, max_slots=max_slots)
             return
         pg = _collectives._group(group)
@@ -217,17 +230,12 @@ class Subscriber:
 
     def __init__(self, src: Any = None, group: Any = None, *, pipe: Any = None,
                  channel: int = 0, max_total_bytes: int | None = None) -> None:
-        if pipe is None and _is_pipe_object(src, "TensorDictPipe"):
-            pipe, src = src, None
+        pipe, src = _pipe_end("Subscriber", pipe, src, "TensorDictPipe", "pipe")
         self._pipe = pipe
         self._lock = threading.Lock()  # one pull at a time
         if pipe is not None:
-            if not _is_pipe_object(pipe, "TensorDictPipe"):
-                raise TypeError(f"Subscriber: pipe= takes a TensorDictPipe, got "
-                                f"{type(pipe).__name__}")
-            if src is not None or group is not None or channel != 0:
-                raise ValueError("Subscriber: a pipe's subscriber takes no src, group or "
-                                 "channel (the pipe's peer publishes)")
+            _no_group_args("Subscriber", "pipe", src=src is not None, group=group is not None,
+                           channel=channel != 0)
             self._cpp = _C.PipeSubscriber(pipe._cpp, max_total_bytes=max_total_bytes)
             return
         if src is None:

@@ -21,6 +21,28 @@ namespace tensordict {
 namespace core {
 namespace {
 
+// JSON's short escapes: the character after the backslash, and the one it stands for. Reading
+// takes all of them; writing, as Python's json.dumps, all but "\/" (a '/' is written as is).
+constexpr std::pair<char, char> kShortEscapes[] = {{'"', '"'},  {'\\', '\\'}, {'/', '/'},
+                                                   {'b', '\b'}, {'f', '\f'},   {'n', '\n'},
+                                                   {'r', '\r'}, {'t', '\t'}};
+
+// What `e` after a backslash stands for, or null when it is not a short escape.
+const char* unescaped(char e) {
+  for (const auto& p : kShortEscapes) {
+    if (p.first == e) return &p.second;
+  }
+  return nullptr;
+}
+
+// The short escape of `c` (the character after the backslash), or null when it has none.
+const char* escaped(char c) {
+  for (const auto& p : kShortEscapes) {
+    if (p.second == c) return &p.first;
+  }
+  return nullptr;
+}
+
 void append_u_escape(std::string& out, uint32_t unit) {
   static constexpr char kHex[] = "0123456789abcdef";
   out += "\\u";
@@ -256,16 +278,22 @@ class Parser {
       } else {
         items.push_back(value(depth));
       }
-      skip_ws();
-      fail_if(pos_ >= s_.size(), "unterminated list");
-      if (s_[pos_] == ',') {
-        ++pos_;
-        continue;
-      }
-      fail_if(s_[pos_] != ']', "expected ',' or ']'");
-      ++pos_;
-      return JsonValue(std::move(items));
+      if (!another(']', "list")) return JsonValue(std::move(items));
     }
+  }
+
+  // After a list's item or an object's member: true past a ',' (another follows), false past
+  // the `close` that ends it.
+  bool another(char close, const char* what) {
+    skip_ws();
+    fail_if(pos_ >= s_.size(), "unterminated ", what);
+    if (s_[pos_] == ',') {
+      ++pos_;
+      return true;
+    }
+    fail_if(s_[pos_] != close, "expected ',' or '", close, "'");
+    ++pos_;
+    return false;
   }
 
   // An object's grammar, from its '{': `member(key)` reads each member's value.
@@ -286,15 +314,7 @@ class Parser {
       ++pos_;
       skip_ws();
       member(std::move(key));
-      skip_ws();
-      fail_if(pos_ >= s_.size(), "unterminated object");
-      if (s_[pos_] == ',') {
-        ++pos_;
-        continue;
-      }
-      fail_if(s_[pos_] != '}', "expected ',' or '}'");
-      ++pos_;
-      return;
+      if (!another('}', "object")) return;
     }
   }
 
@@ -374,15 +394,11 @@ class Parser {
         fail_if(pos_ + 1 >= s_.size(), "unterminated string");
         const char e = s_[pos_ + 1];
         pos_ += 2;
+        if (const char* to = unescaped(e)) {
+          out += *to;
+          continue;
+        }
         switch (e) {
-          case '"': out += '"'; break;
-          case '\\': out += '\\'; break;
-          case '/': out += '/'; break;
-          case 'b': out += '\b'; break;
-          case 'f': out += '\f'; break;
-          case 'n': out += '\n'; break;
-          case 'r': out += '\r'; break;
-          case 't': out += '\t'; break;
           case 'u': {
             uint32_t cp = hex4();
             if (cp >= 0xd800 && cp <= 0xdbff && s_.substr(pos_, 2) == "\\u") {
@@ -505,20 +521,13 @@ void append_json_string(std::string& out, std::string_view s, const char* who) {
   for (size_t i = 0; i < s.size();) {
     const auto c = static_cast<unsigned char>(s[i]);
     if (c < 0x80) {
-      switch (c) {
-        case '"': out += "\\\""; break;
-        case '\\': out += "\\\\"; break;
-        case '\n': out += "\\n"; break;
-        case '\r': out += "\\r"; break;
-        case '\t': out += "\\t"; break;
-        case '\b': out += "\\b"; break;
-        case '\f': out += "\\f"; break;
-        default:
-          if (c < 0x20 || c == 0x7f) {
-            append_u_escape(out, c);
-          } else {
-            out += static_cast<char>(c);
-          }
+      if (const char* e = c == '/' ? nullptr : escaped(static_cast<char>(c))) {
+        out += '\\';
+        out += *e;
+      } else if (c < 0x20 || c == 0x7f) {
+        append_u_escape(out, c);
+      } else {
+        out += static_cast<char>(c);
       }
       ++i;
       continue;

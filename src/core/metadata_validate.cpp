@@ -142,19 +142,8 @@ struct Validator {
                         at::IntArrayRef(m.children[0].second.cls_metadata.batch_size), " and ",
                         at::IntArrayRef(m.children[i].second.cls_metadata.batch_size));
     }
-    const auto member_dims = static_cast<int64_t>(m.children[0].second.cls_metadata.batch_size.size());
-    TORCH_CHECK_VALUE(m.cls_metadata.stack_dim >= 0 && m.cls_metadata.stack_dim <= member_dims,
-                      "metadata: the lazy stack ", here(), " has stack_dim ",
-                      m.cls_metadata.stack_dim, " for members with ", member_dims, " batch dims");
-    TORCH_CHECK_VALUE(stack_batch_size(m) == m.cls_metadata.batch_size,
-                      "metadata: the lazy stack ", here(), " has batch_size ",
-                      at::IntArrayRef(m.cls_metadata.batch_size),
-                      ", which is not its members' with the stack dim");
-    for (const auto& [key, child] : m.children) {
-      path.push_back(key);
-      node(child, {}, depth + 1);  // the members' batch sizes were checked above
-      path.pop_back();
-    }
+    stacked(m, "the lazy stack",
+            static_cast<int64_t>(m.children[0].second.cls_metadata.batch_size.size()), depth);
   }
 
   // A NonTensorStack's node: members "0" ... "n-1", each a non-tensor entry or a NonTensorStack
@@ -192,13 +181,20 @@ struct Validator {
                         "NonTensorStack ", here(), " have different batch sizes, ",
                         at::IntArrayRef(*member_batch[0]), " and ", at::IntArrayRef(*member_batch[i]));
     }
-    const auto member_dims = n ? static_cast<int64_t>(member_batch[0]->size()) : 0;
+    stacked(m, "the NonTensorStack", n ? static_cast<int64_t>(member_batch[0]->size()) : 0,
+            depth);
+  }
+
+  // What a stack's node (`what`: "the lazy stack") must be beside its members, which have
+  // `member_dims` batch dims each: a stack dim among them, and their batch size with it; then
+  // the members themselves.
+  void stacked(const Metadata& m, const char* what, int64_t member_dims, int depth) {
+    const auto here = [&] { return node_str(path); };
     TORCH_CHECK_VALUE(m.cls_metadata.stack_dim >= 0 && m.cls_metadata.stack_dim <= member_dims,
-                      "metadata: the NonTensorStack ", here(), " has stack_dim ",
+                      "metadata: ", what, " ", here(), " has stack_dim ",
                       m.cls_metadata.stack_dim, " for members with ", member_dims, " batch dims");
-    TORCH_CHECK_VALUE(stack_batch_size(m) == m.cls_metadata.batch_size,
-                      "metadata: the NonTensorStack ", here(), " has batch_size ",
-                      at::IntArrayRef(m.cls_metadata.batch_size),
+    TORCH_CHECK_VALUE(stack_batch_size(m) == m.cls_metadata.batch_size, "metadata: ", what, " ",
+                      here(), " has batch_size ", at::IntArrayRef(m.cls_metadata.batch_size),
                       ", which is not its members' with the stack dim");
     for (const auto& [key, child] : m.children) {
       path.push_back(key);

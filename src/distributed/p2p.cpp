@@ -98,6 +98,26 @@ std::string describe(const char* kind, const std::vector<int>& tags, int64_t mes
                   ", ", bytes, " bytes");
 }
 
+// The per-leaf transfer of `td` both sides plan alike (docs/wire-format.md §1.2, §1.3): its
+// leaves in wire order, their tags, the last tag, and with `checked` the one tag it takes.
+struct PerLeaf {
+  std::vector<at::Tensor> leaves;
+  std::vector<int> tags;
+  int64_t last_tag = 0;
+  std::optional<int> checked_tag;
+};
+
+template <typename Options>
+PerLeaf per_leaf(const char* call, const TensorDict& td, const Options& options) {
+  PerLeaf p;
+  p.leaves = leaves_of(td);
+  detail::check_leaves(call, td, p.leaves);
+  p.tags = leaf_tags(call, options.init_tag, options.pseudo_rand, p.leaves.size());
+  p.last_tag = p.tags.empty() ? options.init_tag - 1 : p.tags.back();
+  if (options.checked) p.checked_tag = checked_tag(call, options.init_tag, p.tags);
+  return p;
+}
+
 Posted post_send(detail::Waiter& waiter, const TensorDict& td, const std::optional<int64_t>& dst,
                  const SendOptions& options, bool refuse_self) {
   const char* call = waiter.call();
@@ -115,14 +135,10 @@ Posted post_send(detail::Waiter& waiter, const TensorDict& td, const std::option
     if (logging) waiter.set_detail(describe("consolidated", {0}, 1, bytes_of(storage), false));
     return {{waiter.send(peer, storage[0], 0)}, std::nullopt, {}};
   }
-  auto leaves = leaves_of(td);
-  detail::check_leaves(call, td, leaves);
-  auto tags = leaf_tags(call, options.init_tag, options.pseudo_rand, leaves.size());
-  const int64_t last_tag = tags.empty() ? options.init_tag - 1 : tags.back();
-  if (options.checked) {
-    const int tag = checked_tag(call, options.init_tag, tags);
-    if (logging) waiter.set_detail(c10::str("checked, per leaf, tag ", tag));
-    return {detail::post_checked_send(waiter, td, peer, tag, false), last_tag, {}, tag};
+  auto [leaves, tags, last_tag, tag] = per_leaf(call, td, options);
+  if (tag) {
+    if (logging) waiter.set_detail(c10::str("checked, per leaf, tag ", *tag));
+    return {detail::post_checked_send(waiter, td, peer, *tag, false), last_tag, {}, *tag};
   }
   if (logging) {
     waiter.set_detail(describe("per leaf", tags, static_cast<int64_t>(leaves.size()),
@@ -158,15 +174,11 @@ Posted post_receives(detail::Waiter& waiter, const TensorDict& td,
     if (options.late == Late::kDrop) waiter.drop_late(peer, {0});
     return {{waiter.recv_into(peer, storage, 0)}, std::nullopt, {}};
   }
-  auto leaves = leaves_of(td);
-  detail::check_leaves(call, td, leaves);
-  auto tags = leaf_tags(call, options.init_tag, options.pseudo_rand, leaves.size());
-  const int64_t last_tag = tags.empty() ? options.init_tag - 1 : tags.back();
-  if (options.checked) {
-    const int tag = checked_tag(call, options.init_tag, tags);
-    if (logging) waiter.set_detail(c10::str("checked, per leaf, tag ", tag));
-    return {detail::post_checked_recv(waiter, td, peer, tag, false, options.late), last_tag, {},
-            tag};
+  auto [leaves, tags, last_tag, tag] = per_leaf(call, td, options);
+  if (tag) {
+    if (logging) waiter.set_detail(c10::str("checked, per leaf, tag ", *tag));
+    return {detail::post_checked_recv(waiter, td, peer, *tag, false, options.late), last_tag, {},
+            *tag};
   }
   if (logging) {
     waiter.set_detail(describe("per leaf", tags, static_cast<int64_t>(leaves.size()),

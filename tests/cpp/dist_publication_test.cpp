@@ -12,6 +12,7 @@
 #include <thread>
 
 #include "dist_test_util.h"
+#include "publication_test_util.h"
 #include "wire/leaf_order.h"
 #include "tensordict/consolidate.h"
 #include "tensordict/distributed/p2p.h"
@@ -29,6 +30,7 @@ using testing::await_ready;
 using testing::error_of;
 using testing::ready;
 using testing::run_ranks;
+using publication_test::get_u64;
 
 // The publication tags of channel 0 (docs/wire-format.md §9).
 constexpr int kRequestTag = 0x7E000000;
@@ -62,27 +64,11 @@ void check_pair(int rank, int a, int b) {
   }
 }
 
-void put_u64(uint8_t* p, uint64_t v) {
-  for (int i = 0; i < 8; ++i) p[i] = static_cast<uint8_t>(v >> (8 * i));
-}
-uint64_t get_u64(const uint8_t* p) {
-  uint64_t v = 0;
-  for (int i = 0; i < 8; ++i) v |= uint64_t{p[i]} << (8 * i);
-  return v;
-}
-
-// A message of §9, field by field: magic, protocol 1, the 32-bit word, six 64-bit fields.
+// A forged message as a tensor to send.
 at::Tensor message(const char* magic, uint32_t word, std::initializer_list<uint64_t> fields) {
-  at::Tensor t = at::zeros({64}, at::kByte);
-  auto* p = t.data_ptr<uint8_t>();
-  std::memcpy(p, magic, 8);
-  p[8] = 1;
-  for (int i = 0; i < 4; ++i) p[12 + i] = static_cast<uint8_t>(word >> (8 * i));
-  int at = 16;
-  for (uint64_t f : fields) {
-    put_u64(p + at, f);
-    at += 8;
-  }
+  const std::string m = publication_test::message(magic, word, fields);
+  at::Tensor t = at::empty({static_cast<int64_t>(m.size())}, at::kByte);
+  std::memcpy(t.data_ptr(), m.data(), m.size());
   return t;
 }
 

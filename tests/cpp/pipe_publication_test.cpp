@@ -21,6 +21,7 @@
 #include "core/testing.h"
 #include "fault_test_util.h"
 #include "pipe_test_util.h"
+#include "publication_test_util.h"
 #include "tensordict/consolidate.h"
 #include "tensordict/errors.h"
 #include "tensordict/pipe/pipe.h"
@@ -31,6 +32,8 @@
 namespace {
 
 using namespace fault_test;
+using publication_test::get_u64;
+using publication_test::message;
 using tensordict::Pulled;
 using tensordict::TensorDict;
 using tensordict::TestKey;
@@ -265,36 +268,6 @@ TEST(PipePublication, StoppedAndKilledSubscribersCostOnlyTheirSlots) {
 
 // ---- forged messages and absent publishers, raw peers in this process -----------------------
 
-void put_u64(uint8_t* p, uint64_t v) {
-  for (int i = 0; i < 8; ++i) p[i] = static_cast<uint8_t>(v >> (8 * i));
-}
-uint64_t get_u64(const uint8_t* p) {
-  uint64_t v = 0;
-  for (int i = 0; i < 8; ++i) v |= uint64_t{p[i]} << (8 * i);
-  return v;
-}
-
-// A message of §9, field by field: magic, protocol 1, the 32-bit word, six 64-bit fields.
-std::string message(const char* magic, uint32_t word, std::initializer_list<uint64_t> fields) {
-  std::string m(64, '\0');
-  auto* p = reinterpret_cast<uint8_t*>(m.data());
-  std::memcpy(p, magic, 8);
-  p[8] = 1;
-  for (int i = 0; i < 4; ++i) p[12 + i] = static_cast<uint8_t>(word >> (8 * i));
-  int at = 16;
-  for (uint64_t f : fields) {
-    put_u64(p + at, f);
-    at += 8;
-  }
-  return m;
-}
-
-uint64_t fnv1a(const std::string& s) {
-  uint64_t h = 0xcbf29ce484222325ULL;
-  for (unsigned char c : s) h = (h ^ c) * 0x100000001b3ULL;
-  return h == 0 ? 1 : h;
-}
-
 // A raw publisher's end: a listening pipe that reads each request and answers with `answer`.
 struct RawPublisher {
   Pipe pipe = Pipe::listen(0, "127.0.0.1", pipe_test::fast_options());
@@ -359,11 +332,11 @@ TEST(PipePublication, ForgedOffersAndAbsentPublishersGetNamedErrors) {
     const std::string r = raw.request();
     EXPECT_EQ(get_u64(reinterpret_cast<const uint8_t*>(r.data()) + 16), 1u);  // seq
     raw.send(message("TDPUBOFR", 1,
-                     {1, epoch, 5, static_cast<uint64_t>(n), json.size(), fnv1a(json)}));
+                     {1, epoch, 5, static_cast<uint64_t>(n), json.size(), publication_test::schema_hash(json)}));
     raw.send(json);
     raw.send(data);
     raw.request();
-    raw.send(message("TDPUBOFR", 1, {2, epoch, 3, static_cast<uint64_t>(n), 0, fnv1a(json)}));
+    raw.send(message("TDPUBOFR", 1, {2, epoch, 3, static_cast<uint64_t>(n), 0, publication_test::schema_hash(json)}));
   });
   EXPECT_NE(e.find("version"), std::string::npos) << e;
 
@@ -371,7 +344,7 @@ TEST(PipePublication, ForgedOffersAndAbsentPublishersGetNamedErrors) {
   e = pull_error([&](RawPublisher& raw) {
     raw.request();
     raw.send(message("TDPUBOFR", 1,
-                     {1, epoch, 5, static_cast<uint64_t>(n), json.size(), fnv1a(json)}));
+                     {1, epoch, 5, static_cast<uint64_t>(n), json.size(), publication_test::schema_hash(json)}));
     raw.send(json);
     raw.send(data.substr(0, data.size() / 2));
   });

@@ -118,7 +118,7 @@ def test_versions_to_four_subscriber_processes():
 def test_arguments_and_a_pipe_that_carries_a_publication():
     from tensordict_cpp import Publisher, Subscriber, TensorDictPipe, TensorDictServer, errors
     with TensorDictServer(0, timeout=10.0) as server:
-        with pytest.raises(ValueError, match="takes no group"):
+        with pytest.raises(ValueError, match="server.s publisher takes no channel"):
             Publisher(server, channel=3)
         pub = Publisher(server=server)
         with pytest.raises(ValueError, match="needs count="):
@@ -127,7 +127,7 @@ def test_arguments_and_a_pipe_that_carries_a_publication():
             pub.wait_for_subscribers(0.2, count=1)
         pub.publish(weights(1))
         pipe = TensorDictPipe.connect_sync("127.0.0.1", server.port, timeout=10.0)
-        with pytest.raises(ValueError, match="takes no src"):
+        with pytest.raises(ValueError, match="pipe.s subscriber takes no channel"):
             Subscriber(pipe, channel=1)
         sub = Subscriber(pipe=pipe)
         td = sub.pull(timeout=10)

@@ -91,15 +91,11 @@ class Subscriber {
   /// within the timeout (its server runs no Publisher), and when its Publisher closed;
   /// PeerLostError when the pipe broke.
   std::optional<int64_t> pull(TensorDict& td, const PullOptions& options = {});
-  /// The same into a new TensorDict (its leaves views of a storage of its own).
+  // The rest as dist::Subscriber's (tensordict/distributed/publication.h).
   std::optional<Pulled> pull(const PullOptions& options = {});
-  /// Makes the running pull (or, when none runs, the next) return nothing within 100 ms, its
-  /// TensorDict unchanged: an event loop's cancelled apull. interrupt(false) withdraws it.
   void interrupt(bool on = true);
-
   int64_t version() const;
   uint64_t epoch() const;
-  /// Whether a pull found the publisher closed (its NoPublisherError said "closed").
   bool publisher_closed() const;
   const Pipe& pipe() const;
 
