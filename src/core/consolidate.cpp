@@ -22,6 +22,7 @@
 #include "tensor_dict_impl.h"
 #include "tensordict/dtypes.h"
 #include "tensordict/leaf.h"
+#include "core/byte_tensor.h"
 #include "core/bytes.h"
 #include "core/json_text.h"
 #include "core/metadata.h"
@@ -246,20 +247,7 @@ at::Tensor allocate_storage(int64_t total, at::Device device, const ConsolidateO
                          /*allocator=*/nullptr, /*resizable=*/false);
     return at::empty({0}, at::kByte).set_(std::move(storage), 0, {total}, {1});
   }
-  at::Tensor storage = at::empty(
-      {total}, at::TensorOptions().dtype(at::kByte).device(device).pinned_memory(o.pin_memory));
-#ifdef __linux__
-  // The copy faults the fresh pages in; with 2 MiB pages (THP in "madvise" mode) there are
-  // 512 times fewer faults, which otherwise cost as much as the copy itself.
-  constexpr uintptr_t kHugePage = uintptr_t{2} << 20;
-  if (device.is_cpu() && !o.pin_memory && total >= int64_t{4} << 20) {
-    const auto p = reinterpret_cast<uintptr_t>(storage.data_ptr());
-    const uintptr_t lo = (p + kHugePage - 1) & ~(kHugePage - 1);
-    const uintptr_t hi = (p + static_cast<uintptr_t>(total)) & ~(kHugePage - 1);
-    if (hi > lo) (void)madvise(reinterpret_cast<void*>(lo), hi - lo, MADV_HUGEPAGE);
-  }
-#endif
-  return storage;
+  return core::fresh_bytes(total, device, o.pin_memory);
 }
 
 // The storage of consolidate(filename=...), in the reference's file layout (docs/wire-format.md

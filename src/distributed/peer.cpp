@@ -317,7 +317,7 @@ at::Tensor Waiter::stage(const at::Tensor& dest) const {
     bytes = arena_.narrow(0, arena_used_, n);
     arena_used_ += cut;
   } else {
-    bytes = at::empty({n}, dest.options().dtype(at::kByte));
+    bytes = core::fresh_bytes(n, dest.device());
   }
   if (dest.is_cpu()) staged_bytes_ += cut;
   landings_.emplace_back(dest, bytes);

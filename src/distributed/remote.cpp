@@ -177,7 +177,7 @@ at::Tensor drain_buffer(int64_t n) {
 
 at::Tensor byte_buffer(int64_t n, at::Device device, bool zeroed) {
   auto options = at::TensorOptions().dtype(at::kByte).device(device);
-  return zeroed ? at::zeros({n}, options) : at::empty({n}, options);
+  return zeroed ? at::zeros({n}, options) : core::fresh_bytes(n, device);
 }
 
 TensorDict consolidated(const TensorDict& td, std::optional<at::Device> device) {

@@ -248,7 +248,7 @@ TensorDict FrameReader::recv_new_schema(ByteSource& src, const std::optional<Ten
     td_ = td;
   } else {
     at::Tensor storage =
-        at::empty({total}, at::TensorOptions().dtype(at::kByte).device(target_device));
+        core::fresh_bytes(total, target_device);
     src.read(storage.data_ptr(), static_cast<size_t>(total), storage, "the storage");
     td_ = core::rebuild_validated(std::move(schema.metadata), storage);
   }

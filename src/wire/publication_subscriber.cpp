@@ -257,7 +257,7 @@ SubscriberCore::OfferRead SubscriberCore::read_offer(InFlight& o, Clock::time_po
   const int64_t n = o.offer->data_bytes;
   // The stage, unless a pull into a new TensorDict took it (or it is too small).
   if (!stage_.defined() || stage_.numel() < n) {
-    stage_ = at::empty({std::max<int64_t>(n, 1)}, at::kByte);
+    stage_ = core::fresh_bytes(std::max<int64_t>(n, 1));
   }
   o.data = stage_.narrow(0, 0, n);
   o.data_received = link_->post_recv(o.data, Kind::kData);
