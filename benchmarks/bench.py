@@ -67,6 +67,8 @@ ARMS = {
     "floor.py_raw_one": ("floor: one raw torch.distributed send of the bytes (Python)", None,
                          None),
     "floor.py_raw_n": ("floor: one raw torch.distributed isend per leaf (Python)", None, None),
+    "floor.py_init_remote": ("floor of init_remote (Python): consolidate into fresh memory, a "
+                             "small message, the storage into a fresh buffer", None, None),
     "ref.per_leaf": ("reference: td.send (per leaf)", "floor.py_raw_n", None),
     "ref.consolidated": ("reference: send(consolidated=True)", "floor.py_raw_one", None),
     "ref.init_remote": ("reference: init_remote / from_remote_init", "floor.py_raw_one", None),
@@ -85,7 +87,7 @@ ARMS = {
     "py.per_leaf": ("ours, Python: td.send (per leaf)", "floor.py_raw_n", "ref.per_leaf"),
     "py.consolidated": ("ours, Python: send(consolidated=True)", "floor.py_raw_one",
                         "ref.consolidated"),
-    "py.init_remote": ("ours, Python: init_remote / from_remote_init", "floor.py_raw_one",
+    "py.init_remote": ("ours, Python: init_remote / from_remote_init", "floor.py_init_remote",
                        "ref.init_remote"),
     "floor.allreduce_one": ("floor: one raw c10d all_reduce of the bytes (C++)", None, None),
     "floor.allreduce_n": ("floor: one raw c10d all_reduce per leaf (C++)", None, None),
@@ -222,7 +224,20 @@ def python_rank(cfg: dict, rank: int, world_size: int) -> None:
                                 lambda: our_cons.recv(src=0, consolidated=True),
                                 lambda: check(our_cons)),
         }
+        small = torch.zeros(64, dtype=torch.uint8)
+        storage_bytes = our_cons._cpp.consolidated_storage().numel()
+
+        def floor_init_send():  # what init_remote cannot avoid: a fresh copy, two messages
+            dist.send(small, dst=1)
+            dist.send(our_td.consolidate()._cpp.consolidated_storage(), dst=1)
+
+        def floor_init_recv():
+            dist.recv(small, src=0)
+            got["floor"] = torch.empty(storage_bytes, dtype=torch.uint8)
+            dist.recv(got["floor"], src=0)
+
         if hasattr(ours._C, "from_remote_init"):  # a build with the collectives
+            arms["floor.py_init_remote"] = (floor_init_send, floor_init_recv, lambda: True)
             arms["py.init_remote"] = (
                 lambda: our_td.init_remote(dst=1),
                 lambda: got.__setitem__("ours", ours.TensorDict.from_remote_init(src=0)),
@@ -453,6 +468,7 @@ MICRO_ROWS = [  # micro_bench name, label, what the comparison column ran
     ("BM_Consolidate/case:0/threads:1/real_time", "consolidate 1 x 100 MB", "td.consolidate"),
     ("BM_Consolidate/case:0/threads:4/real_time", "consolidate 1 x 100 MB, 4 threads", ""),
     ("BM_MemcpyWarm/case:0/threads:1/real_time", "memcpy 100 MB, warm destination", ""),
+    ("BM_MemcpyFresh/case:0/threads:1/real_time", "memcpy 100 MB, fresh destination", ""),
     ("BM_Consolidate/case:1/threads:1/real_time", "consolidate 16 x 8 MB", "td.consolidate"),
     ("BM_Consolidate/case:1/threads:4/real_time", "consolidate 16 x 8 MB, 4 threads", ""),
     ("BM_MemcpyWarm/case:1/threads:1/real_time", "memcpy 16 x 8 MB, warm destination", ""),
@@ -484,7 +500,21 @@ def target_rows(rows: list[dict], ours: dict[str, float], theirs: dict[str, floa
     # taken before the next is posted; checked: a header before the rest).
     init_floor = over("1x1KB", "cpp.init_remote", "floor.raw_one")
     checked_floor = over("1x1KB", "cpp.consolidated_checked", "cpp.consolidated")
+
+    def fresh(name):  # consolidate against a memcpy into a fresh buffer, 1 x 100 MB
+        base = ours.get("BM_MemcpyFresh/case:0/threads:1/real_time")
+        return base / ours[name] if base and name in ours else None
+
     return [
+        ("init_remote / from_remote_init of 1 x 100 MB, Python × C++",
+         over("1x100MB", "py.init_remote", "cpp.init_remote"), None, "≤ 1.2",
+         lambda x: x <= 1.2),
+        ("init_remote / from_remote_init of 1 x 100 MB, Python × its floor",
+         over("1x100MB", "py.init_remote", "floor.py_init_remote"), None, "≤ 2",
+         lambda x: x <= 2),
+        ("consolidate 1 x 100 MB, × faster than a memcpy into a fresh buffer",
+         fresh("BM_Consolidate/case:0/threads:1/real_time"), None, "≥ 0.8",
+         lambda x: x >= 0.8),
         ("init_remote / from_remote_init, 1000 x 64 B, × one raw send (C++)",
          over("1000x64B", "cpp.init_remote", "floor.raw_one"), init_floor, "≤ 5",
          lambda x: x <= 5),
