@@ -86,6 +86,10 @@ struct ReductionOptions {
   int64_t correction = 1;                 // std
 };
 
+/// The reduction reduce_all() applies: the reference's reduce=True of sum(), mean(), std(), max()
+/// or min(), as c10d's ReduceOp names a collective's.
+enum class Reduction { kSum, kMean, kStd, kMax, kMin };
+
 /// A TensorDict is a handle: copying it copies a reference to the same dictionary, as a Python
 /// variable does (and as at::Tensor does). clone() makes an independent copy. Entries keep
 /// insertion order; each is a tensor (a leaf), a nested TensorDict, or a non-tensor entry
@@ -184,7 +188,7 @@ class TensorDict {
   TensorDict& lock_();
   TensorDict& unlock_();
 
-  // ---- batch operations --------------------------------------------------------------------
+  // ---- shape: the batch dims ---------------------------------------------------------------
   /// Indexes the batch dims like a tensor: integers, slices, None, Ellipsis, boolean masks and
   /// index tensors. Leaves are views wherever torch returns views.
   TensorDict index(at::ArrayRef<at::indexing::TensorIndex> indices) const;
@@ -197,24 +201,26 @@ class TensorDict {
   TensorDict squeeze(std::optional<int64_t> dim = std::nullopt) const;
   std::vector<TensorDict> split(int64_t split_size, int64_t dim = 0) const;
   std::vector<TensorDict> split(at::IntArrayRef split_sizes, int64_t dim = 0) const;
+  std::vector<TensorDict> chunk(int64_t chunks, int64_t dim = 0) const;
+  /// Batch dims start_dim..end_dim merged into one.
+  TensorDict flatten(int64_t start_dim = 0, int64_t end_dim = -1) const;
+  /// Batch dim `dim` split into `sizes` (one may be -1).
+  TensorDict unflatten(int64_t dim, at::IntArrayRef sizes) const;
+  TensorDict permute(at::IntArrayRef dims) const;
+  TensorDict transpose(int64_t dim0, int64_t dim1) const;
 
-  // ---- tensor-like operations --------------------------------------------------------------
-  TensorDict clone() const;
-  TensorDict to(at::Device device) const;
-  TensorDict to(at::ScalarType dtype) const;
-  TensorDict contiguous() const;
-  /// A new TensorDict with fn applied to every leaf (nested levels kept). A leaf for which fn
-  /// returns an undefined tensor is left out.
-  TensorDict apply(const std::function<at::Tensor(const at::Tensor&)>& fn,
-                   const ApplyOptions& options = {}) const;
-  /// fn(leaf, other's leaf at the same key) for every leaf; other needs every key of this.
-  TensorDict apply(const std::function<at::Tensor(const at::Tensor&, const at::Tensor&)>& fn,
-                   const TensorDict& other, const ApplyOptions& options = {}) const;
-  /// Sets every entry of `other` here (nested levels merged key by key).
-  TensorDict& update(const TensorDict& other, UpdateOptions options = {});
-  TensorDict& zero_();
-  /// Fills the leaf (or every leaf of the nested TensorDict) at key with value.
-  TensorDict& fill_(const NestedKey& key, const at::Scalar& value);
+  // ---- reductions and comparisons ----------------------------------------------------------
+  TensorDict sum(const ReductionOptions& options = {}) const;
+  TensorDict mean(const ReductionOptions& options = {}) const;
+  TensorDict std(const ReductionOptions& options = {}) const;
+  /// With one batch dim: the values and the indices, as torch.max(dim) gives; without dims,
+  /// every leaf's maximum (indices undefined).
+  std::pair<TensorDict, std::optional<TensorDict>> max(const ReductionOptions& options = {}) const;
+  std::pair<TensorDict, std::optional<TensorDict>> min(const ReductionOptions& options = {}) const;
+  /// The reference's reduce=True: one tensor over every leaf (sum, mean, std, max or min of
+  /// all their elements; with dims, of the reduced leaves, which must then share a shape).
+  at::Tensor reduce_all(Reduction op, const ReductionOptions& options = {}) const;
+
   /// Elementwise comparison: a TensorDict of bool tensors with the same structure.
   TensorDict operator==(const TensorDict& other) const;
   TensorDict operator!=(const TensorDict& other) const;
@@ -227,7 +233,75 @@ class TensorDict {
   bool allclose(const TensorDict& other, double rtol = 1e-5, double atol = 1e-8,
                 bool equal_nan = false) const;
 
-  // ---- the reference's everyday methods (docs/api-coverage.md) -----------------------------
+  // ---- elementwise: every leaf, one by one -------------------------------------------------
+  TensorDict clone() const;
+  TensorDict to(at::Device device) const;
+  TensorDict to(at::ScalarType dtype) const;
+  TensorDict contiguous() const;
+
+  /// A new TensorDict with fn applied to every leaf (nested levels kept). A leaf for which fn
+  /// returns an undefined tensor is left out.
+  TensorDict apply(const std::function<at::Tensor(const at::Tensor&)>& fn,
+                   const ApplyOptions& options = {}) const;
+  /// fn(leaf, other's leaf at the same key) for every leaf; other needs every key of this.
+  TensorDict apply(const std::function<at::Tensor(const at::Tensor&, const at::Tensor&)>& fn,
+                   const TensorDict& other, const ApplyOptions& options = {}) const;
+  /// fn applied to every leaf in place: each leaf is replaced by (or, when fn returns the same
+  /// tensor, keeps) fn's result. Returns this TensorDict.
+  TensorDict& apply_(const std::function<at::Tensor(const at::Tensor&)>& fn);
+  /// apply() with the leaf's key: the full path (nested_keys) or the last part.
+  TensorDict named_apply(const std::function<at::Tensor(const NestedKey&, const at::Tensor&)>& fn,
+                         bool nested_keys = false) const;
+
+  TensorDict& zero_();
+  /// Fills the leaf (or every leaf of the nested TensorDict) at key with value.
+  TensorDict& fill_(const NestedKey& key, const at::Scalar& value);
+
+  /// Every leaf with `value` where `mask` (broadcast over the leaf's feature dims) is true.
+  TensorDict masked_fill(const at::Tensor& mask, const at::Scalar& value) const;
+  TensorDict& masked_fill_(const at::Tensor& mask, const at::Scalar& value);
+  /// torch.where(condition, leaf, other's leaf) for every leaf.
+  TensorDict where(const at::Tensor& condition, const TensorDict& other) const;
+  TensorDict where(const at::Tensor& condition, const at::Scalar& other) const;
+  TensorDict detach() const;
+  TensorDict& detach_();
+  TensorDict abs() const;
+  TensorDict isfinite() const;
+
+  /// In place, leaf by leaf: other may be a TensorDict with the same keys, a tensor or a scalar.
+  TensorDict& add_(const TensorDict& other, const at::Scalar& alpha = 1);
+  TensorDict& add_(const at::Tensor& other, const at::Scalar& alpha = 1);
+  TensorDict& add_(const at::Scalar& other, const at::Scalar& alpha = 1);
+  TensorDict& mul_(const TensorDict& other);
+  TensorDict& mul_(const at::Tensor& other);
+  TensorDict& mul_(const at::Scalar& other);
+  TensorDict& lerp_(const TensorDict& end, const at::Scalar& weight);
+  TensorDict& lerp_(const TensorDict& end, const TensorDict& weight);
+
+  /// Elementwise arithmetic with a TensorDict of the same keys, or a tensor or scalar broadcast
+  /// to every leaf (a new TensorDict).
+  TensorDict operator+(const TensorDict& other) const;
+  TensorDict operator-(const TensorDict& other) const;
+  TensorDict operator*(const TensorDict& other) const;
+  TensorDict operator/(const TensorDict& other) const;
+  TensorDict operator+(const at::Tensor& other) const;
+  TensorDict operator-(const at::Tensor& other) const;
+  TensorDict operator*(const at::Tensor& other) const;
+  TensorDict operator/(const at::Tensor& other) const;
+  TensorDict operator+(const at::Scalar& other) const;
+  TensorDict operator-(const at::Scalar& other) const;
+  TensorDict operator*(const at::Scalar& other) const;
+  TensorDict operator/(const at::Scalar& other) const;
+
+  /// Every leaf in page-locked memory (needs an accelerator backend; RuntimeError otherwise).
+  TensorDict pin_memory() const;
+  /// Every CPU leaf moved to shared memory (as torch's share_memory_); locks the TensorDict, as
+  /// the reference does.
+  TensorDict& share_memory_();
+  /// True when every leaf is in shared (or CUDA) memory and there is at least one.
+  bool is_shared() const;
+
+  // ---- structure: which entries, under which keys ------------------------------------------
   /// A TensorDict of the given keys only (nested keys keep their levels), sharing the leaves.
   TensorDict select(const std::vector<NestedKey>& keys, const SelectOptions& options = {}) const;
   /// A TensorDict without the given keys (missing ones are ignored), sharing the leaves.
@@ -241,6 +315,8 @@ class TensorDict {
   TensorDict& rename_key_(const NestedKey& old_key, const NestedKey& new_key, bool safe = false);
   /// The entry at `key`, setting `default_value` there first when it is absent.
   Value setdefault(const NestedKey& key, const Value& default_value);
+  /// Sets every entry of `other` here (nested levels merged key by key).
+  TensorDict& update(const TensorDict& other, UpdateOptions options = {});
   /// Copies every leaf of `other` into the existing leaf at the same key (KeyError naming a
   /// key this TensorDict lacks); with keys_to_update, only those.
   TensorDict& update_(const TensorDict& other, const std::vector<NestedKey>& keys_to_update = {});
@@ -258,71 +334,6 @@ class TensorDict {
   TensorDict copy() const;
   /// Copies every leaf of `src` (same keys and shapes) into this TensorDict's leaves.
   TensorDict& copy_(const TensorDict& src);
-
-  std::vector<TensorDict> chunk(int64_t chunks, int64_t dim = 0) const;
-  /// Batch dims start_dim..end_dim merged into one.
-  TensorDict flatten(int64_t start_dim = 0, int64_t end_dim = -1) const;
-  /// Batch dim `dim` split into `sizes` (one may be -1).
-  TensorDict unflatten(int64_t dim, at::IntArrayRef sizes) const;
-  TensorDict permute(at::IntArrayRef dims) const;
-  TensorDict transpose(int64_t dim0, int64_t dim1) const;
-
-  /// fn applied to every leaf in place: each leaf is replaced by (or, when fn returns the same
-  /// tensor, keeps) fn's result. Returns this TensorDict.
-  TensorDict& apply_(const std::function<at::Tensor(const at::Tensor&)>& fn);
-  /// apply() with the leaf's key: the full path (nested_keys) or the last part.
-  TensorDict named_apply(const std::function<at::Tensor(const NestedKey&, const at::Tensor&)>& fn,
-                         bool nested_keys = false) const;
-  /// Every leaf with `value` where `mask` (broadcast over the leaf's feature dims) is true.
-  TensorDict masked_fill(const at::Tensor& mask, const at::Scalar& value) const;
-  TensorDict& masked_fill_(const at::Tensor& mask, const at::Scalar& value);
-  /// torch.where(condition, leaf, other's leaf) for every leaf.
-  TensorDict where(const at::Tensor& condition, const TensorDict& other) const;
-  TensorDict where(const at::Tensor& condition, const at::Scalar& other) const;
-  TensorDict detach() const;
-  TensorDict& detach_();
-  TensorDict abs() const;
-  TensorDict isfinite() const;
-  TensorDict sum(const ReductionOptions& options = {}) const;
-  TensorDict mean(const ReductionOptions& options = {}) const;
-  TensorDict std(const ReductionOptions& options = {}) const;
-  /// With one batch dim: the values and the indices, as torch.max(dim) gives; without dims,
-  /// every leaf's maximum (indices undefined).
-  std::pair<TensorDict, std::optional<TensorDict>> max(const ReductionOptions& options = {}) const;
-  std::pair<TensorDict, std::optional<TensorDict>> min(const ReductionOptions& options = {}) const;
-  /// The reference's reduce=True: one tensor over every leaf (sum, mean, std, max or min of
-  /// all their elements; with dims, of the reduced leaves, which must then share a shape).
-  at::Tensor reduce_all(const char* op, const ReductionOptions& options = {}) const;
-  /// In place, leaf by leaf: other may be a TensorDict with the same keys, a tensor or a scalar.
-  TensorDict& add_(const TensorDict& other, const at::Scalar& alpha = 1);
-  TensorDict& add_(const at::Tensor& other, const at::Scalar& alpha = 1);
-  TensorDict& add_(const at::Scalar& other, const at::Scalar& alpha = 1);
-  TensorDict& mul_(const TensorDict& other);
-  TensorDict& mul_(const at::Tensor& other);
-  TensorDict& mul_(const at::Scalar& other);
-  TensorDict& lerp_(const TensorDict& end, const at::Scalar& weight);
-  TensorDict& lerp_(const TensorDict& end, const TensorDict& weight);
-  /// Elementwise arithmetic with a TensorDict of the same keys, or a tensor or scalar broadcast
-  /// to every leaf (a new TensorDict).
-  TensorDict operator+(const TensorDict& other) const;
-  TensorDict operator-(const TensorDict& other) const;
-  TensorDict operator*(const TensorDict& other) const;
-  TensorDict operator/(const TensorDict& other) const;
-  TensorDict operator+(const at::Tensor& other) const;
-  TensorDict operator-(const at::Tensor& other) const;
-  TensorDict operator*(const at::Tensor& other) const;
-  TensorDict operator/(const at::Tensor& other) const;
-  TensorDict operator+(const at::Scalar& other) const;
-  TensorDict operator-(const at::Scalar& other) const;
-  TensorDict operator*(const at::Scalar& other) const;
-  TensorDict operator/(const at::Scalar& other) const;
-  /// Every leaf in page-locked memory (needs an accelerator backend; RuntimeError otherwise).
-  TensorDict pin_memory() const;
-  /// Every CPU leaf moved to shared memory (as torch's share_memory_); locks the TensorDict, as
-  /// the reference does.
-  TensorDict& share_memory_();
-  /// True when every leaf is in shared (or CUDA) memory and there is at least one.
-  bool is_shared() const;
 
   /// The reference's repr: by default its compact form, TensorDict(batch_size=[4],
   /// fields={next: {reward: f32[1]}, obs: f32[3]}), wrapped at 80 columns; with compact =

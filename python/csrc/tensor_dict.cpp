@@ -277,6 +277,16 @@ ReductionOptions reduction_from_py(const py::object& dim, bool keepdim,
   return o;
 }
 
+// The reference's name of a reduction ("sum", ...) as reduce_all's Reduction.
+Reduction reduction_op_from_py(const std::string& op) {
+  if (op == "sum") return Reduction::kSum;
+  if (op == "mean") return Reduction::kMean;
+  if (op == "std") return Reduction::kStd;
+  if (op == "max") return Reduction::kMax;
+  TORCH_CHECK_VALUE(op == "min", "reduce_all: unknown reduction '", op, "'");
+  return Reduction::kMin;
+}
+
 // A Python number or tensor as the `other` of an elementwise method, on TensorDict `td`.
 template <typename OnTd, typename OnTensor, typename OnScalar>
 TensorDict binary(py::handle other, OnTd&& on_td, OnTensor&& on_tensor, OnScalar&& on_scalar) {
@@ -735,7 +745,7 @@ void bind_tensor_dict(py::module_& m) {
            [](const TD& td, const std::string& op, const py::object& dim, bool keepdim,
               std::optional<at::ScalarType> dtype, int64_t correction, bool reduce) -> py::object {
              const auto o = reduction_from_py(dim, keepdim, dtype, correction);
-             if (reduce) return py::cast(td.reduce_all(op.c_str(), o));
+             if (reduce) return py::cast(td.reduce_all(reduction_op_from_py(op), o));
              if (op == "sum") return py::cast(td.sum(o));
              if (op == "mean") return py::cast(td.mean(o));
              if (op == "std") return py::cast(td.std(o));

@@ -3,6 +3,7 @@
 
 #include <ATen/ATen.h>
 #include <ATen/ExpandUtils.h>
+#include <c10/core/WrapDimMinimal.h>
 
 #include <atomic>
 #include <cstdint>
@@ -156,7 +157,29 @@ std::vector<at::indexing::TensorIndex> expand_ellipsis(at::ArrayRef<at::indexing
 /// ValueError unless `shape` starts with `batch_size`, naming the key and both shapes.
 void check_batch_prefix(const NestedKey& key, at::IntArrayRef shape, at::IntArrayRef batch_size);
 
-// The walks the batch and tensor-like operations are built on (tensor_dict_ops.cpp).
+/// `dim` as a non-negative index into `ndims` dims (negative counts from the end), as torch wraps
+/// it; IndexError when out of range.
+inline int64_t wrap_dim(int64_t dim, int64_t ndims) { return c10::maybe_wrap_dim(dim, ndims); }
+
+/// Calls fn on every leaf of `td` where it lives (a lazy stack's in its members), for in-place
+/// work and for reductions over every leaf.
+template <typename Fn>
+void each_leaf(const TensorDict& td, Fn&& fn) {
+  for (const auto& [key, value] : td.entries()) {
+    if (value.is_tensor()) {
+      fn(value.tensor());
+    } else if (value.is_tensordict()) {
+      each_leaf(value.tensordict(), fn);
+    }
+  }
+}
+
+/// KeyError unless `a` and `b` have the same direct keys, naming the keys only one side has
+/// (`what`: the operation, for the message).
+void check_same_keys(const TensorDict& a, const TensorDict& b, const char* what);
+
+// The walks the methods are built on: map_batch and map_one (tensor_dict_shape.cpp), map_leaves
+// (tensor_dict_elementwise.cpp).
 using LeafFn = std::function<std::vector<at::Tensor>(const at::Tensor&)>;
 using LazyFn = std::function<std::vector<TensorDict>(const TensorDict&)>;
 /// One TensorDict per new batch size, each leaf mapped by fn (which acts on the first

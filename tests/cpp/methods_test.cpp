@@ -154,8 +154,8 @@ TEST(Methods, ValuesReductionsAndArithmetic) {
   EXPECT_TRUE(at::equal(leaf(*indices, "a"), std::get<1>(a.max(1))));
   EXPECT_FALSE(td.min().second.has_value());
   const TensorDict floats = td.exclude({"i"});
-  EXPECT_TRUE(at::allclose(floats.reduce_all("sum"), a.sum() + x.sum()));
-  EXPECT_TRUE(at::allclose(floats.reduce_all("max"), at::max(a.max(), x.max())));
+  EXPECT_TRUE(at::allclose(floats.reduce_all(Reduction::kSum), a.sum() + x.sum()));
+  EXPECT_TRUE(at::allclose(floats.reduce_all(Reduction::kMax), at::max(a.max(), x.max())));
   EXPECT_TRUE(at::equal(leaf(td + td, "a"), a + a));
   EXPECT_TRUE(at::equal(leaf(td - 1, "a"), a - 1));
   EXPECT_TRUE(at::equal(leaf(td * at::full({}, 2.0), "a"), a * 2));

@@ -1,4 +1,4 @@
-// Batch and tensor-like operations: each walks the entries and rebuilds a TensorDict.
+// Shape: the batch-dim operations (index, views, split, stack, cat) and the walk they share.
 
 #include <ATen/ATen.h>
 #include <c10/core/WrapDimMinimal.h>
@@ -9,11 +9,14 @@
 
 #include "non_tensor_ops.h"
 #include "tensor_dict_impl.h"
-#include "core/json_text.h"
 
 namespace tensordict {
 
+using detail::check_same_keys;
+using detail::map_batch;
+using detail::map_one;
 using detail::TensorDictImpl;
+using detail::wrap_dim;
 
 namespace {
 
@@ -111,48 +114,25 @@ TensorDict map_one(const TensorDict& td, std::vector<int64_t> new_batch,
                    [&](const at::Tensor& t) { return std::vector<at::Tensor>{fn(t)}; })[0];
 }
 
-// Same structure and batch size, each leaf replaced; used by clone, to, contiguous, ==.
-// Non-tensor entries are kept as they are (the data is immutable, so a copy is a clone), given
-// `device` (kMove, for to(device)), or left out (kDrop, for results that hold only tensors).
-// A lazy stack stays one, member by member.
-TensorDict map_leaves(const TensorDict& td, const std::function<at::Tensor(const at::Tensor&)>& fn,
-                      std::optional<at::Device> device, NonTensors non_tensors) {
-  if (td.is_lazy_stack()) {
-    return detail::lazy::map_members(td, [&](const TensorDict& m) {
-      return map_leaves(m, fn, device.has_value() ? device : m.device(), non_tensors);
-    });
+// Leaves of `a` and `b` paired by key; KeyError naming the keys only one side has.
+void check_same_keys(const TensorDict& a, const TensorDict& b, const char* what) {
+  const auto ka_list = a.sorted_keys(), kb_list = b.sorted_keys();
+  const std::set<std::string> ka(ka_list.begin(), ka_list.end()), kb(kb_list.begin(), kb_list.end());
+  if (ka == kb) return;
+  std::string only_a, only_b;
+  for (const auto& k : ka) {
+    if (!kb.count(k)) only_a += (only_a.empty() ? "" : ", ") + quote_key(k);
   }
-  TensorDict out = TensorDictImpl::make(td.batch_size().vec(), device);
-  auto& impl = TensorDictImpl::of(out);
-  impl.entries.reserve(td.entries().size());
-  for (const auto& [key, value] : td.entries()) {
-    if (value.is_tensor()) {
-      impl.append_unique(key, detail::same_kind(value, fn(value.tensor())));
-    } else if (value.is_non_tensor()) {
-      const NonTensorData& nt = value.non_tensor();
-      if (non_tensors == NonTensors::kKeep) {
-        impl.append_unique(key, value);
-      } else if (non_tensors == NonTensors::kMove) {
-        impl.append_unique(key, nt.with_device(device));
-      }
-    } else {
-      const TensorDict& child = value.tensordict();
-      impl.append_unique(
-          key, map_leaves(child, fn, device.has_value() ? device : child.device(), non_tensors));
-    }
+  for (const auto& k : kb) {
+    if (!ka.count(k)) only_b += (only_b.empty() ? "" : ", ") + quote_key(k);
   }
-  impl.appended();
-  return out;
+  TD_CHECK_KEY(false, what, ": keys mismatch; only in the first: [", only_a,
+               "], only in the second: [", only_b, "]");
 }
 
 }  // namespace detail
 
 namespace {
-
-using detail::map_batch;
-using detail::map_leaves;
-using detail::map_one;
-using detail::NonTensors;
 
 // The non-tensor entry at `key` of each TensorDict (stack and cat combine them).
 std::vector<NonTensorData> non_tensor_parts(at::ArrayRef<TensorDict> tds, const std::string& key,
@@ -170,8 +150,6 @@ std::vector<NonTensorData> non_tensor_parts(at::ArrayRef<TensorDict> tds, const 
   return parts;
 }
 
-int64_t wrap(int64_t dim, int64_t ndims) { return c10::maybe_wrap_dim(dim, ndims); }
-
 std::vector<int64_t> shape_after(const TensorDict& td,
                                  const std::function<at::Tensor(const at::Tensor&)>& fn) {
   // A stride-0 dummy with the batch shape tells the result's batch size without touching data.
@@ -179,25 +157,7 @@ std::vector<int64_t> shape_after(const TensorDict& td,
   return fn(dummy).sizes().vec();
 }
 
-// Leaves of `a` and `b` paired by key; KeyError naming the keys only one side has.
-void check_same_keys(const TensorDict& a, const TensorDict& b, const char* what) {
-  const auto ka_list = a.sorted_keys(), kb_list = b.sorted_keys();
-  const std::set<std::string> ka(ka_list.begin(), ka_list.end()), kb(kb_list.begin(), kb_list.end());
-  if (ka == kb) return;
-  std::string only_a, only_b;
-  for (const auto& k : ka) {
-    if (!kb.count(k)) only_a += (only_a.empty() ? "" : ", ") + quote_key(k);
-  }
-  for (const auto& k : kb) {
-    if (!ka.count(k)) only_b += (only_b.empty() ? "" : ", ") + quote_key(k);
-  }
-  TD_CHECK_KEY(false, what, ": keys mismatch; only in the first: [", only_a,
-               "], only in the second: [", only_b, "]");
-}
-
 }  // namespace
-
-// ---- batch operations ----------------------------------------------------------------------------
 
 TensorDict TensorDict::index(at::ArrayRef<at::indexing::TensorIndex> indices) const {
   if (is_lazy_stack()) return detail::lazy::index(*this, indices);
@@ -210,7 +170,7 @@ TensorDict TensorDict::index(at::ArrayRef<at::indexing::TensorIndex> indices) co
 
 std::vector<TensorDict> TensorDict::unbind(int64_t dim) const {
   if (is_lazy_stack()) return detail::lazy::unbind(*this, dim);
-  const int64_t d = wrap(dim, batch_dims());
+  const int64_t d = wrap_dim(dim, batch_dims());
   std::vector<int64_t> b = batch_size().vec();
   const int64_t n = b[d];
   b.erase(b.begin() + d);
@@ -286,7 +246,7 @@ TensorDict TensorDict::expand(at::IntArrayRef shape) const {
 
 TensorDict TensorDict::unsqueeze(int64_t dim) const {
   if (is_lazy_stack()) return detail::lazy::dense(*this).unsqueeze(dim);  // on the dense copy
-  const int64_t d = wrap(dim, batch_dims() + 1);
+  const int64_t d = wrap_dim(dim, batch_dims() + 1);
   std::vector<int64_t> nb = batch_size().vec();
   nb.insert(nb.begin() + d, 1);
   return map_one(*this, nb, [d](const at::Tensor& t) { return t.unsqueeze(d); });
@@ -296,7 +256,7 @@ TensorDict TensorDict::squeeze(std::optional<int64_t> dim) const {
   if (is_lazy_stack()) return detail::lazy::dense(*this).squeeze(dim);  // on the dense copy
   std::vector<int64_t> dims;  // batch dims to drop, descending so that indices stay valid
   if (dim.has_value()) {
-    const int64_t d = wrap(*dim, batch_dims());
+    const int64_t d = wrap_dim(*dim, batch_dims());
     if (batch_size()[d] == 1) dims.push_back(d);
   } else {
     for (int64_t d = batch_dims() - 1; d >= 0; --d) {
@@ -314,7 +274,7 @@ TensorDict TensorDict::squeeze(std::optional<int64_t> dim) const {
 
 std::vector<TensorDict> TensorDict::split(int64_t split_size, int64_t dim) const {
   TORCH_CHECK_VALUE(split_size > 0, "split: split_size must be positive, got ", split_size);
-  const int64_t d = wrap(dim, batch_dims());
+  const int64_t d = wrap_dim(dim, batch_dims());
   const int64_t n = batch_size()[d];
   std::vector<int64_t> sizes;
   for (int64_t start = 0; start < n; start += split_size) sizes.push_back(std::min(split_size, n - start));
@@ -324,7 +284,7 @@ std::vector<TensorDict> TensorDict::split(int64_t split_size, int64_t dim) const
 
 std::vector<TensorDict> TensorDict::split(at::IntArrayRef split_sizes, int64_t dim) const {
   if (is_lazy_stack()) return detail::lazy::dense(*this).split(split_sizes, dim);  // on the dense copy
-  const int64_t d = wrap(dim, batch_dims());
+  const int64_t d = wrap_dim(dim, batch_dims());
   int64_t total = 0;
   for (int64_t s : split_sizes) {
     TORCH_CHECK_VALUE(s >= 0, "split: negative size in ", split_sizes);
@@ -341,6 +301,64 @@ std::vector<TensorDict> TensorDict::split(at::IntArrayRef split_sizes, int64_t d
   const std::vector<int64_t> sizes = split_sizes.vec();
   return map_batch(*this, batch_size().size(), nbs,
                    [&](const at::Tensor& t) { return t.split_with_sizes(sizes, d); });
+}
+
+std::vector<TensorDict> TensorDict::chunk(int64_t chunks, int64_t dim) const {
+  TORCH_CHECK_VALUE(chunks > 0, "chunk: chunks must be positive, got ", chunks);
+  const int64_t n = batch_size()[wrap_dim(dim, batch_dims())];
+  return split(std::max<int64_t>((n + chunks - 1) / chunks, 1), dim);
+}
+
+TensorDict TensorDict::flatten(int64_t start_dim, int64_t end_dim) const {
+  if (is_lazy_stack()) return detail::lazy::dense(*this).flatten(start_dim, end_dim);
+  const int64_t bd = batch_dims();
+  if (bd == 0) return copy();
+  const int64_t s = wrap_dim(start_dim, bd), e = wrap_dim(end_dim, bd);
+  TORCH_CHECK_VALUE(s <= e, "flatten: start_dim ", start_dim, " comes after end_dim ", end_dim);
+  std::vector<int64_t> nb(batch_size().begin(), batch_size().begin() + s);
+  nb.push_back(c10::multiply_integers(batch_size().slice(s, e - s + 1)));
+  nb.insert(nb.end(), batch_size().begin() + e + 1, batch_size().end());
+  return map_one(*this, nb, [&](const at::Tensor& t) { return t.flatten(s, e); });
+}
+
+TensorDict TensorDict::unflatten(int64_t dim, at::IntArrayRef sizes) const {
+  if (is_lazy_stack()) return detail::lazy::dense(*this).unflatten(dim, sizes);
+  const int64_t d = wrap_dim(dim, batch_dims());
+  // torch resolves a -1 and checks the product; a dummy of the batch shape tells the result.
+  const auto nb = at::zeros({}, at::kByte).expand(batch_size()).unflatten(d, sizes).sizes().vec();
+  return map_one(*this, nb, [&](const at::Tensor& t) { return t.unflatten(d, sizes); });
+}
+
+TensorDict TensorDict::permute(at::IntArrayRef dims) const {
+  if (is_lazy_stack()) return detail::lazy::dense(*this).permute(dims);
+  const int64_t bd = batch_dims();
+  TORCH_CHECK_VALUE(static_cast<int64_t>(dims.size()) == bd, "permute: expected ", bd,
+                    " dims for batch_size ", batch_size(), ", got ", dims);
+  std::vector<int64_t> order;
+  for (int64_t d : dims) order.push_back(wrap_dim(d, bd));
+  std::vector<int64_t> nb;
+  for (int64_t d : order) nb.push_back(batch_size()[d]);
+  auto sorted = order;
+  std::sort(sorted.begin(), sorted.end());
+  TORCH_CHECK_VALUE(std::adjacent_find(sorted.begin(), sorted.end()) == sorted.end(),
+                    "permute: repeated dim in ", dims);
+  return map_one(*this, nb, [&](const at::Tensor& t) {
+    std::vector<int64_t> full = order;  // feature dims stay in place
+    for (int64_t d = bd; d < t.dim(); ++d) full.push_back(d);
+    return t.permute(full);
+  });
+}
+
+TensorDict TensorDict::transpose(int64_t dim0, int64_t dim1) const {
+  if (is_lazy_stack()) return detail::lazy::dense(*this).transpose(dim0, dim1);
+  const int64_t bd = batch_dims();
+  TORCH_CHECK_VALUE(dim0 >= -bd && dim0 < bd && dim1 >= -bd && dim1 < bd,
+                    "transpose: dim0 and dim1 must be within the range of the batch dims, got ",
+                    dim0, " and ", dim1, " for batch_size ", batch_size());
+  const int64_t a = wrap_dim(dim0, bd), b = wrap_dim(dim1, bd);
+  std::vector<int64_t> nb = batch_size().vec();
+  std::swap(nb[a], nb[b]);
+  return map_one(*this, nb, [&](const at::Tensor& t) { return t.transpose(a, b); });
 }
 
 namespace {
@@ -467,313 +485,5 @@ TensorDict cat_at(at::ArrayRef<TensorDict> inputs, int64_t dim,
 TensorDict stack(at::ArrayRef<TensorDict> tds, int64_t dim) { return stack_at(tds, dim, {}); }
 
 TensorDict cat(at::ArrayRef<TensorDict> tds, int64_t dim) { return cat_at(tds, dim, {}); }
-
-// ---- tensor-like operations ---------------------------------------------------------------------
-
-TensorDict TensorDict::clone() const {
-  return map_leaves(*this, [](const at::Tensor& t) { return t.clone(); }, device());
-}
-
-TensorDict TensorDict::to(at::Device device) const {
-  return map_leaves(*this, [&](const at::Tensor& t) { return t.to(device); }, device,
-                    NonTensors::kMove);
-}
-
-TensorDict TensorDict::to(at::ScalarType dtype) const {
-  return map_leaves(*this, [&](const at::Tensor& t) { return t.to(dtype); }, device());
-}
-
-TensorDict TensorDict::contiguous() const {
-  if (is_lazy_stack()) return detail::lazy::dense(*this);
-  return map_leaves(*this, [](const at::Tensor& t) { return t.contiguous(); }, device());
-}
-
-namespace {
-// apply() with ApplyOptions::batch_size: each leaf's result set at its key in a new TensorDict of
-// that batch size (missing levels made with it), as the reference builds it; non-tensor entries
-// are left out, as the reference's leaves are tensors.
-TensorDict apply_at_batch(
-    const TensorDict& td, const std::vector<int64_t>& batch_size,
-    const std::function<at::Tensor(const NestedKey&, const at::Tensor&)>& fn) {
-  TensorDict out(std::vector<std::pair<NestedKey, Value>>{}, batch_size, td.device());
-  for (const auto& [key, value] : td.items({.include_nested = true, .leaves_only = true})) {
-    at::Tensor r = fn(key, value.tensor());
-    if (r.defined()) out.set(key, r);
-  }
-  return out;
-}
-}  // namespace
-
-TensorDict TensorDict::apply(const std::function<at::Tensor(const at::Tensor&)>& fn,
-                             const ApplyOptions& options) const {
-  if (options.batch_size) {
-    return apply_at_batch(*this, *options.batch_size,
-                          [&](const NestedKey&, const at::Tensor& t) { return fn(t); });
-  }
-  if (is_lazy_stack()) {
-    return detail::lazy::map_members(*this, [&](const TensorDict& m) { return m.apply(fn); });
-  }
-  TensorDict out = TensorDictImpl::make(batch_size().vec(), device());
-  for (const auto& [key, value] : entries()) {
-    if (value.is_tensor()) {
-      at::Tensor r = fn(value.tensor());
-      if (r.defined()) out.set(key, detail::same_kind(value, r));
-    } else if (value.is_non_tensor()) {
-      out.set(key, value);  // the reference's apply passes non-tensors through
-    } else {
-      out.set(key, value.tensordict().apply(fn));
-    }
-  }
-  return out;
-}
-
-TensorDict TensorDict::apply(
-    const std::function<at::Tensor(const at::Tensor&, const at::Tensor&)>& fn,
-    const TensorDict& other, const ApplyOptions& options) const {
-  if (options.batch_size) {
-    return apply_at_batch(*this, *options.batch_size,
-                          [&](const NestedKey& key, const at::Tensor& t) {
-                            return fn(t, other.get(key).tensor());
-                          });
-  }
-  if (is_lazy_stack()) {
-    // Member i with other's slice i along the stack dim.
-    const auto others = other.unbind(detail::stack_dim_of(*this));
-    TORCH_CHECK_VALUE(others.size() == entries().size(), "apply: the other TensorDict has ",
-                      others.size(), " entries along the stack dim, this lazy stack ",
-                      entries().size());
-    size_t i = 0;
-    return detail::lazy::map_members(
-        *this, [&](const TensorDict& m) { return m.apply(fn, others[i++]); });
-  }
-  TensorDict out = TensorDictImpl::make(batch_size().vec(), device());
-  for (const auto& [key, value] : entries()) {
-    if (value.is_non_tensor()) {
-      out.set(key, value);  // passed through, as by the one-argument apply
-      continue;
-    }
-    const Value o = other.get(key);
-    if (value.is_tensor()) {
-      TORCH_CHECK_TYPE(o.is_tensor(), "apply: key ", quote_key(key), " is a tensor here but ",
-                       detail::kind_name(o), " in the other TensorDict");
-      at::Tensor r = fn(value.tensor(), o.tensor());
-      if (r.defined()) out.set(key, detail::same_kind(value, r));
-    } else {
-      TORCH_CHECK_TYPE(o.is_tensordict(), "apply: key ", quote_key(key),
-                       " is a TensorDict here but ", detail::kind_name(o),
-                       " in the other TensorDict");
-      out.set(key, value.tensordict().apply(fn, o.tensordict()));
-    }
-  }
-  return out;
-}
-
-TensorDict& TensorDict::update(const TensorDict& other, UpdateOptions options) {
-  std::vector<Entry> stacked;  // a lazy stack's direct entries are read (stacked) first
-  if (other.is_lazy_stack()) {
-    for (const auto& key : detail::lazy::common_keys(other)) {
-      stacked.emplace_back(key, detail::lazy::get(other, key));
-    }
-  }
-  for (const auto& [key, value] : other.is_lazy_stack() ? stacked : other.entries()) {
-    const Value mine = get(key, at::Tensor());
-    const bool have = !mine.is_tensor() || mine.tensor().defined();
-    if (value.is_non_tensor()) {
-      // An equal entry is left alone: no write, so a locked or consolidated TensorDict stays so.
-      const bool same = have && mine.is_non_tensor() && mine.non_tensor() == value.non_tensor();
-      if (!same) set(key, value);
-    } else if (value.is_tensordict()) {
-      if (have && mine.is_tensordict()) {
-        TensorDict(mine.tensordict()).update(value.tensordict(), options);
-      } else {
-        set(key, options.clone ? value.tensordict().clone() : value.tensordict());
-      }
-    } else if (options.inplace && have && mine.is_tensor()) {
-      set_(key, value.tensor());
-    } else {
-      set(key, detail::same_kind(value, options.clone ? value.tensor().clone() : value.tensor()));
-    }
-  }
-  return *this;
-}
-
-TensorDict& TensorDict::zero_() {
-  for (const auto& [key, value] : entries()) {
-    if (value.is_tensor()) {
-      at::Tensor(value.tensor()).zero_();
-    } else if (value.is_tensordict()) {
-      TensorDict(value.tensordict()).zero_();
-    }  // non-tensor entries are left as they are, as by the reference
-  }
-  return *this;
-}
-
-TensorDict& TensorDict::fill_(const NestedKey& key, const at::Scalar& value) {
-  const Value v = get(key);
-  TORCH_CHECK_TYPE(!v.is_non_tensor(), "fill_: key ", key.str(),
-                   " holds a non-tensor entry, which cannot be filled");
-  if (v.is_tensor()) {
-    // set_ writes into the leaf itself, also when get() stacked it from a lazy stack's members.
-    set_(key, at::scalar_tensor(value, v.tensor().options()));
-  } else {
-    // The level's own leaves (a lazy stack's level holds its members' levels).
-    const auto fill_all = [&](const auto& self, const TensorDict& td) -> void {
-      for (const auto& [k, e] : td.entries()) {
-        if (e.is_tensor()) {
-          at::Tensor(e.tensor()).fill_(value);
-        } else if (e.is_tensordict()) {
-          self(self, e.tensordict());
-        }
-      }
-    };
-    fill_all(fill_all, v.tensordict());
-  }
-  return *this;
-}
-
-namespace {
-
-// Two non-tensor entries element by element: a bool tensor of their batch size, as the
-// reference's NonTensorData.__eq__ and NonTensorStack.__eq__ give.
-at::Tensor compare_non_tensors(const NonTensorData& a, const NonTensorData& b, bool eq,
-                               const char* what, const std::string& key) {
-  TORCH_CHECK(a.batch_size() == b.batch_size(), what, ": the non-tensor entry ", quote_key(key),
-              " has batch sizes ", a.batch_size(), " and ", b.batch_size());
-  const auto options =
-      at::TensorOptions().dtype(at::kBool).device(a.device().value_or(at::Device(at::kCPU)));
-  if (!a.is_stack() && !b.is_stack()) return at::full(a.batch_size(), (a.data() == b.data()) == eq, options);
-  const auto ea = detail::non_tensor_elements(a), eb = detail::non_tensor_elements(b);
-  const at::Tensor ia = ea.ids.contiguous(), ib = eb.ids.contiguous();
-  at::Tensor out = at::empty(a.batch_size(), at::kBool);
-  const int64_t* pa = ia.const_data_ptr<int64_t>();
-  const int64_t* pb = ib.const_data_ptr<int64_t>();
-  bool* po = out.data_ptr<bool>();
-  for (int64_t i = 0; i < out.numel(); ++i) {
-    po[i] = (ea.atoms[static_cast<size_t>(pa[i])]->data() == eb.atoms[static_cast<size_t>(pb[i])]->data()) == eq;
-  }
-  return out.to(options.device());
-}
-
-// a == b (or !=) key by key (non-tensor entries by compare_non_tensors).
-TensorDict compare(const TensorDict& a, const TensorDict& b, bool eq, const char* what) {
-  if (a.is_lazy_stack() || b.is_lazy_stack()) {
-    // Slice by slice along the lazy stack's dim, giving a lazy stack.
-    const TensorDict& lazy = a.is_lazy_stack() ? a : b;
-    const int64_t d = detail::stack_dim_of(lazy);
-    TORCH_CHECK_VALUE(a.batch_size() == b.batch_size(), what, ": batch sizes differ, ",
-                      a.batch_size(), " and ", b.batch_size());
-    const auto as = a.unbind(d), bs = b.unbind(d);
-    std::vector<TensorDict> parts;
-    for (size_t i = 0; i < as.size(); ++i) parts.push_back(compare(as[i], bs[i], eq, what));
-    return TensorDictImpl::make_lazy(std::move(parts), d);
-  }
-  check_same_keys(a, b, what);
-  TensorDict out = TensorDictImpl::make(a.batch_size().vec(), a.device());
-  for (const auto& [key, value] : a.entries()) {
-    const Value& o = *TensorDictImpl::of(b).find(key);
-    TORCH_CHECK_TYPE(value.is_tensor() == o.is_tensor() &&
-                         value.is_non_tensor() == o.is_non_tensor(),
-                     what, ": key ", quote_key(key), " is ", detail::kind_name(value),
-                     " in the first TensorDict but ", detail::kind_name(o), " in the second");
-    if (value.is_tensor()) {
-      out.set(key, detail::same_kind(value, eq ? at::eq(value.tensor(), o.tensor())
-                                                : at::ne(value.tensor(), o.tensor())));
-    } else if (value.is_non_tensor()) {
-      out.set(key, compare_non_tensors(value.non_tensor(), o.non_tensor(), eq, what, key));
-    } else {
-      out.set(key, compare(value.tensordict(), o.tensordict(), eq, what));
-    }
-  }
-  return out;
-}
-
-}  // namespace
-
-TensorDict TensorDict::operator==(const TensorDict& other) const {
-  return compare(*this, other, true, "==");
-}
-
-TensorDict TensorDict::operator!=(const TensorDict& other) const {
-  return compare(*this, other, false, "!=");
-}
-
-// Non-tensor entries are left out of a comparison with a scalar (the reference's result for
-// them is an empty TensorDict, which says nothing).
-TensorDict TensorDict::operator==(const at::Scalar& other) const {
-  return map_leaves(*this, [&](const at::Tensor& t) { return at::eq(t, other); }, device(),
-                    NonTensors::kDrop);
-}
-
-TensorDict TensorDict::operator!=(const at::Scalar& other) const {
-  return map_leaves(*this, [&](const at::Tensor& t) { return at::ne(t, other); }, device(),
-                    NonTensors::kDrop);
-}
-
-// all() and any() visit the leaves where they are (a lazy stack's in its members), so that
-// nothing is stacked.
-bool TensorDict::all() const {
-  for (const auto& [key, v] : entries()) {
-    if (v.is_tensor() ? !v.tensor().all().item<bool>()
-                      : v.is_tensordict() && !v.tensordict().all()) {
-      return false;
-    }
-  }
-  return true;
-}
-
-bool TensorDict::any() const {
-  for (const auto& [key, v] : entries()) {
-    if (v.is_tensor() ? v.tensor().any().item<bool>()
-                      : v.is_tensordict() && v.tensordict().any()) {
-      return true;
-    }
-  }
-  return false;
-}
-
-bool TensorDict::allclose(const TensorDict& other, double rtol, double atol, bool equal_nan) const {
-  if (is_lazy_stack() || other.is_lazy_stack()) {
-    if (batch_size() != other.batch_size()) return false;
-    // Slice by slice along a lazy stack's dim, so that heterogeneous members compare too.
-    const int64_t d = detail::stack_dim_of(is_lazy_stack() ? *this : other);
-    const auto mine = unbind(d), theirs = other.unbind(d);
-    for (size_t i = 0; i < mine.size(); ++i) {
-      if (!mine[i].allclose(theirs[i], rtol, atol, equal_nan)) return false;
-    }
-    return true;
-  }
-  // Non-tensor entries must hold equal data at the same keys.
-  const auto non_tensors = [](const TensorDict& td) {
-    std::vector<std::pair<NestedKey, Value>> out;
-    for (auto& [k, v] : td.items({.include_nested = true})) {
-      if (v.is_non_tensor()) out.emplace_back(std::move(k), std::move(v));
-    }
-    return out;
-  };
-  const auto my_nt = non_tensors(*this);
-  const auto their_nt = non_tensors(other);
-  if (my_nt.size() != their_nt.size()) return false;
-  for (const auto& [key, value] : my_nt) {
-    const Value o = other.get(key, at::Tensor());
-    if (!o.is_non_tensor() || !(o.non_tensor().tolist() == value.non_tensor().tolist())) return false;
-  }
-  const auto mine = items({.include_nested = true, .leaves_only = true});
-  const auto theirs = other.items({.include_nested = true, .leaves_only = true});
-  if (mine.size() != theirs.size()) return false;
-  for (const auto& [key, value] : mine) {
-    if (!other.contains(key)) return false;
-    const Value o = other.get(key);
-    if (!o.is_tensor()) return false;
-    const at::Tensor& a = value.tensor();
-    const at::Tensor& b = o.tensor();
-    if (a.sizes() != b.sizes() || a.scalar_type() != b.scalar_type()) return false;
-    if (a.scalar_type() == at::kBool || c10::isIntegralType(a.scalar_type(), false)) {
-      if (!at::equal(a, b)) return false;
-    } else if (!at::allclose(a, b, rtol, atol, equal_nan)) {
-      return false;
-    }
-  }
-  return true;
-}
 
 }  // namespace tensordict
