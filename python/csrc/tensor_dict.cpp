@@ -283,7 +283,7 @@ Reduction reduction_op_from_py(const std::string& op) {
   if (op == "mean") return Reduction::kMean;
   if (op == "std") return Reduction::kStd;
   if (op == "max") return Reduction::kMax;
-  TORCH_CHECK_VALUE(op == "min", "reduce_all: unknown reduction '", op, "'");
+  TORCH_CHECK_VALUE(op == "min", "unknown reduction '", op, "'");
   return Reduction::kMin;
 }
 
@@ -745,11 +745,12 @@ void bind_tensor_dict(py::module_& m) {
            [](const TD& td, const std::string& op, const py::object& dim, bool keepdim,
               std::optional<at::ScalarType> dtype, int64_t correction, bool reduce) -> py::object {
              const auto o = reduction_from_py(dim, keepdim, dtype, correction);
-             if (reduce) return py::cast(td.reduce_all(reduction_op_from_py(op), o));
-             if (op == "sum") return py::cast(td.sum(o));
-             if (op == "mean") return py::cast(td.mean(o));
-             if (op == "std") return py::cast(td.std(o));
-             auto [values, indices] = op == "max" ? td.max(o) : td.min(o);
+             const Reduction r = reduction_op_from_py(op);  // an unknown name is refused
+             if (reduce) return py::cast(td.reduce_all(r, o));
+             if (r == Reduction::kSum) return py::cast(td.sum(o));
+             if (r == Reduction::kMean) return py::cast(td.mean(o));
+             if (r == Reduction::kStd) return py::cast(td.std(o));
+             auto [values, indices] = r == Reduction::kMax ? td.max(o) : td.min(o);
              if (!indices) return py::cast(values);
              return py::make_tuple(values, *indices);
            })

@@ -212,5 +212,6 @@ def test_get_at_of_a_missing_key_names_it():  # the reference returns None there
 
 def test_reduce_of_an_unknown_reduction_is_a_value_error():  # the binding's name -> Reduction
     td = data(ours)
-    with pytest.raises(ValueError, match="reduce_all: unknown reduction 'median'"):
-        td._cpp.reduction("median", None, False, None, 1, True)
+    for reduce in (True, False):
+        with pytest.raises(ValueError, match="unknown reduction 'median'"):
+            td._cpp.reduction("median", None, False, None, 1, reduce)
