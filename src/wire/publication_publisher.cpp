@@ -19,6 +19,11 @@ namespace {
 
 // Waits are cut in slices, so that a closing publisher stops within one.
 constexpr auto kSlice = std::chrono::milliseconds(100);
+// Versions from this size are sent to one subscriber at a time, each for at most its turn (twice
+// the last such send's time, within these bounds) before the next may start alongside.
+constexpr int64_t kBigVersion = int64_t{8} << 20;
+constexpr auto kMinTurn = std::chrono::milliseconds(5);
+constexpr auto kMaxTurn = std::chrono::milliseconds(100);
 
 using Leaves = std::vector<std::pair<std::vector<std::string>, at::Tensor>>;
 
@@ -198,10 +203,33 @@ PublisherCore::Next PublisherCore::answer_request(Subscription& s, Link& link, c
   offer.schema_bytes = reuse ? 0 : static_cast<int64_t>(slot.json->size());
   const at::Tensor schema = reuse ? at::Tensor() : core::bytes_tensor(*slot.json);
   const at::Tensor data = slot.storage.narrow(0, 0, slot.bytes);
+  const bool big = slot.bytes >= kBigVersion;
+  if (big) {
+    // One large version at a time while another is moving: they share the machine's memory
+    // bandwidth, so each subscriber is served sooner one after another, and its copy overlaps
+    // the next one's transfer. A send past its turn (a slow, stopped or dead subscriber) no
+    // longer holds the others back: it delays them once, by a turn at most.
+    const auto turn = std::clamp(2 * big_send_time_, Clock::duration(kMinTurn),
+                                 Clock::duration(kMaxTurn));
+    // Until no send within its turn is left: the end of the latest turn, or a send's end.
+    for (;;) {
+      const auto now = Clock::now();
+      auto until = now;
+      for (const auto& t : big_sends_) until = std::max(until, t + turn);
+      if (until == now || closing_.load()) break;
+      changed_.wait_until(lock, until);
+    }
+    big_sends_.push_back(Clock::now());
+  }
+  const auto mine = big ? std::prev(big_sends_.end()) : big_sends_.end();
   lock.unlock();
 
   const bool taken = answer(s, link, offer, schema, data, next_request);
   lock.lock();
+  if (big) {
+    if (taken) big_send_time_ = Clock::now() - *mine;
+    big_sends_.erase(mine);
+  }
   --slot.pins;
   s.stats.pinned.reset();
   if (taken) {

@@ -87,6 +87,9 @@ class PublisherCore {
   int newest_ = -1;
   int64_t version_ = 0;
   std::list<Subscription> subscriptions_;  // a list: each stays where it is
+  // Large versions being sent (when each started), and how long the last one took.
+  std::list<Clock::time_point> big_sends_;
+  Clock::duration big_send_time_ = std::chrono::milliseconds(25);
   std::atomic<bool> closing_{false};
   std::mutex publish_mutex_;  // one publish copies at a time; guards the last_* fields
   std::optional<Metadata> last_metadata_;
