@@ -435,63 +435,13 @@ void install_fast_getitem(const py::type& cls) {
 
 }  // namespace
 
-void bind_tensor_dict(py::module_& m) {
-  using TD = TensorDict;
-  // The core's non-tensor entry in its three kinds; tensordict_cpp.NonTensorData, MetaData and
-  // NonTensorStack are the Python faces.
-  py::class_<NonTensorData>(m, "NonTensorData")
-      .def(py::init([](py::handle data, const py::object& batch_size,
-                       std::optional<at::Device> device, py::handle key, bool metadata) {
-             return NonTensorData(json_from_py(data, key_from_py(key), "", 0), ints(batch_size),
-                                  device, metadata ? NonTensorKind::kMetaData : NonTensorKind::kData);
-           }),
-           py::arg("data"), py::arg("batch_size"), py::arg("device"), py::arg("key"),
-           py::arg("metadata") = false)
-      .def_static("stack",
-                  [](std::vector<NonTensorData> members, int64_t stack_dim,
-                     std::optional<std::string> stack_dim_name) {
-                    return NonTensorData::stack(std::move(members), stack_dim,
-                                                std::move(stack_dim_name));
-                  },
-                  py::arg("members"), py::arg("stack_dim"), py::arg("stack_dim_name"))
-      .def_static("from_list",
-                  [](py::handle values, std::optional<at::Device> device, py::handle key) {
-                    return NonTensorData::from_list(json_from_py(values, key_from_py(key), "", 0),
-                                                    device);
-                  },
-                  py::arg("values"), py::arg("device"), py::arg("key"))
-      .def_property_readonly("data", [](const NonTensorData& nt) { return json_to_py(nt.data()); })
-      .def_property_readonly("class_name", &NonTensorData::class_name)
-      .def_property_readonly("is_stack", &NonTensorData::is_stack)
-      .def_property_readonly("is_metadata", &NonTensorData::is_metadata)
-      .def_property_readonly("members", &NonTensorData::members)
-      .def_property_readonly("stack_dim", &NonTensorData::stack_dim)
-      .def_property_readonly("stack_dim_name", &NonTensorData::stack_dim_name)
-      .def("tolist", [](const NonTensorData& nt) { return json_to_py(nt.tolist()); })
-      .def("common_data",
-           [](const NonTensorData& nt) -> py::object {
-             auto d = nt.common_data();
-             return d ? json_to_py(*d) : py::object(py::none());
-           })
-      .def("unbind", &NonTensorData::unbind, py::arg("dim"))
-      .def("with_device", &NonTensorData::with_device, py::arg("device"))
-      .def("repr", &NonTensorData::repr)
-      .def("__eq__", [](const NonTensorData& a, const NonTensorData& b) { return a == b; })
-      .def_property_readonly("batch_size",
-                             [](const NonTensorData& nt) { return nt.batch_size().vec(); })
-      .def_property_readonly("device", &NonTensorData::device);
+namespace {
 
-  // `with _C.json_scope():` makes the non-tensor conversions inside share what they convert
-  // (PyJsonScope): the rebuild functions torch.load calls open one.
-  struct JsonScopeBlock {
-    std::unique_ptr<JsonScopeGuard> guard;
-  };
-  py::class_<JsonScopeBlock>(m, "_JsonScope")
-      .def("__enter__", [](JsonScopeBlock& b) { b.guard = std::make_unique<JsonScopeGuard>(); })
-      .def("__exit__", [](JsonScopeBlock& b, py::args) { b.guard.reset(); });
-  m.def("json_scope", [] { return JsonScopeBlock{}; });
-  m.def("_install_getitem", &install_fast_getitem, py::arg("cls"));
-  py::class_<TD>(m, "TensorDict")
+using TD = TensorDict;
+
+// The TensorDict's entries and state: construction, keys, get and set, locking, repr.
+void bind_entries(py::class_<TD>& cls) {
+  cls
       .def(py::init([](const py::list& entries, const py::object& batch_size,
                        std::optional<at::Device> device) {
              // str keys (the common case) take the flat constructor; a tuple key makes nested
@@ -592,6 +542,24 @@ void bind_tensor_dict(py::module_& m) {
       .def("is_locked", &TD::is_locked)
       .def("lock_", [](TD& td) { td.lock_(); })
       .def("unlock_", [](TD& td) { td.unlock_(); })
+      .def("repr",
+           [](const TD& td, bool compact, const std::string& type_name,
+              std::vector<std::string> hidden,
+              std::vector<std::pair<std::string, std::string>> trailing,
+              std::vector<std::pair<std::string, std::string>> nested_names) {
+             return td.repr({.compact = compact, .type_name = type_name, .hidden = std::move(hidden),
+                             .trailing = std::move(trailing),
+                             .nested_names = std::move(nested_names)});
+           },
+           py::arg("compact") = true, py::arg("type_name") = "",
+           py::arg("hidden") = std::vector<std::string>{},
+           py::arg("trailing") = std::vector<std::pair<std::string, std::string>>{},
+           py::arg("nested_names") = std::vector<std::pair<std::string, std::string>>{});
+}
+
+// The batch-shape operations (the core's tensor_dict_shape.cpp).
+void bind_shape(py::class_<TD>& cls) {
+  cls
       .def("index",
            [](const TD& td, const py::tuple& index) {
              std::vector<at::indexing::TensorIndex> idx;
@@ -610,6 +578,18 @@ void bind_tensor_dict(py::module_& m) {
              if (PyLong_Check(sizes.ptr())) return py_list(td.split(sizes.cast<int64_t>(), dim));
              return py_list(td.split(at::IntArrayRef(ints(sizes)), dim));
            })
+      .def("chunk", [](const TD& td, int64_t n, int64_t dim) { return py_list(td.chunk(n, dim)); })
+      .def("flatten", &TD::flatten)
+      .def("unflatten", [](const TD& td, int64_t dim, const py::object& sizes) {
+        return td.unflatten(dim, ints(sizes));
+      })
+      .def("permute", [](const TD& td, const py::object& dims) { return td.permute(ints(dims)); })
+      .def("transpose", &TD::transpose);
+}
+
+// The operations on every leaf (the core's tensor_dict_elementwise.cpp).
+void bind_elementwise(py::class_<TD>& cls) {
+  cls
       .def("clone", &TD::clone)
       .def("to_device", [](const TD& td, at::Device d) { return td.to(d); })
       .def("to_dtype", [](const TD& td, at::ScalarType t) { return td.to(t); })
@@ -637,80 +617,10 @@ void bind_tensor_dict(py::module_& m) {
                  other, {.batch_size = std::move(batch_size)});
            },
            py::arg("fn"), py::arg("other"), py::arg("batch_size") = py::none())
-      .def("update",
-           [](TD& td, const TD& other, bool clone, bool inplace) {
-             td.update(other, {.clone = clone, .inplace = inplace});
-           })
       .def("zero_", [](TD& td) { td.zero_(); })
       .def("fill_", [](TD& td, py::handle key, py::handle v) {
         td.fill_(key_from_py(key), scalar_from_py(v));
       })
-      .def("eq", [](const TD& a, const TD& b) { return a == b; })
-      .def("ne", [](const TD& a, const TD& b) { return a != b; })
-      .def("eq_scalar", [](const TD& a, py::handle b) { return a == scalar_from_py(b); })
-      .def("ne_scalar", [](const TD& a, py::handle b) { return a != scalar_from_py(b); })
-      .def("all", &TD::all)
-      .def("any", &TD::any)
-      .def("allclose", &TD::allclose)
-      .def("repr",
-           [](const TD& td, bool compact, const std::string& type_name,
-              std::vector<std::string> hidden,
-              std::vector<std::pair<std::string, std::string>> trailing,
-              std::vector<std::pair<std::string, std::string>> nested_names) {
-             return td.repr({.compact = compact, .type_name = type_name, .hidden = std::move(hidden),
-                             .trailing = std::move(trailing),
-                             .nested_names = std::move(nested_names)});
-           },
-           py::arg("compact") = true, py::arg("type_name") = "",
-           py::arg("hidden") = std::vector<std::string>{},
-           py::arg("trailing") = std::vector<std::pair<std::string, std::string>>{},
-           py::arg("nested_names") = std::vector<std::pair<std::string, std::string>>{})
-      .def("consolidate",
-           [](const TD& td, std::optional<at::Device> device, bool pin_memory, bool share_memory,
-              int num_threads, std::optional<std::string> filename) {
-             py::gil_scoped_release nogil;  // copies every leaf
-             return consolidate(td, {.device = device,
-                                     .pin_memory = pin_memory,
-                                     .share_memory = share_memory,
-                                     .num_threads = num_threads,
-                                     .filename = std::move(filename)});
-           },
-           py::arg("device"), py::arg("pin_memory"), py::arg("share_memory"),
-           py::arg("num_threads"), py::arg("filename") = py::none())
-      .def("is_consolidated", [](const TD& td) { return is_consolidated(td); })
-      // ---- the reference's everyday methods (docs/api-coverage.md) ----
-      .def("select",
-           [](const TD& td, const py::sequence& keys, bool inplace, bool strict) {
-             return td.select(keys_from_py(keys), {.inplace = inplace, .strict = strict});
-           })
-      .def("exclude", [](const TD& td, const py::sequence& keys, bool inplace) {
-        return td.exclude(keys_from_py(keys), inplace);
-      })
-      .def("flatten_keys", &TD::flatten_keys)
-      .def("unflatten_keys", &TD::unflatten_keys)
-      .def("rename_key_", [](TD& td, py::handle a, py::handle b, bool safe) {
-        td.rename_key_(key_from_py(a), key_from_py(b), safe);
-      })
-      .def("update_", [](TD& td, const TD& other, const py::object& keys) {
-        td.update_(other, keys.is_none() ? std::vector<NestedKey>{} : keys_from_py(keys));
-      })
-      .def("set_at_", [](TD& td, py::handle key, const at::Tensor& v, const py::tuple& index) {
-        td.set_at_(key_from_py(key), v, indices_from_py(index));
-      })
-      .def("get_at", [](const TD& td, py::handle key, const py::tuple& index) {
-        return td.get_at(key_from_py(key), indices_from_py(index));
-      })
-      .def("filter_non_tensor_data", &TD::filter_non_tensor_data)
-      .def("empty", &TD::empty)
-      .def("copy", &TD::copy)
-      .def("copy_", [](TD& td, const TD& src) { td.copy_(src); })
-      .def("chunk", [](const TD& td, int64_t n, int64_t dim) { return py_list(td.chunk(n, dim)); })
-      .def("flatten", &TD::flatten)
-      .def("unflatten", [](const TD& td, int64_t dim, const py::object& sizes) {
-        return td.unflatten(dim, ints(sizes));
-      })
-      .def("permute", [](const TD& td, const py::object& dims) { return td.permute(ints(dims)); })
-      .def("transpose", &TD::transpose)
       .def("apply_",
            [](TD& td, const py::function& fn) {
              td.apply_([&](const at::Tensor& t) {
@@ -741,19 +651,6 @@ void bind_tensor_dict(py::module_& m) {
       .def("detach_", [](TD& td) { td.detach_(); })
       .def("abs", &TD::abs)
       .def("isfinite", &TD::isfinite)
-      .def("reduction",
-           [](const TD& td, const std::string& op, const py::object& dim, bool keepdim,
-              std::optional<at::ScalarType> dtype, int64_t correction, bool reduce) -> py::object {
-             const auto o = reduction_from_py(dim, keepdim, dtype, correction);
-             const Reduction r = reduction_op_from_py(op);  // an unknown name is refused
-             if (reduce) return py::cast(td.reduce_all(r, o));
-             if (r == Reduction::kSum) return py::cast(td.sum(o));
-             if (r == Reduction::kMean) return py::cast(td.mean(o));
-             if (r == Reduction::kStd) return py::cast(td.std(o));
-             auto [values, indices] = r == Reduction::kMax ? td.max(o) : td.min(o);
-             if (!indices) return py::cast(values);
-             return py::make_tuple(values, *indices);
-           })
       .def("add_", [](TD& td, py::handle other, py::handle alpha) {
         const at::Scalar a = alpha.is_none() ? at::Scalar(1) : scalar_from_py(alpha);
         binary(other, [&](const TD& o) { return td.add_(o, a); },
@@ -781,7 +678,85 @@ void bind_tensor_dict(py::module_& m) {
       })
       .def("pin_memory", &TD::pin_memory)
       .def("share_memory_", [](TD& td) { td.share_memory_(); })
-      .def("is_shared", &TD::is_shared)
+      .def("is_shared", &TD::is_shared);
+}
+
+// Reductions and comparisons (the core's tensor_dict_reductions.cpp).
+void bind_reductions(py::class_<TD>& cls) {
+  cls
+      .def("eq", [](const TD& a, const TD& b) { return a == b; })
+      .def("ne", [](const TD& a, const TD& b) { return a != b; })
+      .def("eq_scalar", [](const TD& a, py::handle b) { return a == scalar_from_py(b); })
+      .def("ne_scalar", [](const TD& a, py::handle b) { return a != scalar_from_py(b); })
+      .def("all", &TD::all)
+      .def("any", &TD::any)
+      .def("allclose", &TD::allclose)
+      .def("reduction",
+           [](const TD& td, const std::string& op, const py::object& dim, bool keepdim,
+              std::optional<at::ScalarType> dtype, int64_t correction, bool reduce) -> py::object {
+             const auto o = reduction_from_py(dim, keepdim, dtype, correction);
+             const Reduction r = reduction_op_from_py(op);  // an unknown name is refused
+             if (reduce) return py::cast(td.reduce_all(r, o));
+             if (r == Reduction::kSum) return py::cast(td.sum(o));
+             if (r == Reduction::kMean) return py::cast(td.mean(o));
+             if (r == Reduction::kStd) return py::cast(td.std(o));
+             auto [values, indices] = r == Reduction::kMax ? td.max(o) : td.min(o);
+             if (!indices) return py::cast(values);
+             return py::make_tuple(values, *indices);
+           });
+}
+
+// Operations on the keys and levels (the core's tensor_dict_structure.cpp).
+void bind_structure(py::class_<TD>& cls) {
+  cls
+      .def("update",
+           [](TD& td, const TD& other, bool clone, bool inplace) {
+             td.update(other, {.clone = clone, .inplace = inplace});
+           })
+      // ---- the reference's everyday methods (docs/api-coverage.md) ----
+      .def("select",
+           [](const TD& td, const py::sequence& keys, bool inplace, bool strict) {
+             return td.select(keys_from_py(keys), {.inplace = inplace, .strict = strict});
+           })
+      .def("exclude", [](const TD& td, const py::sequence& keys, bool inplace) {
+        return td.exclude(keys_from_py(keys), inplace);
+      })
+      .def("flatten_keys", &TD::flatten_keys)
+      .def("unflatten_keys", &TD::unflatten_keys)
+      .def("rename_key_", [](TD& td, py::handle a, py::handle b, bool safe) {
+        td.rename_key_(key_from_py(a), key_from_py(b), safe);
+      })
+      .def("update_", [](TD& td, const TD& other, const py::object& keys) {
+        td.update_(other, keys.is_none() ? std::vector<NestedKey>{} : keys_from_py(keys));
+      })
+      .def("set_at_", [](TD& td, py::handle key, const at::Tensor& v, const py::tuple& index) {
+        td.set_at_(key_from_py(key), v, indices_from_py(index));
+      })
+      .def("get_at", [](const TD& td, py::handle key, const py::tuple& index) {
+        return td.get_at(key_from_py(key), indices_from_py(index));
+      })
+      .def("filter_non_tensor_data", &TD::filter_non_tensor_data)
+      .def("empty", &TD::empty)
+      .def("copy", &TD::copy)
+      .def("copy_", [](TD& td, const TD& src) { td.copy_(src); });
+}
+
+// The consolidated storage and its metadata.
+void bind_consolidation(py::class_<TD>& cls) {
+  cls
+      .def("consolidate",
+           [](const TD& td, std::optional<at::Device> device, bool pin_memory, bool share_memory,
+              int num_threads, std::optional<std::string> filename) {
+             py::gil_scoped_release nogil;  // copies every leaf
+             return consolidate(td, {.device = device,
+                                     .pin_memory = pin_memory,
+                                     .share_memory = share_memory,
+                                     .num_threads = num_threads,
+                                     .filename = std::move(filename)});
+           },
+           py::arg("device"), py::arg("pin_memory"), py::arg("share_memory"),
+           py::arg("num_threads"), py::arg("filename") = py::none())
+      .def("is_consolidated", [](const TD& td) { return is_consolidated(td); })
       .def("consolidated_storage", [](const TD& td) { return consolidated_storage(td); })
       // The metadata as the reference's json.dumps(td._consolidated["metadata"]) writes it.
       .def("consolidated_metadata_json",
@@ -789,20 +764,56 @@ void bind_tensor_dict(py::module_& m) {
              return metadata_to_json(*consolidated_metadata(td), sort_keys);
            },
            py::arg("sort_keys") = false);
+}
 
-  // Unpickling a consolidated TensorDict: the metadata is validated against the storage.
-  m.def("rebuild_consolidated", [](const std::string& json, const at::Tensor& storage) {
-    return rebuild(metadata_from_json(json), storage);
-  });
-  m.def("stack", [](const std::vector<TD>& tds, int64_t dim) { return stack(tds, dim); });
-  m.def("maybe_dense_stack",
-        [](const std::vector<TD>& tds, int64_t dim) { return maybe_dense_stack(tds, dim); });
-  m.def("from_consolidated",
-        [](const std::string& filename) {
-          py::gil_scoped_release nogil;
-          return from_consolidated(filename);
-        },
-        py::arg("filename"));
+
+void bind_non_tensor(py::module_& m) {
+  // The core's non-tensor entry in its three kinds; tensordict_cpp.NonTensorData, MetaData and
+  // NonTensorStack are the Python faces.
+  py::class_<NonTensorData>(m, "NonTensorData")
+      .def(py::init([](py::handle data, const py::object& batch_size,
+                       std::optional<at::Device> device, py::handle key, bool metadata) {
+             return NonTensorData(json_from_py(data, key_from_py(key), "", 0), ints(batch_size),
+                                  device, metadata ? NonTensorKind::kMetaData : NonTensorKind::kData);
+           }),
+           py::arg("data"), py::arg("batch_size"), py::arg("device"), py::arg("key"),
+           py::arg("metadata") = false)
+      .def_static("stack",
+                  [](std::vector<NonTensorData> members, int64_t stack_dim,
+                     std::optional<std::string> stack_dim_name) {
+                    return NonTensorData::stack(std::move(members), stack_dim,
+                                                std::move(stack_dim_name));
+                  },
+                  py::arg("members"), py::arg("stack_dim"), py::arg("stack_dim_name"))
+      .def_static("from_list",
+                  [](py::handle values, std::optional<at::Device> device, py::handle key) {
+                    return NonTensorData::from_list(json_from_py(values, key_from_py(key), "", 0),
+                                                    device);
+                  },
+                  py::arg("values"), py::arg("device"), py::arg("key"))
+      .def_property_readonly("data", [](const NonTensorData& nt) { return json_to_py(nt.data()); })
+      .def_property_readonly("class_name", &NonTensorData::class_name)
+      .def_property_readonly("is_stack", &NonTensorData::is_stack)
+      .def_property_readonly("is_metadata", &NonTensorData::is_metadata)
+      .def_property_readonly("members", &NonTensorData::members)
+      .def_property_readonly("stack_dim", &NonTensorData::stack_dim)
+      .def_property_readonly("stack_dim_name", &NonTensorData::stack_dim_name)
+      .def("tolist", [](const NonTensorData& nt) { return json_to_py(nt.tolist()); })
+      .def("common_data",
+           [](const NonTensorData& nt) -> py::object {
+             auto d = nt.common_data();
+             return d ? json_to_py(*d) : py::object(py::none());
+           })
+      .def("unbind", &NonTensorData::unbind, py::arg("dim"))
+      .def("with_device", &NonTensorData::with_device, py::arg("device"))
+      .def("repr", &NonTensorData::repr)
+      .def("__eq__", [](const NonTensorData& a, const NonTensorData& b) { return a == b; })
+      .def_property_readonly("batch_size",
+                             [](const NonTensorData& nt) { return nt.batch_size().vec(); })
+      .def_property_readonly("device", &NonTensorData::device);
+}
+
+void bind_sub_tensor_dict(py::module_& m) {
   // The reference's _SubTensorDict as a receiver: the parent's rows at `index`.
   py::class_<SubTensorDict>(m, "SubTensorDict")
       .def(py::init([](const TD& parent, const py::tuple& index) {
@@ -822,6 +833,45 @@ void bind_tensor_dict(py::module_& m) {
       })
       .def("update_", &SubTensorDict::update_)
       .def("to_tensordict", &SubTensorDict::to_tensordict);
+}
+
+}  // namespace
+
+void bind_tensor_dict(py::module_& m) {
+  bind_non_tensor(m);
+
+  // `with _C.json_scope():` makes the non-tensor conversions inside share what they convert
+  // (PyJsonScope): the rebuild functions torch.load calls open one.
+  struct JsonScopeBlock {
+    std::unique_ptr<JsonScopeGuard> guard;
+  };
+  py::class_<JsonScopeBlock>(m, "_JsonScope")
+      .def("__enter__", [](JsonScopeBlock& b) { b.guard = std::make_unique<JsonScopeGuard>(); })
+      .def("__exit__", [](JsonScopeBlock& b, py::args) { b.guard.reset(); });
+  m.def("json_scope", [] { return JsonScopeBlock{}; });
+  m.def("_install_getitem", &install_fast_getitem, py::arg("cls"));
+  py::class_<TD> cls(m, "TensorDict");
+  bind_entries(cls);
+  bind_shape(cls);
+  bind_elementwise(cls);
+  bind_reductions(cls);
+  bind_structure(cls);
+  bind_consolidation(cls);
+
+  // Unpickling a consolidated TensorDict: the metadata is validated against the storage.
+  m.def("rebuild_consolidated", [](const std::string& json, const at::Tensor& storage) {
+    return rebuild(metadata_from_json(json), storage);
+  });
+  m.def("stack", [](const std::vector<TD>& tds, int64_t dim) { return stack(tds, dim); });
+  m.def("maybe_dense_stack",
+        [](const std::vector<TD>& tds, int64_t dim) { return maybe_dense_stack(tds, dim); });
+  m.def("from_consolidated",
+        [](const std::string& filename) {
+          py::gil_scoped_release nogil;
+          return from_consolidated(filename);
+        },
+        py::arg("filename"));
+  bind_sub_tensor_dict(m);
   m.def("cat", [](const std::vector<TD>& tds, int64_t dim) { return cat(tds, dim); });
   m.def("lazy_stack", [](const std::vector<TD>& tds, int64_t dim, std::optional<std::string> name) {
     return TD(LazyStackedTensorDict(tds, dim, std::move(name)));
