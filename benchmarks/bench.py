@@ -584,7 +584,8 @@ def transfer_table(rows: list[dict]) -> str:
              "floor.py_raw_one": "one send, Py", "floor.py_raw_n": "N messages, Py",
              "floor.allreduce_one": "one all_reduce", "floor.allreduce_n": "N all_reduces",
              "floor.py_allreduce_one": "one all_reduce, Py",
-             "floor.py_allreduce_n": "N all_reduces, Py"}
+             "floor.py_allreduce_n": "N all_reduces, Py",
+             "floor.py_init_remote": "init_remote floor, Py"}
     out = ["| case | arm | median µs | p25 µs | reps | × floor | × faster than reference | data |",
            "|---|---|--:|--:|--:|--:|--:|---|"]
     for r in rows:

@@ -409,8 +409,9 @@ void PipeImpl::say_goodbye(Link& e) noexcept {
   if (!send_lk.owns_lock()) return;
   // The reference reads any flag byte but 0x00 as the same-schema flag: no marker for it.
   if (e.peer_info().ours && at_message_boundary_) {
-    try {
-      send_frame(e, writer_.close_marker());
+    try {  // not a transfer's message: the counters leave it out
+      const OutFrame f = writer_.close_marker();
+      e.send(f.data, f.n, f.owner, f.what, options_.timeout);
     } catch (...) {
       return;  // the peer is gone already
     }

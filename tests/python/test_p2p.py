@@ -292,6 +292,9 @@ def non_member_ranks(rank, world_size):
             td.send(dst=0, group=group)
         with pytest.raises(ValueError, match="not a member of the group"):
             td.all_reduce(group=group)
+    # Nobody leaves before the others are past new_group: a rank that exits while a peer is
+    # still connecting its pairs fails that peer's connectFullMesh.
+    dist.barrier()
 
 
 def test_a_non_member_s_group_handle_is_refused():
