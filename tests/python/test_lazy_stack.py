@@ -167,7 +167,7 @@ def test_reference_lazy_stacks_convert_without_copies():
     assert isinstance(o["s"], ours.LazyStackedTensorDict)
     o["s"].tensordicts[1]["n", "y"].fill_(-1)  # lands in the reference's tensor
     assert r["s"].tensordicts[1]["n", "y"].eq(-1).all()
-    back = o.to_tensordict()
+    back = o.to_reference()
     assert type(back["s"]) is ref.LazyStackedTensorDict
     assert back["s"].tensordicts[0]["x"].data_ptr() == r["s"].tensordicts[0]["x"].data_ptr()
     root = ours.TensorDict(ref.lazy_stack(list(members(ref)), 1))

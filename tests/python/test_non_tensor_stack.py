@@ -187,13 +187,13 @@ def test_the_reference_converts_both_ways_without_copies():
     ours = TensorDict(ref)
     assert type(ours.get("text")) is NonTensorStack and ours["text"] == ["a", "b"]
     assert ours["a"].data_ptr() == ref["a"].data_ptr()
-    back = ours.to_tensordict()
+    back = ours.to_reference()
     assert type(back.get("text")).__name__ == "NonTensorStack"
     assert unwrap(back["text"]) == ["a", "b"]
     meta_ref = MetaData("c", batch_size=[2])
     ours["cfg"] = meta_ref
-    assert type(ours.to_tensordict().get("cfg")).__name__ == "MetaData"
-    assert type(TensorDict(ours.to_tensordict()).get("cfg")) is MetaData
+    assert type(ours.to_reference().get("cfg")).__name__ == "MetaData"
+    assert type(TensorDict(ours.to_reference()).get("cfg")) is MetaData
 
 
 def test_memmap_round_trips_with_the_reference(tmp_path):

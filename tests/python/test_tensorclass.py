@@ -233,7 +233,7 @@ def test_from_tensordict_to_tensordict():
     with pytest.raises(TypeError, match="expected a tensordict_cpp.TensorDict"):
         Sample.from_tensordict({"obs": torch.zeros(3, 4)})
     # A reference TensorDict is taken without a copy: writes land in its tensors.
-    ref_td = sample(3).to_tensordict().to_tensordict()
+    ref_td = sample(3).to_tensordict().to_reference()
     from_ref = Sample.from_tensordict(ref_td)
     assert type(from_ref) is Sample and type(from_ref.pose) is Pose
     from_ref.obs.fill_(9)

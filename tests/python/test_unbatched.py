@@ -59,7 +59,7 @@ def test_repr_and_conversion_as_the_reference():
     ref, ours = make(tensordict), make(tensordict_cpp)
     assert repr(ours) == repr(ref)
     assert type(tensordict_cpp.TensorDict(ref)["u"]) is tensordict_cpp.UnbatchedTensor
-    back = ours.to_tensordict()  # the reference object, sharing the leaves
+    back = ours.to_reference()  # the reference object, sharing the leaves
     assert type(back["u"]) is tensordict.UnbatchedTensor
     assert back["u"].data_ptr() == ours["u"].data_ptr()  # zero-copy both ways
     assert tensordict_cpp.TensorDict(ref)["u"].data_ptr() == ref["u"].data_ptr()
