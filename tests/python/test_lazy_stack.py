@@ -18,6 +18,7 @@ import torch.distributed as dist  # noqa: E402
 
 import tensordict_cpp as ours  # noqa: E402
 from tensordict_cpp.distributed import run  # noqa: E402
+from reference_peer import REFERENCES, on_reference  # noqa: E402
 
 RUN = dict(timeout=150, group_timeout=20)
 
@@ -287,8 +288,9 @@ def interop(rank, world_size):
     dist.barrier()
 
 
-def test_every_transfer_interoperates_with_the_reference():
-    run(interop, world_size=3, **RUN)
+@pytest.mark.parametrize("reference", REFERENCES)
+def test_every_transfer_interoperates_with_the_reference(reference):
+    run(on_reference(reference, interop), world_size=3, **RUN)
 
 
 def test_the_pipe_carries_lazy_stacks():

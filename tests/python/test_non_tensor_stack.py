@@ -11,6 +11,7 @@ import torch
 import torch.distributed as dist
 
 from conftest import built
+from reference_peer import REFERENCES, on_reference
 from tensordict_cpp import MetaData, NonTensorData, NonTensorStack, TensorDict
 from tensordict_cpp import stack as our_stack
 
@@ -285,10 +286,11 @@ def interop(rank, world_size):
     dist.barrier()
 
 
-def test_every_transfer_with_the_reference_on_the_other_rank():
+@pytest.mark.parametrize("reference", REFERENCES)
+def test_every_transfer_with_the_reference_on_the_other_rank(reference):
     from tensordict_cpp.distributed import run
 
-    run(interop, world_size=3, timeout=150, group_timeout=20)
+    run(on_reference(reference, interop), world_size=3, timeout=150, group_timeout=20)
 
 
 def gather(rank, world_size):

@@ -4,6 +4,7 @@ import pytest
 import tensordict
 import torch
 
+from reference_peer import REFERENCES, on_reference
 import tensordict_cpp
 from tensordict_cpp import NonTensorData, TensorDict
 from tensordict_cpp.distributed import run
@@ -105,8 +106,9 @@ def exchange(rank, world_size):
     torch.distributed.barrier()
 
 
-def test_reference_objects_go_straight_to_our_transfers():
-    run(exchange, world_size=2, timeout=120, group_timeout=20)
+@pytest.mark.parametrize("reference", REFERENCES)
+def test_reference_objects_go_straight_to_our_transfers(reference):
+    run(on_reference(reference, exchange), world_size=2, timeout=120, group_timeout=20)
 
 
 def gather(rank, world_size):

@@ -17,6 +17,7 @@ import torch
 import torch.distributed as dist
 
 import tensordict
+from reference_peer import REFERENCES, on_reference
 from tensordict_cpp import set_printoptions as tdc_set_printoptions
 from tensordict_cpp import TensorDict, TensorDictPipe, is_tensorclass, tensorclass
 from tensordict_cpp.distributed import run
@@ -734,8 +735,9 @@ def interop_transfers(rank, world_size):
     dist.barrier()
 
 
-def test_interop_transfers_with_the_reference():
-    run(interop_transfers, world_size=2, **RUN)
+@pytest.mark.parametrize("reference", REFERENCES)
+def test_interop_transfers_with_the_reference(reference):
+    run(on_reference(reference, interop_transfers), world_size=2, **RUN)
 
 
 def interop_nested_tensorclass(rank, world_size):

@@ -6,6 +6,7 @@ import tensordict
 import torch
 import torch.distributed as dist
 
+from reference_peer import REFERENCES, on_reference
 import tensordict_cpp
 
 
@@ -92,7 +93,8 @@ def transfers(rank, world_size):
     dist.barrier()
 
 
-def test_per_leaf_transfers_with_the_reference_on_the_other_rank():
+@pytest.mark.parametrize("reference", REFERENCES)
+def test_per_leaf_transfers_with_the_reference_on_the_other_rank(reference):
     from tensordict_cpp.distributed import run
 
-    run(transfers, world_size=2, timeout=120, group_timeout=20)
+    run(on_reference(reference, transfers), world_size=2, timeout=120, group_timeout=20)
