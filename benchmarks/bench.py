@@ -617,8 +617,8 @@ def conversion_micro(quick: bool) -> list[tuple[str, float, float | None, str]]:
         out.append((f"TensorDict(reference TensorDict), 1000 leaves, {shape}",
                     time_python(lambda: tensordict_cpp.TensorDict(ref), quick), baseline,
                     "tensordict.TensorDict(dict of the leaves)"))
-        out.append((f"to_tensordict(), 1000 leaves, {shape}",
-                    time_python(ours.to_tensordict, quick), baseline,
+        out.append((f"to_reference(), 1000 leaves, {shape}",
+                    time_python(ours.to_reference, quick), baseline,
                     "tensordict.TensorDict(dict of the leaves)"))
     return out
 

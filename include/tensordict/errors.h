@@ -62,6 +62,15 @@ class NoPublisherError : public c10::Error {
   using c10::Error::Error;
 };
 
+/// A value whose leading dims do not start with the batch size of the level it is set in (a
+/// tensor's shape, a nested level's or a non-tensor entry's batch size), or a batch size that an
+/// entry's leading dims do not start with. A c10::ValueError, as it was thrown before; Python:
+/// BatchSizeError, a RuntimeError as the reference raises it, and a ValueError.
+class BatchSizeError : public c10::ValueError {
+ public:
+  using c10::ValueError::ValueError;
+};
+
 /// Bytes from a peer that break the wire format (docs/wire-format.md): bad metadata, lengths,
 /// offsets, dtypes, pickles or frames. Python: MalformedPeerDataError, a ValueError.
 class MalformedPeerDataError : public c10::ValueError {
@@ -93,5 +102,7 @@ template <class E>
 /// Like TORCH_CHECK, but throws tensordict::MalformedPeerDataError: a fault in a peer's bytes.
 #define TD_CHECK_PEER(cond, ...) TD_CHECK_AS(MalformedPeerDataError, cond, __VA_ARGS__)
 
+/// Like TORCH_CHECK, but throws tensordict::BatchSizeError.
+#define TD_CHECK_BATCH(cond, ...) TD_CHECK_AS(BatchSizeError, cond, __VA_ARGS__)
 /// Like TORCH_CHECK, but throws tensordict::KeyError.
 #define TD_CHECK_KEY(cond, ...) TD_CHECK_AS(KeyError, cond, __VA_ARGS__)

@@ -274,17 +274,17 @@ Value tc_entry(const TensorClass<D>& /*tc: names D*/, std::string_view field, T 
   if constexpr (kind == TcKind::kTensor) {
     TORCH_CHECK_VALUE(value.defined(), D::type_name(), ": field ", quote_key(field),
                       " is an undefined tensor");
-    TORCH_CHECK_VALUE(tc_starts_with(value.sizes(), batch_size), D::type_name(), ": field ",
-                      quote_key(field), " has shape ", value.sizes(),
-                      ", which does not start with the batch size ", batch_size);
+    TD_CHECK_BATCH(tc_starts_with(value.sizes(), batch_size), D::type_name(), ": field ",
+                   quote_key(field), " has shape ", value.sizes(),
+                   ", which does not start with the batch size ", batch_size);
     return Value(std::move(value));
   } else if constexpr (kind == TcKind::kNonTensor) {
     return Value(NonTensorData(JsonValue(std::move(value)), batch_size.vec(), device));
   } else if constexpr (kind == TcKind::kNested) {
-    TORCH_CHECK_VALUE(tc_starts_with(value.batch_size(), batch_size), D::type_name(),
-                      ": field ", quote_key(field), " (", T::type_name(), ") has batch size ",
-                      value.batch_size(), ", which does not start with the batch size ",
-                      batch_size);
+    TD_CHECK_BATCH(tc_starts_with(value.batch_size(), batch_size), D::type_name(),
+                   ": field ", quote_key(field), " (", T::type_name(), ") has batch size ",
+                   value.batch_size(), ", which does not start with the batch size ",
+                   batch_size);
     return Value(value.td());
   } else {
     TORCH_INTERNAL_ASSERT(false, "unsupported tensorclass field type");

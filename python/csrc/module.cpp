@@ -23,7 +23,7 @@ PyObject* torch_exception(const char* name) {
 // ends, after static destructors would have released them.
 struct ErrorClasses {
   py::object timeout, peer_lost, pipe_closed, peer_closed, schema_mismatch, malformed_peer_data,
-      no_publisher;
+      no_publisher, batch_size;
 };
 const ErrorClasses* error_classes = nullptr;
 
@@ -32,7 +32,7 @@ void load_error_classes() {
   error_classes = new ErrorClasses{m.attr("TimeoutError"),        m.attr("PeerLostError"),
                                    m.attr("PipeClosedError"),     m.attr("PeerClosedError"),
                                    m.attr("SchemaMismatchError"), m.attr("MalformedPeerDataError"),
-                                   m.attr("NoPublisherError")};
+                                   m.attr("NoPublisherError"),    m.attr("BatchSizeError")};
 }
 
 void set_error(const py::object& cls, const c10::Error& e) {
@@ -57,6 +57,8 @@ void translate(std::exception_ptr p) {
     set_error(error_classes->malformed_peer_data, e);
   } catch (const NoPublisherError& e) {
     set_error(error_classes->no_publisher, e);
+  } catch (const BatchSizeError& e) {
+    set_error(error_classes->batch_size, e);
   } catch (const KeyError& e) {
     // KeyError's str() quotes its argument; the message is the whole argument, as the
     // reference raises it.
@@ -92,6 +94,7 @@ void raise_for_test(const std::string& kind, const std::string& msg) {
   if (kind == "SchemaMismatchError") TD_THROW(SchemaMismatchError, msg);
   if (kind == "MalformedPeerDataError") TD_THROW(MalformedPeerDataError, msg);
   if (kind == "NoPublisherError") TD_THROW(NoPublisherError, msg);
+  if (kind == "BatchSizeError") TD_THROW(BatchSizeError, msg);
   if (kind == "ValueError") TORCH_CHECK_VALUE(false, msg);
   if (kind == "TypeError") TORCH_CHECK_TYPE(false, msg);
   if (kind == "IndexError") TORCH_CHECK_INDEX(false, msg);

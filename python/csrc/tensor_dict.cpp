@@ -325,6 +325,13 @@ Value value_from_py(py::handle value) {
   if (THPVariable_Check(value.ptr())) {
     // Ours or the reference's UnbatchedTensor: both classes say _pass_through.
     if (py::getattr(py::type::of(value), "_pass_through", py::bool_(false)).cast<bool>()) {
+      // The reference's is, on torch 2.14, a wrapper subclass whose own TensorImpl has no
+      // storage: its values are _base_tensor() (a plain tensor over them, on any torch). Ours
+      // holds its values itself.
+      if (py::hasattr(value, "_base_tensor")) {
+        const py::object base = value.attr("_base_tensor")();
+        return Value::unbatched(THPVariable_Unpack(base.ptr()));
+      }
       return Value::unbatched(THPVariable_Unpack(value.ptr()));
     }
     return Value(THPVariable_Unpack(value.ptr()));

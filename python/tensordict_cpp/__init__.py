@@ -25,7 +25,7 @@ from tensordict_cpp import _C
 from tensordict_cpp.memmap import MemoryMappedTensor
 from tensordict_cpp.observability import (log_level, reset_transfer_stats, set_log_level,
                                           transfer_stats)
-from tensordict_cpp._non_tensor import MetaData, NonTensorStack
+from tensordict_cpp._non_tensor import LinkedList, MetaData, NonTensorStack
 from tensordict_cpp._unbatched import UnbatchedTensor
 from tensordict_cpp._td import (LazyStackedTensorDict, NonTensorData, TensorDict, all_gather,
                                 all_reduce, broadcast, cat, consolidate, gather_and_stack,
@@ -41,6 +41,7 @@ if _C.has_distributed or hasattr(_C, "PipePublisher"):
     from tensordict_cpp.publication import Publisher, Subscriber
 
 __all__ = ["TensorDict", "LazyStackedTensorDict", "NonTensorData", "MetaData", "NonTensorStack",
+           "LinkedList",
            "UnbatchedTensor", "TensorDictParams", "MemoryMappedTensor", "stack",
            "maybe_dense_stack", "from_consolidated",
            "cat", "lazy_stack", "TensorDictPipe", "TensorDictServer", "tensorclass",

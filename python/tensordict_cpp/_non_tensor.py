@@ -9,6 +9,7 @@ import numbers
 from typing import Any
 
 import torch
+import torch.utils._pytree as _pytree
 
 from tensordict_cpp import _C
 
@@ -170,7 +171,8 @@ class NonTensorStack:
     :func:`~tensordict_cpp.stack`, or a lazy stack's read of the key), by assigning a list that
     is not numeric to a key (``td["text"] = ["a", "b", "c"]``), or with
     ``NonTensorStack("a", "b")`` / :meth:`from_list`. ``td["text"]`` returns its values as a
-    (nested) list, ``td.get("text")`` the stack itself; indexing a TensorDict indexes its
+    :class:`LinkedList` (a nested list that writes item assignments back), ``td.get("text")``
+    the stack itself; indexing a TensorDict indexes its
     stacks, so ``td[1]["text"]`` is the second value. Per-leaf transfers skip it, as the
     reference does; consolidate(), init_remote, the collectives and the pipe (both modes) carry
     it in the reference's format, so either side may be the reference.
@@ -298,6 +300,169 @@ class NonTensorStack:
 
     def __repr__(self) -> str:
         return self._cpp.repr()
+
+
+class LinkedList(list):
+    """The values of a :class:`NonTensorStack` entry as ``td[key]`` returns them: a ``list``
+    (nested once per batch dim) whose item assignments write back into the TensorDict, as the
+    reference's ``tensordict.utils.LinkedList``.
+
+    ``values[i] = v`` (or a slice of the same length) replaces element ``i`` of the stack at
+    ``key`` of the TensorDict it was read from, keeping that element's kind (a MetaData stays
+    one); a list element of a stack with two or more batch dims is itself a LinkedList bound to
+    its row. If the write fails (a value of the wrong batch size, data that is not JSON-like, a
+    locked TensorDict), the list is left as it was and the error is raised. The methods that
+    change the length (``append``, ``extend``, ``insert``, ``pop``, ``remove``, ``clear``,
+    ``del``, ``+=``, ``*=``) change the list only and unlink it, as the reference's do.
+    :meth:`tolist` returns plain nested lists. A LinkedList compares equal to a list with the
+    same items, and pickles (or copies) as an unlinked one. ``LinkedList(iterable)`` is unlinked.
+
+    The reference writes into the stack object itself; ours writes a new stack into the entry
+    (the values are immutable), so the entry the list writes to is the one at ``key`` when it
+    writes. A lazy stack's entry reads as an unlinked list: it is assembled from the members,
+    and the reference's writes do not reach them either.
+    """
+
+    def __init__(self, *args: Any) -> None:
+        super().__init__(*args)
+        self._link = None  # (the _C.TensorDict the entry is in, its key, the row's index path)
+
+    @classmethod
+    def _linked(cls, values: list, td: Any, key: Any, path: tuple = (),
+                depth: int = 1) -> "LinkedList":
+        out = cls(values if depth <= 1 else
+                  [cls._linked(v, td, key, path + (i,), depth - 1) for i, v in enumerate(values)])
+        out._link = None if td is None else (td, key, path)
+        return out
+
+    def __setitem__(self, index: Any, value: Any) -> None:
+        link = self._link
+        if link is None:
+            super().__setitem__(index, value)
+            return
+        is_slice = isinstance(index, slice)
+        old = list(self) if is_slice else list.__getitem__(self, index)
+        super().__setitem__(index, value)
+        try:
+            td, key, path = link
+            entry = td.get(key)
+            if not isinstance(entry, _C.NonTensorData) or not entry.is_stack:
+                raise RuntimeError(f"the entry {key!r} this list was read from is no longer a "
+                                   f"NonTensorStack")
+            td.set(key, _replace_element(entry, path, index, value, key))
+        except Exception:
+            super().__setitem__(slice(None) if is_slice else index, old)
+            raise
+
+    def tolist(self) -> list:
+        """A plain ``list`` copy of the items (nested LinkedLists as nested lists), not linked."""
+        return [item.tolist() if isinstance(item, LinkedList) else item for item in self]
+
+    def _unlink(self) -> None:
+        self._link = None
+
+    def append(self, object: Any) -> None:  # noqa: A002 - list's names
+        self._unlink()
+        super().append(object)
+
+    def extend(self, iterable: Any) -> None:
+        self._unlink()
+        super().extend(iterable)
+
+    def insert(self, index: Any, object: Any) -> None:  # noqa: A002
+        self._unlink()
+        super().insert(index, object)
+
+    def pop(self, index: Any = -1) -> Any:
+        self._unlink()
+        return super().pop(index)
+
+    def remove(self, value: Any) -> None:
+        self._unlink()
+        super().remove(value)
+
+    def clear(self) -> None:
+        self._unlink()
+        super().clear()
+
+    def __delitem__(self, index: Any) -> None:
+        self._unlink()
+        super().__delitem__(index)
+
+    def __iadd__(self, other: Any) -> "LinkedList":
+        self._unlink()
+        return super().__iadd__(other)
+
+    def __imul__(self, other: Any) -> "LinkedList":
+        self._unlink()
+        return super().__imul__(other)
+
+    def __repr__(self) -> str:
+        return f"LinkedList({super().__repr__()})"
+
+    def __eq__(self, other: Any) -> bool:
+        return list(self) == other
+
+    def __ne__(self, other: Any) -> bool:
+        return list(self) != other
+
+    __hash__ = None  # type: ignore[assignment]
+
+    def __reduce__(self) -> tuple:
+        return type(self), (list(self),)  # unlinked: a TensorDict handle does not pickle
+
+    def __copy__(self) -> "LinkedList":
+        return type(self)(self)
+
+
+# A list to torch's pytree functions (torch.compile, vmap), as the reference registers its own.
+_pytree.register_pytree_node(
+    LinkedList, _pytree._list_flatten, _pytree._list_unflatten,
+    serialized_type_name="tensordict_cpp.LinkedList",
+    flatten_with_keys_fn=_pytree._list_flatten_with_keys)
+
+
+def linked_values(entry: _C.NonTensorData, td: Any, key: Any) -> "LinkedList":
+    """``td[key]`` for the stack ``entry`` at ``key`` of the _C.TensorDict ``td``: its values
+    as a LinkedList writing back there (unlinked when ``td`` is None)."""
+    return LinkedList._linked(entry.tolist(), td, key, (), len(entry.batch_size))
+
+
+def _replace_element(entry: _C.NonTensorData, path: tuple, index: Any, value: Any,
+                     key: Any) -> _C.NonTensorData:
+    """``entry`` (a stack) with the element(s) at ``index`` of its row ``path`` (indices along
+    its leading batch dims) replaced by ``value``; each keeps its batch size and kind."""
+    parts = list(entry.unbind(0))  # the members when the stack dim is 0
+    if path:
+        parts[path[0]] = _replace_element(parts[path[0]], path[1:], index, value, key)
+    elif isinstance(index, slice):
+        positions = range(*index.indices(len(parts)))
+        values = list(value)
+        if len(values) != len(positions):
+            raise RuntimeError(f"key {key!r}: {len(values)} values for {len(positions)} elements "
+                               f"of the NonTensorStack: an assignment cannot change its length")
+        for i, v in zip(positions, values):
+            parts[i] = _element_like(parts[i], v, key)
+    else:
+        parts[index] = _element_like(parts[index], value, key)
+    # A stack along another dim comes back stacked along dim 0: the same values.
+    name = entry.stack_dim_name if entry.stack_dim == 0 else None
+    return _C.NonTensorData.stack(parts, 0, name)
+
+
+def _element_like(old: _C.NonTensorData, value: Any, key: Any) -> _C.NonTensorData:
+    """``value`` as an element in the place of ``old``: its batch size, device and kind. A list
+    is a stack of its items, as in ``td[key] = [...]``: it must have ``old``'s batch size."""
+    if is_non_tensor(value):
+        new = to_cpp(value, key)
+    elif isinstance(value, list):
+        new = _C.NonTensorData.from_list(value, old.device, key)
+    else:
+        return _C.NonTensorData(value, list(old.batch_size), old.device, key, old.is_metadata)
+    if list(new.batch_size) != list(old.batch_size):
+        raise RuntimeError(f"key {key!r}: the new element has batch size "
+                           f"{list(new.batch_size)}, the one it replaces {list(old.batch_size)}")
+    return new
 
 
 def _rebuild_stack(members: list, stack_dim: int, stack_dim_name: str | None) -> NonTensorStack:

@@ -106,7 +106,7 @@ def to_reference(cpp: _C.TensorDict) -> Any:
     try:
         import tensordict as ref
     except ImportError as e:
-        raise ImportError("to_tensordict() needs the reference package `tensordict` "
+        raise ImportError("to_reference() needs the reference package `tensordict` "
                           "(pip install tensordict)") from e
     if cpp.is_lazy_stack():
         out = ref.LazyStackedTensorDict(*(to_reference(t) for t in cpp.tensordicts()),

@@ -23,6 +23,7 @@ from tensordict_cpp._non_tensor import (MetaData, NonTensorData, NonTensorStack,
                                         _non_tensor_from_cpp, is_non_tensor as _is_non_tensor,
                                         to_cpp as _non_tensor_to_cpp)
 from tensordict_cpp._non_tensor import as_index as _as_index
+from tensordict_cpp._non_tensor import linked_values as _linked_values
 
 _NO_DEFAULT = object()
 _CTD = _C.TensorDict
@@ -106,7 +107,7 @@ class TensorDict:
     the batch dimensions of every leaf at once. A TensorDict behaves like the reference
     ``tensordict.TensorDict`` for the methods it has, exchanges data with it through
     :meth:`send` / :meth:`recv` and their asynchronous forms, and converts from and to its
-    objects without copies (:meth:`from_tensordict`, :meth:`to_tensordict`).
+    objects without copies (:meth:`from_tensordict`, :meth:`to_reference`).
 
     Args:
         source (dict or TensorDict, optional): the initial entries. Nested dicts become nested
@@ -120,8 +121,9 @@ class TensorDict:
         **kwargs: the entries as keyword arguments, instead of ``source``.
 
     Raises:
-        ValueError: if both ``source`` and keyword entries are given, or an entry does not
-            start with ``batch_size``.
+        ValueError: if both ``source`` and keyword entries are given.
+        BatchSizeError: (a RuntimeError, as the reference raises, and a ValueError) if an
+            entry does not start with ``batch_size``.
         InvalidKeyError: (a KeyError, as the reference raises, and a TypeError) if a key is
             neither a str nor a non-empty tuple of str.
         TypeError: if a value is neither a
@@ -182,15 +184,34 @@ class TensorDict:
         raise TypeError(f"expected a TensorDict or a reference tensordict object, got "
                         f"{type(td).__module__}.{type(td).__qualname__}")
 
-    def to_tensordict(self) -> Any:
+    def to_reference(self) -> Any:
         """A reference ``tensordict.TensorDict`` sharing this TensorDict's leaves (no copy),
         with its batch size, device, nested levels, non-tensor entries and lock (a reference
-        ``LazyStackedTensorDict`` for a lazy stack, at any level).
+        ``LazyStackedTensorDict`` for a lazy stack, at any level): the inverse of
+        :meth:`from_tensordict`. Values written into either land in both.
 
         Raises:
             ImportError: when the reference package ``tensordict`` is not installed.
         """
         return _reference.to_reference(self._cpp)
+
+    def to_tensordict(self, *, retain_none: bool | None = None) -> "TensorDict":
+        """A copy as a plain TensorDict, as the reference's ``to_tensordict()``: every tensor
+        cloned (autograd history kept, as ``clone()``), every nested level a new TensorDict, a
+        lazy stack (at any level) stacked into dense leaves, unlocked, with the batch size and
+        device; non-tensor entries, whose values are immutable, are shared. Nothing written into
+        the copy reaches this TensorDict, nor the other way round. (:meth:`to_reference` gives
+        the reference's TensorDict over the same leaves.)
+
+        Keyword Args:
+            retain_none (bool, optional): accepted for the reference's signature; a TensorDict
+                of ours holds no ``None`` fields.
+
+        Raises:
+            RuntimeError: for a lazy stack whose members' leaves differ in shape, as the
+                reference (read them from ``tensordicts`` instead).
+        """
+        return TensorDict._wrap(_dense_copy(self._cpp))
 
     # ---- pickling ----------------------------------------------------------------------------
     def __reduce__(self) -> tuple:
@@ -298,7 +319,8 @@ class TensorDict:
     def batch_size(self) -> torch.Size:
         """The batch dimensions shared by every entry, as a ``torch.Size``.
 
-        Assigning a new batch size checks that every entry starts with it (ValueError
+        Assigning a new batch size checks that every entry starts with it
+        (:class:`~tensordict_cpp.errors.BatchSizeError`, a RuntimeError and a ValueError,
         otherwise).
         """
         return torch.Size(self._cpp.batch_size)
@@ -352,15 +374,30 @@ class TensorDict:
             value = self._cpp.get(index)
         else:
             return TensorDict._wrap(self._cpp.index(_as_index(index)))
-        # As the reference: a non-tensor entry reads as its data (a stack's: its values).
-        return _non_tensor_data(value) if isinstance(value, _C.NonTensorData) else _from_value(value)
+        # As the reference: a non-tensor entry reads as its data, a stack's as a LinkedList of
+        # its values that writes item assignments back.
+        if isinstance(value, _C.NonTensorData):
+            return self._non_tensor_content(value, index)
+        return _from_value(value)
+
+    def _non_tensor_content(self, value: _C.NonTensorData, key: Any) -> Any:
+        if not value.is_stack:
+            return value.data
+        # An entry in a lazy stack is assembled from its members: not linked (nor is the
+        # reference's).
+        level, lazy = self._cpp, self._cpp.is_lazy_stack()
+        for part in (key[:-1] if isinstance(key, tuple) else ()):
+            level = level.get(part)
+            lazy = lazy or level.is_lazy_stack()
+        return _linked_values(value, None if lazy else self._cpp, key)
 
     def __setitem__(self, index: Any, value: Any) -> None:
         """``td[key] = value`` sets an entry; ``td[index] = value`` writes into the batch.
 
         With a key, ``value`` is a tensor, a number, a dict or a TensorDict whose shape starts
-        with the batch size (ValueError otherwise); missing nested levels are created; a locked
-        TensorDict raises RuntimeError. As in the reference, numbers and lists of numbers
+        with the batch size (BatchSizeError, a RuntimeError and a ValueError, otherwise);
+        missing nested levels are created; a locked TensorDict raises RuntimeError. As in the
+        reference, numbers and lists of numbers
         become tensors, a dict becomes a nested TensorDict, a ``str`` or ``None`` becomes a
         non-tensor entry (see :meth:`set_non_tensor`) and a list that is not numeric a
         :class:`NonTensorStack` of its values (nested lists of equal lengths nesting); a
@@ -464,7 +501,9 @@ class TensorDict:
         if default is not _NO_DEFAULT and not self._cpp.contains(key):
             return default
         value = self._cpp.get(key)
-        return _non_tensor_data(value) if isinstance(value, _C.NonTensorData) else _from_value(value)
+        if isinstance(value, _C.NonTensorData):
+            return self._non_tensor_content(value, key)
+        return _from_value(value)
 
     def is_non_tensor(self, key: Any) -> bool:
         """True when the entry at ``key`` is a non-tensor entry (KeyError if absent)."""
@@ -1632,6 +1671,22 @@ def _from_value(value: Any) -> Any:
     if isinstance(value, _C.NonTensorData):
         return _non_tensor_from_cpp(value)
     return value
+
+
+def _dense_copy(cpp: _CTD) -> _CTD:
+    """to_tensordict(): the leaves cloned, lazy stacks at any level stacked, unlocked."""
+    if not cpp.has_lazy_stack():
+        return cpp.clone()  # a new structure with cloned leaves, unlocked
+    if cpp.is_lazy_stack():
+        cpp = cpp.contiguous()  # the members' leaves stacked into new tensors
+    entries = []
+    for key, value in cpp.items(False, False):
+        if isinstance(value, _CTD):
+            value = _dense_copy(value)
+        elif isinstance(value, torch.Tensor):
+            value = value.clone()
+        entries.append((key, value))
+    return _CTD(entries, cpp.batch_size, cpp.device)
 
 
 def _non_tensor_data(value: _C.NonTensorData) -> Any:

@@ -36,8 +36,10 @@ class UnbatchedTensor(torch.Tensor):
     def __new__(cls, data: Any, batch_size: Any = None) -> "UnbatchedTensor":
         if not isinstance(data, torch.Tensor):
             data = torch.as_tensor(data)
-        return torch.Tensor._make_subclass(cls, data.detach() if data.requires_grad else data,
-                                           data.requires_grad)
+        # Always over a new tensor of the same storage (detach() makes one; the autograd flag is
+        # passed on): torch 2.14 refuses to make a subclass of a tensor that an object of another
+        # subclass already wraps, such as the reference's UnbatchedTensor of a converted leaf.
+        return torch.Tensor._make_subclass(cls, data.detach(), data.requires_grad)
 
     def __init__(self, data: Any, batch_size: Any = None) -> None:
         super().__init__()

@@ -12,7 +12,8 @@ import builtins
 from torch.distributed import DistBackendError
 
 __all__ = ["TimeoutError", "PeerLostError", "PipeClosedError", "PeerClosedError",
-           "SchemaMismatchError", "MalformedPeerDataError", "NoPublisherError", "InvalidKeyError"]
+           "SchemaMismatchError", "MalformedPeerDataError", "NoPublisherError", "InvalidKeyError",
+           "BatchSizeError"]
 
 
 class TimeoutError(DistBackendError, builtins.TimeoutError):  # noqa: A001 - mirrors the C++ name
@@ -43,6 +44,14 @@ class NoPublisherError(RuntimeError):
 # pipe frames and checked-transfer headers RuntimeError.
 class MalformedPeerDataError(ValueError, RuntimeError):
     """Bytes from a peer that break the wire format (docs/wire-format.md)."""
+
+
+# RuntimeError as the reference raises it ("batch dimension mismatch ..."), ValueError as ours
+# did before: either ``except`` catches it. Raised by the constructor, ``td[key] = value``,
+# ``set``, a tensorclass field, and a ``td.batch_size = ...`` that an entry's leading dims do not
+# start with.
+class BatchSizeError(RuntimeError, ValueError):
+    """A value whose leading dims do not start with the batch size of the level it is set in."""
 
 
 # KeyError as the reference raises it ("Only NestedKeys are supported"), TypeError as what the

@@ -413,10 +413,10 @@ class _Methods:
         object.__setattr__(obj, "_tensordict", tensordict)
         return obj
 
-    def to_tensordict(self) -> TensorDict:
+    def to_tensordict(self, *, retain_none: bool | None = None) -> TensorDict:
         """A TensorDict with a copy of the fields (tensors cloned; nested tensorclasses become
-        nested TensorDicts; ``None`` fields are left out)."""
-        return self._tensordict.clone()
+        nested TensorDicts; ``None`` fields are left out), as :meth:`TensorDict.to_tensordict`."""
+        return self._tensordict.to_tensordict()
 
     # ---- shape and device ---------------------------------------------------------------------
     @property

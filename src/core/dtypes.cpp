@@ -1,17 +1,18 @@
 #include "tensordict/dtypes.h"
 
-#include <array>
 #include <utility>
 
 #include <c10/util/Exception.h>
+#include <torch/headeronly/version.h>
 
 namespace tensordict {
 namespace {
 
 using at::ScalarType;
 
-// Python's str(dtype) for every ScalarType of torch 2.13.
-constexpr std::array<std::pair<ScalarType, std::string_view>, 46> kNames{{
+// Python's str(dtype) for every ScalarType of the torch this is built against: 2.13's, and
+// BComplex32 since 2.14 (Dtypes.NamesRoundTrip checks that none is missing).
+constexpr std::pair<ScalarType, std::string_view> kNames[] = {
     {ScalarType::Byte, "torch.uint8"},
     {ScalarType::Char, "torch.int8"},
     {ScalarType::Short, "torch.int16"},
@@ -58,7 +59,10 @@ constexpr std::array<std::pair<ScalarType, std::string_view>, 46> kNames{{
     {ScalarType::Int7, "torch.int7"},
     {ScalarType::Float8_e8m0fnu, "torch.float8_e8m0fnu"},
     {ScalarType::Float4_e2m1fn_x2, "torch.float4_e2m1fn_x2"},
-}};
+#if TORCH_VERSION_MAJOR > 2 || (TORCH_VERSION_MAJOR == 2 && TORCH_VERSION_MINOR >= 14)
+    {ScalarType::BComplex32, "torch.bcomplex32"},
+#endif
+};
 
 }  // namespace
 

@@ -51,9 +51,9 @@ void SubTensorDict::set(const NestedKey& key, const Value& value) const {
   }
   const at::Tensor& t = value.tensor();
   const int64_t dims = static_cast<int64_t>(batch_size_.size());
-  TORCH_CHECK_VALUE(t.dim() >= dims && t.sizes().slice(0, dims) == at::IntArrayRef(batch_size_),
-                    "SubTensorDict.set: key ", key.str(), " has shape ", t.sizes(),
-                    ", which does not start with the batch size ", at::IntArrayRef(batch_size_));
+  TD_CHECK_BATCH(t.dim() >= dims && t.sizes().slice(0, dims) == at::IntArrayRef(batch_size_),
+                 "SubTensorDict.set: key ", key.str(), " has shape ", t.sizes(),
+                 ", which does not start with the batch size ", at::IntArrayRef(batch_size_));
   std::vector<int64_t> shape = parent_.batch_size().vec();
   for (int64_t d = dims; d < t.dim(); ++d) shape.push_back(t.size(d));
   TensorDict(parent_).set(key, at::zeros(shape, t.options()));

@@ -20,8 +20,8 @@ std::atomic<uint64_t> watched_changes{0};
 void check_batch_prefix(const NestedKey& key, at::IntArrayRef shape, at::IntArrayRef batch_size) {
   const bool ok = shape.size() >= batch_size.size() &&
                   std::equal(batch_size.begin(), batch_size.end(), shape.begin());
-  TORCH_CHECK_VALUE(ok, "batch size mismatch: key ", key.str(), " has shape ", shape,
-                    ", which does not start with ", batch_size);
+  TD_CHECK_BATCH(ok, "batch size mismatch: key ", key.str(), " has shape ", shape,
+                 ", which does not start with ", batch_size);
 }
 
 const char* kind_name(const Value& v) {

@@ -154,7 +154,7 @@ TEST(SubTensorDict, SetsANewKeyInTheParent) {
   EXPECT_TRUE(p.get("note").is_non_tensor());
   EXPECT_EQ(p.get_non_tensor("note"), JsonValue("hi"));
   // A shape that does not start with the rows' batch size, and a new nested level, are refused.
-  EXPECT_THROW_MSG(sub.set("bad", Value(at::ones({3, 5}))), c10::ValueError,
+  EXPECT_THROW_MSG(sub.set("bad", Value(at::ones({3, 5}))), tensordict::BatchSizeError,
                    "does not start with the batch size");
   EXPECT_FALSE(p.contains("bad"));
   EXPECT_THROW_MSG(sub.set("lvl", Value(TensorDict({}, {2}))), c10::ValueError,

@@ -7,6 +7,7 @@
 #include "expect_throw.h"
 #include "tensordict/tensordict.h"
 
+using tensordict::BatchSizeError;
 using tensordict::KeyError;
 using tensordict::NestedKey;
 using tensordict::TensorDict;
@@ -72,13 +73,18 @@ TEST(TensorDict, ConstructFromMap) {
 }
 
 TEST(TensorDict, BatchMismatchNamesKeyAndShapes) {
-  EXPECT_THROW_MSG(TensorDict({{"a", at::ones({4})}, {"b", at::ones({3, 3})}}, {4}), c10::ValueError,
+  // A BatchSizeError (Python: a RuntimeError, as the reference raises, and a ValueError), which
+  // is a c10::ValueError, as it was thrown before.
+  EXPECT_THROW_MSG(TensorDict({{"a", at::ones({4})}, {"b", at::ones({3, 3})}}, {4}), BatchSizeError,
                    "batch size mismatch: key 'b' has shape [3, 3], which does not start with [4]");
   TensorDict td = sample();
-  EXPECT_THROW_MSG(td.set({"c", "e"}, at::ones({5})), c10::ValueError,
+  EXPECT_THROW_MSG(td.set({"c", "e"}, at::ones({5})), BatchSizeError,
                    "key ('c', 'e') has shape [5], which does not start with [4]");
   EXPECT_THROW_MSG(td.set("x", TensorDict({}, {2})), c10::ValueError,
                    "key 'x' has shape [2], which does not start with [4]");
+  EXPECT_THROW_MSG(td.set_non_tensor("n", tensordict::NonTensorData(tensordict::JsonValue("s"), {2})),
+                   BatchSizeError,
+                   "key 'n' has shape [2], which does not start with [4]");
   EXPECT_THROW_MSG(TensorDict({}, {-1}), c10::ValueError, "negative");
 }
 
@@ -88,7 +94,7 @@ TEST(TensorDict, SetBatchSize) {
   EXPECT_EQ(td.batch_dims(), 2);
   td.set_batch_size({});
   EXPECT_EQ(td.batch_dims(), 0);
-  EXPECT_THROW_MSG(td.set_batch_size({3}), c10::ValueError,
+  EXPECT_THROW_MSG(td.set_batch_size({3}), BatchSizeError,
                    "key 'a' has shape [4, 3], which does not start with [3]");
 }
 

@@ -146,7 +146,7 @@ TEST(TensorClass, DeviceAndTo) {
 
 TEST(TensorClass, ConstructionErrorsNameClassAndField) {
   EXPECT_THROW_MSG(MyData(at::ones({3, 3}), at::ones({4}), "x", Inner(at::ones({4}), {4}), {4}),
-                   c10::ValueError,
+                   tensordict::BatchSizeError,
                    "MyData: field 'obs' has shape [3, 3], which does not start with the batch "
                    "size [4]");
   EXPECT_THROW_MSG(MyData(at::ones({4}), at::Tensor(), "x", Inner(at::ones({4}), {4}), {4}),

@@ -7,9 +7,10 @@ listens, one {"k": ..., ...} per received TensorDict, and {"end": ...} last.
     IMPL: ours | ref | ours-on-ucxx (ours over a ucxx endpoint: TensorDictPipe(endpoint))
     ROLE: listen | connect      DIRECTION: send | recv
     MODE: consolidated | uncollated     PORT: the listener's (connect) or 0 (listen)
-    SCENARIO: schemas (4 TensorDicts: A, A again, B, A, then a clean close) | forever (the
-              same schema until killed) | classes (2 TensorDicts with NonTensorStacks) |
-              unbatched (2 TensorDicts with an UnbatchedTensor; uncollated only)
+    SCENARIO: schemas (4 TensorDicts: A, A again, B, A, then a clean close) | flat (the same
+              without the nested leaf, which a 0.14 receiver of the uncollated header cannot
+              read) | forever (the same schema until killed) | classes (2 TensorDicts with
+              NonTensorStacks) | unbatched (2 TensorDicts with an UnbatchedTensor; uncollated)
 """
 import asyncio
 import json
@@ -48,9 +49,10 @@ def message(lib, schema, k):
         return lib.TensorDict({"obs": torch.full((4, 3), float(k)),
                                "u": lib.UnbatchedTensor(torch.full((2, 5), float(k)))}, batch_size=[4])
     td = lib.TensorDict({"obs": torch.full((4, 3), float(k)),
-                         "reward": torch.full((4,), float(k), dtype=torch.float64),
-                         "info": {"step": torch.full((4,), k, dtype=torch.int64)}},
+                         "reward": torch.full((4,), float(k), dtype=torch.float64)},
                         batch_size=[4])
+    if SCENARIO != "flat":
+        td["info", "step"] = torch.full((4,), k, dtype=torch.int64)
     if schema == "B":
         td["done"] = torch.full((4,), k, dtype=torch.int32)
     return td.consolidate() if CONSOLIDATED else td
@@ -60,7 +62,7 @@ def sequence():
     if SCENARIO in ("classes", "unbatched"):
         yield from [("A", 1), ("A", 2)]
         return
-    if SCENARIO == "schemas":
+    if SCENARIO in ("schemas", "flat"):
         yield from [("A", 1), ("A", 2), ("B", 3), ("A", 4)]
     else:
         k = 0
@@ -77,8 +79,11 @@ def describe(td, previous):
     out = dict(k=k, keys=keys, same=td is previous,
                batch=list(td.batch_size) if CONSOLIDATED else None)
     if SCENARIO == "classes":
+        # None for an entry that did not arrive (a 0.14 uncollated end drops non-tensors).
+        present = set(td.keys(include_nested=True))
         out["non_tensors"] = {str(key): [type(td.get(key)).__name__, list(td.get(key).tolist())
                                          if hasattr(td.get(key), "tolist") else td[key]]
+                              if key in present else None
                               for key in ("text", ("info", "grid"), "label")}
     if SCENARIO == "unbatched":
         out["unbatched"] = [type(td.get("u")).__name__, list(td.get("u").shape)]
@@ -132,6 +137,7 @@ async def run_on_ucxx():
     if IMPL == "ref":
         import tensordict as lib
         from tensordict._ucxx import TensorDictPipe
+        say(reference=lib.__version__)  # 0.15.3, or 0.14.3 from .peers/td014 on PYTHONPATH
     else:
         import tensordict_cpp as lib
         from tensordict_cpp import TensorDictPipe

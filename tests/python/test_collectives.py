@@ -1,7 +1,8 @@
 """init_remote / from_remote_init, broadcast, all_gather, scatter, all_reduce and reduce: with
-the reference tensordict on one rank and ours on the others (both directions, non-zero roots,
-schemas that differ per rank), and ours alone on subgroups. Started by
-tensordict_cpp.distributed.run (spawn, a FileStore per run, Gloo on 127.0.0.1)."""
+the reference tensordict (0.15.3, and 0.14.3 for the first test: reference_peer.py) on one rank
+and ours on the others (both directions, non-zero roots, schemas that differ per rank), and ours
+alone on subgroups. Started by tensordict_cpp.distributed.run (spawn, a FileStore per run, Gloo
+on 127.0.0.1)."""
 import os
 import tempfile
 
@@ -9,6 +10,7 @@ import pytest
 import torch
 import torch.distributed as dist
 
+from reference_peer import REFERENCES, on_reference
 from tensordict_cpp.distributed import run
 
 RUN = dict(timeout=150, group_timeout=20)
@@ -52,7 +54,10 @@ def interop(rank, world_size):
     torch.set_num_threads(1)
     if rank == REF:
         from tensordict import TensorDict
-        from tensordict._testing import MyDistData
+        try:
+            from tensordict._testing import MyDistData
+        except ImportError:  # 0.14.3 has it in tensordict.testing
+            from tensordict.testing import MyDistData
     else:
         from tensordict_cpp import TensorDict
 
@@ -144,8 +149,9 @@ def interop(rank, world_size):
     dist.barrier()
 
 
-def test_interop_with_the_reference_three_ranks():
-    run(interop, world_size=3, **RUN)
+@pytest.mark.parametrize("reference", REFERENCES)
+def test_interop_with_the_reference_three_ranks(reference):
+    run(on_reference(reference, interop), world_size=3, **RUN)
 
 
 def many_leaves(cls, rank):

@@ -47,6 +47,7 @@ TYPED = [
     ("SchemaMismatchError", errors.SchemaMismatchError, (RuntimeError,)),
     ("MalformedPeerDataError", errors.MalformedPeerDataError, (ValueError, RuntimeError)),
     ("NoPublisherError", errors.NoPublisherError, (RuntimeError,)),
+    ("BatchSizeError", errors.BatchSizeError, (RuntimeError, ValueError)),
 ]
 
 
@@ -115,13 +116,19 @@ def test_missing_key_is_a_key_error():
         td().pop("missing")
 
 
-def test_batch_size_mismatch_is_a_value_error():
-    with pytest.raises(ValueError, match="'bad'"):
+def test_batch_size_mismatch_is_a_batch_size_error_runtime_and_value_error():
+    # RuntimeError as the reference raises it (test_parity.py runs the same calls on it),
+    # ValueError as ours raised it before.
+    for call in (lambda: td().__setitem__("bad", torch.ones(3)),
+                 lambda: TensorDict(a=torch.ones(3), batch_size=[4]),
+                 lambda: setattr(td(), "batch_size", [5]),
+                 lambda: td().set("n", TensorDict(x=torch.ones(2), batch_size=[2])),
+                 lambda: td()._get_sub_tensordict(slice(0, 2)).set("new", torch.ones(3))):
+        with pytest.raises(errors.BatchSizeError) as info:
+            call()
+        assert isinstance(info.value, RuntimeError) and isinstance(info.value, ValueError)
+    with pytest.raises(errors.BatchSizeError, match="'bad'"):
         td()["bad"] = torch.ones(3)
-    with pytest.raises(ValueError):
-        TensorDict(a=torch.ones(3), batch_size=[4])
-    with pytest.raises(ValueError):
-        td().batch_size = [5]
 
 
 def test_wrong_kind_of_value_is_a_type_error():

@@ -1,9 +1,12 @@
 """A tensordict_cpp process and a reference-tensordict process exchange TensorDicts both ways,
-per leaf (sequential and pseudo-random tags), asynchronously, and consolidated."""
+per leaf (sequential and pseudo-random tags), asynchronously, and consolidated; the reference
+is 0.15.3 and 0.14.3 in turn (reference_peer.py)."""
 
+import pytest
 import torch
 import torch.distributed as dist
 
+from reference_peer import REFERENCES, on_reference
 from tensordict_cpp.distributed import run
 
 REF, OURS = 0, 1  # rank 0 runs the reference tensordict, rank 1 ours
@@ -80,5 +83,6 @@ def exchange(rank, world_size):
     dist.barrier()
 
 
-def test_reference_and_ours_exchange_both_ways():
-    run(exchange, world_size=2, timeout=120, group_timeout=20)
+@pytest.mark.parametrize("reference", REFERENCES)
+def test_reference_and_ours_exchange_both_ways(reference):
+    run(on_reference(reference, exchange), world_size=2, timeout=120, group_timeout=20)

@@ -18,6 +18,7 @@ import torch.distributed as dist  # noqa: E402
 
 import tensordict_cpp as ours  # noqa: E402
 from tensordict_cpp.distributed import run  # noqa: E402
+from reference_peer import REFERENCES, on_reference  # noqa: E402
 
 RUN = dict(timeout=150, group_timeout=20)
 
@@ -167,7 +168,7 @@ def test_reference_lazy_stacks_convert_without_copies():
     assert isinstance(o["s"], ours.LazyStackedTensorDict)
     o["s"].tensordicts[1]["n", "y"].fill_(-1)  # lands in the reference's tensor
     assert r["s"].tensordicts[1]["n", "y"].eq(-1).all()
-    back = o.to_tensordict()
+    back = o.to_reference()
     assert type(back["s"]) is ref.LazyStackedTensorDict
     assert back["s"].tensordicts[0]["x"].data_ptr() == r["s"].tensordicts[0]["x"].data_ptr()
     root = ours.TensorDict(ref.lazy_stack(list(members(ref)), 1))
@@ -287,8 +288,9 @@ def interop(rank, world_size):
     dist.barrier()
 
 
-def test_every_transfer_interoperates_with_the_reference():
-    run(interop, world_size=3, **RUN)
+@pytest.mark.parametrize("reference", REFERENCES)
+def test_every_transfer_interoperates_with_the_reference(reference):
+    run(on_reference(reference, interop), world_size=3, **RUN)
 
 
 def test_the_pipe_carries_lazy_stacks():

@@ -12,6 +12,7 @@ import tensordict as ref
 import torch
 import torch.distributed as dist
 
+from reference_peer import REFERENCES, on_reference
 from tensordict_cpp import MemoryMappedTensor, TensorDict
 from tensordict_cpp.distributed import run
 
@@ -256,9 +257,10 @@ def _send_into_memmap(prefix, rank, world_size):
         dist.barrier()
 
 
-def test_recv_writes_into_the_memory_mapped_files(tmp_path):
-    run(functools.partial(_send_into_memmap, str(tmp_path)), world_size=2, timeout=90,
-        group_timeout=20)
+@pytest.mark.parametrize("reference", REFERENCES)
+def test_recv_writes_into_the_memory_mapped_files(tmp_path, reference):
+    run(on_reference(reference, functools.partial(_send_into_memmap, str(tmp_path))),
+        world_size=2, timeout=90, group_timeout=20)
     # The files hold the received bytes: ours (rank 1) got the reference's, read here by the
     # reference; the reference's got ours, read here by ours.
     for loaded, k in ((ref.TensorDict.load_memmap(tmp_path / "recv1"), 0),

@@ -26,6 +26,7 @@ import torch.distributed as dist  # noqa: E402
 from conftest import built, describe, from_reference, to_reference  # noqa: E402
 from tensordict_cpp import NonTensorData, TensorDict  # noqa: E402
 from tensordict_cpp import set_printoptions as tdc_set_printoptions  # noqa: E402
+from reference_peer import REFERENCES, on_reference  # noqa: E402
 
 Ref = tensordict.TensorDict
 
@@ -441,7 +442,8 @@ def interop(rank, world_size):
     dist.barrier()
 
 
-def test_interop_with_the_reference_three_ranks():
+@pytest.mark.parametrize("reference", REFERENCES)
+def test_interop_with_the_reference_three_ranks(reference):
     from tensordict_cpp.distributed import run
 
-    run(interop, world_size=3, timeout=150, group_timeout=20)
+    run(on_reference(reference, interop), world_size=3, timeout=150, group_timeout=20)

@@ -11,6 +11,7 @@ import torch
 import torch.distributed as dist
 
 from conftest import built
+from reference_peer import REFERENCES, on_reference
 from tensordict_cpp import MetaData, NonTensorData, NonTensorStack, TensorDict
 from tensordict_cpp import stack as our_stack
 
@@ -187,13 +188,13 @@ def test_the_reference_converts_both_ways_without_copies():
     ours = TensorDict(ref)
     assert type(ours.get("text")) is NonTensorStack and ours["text"] == ["a", "b"]
     assert ours["a"].data_ptr() == ref["a"].data_ptr()
-    back = ours.to_tensordict()
+    back = ours.to_reference()
     assert type(back.get("text")).__name__ == "NonTensorStack"
     assert unwrap(back["text"]) == ["a", "b"]
     meta_ref = MetaData("c", batch_size=[2])
     ours["cfg"] = meta_ref
-    assert type(ours.to_tensordict().get("cfg")).__name__ == "MetaData"
-    assert type(TensorDict(ours.to_tensordict()).get("cfg")) is MetaData
+    assert type(ours.to_reference().get("cfg")).__name__ == "MetaData"
+    assert type(TensorDict(ours.to_reference()).get("cfg")) is MetaData
 
 
 def test_memmap_round_trips_with_the_reference(tmp_path):
@@ -285,10 +286,11 @@ def interop(rank, world_size):
     dist.barrier()
 
 
-def test_every_transfer_with_the_reference_on_the_other_rank():
+@pytest.mark.parametrize("reference", REFERENCES)
+def test_every_transfer_with_the_reference_on_the_other_rank(reference):
     from tensordict_cpp.distributed import run
 
-    run(interop, world_size=3, timeout=150, group_timeout=20)
+    run(on_reference(reference, interop), world_size=3, timeout=150, group_timeout=20)
 
 
 def gather(rank, world_size):

@@ -9,6 +9,7 @@ import torch
 import torch.distributed as dist
 from torch import nn
 
+from reference_peer import REFERENCES, on_reference
 import tensordict_cpp
 from tensordict_cpp import TensorDictParams
 
@@ -130,10 +131,11 @@ def sync(rank, world_size):
     dist.barrier()
 
 
-def test_weight_sync_with_the_reference_both_ways():
+@pytest.mark.parametrize("reference", REFERENCES)
+def test_weight_sync_with_the_reference_both_ways(reference):
     from tensordict_cpp.distributed import run
 
-    run(sync, world_size=2, timeout=120, group_timeout=20)
+    run(on_reference(reference, sync), world_size=2, timeout=120, group_timeout=20)
 
 
 # ---- torch.load(weights_only=True) ---------------------------------------------------------------

@@ -3,7 +3,9 @@ libucx-cu12 wheel), each end a process of its own (tests/python/pipe_peers.py): 
 ours/reference x listener/connector x sender/receiver over the first message with its schema,
 the same-schema steady state (received in place on both sides), a schema change, the clean close
 and a killed peer; the uncollated mode; and a TensorDictServer of ours with 8 clients mixing
-ours and the reference (docs/pipe.md, docs/wire-format.md §6)."""
+ours and the reference (docs/pipe.md, docs/wire-format.md §6). The reference is 0.15.3 and, for
+the matrix, the uncollated mode, the non-tensor entries and the server, 0.14.3 too
+(reference_peer.py), whose pipe writes the 0.14 forms (§6.1 key order, §6.2 short header)."""
 import asyncio
 import json
 import os
@@ -16,6 +18,8 @@ import time
 
 import pytest
 import torch
+
+from reference_peer import CURRENT, REFERENCES, reference_env
 
 pytest.importorskip("ucxx", reason="the reference pipe needs ucxx (scripts/setup installs it)")
 
@@ -33,10 +37,12 @@ EXPECTED = [(1, SCHEMA_A, False), (2, SCHEMA_A, True), (3, SCHEMA_B, False), (4,
 class Peer:
     """A pipe_peers.py process whose JSON lines are collected by a thread."""
 
-    def __init__(self, impl, role, direction, mode="consolidated", port=0, scenario="schemas"):
+    def __init__(self, impl, role, direction, mode="consolidated", port=0, scenario="schemas",
+                 reference=CURRENT):
         self.proc = subprocess.Popen(
             [sys.executable, str(PEER), impl, role, direction, mode, str(port), scenario],
-            stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, env=ENV)
+            stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
+            env=reference_env(reference, ENV) if impl == "ref" else ENV)
         self.lines = []
         self.cond = threading.Condition()
         self.reader = threading.Thread(target=self._read, daemon=True)
@@ -89,27 +95,34 @@ class Peer:
             self.proc.wait(10)
 
 
-def start_pair(sender, receiver, listener, mode="consolidated", scenario="schemas"):
-    """Starts the listening end, then the other one on its port: (sender, receiver) Peers."""
+def start_pair(sender, receiver, listener, mode="consolidated", scenario="schemas",
+               reference=CURRENT):
+    """Starts the listening end, then the other one on its port: (sender, receiver) Peers. The
+    reference's end imports tensordict ``reference`` and says so first."""
     first_impl, first_dir = (sender, "send") if listener == "sender" else (receiver, "recv")
     second_impl, second_dir = (receiver, "recv") if listener == "sender" else (sender, "send")
-    first = Peer(first_impl, "listen", first_dir, mode, 0, scenario)
+    first = Peer(first_impl, "listen", first_dir, mode, 0, scenario, reference)
     try:
         port = first.wait_for(lambda item: "port" in item)["port"]
-        second = Peer(second_impl, "connect", second_dir, mode, port, scenario)
+        second = Peer(second_impl, "connect", second_dir, mode, port, scenario, reference)
     except BaseException:
         first.kill()
         raise
+    ref = first if first_impl == "ref" else second if second_impl == "ref" else None
+    if ref is not None:
+        assert ref.wait_for(lambda item: "reference" in item)["reference"] == reference
     return (first, second) if listener == "sender" else (second, first)
 
 
 PAIRS = [("ours", "ref"), ("ref", "ours")]
 
 
+@pytest.mark.parametrize("reference", REFERENCES)
 @pytest.mark.parametrize("listener", ["sender", "receiver"])
 @pytest.mark.parametrize("sender, receiver", PAIRS, ids=["ours-to-ref", "ref-to-ours"])
-def test_schemas_steady_state_and_clean_close(sender, receiver, listener):
-    tx, rx = start_pair(sender, receiver, listener)
+def test_schemas_steady_state_and_clean_close(sender, receiver, listener, reference):
+    # 0.14.3 sends the schema JSON sorted, 0.15.3 in insertion order (§6.1): ours reads both.
+    tx, rx = start_pair(sender, receiver, listener, reference=reference)
     try:
         assert tx.end() == "closed", tx.stderr()
         end = rx.end()
@@ -131,14 +144,24 @@ def test_schemas_steady_state_and_clean_close(sender, receiver, listener):
         rx.kill()
 
 
+@pytest.mark.parametrize("reference", REFERENCES)
 @pytest.mark.parametrize("sender, receiver", PAIRS, ids=["ours-to-ref", "ref-to-ours"])
-def test_uncollated_mode(sender, receiver):
-    tx, rx = start_pair(sender, receiver, "receiver", mode="uncollated")
+def test_uncollated_mode(sender, receiver, reference):
+    # The 0.14 header (§6.2): a 0.14.3 sender sends the root's tensors only (the nested
+    # ('info', 'step') stays behind), and a 0.14.3 receiver reads ours, the 0.15.3 form, when
+    # every key is a str (a nested key, a list there, is its TypeError, as from 0.15.3).
+    old = reference != CURRENT
+    scenario = "flat" if old and receiver == "ref" else "schemas"
+    tx, rx = start_pair(sender, receiver, "receiver", mode="uncollated", scenario=scenario,
+                        reference=reference)
     try:
         assert tx.end() == "closed", tx.stderr()
         rx.end()
         got = [(item["k"], item["keys"], item["same"]) for item in rx.received()]
-        assert got == [(k, keys, False) for k, keys, _ in EXPECTED], (got, rx.stderr())
+        nested = "('info', 'step')"
+        want = [(k, [key for key in keys if not (old and key == nested)], False)
+                for k, keys, _ in EXPECTED]
+        assert got == want, (got, rx.stderr())
     finally:
         tx.kill()
         rx.kill()
@@ -198,6 +221,7 @@ ROUNDS = 20
 async def reference_client(port, cid):
     import tensordict
     from tensordict._ucxx import TensorDictPipe
+    print("reference", tensordict.__version__, flush=True)
     return await client_rounds(await TensorDictPipe.connect("127.0.0.1", port), tensordict, cid)
 
 
@@ -229,7 +253,8 @@ print("done", asyncio.run(asyncio.wait_for(fn(port, cid), 60)), flush=True)
 """
 
 
-def test_our_server_with_eight_clients_of_both_kinds():
+@pytest.mark.parametrize("reference", REFERENCES)
+def test_our_server_with_eight_clients_of_both_kinds(reference):
     from tensordict_cpp import TensorDictServer
 
     async def main():
@@ -246,11 +271,13 @@ def test_our_server_with_eight_clients_of_both_kinds():
             script = CLIENT.format(test=str(pathlib.Path(__file__)))
             procs = [await asyncio.create_subprocess_exec(
                 sys.executable, "-c", script, "ours" if cid % 2 else "ref", str(server.port),
-                str(cid), stdout=subprocess.PIPE, stderr=subprocess.PIPE, env=ENV)
+                str(cid), stdout=subprocess.PIPE, stderr=subprocess.PIPE,
+                env=ENV if cid % 2 else reference_env(reference, ENV))
                 for cid in range(SERVER_CLIENTS)]
             outs = [await asyncio.wait_for(p.communicate(), 120) for p in procs]
             for cid, (p, (out, err)) in enumerate(zip(procs, outs)):
                 assert p.returncode == 0 and f"done {cid}" in out.decode(), err.decode()[-2000:]
+                assert cid % 2 or f"reference {reference}" in out.decode()
             await server.aclose()
             await asyncio.wait_for(serving, 30)
             assert not server.handler_errors, server.handler_errors
@@ -267,34 +294,44 @@ def expected_classes(k):
             "label": ["NonTensorData", [f"label{k}"] * 4]}
 
 
+@pytest.mark.parametrize("reference", REFERENCES)
 @pytest.mark.parametrize("mode", ["consolidated", "uncollated"])
 @pytest.mark.parametrize("sender, receiver", PAIRS, ids=["ours-to-ref", "ref-to-ours"])
-def test_non_tensor_stacks_cross_both_ways(sender, receiver, mode):
-    """NonTensorStacks (1-D and 2-D) in the metadata node and in the uncollated header."""
-    tx, rx = start_pair(sender, receiver, "receiver", mode, scenario="classes")
+def test_non_tensor_stacks_cross_both_ways(sender, receiver, mode, reference):
+    """NonTensorStacks (1-D and 2-D) in the metadata node and in the uncollated header (the
+    0.14 header has no non-tensor entries: a 0.14.3 end neither sends nor reads them, §6.2)."""
+    tx, rx = start_pair(sender, receiver, "receiver", mode, scenario="classes",
+                        reference=reference)
+    dropped = reference != CURRENT and mode == "uncollated"
     try:
         assert tx.end() == "closed", tx.stderr()
         rx.end()
         got = rx.received()
         assert [item["k"] for item in got] == [1.0, 2.0], rx.stderr()
         for k, item in zip((1, 2), got):
-            assert item["non_tensors"] == expected_classes(k), item
+            want = dict.fromkeys(expected_classes(k)) if dropped else expected_classes(k)
+            assert item["non_tensors"] == want, item
     finally:
         tx.kill()
         rx.kill()
 
 
+@pytest.mark.parametrize("reference", REFERENCES)
 @pytest.mark.parametrize("sender, receiver", PAIRS, ids=["ours-to-ref", "ref-to-ours"])
-def test_unbatched_entries_cross_both_ways(sender, receiver):
-    """The uncollated header's "unbatched" entries (consolidation refuses UnbatchedTensor)."""
-    tx, rx = start_pair(sender, receiver, "receiver", "uncollated", scenario="unbatched")
+def test_unbatched_entries_cross_both_ways(sender, receiver, reference):
+    """The uncollated header's "unbatched" entries (consolidation refuses UnbatchedTensor); the
+    0.14 header has none: the leaf crosses as a plain tensor of a TensorDict with batch size
+    [] (§6.2)."""
+    tx, rx = start_pair(sender, receiver, "receiver", "uncollated", scenario="unbatched",
+                        reference=reference)
+    kind = "UnbatchedTensor" if reference == CURRENT else "Tensor"
     try:
         assert tx.end() == "closed", tx.stderr()
         rx.end()
         got = rx.received()
         assert [item["k"] for item in got] == [1.0, 2.0], rx.stderr()
         for item in got:
-            assert item["unbatched"] == ["UnbatchedTensor", [2, 5]], item
+            assert item["unbatched"] == [kind, [2, 5]], item
     finally:
         tx.kill()
         rx.kill()

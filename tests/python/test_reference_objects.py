@@ -4,6 +4,7 @@ import pytest
 import tensordict
 import torch
 
+from reference_peer import REFERENCES, on_reference
 import tensordict_cpp
 from tensordict_cpp import NonTensorData, TensorDict
 from tensordict_cpp.distributed import run
@@ -35,7 +36,7 @@ def test_a_reference_tensordict_converts_sharing_its_leaves():
 def test_ours_converts_to_the_reference_sharing_its_leaves():
     ours = TensorDict({"a": torch.ones(2, 3), ("n", "x"): torch.zeros(2)}, batch_size=[2])
     ours.set_non_tensor("s", "text")
-    ref = ours.to_tensordict()
+    ref = ours.to_reference()
     assert isinstance(ref, tensordict.TensorDict)
     assert ref.batch_size == torch.Size([2]) and ref["n"].batch_size == torch.Size([2])
     assert ref["a"].data_ptr() == ours["a"].data_ptr()
@@ -71,7 +72,7 @@ def test_conversions_are_o_leaves_without_copies():
     ref = tensordict.TensorDict({f"k{i}": torch.zeros(4) for i in range(1000)}, [4])
     ours = TensorDict(ref)
     assert all(ours[k].data_ptr() == ref[k].data_ptr() for k in ("k0", "k999"))
-    back = ours.to_tensordict()
+    back = ours.to_reference()
     assert back["k500"].data_ptr() == ref["k500"].data_ptr()
 
 
@@ -105,8 +106,9 @@ def exchange(rank, world_size):
     torch.distributed.barrier()
 
 
-def test_reference_objects_go_straight_to_our_transfers():
-    run(exchange, world_size=2, timeout=120, group_timeout=20)
+@pytest.mark.parametrize("reference", REFERENCES)
+def test_reference_objects_go_straight_to_our_transfers(reference):
+    run(on_reference(reference, exchange), world_size=2, timeout=120, group_timeout=20)
 
 
 def gather(rank, world_size):

@@ -17,6 +17,7 @@ import torch
 import torch.distributed as dist
 
 import tensordict
+from reference_peer import REFERENCES, on_reference
 from tensordict_cpp import set_printoptions as tdc_set_printoptions
 from tensordict_cpp import TensorDict, TensorDictPipe, is_tensorclass, tensorclass
 from tensordict_cpp.distributed import run
@@ -233,7 +234,7 @@ def test_from_tensordict_to_tensordict():
     with pytest.raises(TypeError, match="expected a tensordict_cpp.TensorDict"):
         Sample.from_tensordict({"obs": torch.zeros(3, 4)})
     # A reference TensorDict is taken without a copy: writes land in its tensors.
-    ref_td = sample(3).to_tensordict().to_tensordict()
+    ref_td = sample(3).to_tensordict().to_reference()
     from_ref = Sample.from_tensordict(ref_td)
     assert type(from_ref) is Sample and type(from_ref.pose) is Pose
     from_ref.obs.fill_(9)
@@ -734,8 +735,9 @@ def interop_transfers(rank, world_size):
     dist.barrier()
 
 
-def test_interop_transfers_with_the_reference():
-    run(interop_transfers, world_size=2, **RUN)
+@pytest.mark.parametrize("reference", REFERENCES)
+def test_interop_transfers_with_the_reference(reference):
+    run(on_reference(reference, interop_transfers), world_size=2, **RUN)
 
 
 def interop_nested_tensorclass(rank, world_size):

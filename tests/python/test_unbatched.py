@@ -6,6 +6,7 @@ import tensordict
 import torch
 import torch.distributed as dist
 
+from reference_peer import REFERENCES, on_reference
 import tensordict_cpp
 
 
@@ -59,7 +60,7 @@ def test_repr_and_conversion_as_the_reference():
     ref, ours = make(tensordict), make(tensordict_cpp)
     assert repr(ours) == repr(ref)
     assert type(tensordict_cpp.TensorDict(ref)["u"]) is tensordict_cpp.UnbatchedTensor
-    back = ours.to_tensordict()  # the reference object, sharing the leaves
+    back = ours.to_reference()  # the reference object, sharing the leaves
     assert type(back["u"]) is tensordict.UnbatchedTensor
     assert back["u"].data_ptr() == ours["u"].data_ptr()  # zero-copy both ways
     assert tensordict_cpp.TensorDict(ref)["u"].data_ptr() == ref["u"].data_ptr()
@@ -92,7 +93,8 @@ def transfers(rank, world_size):
     dist.barrier()
 
 
-def test_per_leaf_transfers_with_the_reference_on_the_other_rank():
+@pytest.mark.parametrize("reference", REFERENCES)
+def test_per_leaf_transfers_with_the_reference_on_the_other_rank(reference):
     from tensordict_cpp.distributed import run
 
-    run(transfers, world_size=2, timeout=120, group_timeout=20)
+    run(on_reference(reference, transfers), world_size=2, timeout=120, group_timeout=20)
