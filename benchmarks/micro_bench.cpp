@@ -16,9 +16,9 @@
 #include <vector>
 
 #include "tensordict/consolidate.h"
+#include "tensordict/tensor_dict.h"
 #include "wire/metadata_pickle.h"
 #include "wire/pickle.h"
-#include "tensordict/tensor_dict.h"
 #ifdef TENSORDICT_BENCH_DIST
 #include "tensordict/distributed/tags.h"
 #endif
@@ -46,7 +46,8 @@ struct Case {
   int64_t count;
   int64_t bytes;
 };
-constexpr Case kCases[] = {{"1x100MB", 1, 100 << 20}, {"16x8MB", 16, 8 << 20}, {"1000x64B", 1000, 64}};
+constexpr Case kCases[] = {
+    {"1x100MB", 1, 100 << 20}, {"16x8MB", 16, 8 << 20}, {"1000x64B", 1000, 64}};
 constexpr int kSmall = 2;  // the 1000 x 64 B case: the metadata benchmarks use its metadata
 
 // Built on first use, so that a --benchmark_filter run pays only for the cases it selects.
@@ -122,8 +123,9 @@ void BM_Method(benchmark::State& state) {
     }
   };
   for (auto _ : state) benchmark::DoNotOptimize(call());
-  static const char* names[] = {"get", "keys(nested, leaves)", "select(10)", "exclude(10)",
-                                "copy", "clone", "td + td", "sum(dim=0)"};
+  static const char* names[] = {
+      "get",       "keys(nested, leaves)", "select(10)", "exclude(10)", "copy", "clone", "td + td",
+      "sum(dim=0)"};
   state.SetLabel(names[state.range(0)]);
 }
 BENCHMARK(BM_Method)->DenseRange(0, 7)->Unit(benchmark::kMicrosecond);

@@ -22,9 +22,9 @@
 #include <string>
 #include <vector>
 
+#include "core/testing.h"
 #include "tensordict/consolidate.h"
 #include "tensordict/pipe/pipe.h"
-#include "core/testing.h"
 
 using tensordict::TensorDict;
 using tensordict::TestKey;
@@ -85,7 +85,8 @@ int drive(Pipe& pipe, const std::string& mode, int64_t bytes, int rounds) {
       TensorDict echo = pipe.recv();
       const auto t1 = Clock::now();
       if (!intact(echo, r)) return 1;
-      if (r >= kWarmup) samples.push_back(std::chrono::duration<double, std::micro>(t1 - t0).count());
+      if (r >= kWarmup)
+        samples.push_back(std::chrono::duration<double, std::micro>(t1 - t0).count());
     }
   } else {
     for (int r = 0; r < kWarmup; ++r) {
@@ -104,10 +105,11 @@ int drive(Pipe& pipe, const std::string& mode, int64_t bytes, int rounds) {
   }
   std::string list;
   for (double s : samples) list += (list.empty() ? "" : ",") + std::to_string(s);
-  std::printf("{\"mode\": \"%s\", \"bytes\": %lld, \"rounds\": %d, \"median_us\": %.3f, "
-              "\"transports\": \"%s\", \"samples\": [%s]}\n",
-              mode.c_str(), static_cast<long long>(bytes), rounds, median(samples),
-              pipe.transports().c_str(), list.c_str());
+  std::printf(
+      "{\"mode\": \"%s\", \"bytes\": %lld, \"rounds\": %d, \"median_us\": %.3f, "
+      "\"transports\": \"%s\", \"samples\": [%s]}\n",
+      mode.c_str(), static_cast<long long>(bytes), rounds, median(samples),
+      pipe.transports().c_str(), list.c_str());
   return 0;
 }
 

@@ -40,12 +40,12 @@
 #include <string>
 #include <vector>
 
-#include "wire/leaf_order.h"
 #include "tensordict/consolidate.h"
 #include "tensordict/distributed/collectives.h"
 #include "tensordict/distributed/p2p.h"
 #include "tensordict/distributed/process_group.h"
 #include "tensordict/distributed/runner.h"
+#include "wire/leaf_order.h"
 #if __has_include("tensordict/distributed/init_remote.h")
 #include "tensordict/distributed/init_remote.h"
 #define TENSORDICT_BENCH_INIT_REMOTE
@@ -93,9 +93,10 @@ Config parse(int argc, char** argv) {
       char name[128];
       int nested = 0;
       long long leaves = 0, bytes = 0;
-      TORCH_CHECK_VALUE(std::sscanf(v.c_str(), "%127[^:]:%lld:%lld:%d", name, &leaves, &bytes,
-                                    &nested) == 4 && leaves > 0 && bytes > 0 && bytes % 4 == 0,
-                        "--case wants NAME:LEAVES:BYTES_PER_LEAF:NESTED, got ", v);
+      TORCH_CHECK_VALUE(
+          std::sscanf(v.c_str(), "%127[^:]:%lld:%lld:%d", name, &leaves, &bytes, &nested) == 4 &&
+              leaves > 0 && bytes > 0 && bytes % 4 == 0,
+          "--case wants NAME:LEAVES:BYTES_PER_LEAF:NESTED, got ", v);
       s.name = name, s.leaves = leaves, s.bytes = bytes, s.nested = nested != 0;
       c.cases.push_back(s);
     } else if (k == "--json") {
@@ -156,11 +157,11 @@ bool equal_leaves(const std::vector<at::Tensor>& a, const std::vector<at::Tensor
 
 struct Arm {
   std::string id;
-  bool local = false;           // rank 0 only, no transfer and no ack
-  std::function<void()> send{};   // rank 0 (a local arm's work)
-  std::function<void()> recv{};   // rank 1
+  bool local = false;                            // rank 0 only, no transfer and no ack
+  std::function<void()> send{};                  // rank 0 (a local arm's work)
+  std::function<void()> recv{};                  // rank 1
   std::function<void()> ack_send{}, ack_recv{};  // empty: the process group carries the ack
-  std::function<bool()> verify{};  // after timing, on rank 1 (rank 0 for a local arm)
+  std::function<bool()> verify{};                // after timing, on rank 1 (rank 0 for a local arm)
 };
 
 struct Peers {
@@ -189,12 +190,15 @@ std::vector<Arm> make_arms(const CaseSpec& s, int rank, Peers& peers) {
   arms.push_back({.id = "floor.raw_one",
                   .send = [pg, storage] { pg->send(*storage, 1, 0)->wait(); },
                   .recv = [pg, storage] { pg->recv(*storage, 0, 0)->wait(); },
-                  .verify = [storage, expected_td] {
-                    auto want = tensordict::consolidated_storage(tensordict::consolidate(expected_td()));
-                    return at::equal((*storage)[0], want);
-                  }});
+                  .verify =
+                      [storage, expected_td] {
+                        auto want = tensordict::consolidated_storage(
+                            tensordict::consolidate(expected_td()));
+                        return at::equal((*storage)[0], want);
+                      }});
   if (s.leaves > 1) {
-    auto raw = std::make_shared<std::vector<at::Tensor>>(leaves_of(sender ? *td : make_td(s, false)));
+    auto raw =
+        std::make_shared<std::vector<at::Tensor>>(leaves_of(sender ? *td : make_td(s, false)));
     auto post = [pg, raw](bool sending) {
       std::vector<dist::WorkPtr> works;
       works.reserve(raw->size());
@@ -205,22 +209,20 @@ std::vector<Arm> make_arms(const CaseSpec& s, int rank, Peers& peers) {
       }
       for (auto& w : works) w->wait();
     };
-    arms.push_back({.id = "floor.raw_n",
-                    .send = [post] { post(true); },
-                    .recv = [post] { post(false); },
-                    .verify = [raw, expected_td] {
-                      return equal_leaves(*raw, leaves_of(expected_td()));
-                    }});
+    arms.push_back(
+        {.id = "floor.raw_n",
+         .send = [post] { post(true); },
+         .recv = [post] { post(false); },
+         .verify = [raw, expected_td] { return equal_leaves(*raw, leaves_of(expected_td())); }});
   }
   {
     auto src = tensordict::consolidated_storage(*cons);
     auto dst = std::make_shared<at::Tensor>(at::empty_like(src));
-    arms.push_back({.id = "floor.memcpy",
-                    .local = true,
-                    .send = [src, dst] {
-                      std::memcpy(dst->data_ptr(), src.const_data_ptr(), src.nbytes());
-                    },
-                    .verify = [src, dst] { return at::equal(src, *dst); }});
+    arms.push_back(
+        {.id = "floor.memcpy",
+         .local = true,
+         .send = [src, dst] { std::memcpy(dst->data_ptr(), src.const_data_ptr(), src.nbytes()); },
+         .verify = [src, dst] { return at::equal(src, *dst); }});
   }
   arms.push_back({.id = "cpp.per_leaf",
                   .send = [td] { dist::send(*td, 1); },
@@ -238,10 +240,11 @@ std::vector<Arm> make_arms(const CaseSpec& s, int rank, Peers& peers) {
                   .verify = [td, expected_td] { return (*td == expected_td()).all(); }});
   arms.push_back({.id = "cpp.consolidated_timeout",
                   .send = [cons] { dist::send(*cons, 1, {.consolidated = true}); },
-                  .recv = [cons] {
-                    dist::recv(*cons, 0, {.consolidated = true,
-                                          .timeout = std::chrono::seconds(60)});
-                  },
+                  .recv =
+                      [cons] {
+                        dist::recv(*cons, 0,
+                                   {.consolidated = true, .timeout = std::chrono::seconds(60)});
+                      },
                   .verify = [cons, expected_td] { return (*cons == expected_td()).all(); }});
   // Checked transfers: a header and the schema before the same payload.
   arms.push_back({.id = "cpp.per_leaf_checked",
@@ -249,12 +252,8 @@ std::vector<Arm> make_arms(const CaseSpec& s, int rank, Peers& peers) {
                   .recv = [td] { dist::recv(*td, 0, {.checked = true}); },
                   .verify = [td, expected_td] { return (*td == expected_td()).all(); }});
   arms.push_back({.id = "cpp.consolidated_checked",
-                  .send = [cons] {
-                    dist::send(*cons, 1, {.consolidated = true, .checked = true});
-                  },
-                  .recv = [cons] {
-                    dist::recv(*cons, 0, {.consolidated = true, .checked = true});
-                  },
+                  .send = [cons] { dist::send(*cons, 1, {.consolidated = true, .checked = true}); },
+                  .recv = [cons] { dist::recv(*cons, 0, {.consolidated = true, .checked = true}); },
                   .verify = [cons, expected_td] { return (*cons == expected_td()).all(); }});
   if (s.leaves >= 100 && s.leaves * s.bytes <= (1 << 20)) {
     // all_reduce with MAX, which leaves the values as they are on every round (the sender's
@@ -267,9 +266,10 @@ std::vector<Arm> make_arms(const CaseSpec& s, int rank, Peers& peers) {
     arms.push_back({.id = "floor.allreduce_one",
                     .send = [pg, flat, max_opts] { pg->allreduce(*flat, max_opts)->wait(); },
                     .recv = [pg, flat, max_opts] { pg->allreduce(*flat, max_opts)->wait(); },
-                    .verify = [flat, expected_td] {
-                      return at::equal((*flat)[0], at::cat(leaves_of(expected_td())));
-                    }});
+                    .verify =
+                        [flat, expected_td] {
+                          return at::equal((*flat)[0], at::cat(leaves_of(expected_td())));
+                        }});
     auto each = std::make_shared<std::vector<at::Tensor>>(leaves_of(make_td(s, sender)));
     auto reduce_each = [pg, each, max_opts] {
       std::vector<dist::WorkPtr> works;
@@ -279,17 +279,19 @@ std::vector<Arm> make_arms(const CaseSpec& s, int rank, Peers& peers) {
       }
       for (auto& w : works) w->wait();
     };
-    arms.push_back({.id = "floor.allreduce_n", .send = reduce_each, .recv = reduce_each,
-                    .verify = [each, expected_td] {
-                      return equal_leaves(*each, leaves_of(expected_td()));
-                    }});
+    arms.push_back(
+        {.id = "floor.allreduce_n",
+         .send = reduce_each,
+         .recv = reduce_each,
+         .verify = [each, expected_td] { return equal_leaves(*each, leaves_of(expected_td())); }});
     for (const bool buckets : {false, true}) {
       auto mine = std::make_shared<TensorDict>(make_td(s, sender));
       dist::AllReduceOptions o{.op = c10d::ReduceOp::MAX};
       if (buckets) o.bucket_bytes = int64_t{1} << 20;
       auto run = [mine, o] { dist::all_reduce(*mine, o); };
       arms.push_back({.id = buckets ? "cpp.all_reduce_buckets" : "cpp.all_reduce",
-                      .send = run, .recv = run,
+                      .send = run,
+                      .recv = run,
                       .verify = [mine, expected_td] { return (*mine == expected_td()).all(); }});
     }
   }
@@ -417,14 +419,15 @@ nlohmann::json run_case(const Config& cfg, const CaseSpec& s, int rank, Peers& p
   at::Tensor remote = at::empty_like(ok);
   std::vector<at::Tensor> rv{remote};
   pg->recv(rv, 1, kCtrlTag)->wait();
-  nlohmann::json out = {{"name", s.name}, {"leaves", s.leaves}, {"bytes", s.leaves * s.bytes},
+  nlohmann::json out = {{"name", s.name},
+                        {"leaves", s.leaves},
+                        {"bytes", s.leaves * s.bytes},
                         {"seconds", std::chrono::duration<double>(Clock::now() - start).count()}};
   for (size_t a = 0; a < arms.size(); ++a) {
     const auto st = stats(times[a]);
     const bool verified = (arms[a].local ? ok[a] : remote[a]).item<int>() == 1;
-    out["arms"][arms[a].id] = {{"median_us", st.median}, {"p25_us", st.p25},
-                               {"p75_us", st.p75},       {"ci_lo_us", st.ci_lo},
-                               {"ci_hi_us", st.ci_hi},   {"n", st.n},
+    out["arms"][arms[a].id] = {{"median_us", st.median}, {"p25_us", st.p25},     {"p75_us", st.p75},
+                               {"ci_lo_us", st.ci_lo},   {"ci_hi_us", st.ci_hi}, {"n", st.n},
                                {"verified", verified}};
   }
   return out;

@@ -41,8 +41,8 @@ int main() {
     }
     torch::NoGradGuard no_grad;
     torch::Tensor out = policy->forward(x);
-    std::vector<torch::Tensor> report{torch::cat({torch::full({1}, static_cast<float>(*version)),
-                                                  out.flatten()})};
+    std::vector<torch::Tensor> report{
+        torch::cat({torch::full({1}, static_cast<float>(*version)), out.flatten()})};
     dist::default_group()->send(report, 0, /*tag=*/1)->wait();
   }
   std::vector<torch::Tensor> last{torch::full({3}, -1.0f)};  // "no more reports"

@@ -17,9 +17,8 @@ namespace dist = tensordict::dist;
 TENSORDICT_TENSORCLASS(Pose, (at::Tensor, q));
 
 // A Python peer declares `@tensorclass class MyData` in its script: "__main__.MyData".
-TENSORDICT_TENSORCLASS_NAMED(MyData, "__main__.MyData",
-    (at::Tensor, obs),
-    (at::Tensor, reward),
+TENSORDICT_TENSORCLASS_NAMED(
+    MyData, "__main__.MyData", (at::Tensor, obs), (at::Tensor, reward),
     (std::string, source),  // non-tensor: travels with init_remote, not with per-leaf sends
     (Pose, pose));
 

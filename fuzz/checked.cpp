@@ -1,6 +1,6 @@
 // Fuzz target: what a checked-transfer receiver reads from its peer (src/distributed/
-// src/wire/include/wire/checked.h): the 64-byte header, the schema, the comparison with its own TensorDict and
-// the plan of the payload messages it then drains, without Gloo.
+// src/wire/include/wire/checked.h): the 64-byte header, the schema, the comparison with its own
+// TensorDict and the plan of the payload messages it then drains, without Gloo.
 //
 // Input: one control byte, then the header (64 bytes, zero-padded if the input is shorter),
 // then what the peer's schema message carries. Control bit 0: the receiver is consolidated
@@ -19,9 +19,9 @@
 #include <string>
 #include <vector>
 
-#include "wire/checked.h"
 #include "core/bytes.h"
 #include "fuzz_util.h"
+#include "wire/checked.h"
 
 using namespace tensordict;
 using namespace tensordict::wire::checked;

@@ -6,10 +6,10 @@
 // Input: byte 0 the members per stack (1 to 256, times 64 when bit 7 of byte 1 is set; at most
 // about 4,000 TensorDicts in all), byte 1
 // the nesting (bits 0-1: lazy stacks inside members) and leaves per member (bits 2-4), byte 2
-// the stack dim (members have batch size [2]), then an optional patch (position, byte) pairs applied to the pickle.
-// Expected: an unpatched pickle is read back as the same metadata, within the budget; a patched
-// one is read or refused with c10::Error. Findings: crashes, sanitizer reports, a refusal of
-// honest metadata, a budget refusal without the budget's message.
+// the stack dim (members have batch size [2]), then an optional patch (position, byte) pairs
+// applied to the pickle. Expected: an unpatched pickle is read back as the same metadata, within
+// the budget; a patched one is read or refused with c10::Error. Findings: crashes, sanitizer
+// reports, a refusal of honest metadata, a budget refusal without the budget's message.
 
 #include <algorithm>
 #include <cstddef>
@@ -59,7 +59,8 @@ extern "C" int LLVMFuzzerTestOneInput(const uint8_t* data, size_t size) {
   const TensorDict td = LazyStackedTensorDict(tds, dim);
   const TensorDict c = consolidate(td);
   const Metadata& m = *consolidated_metadata(c);
-  std::string pickle = metadata_pickle_bytes(m, {{"_total_bytes", consolidated_storage(c).numel()}});
+  std::string pickle =
+      metadata_pickle_bytes(m, {{"_total_bytes", consolidated_storage(c).numel()}});
 
   // Honest metadata is read back, whatever its size within the documented limits.
   Metadata back;

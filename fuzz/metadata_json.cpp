@@ -15,9 +15,9 @@
 #include <string>
 #include <string_view>
 
+#include "core/metadata.h"
 #include "fuzz_util.h"
 #include "tensordict/consolidate.h"
-#include "core/metadata.h"
 
 using namespace tensordict;
 

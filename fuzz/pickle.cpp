@@ -49,8 +49,8 @@ extern "C" int LLVMFuzzerTestOneInput(const uint8_t* data, size_t size) {
   std::optional<Metadata> general;
   bool over_general_budget = false;
   try {
-    general = metadata_from_pickle(pickle::loads(bytes, metadata_pickle_limits()),
-                                   &general_transport);
+    general =
+        metadata_from_pickle(pickle::loads(bytes, metadata_pickle_limits()), &general_transport);
   } catch (const c10::Error& e) {
     over_general_budget = std::string_view(e.what()).find("the values read would take more than") !=
                           std::string_view::npos;

@@ -1,6 +1,7 @@
-// Fuzz target: the pipe's frame reader (src/wire/include/wire/pipe_frames.h), the bytes a TensorDictPipe peer
-// sends, without UCX: flag byte, u64 length, metadata JSON, storage (consolidated mode), or u64
-// length, header JSON, leaves (uncollated mode), several messages in a row.
+// Fuzz target: the pipe's frame reader (src/wire/include/wire/pipe_frames.h), the bytes a
+// TensorDictPipe peer sends, without UCX: flag byte, u64 length, metadata JSON, storage
+// (consolidated mode), or u64 length, header JSON, leaves (uncollated mode), several messages in a
+// row.
 //
 // Input: one control byte, then the stream. Control bit 0: uncollated mode (else
 // consolidated); bit 1: pass the previous result as recv()'s `td`; bit 2: pass a consolidated
@@ -22,9 +23,9 @@
 #include <string>
 #include <string_view>
 
-#include "wire/pipe_frames.h"
 #include "fuzz_util.h"
 #include "tensordict/consolidate.h"
+#include "wire/pipe_frames.h"
 
 using namespace tensordict;
 using tensordict::wire::frames::ByteSource;

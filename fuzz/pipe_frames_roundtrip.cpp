@@ -44,9 +44,7 @@ constexpr int64_t kCap = int64_t{1} << 20;
 // whole; any other length is a finding.
 class MessageQueue final : public ByteSource {
  public:
-  void push(const OutFrame& f) {
-    messages_.emplace_back(static_cast<const char*>(f.data), f.n);
-  }
+  void push(const OutFrame& f) { messages_.emplace_back(static_cast<const char*>(f.data), f.n); }
   void read(void* data, size_t n, const at::Tensor&, const char*) override {
     const std::string m = pop();
     if (m.size() != n) fuzz::fail("a message read with another length than written");
@@ -97,9 +95,9 @@ class Recipe {
   size_t pos_ = 0;
 };
 
-constexpr at::ScalarType kDtypes[] = {at::kFloat,  at::kDouble, at::kLong,     at::kInt,
-                                      at::kByte,   at::kBool,   at::kBFloat16, at::kHalf,
-                                      at::kShort,  at::kChar,   at::kComplexFloat};
+constexpr at::ScalarType kDtypes[] = {at::kFloat, at::kDouble, at::kLong,        at::kInt,
+                                      at::kByte,  at::kBool,   at::kBFloat16,    at::kHalf,
+                                      at::kShort, at::kChar,   at::kComplexFloat};
 
 // One entry of a structure: a leaf (dtype, trailing shape) or a str under `key`.
 struct Field {
@@ -202,9 +200,9 @@ extern "C" int LLVMFuzzerTestOneInput(const uint8_t* data, size_t size) {
     }
     for (const auto& f : frames) queue.push(f);
     const bool into = consolidated && previous && (step & 2);
-    TensorDict got = consolidated ? reader.recv_consolidated(queue, into ? previous : std::nullopt,
-                                                             std::nullopt)
-                                  : reader.recv_uncollated(queue, std::nullopt);
+    TensorDict got =
+        consolidated ? reader.recv_consolidated(queue, into ? previous : std::nullopt, std::nullopt)
+                     : reader.recv_uncollated(queue, std::nullopt);
     if (!queue.empty()) fuzz::fail("the reader left messages of a TensorDict unread");
     check_same(td, got);
     if (consolidated) {

@@ -63,7 +63,7 @@ extern "C" int LLVMFuzzerTestOneInput(const uint8_t* data, size_t size) {
     pub::check_offer("fuzz", o, held);
     if (o.data_bytes < 0 || o.data_bytes > kMaxData) fuzz::fail("an offer's size passed");
     if (o.epoch == held.epoch && o.version <= held.version) fuzz::fail("a version went back");
-    if (o.schema_bytes == 0) return 0;  // the held schema is reused
+    if (o.schema_bytes == 0) return 0;                                 // the held schema is reused
     if (static_cast<size_t>(o.schema_bytes) != rest.size()) return 0;  // a short message
     const core::ValidatedMetadata m = pub::read_schema("fuzz", o, rest);
     if (m.storage_bytes() > o.data_bytes) fuzz::fail("a schema larger than its storage passed");

@@ -34,9 +34,9 @@ constexpr size_t kMaxExpansion = size_t{1} << 16;
 
 struct Node {
   int op = 3;
-  std::string text;                              // str; an int's value as text
-  std::vector<size_t> items;                     // list / dict values: earlier node numbers
-  std::vector<std::string> keys;                 // dict keys
+  std::string text;               // str; an int's value as text
+  std::vector<size_t> items;      // list / dict values: earlier node numbers
+  std::vector<std::string> keys;  // dict keys
 };
 
 // Builds node `i` as json_from_py builds a Python object: once per node with `shared`.
@@ -62,8 +62,8 @@ JsonValue build(const std::vector<Node>& nodes, size_t i, size_t depth,
     if (shared) shared->charge(core::kSharedNodeBytes);
     JsonValue::Map items;
     for (size_t k = 0; k < n.items.size(); ++k) {
-      if (shared) shared->charge(core::SharedJsonBuilder::key_bytes(n.keys[k].size()) -
-                                 sizeof(JsonValue));
+      if (shared)
+        shared->charge(core::SharedJsonBuilder::key_bytes(n.keys[k].size()) - sizeof(JsonValue));
       items.emplace_back(n.keys[k], build(nodes, n.items[k], depth + 1, shared, made));
     }
     out = JsonValue(std::move(items));

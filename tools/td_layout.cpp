@@ -73,7 +73,8 @@ TensorDict build(const Json& node, const at::Tensor& data) {
     for (auto d : shape) numel *= d;
     const int64_t nbytes = numel * static_cast<int64_t>(c10::elementSize(dtype));
     // A fresh contiguous copy, then the ops: as the Python side builds its tensor.
-    at::Tensor t = data.narrow(0, item.at("offset").get<int64_t>(), nbytes).clone().view(dtype).view(shape);
+    at::Tensor t =
+        data.narrow(0, item.at("offset").get<int64_t>(), nbytes).clone().view(dtype).view(shape);
     for (const auto& op : item.value("ops", Json::array())) {
       const auto name = op.at(0).get<std::string>();
       if (name == "t") {
@@ -152,7 +153,8 @@ int run(const std::vector<std::string>& args) {
     return 0;
   }
   if (args.size() == 4 && args[0] == "rebuild") {
-    TensorDict td = rebuild(metadata_from_json(read_file(args[1])), bytes_tensor(read_file(args[2])));
+    TensorDict td =
+        rebuild(metadata_from_json(read_file(args[1])), bytes_tensor(read_file(args[2])));
     std::string blob;
     const std::string text = describe(td, consolidated_storage(td), blob).dump();
     write_file(args[3] + ".json", text.data(), text.size());

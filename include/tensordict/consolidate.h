@@ -25,11 +25,11 @@ namespace tensordict {
 
 /// Options of consolidate(), named like the reference's keywords.
 struct ConsolidateOptions {
-  bool metadata = true;              // kept for parity: the reference always builds the metadata
+  bool metadata = true;                // kept for parity: the reference always builds the metadata
   std::optional<at::Device> device{};  // storage device; default: the TensorDict's, else the CPU
-  bool pin_memory = false;           // page-locked CPU storage (needs an accelerator backend)
-  bool share_memory = false;         // CPU storage in POSIX shared memory (torch's fd strategy)
-  int num_threads = 1;               // > 1: CPU leaves are copied by that many threads (0 = 1)
+  bool pin_memory = false;             // page-locked CPU storage (needs an accelerator backend)
+  bool share_memory = false;           // CPU storage in POSIX shared memory (torch's fd strategy)
+  int num_threads = 1;                 // > 1: CPU leaves are copied by that many threads (0 = 1)
   /// Write the storage into this file, memory-mapped, with the metadata after it (the
   /// reference's file layout, docs/wire-format.md §3.5): the result's leaves are views of the
   /// shared mapping, so writes reach the file. Exclusive with a device other than the CPU.
@@ -65,11 +65,11 @@ struct NonTensorMetadata {
 /// "is_locked"}, and its batch_size here is the stack's (its members' with the stack dim),
 /// which the wire leaves out.
 struct ClsMetadata {
-  std::optional<std::string> device;             // str(device) or null
+  std::optional<std::string> device;              // str(device) or null
   std::vector<std::optional<std::string>> names;  // one per batch dim; null when unnamed
   std::vector<int64_t> batch_size;
-  bool is_locked = false;  // as it was before consolidate() locked its result
-  int64_t stack_dim = 0;   // lazy stacks only
+  bool is_locked = false;                     // as it was before consolidate() locked its result
+  int64_t stack_dim = 0;                      // lazy stacks only
   std::optional<std::string> stack_dim_name;  // lazy stacks only
   bool operator==(const ClsMetadata&) const = default;
 };
@@ -123,8 +123,8 @@ using JsonScalar = std::variant<std::nullptr_t, bool, int64_t, std::string>;
 using TransportFields = std::vector<std::pair<std::string, JsonScalar>>;
 
 /// Bounds on metadata from a peer.
-inline constexpr int kMaxMetadataDepth = 64;                 // nested levels below the root
-inline constexpr int64_t kMaxMetadataEntries = 1 << 20;      // leaves + nodes + non-tensors
+inline constexpr int kMaxMetadataDepth = 64;             // nested levels below the root
+inline constexpr int64_t kMaxMetadataEntries = 1 << 20;  // leaves + nodes + non-tensors
 inline constexpr size_t kMaxMetadataJsonBytes = size_t{256} << 20;
 
 /// A consolidated copy of `td`: one uint8 storage holding every leaf in depth-first insertion
@@ -132,10 +132,11 @@ inline constexpr size_t kMaxMetadataJsonBytes = size_t{256} << 20;
 /// leaves (nested levels included) are views of it. The result is locked and carries the state
 /// at its root, as the reference's does. Non-tensor entries take no bytes: each node's
 /// "non_tensors" records them, and the result keeps them where `td` has them. Returns `td`
-/// itself when it is already consolidated. Throws ValueError for a dtype the wire cannot name (float8, quantized, ...), a leaf whose
-/// offset cannot be viewed as its dtype (a complex128 starting at 8 mod 16: the reference
-/// raises too), a nested key that collides with the metadata's own names, or bad options;
-/// TypeError for a sparse or nested-tensor leaf. Blocks until every copy is done.
+/// itself when it is already consolidated. Throws ValueError for a dtype the wire cannot name
+/// (float8, quantized, ...), a leaf whose offset cannot be viewed as its dtype (a complex128
+/// starting at 8 mod 16: the reference raises too), a nested key that collides with the metadata's
+/// own names, or bad options; TypeError for a sparse or nested-tensor leaf. Blocks until every copy
+/// is done.
 TensorDict consolidate(const TensorDict& td, const ConsolidateOptions& options = {});
 
 /// True when `td` carries a consolidated state (see TensorDict::consolidated_state()) and its
@@ -186,7 +187,8 @@ struct FromConsolidatedOptions {
 /// file is a RuntimeError naming the file (the reference's type for such files).
 /// A file truncated after it was mapped makes reads of the leaves fault (SIGBUS), as with any
 /// mapping: docs/reliability.md.
-TensorDict from_consolidated(const std::string& filename, const FromConsolidatedOptions& options = {});
+TensorDict from_consolidated(const std::string& filename,
+                             const FromConsolidatedOptions& options = {});
 
 /// A TensorDict whose leaves are views of `storage` (a 1-D contiguous uint8 tensor), laid out
 /// as `metadata` says. The metadata is validated against the storage first (ValueError on any

@@ -89,14 +89,14 @@ template <class E>
 }  // namespace tensordict
 
 /// Throws tensordict::Type (one of the classes above) with the message c10::str(...) builds.
-#define TD_THROW(Type, ...)                                                                 \
-  ::tensordict::detail::throw_error<::tensordict::Type>(                                   \
+#define TD_THROW(Type, ...)                              \
+  ::tensordict::detail::throw_error<::tensordict::Type>( \
       __func__, __FILE__, static_cast<uint32_t>(__LINE__), ::c10::str(__VA_ARGS__))
 
 /// Like TORCH_CHECK, but throws tensordict::Type.
-#define TD_CHECK_AS(Type, cond, ...)                                                        \
-  if (C10_UNLIKELY_OR_CONST(!(cond))) {                                                    \
-    TD_THROW(Type, __VA_ARGS__);                                                           \
+#define TD_CHECK_AS(Type, cond, ...)    \
+  if (C10_UNLIKELY_OR_CONST(!(cond))) { \
+    TD_THROW(Type, __VA_ARGS__);        \
   }
 
 /// Like TORCH_CHECK, but throws tensordict::MalformedPeerDataError: a fault in a peer's bytes.

@@ -31,16 +31,16 @@ class JsonValue {
   JsonValue& operator=(const JsonValue& other);
   JsonValue(JsonValue&&) noexcept = default;
   JsonValue& operator=(JsonValue&&) noexcept = default;
-  JsonValue(std::nullptr_t) : v_(nullptr) {}                       // NOLINT: implicit on purpose
-  JsonValue(bool b) : v_(b) {}                                     // NOLINT
-  JsonValue(int i) : v_(static_cast<int64_t>(i)) {}                // NOLINT
-  JsonValue(int64_t i) : v_(i) {}                                  // NOLINT
-  JsonValue(double d) : v_(d) {}                                   // NOLINT
-  JsonValue(const char* s) : JsonValue(std::string(s)) {}          // NOLINT: implicit on purpose
-  JsonValue(std::string s);                                        // NOLINT
-  JsonValue(std::string_view s) : JsonValue(std::string(s)) {}     // NOLINT
+  JsonValue(std::nullptr_t) : v_(nullptr) {}                    // NOLINT: implicit on purpose
+  JsonValue(bool b) : v_(b) {}                                  // NOLINT
+  JsonValue(int i) : v_(static_cast<int64_t>(i)) {}             // NOLINT
+  JsonValue(int64_t i) : v_(i) {}                               // NOLINT
+  JsonValue(double d) : v_(d) {}                                // NOLINT
+  JsonValue(const char* s) : JsonValue(std::string(s)) {}       // NOLINT: implicit on purpose
+  JsonValue(std::string s);                                     // NOLINT
+  JsonValue(std::string_view s) : JsonValue(std::string(s)) {}  // NOLINT
   JsonValue(List list) : v_(std::make_shared<const List>(std::move(list))) {}  // NOLINT
-  JsonValue(Map map);                                              // NOLINT; ValueError on a duplicate key
+  JsonValue(Map map);  // NOLINT; ValueError on a duplicate key
   /// A list: JsonValue::list({1, "a", nullptr}).
   static JsonValue list(std::initializer_list<JsonValue> items) { return JsonValue(List(items)); }
   /// A map: JsonValue::map({{"a", 1}, {"b", "x"}}).

@@ -3,7 +3,8 @@
 // duration; the UCX transports a pipe connected with), one per message at "debug". Off unless
 // asked: the environment variable TENSORDICT_LOG=info|debug at the first log call, or
 // set_log_level(). Lines go to stderr, or to the sink the caller installs (the Python module
-// installs one that forwards to Python's `logging`, logger "tensordict_cpp"). docs/observability.md.
+// installs one that forwards to Python's `logging`, logger "tensordict_cpp").
+// docs/observability.md.
 
 #include <functional>
 #include <string>

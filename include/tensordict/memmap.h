@@ -1,8 +1,8 @@
 #pragma once
 // Memory-mapped tensors and TensorDicts on disk, as the reference's MemoryMappedTensor and
-// TensorDict.memmap / memmap_ / memmap_like / load_memmap, with its on-disk layout (docs/memmap.md):
-// a directory per level holding meta.json and one raw file `<key>.memmap` per leaf, so that a
-// directory written by either library loads in the other.
+// TensorDict.memmap / memmap_ / memmap_like / load_memmap, with its on-disk layout
+// (docs/memmap.md): a directory per level holding meta.json and one raw file `<key>.memmap` per
+// leaf, so that a directory written by either library loads in the other.
 
 #include <ATen/core/Tensor.h>
 #include <c10/core/Scalar.h>

@@ -14,8 +14,8 @@ namespace tensordict {
 
 /// Options of from_module(), named like the reference's keywords.
 struct FromModuleOptions {
-  bool lock = false;          // lock the result
-  bool filter_empty = true;   // leave out submodules without parameters or buffers
+  bool lock = false;         // lock the result
+  bool filter_empty = true;  // leave out submodules without parameters or buffers
 };
 
 /// A TensorDict holding `module`'s parameters, then its buffers, then a nested TensorDict per
@@ -25,8 +25,8 @@ TensorDict from_module(const torch::nn::Module& module, const FromModuleOptions&
 
 /// Options of to_module().
 struct ToModuleOptions {
-  bool inplace = false;      // copy into the module's tensors instead of pointing them at td's
-  bool return_swap = true;   // return the values the module held before
+  bool inplace = false;     // copy into the module's tensors instead of pointing them at td's
+  bool return_swap = true;  // return the values the module held before
 };
 
 /// Writes `td` into `module`: each leaf into the parameter or buffer of its name, each nested

@@ -14,11 +14,11 @@ namespace tensordict {
 /// as in the reference's tuple keys. A path must have at least one part (ValueError).
 class NestedKey {
  public:
-  NestedKey(const char* key);                        // NOLINT: implicit, like a Python str key
-  NestedKey(std::string key);                        // NOLINT
-  NestedKey(std::string_view key);                   // NOLINT
+  NestedKey(const char* key);       // NOLINT: implicit, like a Python str key
+  NestedKey(std::string key);       // NOLINT
+  NestedKey(std::string_view key);  // NOLINT
   NestedKey(std::initializer_list<std::string> parts);
-  NestedKey(std::vector<std::string> parts);         // NOLINT
+  NestedKey(std::vector<std::string> parts);  // NOLINT
 
   const std::vector<std::string>& parts() const { return parts_; }
   size_t size() const { return parts_.size(); }
@@ -39,7 +39,8 @@ class NestedKey {
   friend std::ostream& operator<<(std::ostream& os, const NestedKey& k) { return os << k.str(); }
 
  private:
-  explicit NestedKey(std::vector<std::string> parts, bool /*unchecked*/) : parts_(std::move(parts)) {}
+  explicit NestedKey(std::vector<std::string> parts, bool /*unchecked*/)
+      : parts_(std::move(parts)) {}
   std::vector<std::string> parts_;
 };
 

@@ -34,14 +34,14 @@ struct Pulled {
 /// What Publisher::stats() reports of one subscriber. The version it last pulled is its
 /// acknowledgement: the publisher saw its last message taken, so no extra message is needed.
 struct SubscriberStats {
-  int64_t rank = -1;                      // in the group; -1 over the pipe
-  std::string peer{};                     // "rank 2", or the pipe's peer "127.0.0.1:40123"
-  std::optional<int64_t> version{};       // the last version it received whole (this epoch)
-  int64_t pulls = 0;                      // versions it received whole
-  std::optional<int64_t> pinned{};        // the version of the slot it is receiving now
-  bool waiting = false;                   // a pull of it waits for a version to be published
-  bool lost = false;                      // its connection broke or closed, or it sent bytes
-                                          // that are not a request (then `error` says what)
+  int64_t rank = -1;                 // in the group; -1 over the pipe
+  std::string peer{};                // "rank 2", or the pipe's peer "127.0.0.1:40123"
+  std::optional<int64_t> version{};  // the last version it received whole (this epoch)
+  int64_t pulls = 0;                 // versions it received whole
+  std::optional<int64_t> pinned{};   // the version of the slot it is receiving now
+  bool waiting = false;              // a pull of it waits for a version to be published
+  bool lost = false;                 // its connection broke or closed, or it sent bytes
+                                     // that are not a request (then `error` says what)
   std::string error{};
 };
 

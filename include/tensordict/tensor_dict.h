@@ -2,8 +2,8 @@
 // TensorDict: an insertion-ordered, nested dictionary of tensors that share leading batch
 // dimensions.
 
-#include <ATen/core/Tensor.h>
 #include <ATen/TensorIndexing.h>
+#include <ATen/core/Tensor.h>
 #include <c10/core/Device.h>
 #include <c10/core/Scalar.h>
 #include <c10/core/ScalarType.h>
@@ -67,7 +67,7 @@ struct SelectOptions {
 
 /// Options of repr(), as the reference's set_printoptions.
 struct ReprOptions {
-  bool compact = true;    // the one-line form of tensordict 0.15 (false: the detailed form)
+  bool compact = true;      // the one-line form of tensordict 0.15 (false: the detailed form)
   std::string type_name{};  // the class name shown (a tensorclass's); default: this one's
   // For a tensorclass's compact repr: fields not shown, fields shown as `key: token` after the
   // others (its unset ones, "None"), and the class names of nested levels by key ("*": all).
@@ -79,8 +79,8 @@ struct ReprOptions {
 /// Options of the reductions sum(), mean(), std(), max() and min(), named like the reference's
 /// keywords. Without dims, every leaf is reduced over all of its elements (batch size []).
 struct ReductionOptions {
-  std::vector<int64_t> dims;              // batch dims to reduce (negative: from the end)
-  bool feature = false;                   // reduce every leaf's feature dims instead
+  std::vector<int64_t> dims;  // batch dims to reduce (negative: from the end)
+  bool feature = false;       // reduce every leaf's feature dims instead
   bool keepdim = false;
   std::optional<at::ScalarType> dtype{};  // sum and mean
   int64_t correction = 1;                 // std
@@ -124,8 +124,7 @@ class TensorDict {
   template <typename Map, typename = typename Map::mapped_type>
   explicit TensorDict(const Map& map, at::IntArrayRef batch_size = {},
                       std::optional<at::Device> device = std::nullopt)
-      : TensorDict(FlatEntries{}, std::vector<Entry>(map.begin(), map.end()), batch_size,
-                   device) {}
+      : TensorDict(FlatEntries{}, std::vector<Entry>(map.begin(), map.end()), batch_size, device) {}
 
   // ---- identity and shape ------------------------------------------------------------------
   /// True when both handles refer to the same dictionary.
@@ -346,8 +345,7 @@ class TensorDict {
   std::shared_ptr<const ConsolidatedState> consolidated_state() const;
   /// Test hook: a state set from outside, which is_consolidated() then checks against the
   /// entries. Only the project's tests can make the key (src/core/include/core/testing.h).
-  void set_consolidated_state(const TestKey& key,
-                              std::shared_ptr<const ConsolidatedState> state);
+  void set_consolidated_state(const TestKey& key, std::shared_ptr<const ConsolidatedState> state);
 
  protected:
   explicit TensorDict(std::shared_ptr<detail::TensorDictImpl> impl) : impl_(std::move(impl)) {}
@@ -363,9 +361,9 @@ class TensorDict {
 /// One entry of a TensorDict: a tensor leaf, a nested TensorDict or a non-tensor entry.
 class Value {
  public:
-  Value(at::Tensor tensor) : v_(std::move(tensor)) {}   // NOLINT: implicit on purpose
-  Value(TensorDict td) : v_(std::move(td)) {}           // NOLINT
-  Value(NonTensorData data) : v_(std::move(data)) {}    // NOLINT
+  Value(at::Tensor tensor) : v_(std::move(tensor)) {}  // NOLINT: implicit on purpose
+  Value(TensorDict td) : v_(std::move(td)) {}          // NOLINT
+  Value(NonTensorData data) : v_(std::move(data)) {}   // NOLINT
   /// The reference's UnbatchedTensor: a leaf whose shape need not start with its level's batch
   /// size. Batch operations (index, reshape, stack, ...) pass it through whole; operations on
   /// the values (clone, to, apply) apply to it and keep it unbatched. Per-leaf transfers and

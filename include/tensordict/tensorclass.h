@@ -95,7 +95,7 @@ consteval TcKind tc_kind() {
 /// Names a field may not take: members every tensorclass has.
 consteval bool tc_reserved_name(std::string_view name) {
   constexpr std::array<std::string_view, 9> kReserved = {
-      "td", "batch_size", "device", "type_name", "field_names", "from_tensordict", "clone",
+      "td", "batch_size",        "device", "type_name", "field_names", "from_tensordict", "clone",
       "to", "tensorclass_fields"};
   for (std::string_view r : kReserved) {
     if (r == name) return true;
@@ -112,11 +112,16 @@ struct TcField {
 
 template <typename T>
 constexpr const char* tc_expected() {
-  if constexpr (std::is_same_v<T, std::string>) return "a string";
-  else if constexpr (std::is_same_v<T, int64_t>) return "an integer";
-  else if constexpr (std::is_same_v<T, double>) return "a number";
-  else if constexpr (std::is_same_v<T, bool>) return "a bool";
-  else return "JSON-like data";
+  if constexpr (std::is_same_v<T, std::string>)
+    return "a string";
+  else if constexpr (std::is_same_v<T, int64_t>)
+    return "an integer";
+  else if constexpr (std::is_same_v<T, double>)
+    return "a number";
+  else if constexpr (std::is_same_v<T, bool>)
+    return "a bool";
+  else
+    return "JSON-like data";
 }
 
 inline const char* tc_json_kind(const JsonValue& v) {
@@ -137,11 +142,16 @@ inline const char* tc_entry_kind(const Value& v) {
 
 template <typename T>
 bool tc_json_holds(const JsonValue& v) {
-  if constexpr (std::is_same_v<T, std::string>) return v.is_string();
-  else if constexpr (std::is_same_v<T, int64_t>) return v.is_int();
-  else if constexpr (std::is_same_v<T, double>) return v.is_float() || v.is_int();
-  else if constexpr (std::is_same_v<T, bool>) return v.is_bool();
-  else return true;
+  if constexpr (std::is_same_v<T, std::string>)
+    return v.is_string();
+  else if constexpr (std::is_same_v<T, int64_t>)
+    return v.is_int();
+  else if constexpr (std::is_same_v<T, double>)
+    return v.is_float() || v.is_int();
+  else if constexpr (std::is_same_v<T, bool>)
+    return v.is_bool();
+  else
+    return true;
 }
 
 template <TensorClassType T>
@@ -238,25 +248,30 @@ T tc_get(const TensorClass<D>& tc, std::string_view field) {
   constexpr TcKind kind = tc_kind<T>();
   if constexpr (kind == TcKind::kTensor) {
     const Value v = td.get(key);
-    TORCH_CHECK_TYPE(v.is_tensor(), D::type_name(), ": field ", quote_key(key),
-                     " holds ", tc_entry_kind(v), ", not a tensor");
+    TORCH_CHECK_TYPE(v.is_tensor(), D::type_name(), ": field ", quote_key(key), " holds ",
+                     tc_entry_kind(v), ", not a tensor");
     return v.tensor();
   } else if constexpr (kind == TcKind::kNonTensor) {
     const Value v = td.get(key);
     TORCH_CHECK_TYPE(v.is_non_tensor(), D::type_name(), ": field ", quote_key(key), " holds ",
                      tc_entry_kind(v), ", not a non-tensor entry");
     const JsonValue& data = v.non_tensor().data();
-    TORCH_CHECK_TYPE(tc_json_holds<T>(data), D::type_name(), ": field ", quote_key(key),
-                     " holds ", tc_json_kind(data), ", not ", tc_expected<T>());
-    if constexpr (std::is_same_v<T, std::string>) return data.as_string();
-    else if constexpr (std::is_same_v<T, int64_t>) return data.as_int();
-    else if constexpr (std::is_same_v<T, double>) return data.as_float();
-    else if constexpr (std::is_same_v<T, bool>) return data.as_bool();
-    else return data;
+    TORCH_CHECK_TYPE(tc_json_holds<T>(data), D::type_name(), ": field ", quote_key(key), " holds ",
+                     tc_json_kind(data), ", not ", tc_expected<T>());
+    if constexpr (std::is_same_v<T, std::string>)
+      return data.as_string();
+    else if constexpr (std::is_same_v<T, int64_t>)
+      return data.as_int();
+    else if constexpr (std::is_same_v<T, double>)
+      return data.as_float();
+    else if constexpr (std::is_same_v<T, bool>)
+      return data.as_bool();
+    else
+      return data;
   } else if constexpr (kind == TcKind::kNested) {
     const Value v = td.get(key);
-    TORCH_CHECK_TYPE(v.is_tensordict(), D::type_name(), ": field ", quote_key(key),
-                     " holds ", tc_entry_kind(v), ", not a TensorDict");
+    TORCH_CHECK_TYPE(v.is_tensordict(), D::type_name(), ": field ", quote_key(key), " holds ",
+                     tc_entry_kind(v), ", not a TensorDict");
     // Not validated again on every access: each accessor of the nested class checks its own
     // field, and the nested handle shares the parent's entries.
     return TcAccess::wrap<T>(v.tensordict());
@@ -281,10 +296,9 @@ Value tc_entry(const TensorClass<D>& /*tc: names D*/, std::string_view field, T 
   } else if constexpr (kind == TcKind::kNonTensor) {
     return Value(NonTensorData(JsonValue(std::move(value)), batch_size.vec(), device));
   } else if constexpr (kind == TcKind::kNested) {
-    TD_CHECK_BATCH(tc_starts_with(value.batch_size(), batch_size), D::type_name(),
-                   ": field ", quote_key(field), " (", T::type_name(), ") has batch size ",
-                   value.batch_size(), ", which does not start with the batch size ",
-                   batch_size);
+    TD_CHECK_BATCH(tc_starts_with(value.batch_size(), batch_size), D::type_name(), ": field ",
+                   quote_key(field), " (", T::type_name(), ") has batch size ", value.batch_size(),
+                   ", which does not start with the batch size ", batch_size);
     return Value(value.td());
   } else {
     TORCH_INTERNAL_ASSERT(false, "unsupported tensorclass field type");
@@ -295,8 +309,8 @@ Value tc_entry(const TensorClass<D>& /*tc: names D*/, std::string_view field, T 
 template <typename T, typename D>
 void tc_set(TensorClass<D>& tc, std::string_view field, T value) {
   TensorDict& td = TcAccess::td(tc);
-  td.set(std::string(field), tc_entry<T>(tc, field, std::move(value), td.batch_size(),
-                                         td.device()));
+  td.set(std::string(field),
+         tc_entry<T>(tc, field, std::move(value), td.batch_size(), td.device()));
 }
 
 template <typename D, typename Values, size_t... I>
@@ -407,7 +421,8 @@ void check_tensorclass_type(std::string_view call, const std::optional<std::stri
   if (!received) return;
   TORCH_CHECK_TYPE(same_tensorclass_type(*received, T::type_name()), call,
                    ": the sender's tensorclass is '", *received, "' but the receiver expects '",
-                   T::type_name(), "' (a C++ peer of a Python tensorclass declares its "
+                   T::type_name(),
+                   "' (a C++ peer of a Python tensorclass declares its "
                    "\"<module>.<qualname>\" with TENSORDICT_TENSORCLASS_NAMED)");
 }
 }  // namespace detail
@@ -420,11 +435,14 @@ void check_tensorclass_type(std::string_view call, const std::optional<std::stri
 
 #define TENSORDICT_TC_PARENS ()
 #define TENSORDICT_TC_EXPAND(...) \
-  TENSORDICT_TC_EXPAND4(TENSORDICT_TC_EXPAND4(TENSORDICT_TC_EXPAND4(TENSORDICT_TC_EXPAND4(__VA_ARGS__))))
+  TENSORDICT_TC_EXPAND4(          \
+      TENSORDICT_TC_EXPAND4(TENSORDICT_TC_EXPAND4(TENSORDICT_TC_EXPAND4(__VA_ARGS__))))
 #define TENSORDICT_TC_EXPAND4(...) \
-  TENSORDICT_TC_EXPAND3(TENSORDICT_TC_EXPAND3(TENSORDICT_TC_EXPAND3(TENSORDICT_TC_EXPAND3(__VA_ARGS__))))
+  TENSORDICT_TC_EXPAND3(           \
+      TENSORDICT_TC_EXPAND3(TENSORDICT_TC_EXPAND3(TENSORDICT_TC_EXPAND3(__VA_ARGS__))))
 #define TENSORDICT_TC_EXPAND3(...) \
-  TENSORDICT_TC_EXPAND2(TENSORDICT_TC_EXPAND2(TENSORDICT_TC_EXPAND2(TENSORDICT_TC_EXPAND2(__VA_ARGS__))))
+  TENSORDICT_TC_EXPAND2(           \
+      TENSORDICT_TC_EXPAND2(TENSORDICT_TC_EXPAND2(TENSORDICT_TC_EXPAND2(__VA_ARGS__))))
 #define TENSORDICT_TC_EXPAND2(...) __VA_ARGS__
 
 // m(ctx, field) for each field, juxtaposed.
@@ -438,7 +456,8 @@ void check_tensorclass_type(std::string_view call, const std::optional<std::stri
 #define TENSORDICT_TC_FOR_EACH_COMMA(m, ctx, ...) \
   __VA_OPT__(TENSORDICT_TC_EXPAND(TENSORDICT_TC_FOR_EACH_COMMA_(m, ctx, __VA_ARGS__)))
 #define TENSORDICT_TC_FOR_EACH_COMMA_(m, ctx, f, ...) \
-  m(ctx, f) __VA_OPT__(, TENSORDICT_TC_FOR_EACH_COMMA_AGAIN TENSORDICT_TC_PARENS(m, ctx, __VA_ARGS__))
+  m(ctx, f)                                           \
+      __VA_OPT__(, TENSORDICT_TC_FOR_EACH_COMMA_AGAIN TENSORDICT_TC_PARENS(m, ctx, __VA_ARGS__))
 #define TENSORDICT_TC_FOR_EACH_COMMA_AGAIN() TENSORDICT_TC_FOR_EACH_COMMA_
 
 #define TENSORDICT_TC_TYPE(type, name) type
@@ -446,23 +465,28 @@ void check_tensorclass_type(std::string_view call, const std::optional<std::stri
 
 // Each per-field macro unpacks (type, name) through one more level, so that # and ## see the
 // name itself.
-#define TENSORDICT_TC_CHECK(Name, f) TENSORDICT_TC_CHECK_(Name, TENSORDICT_TC_TYPE f, TENSORDICT_TC_NAME f)
+#define TENSORDICT_TC_CHECK(Name, f) \
+  TENSORDICT_TC_CHECK_(Name, TENSORDICT_TC_TYPE f, TENSORDICT_TC_NAME f)
 #define TENSORDICT_TC_CHECK_(Name, type, name) TENSORDICT_TC_CHECK__(Name, type, name)
-#define TENSORDICT_TC_CHECK__(Name, type, name)                                                \
-  static_assert(::tensordict::detail::tc_kind<type>() !=                                      \
-                    ::tensordict::detail::TcKind::kUnsupported,                               \
-                "TENSORDICT_TENSORCLASS(" #Name "): field '" #name "' has an unsupported "    \
-                "type; use at::Tensor, std::string, int64_t, double, bool, "                  \
-                "tensordict::JsonValue or another tensorclass");                              \
-  static_assert(!::tensordict::detail::tc_reserved_name(#name),                               \
-                "TENSORDICT_TENSORCLASS(" #Name "): field '" #name "' is reserved (every "    \
+#define TENSORDICT_TC_CHECK__(Name, type, name)                                            \
+  static_assert(                                                                           \
+      ::tensordict::detail::tc_kind<type>() != ::tensordict::detail::TcKind::kUnsupported, \
+      "TENSORDICT_TENSORCLASS(" #Name "): field '" #name                                   \
+      "' has an unsupported "                                                              \
+      "type; use at::Tensor, std::string, int64_t, double, bool, "                         \
+      "tensordict::JsonValue or another tensorclass");                                     \
+  static_assert(!::tensordict::detail::tc_reserved_name(#name),                            \
+                "TENSORDICT_TENSORCLASS(" #Name "): field '" #name                         \
+                "' is reserved (every "                                                    \
                 "tensorclass has a member of that name)");
 
 #define TENSORDICT_TC_DESC(Name, f) TENSORDICT_TC_DESC_(TENSORDICT_TC_TYPE f, TENSORDICT_TC_NAME f)
 #define TENSORDICT_TC_DESC_(type, name) TENSORDICT_TC_DESC__(type, name)
-#define TENSORDICT_TC_DESC__(type, name) ::tensordict::detail::TcField<type>{#name}
+#define TENSORDICT_TC_DESC__(type, name) \
+  ::tensordict::detail::TcField<type> { #name }
 
-#define TENSORDICT_TC_PARAM(Name, f) TENSORDICT_TC_PARAM_(TENSORDICT_TC_TYPE f, TENSORDICT_TC_NAME f)
+#define TENSORDICT_TC_PARAM(Name, f) \
+  TENSORDICT_TC_PARAM_(TENSORDICT_TC_TYPE f, TENSORDICT_TC_NAME f)
 #define TENSORDICT_TC_PARAM_(type, name) type name,
 
 #define TENSORDICT_TC_MOVE(Name, f) ::std::move(TENSORDICT_TC_NAME f)
@@ -470,39 +494,39 @@ void check_tensorclass_type(std::string_view call, const std::optional<std::stri
 #define TENSORDICT_TC_ACCESSORS(Name, f) \
   TENSORDICT_TC_ACCESSORS_(Name, TENSORDICT_TC_TYPE f, TENSORDICT_TC_NAME f)
 #define TENSORDICT_TC_ACCESSORS_(Name, type, name) TENSORDICT_TC_ACCESSORS__(Name, type, name)
-#define TENSORDICT_TC_ACCESSORS__(Name, type, name)                       \
+#define TENSORDICT_TC_ACCESSORS__(Name, type, name)                              \
   type name() const { return ::tensordict::detail::tc_get<type>(*this, #name); } \
-  Name& set_##name(type value) {                                          \
-    ::tensordict::detail::tc_set<type>(*this, #name, ::std::move(value)); \
-    return *this;                                                         \
+  Name& set_##name(type value) {                                                 \
+    ::tensordict::detail::tc_set<type>(*this, #name, ::std::move(value));        \
+    return *this;                                                                \
   }
 
 /// The members of a tensorclass, inside `class Name : public tensordict::TensorClass<Name>`;
 /// TypeName is the name the wire carries (a string literal). Leaves the access public.
-#define TENSORDICT_TENSORCLASS_BODY(Name, TypeName, ...)                                       \
- public:                                                                                       \
-  TENSORDICT_TC_FOR_EACH(TENSORDICT_TC_CHECK, Name, __VA_ARGS__)                               \
-  static_assert(::std::string_view(TypeName).size() > 0,                                      \
-                "TENSORDICT_TENSORCLASS(" #Name "): the type name must not be empty");        \
-  static constexpr ::std::string_view type_name() { return TypeName; }                       \
-  static constexpr auto tensorclass_fields() {                                                 \
+#define TENSORDICT_TENSORCLASS_BODY(Name, TypeName, ...)                                           \
+ public:                                                                                           \
+  TENSORDICT_TC_FOR_EACH(TENSORDICT_TC_CHECK, Name, __VA_ARGS__)                                   \
+  static_assert(::std::string_view(TypeName).size() > 0,                                           \
+                "TENSORDICT_TENSORCLASS(" #Name "): the type name must not be empty");             \
+  static constexpr ::std::string_view type_name() { return TypeName; }                             \
+  static constexpr auto tensorclass_fields() {                                                     \
     return ::std::make_tuple(TENSORDICT_TC_FOR_EACH_COMMA(TENSORDICT_TC_DESC, Name, __VA_ARGS__)); \
-  }                                                                                            \
-  Name() = default;                                                                            \
-  explicit Name(TENSORDICT_TC_FOR_EACH(TENSORDICT_TC_PARAM, Name, __VA_ARGS__)                 \
-                    ::at::IntArrayRef batch_size,                                              \
-                ::std::optional<::at::Device> device = ::std::nullopt) {                       \
-    ::tensordict::detail::tc_init(                                                            \
-        *this, batch_size, device,                                                             \
-        ::std::make_tuple(TENSORDICT_TC_FOR_EACH_COMMA(TENSORDICT_TC_MOVE, Name, __VA_ARGS__))); \
-  }                                                                                            \
+  }                                                                                                \
+  Name() = default;                                                                                \
+  explicit Name(                                                                                   \
+      TENSORDICT_TC_FOR_EACH(TENSORDICT_TC_PARAM, Name, __VA_ARGS__)::at::IntArrayRef batch_size,  \
+      ::std::optional<::at::Device> device = ::std::nullopt) {                                     \
+    ::tensordict::detail::tc_init(                                                                 \
+        *this, batch_size, device,                                                                 \
+        ::std::make_tuple(TENSORDICT_TC_FOR_EACH_COMMA(TENSORDICT_TC_MOVE, Name, __VA_ARGS__)));   \
+  }                                                                                                \
   TENSORDICT_TC_FOR_EACH(TENSORDICT_TC_ACCESSORS, Name, __VA_ARGS__)
 
 /// Declares tensorclass `Name` whose wire type name is TypeName (a string literal, e.g. the
 /// Python class's "<module>.<qualname>"). Fields: (type, name) pairs.
-#define TENSORDICT_TENSORCLASS_NAMED(Name, TypeName, ...)                  \
-  class Name : public ::tensordict::TensorClass<Name> {                    \
-    TENSORDICT_TENSORCLASS_BODY(Name, TypeName, __VA_ARGS__)               \
+#define TENSORDICT_TENSORCLASS_NAMED(Name, TypeName, ...)    \
+  class Name : public ::tensordict::TensorClass<Name> {      \
+    TENSORDICT_TENSORCLASS_BODY(Name, TypeName, __VA_ARGS__) \
   }
 
 /// Declares tensorclass `Name` (wire type name "Name"). Fields: (type, name) pairs.

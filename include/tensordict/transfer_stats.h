@@ -12,12 +12,12 @@ namespace tensordict {
 enum class Channel { kProcessGroup = 0, kPipe = 1 };
 
 struct TransferStats {
-  int64_t transfers = 0;       // completed calls (a send, a recv, a collective, ...)
-  int64_t messages_sent = 0;   // messages handed to the transport
+  int64_t transfers = 0;      // completed calls (a send, a recv, a collective, ...)
+  int64_t messages_sent = 0;  // messages handed to the transport
   int64_t messages_received = 0;
-  int64_t bytes_sent = 0;      // their payload bytes
+  int64_t bytes_sent = 0;  // their payload bytes
   int64_t bytes_received = 0;
-  int64_t nanoseconds = 0;     // time spent in the completed calls (posting to completion)
+  int64_t nanoseconds = 0;  // time spent in the completed calls (posting to completion)
 };
 
 /// A snapshot of `channel`'s counters since the process started (or the last reset).

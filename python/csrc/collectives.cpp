@@ -42,7 +42,8 @@ py::arg_v check_buckets_arg() {
 
 // init_remote and from_remote_init.
 void bind_remote(py::module_& m) {
-  def(m, "init_remote",
+  def(
+      m, "init_remote",
       [](const TensorDict& td, std::optional<int64_t> group_dst, py::object group,
          std::optional<at::Device> device, bool use_broadcast,
          std::optional<std::string> tensorclass_type, std::optional<double> timeout) {
@@ -55,13 +56,13 @@ void bind_remote(py::module_& m) {
         py::gil_scoped_release nogil;
         return dist::init_remote(td, std::nullopt, o);
       },
-      std::make_tuple(py::arg("td"), py::kw_only(), py::arg("group_dst") = py::none(),
-                      group_arg(), device_arg(), use_broadcast_arg(), tensorclass_type_arg(),
-                      timeout_arg()));
-  def(m, "from_remote_init",
+      std::make_tuple(py::arg("td"), py::kw_only(), py::arg("group_dst") = py::none(), group_arg(),
+                      device_arg(), use_broadcast_arg(), tensorclass_type_arg(), timeout_arg()));
+  def(
+      m, "from_remote_init",
       [](std::optional<int64_t> group_src, py::object group, std::optional<at::Device> device,
-         bool use_broadcast, std::optional<int64_t> max_total_bytes,
-         std::optional<double> timeout, const std::string& late) {
+         bool use_broadcast, std::optional<int64_t> max_total_bytes, std::optional<double> timeout,
+         const std::string& late) {
         dist::FromRemoteInitOptions o{.group = group_from_py(group),
                                       .group_src = group_src,
                                       .device = device,
@@ -84,7 +85,8 @@ void bind_remote(py::module_& m) {
 
 // The collectives that move whole TensorDicts: broadcast, all_gather, scatter, gather_and_stack.
 void bind_moving(py::module_& m) {
-  def(m, "broadcast",
+  def(
+      m, "broadcast",
       [](const TensorDict& td, std::optional<int64_t> group_src, py::object group,
          std::optional<at::Device> device, std::optional<int64_t> max_total_bytes,
          std::optional<std::string> tensorclass_type, std::optional<double> timeout) {
@@ -102,10 +104,10 @@ void bind_moving(py::module_& m) {
         }
         return std::make_pair(out, type);
       },
-      std::make_tuple(py::arg("td"), py::arg("group_src"), py::kw_only(), group_arg(),
-                      device_arg(), max_total_bytes_arg(), tensorclass_type_arg(),
-                      timeout_arg()));
-  def(m, "all_gather",
+      std::make_tuple(py::arg("td"), py::arg("group_src"), py::kw_only(), group_arg(), device_arg(),
+                      max_total_bytes_arg(), tensorclass_type_arg(), timeout_arg()));
+  def(
+      m, "all_gather",
       [](const TensorDict& td, py::object group, std::optional<int64_t> max_total_bytes,
          std::optional<double> timeout) {
         dist::AllGatherOptions o{.group = group_from_py(group),
@@ -120,7 +122,8 @@ void bind_moving(py::module_& m) {
       },
       std::make_tuple(py::arg("td"), py::kw_only(), group_arg(), max_total_bytes_arg(),
                       timeout_arg()));
-  def(m, "scatter",
+  def(
+      m, "scatter",
       [](std::optional<int64_t> group_src, const std::vector<TensorDict>& tds, py::object group,
          std::optional<at::Device> device, std::optional<int64_t> max_total_bytes,
          std::optional<double> timeout) {
@@ -134,7 +137,8 @@ void bind_moving(py::module_& m) {
       },
       std::make_tuple(py::arg("group_src"), py::arg("tensordicts"), py::kw_only(), group_arg(),
                       device_arg(), max_total_bytes_arg(), timeout_arg()));
-  def(m, "gather_and_stack",
+  def(
+      m, "gather_and_stack",
       [](const TensorDict& td, int64_t group_dst, py::object group,
          std::optional<int64_t> max_total_bytes, std::optional<double> timeout) -> py::object {
         dist::GatherAndStackOptions o{.group = group_from_py(group),
@@ -154,12 +158,16 @@ void bind_moving(py::module_& m) {
 
 // The reductions: all_reduce and reduce.
 void bind_reductions(py::module_& m) {
-  def(m, "all_reduce",
+  def(
+      m, "all_reduce",
       [](const TensorDict& td, const c10d::ReduceOp& op, bool async_op, py::object group,
          std::optional<double> timeout, std::optional<int64_t> bucket_bytes,
          bool check_buckets) -> py::object {
-        dist::AllReduceOptions o{.op = op, .async_op = false, .group = group_from_py(group),
-                                 .timeout = timeout_from_py(timeout), .bucket_bytes = bucket_bytes,
+        dist::AllReduceOptions o{.op = op,
+                                 .async_op = false,
+                                 .group = group_from_py(group),
+                                 .timeout = timeout_from_py(timeout),
+                                 .bucket_bytes = bucket_bytes,
                                  .check_buckets = check_buckets};
         std::vector<dist::WorkPtr> works;
         {
@@ -174,7 +182,8 @@ void bind_reductions(py::module_& m) {
       },
       std::make_tuple(py::arg("td"), py::arg("op"), py::kw_only(), async_op_arg(), group_arg(),
                       timeout_arg(), py::arg("bucket_bytes") = py::none(), check_buckets_arg()));
-  def(m, "reduce",
+  def(
+      m, "reduce",
       [](const TensorDict& td, int64_t group_dst, const c10d::ReduceOp& op, bool async_op,
          bool return_premature, py::object group, std::optional<double> timeout,
          std::optional<int64_t> bucket_bytes, bool check_buckets) -> py::object {

@@ -34,9 +34,9 @@ bool load_intrusive(py::handle obj, c10::intrusive_ptr<T>* out) {
   return true;
 }
 
-dist::SendOptions send_options(py::handle group, std::optional<int64_t> group_dst,
-                               int64_t init_tag, bool pseudo_rand, bool consolidated,
-                               bool checked, std::optional<double> timeout) {
+dist::SendOptions send_options(py::handle group, std::optional<int64_t> group_dst, int64_t init_tag,
+                               bool pseudo_rand, bool consolidated, bool checked,
+                               std::optional<double> timeout) {
   return {.group = group_from_py(group),
           .group_dst = group_dst,
           .init_tag = init_tag,
@@ -46,10 +46,9 @@ dist::SendOptions send_options(py::handle group, std::optional<int64_t> group_ds
           .timeout = timeout_from_py(timeout)};
 }
 
-dist::RecvOptions recv_options(py::handle group, std::optional<int64_t> group_src,
-                               int64_t init_tag, bool pseudo_rand, bool consolidated,
-                               bool checked, std::optional<double> timeout,
-                               const std::string& late) {
+dist::RecvOptions recv_options(py::handle group, std::optional<int64_t> group_src, int64_t init_tag,
+                               bool pseudo_rand, bool consolidated, bool checked,
+                               std::optional<double> timeout, const std::string& late) {
   return {.group = group_from_py(group),
           .group_src = group_src,
           .init_tag = init_tag,
@@ -116,14 +115,13 @@ auto p2p_args(const char* peer, const char* group_peer) {
   return std::make_tuple(py::arg("td"), py::arg(peer) = py::none(), py::kw_only(), group_arg(),
                          py::arg(group_peer) = py::none(), py::arg("init_tag") = d.init_tag,
                          py::arg("pseudo_rand") = d.pseudo_rand,
-                         py::arg("consolidated") = d.consolidated,
-                         py::arg("checked") = d.checked, timeout_arg());
+                         py::arg("consolidated") = d.consolidated, py::arg("checked") = d.checked,
+                         timeout_arg());
 }
 
 // The receiving bindings' arguments: p2p_args and `late`.
 auto recv_p2p_args() {
-  return std::tuple_cat(p2p_args("src", "group_src"),
-                        std::make_tuple(py::arg("late") = "deliver"));
+  return std::tuple_cat(p2p_args("src", "group_src"), std::make_tuple(py::arg("late") = "deliver"));
 }
 
 // A point-to-point binding: the Python arguments p2p_args names (and, for the receives, the
@@ -135,8 +133,9 @@ auto p2p(MakeOptions options, Call call) {
                          std::optional<int64_t> group_peer, int64_t init_tag, bool pseudo_rand,
                          bool consolidated, bool checked, std::optional<double> timeout,
                          Extra... extra) {
-    return call(td, peer, options(group, group_peer, init_tag, pseudo_rand, consolidated,
-                                  checked, timeout, extra...));
+    return call(td, peer,
+                options(group, group_peer, init_tag, pseudo_rand, consolidated, checked, timeout,
+                        extra...));
   };
 }
 
@@ -163,15 +162,15 @@ auto released = [](const TensorDict& td, std::optional<int64_t> peer, const auto
 // recv / irecv into a SubTensorDict (the rows of a parent): p2p's arguments.
 template <typename Fn>
 auto p2p_rows(Fn fn) {
-  return [fn](const SubTensorDict& rows, std::optional<int64_t> peer, py::object group,
-              std::optional<int64_t> group_peer, int64_t init_tag, bool pseudo_rand,
-              bool consolidated, bool checked, std::optional<double> timeout,
-              const std::string& late) {
-    const auto o = recv_options(group, group_peer, init_tag, pseudo_rand, consolidated, checked,
-                                timeout, late);
-    py::gil_scoped_release nogil;
-    return fn(rows, peer, o);
-  };
+  return
+      [fn](const SubTensorDict& rows, std::optional<int64_t> peer, py::object group,
+           std::optional<int64_t> group_peer, int64_t init_tag, bool pseudo_rand, bool consolidated,
+           bool checked, std::optional<double> timeout, const std::string& late) {
+        const auto o = recv_options(group, group_peer, init_tag, pseudo_rand, consolidated, checked,
+                                    timeout, late);
+        py::gil_scoped_release nogil;
+        return fn(rows, peer, o);
+      };
 }
 
 }  // namespace
@@ -188,15 +187,15 @@ void bind_distributed(py::module_& m) {
   using IRecv = void (*)(const TensorDict&, std::optional<int64_t>, const dist::RecvOptions&);
   using Late = const std::string&;  // recv_p2p_args' `late`
   def(m, "recv", p2p<Late>(recv_options, released<static_cast<Recv>(&dist::recv)>), recv_args);
-  def(m, "irecv", p2p<Late>(recv_options, released<static_cast<IRecv>(&dist::irecv)>),
+  def(m, "irecv", p2p<Late>(recv_options, released<static_cast<IRecv>(&dist::irecv)>), recv_args);
+  def(m, "irecv_premature", p2p<Late>(recv_options, released<&dist::irecv_premature>), recv_args);
+  def(m, "recv_rows",
+      p2p_rows([](const SubTensorDict& rows, std::optional<int64_t> peer,
+                  const dist::RecvOptions& o) { return dist::recv(rows, peer, o); }),
       recv_args);
-  def(m, "irecv_premature", p2p<Late>(recv_options, released<&dist::irecv_premature>),
-      recv_args);
-  def(m, "recv_rows", p2p_rows([](const SubTensorDict& rows, std::optional<int64_t> peer,
-                                  const dist::RecvOptions& o) { return dist::recv(rows, peer, o); }),
-      recv_args);
-  def(m, "irecv_rows", p2p_rows([](const SubTensorDict& rows, std::optional<int64_t> peer,
-                                   const dist::RecvOptions& o) { dist::irecv(rows, peer, o); }),
+  def(m, "irecv_rows",
+      p2p_rows([](const SubTensorDict& rows, std::optional<int64_t> peer,
+                  const dist::RecvOptions& o) { dist::irecv(rows, peer, o); }),
       recv_args);
 }
 

@@ -35,8 +35,9 @@ void bind_memmap(py::module_& m) {
       },
       py::arg("shape"), py::arg("dtype"), py::arg("filename"), py::arg("existsok"));
   m.def("_is_memmap", [](const at::Tensor& t) { return is_memmap(t); }, py::arg("tensor"));
-  m.def("_memmap_filename", [](const at::Tensor& t) { return memmap_filename(t); },
-        py::arg("tensor"));
+  m.def(
+      "_memmap_filename", [](const at::Tensor& t) { return memmap_filename(t); },
+      py::arg("tensor"));
 
   m.def(
       "_memmap_td",

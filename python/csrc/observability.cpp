@@ -15,8 +15,9 @@ void bind_observability(py::module_& m) {
       default: return "off";
     }
   });
-  m.def("set_log_level", [](const std::string& level) { set_log_level(parse_log_level(level)); },
-        py::arg("level"));
+  m.def(
+      "set_log_level", [](const std::string& level) { set_log_level(parse_log_level(level)); },
+      py::arg("level"));
   // sink(level, line) with level "info" or "debug", called from any thread (with the GIL taken
   // here); None restores stderr.
   m.def(

@@ -9,9 +9,9 @@
 #include <tuple>
 
 #include "bindings.h"
+#include "core/testing.h"
 #include "tensordict/pipe/pipe.h"
 #include "tensordict/pipe/server.h"
-#include "core/testing.h"
 
 namespace tensordict::python {
 namespace {
@@ -21,8 +21,10 @@ using pipe::PipeOptions;
 using pipe::TensorDictServer;
 
 std::chrono::milliseconds millis(double seconds, const char* what) {
-  TORCH_CHECK_VALUE(seconds >= 0 && seconds < 1e9, what, " must be a nonnegative number of "
-                    "seconds, got ", seconds);
+  TORCH_CHECK_VALUE(seconds >= 0 && seconds < 1e9, what,
+                    " must be a nonnegative number of "
+                    "seconds, got ",
+                    seconds);
   return std::chrono::milliseconds(static_cast<int64_t>(seconds * 1000.0 + 0.5));
 }
 
@@ -45,8 +47,10 @@ PipeOptions options(const OptionArgs& a) {
   o.max_storage_bytes = a.max_storage_bytes;
   o.linger = millis(a.linger, "linger");
   o.max_unreceived = a.max_unreceived;
-  TORCH_CHECK_VALUE(a.spin >= 0 && a.spin < 1e3, "spin must be a nonnegative number of seconds "
-                    "(under 1000), got ", a.spin);
+  TORCH_CHECK_VALUE(a.spin >= 0 && a.spin < 1e3,
+                    "spin must be a nonnegative number of seconds "
+                    "(under 1000), got ",
+                    a.spin);
   o.spin = std::chrono::microseconds(static_cast<int64_t>(a.spin * 1e6 + 0.5));
   return o;
 }
@@ -94,13 +98,12 @@ double seconds(std::chrono::milliseconds ms) { return static_cast<double>(ms.cou
 // defaults: each name and default is written here only.
 auto pipe_option_args() {
   const PipeOptions d;
-  return std::make_tuple(py::kw_only(), py::arg("consolidated") = d.consolidated,
-                         py::arg("timeout") = seconds(d.timeout),
-                         py::arg("max_metadata_bytes") = d.max_metadata_bytes,
-                         py::arg("max_storage_bytes") = d.max_storage_bytes,
-                         py::arg("linger") = seconds(d.linger),
-                         py::arg("max_unreceived") = d.max_unreceived,
-                         py::arg("spin") = static_cast<double>(d.spin.count()) / 1e6);
+  return std::make_tuple(
+      py::kw_only(), py::arg("consolidated") = d.consolidated,
+      py::arg("timeout") = seconds(d.timeout), py::arg("max_metadata_bytes") = d.max_metadata_bytes,
+      py::arg("max_storage_bytes") = d.max_storage_bytes, py::arg("linger") = seconds(d.linger),
+      py::arg("max_unreceived") = d.max_unreceived,
+      py::arg("spin") = static_cast<double>(d.spin.count()) / 1e6);
 }
 
 auto listen_args() {
@@ -145,11 +148,10 @@ void bind_pipe_makers(py::class_<Pipe>& pipe) {
                                        std::move(peer), peer_tag),
                           o);
       },
-      std::tuple_cat(std::make_tuple(py::arg("send"), py::arg("recv"),
-                                     py::arg("close") = py::none(),
-                                     py::arg("peer") = "a caller's link",
-                                     py::arg("peer_tag") = py::none()),
-                     pipe_option_args()));
+      std::tuple_cat(
+          std::make_tuple(py::arg("send"), py::arg("recv"), py::arg("close") = py::none(),
+                          py::arg("peer") = "a caller's link", py::arg("peer_tag") = py::none()),
+          pipe_option_args()));
 }
 
 // send, recv and the event loops' calls.
@@ -207,8 +209,9 @@ void bind_pipe_transfers(py::class_<Pipe>& pipe) {
           "recv_ready",
           [](Pipe& p, std::optional<double> spin) {
             // Default: the pipe's own spin option.
-            const auto us = spin ? std::chrono::microseconds(static_cast<int64_t>(*spin * 1e6 + 0.5))
-                                 : p.options().spin;
+            const auto us = spin
+                                ? std::chrono::microseconds(static_cast<int64_t>(*spin * 1e6 + 0.5))
+                                : p.options().spin;
             py::gil_scoped_release nogil;
             return p.recv_ready(us);
           },
@@ -269,12 +272,11 @@ void bind_server(py::module_& m) {
   py::class_<TensorDictServer> server(m, "PipeServer");
   std::apply(
       [&](const auto&... args) {
-        server.def(py::init([](int port, const std::string& host, bool consolidated,
-                               double timeout, int64_t max_metadata_bytes,
-                               int64_t max_storage_bytes, double linger,
+        server.def(py::init([](int port, const std::string& host, bool consolidated, double timeout,
+                               int64_t max_metadata_bytes, int64_t max_storage_bytes, double linger,
                                int64_t max_unreceived, double spin) {
-                     auto o = options({consolidated, timeout, max_metadata_bytes,
-                                       max_storage_bytes, linger, max_unreceived, spin});
+                     auto o = options({consolidated, timeout, max_metadata_bytes, max_storage_bytes,
+                                       linger, max_unreceived, spin});
                      py::gil_scoped_release nogil;
                      return std::make_unique<TensorDictServer>(port, host, o);
                    }),

@@ -90,8 +90,7 @@ void subscriber_methods(py::class_<S>& cls) {
               pulled = s.pull(o);
             }
             if (!pulled) return py::none();
-            return py::make_tuple(std::move(pulled->td), pulled->version,
-                                  pulled->tensorclass_type);
+            return py::make_tuple(std::move(pulled->td), pulled->version, pulled->tensorclass_type);
           },
           py::kw_only(), wait_arg(), py::arg("min_version") = py::none())
       .def("interrupt", &S::interrupt, py::arg("on") = true)

@@ -9,18 +9,18 @@
 
 #include <array>
 #include <cstring>
-#include <optional>
 #include <memory>
-#include <string_view>
+#include <optional>
 #include <string>
+#include <string_view>
 #include <unordered_map>
 #include <vector>
 
 #include "bindings.h"
+#include "core/json_text.h"
 #include "tensordict/consolidate.h"
 #include "tensordict/lazy_stack.h"
 #include "tensordict/sub_tensor_dict.h"
-#include "core/json_text.h"
 
 namespace tensordict::python {
 namespace {
@@ -83,8 +83,8 @@ at::Scalar scalar_from_py(py::handle v) {
   if (PyLong_Check(v.ptr())) return at::Scalar(v.cast<int64_t>());
   if (PyFloat_Check(v.ptr())) return at::Scalar(v.cast<double>());
   if (PyComplex_Check(v.ptr())) return at::Scalar(v.cast<c10::complex<double>>());
-  C10_THROW_ERROR(TypeError, c10::str("expected a number, got ",
-                                      py::str(py::type::of(v)).cast<std::string>()));
+  C10_THROW_ERROR(
+      TypeError, c10::str("expected a number, got ", py::str(py::type::of(v)).cast<std::string>()));
 }
 
 std::vector<int64_t> ints(py::handle seq) { return seq.cast<std::vector<int64_t>>(); }
@@ -139,9 +139,9 @@ JsonValue json_from_py(py::handle v, const NestedKey& key, const std::string& wh
   if (PyLong_Check(v.ptr())) {
     int overflow = 0;
     const long long i = PyLong_AsLongLongAndOverflow(v.ptr(), &overflow);
-    TORCH_CHECK_VALUE(overflow == 0, "the non-tensor value of key ", key.str(), at(),
-                      " holds an integer outside the int64 range: ",
-                      py::repr(v).cast<std::string>());
+    TORCH_CHECK_VALUE(
+        overflow == 0, "the non-tensor value of key ", key.str(), at(),
+        " holds an integer outside the int64 range: ", py::repr(v).cast<std::string>());
     return JsonValue(static_cast<int64_t>(i));
   }
   if (PyFloat_Check(v.ptr())) return JsonValue(PyFloat_AS_DOUBLE(v.ptr()));
@@ -191,7 +191,8 @@ JsonValue json_from_py(py::handle v, const NestedKey& key, const std::string& wh
     return keep(JsonValue(std::move(items)));
   }
   TORCH_CHECK_TYPE(false, "the non-tensor value of key ", key.str(), at(), " is of type ",
-                   py_type_name(v), "; non-tensor data must be JSON-like: str, int, float, bool, "
+                   py_type_name(v),
+                   "; non-tensor data must be JSON-like: str, int, float, bool, "
                    "None, or lists and dicts (with str keys) of them");
 }
 
@@ -263,8 +264,10 @@ ReductionOptions reduction_from_py(const py::object& dim, bool keepdim,
                                    std::optional<at::ScalarType> dtype, int64_t correction) {
   ReductionOptions o;
   if (py::isinstance<py::str>(dim)) {
-    TORCH_CHECK_VALUE(dim.cast<std::string>() == "feature", "dim must be an int, a tuple of "
-                      "ints or 'feature', got ", py::repr(dim).cast<std::string>());
+    TORCH_CHECK_VALUE(dim.cast<std::string>() == "feature",
+                      "dim must be an int, a tuple of "
+                      "ints or 'feature', got ",
+                      py::repr(dim).cast<std::string>());
     o.feature = true;
   } else if (PyLong_Check(dim.ptr())) {
     o.dims = {dim.cast<int64_t>()};
@@ -315,7 +318,8 @@ namespace {
 // tensordict_cpp.UnbatchedTensor, which wraps an unbatched leaf for Python.
 py::handle unbatched_class() {
   static py::handle cls =
-      py::object(py::module_::import("tensordict_cpp._unbatched").attr("UnbatchedTensor")).release();
+      py::object(py::module_::import("tensordict_cpp._unbatched").attr("UnbatchedTensor"))
+          .release();
   return cls;
 }
 
@@ -394,7 +398,8 @@ PyObject* fast_getitem_call(PyObject* self, PyObject* index) {
       const char* s = PyUnicode_AsUTF8AndSize(index, &n);
       if (s == nullptr) return nullptr;
       const Value* v = td->find(std::string_view(s, static_cast<size_t>(n)));
-      if (v != nullptr && v->is_tensor() && !v->is_unbatched()) return THPVariable_Wrap(v->tensor());
+      if (v != nullptr && v->is_tensor() && !v->is_unbatched())
+        return THPVariable_Wrap(v->tensor());
       if (v != nullptr && v->is_tensordict() && !v->tensordict().is_lazy_stack()) {
         // What TensorDict._wrap does: a new wrapper whose _cpp is the nested handle.
         py::object cpp;
@@ -421,8 +426,9 @@ PyObject* fast_getitem_call(PyObject* self, PyObject* index) {
 void install_fast_getitem(const py::type& cls) {
   TORCH_CHECK(fast_getitem == nullptr, "_install_getitem: already installed");
   py::object slot = cls.attr("__dict__")["_cpp"];
-  TORCH_CHECK(Py_TYPE(slot.ptr()) == &PyMemberDescr_Type, "_install_getitem: ",
-              py::str(cls).cast<std::string>(), "._cpp is not a __slots__ member");
+  TORCH_CHECK(Py_TYPE(slot.ptr()) == &PyMemberDescr_Type,
+              "_install_getitem: ", py::str(cls).cast<std::string>(),
+              "._cpp is not a __slots__ member");
   py::object fallback = cls.attr("__dict__")["__getitem__"];
   const Py_ssize_t offset = reinterpret_cast<PyMemberDescrObject*>(slot.ptr())->d_member->offset;
   // Both live as long as the class: never freed (the interpreter may use them at exit).
@@ -448,41 +454,40 @@ using TD = TensorDict;
 
 // The TensorDict's entries and state: construction, keys, get and set, locking, repr.
 void bind_entries(py::class_<TD>& cls) {
-  cls
-      .def(py::init([](const py::list& entries, const py::object& batch_size,
-                       std::optional<at::Device> device) {
-             // str keys (the common case) take the flat constructor; a tuple key makes nested
-             // levels through the NestedKey one.
-             std::vector<TD::Entry> flat;
-             flat.reserve(entries.size());
-             for (py::handle e : entries) {
-               auto pair = py::reinterpret_borrow<py::tuple>(e);
-               if (!PyUnicode_Check(pair[0].ptr())) break;
-               flat.emplace_back(pair[0].cast<std::string>(), value_from_py(pair[1]));
-             }
-             if (flat.size() == entries.size()) return TD(std::move(flat), ints(batch_size), device);
-             std::vector<std::pair<NestedKey, Value>> es;
-             es.reserve(entries.size());
-             for (py::handle e : entries) {
-               auto pair = e.cast<py::tuple>();
-               es.emplace_back(key_from_py(pair[0]), value_from_py(pair[1]));
-             }
-             return TD(std::move(es), ints(batch_size), device);
-           }),
-           py::arg("entries"), py::arg("batch_size"), py::arg("device"))
+  cls.def(py::init([](const py::list& entries, const py::object& batch_size,
+                      std::optional<at::Device> device) {
+            // str keys (the common case) take the flat constructor; a tuple key makes nested
+            // levels through the NestedKey one.
+            std::vector<TD::Entry> flat;
+            flat.reserve(entries.size());
+            for (py::handle e : entries) {
+              auto pair = py::reinterpret_borrow<py::tuple>(e);
+              if (!PyUnicode_Check(pair[0].ptr())) break;
+              flat.emplace_back(pair[0].cast<std::string>(), value_from_py(pair[1]));
+            }
+            if (flat.size() == entries.size()) return TD(std::move(flat), ints(batch_size), device);
+            std::vector<std::pair<NestedKey, Value>> es;
+            es.reserve(entries.size());
+            for (py::handle e : entries) {
+              auto pair = e.cast<py::tuple>();
+              es.emplace_back(key_from_py(pair[0]), value_from_py(pair[1]));
+            }
+            return TD(std::move(es), ints(batch_size), device);
+          }),
+          py::arg("entries"), py::arg("batch_size"), py::arg("device"))
       .def("is_same", &TD::is_same)
       .def_property_readonly("batch_size", [](const TD& td) { return td.batch_size().vec(); })
-      .def("set_batch_size",
-           [](TD& td, const py::object& bs) { td.set_batch_size(ints(bs)); })
+      .def("set_batch_size", [](TD& td, const py::object& bs) { td.set_batch_size(ints(bs)); })
       .def_property_readonly("batch_dims", &TD::batch_dims)
       .def("numel", &TD::numel)
       .def_property_readonly("device", &TD::device)
       .def("contains", [](const TD& td, py::handle key) { return td.contains(key_from_py(key)); })
-      .def("get", [](const TD& td, py::handle key) { return value_to_py(td.get(key_from_py(key))); })
-      .def("set", [](TD& td, py::handle key, py::handle value) {
-        td.set(key_from_py(key), value_from_py(value));
-      })
-      .def("set_", [](TD& td, py::handle key, const at::Tensor& t) { td.set_(key_from_py(key), t); })
+      .def("get",
+           [](const TD& td, py::handle key) { return value_to_py(td.get(key_from_py(key))); })
+      .def("set", [](TD& td, py::handle key,
+                     py::handle value) { td.set(key_from_py(key), value_from_py(value)); })
+      .def("set_",
+           [](TD& td, py::handle key, const at::Tensor& t) { td.set_(key_from_py(key), t); })
       .def("set_non_tensor",
            [](TD& td, py::handle key, py::handle value) {
              const NestedKey k = key_from_py(key);
@@ -491,40 +496,46 @@ void bind_entries(py::class_<TD>& cls) {
 
       .def("erase", [](TD& td, py::handle key) { td.erase(key_from_py(key)); })
       .def("pop", [](TD& td, py::handle key) { return value_to_py(td.pop(key_from_py(key))); })
-      .def("keys",
-           [](const TD& td, bool include_nested, bool leaves_only, const py::object& is_leaf) {
-             KeysOptions options{include_nested, leaves_only};
-             if (!is_leaf.is_none()) {  // called with the entry, as the Python layer wraps it
-               options.is_leaf = [&](const Value& v) { return is_leaf(value_to_py(v)).cast<bool>(); };
-             }
-             py::list out;
-             for (const auto& k : td.keys(options)) out.append(key_to_py(k));
-             return out;
-           },
-           py::arg("include_nested"), py::arg("leaves_only"), py::arg("is_leaf") = py::none())
-      .def("values",
-           [](const TD& td, bool include_nested, bool leaves_only) {
-             py::list out;
-             for (const auto& v : td.values({include_nested, leaves_only})) out.append(value_to_py(v));
-             return out;
-           },
-           py::arg("include_nested"), py::arg("leaves_only"))
-      .def("items",
-           [](const TD& td, bool include_nested, bool leaves_only) {
-             py::list out;
-             // This level as it is: no key paths to build (a lazy stack's entries are its members).
-             if (!include_nested && !leaves_only && !td.is_lazy_stack()) {
-               for (const auto& [k, v] : td.entries()) {
-                 out.append(py::make_tuple(py::str(k), value_to_py(v)));
-               }
-               return out;
-             }
-             for (const auto& [k, v] : td.items({include_nested, leaves_only})) {
-               out.append(py::make_tuple(key_to_py(k), value_to_py(v)));
-             }
-             return out;
-           },
-           py::arg("include_nested"), py::arg("leaves_only"))
+      .def(
+          "keys",
+          [](const TD& td, bool include_nested, bool leaves_only, const py::object& is_leaf) {
+            KeysOptions options{include_nested, leaves_only};
+            if (!is_leaf.is_none()) {  // called with the entry, as the Python layer wraps it
+              options.is_leaf = [&](const Value& v) {
+                return is_leaf(value_to_py(v)).cast<bool>();
+              };
+            }
+            py::list out;
+            for (const auto& k : td.keys(options)) out.append(key_to_py(k));
+            return out;
+          },
+          py::arg("include_nested"), py::arg("leaves_only"), py::arg("is_leaf") = py::none())
+      .def(
+          "values",
+          [](const TD& td, bool include_nested, bool leaves_only) {
+            py::list out;
+            for (const auto& v : td.values({include_nested, leaves_only}))
+              out.append(value_to_py(v));
+            return out;
+          },
+          py::arg("include_nested"), py::arg("leaves_only"))
+      .def(
+          "items",
+          [](const TD& td, bool include_nested, bool leaves_only) {
+            py::list out;
+            // This level as it is: no key paths to build (a lazy stack's entries are its members).
+            if (!include_nested && !leaves_only && !td.is_lazy_stack()) {
+              for (const auto& [k, v] : td.entries()) {
+                out.append(py::make_tuple(py::str(k), value_to_py(v)));
+              }
+              return out;
+            }
+            for (const auto& [k, v] : td.items({include_nested, leaves_only})) {
+              out.append(py::make_tuple(key_to_py(k), value_to_py(v)));
+            }
+            return out;
+          },
+          py::arg("include_nested"), py::arg("leaves_only"))
       .def("sorted_keys", &TD::sorted_keys)
       .def("is_lazy_stack", &TD::is_lazy_stack)
       .def("has_lazy_stack",
@@ -549,31 +560,33 @@ void bind_entries(py::class_<TD>& cls) {
       .def("is_locked", &TD::is_locked)
       .def("lock_", [](TD& td) { td.lock_(); })
       .def("unlock_", [](TD& td) { td.unlock_(); })
-      .def("repr",
-           [](const TD& td, bool compact, const std::string& type_name,
-              std::vector<std::string> hidden,
-              std::vector<std::pair<std::string, std::string>> trailing,
-              std::vector<std::pair<std::string, std::string>> nested_names) {
-             return td.repr({.compact = compact, .type_name = type_name, .hidden = std::move(hidden),
-                             .trailing = std::move(trailing),
-                             .nested_names = std::move(nested_names)});
-           },
-           py::arg("compact") = true, py::arg("type_name") = "",
-           py::arg("hidden") = std::vector<std::string>{},
-           py::arg("trailing") = std::vector<std::pair<std::string, std::string>>{},
-           py::arg("nested_names") = std::vector<std::pair<std::string, std::string>>{});
+      .def(
+          "repr",
+          [](const TD& td, bool compact, const std::string& type_name,
+             std::vector<std::string> hidden,
+             std::vector<std::pair<std::string, std::string>> trailing,
+             std::vector<std::pair<std::string, std::string>> nested_names) {
+            return td.repr({.compact = compact,
+                            .type_name = type_name,
+                            .hidden = std::move(hidden),
+                            .trailing = std::move(trailing),
+                            .nested_names = std::move(nested_names)});
+          },
+          py::arg("compact") = true, py::arg("type_name") = "",
+          py::arg("hidden") = std::vector<std::string>{},
+          py::arg("trailing") = std::vector<std::pair<std::string, std::string>>{},
+          py::arg("nested_names") = std::vector<std::pair<std::string, std::string>>{});
 }
 
 // The batch-shape operations (the core's tensor_dict_shape.cpp).
 void bind_shape(py::class_<TD>& cls) {
-  cls
-      .def("index",
-           [](const TD& td, const py::tuple& index) {
-             std::vector<at::indexing::TensorIndex> idx;
-             idx.reserve(index.size());
-             for (py::handle item : index) idx.push_back(index_from_py(item));
-             return td.index(idx);
-           })
+  cls.def("index",
+          [](const TD& td, const py::tuple& index) {
+            std::vector<at::indexing::TensorIndex> idx;
+            idx.reserve(index.size());
+            for (py::handle item : index) idx.push_back(index_from_py(item));
+            return td.index(idx);
+          })
       .def("unbind", [](const TD& td, int64_t dim) { return py_list(td.unbind(dim)); })
       .def("reshape", [](const TD& td, const py::object& s) { return td.reshape(ints(s)); })
       .def("view", [](const TD& td, const py::object& s) { return td.view(ints(s)); })
@@ -587,47 +600,45 @@ void bind_shape(py::class_<TD>& cls) {
            })
       .def("chunk", [](const TD& td, int64_t n, int64_t dim) { return py_list(td.chunk(n, dim)); })
       .def("flatten", &TD::flatten)
-      .def("unflatten", [](const TD& td, int64_t dim, const py::object& sizes) {
-        return td.unflatten(dim, ints(sizes));
-      })
+      .def("unflatten", [](const TD& td, int64_t dim,
+                           const py::object& sizes) { return td.unflatten(dim, ints(sizes)); })
       .def("permute", [](const TD& td, const py::object& dims) { return td.permute(ints(dims)); })
       .def("transpose", &TD::transpose);
 }
 
 // The operations on every leaf (the core's tensor_dict_elementwise.cpp).
 void bind_elementwise(py::class_<TD>& cls) {
-  cls
-      .def("clone", &TD::clone)
+  cls.def("clone", &TD::clone)
       .def("to_device", [](const TD& td, at::Device d) { return td.to(d); })
       .def("to_dtype", [](const TD& td, at::ScalarType t) { return td.to(t); })
       .def("contiguous", &TD::contiguous)
       // fn runs with the GIL held (it is Python); a None result leaves the leaf out.
-      .def("apply",
-           [](const TD& td, const py::function& fn,
-              std::optional<std::vector<int64_t>> batch_size) {
-             return td.apply(
-                 [&](const at::Tensor& t) {
-                   py::object r = fn(t);
-                   return r.is_none() ? at::Tensor() : r.cast<at::Tensor>();
-                 },
-                 {.batch_size = std::move(batch_size)});
-           },
-           py::arg("fn"), py::arg("batch_size") = py::none())
-      .def("apply2",
-           [](const TD& td, const py::function& fn, const TD& other,
-              std::optional<std::vector<int64_t>> batch_size) {
-             return td.apply(
-                 [&](const at::Tensor& a, const at::Tensor& b) {
-                   py::object r = fn(a, b);
-                   return r.is_none() ? at::Tensor() : r.cast<at::Tensor>();
-                 },
-                 other, {.batch_size = std::move(batch_size)});
-           },
-           py::arg("fn"), py::arg("other"), py::arg("batch_size") = py::none())
+      .def(
+          "apply",
+          [](const TD& td, const py::function& fn, std::optional<std::vector<int64_t>> batch_size) {
+            return td.apply(
+                [&](const at::Tensor& t) {
+                  py::object r = fn(t);
+                  return r.is_none() ? at::Tensor() : r.cast<at::Tensor>();
+                },
+                {.batch_size = std::move(batch_size)});
+          },
+          py::arg("fn"), py::arg("batch_size") = py::none())
+      .def(
+          "apply2",
+          [](const TD& td, const py::function& fn, const TD& other,
+             std::optional<std::vector<int64_t>> batch_size) {
+            return td.apply(
+                [&](const at::Tensor& a, const at::Tensor& b) {
+                  py::object r = fn(a, b);
+                  return r.is_none() ? at::Tensor() : r.cast<at::Tensor>();
+                },
+                other, {.batch_size = std::move(batch_size)});
+          },
+          py::arg("fn"), py::arg("other"), py::arg("batch_size") = py::none())
       .def("zero_", [](TD& td) { td.zero_(); })
-      .def("fill_", [](TD& td, py::handle key, py::handle v) {
-        td.fill_(key_from_py(key), scalar_from_py(v));
-      })
+      .def("fill_", [](TD& td, py::handle key,
+                       py::handle v) { td.fill_(key_from_py(key), scalar_from_py(v)); })
       .def("apply_",
            [](TD& td, const py::function& fn) {
              td.apply_([&](const at::Tensor& t) {
@@ -644,45 +655,56 @@ void bind_elementwise(py::class_<TD>& cls) {
                  },
                  nested_keys);
            })
-      .def("masked_fill", [](const TD& td, const at::Tensor& mask, py::handle v) {
-        return td.masked_fill(mask, scalar_from_py(v));
-      })
-      .def("masked_fill_", [](TD& td, const at::Tensor& mask, py::handle v) {
-        td.masked_fill_(mask, scalar_from_py(v));
-      })
-      .def("where", [](const TD& td, const at::Tensor& cond, py::handle other) {
-        if (py::isinstance<TD>(other)) return td.where(cond, other.cast<TD>());
-        return td.where(cond, scalar_from_py(other));
-      })
+      .def("masked_fill", [](const TD& td, const at::Tensor& mask,
+                             py::handle v) { return td.masked_fill(mask, scalar_from_py(v)); })
+      .def("masked_fill_", [](TD& td, const at::Tensor& mask,
+                              py::handle v) { td.masked_fill_(mask, scalar_from_py(v)); })
+      .def("where",
+           [](const TD& td, const at::Tensor& cond, py::handle other) {
+             if (py::isinstance<TD>(other)) return td.where(cond, other.cast<TD>());
+             return td.where(cond, scalar_from_py(other));
+           })
       .def("detach", &TD::detach)
       .def("detach_", [](TD& td) { td.detach_(); })
       .def("abs", &TD::abs)
       .def("isfinite", &TD::isfinite)
-      .def("add_", [](TD& td, py::handle other, py::handle alpha) {
-        const at::Scalar a = alpha.is_none() ? at::Scalar(1) : scalar_from_py(alpha);
-        binary(other, [&](const TD& o) { return td.add_(o, a); },
-               [&](const at::Tensor& o) { return td.add_(o, a); },
-               [&](const at::Scalar& o) { return td.add_(o, a); });
-      })
-      .def("mul_", [](TD& td, py::handle other) {
-        binary(other, [&](const TD& o) { return td.mul_(o); },
-               [&](const at::Tensor& o) { return td.mul_(o); },
-               [&](const at::Scalar& o) { return td.mul_(o); });
-      })
-      .def("lerp_", [](TD& td, const TD& end, py::handle weight) {
-        if (py::isinstance<TD>(weight)) {
-          td.lerp_(end, weight.cast<TD>());
-        } else {
-          td.lerp_(end, scalar_from_py(weight));
-        }
-      })
-      .def("arith", [](const TD& td, char op, py::handle other) {
-        return binary(
-            other,
-            [&](const TD& o) { return op == '+' ? td + o : op == '-' ? td - o : op == '*' ? td * o : td / o; },
-            [&](const at::Tensor& o) { return op == '+' ? td + o : op == '-' ? td - o : op == '*' ? td * o : td / o; },
-            [&](const at::Scalar& o) { return op == '+' ? td + o : op == '-' ? td - o : op == '*' ? td * o : td / o; });
-      })
+      .def("add_",
+           [](TD& td, py::handle other, py::handle alpha) {
+             const at::Scalar a = alpha.is_none() ? at::Scalar(1) : scalar_from_py(alpha);
+             binary(
+                 other, [&](const TD& o) { return td.add_(o, a); },
+                 [&](const at::Tensor& o) { return td.add_(o, a); },
+                 [&](const at::Scalar& o) { return td.add_(o, a); });
+           })
+      .def("mul_",
+           [](TD& td, py::handle other) {
+             binary(
+                 other, [&](const TD& o) { return td.mul_(o); },
+                 [&](const at::Tensor& o) { return td.mul_(o); },
+                 [&](const at::Scalar& o) { return td.mul_(o); });
+           })
+      .def("lerp_",
+           [](TD& td, const TD& end, py::handle weight) {
+             if (py::isinstance<TD>(weight)) {
+               td.lerp_(end, weight.cast<TD>());
+             } else {
+               td.lerp_(end, scalar_from_py(weight));
+             }
+           })
+      .def("arith",
+           [](const TD& td, char op, py::handle other) {
+             return binary(
+                 other,
+                 [&](const TD& o) {
+                   return op == '+' ? td + o : op == '-' ? td - o : op == '*' ? td * o : td / o;
+                 },
+                 [&](const at::Tensor& o) {
+                   return op == '+' ? td + o : op == '-' ? td - o : op == '*' ? td * o : td / o;
+                 },
+                 [&](const at::Scalar& o) {
+                   return op == '+' ? td + o : op == '-' ? td - o : op == '*' ? td * o : td / o;
+                 });
+           })
       .def("pin_memory", &TD::pin_memory)
       .def("share_memory_", [](TD& td) { td.share_memory_(); })
       .def("is_shared", &TD::is_shared);
@@ -690,8 +712,7 @@ void bind_elementwise(py::class_<TD>& cls) {
 
 // Reductions and comparisons (the core's tensor_dict_reductions.cpp).
 void bind_reductions(py::class_<TD>& cls) {
-  cls
-      .def("eq", [](const TD& a, const TD& b) { return a == b; })
+  cls.def("eq", [](const TD& a, const TD& b) { return a == b; })
       .def("ne", [](const TD& a, const TD& b) { return a != b; })
       .def("eq_scalar", [](const TD& a, py::handle b) { return a == scalar_from_py(b); })
       .def("ne_scalar", [](const TD& a, py::handle b) { return a != scalar_from_py(b); })
@@ -715,33 +736,31 @@ void bind_reductions(py::class_<TD>& cls) {
 
 // Operations on the keys and levels (the core's tensor_dict_structure.cpp).
 void bind_structure(py::class_<TD>& cls) {
-  cls
-      .def("update",
-           [](TD& td, const TD& other, bool clone, bool inplace) {
-             td.update(other, {.clone = clone, .inplace = inplace});
-           })
+  cls.def("update", [](TD& td, const TD& other, bool clone,
+                       bool inplace) { td.update(other, {.clone = clone, .inplace = inplace}); })
       // ---- the reference's everyday methods (docs/api-coverage.md) ----
       .def("select",
            [](const TD& td, const py::sequence& keys, bool inplace, bool strict) {
              return td.select(keys_from_py(keys), {.inplace = inplace, .strict = strict});
            })
-      .def("exclude", [](const TD& td, const py::sequence& keys, bool inplace) {
-        return td.exclude(keys_from_py(keys), inplace);
-      })
+      .def("exclude", [](const TD& td, const py::sequence& keys,
+                         bool inplace) { return td.exclude(keys_from_py(keys), inplace); })
       .def("flatten_keys", &TD::flatten_keys)
       .def("unflatten_keys", &TD::unflatten_keys)
-      .def("rename_key_", [](TD& td, py::handle a, py::handle b, bool safe) {
-        td.rename_key_(key_from_py(a), key_from_py(b), safe);
-      })
-      .def("update_", [](TD& td, const TD& other, const py::object& keys) {
-        td.update_(other, keys.is_none() ? std::vector<NestedKey>{} : keys_from_py(keys));
-      })
-      .def("set_at_", [](TD& td, py::handle key, const at::Tensor& v, const py::tuple& index) {
-        td.set_at_(key_from_py(key), v, indices_from_py(index));
-      })
-      .def("get_at", [](const TD& td, py::handle key, const py::tuple& index) {
-        return td.get_at(key_from_py(key), indices_from_py(index));
-      })
+      .def("rename_key_", [](TD& td, py::handle a, py::handle b,
+                             bool safe) { td.rename_key_(key_from_py(a), key_from_py(b), safe); })
+      .def("update_",
+           [](TD& td, const TD& other, const py::object& keys) {
+             td.update_(other, keys.is_none() ? std::vector<NestedKey>{} : keys_from_py(keys));
+           })
+      .def("set_at_",
+           [](TD& td, py::handle key, const at::Tensor& v, const py::tuple& index) {
+             td.set_at_(key_from_py(key), v, indices_from_py(index));
+           })
+      .def("get_at",
+           [](const TD& td, py::handle key, const py::tuple& index) {
+             return td.get_at(key_from_py(key), indices_from_py(index));
+           })
       .def("filter_non_tensor_data", &TD::filter_non_tensor_data)
       .def("empty", &TD::empty)
       .def("copy", &TD::copy)
@@ -750,29 +769,29 @@ void bind_structure(py::class_<TD>& cls) {
 
 // The consolidated storage and its metadata.
 void bind_consolidation(py::class_<TD>& cls) {
-  cls
-      .def("consolidate",
-           [](const TD& td, std::optional<at::Device> device, bool pin_memory, bool share_memory,
-              int num_threads, std::optional<std::string> filename) {
-             py::gil_scoped_release nogil;  // copies every leaf
-             return consolidate(td, {.device = device,
-                                     .pin_memory = pin_memory,
-                                     .share_memory = share_memory,
-                                     .num_threads = num_threads,
-                                     .filename = std::move(filename)});
-           },
-           py::arg("device"), py::arg("pin_memory"), py::arg("share_memory"),
-           py::arg("num_threads"), py::arg("filename") = py::none())
+  cls.def(
+         "consolidate",
+         [](const TD& td, std::optional<at::Device> device, bool pin_memory, bool share_memory,
+            int num_threads, std::optional<std::string> filename) {
+           py::gil_scoped_release nogil;  // copies every leaf
+           return consolidate(td, {.device = device,
+                                   .pin_memory = pin_memory,
+                                   .share_memory = share_memory,
+                                   .num_threads = num_threads,
+                                   .filename = std::move(filename)});
+         },
+         py::arg("device"), py::arg("pin_memory"), py::arg("share_memory"), py::arg("num_threads"),
+         py::arg("filename") = py::none())
       .def("is_consolidated", [](const TD& td) { return is_consolidated(td); })
       .def("consolidated_storage", [](const TD& td) { return consolidated_storage(td); })
       // The metadata as the reference's json.dumps(td._consolidated["metadata"]) writes it.
-      .def("consolidated_metadata_json",
-           [](const TD& td, bool sort_keys) {
-             return metadata_to_json(*consolidated_metadata(td), sort_keys);
-           },
-           py::arg("sort_keys") = false);
+      .def(
+          "consolidated_metadata_json",
+          [](const TD& td, bool sort_keys) {
+            return metadata_to_json(*consolidated_metadata(td), sort_keys);
+          },
+          py::arg("sort_keys") = false);
 }
-
 
 void bind_non_tensor(py::module_& m) {
   // The core's non-tensor entry in its three kinds; tensordict_cpp.NonTensorData, MetaData and
@@ -781,23 +800,24 @@ void bind_non_tensor(py::module_& m) {
       .def(py::init([](py::handle data, const py::object& batch_size,
                        std::optional<at::Device> device, py::handle key, bool metadata) {
              return NonTensorData(json_from_py(data, key_from_py(key), "", 0), ints(batch_size),
-                                  device, metadata ? NonTensorKind::kMetaData : NonTensorKind::kData);
+                                  device,
+                                  metadata ? NonTensorKind::kMetaData : NonTensorKind::kData);
            }),
            py::arg("data"), py::arg("batch_size"), py::arg("device"), py::arg("key"),
            py::arg("metadata") = false)
-      .def_static("stack",
-                  [](std::vector<NonTensorData> members, int64_t stack_dim,
-                     std::optional<std::string> stack_dim_name) {
-                    return NonTensorData::stack(std::move(members), stack_dim,
-                                                std::move(stack_dim_name));
-                  },
-                  py::arg("members"), py::arg("stack_dim"), py::arg("stack_dim_name"))
-      .def_static("from_list",
-                  [](py::handle values, std::optional<at::Device> device, py::handle key) {
-                    return NonTensorData::from_list(json_from_py(values, key_from_py(key), "", 0),
-                                                    device);
-                  },
-                  py::arg("values"), py::arg("device"), py::arg("key"))
+      .def_static(
+          "stack",
+          [](std::vector<NonTensorData> members, int64_t stack_dim,
+             std::optional<std::string> stack_dim_name) {
+            return NonTensorData::stack(std::move(members), stack_dim, std::move(stack_dim_name));
+          },
+          py::arg("members"), py::arg("stack_dim"), py::arg("stack_dim_name"))
+      .def_static(
+          "from_list",
+          [](py::handle values, std::optional<at::Device> device, py::handle key) {
+            return NonTensorData::from_list(json_from_py(values, key_from_py(key), "", 0), device);
+          },
+          py::arg("values"), py::arg("device"), py::arg("key"))
       .def_property_readonly("data", [](const NonTensorData& nt) { return json_to_py(nt.data()); })
       .def_property_readonly("class_name", &NonTensorData::class_name)
       .def_property_readonly("is_stack", &NonTensorData::is_stack)
@@ -828,16 +848,16 @@ void bind_sub_tensor_dict(py::module_& m) {
            }),
            py::arg("parent"), py::arg("index"))
       .def_property_readonly("parent", &SubTensorDict::parent)
-      .def_property_readonly("batch_size", [](const SubTensorDict& s) { return s.batch_size().vec(); })
+      .def_property_readonly("batch_size",
+                             [](const SubTensorDict& s) { return s.batch_size().vec(); })
       .def_property_readonly("is_view", &SubTensorDict::is_view)
       .def("view", &SubTensorDict::view)
-      .def("get", [](const SubTensorDict& s, py::handle key) { return value_to_py(s.get(key_from_py(key))); })
-      .def("set_", [](const SubTensorDict& s, py::handle key, const at::Tensor& t) {
-        s.set_(key_from_py(key), t);
-      })
-      .def("set", [](const SubTensorDict& s, py::handle key, py::handle value) {
-        s.set(key_from_py(key), value_from_py(value));
-      })
+      .def("get", [](const SubTensorDict& s,
+                     py::handle key) { return value_to_py(s.get(key_from_py(key))); })
+      .def("set_", [](const SubTensorDict& s, py::handle key,
+                      const at::Tensor& t) { s.set_(key_from_py(key), t); })
+      .def("set", [](const SubTensorDict& s, py::handle key,
+                     py::handle value) { s.set(key_from_py(key), value_from_py(value)); })
       .def("update_", &SubTensorDict::update_)
       .def("to_tensordict", &SubTensorDict::to_tensordict);
 }
@@ -872,12 +892,13 @@ void bind_tensor_dict(py::module_& m) {
   m.def("stack", [](const std::vector<TD>& tds, int64_t dim) { return stack(tds, dim); });
   m.def("maybe_dense_stack",
         [](const std::vector<TD>& tds, int64_t dim) { return maybe_dense_stack(tds, dim); });
-  m.def("from_consolidated",
-        [](const std::string& filename) {
-          py::gil_scoped_release nogil;
-          return from_consolidated(filename);
-        },
-        py::arg("filename"));
+  m.def(
+      "from_consolidated",
+      [](const std::string& filename) {
+        py::gil_scoped_release nogil;
+        return from_consolidated(filename);
+      },
+      py::arg("filename"));
   bind_sub_tensor_dict(m);
   m.def("cat", [](const std::vector<TD>& tds, int64_t dim) { return cat(tds, dim); });
   m.def("lazy_stack", [](const std::vector<TD>& tds, int64_t dim, std::optional<std::string> name) {

@@ -18,23 +18,23 @@
 #include <sys/mman.h>
 #endif
 
-#include "non_tensor_ops.h"
-#include "tensor_dict_impl.h"
-#include "tensordict/dtypes.h"
-#include "tensordict/leaf.h"
 #include "core/byte_tensor.h"
 #include "core/bytes.h"
 #include "core/json_text.h"
 #include "core/metadata.h"
+#include "non_tensor_ops.h"
+#include "tensor_dict_impl.h"
+#include "tensordict/dtypes.h"
+#include "tensordict/leaf.h"
 
 namespace tensordict {
 namespace {
 
-using detail::TensorDictImpl;
 using core::check_leaf_dtype;
 using core::is_reserved_node_key;
 using core::path_str;
 using core::validate;
+using detail::TensorDictImpl;
 
 constexpr int64_t kAlign = core::kLeafAlign;
 // Below this many bytes per thread, starting a thread costs more than the copy it saves.
@@ -74,7 +74,10 @@ ClsMetadata cls_metadata_of(const TensorDict& td) {
   const auto device = td.device();
   return ClsMetadata{device ? std::optional<std::string>(device->str()) : std::nullopt,
                      std::vector<std::optional<std::string>>(bs.size()),
-                     std::vector<int64_t>(bs.begin(), bs.end()), td.is_locked(), 0, std::nullopt};
+                     std::vector<int64_t>(bs.begin(), bs.end()),
+                     td.is_locked(),
+                     0,
+                     std::nullopt};
 }
 
 // A non-tensor entry as a node's "non_tensors" records it: (data, batch_size, str(device) or
@@ -103,7 +106,8 @@ Metadata stack_node(const NonTensorData& nt, bool locked,
     if (members[i].is_stack()) {
       m.children.emplace_back(std::to_string(i), stack_node(members[i], locked, device_override));
     } else {
-      m.non_tensors.emplace_back(std::to_string(i), non_tensor_metadata(members[i], device_override));
+      m.non_tensors.emplace_back(std::to_string(i),
+                                 non_tensor_metadata(members[i], device_override));
     }
   }
   return m;
@@ -116,16 +120,17 @@ NonTensorData rebuild_stack(const Metadata& m, const at::Device& device) {
   std::vector<std::optional<NonTensorData>> members(n);
   for (const auto& [key, nt] : m.non_tensors) {
     const std::optional<at::Device> dev = nt.device ? std::optional(device) : std::nullopt;
-    members[std::stoul(key)] = NonTensorData(nt.data, nt.batch_size, dev,
-                                             nt.metadata ? NonTensorKind::kMetaData
-                                                         : NonTensorKind::kData);
+    members[std::stoul(key)] = NonTensorData(
+        nt.data, nt.batch_size, dev, nt.metadata ? NonTensorKind::kMetaData : NonTensorKind::kData);
   }
-  for (const auto& [key, child] : m.children) members[std::stoul(key)] = rebuild_stack(child, device);
+  for (const auto& [key, child] : m.children)
+    members[std::stoul(key)] = rebuild_stack(child, device);
   std::vector<NonTensorData> out;
   out.reserve(n);
   for (auto& member : members) out.push_back(std::move(*member));  // validated: each key once
   if (out.empty()) return detail::empty_stack(m.cls_metadata.batch_size, std::nullopt);
-  return NonTensorData::stack(std::move(out), m.cls_metadata.stack_dim, m.cls_metadata.stack_dim_name);
+  return NonTensorData::stack(std::move(out), m.cls_metadata.stack_dim,
+                              m.cls_metadata.stack_dim_name);
 }
 
 // ---- consolidate --------------------------------------------------------------------------
@@ -147,15 +152,18 @@ struct Planner {
     size_t n_leaves = 0, n_children = 0;
     for (const auto& [key, value] : td.entries()) {
       n_leaves += value.is_tensor();
-      n_children += value.is_tensordict() || (value.is_non_tensor() && value.non_tensor().is_stack());
+      n_children +=
+          value.is_tensordict() || (value.is_non_tensor() && value.non_tensor().is_stack());
     }
     m.leaves.reserve(n_leaves);
     m.children.reserve(n_children);
     for (const auto& [key, value] : td.entries()) {
       if (value.is_tensor()) {
         // The reference would rebuild it as a plain tensor, and refuses it (its message).
-        TORCH_CHECK_NOT_IMPLEMENTED(!value.is_unbatched(), "UnbatchedTensor entries cannot be "
-                                    "consolidated yet, but ", path_str(path, key), " is one.");
+        TORCH_CHECK_NOT_IMPLEMENTED(!value.is_unbatched(),
+                                    "UnbatchedTensor entries cannot be "
+                                    "consolidated yet, but ",
+                                    path_str(path, key), " is one.");
         m.leaves.emplace_back(key, leaf(key, value.tensor()));
         srcs.push_back(value.tensor());
         continue;
@@ -163,15 +171,16 @@ struct Planner {
       if (value.is_non_tensor() && value.non_tensor().is_stack()) {
         TORCH_CHECK_VALUE(!is_reserved_node_key(key), "consolidate: nested key ",
                           path_str(path, key), " collides with a field of the metadata");
-        m.children.emplace_back(key, stack_node(value.non_tensor(), td.is_locked(), device_override));
+        m.children.emplace_back(key,
+                                stack_node(value.non_tensor(), td.is_locked(), device_override));
         continue;
       }
       if (value.is_non_tensor()) {
         m.non_tensors.emplace_back(key, non_tensor_metadata(value.non_tensor(), device_override));
         continue;
       }
-      TORCH_CHECK_VALUE(!is_reserved_node_key(key), "consolidate: nested key ",
-                        path_str(path, key), " collides with a field of the metadata");
+      TORCH_CHECK_VALUE(!is_reserved_node_key(key), "consolidate: nested key ", path_str(path, key),
+                        " collides with a field of the metadata");
       TORCH_CHECK_VALUE(depth < kMaxMetadataDepth, "consolidate: ", path_str(path, key),
                         " is nested deeper than ", kMaxMetadataDepth, " levels");
       path.push_back(key);
@@ -195,9 +204,9 @@ struct Planner {
     const int64_t pad = (kAlign - nbytes % kAlign) % kAlign;
     const int64_t esize = static_cast<int64_t>(t.element_size());
     // The reference fails here too (view(dtype) needs an aligned storage offset).
-    TORCH_CHECK_VALUE(nbytes == 0 || offset % esize == 0, "consolidate: leaf ",
-                      path_str(path, key), " (", dtype_name(t.scalar_type()),
-                      ") would start at byte ", offset, ", not a multiple of its ", esize,
+    TORCH_CHECK_VALUE(nbytes == 0 || offset % esize == 0, "consolidate: leaf ", path_str(path, key),
+                      " (", dtype_name(t.scalar_type()), ") would start at byte ", offset,
+                      ", not a multiple of its ", esize,
                       "-byte element size, so it cannot be a view of the storage");
     LeafMetadata l{t.scalar_type(), t.sizes().vec(), offset, offset + nbytes + pad, pad};
     offset = l.stop;
@@ -297,8 +306,9 @@ void run_segments(const std::vector<Segment>& segs, int64_t lo, int64_t hi) {
   }
 }
 
-void copy_leaves(const std::vector<at::Tensor>& srcs, const std::vector<const LeafMetadata*>& leaves,
-                 const at::Tensor& storage, int num_threads) {
+void copy_leaves(const std::vector<at::Tensor>& srcs,
+                 const std::vector<const LeafMetadata*>& leaves, const at::Tensor& storage,
+                 int num_threads) {
   const bool cpu = storage.is_cpu();
   uint8_t* base = cpu ? storage.data_ptr<uint8_t>() : nullptr;
   std::vector<Segment> segs;
@@ -329,7 +339,8 @@ void copy_leaves(const std::vector<at::Tensor>& srcs, const std::vector<const Le
   {
     std::vector<std::jthread> workers;  // joined on scope exit, also if a slow copy throws
     for (int64_t t = 1; t < k; ++t) {
-      workers.emplace_back([&, t] { run_segments(segs, seg_bytes * t / k, seg_bytes * (t + 1) / k); });
+      workers.emplace_back(
+          [&, t] { run_segments(segs, seg_bytes * t / k, seg_bytes * (t + 1) / k); });
     }
     run_segments(segs, 0, seg_bytes / k);
     for (size_t i : slow) leaf_view(storage, *leaves[i]).copy_(srcs[i]);
@@ -492,7 +503,8 @@ TensorDict consolidate_impl(const TensorDict& td, const ConsolidateOptions& o) {
   const at::Device device = o.device ? *o.device : td.device().value_or(at::Device(at::kCPU));
   const bool moved = o.device && td.device() && *td.device() != *o.device;
   Plan p = plan(td, moved ? o.device : std::nullopt);
-  at::Tensor storage = o.filename ? file_storage(*o.filename, p) : allocate_storage(p.total, device, o);
+  at::Tensor storage =
+      o.filename ? file_storage(*o.filename, p) : allocate_storage(p.total, device, o);
   std::vector<const LeafMetadata*> leaves;
   leaves.reserve(p.srcs.size());
   leaves_in_td_order(td, p.metadata, leaves);
@@ -541,7 +553,8 @@ TensorDict rebuild_node(const Metadata& m, const at::Tensor& storage, bool paren
   if (m.is_lazy_stack()) {  // validated: members "0", "1", ... with one batch size
     std::vector<TensorDict> members;
     members.reserve(m.children.size());
-    for (const auto& [key, child] : m.children) members.push_back(rebuild_node(child, storage, locked));
+    for (const auto& [key, child] : m.children)
+      members.push_back(rebuild_node(child, storage, locked));
     TensorDict td = TensorDictImpl::make_lazy(std::move(members), cm.stack_dim, cm.stack_dim_name);
     TensorDictImpl::of(td).locked = locked;
     return td;
@@ -553,10 +566,10 @@ TensorDict rebuild_node(const Metadata& m, const at::Tensor& storage, bool paren
   impl.entries.reserve(m.non_tensors.size() + m.leaves.size() + m.children.size());
   // Non-tensor entries first, then leaves, then nested nodes: the reference's rebuild order.
   for (const auto& [key, nt] : m.non_tensors) {
-    impl.put(key, NonTensorData(nt.data, nt.batch_size,
-                                nt.device ? std::optional<at::Device>(storage.device())
-                                          : std::nullopt,
-                                nt.metadata ? NonTensorKind::kMetaData : NonTensorKind::kData));
+    impl.put(key,
+             NonTensorData(nt.data, nt.batch_size,
+                           nt.device ? std::optional<at::Device>(storage.device()) : std::nullopt,
+                           nt.metadata ? NonTensorKind::kMetaData : NonTensorKind::kData));
   }
   for (const auto& [key, leaf] : m.leaves) impl.put(key, leaf_view(storage, leaf));
   // A locked level locks the levels below, as lock_() would (without walking them again).
@@ -587,8 +600,8 @@ TensorDict consolidate(const TensorDict& td, const ConsolidateOptions& options) 
       if (refresh_metadata(td, *state->metadata, nullptr)) {
         auto fresh = std::make_shared<Metadata>(*state->metadata);
         refresh_metadata(td, *state->metadata, fresh.get());
-        set_checked_state(td, std::make_shared<const ConsolidatedState>(state->storage,
-                                                                        std::move(fresh)));
+        set_checked_state(
+            td, std::make_shared<const ConsolidatedState>(state->storage, std::move(fresh)));
       } else if (!current) {
         set_checked_state(td, state);  // matched leaf by leaf: remember it
       }
@@ -633,8 +646,9 @@ void check_storage_tensor(const at::Tensor& storage) {
                         (storage.numel() <= 1 || storage.stride(0) == 1),
                     "rebuild: the storage must be a 1-D contiguous uint8 tensor, got ",
                     storage.defined() ? storage.toString() : std::string("an undefined tensor"),
-                    storage.defined() ? c10::str(storage.sizes(), " with strides ", storage.strides())
-                                      : std::string());
+                    storage.defined()
+                        ? c10::str(storage.sizes(), " with strides ", storage.strides())
+                        : std::string());
 }
 
 // Every level of the result holds its node of the consolidation (is_consolidated() of a nested
@@ -646,8 +660,10 @@ TensorDict rebuild_root(Metadata metadata, const at::Tensor& storage) {
   levels.add(td, *root);
   const uint64_t epoch = current_epoch();
   for (const auto& l : levels.levels) {
-    levels.check(l, std::make_shared<const ConsolidatedState>(
-                        storage, std::shared_ptr<const Metadata>(root, l.metadata)), epoch);
+    levels.check(l,
+                 std::make_shared<const ConsolidatedState>(
+                     storage, std::shared_ptr<const Metadata>(root, l.metadata)),
+                 epoch);
   }
   return td;
 }
@@ -673,7 +689,7 @@ TensorDict from_consolidated(const std::string& filename, const FromConsolidated
     int fd;
     ~Closer() { ::close(fd); }
   } closer{fd};
-  struct stat st {};
+  struct stat st{};
   TORCH_CHECK(::fstat(fd, &st) == 0, "from_consolidated: cannot stat ", filename);
   if (!S_ISREG(st.st_mode)) fail("not a regular file");
   const auto size = static_cast<int64_t>(st.st_size);
@@ -693,8 +709,8 @@ TensorDict from_consolidated(const std::string& filename, const FromConsolidated
   const uint64_t json_bytes = core::get_le(trailer);
   if (json_bytes == 0 || json_bytes > static_cast<uint64_t>(size - 8)) {
     fail("its trailer announces ", static_cast<int64_t>(json_bytes),
-         " bytes of metadata, but the file holds ",
-         size - 8, " bytes before it (a truncated or foreign file)");
+         " bytes of metadata, but the file holds ", size - 8,
+         " bytes before it (a truncated or foreign file)");
   }
   if (json_bytes > static_cast<uint64_t>(options.max_metadata_bytes)) {
     fail("its metadata is ", json_bytes, " bytes, beyond max_metadata_bytes (",
@@ -716,7 +732,8 @@ TensorDict from_consolidated(const std::string& filename, const FromConsolidated
          storage_bytes, " bytes come before the metadata");
   }
   // Copy-on-write, as the reference maps it: writes to the leaves do not reach the file.
-  void* map = ::mmap(nullptr, static_cast<size_t>(size), PROT_READ | PROT_WRITE, MAP_PRIVATE, fd, 0);
+  void* map =
+      ::mmap(nullptr, static_cast<size_t>(size), PROT_READ | PROT_WRITE, MAP_PRIVATE, fd, 0);
   TORCH_CHECK(map != MAP_FAILED, "from_consolidated: cannot map ", filename, ": ",
               std::strerror(errno));
   at::Tensor file = at::from_blob(

@@ -24,7 +24,7 @@ namespace {
 // JSON's short escapes: the character after the backslash, and the one it stands for. Reading
 // takes all of them; writing, as Python's json.dumps, all but "\/" (a '/' is written as is).
 constexpr std::pair<char, char> kShortEscapes[] = {{'"', '"'},  {'\\', '\\'}, {'/', '/'},
-                                                   {'b', '\b'}, {'f', '\f'},   {'n', '\n'},
+                                                   {'b', '\b'}, {'f', '\f'},  {'n', '\n'},
                                                    {'r', '\r'}, {'t', '\t'}};
 
 // What `e` after a backslash stands for, or null when it is not a short escape.
@@ -193,8 +193,8 @@ class Parser {
  private:
   template <typename... Args>
   void fail_if(bool cond, const Args&... args) const {
-    TORCH_CHECK_VALUE(!cond, who_, ": invalid JSON: ", c10::str(args...), " at byte ", pos_,
-                      " of ", s_.size());
+    TORCH_CHECK_VALUE(!cond, who_, ": invalid JSON: ", c10::str(args...), " at byte ", pos_, " of ",
+                      s_.size());
   }
   void count() {
     ++values_;
@@ -534,8 +534,8 @@ void append_json_string(std::string& out, std::string_view s, const char* who) {
     }
     uint32_t cp = 0;
     const int len = decode_utf8(s, i, cp);
-    TORCH_CHECK_VALUE(len > 0, who, ": the string ", quote_key(s), " is not valid UTF-8 (byte ",
-                      i, ")");
+    TORCH_CHECK_VALUE(len > 0, who, ": the string ", quote_key(s), " is not valid UTF-8 (byte ", i,
+                      ")");
     if (cp >= 0x10000) {
       append_u_escape(out, 0xd800 + ((cp - 0x10000) >> 10));
       append_u_escape(out, 0xdc00 + ((cp - 0x10000) & 0x3ff));
@@ -673,8 +673,11 @@ void JsonExpansion::add(const JsonValue& value, const std::function<std::string(
   TORCH_CHECK_VALUE(written_ <= distinct_ || written_ - distinct_ <= max_extra_, what(),
                     ": writing it out in full would take about ", written_,
                     " bytes, since it reuses shared values (one object referenced many times), "
-                    "which is ", written_ - distinct_, " bytes more than the data holds; the "
-                    "limit is ", max_extra_, " bytes (docs/reliability.md)");
+                    "which is ",
+                    written_ - distinct_,
+                    " bytes more than the data holds; the "
+                    "limit is ",
+                    max_extra_, " bytes (docs/reliability.md)");
 }
 
 namespace {

@@ -8,9 +8,9 @@
 #include <string>
 #include <unordered_set>
 
+#include "core/json_text.h"
 #include "tensordict/errors.h"
 #include "tensordict/nested_key.h"
-#include "core/json_text.h"
 
 namespace tensordict {
 
@@ -101,8 +101,8 @@ const JsonValue& JsonValue::at(std::string_view key) const {
 
 const JsonValue& JsonValue::at(size_t index) const {
   const auto& list = as_list();
-  TORCH_CHECK_INDEX(index < list.size(), "JsonValue: index ", index, " is out of range for a list of ",
-                    list.size(), " items");
+  TORCH_CHECK_INDEX(index < list.size(), "JsonValue: index ", index,
+                    " is out of range for a list of ", list.size(), " items");
   return list[index];
 }
 

@@ -39,8 +39,8 @@ int64_t check_members(const std::vector<TensorDict>& tds, int64_t dim, const std
                       "; the members of a lazy stack share their batch size");
   }
   const auto bd = static_cast<int64_t>(bs.size());
-  TORCH_CHECK(dim >= -(bd + 1) && dim <= bd, "Stack dim ", dim, " is too big for batch size ",
-              bs, ".");
+  TORCH_CHECK(dim >= -(bd + 1) && dim <= bd, "Stack dim ", dim, " is too big for batch size ", bs,
+              ".");
   return dim < 0 ? dim + bd + 1 : dim;
 }
 
@@ -147,8 +147,8 @@ void check_writable(const TensorDict& member, const NestedKey& key) {
     prefix.push_back(key[i]);
     if (!member.contains(NestedKey(prefix))) return;  // set() creates the rest
     const Value v = member.get(NestedKey(prefix));
-    TD_CHECK_KEY(v.is_tensordict(), "cannot reach key ", key.str(), ": ", quote_key(key[i]),
-                 " is ", detail::kind_name(v), ", not a TensorDict");
+    TD_CHECK_KEY(v.is_tensordict(), "cannot reach key ", key.str(), ": ", quote_key(key[i]), " is ",
+                 detail::kind_name(v), ", not a TensorDict");
     if (v.tensordict().is_lazy_stack()) return;  // its own set() checks its members
     TORCH_CHECK(!v.tensordict().is_locked(), detail::kLockedMessage);
   }
@@ -161,8 +161,8 @@ void check_writable(const TensorDict& member, const NestedKey& key) {
 TensorDict TensorDictImpl::make_lazy(std::vector<TensorDict> members, int64_t stack_dim,
                                      std::optional<std::string> stack_dim_name) {
   auto impl = std::make_shared<TensorDictImpl>();
-  impl->batch_size = with_dim(members.front().batch_size(), stack_dim,
-                              static_cast<int64_t>(members.size()));
+  impl->batch_size =
+      with_dim(members.front().batch_size(), stack_dim, static_cast<int64_t>(members.size()));
   impl->device = members.front().device();
   for (const auto& m : members) {
     if (m.device() != impl->device) impl->device = std::nullopt;
@@ -173,8 +173,7 @@ TensorDict TensorDictImpl::make_lazy(std::vector<TensorDict> members, int64_t st
   return TensorDict(std::move(impl));
 }
 
-LazyStackedTensorDict::LazyStackedTensorDict(std::vector<TensorDict> tensordicts,
-                                             int64_t stack_dim,
+LazyStackedTensorDict::LazyStackedTensorDict(std::vector<TensorDict> tensordicts, int64_t stack_dim,
                                              std::optional<std::string> stack_dim_name)
     : TensorDict([&] {
         const int64_t d = check_members(tensordicts, stack_dim, "LazyStackedTensorDict");
@@ -202,7 +201,8 @@ std::vector<std::vector<NestedKey>> LazyStackedTensorDict::exclusive_keys() cons
   const auto common = keys({.include_nested = true});
   for (size_t i = 0; i < members.size(); ++i) {
     for (auto& k : members[i].keys({.include_nested = true})) {
-      if (std::find(common.begin(), common.end(), k) == common.end()) out[i].push_back(std::move(k));
+      if (std::find(common.begin(), common.end(), k) == common.end())
+        out[i].push_back(std::move(k));
     }
   }
   return out;
@@ -227,8 +227,8 @@ bool same_layout(const std::vector<TensorDict>& tds) {
     }
     for (const auto& [key, v0] : first.entries()) {
       const Value* v = td.find(key);
-      if (v == nullptr || v->is_tensor() != v0.is_tensor() || v->is_tensordict() != v0.is_tensordict() ||
-          v->is_unbatched() != v0.is_unbatched()) {
+      if (v == nullptr || v->is_tensor() != v0.is_tensor() ||
+          v->is_tensordict() != v0.is_tensordict() || v->is_unbatched() != v0.is_unbatched()) {
         return false;
       }
       // The reference compares _shape(): a tensor's (unbatched ones too), else the batch size
@@ -247,7 +247,8 @@ bool same_layout(const std::vector<TensorDict>& tds) {
 // tree_leaves).
 int64_t count_leaves(const TensorDict& td) {
   int64_t n = 0;
-  for (const auto& [key, v] : td.entries()) n += v.is_tensordict() ? count_leaves(v.tensordict()) : 1;
+  for (const auto& [key, v] : td.entries())
+    n += v.is_tensordict() ? count_leaves(v.tensordict()) : 1;
   return n;
 }
 
@@ -293,11 +294,14 @@ TensorDict stack_lazy_stacks(const std::vector<TensorDict>& tds, int64_t dim) {
 TensorDict maybe_dense_stack(const std::vector<TensorDict>& tds, int64_t dim) {
   TORCH_CHECK_VALUE(!tds.empty(), "list_of_tensordicts cannot be empty");
   for (size_t i = 1; i < tds.size(); ++i) {
-    TORCH_CHECK(tds[i].batch_dims() == tds[0].batch_dims(), "Lazy stacking of tensordicts "
-                "requires them to have congruent batch dimensions, got td[", i, "].batch_dims=",
-                tds[i].batch_dims(), " and td[0].batch_dims=", tds[0].batch_dims());
+    TORCH_CHECK(tds[i].batch_dims() == tds[0].batch_dims(),
+                "Lazy stacking of tensordicts "
+                "requires them to have congruent batch dimensions, got td[",
+                i, "].batch_dims=", tds[i].batch_dims(),
+                " and td[0].batch_dims=", tds[0].batch_dims());
   }
-  if (std::all_of(tds.begin(), tds.end(), [](const TensorDict& td) { return td.is_lazy_stack(); }) &&
+  if (std::all_of(tds.begin(), tds.end(),
+                  [](const TensorDict& td) { return td.is_lazy_stack(); }) &&
       std::all_of(tds.begin(), tds.end(),
                   [&](const TensorDict& td) { return td.batch_size() == tds[0].batch_size(); })) {
     return stack_lazy_stacks(tds, dim);
@@ -589,16 +593,19 @@ TensorDict index(const TensorDict& td, at::ArrayRef<at::indexing::TensorIndex> i
                         " does not match the stack dim of size ", n);
       t = t.nonzero().flatten();
     }
-    TORCH_CHECK_INDEX(at::isIntegralType(t.scalar_type(), false), "tensors used as indices must "
+    TORCH_CHECK_INDEX(at::isIntegralType(t.scalar_type(), false),
+                      "tensors used as indices must "
                       "be long, int, byte or bool tensors");
     t = t.to(at::kCPU, at::kLong);
-    for (int64_t k : std::vector<int64_t>(t.data_ptr<int64_t>(), t.data_ptr<int64_t>() + t.numel())) {
+    for (int64_t k :
+         std::vector<int64_t>(t.data_ptr<int64_t>(), t.data_ptr<int64_t>() + t.numel())) {
       TORCH_CHECK_INDEX(k >= -n && k < n, "index ", k, " is out of bounds for dimension ", d,
                         " with size ", n);
       chosen.push_back(k < 0 ? k + n : k);
     }
   }
-  TORCH_CHECK_INDEX(!chosen.empty(), "indexing the stack dim of a LazyStackedTensorDict selected "
+  TORCH_CHECK_INDEX(!chosen.empty(),
+                    "indexing the stack dim of a LazyStackedTensorDict selected "
                     "no member; a lazy stack needs at least one");
   std::vector<TensorDict> picked;
   picked.reserve(chosen.size());

@@ -39,7 +39,8 @@ void check_transferable(std::string_view who, std::string_view key, const at::Te
   if (reason == nullptr) return;
   if (reason == kQuantized) {  // named with its dtype
     TORCH_CHECK_VALUE(false, who, ": leaf ", key, " has the quantized dtype ",
-                      dtype_name(leaf.scalar_type()), ", whose storage is not numel * element "
+                      dtype_name(leaf.scalar_type()),
+                      ", whose storage is not numel * element "
                       "size bytes; dequantize() it first");
   }
   // NotImplementedError, as the reference fails on a DTensor (its sharding propagation has no

@@ -17,9 +17,9 @@
 #include <utility>
 #include <vector>
 
+#include "core/json_text.h"
 #include "tensordict/dtypes.h"
 #include "tensordict/errors.h"
-#include "core/json_text.h"
 
 namespace tensordict {
 namespace {
@@ -102,8 +102,8 @@ at::Tensor map_fd(const char* fn, int fd, const std::string& path, bool writable
   }
   void* base = nullptr;
   if (nbytes != 0) {
-    base = ::mmap(nullptr, nbytes, PROT_READ | PROT_WRITE, writable ? MAP_SHARED : MAP_PRIVATE,
-                  fd, 0);
+    base =
+        ::mmap(nullptr, nbytes, PROT_READ | PROT_WRITE, writable ? MAP_SHARED : MAP_PRIVATE, fd, 0);
     if (base == MAP_FAILED) {
       const int err = errno;
       ::close(fd);
@@ -150,8 +150,8 @@ Mapping* map_anonymous(const char* fn, size_t nbytes) {
   void* base = nullptr;
   if (nbytes != 0) {
     base = ::mmap(nullptr, nbytes, PROT_READ | PROT_WRITE, MAP_SHARED | MAP_ANONYMOUS, -1, 0);
-    TORCH_CHECK(base != MAP_FAILED, fn, ": cannot map ", nbytes, " bytes of shared memory: ",
-                std::strerror(errno));
+    TORCH_CHECK(base != MAP_FAILED, fn, ": cannot map ", nbytes,
+                " bytes of shared memory: ", std::strerror(errno));
   }
   return new Mapping{base, nbytes, {}};
 }
@@ -316,30 +316,35 @@ struct Writer {
           make_dir(fn, *sub, /*nested=*/true);
           JsonValue nt;
           if (v.is_stack()) {
-            nt = JsonValue::map({{"_type", std::string(kNonTensorStackType)},
-                                 {"_format_version", kFormatVersion},
-                                 {"_class", "tensordict:NonTensorStack"},
-                                 {"stack_dim", v.stack_dim()},
-                                 {"device", v.device() ? JsonValue(v.device()->str()) : JsonValue()},
-                                 {"data", v.tolist()}});
+            nt =
+                JsonValue::map({{"_type", std::string(kNonTensorStackType)},
+                                {"_format_version", kFormatVersion},
+                                {"_class", "tensordict:NonTensorStack"},
+                                {"stack_dim", v.stack_dim()},
+                                {"device", v.device() ? JsonValue(v.device()->str()) : JsonValue()},
+                                {"data", v.tolist()}});
           } else {
-            nt = JsonValue::map({{"_type", std::string(v.is_metadata() ? kMetaDataType : kNonTensorType)},
-                                 {"data", v.data()},
-                                 {"_metadata", nullptr},
-                                 {"_is_non_tensor", true}});
+            nt = JsonValue::map(
+                {{"_type", std::string(v.is_metadata() ? kMetaDataType : kNonTensorType)},
+                 {"data", v.data()},
+                 {"_metadata", nullptr},
+                 {"_is_non_tensor", true}});
           }
           // Its text is held whole before it is written: bounded where shared values expand.
-          core::JsonExpansion().add(nt, [&] {
-            return c10::str(fn, ": the non-tensor value of key ", quote_key(key));
-          });
+          core::JsonExpansion().add(
+              nt, [&] { return c10::str(fn, ": the non-tensor value of key ", quote_key(key)); });
           write_text(fn, *sub / "meta.json", nt.dump());
           meta.emplace_back(key, JsonValue::map({{"type", v.class_name()}}));
         }
         out.emplace_back(key, value);
       } else {
-        TORCH_CHECK_NOT_IMPLEMENTED(!value.is_unbatched(), "UnbatchedTensor entries cannot be "
-                                    "memory-mapped yet, but ", quote_key(key), " is one. Exclude "
-                                    "it first, e.g. with td.exclude('", key, "').");
+        TORCH_CHECK_NOT_IMPLEMENTED(!value.is_unbatched(),
+                                    "UnbatchedTensor entries cannot be "
+                                    "memory-mapped yet, but ",
+                                    quote_key(key),
+                                    " is one. Exclude "
+                                    "it first, e.g. with td.exclude('",
+                                    key, "').");
         const at::Tensor& t = value.tensor();
         std::optional<fs::path> file;
         if (dir) file = *dir / (key + ".memmap");
@@ -402,8 +407,8 @@ constexpr size_t kMaxMetaTotalBytes = size_t{256} << 20;
 constexpr size_t kValueBytesPerMetaByte = core::kValueBytesPerTextByte;
 constexpr size_t kValueAllowance = core::kValueAllowanceBytes;
 // A level's entry ({"dtype", "shape", ...}) or field is read on its own, within these bounds.
-constexpr core::JsonLimits kEntryLimits{.max_depth = 8, .max_values = 4096,
-                                        .max_bytes = size_t{1} << 20};
+constexpr core::JsonLimits kEntryLimits{
+    .max_depth = 8, .max_values = 4096, .max_bytes = size_t{1} << 20};
 
 class Fd {
  public:
@@ -445,10 +450,10 @@ int open_in(const Dir& dir, const std::string& name, mode_t type, int flags,
   if (::fstatat(dir.fd.get(), name.c_str(), &st, AT_SYMLINK_NOFOLLOW) != 0) {
     fail_errno("load_memmap", "read", path, errno);
   }
-  TORCH_CHECK(!S_ISLNK(st.st_mode), "load_memmap: ", path, " is a symbolic link; a load "
+  TORCH_CHECK(!S_ISLNK(st.st_mode), "load_memmap: ", path,
+              " is a symbolic link; a load "
               "follows none, so that it never leaves the folder it was given");
-  TORCH_CHECK((st.st_mode & S_IFMT) == type, "load_memmap: ", path, " is not a ",
-              type_word(type));
+  TORCH_CHECK((st.st_mode & S_IFMT) == type, "load_memmap: ", path, " is not a ", type_word(type));
   const int common = O_NOFOLLOW | O_NONBLOCK | O_CLOEXEC | (type == S_IFDIR ? O_DIRECTORY : 0);
   int fd = ::openat(dir.fd.get(), name.c_str(), flags | common);
   if (fd < 0 && writable != nullptr && (errno == EACCES || errno == EROFS || errno == EPERM)) {
@@ -498,7 +503,8 @@ const JsonValue* find(const JsonValue& map, std::string_view key) {
   return nullptr;
 }
 
-std::vector<int64_t> shape_from(const JsonValue* v, const std::string& file, const std::string& what) {
+std::vector<int64_t> shape_from(const JsonValue* v, const std::string& file,
+                                const std::string& what) {
   TORCH_CHECK_VALUE(v != nullptr && v->is_list(), "load_memmap: ", file, ": ", what,
                     " has no shape list");
   std::vector<int64_t> shape;
@@ -630,19 +636,20 @@ TensorDict load_level(const Dir& dir, std::vector<std::string>& path, Budget& bu
     // JSON"; an entry's fault leaves it as it is.
     const std::string text = read_meta(dir, budget);
     const std::string who = c10::str("load_memmap: ", file_s, " is not valid JSON");
-    core::parse_json_members(text, kEntryLimits, who.c_str(), [&](std::string key, JsonValue value) {
-      if (!value.is_map()) {  // the level's own fields ("shape", "device", "_type", ...)
-        fields.emplace_back(std::move(key), std::move(value));
-        return;
-      }
-      Value loaded = load_entry(key, value);
-      if (auto it = at.find(key); it != at.end()) {
-        entries[it->second].second = std::move(loaded);
-      } else {
-        at.emplace(key, entries.size());
-        entries.emplace_back(std::move(key), std::move(loaded));
-      }
-    });
+    core::parse_json_members(
+        text, kEntryLimits, who.c_str(), [&](std::string key, JsonValue value) {
+          if (!value.is_map()) {  // the level's own fields ("shape", "device", "_type", ...)
+            fields.emplace_back(std::move(key), std::move(value));
+            return;
+          }
+          Value loaded = load_entry(key, value);
+          if (auto it = at.find(key); it != at.end()) {
+            entries[it->second].second = std::move(loaded);
+          } else {
+            at.emplace(key, entries.size());
+            entries.emplace_back(std::move(key), std::move(loaded));
+          }
+        });
   }
   auto field = [&](std::string_view name) -> const JsonValue* {
     const JsonValue* out = nullptr;  // the last one, as json.loads keeps
@@ -658,17 +665,18 @@ TensorDict load_level(const Dir& dir, std::vector<std::string>& path, Budget& bu
   }
   const JsonValue* type = field("_type");
   const JsonValue* cls = field("_class");
-  const bool is_td = (type != nullptr && type->is_string() && type->as_string() == kTensorDictType) ||
-                     (cls != nullptr && cls->is_string() && cls->as_string() == kTensorDictClass);
+  const bool is_td =
+      (type != nullptr && type->is_string() && type->as_string() == kTensorDictType) ||
+      (cls != nullptr && cls->is_string() && cls->as_string() == kTensorDictClass);
   TORCH_CHECK_VALUE(is_td, "load_memmap: ", file_s, " does not hold a TensorDict (its _type is ",
                     type != nullptr && type->is_string() ? type->as_string() : "missing",
                     "); only TensorDict directories are loaded");
   const auto batch_size = shape_from(field("shape"), file_s, "the TensorDict");
   if (const JsonValue* d = field("device"); d != nullptr) {
-    TORCH_CHECK_VALUE(d->is_null() || (d->is_string() && (d->as_string() == "cpu" ||
-                                                          d->as_string() == "None")),
-                      "load_memmap: ", file_s, ": device ", d->is_string() ? d->as_string() : "?",
-                      " is not supported (only cpu)");
+    TORCH_CHECK_VALUE(
+        d->is_null() || (d->is_string() && (d->as_string() == "cpu" || d->as_string() == "None")),
+        "load_memmap: ", file_s, ": device ", d->is_string() ? d->as_string() : "?",
+        " is not supported (only cpu)");
   }
   try {
     return TensorDict(std::move(entries), batch_size, at::Device(at::kCPU));
@@ -779,7 +787,8 @@ TensorDict memmap(const TensorDict& td, const std::optional<std::string>& prefix
 TensorDict& memmap_(TensorDict& td, const std::optional<std::string>& prefix,
                     const MemmapOptions& options) {
   // Every file first, so that a failure leaves `td` as it was.
-  const TensorDict mapped = write_all("memmap_", td, prefix, Writer{"memmap_", Fill::kCopy, options});
+  const TensorDict mapped =
+      write_all("memmap_", td, prefix, Writer{"memmap_", Fill::kCopy, options});
   // Leaves are replaced through set(), which a lock forbids; memmap_ locks at the end anyway.
   td.unlock_();
   swap_in(td, mapped);

@@ -8,13 +8,13 @@
 #include <limits>
 #include <ostream>
 
+#include "core/json_text.h"
+#include "core/metadata.h"
 #include "core/metadata_reader.h"
 #include "core/metadata_tree.h"
 #include "tensordict/consolidate.h"
 #include "tensordict/dtypes.h"
 #include "tensordict/errors.h"
-#include "core/json_text.h"
-#include "core/metadata.h"
 
 namespace tensordict {
 namespace {
@@ -361,8 +361,8 @@ ValidatedMetadata read_metadata_json(std::string_view text) {
                     " bytes of JSON, more than the limit of ", kMaxMetadataJsonBytes);
   const size_t budget = kValueBytesPerTextByte * text.size() + kValueAllowanceBytes;
   const auto over = [&](size_t limit) {
-    TD_THROW(core::ValueBudgetError, "metadata: the non-tensor values would take more than ",
-             limit, " bytes of memory (a reader spends at most ", kValueBytesPerTextByte,
+    TD_THROW(core::ValueBudgetError, "metadata: the non-tensor values would take more than ", limit,
+             " bytes of memory (a reader spends at most ", kValueBytesPerTextByte,
              " bytes per byte of metadata JSON, plus ", kValueAllowanceBytes,
              ", on them, as on meta.json's); keep large data in tensors");
   };

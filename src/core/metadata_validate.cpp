@@ -8,20 +8,20 @@
 #include <array>
 #include <unordered_set>
 
-#include "tensordict/dtypes.h"
-#include "tensordict/nested_key.h"
 #include "core/json_text.h"
 #include "core/metadata.h"
+#include "tensordict/dtypes.h"
+#include "tensordict/nested_key.h"
 
 namespace tensordict::core {
 namespace {
 
 // The reference's utils._TORCH_DTYPES: the dtypes whose names the metadata may carry.
 constexpr std::array kWireDtypes{
-    at::kBFloat16,     at::kBool,      at::kComplexDouble, at::kComplexHalf, at::kComplexFloat,
-    at::kHalf,         at::kFloat,     at::kDouble,        at::kShort,       at::kInt,
-    at::kLong,         at::kChar,      at::kQInt32,        at::kQInt8,       at::kQUInt4x2,
-    at::kQUInt8,       at::kByte,      at::kUInt16,        at::kUInt32,      at::kUInt64,
+    at::kBFloat16, at::kBool,  at::kComplexDouble, at::kComplexHalf, at::kComplexFloat,
+    at::kHalf,     at::kFloat, at::kDouble,        at::kShort,       at::kInt,
+    at::kLong,     at::kChar,  at::kQInt32,        at::kQInt8,       at::kQUInt4x2,
+    at::kQUInt8,   at::kByte,  at::kUInt16,        at::kUInt32,      at::kUInt64,
 };
 
 std::string node_str(const std::vector<std::string>& path) {
@@ -51,14 +51,16 @@ struct Validator {
   int64_t entries = 0;
   int64_t max_stop = 0;
   int64_t leaf_index = 0;
-  struct Range { int64_t start, stop, leaf; };
+  struct Range {
+    int64_t start, stop, leaf;
+  };
   std::vector<Range> ranges{};
   std::vector<std::string> path{};
 
   void node(const Metadata& m, at::IntArrayRef parent_batch, int depth) {
     const auto here = [&] { return node_str(path); };
-    TORCH_CHECK_VALUE(depth <= kMaxMetadataDepth, "metadata: node ", here(), " is nested deeper than ",
-                      kMaxMetadataDepth, " levels");
+    TORCH_CHECK_VALUE(depth <= kMaxMetadataDepth, "metadata: node ", here(),
+                      " is nested deeper than ", kMaxMetadataDepth, " levels");
     // "module.qualname": a class reference (the reference's tensorclass node), rebuilt as a
     // TensorDict node; only metadata_from_pickle makes one.
     TORCH_CHECK_VALUE(m.cls == "TensorDict" || m.is_stack() || is_class_reference_name(m.cls),
@@ -76,8 +78,9 @@ struct Validator {
     for (int64_t d : batch) {
       TORCH_CHECK_VALUE(d >= 0, "metadata: node ", here(), " has a negative batch dim in ", batch);
     }
-    TORCH_CHECK_VALUE(starts_with(batch, parent_batch), "metadata: node ", here(), " has batch_size ",
-                      batch, ", which does not start with its parent's ", parent_batch);
+    TORCH_CHECK_VALUE(starts_with(batch, parent_batch), "metadata: node ", here(),
+                      " has batch_size ", batch, ", which does not start with its parent's ",
+                      parent_batch);
     TORCH_CHECK_VALUE(cm.names.size() == batch.size(), "metadata: node ", here(), " has ",
                       cm.names.size(), " names for ", batch.size(), " batch dims");
     if (m.is_stack()) return;
@@ -131,8 +134,8 @@ struct Validator {
     TORCH_CHECK_VALUE(!m.children.empty(), "metadata: the lazy stack ", here(), " has no members");
     for (size_t i = 0; i < m.children.size(); ++i) {
       TORCH_CHECK_VALUE(m.children[i].first == std::to_string(i), "metadata: member ", i,
-                        " of the lazy stack ", here(), " is keyed ",
-                        quote_key(m.children[i].first), ", not '", i, "'");
+                        " of the lazy stack ", here(), " is keyed ", quote_key(m.children[i].first),
+                        ", not '", i, "'");
       TORCH_CHECK_VALUE(!m.children[i].second.is_non_tensor_stack(), "metadata: member ", i,
                         " of the lazy stack ", here(), " is a NonTensorStack, not a TensorDict");
       TORCH_CHECK_VALUE(m.children[i].second.cls_metadata.batch_size ==
@@ -156,7 +159,8 @@ struct Validator {
     std::vector<const std::vector<int64_t>*> member_batch(n, nullptr);
     const auto member = [&](const std::string& key, const std::vector<int64_t>& batch) {
       size_t i = n;
-      if (!key.empty() && key.size() <= 10 && key.find_first_not_of("0123456789") == std::string::npos &&
+      if (!key.empty() && key.size() <= 10 &&
+          key.find_first_not_of("0123456789") == std::string::npos &&
           (key == "0" || key[0] != '0')) {
         i = std::stoul(key);
       }
@@ -177,12 +181,13 @@ struct Validator {
       member(key, child.cls_metadata.batch_size);
     }
     for (size_t i = 1; i < n; ++i) {
-      TORCH_CHECK_VALUE(*member_batch[i] == *member_batch[0], "metadata: the members of the "
-                        "NonTensorStack ", here(), " have different batch sizes, ",
-                        at::IntArrayRef(*member_batch[0]), " and ", at::IntArrayRef(*member_batch[i]));
+      TORCH_CHECK_VALUE(*member_batch[i] == *member_batch[0],
+                        "metadata: the members of the "
+                        "NonTensorStack ",
+                        here(), " have different batch sizes, ", at::IntArrayRef(*member_batch[0]),
+                        " and ", at::IntArrayRef(*member_batch[i]));
     }
-    stacked(m, "the NonTensorStack", n ? static_cast<int64_t>(member_batch[0]->size()) : 0,
-            depth);
+    stacked(m, "the NonTensorStack", n ? static_cast<int64_t>(member_batch[0]->size()) : 0, depth);
   }
 
   // What a stack's node (`what`: "the lazy stack") must be beside its members, which have
@@ -191,8 +196,8 @@ struct Validator {
   void stacked(const Metadata& m, const char* what, int64_t member_dims, int depth) {
     const auto here = [&] { return node_str(path); };
     TORCH_CHECK_VALUE(m.cls_metadata.stack_dim >= 0 && m.cls_metadata.stack_dim <= member_dims,
-                      "metadata: ", what, " ", here(), " has stack_dim ",
-                      m.cls_metadata.stack_dim, " for members with ", member_dims, " batch dims");
+                      "metadata: ", what, " ", here(), " has stack_dim ", m.cls_metadata.stack_dim,
+                      " for members with ", member_dims, " batch dims");
     TORCH_CHECK_VALUE(stack_batch_size(m) == m.cls_metadata.batch_size, "metadata: ", what, " ",
                       here(), " has batch_size ", at::IntArrayRef(m.cls_metadata.batch_size),
                       ", which is not its members' with the stack dim");
@@ -210,8 +215,7 @@ struct Validator {
                         " has a negative dim in its batch_size ", bs);
     }
     TORCH_CHECK_VALUE(starts_with(bs, batch), "metadata: non-tensor entry ", path_str(path, key),
-                      " has batch_size ", bs, ", which does not start with the batch size ",
-                      batch);
+                      " has batch_size ", bs, ", which does not start with the batch size ", batch);
     if (nt.device) {
       try {
         (void)at::Device(*nt.device);
@@ -239,10 +243,10 @@ struct Validator {
     TORCH_CHECK_VALUE(starts_with(l.shape, batch), "metadata: leaf ", where(), " has shape ",
                       at::IntArrayRef(l.shape), ", which does not start with the batch size ",
                       batch);
-    TORCH_CHECK_VALUE(l.start >= 0 && l.start % kLeafAlign == 0 && l.stop >= l.start &&
-                          l.stop % kLeafAlign == 0,
-                      "metadata: leaf ", where(), " has the byte range [", l.start, ", ", l.stop,
-                      "); start and stop must be multiples of 8 with 0 <= start <= stop");
+    TORCH_CHECK_VALUE(
+        l.start >= 0 && l.start % kLeafAlign == 0 && l.stop >= l.start && l.stop % kLeafAlign == 0,
+        "metadata: leaf ", where(), " has the byte range [", l.start, ", ", l.stop,
+        "); start and stop must be multiples of 8 with 0 <= start <= stop");
     TORCH_CHECK_VALUE(l.pad >= 0 && l.pad < kLeafAlign && l.stop - l.start - l.pad == nbytes,
                       "metadata: leaf ", where(), " is ", dtype_name(l.dtype),
                       at::IntArrayRef(l.shape), " (", nbytes, " bytes) but its range [", l.start,
@@ -289,8 +293,8 @@ std::optional<std::vector<int64_t>> stack_batch_size(const Metadata& m) {
     bs = m.children[0].second.cls_metadata.batch_size;
   } else if (m.is_non_tensor_stack()) {
     n += m.non_tensors.size();
-    if (n == 0) return m.cls_metadata.stack_dim == 0 ? std::optional(std::vector<int64_t>{0})
-                                                     : std::nullopt;
+    if (n == 0)
+      return m.cls_metadata.stack_dim == 0 ? std::optional(std::vector<int64_t>{0}) : std::nullopt;
     // Member "0"'s (validation checks that every member has it).
     bool found = false;
     for (const auto& [key, nt] : m.non_tensors) {
@@ -310,7 +314,8 @@ std::optional<std::vector<int64_t>> stack_batch_size(const Metadata& m) {
 }
 
 int64_t validate(const Metadata& m, std::optional<int64_t> storage_bytes, int64_t storage_offset) {
-  TORCH_CHECK_VALUE(!m.is_non_tensor_stack(), "metadata: the root is a NonTensorStack; only a "
+  TORCH_CHECK_VALUE(!m.is_non_tensor_stack(),
+                    "metadata: the root is a NonTensorStack; only a "
                     "TensorDict or a LazyStackedTensorDict can be the root of a transfer");
   Validator v{m, storage_bytes, storage_offset};
   v.node(m, {}, 0);

@@ -31,9 +31,18 @@ std::string quote_key(std::string_view key) {
   std::string out(1, q);
   for (char c : key) {
     if (c == q || c == '\\') out += '\\';
-    if (c == '\n') { out += "\\n"; continue; }
-    if (c == '\t') { out += "\\t"; continue; }
-    if (c == '\r') { out += "\\r"; continue; }
+    if (c == '\n') {
+      out += "\\n";
+      continue;
+    }
+    if (c == '\t') {
+      out += "\\t";
+      continue;
+    }
+    if (c == '\r') {
+      out += "\\r";
+      continue;
+    }
     out += c;
   }
   out += q;

@@ -8,8 +8,8 @@
 #include <ATen/ATen.h>
 #include <c10/core/WrapDimMinimal.h>
 
-#include "non_tensor_ops.h"
 #include "core/json_text.h"
+#include "non_tensor_ops.h"
 
 namespace tensordict {
 namespace {
@@ -108,7 +108,8 @@ const char* NonTensorData::class_name() const {
 }
 
 const JsonValue& NonTensorData::data() const {
-  TORCH_CHECK_TYPE(!is_stack(), "Cannot get the non-unique data of a NonTensorStack. Use "
+  TORCH_CHECK_TYPE(!is_stack(),
+                   "Cannot get the non-unique data of a NonTensorStack. Use "
                    ".tolist() instead.");
   return data_;
 }
@@ -136,16 +137,17 @@ const std::vector<NonTensorData>& NonTensorData::members() const {
 }
 
 NonTensorData NonTensorData::with_batch_size(std::vector<int64_t> batch_size) const {
-  TORCH_CHECK_VALUE(!is_stack() || batch_size == batch_size_,
-                    "a NonTensorStack's batch size ", at::IntArrayRef(batch_size_),
-                    " follows its members; it cannot become ", at::IntArrayRef(batch_size));
+  TORCH_CHECK_VALUE(!is_stack() || batch_size == batch_size_, "a NonTensorStack's batch size ",
+                    at::IntArrayRef(batch_size_), " follows its members; it cannot become ",
+                    at::IntArrayRef(batch_size));
   NonTensorData out = *this;
   out.batch_size_ = std::move(batch_size);
   return out;
 }
 
 std::vector<NonTensorData> NonTensorData::unbind(int64_t dim) const {
-  TORCH_CHECK_INDEX(!batch_size_.empty(), "unbind: a non-tensor entry with batch size [] has no "
+  TORCH_CHECK_INDEX(!batch_size_.empty(),
+                    "unbind: a non-tensor entry with batch size [] has no "
                     "dim to unbind");
   const int64_t d = c10::maybe_wrap_dim(dim, static_cast<int64_t>(batch_size_.size()));
   if (is_stack() && stack_dim_ == d && !members_->empty()) return *members_;
@@ -246,7 +248,8 @@ NonTensorData select_at(const std::vector<const NonTensorData*>& atoms, const in
   std::vector<NonTensorData> members;
   members.reserve(static_cast<size_t>(sizes[0]));
   for (int64_t i = 0; i < sizes[0]; ++i) {
-    members.push_back(select_at(atoms, ids + i * strides[0], sizes.slice(1), strides.slice(1), device));
+    members.push_back(
+        select_at(atoms, ids + i * strides[0], sizes.slice(1), strides.slice(1), device));
   }
   NonTensorData out = NonTensorData::stack(std::move(members), 0);
   return device == out.device() ? out : out.with_device(device);
@@ -260,8 +263,8 @@ NonTensorElements non_tensor_elements(const NonTensorData& nt) {
   return out;
 }
 
-NonTensorData select_elements(const std::vector<const NonTensorData*>& atoms,
-                              const at::Tensor& ids, std::optional<at::Device> device) {
+NonTensorData select_elements(const std::vector<const NonTensorData*>& atoms, const at::Tensor& ids,
+                              std::optional<at::Device> device) {
   const at::Tensor c = ids.to(at::kCPU, at::kLong).contiguous();
   return select_at(atoms, c.const_data_ptr<int64_t>(), c.sizes(), c.strides(), device);
 }
@@ -274,7 +277,8 @@ NonTensorData empty_stack(std::vector<int64_t> batch_size, std::optional<at::Dev
 }
 
 std::vector<NonTensorData> map_non_tensor(
-    const NonTensorData& nt, size_t level_dims, const std::vector<std::vector<int64_t>>& new_batches,
+    const NonTensorData& nt, size_t level_dims,
+    const std::vector<std::vector<int64_t>>& new_batches,
     const std::function<std::vector<at::Tensor>(const at::Tensor&)>& fn) {
   std::vector<NonTensorData> out;
   out.reserve(new_batches.size());

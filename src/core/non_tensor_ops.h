@@ -32,7 +32,8 @@ NonTensorData select_elements(const std::vector<const NonTensorData*>& atoms, co
 /// (`level_dims` of them) to one tensor per result, as for the leaves (map_batch). A plain entry
 /// keeps its data and its dims beyond the level's; a stack's elements move as fn moves them.
 std::vector<NonTensorData> map_non_tensor(
-    const NonTensorData& nt, size_t level_dims, const std::vector<std::vector<int64_t>>& new_batches,
+    const NonTensorData& nt, size_t level_dims,
+    const std::vector<std::vector<int64_t>>& new_batches,
     const std::function<std::vector<at::Tensor>(const at::Tensor&)>& fn);
 
 /// torch.stack of non-tensor entries of one batch size along `dim` (non-negative): one MetaData

@@ -20,7 +20,8 @@ TensorDictParams::TensorDictParams(TensorDict params, const TensorDictParamsOpti
 TensorDictParams::TensorDictParams(TensorDict params, const TensorDictParamsOptions& options,
                                    const torch::nn::Module* like)
     : params_(std::move(params)), options_(options) {
-  TORCH_CHECK_VALUE(!params_.is_lazy_stack(), "TensorDictParams: a lazy stack cannot be a "
+  TORCH_CHECK_VALUE(!params_.is_lazy_stack(),
+                    "TensorDictParams: a lazy stack cannot be a "
                     "module's parameters; pass a TensorDict");
   const bool locked = params_.is_locked();
   if (locked) params_.unlock_();  // a non-leaf float tensor is replaced by its detached alias
@@ -33,7 +34,8 @@ TensorDictParams::TensorDictParams(TensorDict params, const TensorDictParamsOpti
 void TensorDictParams::register_entry(const std::string& key, const Value& value,
                                       const torch::nn::Module* like) {
   TORCH_CHECK_VALUE(key.find('.') == std::string::npos && !key.empty(), "TensorDictParams: key ",
-                    quote_key(key), " cannot name a parameter (torch::nn::Module names hold no "
+                    quote_key(key),
+                    " cannot name a parameter (torch::nn::Module names hold no "
                     "'.' and are not empty)");
   if (value.is_tensordict()) {
     std::shared_ptr<torch::nn::Module> child_like;

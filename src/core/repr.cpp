@@ -9,8 +9,8 @@
 #include <unordered_set>
 
 #include "core/json_text.h"
-#include "tensordict/dtypes.h"
 #include "tensor_dict_impl.h"
+#include "tensordict/dtypes.h"
 #include "tensordict/lazy_stack.h"
 #include "tensordict/tensor_dict.h"
 
@@ -50,15 +50,16 @@ std::string device_repr(const std::optional<at::Device>& d) { return d ? d->str(
 
 std::string tensor_repr(const at::Tensor& t) {
   return "Tensor(shape=" + size_repr(t.sizes()) + ", device=" + t.device().str() +
-         ", dtype=" + dtype_name(t.scalar_type()) + ", is_shared=" + (is_shared(t) ? "True" : "False") +
-         ")";
+         ", dtype=" + dtype_name(t.scalar_type()) +
+         ", is_shared=" + (is_shared(t) ? "True" : "False") + ")";
 }
 
 // The first or last `n` characters (code points) of UTF-8 text.
 std::string_view utf8_head(std::string_view s, size_t n) {
   size_t i = 0;
   for (size_t k = 0; k < n && i < s.size(); ++k) {
-    do ++i; while (i < s.size() && (static_cast<unsigned char>(s[i]) & 0xc0) == 0x80);
+    do ++i;
+    while (i < s.size() && (static_cast<unsigned char>(s[i]) & 0xc0) == 0x80);
   }
   return s.substr(0, i);
 }
@@ -66,7 +67,8 @@ std::string_view utf8_head(std::string_view s, size_t n) {
 std::string_view utf8_tail(std::string_view s, size_t n) {
   size_t i = s.size();
   for (size_t k = 0; k < n && i > 0; ++k) {
-    do --i; while (i > 0 && (static_cast<unsigned char>(s[i]) & 0xc0) == 0x80);
+    do --i;
+    while (i > 0 && (static_cast<unsigned char>(s[i]) & 0xc0) == 0x80);
   }
   return s.substr(i);
 }
@@ -93,8 +95,9 @@ std::string non_tensor_repr(const NonTensorData& nt) {
   if (utf8_length(data) > 200) {
     data = std::string(utf8_head(data, 20)) + "  ...  " + std::string(utf8_tail(data, 20));
   }
-  return std::string(nt.class_name()) + "(data=" + data + ", batch_size=" +
-         size_repr(nt.batch_size()) + ", device=" + device_repr(nt.device()) + ")";
+  return std::string(nt.class_name()) + "(data=" + data +
+         ", batch_size=" + size_repr(nt.batch_size()) + ", device=" + device_repr(nt.device()) +
+         ")";
 }
 
 std::string detailed_repr(const TensorDict& td, const std::string& type_name);
@@ -131,8 +134,8 @@ std::string stacked_leaf_repr(const LazyStackedTensorDict& td, const std::string
   }
   shape.insert(shape.begin() + td.stack_dim(), static_cast<int64_t>(members.size()));
   return "Tensor(shape=" + size_repr(shape) + ", device=" + first.device().str() +
-         ", dtype=" + dtype_name(first.scalar_type()) + ", is_shared=" +
-         (shared ? "True" : "False") + ")";
+         ", dtype=" + dtype_name(first.scalar_type()) +
+         ", is_shared=" + (shared ? "True" : "False") + ")";
 }
 
 std::string lazy_repr(const LazyStackedTensorDict& td) {
@@ -160,10 +163,12 @@ std::string lazy_repr(const LazyStackedTensorDict& td) {
   for (size_t i = 0; i < members.size(); ++i) {
     std::vector<std::string> own;
     for (const auto& [k, v] : members[i].entries()) {
-      if (std::find(common.begin(), common.end(), k) == common.end()) own.push_back(k + ": " + value_repr(v));
+      if (std::find(common.begin(), common.end(), k) == common.end())
+        own.push_back(k + ": " + value_repr(v));
     }
     if (own.empty()) continue;
-    exclusive += std::string(any ? ",\n" : "") + indent(std::to_string(i) + " ->" + indent(fields_repr(own)));
+    exclusive += std::string(any ? ",\n" : "") +
+                 indent(std::to_string(i) + " ->" + indent(fields_repr(own)));
     any = true;
   }
   const bool shared = td.device().has_value() && td.device()->is_cuda();
@@ -240,9 +245,12 @@ void sort_entries(std::vector<ShownEntry>& entries) {
 std::string short_dtype(at::ScalarType t) {
   std::string name = dtype_name(t);
   name = name.substr(name.find('.') + 1);
-  for (const auto& [from, to] : {std::pair<std::string, std::string>{"float", "f"}, {"uint", "u"},
-                                 {"int", "i"}, {"complex", "c"}}) {
-    for (size_t at = name.find(from); at != std::string::npos; at = name.find(from, at + to.size())) {
+  for (const auto& [from, to] : {std::pair<std::string, std::string>{"float", "f"},
+                                 {"uint", "u"},
+                                 {"int", "i"},
+                                 {"complex", "c"}}) {
+    for (size_t at = name.find(from); at != std::string::npos;
+         at = name.find(from, at + to.size())) {
       name.replace(at, from.size(), to);
     }
   }
@@ -256,7 +264,8 @@ std::string dims_str(at::IntArrayRef dims) {
 }
 
 // "@cpu,meta" when the leaves are not all on the CPU and their level has no device.
-std::string device_suffix(std::vector<std::string> devices, const std::optional<at::Device>& level) {
+std::string device_suffix(std::vector<std::string> devices,
+                          const std::optional<at::Device>& level) {
   std::sort(devices.begin(), devices.end());
   devices.erase(std::unique(devices.begin(), devices.end()), devices.end());
   if (level || (devices.size() == 1 && devices[0] == "cpu")) return "";
@@ -433,7 +442,8 @@ std::string compact_repr(const TensorDict& td, const std::string& type_name,
       if (!own.entries.empty()) exclusive.entries.emplace_back(std::to_string(i), std::move(own));
     }
   }
-  const size_t tail = exclusive.entries.empty() ? 1 : 1 + std::string(", exclusive_fields={").size();
+  const size_t tail =
+      exclusive.entries.empty() ? 1 : 1 + std::string(", exclusive_fields={").size();
   Shown body = shown_level(td, td.batch_size().size());
   std::erase_if(body.entries, [&](const auto& e) {
     return std::find(options.hidden.begin(), options.hidden.end(), e.first) != options.hidden.end();

@@ -8,8 +8,7 @@
 namespace tensordict {
 
 SubTensorDict::SubTensorDict(TensorDict parent, std::vector<at::indexing::TensorIndex> index)
-    : parent_(std::move(parent)),
-      index_(detail::expand_ellipsis(index, parent_.batch_dims())) {
+    : parent_(std::move(parent)), index_(detail::expand_ellipsis(index, parent_.batch_dims())) {
   for (const auto& i : index_) {
     if (i.is_tensor()) is_view_ = false;
   }

@@ -80,7 +80,8 @@ Value admit(const TensorDictImpl& level, const NestedKey& full_key, const Value&
     if (bs.size() == nt.batch_size().size() && (!level.device || nt.device() == level.device)) {
       return value;
     }
-    const NonTensorData sized = bs.size() == nt.batch_size().size() ? nt : nt.with_batch_size(std::move(bs));
+    const NonTensorData sized =
+        bs.size() == nt.batch_size().size() ? nt : nt.with_batch_size(std::move(bs));
     return level.device ? sized.with_device(level.device) : sized;
   }
   if (value.is_unbatched()) {  // no batch check, as the reference's UnbatchedTensor
@@ -96,8 +97,9 @@ Value admit(const TensorDictImpl& level, const NestedKey& full_key, const Value&
   }
   const TensorDict& td = value.tensordict();
   std::unordered_set<const TensorDictImpl*> seen;
-  TORCH_CHECK_VALUE(!contains_level(td, &level, seen), "Cannot set a tensordict inside itself (key ",
-                    full_key.str(), "): tensordicts that contain themselves are not supported.");
+  TORCH_CHECK_VALUE(!contains_level(td, &level, seen),
+                    "Cannot set a tensordict inside itself (key ", full_key.str(),
+                    "): tensordicts that contain themselves are not supported.");
   if (level.device && td.device() != level.device) return td.to(*level.device);
   return value;
 }
@@ -131,8 +133,8 @@ Level walk(const TensorDict& root, const NestedKey& key, bool create, bool for_w
       v = level->find(key[i]);
     }
     if (!v->is_tensordict()) {
-      TD_CHECK_KEY(!for_write && !create, "cannot reach key ", key.str(), ": ",
-                   quote_key(key[i]), " is ", detail::kind_name(*v), ", not a TensorDict");
+      TD_CHECK_KEY(!for_write && !create, "cannot reach key ", key.str(), ": ", quote_key(key[i]),
+                   " is ", detail::kind_name(*v), ", not a TensorDict");
       return {};
     }
     at = {&TensorDictImpl::of(v->tensordict()), &v->tensordict(), i + 1};
@@ -249,8 +251,8 @@ TensorDict::TensorDict(FlatEntries, std::vector<Entry> entries, at::IntArrayRef 
   for (auto& [key, value] : entries) impl_->put(key, admit(*impl_, NestedKey(key), value));
 }
 
-TensorDict::TensorDict(std::vector<std::pair<NestedKey, Value>> entries,
-                       at::IntArrayRef batch_size, std::optional<at::Device> device)
+TensorDict::TensorDict(std::vector<std::pair<NestedKey, Value>> entries, at::IntArrayRef batch_size,
+                       std::optional<at::Device> device)
     : TensorDict(empty_impl(batch_size, device, entries.size())) {
   for (auto& [key, value] : entries) set(key, value);
 }
@@ -258,7 +260,8 @@ TensorDict::TensorDict(std::vector<std::pair<NestedKey, Value>> entries,
 at::IntArrayRef TensorDict::batch_size() const { return impl_->batch_size; }
 
 TensorDict& TensorDict::set_batch_size(at::IntArrayRef batch_size) {
-  TORCH_CHECK(!impl_->lazy, "set_batch_size: the batch size of a LazyStackedTensorDict is its "
+  TORCH_CHECK(!impl_->lazy,
+              "set_batch_size: the batch size of a LazyStackedTensorDict is its "
               "members' with the stack dim; modifying it is not permitted (call contiguous() for "
               "a dense TensorDict first)");
   check_batch_size(batch_size);
@@ -297,8 +300,8 @@ Value TensorDict::get(const NestedKey& key) const {
     TD_CHECK_KEY(v != nullptr, "key ", key.str(), " not found in TensorDict with keys ",
                  key_list(*level));
     if (i + 1 == key.size()) return *v;
-    TD_CHECK_KEY(v->is_tensordict(), "key ", key.str(), " not found: ", quote_key(key[i]),
-                 " is ", detail::kind_name(*v), ", not a TensorDict");
+    TD_CHECK_KEY(v->is_tensordict(), "key ", key.str(), " not found: ", quote_key(key[i]), " is ",
+                 detail::kind_name(*v), ", not a TensorDict");
     handle = &v->tensordict();
     level = &TensorDictImpl::of(*handle);
   }
@@ -372,9 +375,10 @@ TensorDict& TensorDict::set_(const NestedKey& key, const at::Tensor& tensor) {
   TORCH_CHECK_TYPE(current.is_tensor(), "set_: key ", key.str(), " holds ",
                    detail::kind_name(current), "; set_ writes into an existing tensor");
   const at::Tensor& dst = current.tensor();
-  TORCH_CHECK_VALUE(tensor.sizes() == dst.sizes() || at::is_expandable_to(tensor.sizes(), dst.sizes()),
-                    "set_: key ", key.str(), " has shape ", dst.sizes(),
-                    " but the new value has shape ", tensor.sizes());
+  TORCH_CHECK_VALUE(
+      tensor.sizes() == dst.sizes() || at::is_expandable_to(tensor.sizes(), dst.sizes()),
+      "set_: key ", key.str(), " has shape ", dst.sizes(), " but the new value has shape ",
+      tensor.sizes());
   dst.copy_(tensor);
   return *this;
 }

@@ -89,8 +89,8 @@ TensorDict TensorDict::clone() const {
 }
 
 TensorDict TensorDict::to(at::Device device) const {
-  return map_leaves(*this, [&](const at::Tensor& t) { return t.to(device); }, device,
-                    NonTensors::kMove);
+  return map_leaves(
+      *this, [&](const at::Tensor& t) { return t.to(device); }, device, NonTensors::kMove);
 }
 
 TensorDict TensorDict::to(at::ScalarType dtype) const {
@@ -129,10 +129,9 @@ TensorDict TensorDict::apply(
     const std::function<at::Tensor(const at::Tensor&, const at::Tensor&)>& fn,
     const TensorDict& other, const ApplyOptions& options) const {
   if (options.batch_size) {
-    return apply_at_batch(*this, *options.batch_size,
-                          [&](const NestedKey& key, const at::Tensor& t) {
-                            return fn(t, other.get(key).tensor());
-                          });
+    return apply_at_batch(
+        *this, *options.batch_size,
+        [&](const NestedKey& key, const at::Tensor& t) { return fn(t, other.get(key).tensor()); });
   }
   if (is_lazy_stack()) {
     // Member i with other's slice i along the stack dim.
@@ -141,8 +140,8 @@ TensorDict TensorDict::apply(
                       others.size(), " entries along the stack dim, this lazy stack ",
                       entries().size());
     size_t i = 0;
-    return detail::lazy::map_members(
-        *this, [&](const TensorDict& m) { return m.apply(fn, others[i++]); });
+    return detail::lazy::map_members(*this,
+                                     [&](const TensorDict& m) { return m.apply(fn, others[i++]); });
   }
   TensorDict out = TensorDictImpl::make(batch_size().vec(), device());
   for (const auto& [key, value] : entries()) {
@@ -180,7 +179,8 @@ TensorDict TensorDict::named_apply(
   const auto walk = [&](const auto& self, const TensorDict& td,
                         const std::vector<std::string>& prefix) -> TensorDict {
     if (td.is_lazy_stack()) {
-      return detail::lazy::map_members(td, [&](const TensorDict& m) { return self(self, m, prefix); });
+      return detail::lazy::map_members(td,
+                                       [&](const TensorDict& m) { return self(self, m, prefix); });
     }
     TensorDict out = TensorDictImpl::make(td.batch_size().vec(), td.device());
     for (const auto& [key, value] : td.entries()) {
@@ -235,9 +235,8 @@ TensorDict& TensorDict::fill_(const NestedKey& key, const at::Scalar& value) {
 }
 
 TensorDict TensorDict::masked_fill(const at::Tensor& mask, const at::Scalar& value) const {
-  return with_each(*this, [&](const at::Tensor& t) {
-    return t.masked_fill(expand_right(mask, t), value);
-  });
+  return with_each(
+      *this, [&](const at::Tensor& t) { return t.masked_fill(expand_right(mask, t), value); });
 }
 
 TensorDict& TensorDict::masked_fill_(const at::Tensor& mask, const at::Scalar& value) {
@@ -258,15 +257,14 @@ TensorDict& TensorDict::masked_fill_(const at::Tensor& mask, const at::Scalar& v
 }
 
 TensorDict TensorDict::where(const at::Tensor& condition, const TensorDict& other) const {
-  return apply([&](const at::Tensor& a, const at::Tensor& b) {
-    return at::where(expand_right(condition, a), a, b);
-  }, other);
+  return apply([&](const at::Tensor& a,
+                   const at::Tensor& b) { return at::where(expand_right(condition, a), a, b); },
+               other);
 }
 
 TensorDict TensorDict::where(const at::Tensor& condition, const at::Scalar& other) const {
-  return with_each(*this, [&](const at::Tensor& t) {
-    return at::where(expand_right(condition, t), t, other);
-  });
+  return with_each(
+      *this, [&](const at::Tensor& t) { return at::where(expand_right(condition, t), t, other); });
 }
 
 TensorDict TensorDict::detach() const {
@@ -352,16 +350,15 @@ TensorDict& TensorDict::lerp_(const TensorDict& end, const TensorDict& weight) {
   return *this;
 }
 
-#define TENSORDICT_ARITHMETIC(op, fn)                                                        \
-  TensorDict TensorDict::operator op(const TensorDict& other) const {                       \
-    return apply([](const at::Tensor& a, const at::Tensor& b) { return at::fn(a, b); },     \
-                 other);                                                                    \
-  }                                                                                         \
-  TensorDict TensorDict::operator op(const at::Tensor& other) const {                       \
-    return with_each(*this, [&](const at::Tensor& a) { return at::fn(a, other); });         \
-  }                                                                                         \
-  TensorDict TensorDict::operator op(const at::Scalar& other) const {                       \
-    return with_each(*this, [&](const at::Tensor& a) { return at::fn(a, other); });         \
+#define TENSORDICT_ARITHMETIC(op, fn)                                                           \
+  TensorDict TensorDict::operator op(const TensorDict & other) const {                          \
+    return apply([](const at::Tensor& a, const at::Tensor& b) { return at::fn(a, b); }, other); \
+  }                                                                                             \
+  TensorDict TensorDict::operator op(const at::Tensor & other) const {                          \
+    return with_each(*this, [&](const at::Tensor& a) { return at::fn(a, other); });             \
+  }                                                                                             \
+  TensorDict TensorDict::operator op(const at::Scalar & other) const {                          \
+    return with_each(*this, [&](const at::Tensor& a) { return at::fn(a, other); });             \
   }
 TENSORDICT_ARITHMETIC(+, add)
 TENSORDICT_ARITHMETIC(-, sub)
@@ -393,8 +390,9 @@ bool TensorDict::is_shared() const {
   bool any = false, all = true;
   each_leaf(*this, [&](const at::Tensor& t) {
     any = true;
-    all = all && (t.is_cuda() || (t.has_storage() &&
-                                  at::MapAllocator::fromDataPtr(t.storage().data_ptr()) != nullptr));
+    all = all &&
+          (t.is_cuda() ||
+           (t.has_storage() && at::MapAllocator::fromDataPtr(t.storage().data_ptr()) != nullptr));
   });
   return any && all;
 }

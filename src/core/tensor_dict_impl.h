@@ -217,7 +217,8 @@ std::vector<std::string> common_keys(const TensorDict& td);
 TensorDict index(const TensorDict& td, at::ArrayRef<at::indexing::TensorIndex> indices);
 std::vector<TensorDict> unbind(const TensorDict& td, int64_t dim);
 /// A lazy stack with fn applied to each member (same stack dim).
-TensorDict map_members(const TensorDict& td, const std::function<TensorDict(const TensorDict&)>& fn);
+TensorDict map_members(const TensorDict& td,
+                       const std::function<TensorDict(const TensorDict&)>& fn);
 /// The dense TensorDict the stack stands for (torch.stack of every leaf).
 TensorDict dense(const TensorDict& td);
 std::string repr(const TensorDict& td);

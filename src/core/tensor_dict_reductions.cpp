@@ -45,17 +45,20 @@ std::vector<int64_t> reduced_batch(at::IntArrayRef bs, const std::vector<int64_t
 }
 
 // sum/mean/std leaf by leaf, over all elements, the batch dims given, or the feature dims.
-TensorDict reduction(const TensorDict& td, const ReductionOptions& o,
-                     const std::function<at::Tensor(const at::Tensor&, at::OptionalIntArrayRef,
-                                                    bool)>& fn) {
+TensorDict reduction(
+    const TensorDict& td, const ReductionOptions& o,
+    const std::function<at::Tensor(const at::Tensor&, at::OptionalIntArrayRef, bool)>& fn) {
   const int64_t bd = td.batch_dims();
   if (o.feature) {
-    return map_leaves(td, [&](const at::Tensor& t) {
-      if (t.dim() == bd) return t;
-      std::vector<int64_t> dims(static_cast<size_t>(t.dim() - bd));
-      std::iota(dims.begin(), dims.end(), bd);
-      return fn(t, dims, o.keepdim);
-    }, td.device(), NonTensors::kDrop);
+    return map_leaves(
+        td,
+        [&](const at::Tensor& t) {
+          if (t.dim() == bd) return t;
+          std::vector<int64_t> dims(static_cast<size_t>(t.dim() - bd));
+          std::iota(dims.begin(), dims.end(), bd);
+          return fn(t, dims, o.keepdim);
+        },
+        td.device(), NonTensors::kDrop);
   }
   if (o.dims.empty()) {
     return map_one(td, {}, [&](const at::Tensor& t) { return fn(t, std::nullopt, false); });
@@ -167,7 +170,8 @@ at::Tensor compare_non_tensors(const NonTensorData& a, const NonTensorData& b, b
               " has batch sizes ", a.batch_size(), " and ", b.batch_size());
   const auto options =
       at::TensorOptions().dtype(at::kBool).device(a.device().value_or(at::Device(at::kCPU)));
-  if (!a.is_stack() && !b.is_stack()) return at::full(a.batch_size(), (a.data() == b.data()) == eq, options);
+  if (!a.is_stack() && !b.is_stack())
+    return at::full(a.batch_size(), (a.data() == b.data()) == eq, options);
   const auto ea = detail::non_tensor_elements(a), eb = detail::non_tensor_elements(b);
   const at::Tensor ia = ea.ids.contiguous(), ib = eb.ids.contiguous();
   at::Tensor out = at::empty(a.batch_size(), at::kBool);
@@ -175,7 +179,8 @@ at::Tensor compare_non_tensors(const NonTensorData& a, const NonTensorData& b, b
   const int64_t* pb = ib.const_data_ptr<int64_t>();
   bool* po = out.data_ptr<bool>();
   for (int64_t i = 0; i < out.numel(); ++i) {
-    po[i] = (ea.atoms[static_cast<size_t>(pa[i])]->data() == eb.atoms[static_cast<size_t>(pb[i])]->data()) == eq;
+    po[i] = (ea.atoms[static_cast<size_t>(pa[i])]->data() ==
+             eb.atoms[static_cast<size_t>(pb[i])]->data()) == eq;
   }
   return out.to(options.device());
 }
@@ -197,13 +202,13 @@ TensorDict compare(const TensorDict& a, const TensorDict& b, bool eq, const char
   TensorDict out = TensorDictImpl::make(a.batch_size().vec(), a.device());
   for (const auto& [key, value] : a.entries()) {
     const Value& o = *TensorDictImpl::of(b).find(key);
-    TORCH_CHECK_TYPE(value.is_tensor() == o.is_tensor() &&
-                         value.is_non_tensor() == o.is_non_tensor(),
-                     what, ": key ", quote_key(key), " is ", detail::kind_name(value),
-                     " in the first TensorDict but ", detail::kind_name(o), " in the second");
+    TORCH_CHECK_TYPE(
+        value.is_tensor() == o.is_tensor() && value.is_non_tensor() == o.is_non_tensor(), what,
+        ": key ", quote_key(key), " is ", detail::kind_name(value), " in the first TensorDict but ",
+        detail::kind_name(o), " in the second");
     if (value.is_tensor()) {
       out.set(key, detail::same_kind(value, eq ? at::eq(value.tensor(), o.tensor())
-                                                : at::ne(value.tensor(), o.tensor())));
+                                               : at::ne(value.tensor(), o.tensor())));
     } else if (value.is_non_tensor()) {
       out.set(key, compare_non_tensors(value.non_tensor(), o.non_tensor(), eq, what, key));
     } else {
@@ -226,13 +231,13 @@ TensorDict TensorDict::operator!=(const TensorDict& other) const {
 // Non-tensor entries are left out of a comparison with a scalar (the reference's result for
 // them is an empty TensorDict, which says nothing).
 TensorDict TensorDict::operator==(const at::Scalar& other) const {
-  return map_leaves(*this, [&](const at::Tensor& t) { return at::eq(t, other); }, device(),
-                    NonTensors::kDrop);
+  return map_leaves(
+      *this, [&](const at::Tensor& t) { return at::eq(t, other); }, device(), NonTensors::kDrop);
 }
 
 TensorDict TensorDict::operator!=(const at::Scalar& other) const {
-  return map_leaves(*this, [&](const at::Tensor& t) { return at::ne(t, other); }, device(),
-                    NonTensors::kDrop);
+  return map_leaves(
+      *this, [&](const at::Tensor& t) { return at::ne(t, other); }, device(), NonTensors::kDrop);
 }
 
 // all() and any() visit the leaves where they are (a lazy stack's in its members), so that
@@ -249,8 +254,7 @@ bool TensorDict::all() const {
 
 bool TensorDict::any() const {
   for (const auto& [key, v] : entries()) {
-    if (v.is_tensor() ? v.tensor().any().item<bool>()
-                      : v.is_tensordict() && v.tensordict().any()) {
+    if (v.is_tensor() ? v.tensor().any().item<bool>() : v.is_tensordict() && v.tensordict().any()) {
       return true;
     }
   }
@@ -281,7 +285,8 @@ bool TensorDict::allclose(const TensorDict& other, double rtol, double atol, boo
   if (my_nt.size() != their_nt.size()) return false;
   for (const auto& [key, value] : my_nt) {
     const Value o = other.get(key, at::Tensor());
-    if (!o.is_non_tensor() || !(o.non_tensor().tolist() == value.non_tensor().tolist())) return false;
+    if (!o.is_non_tensor() || !(o.non_tensor().tolist() == value.non_tensor().tolist()))
+      return false;
   }
   const auto mine = items({.include_nested = true, .leaves_only = true});
   const auto theirs = other.items({.include_nested = true, .leaves_only = true});

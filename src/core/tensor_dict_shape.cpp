@@ -38,14 +38,15 @@ std::vector<at::indexing::TensorIndex> expand_ellipsis(at::ArrayRef<at::indexing
     if (i.is_ellipsis()) {
       ++ellipses;
     } else if (i.is_tensor()) {
-      consumed += i.tensor().scalar_type() == at::kBool ? std::max<int64_t>(i.tensor().dim(), 1) : 1;
+      consumed +=
+          i.tensor().scalar_type() == at::kBool ? std::max<int64_t>(i.tensor().dim(), 1) : 1;
     } else if (i.is_integer() || i.is_slice()) {
       ++consumed;
     }
   }
   TORCH_CHECK_VALUE(ellipses <= 1, "an index can only have a single ellipsis ('...')");
-  TORCH_CHECK_INDEX(consumed <= batch_dims, "too many indices for a TensorDict with ",
-                    batch_dims, " batch dims: ", consumed, " were indexed");
+  TORCH_CHECK_INDEX(consumed <= batch_dims, "too many indices for a TensorDict with ", batch_dims,
+                    " batch dims: ", consumed, " were indexed");
   std::vector<at::indexing::TensorIndex> out;
   for (const auto& i : idx) {
     if (i.is_ellipsis()) {
@@ -82,16 +83,18 @@ std::vector<TensorDict> map_batch(const TensorDict& td, size_t old_dims,
     } else if (value.is_tensor()) {
       std::vector<at::Tensor> parts = fn(value.tensor());
       TORCH_INTERNAL_ASSERT(parts.size() == out.size());
-      for (size_t i = 0; i < out.size(); ++i) TensorDictImpl::of(out[i]).append_unique(key, parts[i]);
+      for (size_t i = 0; i < out.size(); ++i)
+        TensorDictImpl::of(out[i]).append_unique(key, parts[i]);
     } else if (value.is_non_tensor()) {
-      auto parts = detail::map_non_tensor(value.non_tensor(), td.batch_size().size(),
-                                          new_batches, fn);
+      auto parts =
+          detail::map_non_tensor(value.non_tensor(), td.batch_size().size(), new_batches, fn);
       for (size_t i = 0; i < out.size(); ++i) {
         TensorDictImpl::of(out[i]).append_unique(key, std::move(parts[i]));
       }
     } else if (value.tensordict().is_lazy_stack() && lazy_fn) {
       auto parts = lazy_fn(value.tensordict());
-      for (size_t i = 0; i < out.size(); ++i) TensorDictImpl::of(out[i]).append_unique(key, parts[i]);
+      for (size_t i = 0; i < out.size(); ++i)
+        TensorDictImpl::of(out[i]).append_unique(key, parts[i]);
     } else {
       const TensorDict child = value.tensordict().is_lazy_stack()
                                    ? detail::lazy::dense(value.tensordict())
@@ -101,7 +104,8 @@ std::vector<TensorDict> map_batch(const TensorDict& td, size_t old_dims,
       std::vector<std::vector<int64_t>> child_batches;
       for (const auto& b : new_batches) child_batches.push_back(concat(b, extra));
       auto parts = map_batch(child, old_dims, child_batches, fn, lazy_fn);
-      for (size_t i = 0; i < out.size(); ++i) TensorDictImpl::of(out[i]).append_unique(key, parts[i]);
+      for (size_t i = 0; i < out.size(); ++i)
+        TensorDictImpl::of(out[i]).append_unique(key, parts[i]);
     }
   }
   for (auto& o : out) TensorDictImpl::of(o).appended();
@@ -117,7 +121,8 @@ TensorDict map_one(const TensorDict& td, std::vector<int64_t> new_batch,
 // Leaves of `a` and `b` paired by key; KeyError naming the keys only one side has.
 void check_same_keys(const TensorDict& a, const TensorDict& b, const char* what) {
   const auto ka_list = a.sorted_keys(), kb_list = b.sorted_keys();
-  const std::set<std::string> ka(ka_list.begin(), ka_list.end()), kb(kb_list.begin(), kb_list.end());
+  const std::set<std::string> ka(ka_list.begin(), ka_list.end()),
+      kb(kb_list.begin(), kb_list.end());
   if (ka == kb) return;
   std::string only_a, only_b;
   for (const auto& k : ka) {
@@ -163,9 +168,10 @@ TensorDict TensorDict::index(at::ArrayRef<at::indexing::TensorIndex> indices) co
   if (is_lazy_stack()) return detail::lazy::index(*this, indices);
   const auto idx = detail::expand_ellipsis(indices, batch_dims());
   auto fn = [&](const at::Tensor& t) { return t.index(idx); };
-  return map_batch(*this, batch_size().size(), {shape_after(*this, fn)},
-                   [&](const at::Tensor& t) { return std::vector<at::Tensor>{fn(t)}; },
-                   [&](const TensorDict& child) { return std::vector<TensorDict>{child.index(idx)}; })[0];
+  return map_batch(
+      *this, batch_size().size(), {shape_after(*this, fn)},
+      [&](const at::Tensor& t) { return std::vector<at::Tensor>{fn(t)}; },
+      [&](const TensorDict& child) { return std::vector<TensorDict>{child.index(idx)}; })[0];
 }
 
 std::vector<TensorDict> TensorDict::unbind(int64_t dim) const {
@@ -174,9 +180,10 @@ std::vector<TensorDict> TensorDict::unbind(int64_t dim) const {
   std::vector<int64_t> b = batch_size().vec();
   const int64_t n = b[d];
   b.erase(b.begin() + d);
-  return map_batch(*this, batch_size().size(), std::vector<std::vector<int64_t>>(n, b),
-                   [d](const at::Tensor& t) { return t.unbind(d); },
-                   [d](const TensorDict& child) { return child.unbind(d); });
+  return map_batch(
+      *this, batch_size().size(), std::vector<std::vector<int64_t>>(n, b),
+      [d](const at::Tensor& t) { return t.unbind(d); },
+      [d](const TensorDict& child) { return child.unbind(d); });
 }
 
 namespace {
@@ -277,13 +284,15 @@ std::vector<TensorDict> TensorDict::split(int64_t split_size, int64_t dim) const
   const int64_t d = wrap_dim(dim, batch_dims());
   const int64_t n = batch_size()[d];
   std::vector<int64_t> sizes;
-  for (int64_t start = 0; start < n; start += split_size) sizes.push_back(std::min(split_size, n - start));
+  for (int64_t start = 0; start < n; start += split_size)
+    sizes.push_back(std::min(split_size, n - start));
   if (sizes.empty()) sizes.push_back(0);
   return split(sizes, dim);
 }
 
 std::vector<TensorDict> TensorDict::split(at::IntArrayRef split_sizes, int64_t dim) const {
-  if (is_lazy_stack()) return detail::lazy::dense(*this).split(split_sizes, dim);  // on the dense copy
+  if (is_lazy_stack())
+    return detail::lazy::dense(*this).split(split_sizes, dim);  // on the dense copy
   const int64_t d = wrap_dim(dim, batch_dims());
   int64_t total = 0;
   for (int64_t s : split_sizes) {
@@ -422,8 +431,9 @@ TensorDict stack_at(at::ArrayRef<TensorDict> inputs, int64_t dim,
   for (const auto& [key, value] : first.entries()) {
     if (value.is_non_tensor()) {
       // A stack of the entries, as the reference stacks them (one MetaData for equal ones).
-      TensorDictImpl::of(out).put(key, detail::stack_non_tensors(
-                                           non_tensor_parts(tds, key, path_str(prefix, key), "stack"), d));
+      TensorDictImpl::of(out).put(
+          key,
+          detail::stack_non_tensors(non_tensor_parts(tds, key, path_str(prefix, key), "stack"), d));
     } else if (value.is_unbatched()) {
       TensorDictImpl::of(out).put(key, value);  // tensordict 0's, as the reference keeps it
     } else if (value.is_tensor()) {
@@ -447,17 +457,19 @@ TensorDict cat_at(at::ArrayRef<TensorDict> inputs, int64_t dim,
   TORCH_CHECK_VALUE(!inputs.empty(), "cat: expected a non-empty list of TensorDicts");
   const std::vector<TensorDict> tds = densified(inputs);
   const TensorDict& first = tds[0];
-  TORCH_CHECK_VALUE(first.batch_dims() > 0, "cat: TensorDicts with batch_size [] cannot be concatenated");
+  TORCH_CHECK_VALUE(first.batch_dims() > 0,
+                    "cat: TensorDicts with batch_size [] cannot be concatenated");
   const int64_t d = c10::maybe_wrap_dim(dim, first.batch_dims());
   std::vector<int64_t> nb = first.batch_size().vec();
   std::optional<at::Device> device = first.device();
   for (size_t i = 1; i < tds.size(); ++i) {
     auto b = tds[i].batch_size();
     bool ok = b.size() == nb.size();
-    for (size_t k = 0; ok && k < b.size(); ++k) ok = (static_cast<int64_t>(k) == d) || b[k] == nb[k];
+    for (size_t k = 0; ok && k < b.size(); ++k)
+      ok = (static_cast<int64_t>(k) == d) || b[k] == nb[k];
     TORCH_CHECK_VALUE(ok, "cat: tensordict ", i, " has batch_size ", b,
-                      ", which differs from tensordict 0's ", first.batch_size(),
-                      " outside dim ", d);
+                      ", which differs from tensordict 0's ", first.batch_size(), " outside dim ",
+                      d);
     nb[d] += b[d];
     check_same_keys(first, tds[i], "cat");
     if (tds[i].device() != device) device = std::nullopt;
@@ -466,7 +478,8 @@ TensorDict cat_at(at::ArrayRef<TensorDict> inputs, int64_t dim,
   for (const auto& [key, value] : first.entries()) {
     if (value.is_non_tensor()) {
       TensorDictImpl::of(out).put(
-          key, detail::cat_non_tensors(non_tensor_parts(tds, key, path_str(prefix, key), "cat"), d));
+          key,
+          detail::cat_non_tensors(non_tensor_parts(tds, key, path_str(prefix, key), "cat"), d));
     } else if (value.is_unbatched()) {
       TensorDictImpl::of(out).put(key, value);
     } else if (value.is_tensor()) {

@@ -124,7 +124,8 @@ TensorDict TensorDict::unflatten_keys(const std::string& separator) const {
   for (const auto& [key, value] : entries()) {
     std::vector<std::string> parts;
     size_t start = 0;
-    for (size_t at = key.find(separator); at != std::string::npos; at = key.find(separator, start)) {
+    for (size_t at = key.find(separator); at != std::string::npos;
+         at = key.find(separator, start)) {
       parts.push_back(key.substr(start, at - start));
       start = at + separator.size();
     }
@@ -132,8 +133,10 @@ TensorDict TensorDict::unflatten_keys(const std::string& separator) const {
     // A leaf where another key needs a level, or the reverse, would be overwritten: the
     // reference's KeyError (naming the deeper key) instead of losing either.
     const auto clash = [&](const std::vector<std::string>& deeper) {
-      TD_CHECK_KEY(false, "Unflattening key(s) in tensordict will override an existing for "
-                   "unflattened key ", NestedKey(deeper).str(), ".");
+      TD_CHECK_KEY(false,
+                   "Unflattening key(s) in tensordict will override an existing for "
+                   "unflattened key ",
+                   NestedKey(deeper).str(), ".");
     };
     for (size_t n = 1; n < parts.size(); ++n) {
       const NestedKey prefix(std::vector<std::string>(parts.begin(), parts.begin() + n));
@@ -198,7 +201,8 @@ TensorDict& TensorDict::update(const TensorDict& other, UpdateOptions options) {
   return *this;
 }
 
-TensorDict& TensorDict::update_(const TensorDict& other, const std::vector<NestedKey>& keys_to_update) {
+TensorDict& TensorDict::update_(const TensorDict& other,
+                                const std::vector<NestedKey>& keys_to_update) {
   const auto leaves = other.items({.include_nested = true, .leaves_only = true});
   for (const auto& [key, value] : leaves) {
     if (!keys_to_update.empty() &&

@@ -17,7 +17,8 @@ std::atomic<int64_t> counters[2][6];
 
 int64_t steady_ns() {
   return std::chrono::duration_cast<std::chrono::nanoseconds>(
-             std::chrono::steady_clock::now().time_since_epoch()).count();
+             std::chrono::steady_clock::now().time_since_epoch())
+      .count();
 }
 
 // An invariant TSC (CPUID 0x80000007, EDX bit 8) ticks at one rate on every core, whatever
@@ -59,8 +60,8 @@ int64_t ticks_to_ns(int64_t ticks) {
 
 TransferStats transfer_stats(Channel channel) {
   const auto& c = counters[static_cast<int>(channel)];
-  return {c[0].load(), c[1].load(), c[2].load(), c[3].load(), c[4].load(),
-          ticks_to_ns(c[5].load())};
+  return {c[0].load(), c[1].load(), c[2].load(),
+          c[3].load(), c[4].load(), ticks_to_ns(c[5].load())};
 }
 
 void reset_transfer_stats() {

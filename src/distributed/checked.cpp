@@ -7,11 +7,11 @@
 #include <memory>
 #include <string>
 
-#include "wire/leaf_order.h"
-#include "wire/checked.h"
 #include "tensordict/consolidate.h"
 #include "tensordict/distributed/p2p.h"
 #include "tensordict/errors.h"
+#include "wire/checked.h"
+#include "wire/leaf_order.h"
 
 namespace tensordict::dist::detail {
 
@@ -21,8 +21,9 @@ namespace {
 
 // A contiguous tensor's bytes as a 1-D uint8 tensor sharing its memory (and keeping it alive).
 at::Tensor bytes_of(const at::Tensor& t) {
-  return at::from_blob(t.data_ptr(), {t.numel() * static_cast<int64_t>(t.element_size())},
-                       [keep = t](void*) {}, t.options().dtype(at::kByte));
+  return at::from_blob(
+      t.data_ptr(), {t.numel() * static_cast<int64_t>(t.element_size())}, [keep = t](void*) {},
+      t.options().dtype(at::kByte));
 }
 
 // Appends the chunks of `bytes` (1-D uint8) to `out`.
@@ -40,9 +41,8 @@ void drain(const Waiter& waiter, const Peer& peer, int tag, const Header& h, con
            at::Device device) {
   const auto payload = static_cast<int64_t>(h.payload_bytes);
   if (payload == 0) return;
-  at::Tensor scratch =
-      at::empty({std::min(static_cast<int64_t>(h.chunk_bytes), payload)},
-                at::TensorOptions().dtype(at::kByte).device(device));
+  at::Tensor scratch = at::empty({std::min(static_cast<int64_t>(h.chunk_bytes), payload)},
+                                 at::TensorOptions().dtype(at::kByte).device(device));
   for_each_message(waiter.call(), h, blob, [&](int64_t n) {
     at::Tensor part = scratch.narrow(0, 0, n);
     waiter.wait(waiter.recv(peer, part, tag),
@@ -86,8 +86,8 @@ at::Device device_of(const std::vector<at::Tensor>& tensors) {
 
 }  // namespace
 
-std::vector<WorkPtr> post_checked_send(const Waiter& waiter, const TensorDict& td,
-                                       const Peer& peer, int tag, bool consolidated) {
+std::vector<WorkPtr> post_checked_send(const Waiter& waiter, const TensorDict& td, const Peer& peer,
+                                       int tag, bool consolidated) {
   EncodedSchema per_leaf;
   const EncodedSchema* mine = &per_leaf;
   std::vector<at::Tensor> payload;  // 1-D uint8 views, in wire order
@@ -111,16 +111,16 @@ std::vector<WorkPtr> post_checked_send(const Waiter& waiter, const TensorDict& t
   h.schema_hash = mine->hash;
   h.chunk_bytes = kChunkBytes;
   h.leaf_count = schema.leaves.size();
-  TORCH_CHECK_VALUE(h.schema_bytes <= kMaxSchemaBytes, "send(checked=True): the schema of this "
-                    "TensorDict is ", h.schema_bytes, " bytes, above the limit of ",
-                    kMaxSchemaBytes);
+  TORCH_CHECK_VALUE(h.schema_bytes <= kMaxSchemaBytes,
+                    "send(checked=True): the schema of this "
+                    "TensorDict is ",
+                    h.schema_bytes, " bytes, above the limit of ", kMaxSchemaBytes);
 
   const at::Device device = device_of(payload);
   std::vector<at::Tensor> messages{bytes_tensor(encode_header(h), device),
                                    bytes_tensor(blob, device)};
   for (const auto& bytes : payload) chunk(bytes, kChunkBytes, messages);
-  return post_all(messages.size(),
-                  [&](size_t i) { return waiter.send(peer, messages[i], tag); });
+  return post_all(messages.size(), [&](size_t i) { return waiter.send(peer, messages[i], tag); });
 }
 
 namespace {
@@ -172,9 +172,10 @@ Header recv_header(const Waiter& waiter, const Peer& peer, int tag, at::Device d
   TailStamp header_stamp(header_t);
   waiter.wait(waiter.recv(peer, header_t, tag, {&header_stamp}),
               c10::str("the checked header (tag ", tag, ")"));
-  TD_CHECK_PEER(!header_stamp.short_message(), call, "(checked=True): the peer's first message "
-              "is shorter than a checked-transfer header (", kCheckedHeaderBytes,
-              " bytes); the sender must pass checked=True too");
+  TD_CHECK_PEER(!header_stamp.short_message(), call,
+                "(checked=True): the peer's first message "
+                "is shorter than a checked-transfer header (",
+                kCheckedHeaderBytes, " bytes); the sender must pass checked=True too");
   header_t = header_t.cpu();
   return decode_header(call, header_t.data_ptr<uint8_t>());
 }
@@ -213,8 +214,8 @@ std::vector<WorkPtr> post_payload(const Waiter& waiter, const Peer& peer, int ta
 
 }  // namespace
 
-std::vector<WorkPtr> post_checked_recv(const Waiter& waiter, const TensorDict& td,
-                                       const Peer& peer, int tag, bool consolidated, Late late) {
+std::vector<WorkPtr> post_checked_recv(const Waiter& waiter, const TensorDict& td, const Peer& peer,
+                                       int tag, bool consolidated, Late late) {
   const char* call = waiter.call();
   if (late == Late::kDrop) drop_late(waiter, td, peer, tag, consolidated);
   const Receiver r = receiver_of(call, td, consolidated);
@@ -246,8 +247,10 @@ std::vector<WorkPtr> post_checked_recv(const Waiter& waiter, const TensorDict& t
   }
   if (blob_stamp.short_message()) {
     abandon(works);
-    TD_THROW(MalformedPeerDataError, call, "(checked=True): the sender's schema message is "
-             "shorter than the ", h.schema_bytes, " bytes its header announced");
+    TD_THROW(MalformedPeerDataError, call,
+             "(checked=True): the sender's schema message is "
+             "shorter than the ",
+             h.schema_bytes, " bytes its header announced");
   }
   blob_t = blob_t.cpu();
   const auto* blob = blob_t.data_ptr<uint8_t>();
@@ -258,7 +261,7 @@ std::vector<WorkPtr> post_checked_recv(const Waiter& waiter, const TensorDict& t
   // land. Otherwise it is drained into scratch space and td stays as it was.
   if (announced_same) waiter.wait(works, [](size_t) { return std::string("the payload"); });
   TD_CHECK_PEER(fnv1a(blob, h.schema_bytes) == h.schema_hash, call,
-              "(checked=True): the sender's schema does not match the header's hash");
+                "(checked=True): the sender's schema does not match the header's hash");
   const std::string difference = describe_mismatch(call, h, blob, mine);
   if (!announced_same) drain(waiter, peer, tag, h, blob, device);
   TD_THROW(SchemaMismatchError, call,

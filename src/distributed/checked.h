@@ -15,8 +15,8 @@ namespace tensordict::dist::detail {
 /// Posts the header, the schema and the payload chunks of `td` to `peer`, all on `tag` (c10d
 /// matches the messages of one tag between two ranks in order). Per-leaf payload: each leaf in
 /// wire order; consolidated: td's consolidated storage (consolidating a copy if needed).
-std::vector<WorkPtr> post_checked_send(const Waiter& waiter, const TensorDict& td,
-                                       const Peer& peer, int tag, bool consolidated);
+std::vector<WorkPtr> post_checked_send(const Waiter& waiter, const TensorDict& td, const Peer& peer,
+                                       int tag, bool consolidated);
 
 /// Receives the header and the schema (blocking), then, when the sender's schema equals td's,
 /// posts the payload receives into td and returns their works. On a mismatch it receives the
@@ -27,7 +27,7 @@ std::vector<WorkPtr> post_checked_send(const Waiter& waiter, const TensorDict& t
 /// staged waiter (a timeout) receives the payload into its own buffers, which its land()
 /// copies into td. With Late::kDrop, checked transfers that earlier calls left parked on `tag`
 /// are first received whole into a throwaway copy of td and dropped.
-std::vector<WorkPtr> post_checked_recv(const Waiter& waiter, const TensorDict& td,
-                                       const Peer& peer, int tag, bool consolidated, Late late);
+std::vector<WorkPtr> post_checked_recv(const Waiter& waiter, const TensorDict& td, const Peer& peer,
+                                       int tag, bool consolidated, Late late);
 
 }  // namespace tensordict::dist::detail

@@ -7,12 +7,12 @@
 #include <cstring>
 
 #include "remote.h"
-#include "wire/metadata_pickle.h"
-#include "tensordict/errors.h"
 #include "tensordict/distributed/p2p.h"
 #include "tensordict/distributed/process_group.h"
+#include "tensordict/errors.h"
 #include "tensordict/leaf.h"
 #include "tensordict/nested_key.h"
+#include "wire/metadata_pickle.h"
 
 namespace tensordict::dist {
 namespace {
@@ -45,8 +45,7 @@ void insertion_leaves(const TensorDict& td, std::vector<at::Tensor>& out) {
 }
 
 bool supports_complex(const c10d::ReduceOp& op) {
-  return op == c10d::ReduceOp::SUM || op == c10d::ReduceOp::AVG ||
-         op == c10d::ReduceOp::PREMUL_SUM;
+  return op == c10d::ReduceOp::SUM || op == c10d::ReduceOp::AVG || op == c10d::ReduceOp::PREMUL_SUM;
 }
 
 // One leaf's allreduce; complex leaves travel as their real view, as torch.distributed does.
@@ -117,15 +116,15 @@ struct Reducer {
   // reference's future.then); without, write_back() does it after the waits.
   bool callbacks = false;
   WorkPtr operator()(size_t i) const {
-    WorkPtr work = detail::post_in_place(leaves[i].leaf, /*reads_leaf=*/true, [&](const at::Tensor& t) {
-      std::vector<at::Tensor> one{t};
-      return group.reduce(one, op, root);
-    });
+    WorkPtr work =
+        detail::post_in_place(leaves[i].leaf, /*reads_leaf=*/true, [&](const at::Tensor& t) {
+          std::vector<at::Tensor> one{t};
+          return group.reduce(one, op, root);
+        });
     if (callbacks && is_dst && leaves[i].lazy) {
       const ReduceLeaf l = leaves[i];
-      work->getFuture()->addCallback([l](c10::ivalue::Future&) {
-        TensorDict(*l.lazy).set_(l.key, l.leaf);
-      });
+      work->getFuture()->addCallback(
+          [l](c10::ivalue::Future&) { TensorDict(*l.lazy).set_(l.key, l.leaf); });
     }
     return work;
   }
@@ -178,7 +177,8 @@ std::vector<std::vector<size_t>> make_buckets(const std::vector<at::Tensor>& lea
       continue;
     }
     const auto kind = std::make_pair(t.device(), t.scalar_type());
-    auto g = std::find_if(groups.begin(), groups.end(), [&](const auto& e) { return e.first == kind; });
+    auto g =
+        std::find_if(groups.begin(), groups.end(), [&](const auto& e) { return e.first == kind; });
     if (g == groups.end()) g = groups.insert(groups.end(), {kind, {}});
     g->second.push_back(i);
   }
@@ -215,10 +215,10 @@ std::vector<WorkPtr> post_buckets(const std::vector<at::Tensor>& leaves, int64_t
     // A bucket's leaves share a device and dtype and are contiguous (make_buckets): on the CPU
     // they are packed and unpacked with memcpy, as at::cat and a copy_ per leaf cost
     // microseconds each (all_reduce of 1000 leaves of 64 B in benchmarks/run: 11 ms, now 3).
-    const bool cpu = leaves[members[0]].is_cpu() &&
-                     std::none_of(members.begin(), members.end(), [&](size_t i) {
-                       return leaves[i].is_conj() || leaves[i].is_neg();  // lazy bits: torch's copy
-                     });
+    const bool cpu =
+        leaves[members[0]].is_cpu() && std::none_of(members.begin(), members.end(), [&](size_t i) {
+          return leaves[i].is_conj() || leaves[i].is_neg();  // lazy bits: torch's copy
+        });
     at::Tensor flat;
     {
       at::NoGradGuard no_grad;
@@ -239,25 +239,28 @@ std::vector<WorkPtr> post_buckets(const std::vector<at::Tensor>& leaves, int64_t
     }
     WorkPtr work = post_flat(flat);
     if (!copy_back && !after) return work;
-    return detail::then({std::move(work)}, [flat, members, leaves, copy_back, after, cpu] {
-      if (copy_back && cpu) {
-        const auto* in = static_cast<const char*>(flat.const_data_ptr());
-        for (size_t i : members) {
-          std::memcpy(leaves[i].data_ptr(), in, leaves[i].nbytes());
-          in += leaves[i].nbytes();
-        }
-      } else if (copy_back) {
-        int64_t at = 0;
-        for (size_t i : members) {
-          const at::Tensor& leaf = leaves[i];
-          at::Tensor(leaf).copy_(flat.narrow(0, at, leaf.numel()).view(leaf.sizes()));
-          at += leaf.numel();
-        }
-      }
-      if (after) {
-        for (size_t i : members) after(i);
-      }
-    }, {flat});
+    return detail::then(
+        {std::move(work)},
+        [flat, members, leaves, copy_back, after, cpu] {
+          if (copy_back && cpu) {
+            const auto* in = static_cast<const char*>(flat.const_data_ptr());
+            for (size_t i : members) {
+              std::memcpy(leaves[i].data_ptr(), in, leaves[i].nbytes());
+              in += leaves[i].nbytes();
+            }
+          } else if (copy_back) {
+            int64_t at = 0;
+            for (size_t i : members) {
+              const at::Tensor& leaf = leaves[i];
+              at::Tensor(leaf).copy_(flat.narrow(0, at, leaf.numel()).view(leaf.sizes()));
+              at += leaf.numel();
+            }
+          }
+          if (after) {
+            for (size_t i : members) after(i);
+          }
+        },
+        {flat});
   });
 }
 
@@ -291,10 +294,10 @@ void check_layout(const char* call, const Group& group, const std::vector<at::Te
   }
   const detail::Waiter w(call, timeout, "the group", /*keeps_group=*/false);
   const int size = group.size();
-  std::vector<at::Tensor> mine{at::tensor(
-      {static_cast<int64_t>(layout_hash(leaves, buckets)), bucket_bytes.value_or(0),
-       static_cast<int64_t>(buckets.size())},
-      at::kLong)};
+  std::vector<at::Tensor> mine{
+      at::tensor({static_cast<int64_t>(layout_hash(leaves, buckets)), bucket_bytes.value_or(0),
+                  static_cast<int64_t>(buckets.size())},
+                 at::kLong)};
   std::vector<std::vector<at::Tensor>> all(1);
   for (int r = 0; r < size; ++r) all[0].push_back(at::empty({3}, at::kLong));
   w.wait(group.allgather(all, mine), "the bucket layouts (check_buckets)");
@@ -306,12 +309,14 @@ void check_layout(const char* call, const Group& group, const std::vector<at::Te
   std::string ranks;
   for (int r = 0; r < size; ++r) {
     const auto* row = all[0][r].const_data_ptr<int64_t>();
-    ranks += c10::str(r == 0 ? "" : "; ", "rank ", r, ": bucket_bytes = ",
-                      row[1] == 0 ? std::string("None") : c10::str(row[1]), ", ", row[2],
-                      row[2] == 1 ? " collective" : " collectives");
+    ranks += c10::str(r == 0 ? "" : "; ", "rank ", r,
+                      ": bucket_bytes = ", row[1] == 0 ? std::string("None") : c10::str(row[1]),
+                      ", ", row[2], row[2] == 1 ? " collective" : " collectives");
   }
-  TORCH_CHECK_VALUE(false, call, "(check_buckets=True): the ranks' buckets differ, so their "
-                    "collectives would not match and Gloo would abort a rank (", ranks,
+  TORCH_CHECK_VALUE(false, call,
+                    "(check_buckets=True): the ranks' buckets differ, so their "
+                    "collectives would not match and Gloo would abort a rank (",
+                    ranks,
                     "). Every rank must pass the same bucket_bytes and hold the same leaves "
                     "(keys, order, shapes and dtypes)");
 }
@@ -319,11 +324,11 @@ void check_layout(const char* call, const Group& group, const std::vector<at::Te
 std::vector<WorkPtr> all_reduce_buckets(const TensorDict& td, const AllReduceOptions& o) {
   const auto leaves = all_reduce_leaves(td, o);
   AllReducer post{leaves, detail::resolve_group(o.group), o.op};
-  return post_buckets(leaves, *o.bucket_bytes, /*copy_back=*/true, nullptr, post,
-                      [&](const at::Tensor& flat) {
-                        std::vector<at::Tensor> one{flat.is_complex() ? at::view_as_real(flat) : flat};
-                        return post.group.allreduce(one, post.op);
-                      });
+  return post_buckets(
+      leaves, *o.bucket_bytes, /*copy_back=*/true, nullptr, post, [&](const at::Tensor& flat) {
+        std::vector<at::Tensor> one{flat.is_complex() ? at::view_as_real(flat) : flat};
+        return post.group.allreduce(one, post.op);
+      });
 }
 
 // reduce's buckets: only the destination takes the values back (the others' leaves keep
@@ -357,13 +362,15 @@ void check_call_budget(const char* call, int size, int64_t longest, int64_t max_
   TD_CHECK_PEER(longest <= budget_each, call, ": the ranks announce buffers of up to ", longest,
                 " bytes; receiving ", size, " of them takes 2 x ", size, " x ", longest,
                 " bytes (Gloo's flat buffer and ours), above this call's budget of max_total_bytes"
-                " = ", max_total_bytes, " bytes; raise max_total_bytes to receive them");
+                " = ",
+                max_total_bytes, " bytes; raise max_total_bytes to receive them");
 }
 
 }  // namespace
 
 TensorDict broadcast(const TensorDict& td, std::optional<int64_t> src,
-                     const BroadcastOptions& options, std::optional<std::string>* tensorclass_type) {
+                     const BroadcastOptions& options,
+                     std::optional<std::string>* tensorclass_type) {
   constexpr const char* kCall = "broadcast";
   const auto root = detail::resolve_peer(kCall, src, options.group_src, options.group, "src",
                                          "group_src", /*refuse_self=*/false);
@@ -410,8 +417,8 @@ std::vector<TensorDict> all_gather(const TensorDict& td, const AllGatherOptions&
   std::vector<Incoming> incoming;
   int64_t longest = 0;
   for (int r = 0; r < size; ++r) {
-    incoming.push_back(detail::parse_incoming(describe(kCall, r), pickles[r],
-                                              max_total_bytes, /*padded=*/false));
+    incoming.push_back(
+        detail::parse_incoming(describe(kCall, r), pickles[r], max_total_bytes, /*padded=*/false));
   }
   // Every rank parses the same pickles, so an unknown size stops every rank here alike.
   for (const auto& in : incoming) {
@@ -454,14 +461,14 @@ std::optional<TensorDict> gather_and_stack(const TensorDict& td, std::optional<i
   if (!is_dst) {
     TensorDict c = detail::consolidated(td, std::nullopt);
     storage = consolidated_storage(c);
-    TORCH_CHECK_VALUE(storage.is_cpu(), kCall, ": Gloo gathers CPU tensors; this rank's storage is on ",
-                      storage.device());
+    TORCH_CHECK_VALUE(storage.is_cpu(), kCall,
+                      ": Gloo gathers CPU tensors; this rank's storage is on ", storage.device());
     pickle = detail::metadata_pickle(c, {});  // the reference reads no transport field here
   }
   const int64_t storage_bytes = is_dst ? 0 : storage.numel();
   const int64_t buffer_bytes = storage_bytes + static_cast<int64_t>(pickle.size());
-  std::vector<at::Tensor> header{at::tensor({is_dst ? kNothing : kStorage, storage_bytes,
-                                             buffer_bytes}, at::kLong)};
+  std::vector<at::Tensor> header{
+      at::tensor({is_dst ? kNothing : kStorage, storage_bytes, buffer_bytes}, at::kLong)};
   std::vector<std::vector<at::Tensor>> headers(1);
   for (int r = 0; r < size; ++r) headers[0].push_back(at::empty({3}, at::kLong));
   w.wait(root.group.allgather(headers, header), "the headers");
@@ -475,7 +482,8 @@ std::optional<TensorDict> gather_and_stack(const TensorDict& td, std::optional<i
       TD_CHECK_PEER(h[2] == 0, who, ": the destination announces ", h[2], " bytes to send");
       continue;
     }
-    TD_CHECK_PEER(h[0] != kPickle, who, " sent a pickled TensorDict (it could not consolidate "
+    TD_CHECK_PEER(h[0] != kPickle, who,
+                  " sent a pickled TensorDict (it could not consolidate "
                   "it); pickles of objects are never loaded here");
     TD_CHECK_PEER(h[0] == kStorage, who, ": unknown header kind ", h[0]);
     TD_CHECK_PEER(h[1] >= 0 && h[1] <= max_total_bytes, who, ": a storage of ", h[1],
@@ -499,7 +507,8 @@ std::optional<TensorDict> gather_and_stack(const TensorDict& td, std::optional<i
   if (is_dst) {
     for (int r = 0; r < size; ++r) gathered[0].push_back(detail::byte_buffer(longest, at::kCPU));
   }
-  w.wait(root.group.gather(gathered, mine, root.rank), c10::str("the buffers, ", longest, " bytes each"));
+  w.wait(root.group.gather(gathered, mine, root.rank),
+         c10::str("the buffers, ", longest, " bytes each"));
   if (!is_dst) return std::nullopt;
 
   std::vector<TensorDict> rows;
@@ -507,13 +516,15 @@ std::optional<TensorDict> gather_and_stack(const TensorDict& td, std::optional<i
     if (r == root.rank) continue;
     const auto* h = headers[0][r].const_data_ptr<int64_t>();
     const at::Tensor& got = gathered[0][r];
-    const std::string_view bytes(reinterpret_cast<const char*>(got.const_data_ptr<uint8_t>()) + h[1],
-                                 static_cast<size_t>(h[2] - h[1]));
+    const std::string_view bytes(
+        reinterpret_cast<const char*>(got.const_data_ptr<uint8_t>()) + h[1],
+        static_cast<size_t>(h[2] - h[1]));
     core::ValidatedMetadata m = [&] {
       try {
         return wire::read_metadata_pickle(bytes);
       } catch (const c10::Error& e) {
-        TD_THROW(MalformedPeerDataError, describe(kCall, r), ": the metadata is refused: ", e.msg());
+        TD_THROW(MalformedPeerDataError, describe(kCall, r),
+                 ": the metadata is refused: ", e.msg());
       }
     }();
     TD_CHECK_PEER(m.storage_bytes() <= h[1], describe(kCall, r), ": the layout needs ",
@@ -536,8 +547,8 @@ TensorDict scatter(std::optional<int64_t> src, const std::vector<TensorDict>& te
   const int me = root.group.rank();
   if (me == root.rank) {
     const size_t size = static_cast<size_t>(root.group.size());
-    TORCH_CHECK_VALUE(tensordicts.size() == size, "scatter: the source passes ",
-                      tensordicts.size(), " TensorDicts to a group of ", size, " ranks");
+    TORCH_CHECK_VALUE(tensordicts.size() == size, "scatter: the source passes ", tensordicts.size(),
+                      " TensorDicts to a group of ", size, " ranks");
     std::vector<TensorDict> cs;
     int64_t longest = 0;
     for (const auto& td : tensordicts) {
@@ -608,7 +619,8 @@ void reduce(const TensorDict& td, std::optional<int64_t> dst, const ReduceOption
   const detail::Waiter w("reduce", options.timeout, "the group", /*keeps_group=*/false);
   const Reducer post = make_reducer(td, dst, options);
   if (options.bucket_bytes) {
-    w.wait(reduce_buckets(post, *options.bucket_bytes), [](size_t i) { return c10::str("bucket ", i); });
+    w.wait(reduce_buckets(post, *options.bucket_bytes),
+           [](size_t i) { return c10::str("bucket ", i); });
   } else {
     run_each(w, post.leaves.size(), options.async_op, post);
   }

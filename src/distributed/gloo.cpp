@@ -21,7 +21,7 @@ namespace {
 // here, once, unless it installed a handler of its own (which is then left alone).
 void ignore_default_sigpipe() {
   static const bool done = [] {
-    struct sigaction current {};
+    struct sigaction current{};
     if (::sigaction(SIGPIPE, nullptr, &current) == 0 && current.sa_handler == SIG_DFL) {
       std::signal(SIGPIPE, SIG_IGN);
     }

@@ -58,9 +58,9 @@ TensorDict from_remote_init(std::optional<int64_t> src, const FromRemoteInitOpti
         detail::Clock::now() + options.timeout.value_or(std::chrono::milliseconds(0));
     while (detail::LateMessages::get().has(detail::group_key(peer.group), peer.rank, {0})) {
       if (options.timeout) {  // the late transfers share the call's timeout
-        deliver.timeout = std::max(std::chrono::milliseconds(1),
-                                   std::chrono::duration_cast<std::chrono::milliseconds>(
-                                       deadline - detail::Clock::now()));
+        deliver.timeout = std::max(
+            std::chrono::milliseconds(1),
+            std::chrono::duration_cast<std::chrono::milliseconds>(deadline - detail::Clock::now()));
       }
       from_remote_init(std::nullopt, deliver, nullptr);
     }

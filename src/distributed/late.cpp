@@ -213,9 +213,12 @@ std::vector<MessagePtr> LateMessages::take_all(const void* group, int peer,
   Impl& d = impl();
   if (d.receive_count.load(std::memory_order_acquire) == 0) return {};
   std::lock_guard<std::mutex> lock(d.mutex);
-  return d.take(group, peer, [&](const PostedMessage& m) {
-    return std::find(tags.begin(), tags.end(), m.tag) != tags.end();
-  }, false);
+  return d.take(
+      group, peer,
+      [&](const PostedMessage& m) {
+        return std::find(tags.begin(), tags.end(), m.tag) != tags.end();
+      },
+      false);
 }
 
 bool LateMessages::has(const void* group, int peer, const std::vector<int>& tags) const {

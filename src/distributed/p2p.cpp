@@ -4,14 +4,14 @@
 
 #include <limits>
 
-#include "tensordict/consolidate.h"
-#include "tensordict/leaf.h"
-#include "tensordict/log.h"
-#include "tensordict/distributed/process_group.h"
-#include "tensordict/distributed/tags.h"
-#include "tensordict/nested_key.h"
 #include "checked.h"
 #include "peer.h"
+#include "tensordict/consolidate.h"
+#include "tensordict/distributed/process_group.h"
+#include "tensordict/distributed/tags.h"
+#include "tensordict/leaf.h"
+#include "tensordict/log.h"
+#include "tensordict/nested_key.h"
 #include "wire/leaf_order.h"
 
 namespace tensordict::dist {
@@ -68,8 +68,8 @@ detail::InFlight in_flight(const Posted& posted, const TensorDict& td) {
   return [tags = posted.tags, last_tag = posted.last_tag, tag = posted.tag,
           count = posted.works.size(), td](size_t i) -> std::string {
     if (tags.empty()) {
-      return c10::str(last_tag ? "the checked transfer" : "the consolidated storage",
-                      " (tag ", tag, ", message ", i + 1, " of ", count, ")");
+      return c10::str(last_tag ? "the checked transfer" : "the consolidated storage", " (tag ", tag,
+                      ", message ", i + 1, " of ", count, ")");
     }
     const auto leaves = wire::leaves_in_order(td);
     return c10::str("tag ", tags[i], " (key ",
@@ -91,11 +91,11 @@ std::string describe(const char* kind, const std::vector<int>& tags, int64_t mes
   std::string tag_text;
   if (tags.size() == 1) tag_text = c10::str(", tag ", tags.front());
   if (tags.size() > 1) {
-    tag_text = c10::str(", tags ", tags.front(), pseudo_rand ? " (pseudo_rand) ... " : "-",
-                        tags.back());
+    tag_text =
+        c10::str(", tags ", tags.front(), pseudo_rand ? " (pseudo_rand) ... " : "-", tags.back());
   }
-  return c10::str(kind, ", ", messages, messages == 1 ? " message" : " messages", tag_text,
-                  ", ", bytes, " bytes");
+  return c10::str(kind, ", ", messages, messages == 1 ? " message" : " messages", tag_text, ", ",
+                  bytes, " bytes");
 }
 
 // The per-leaf transfer of `td` both sides plan alike (docs/wire-format.md §1.2, §1.3): its
@@ -121,8 +121,8 @@ PerLeaf per_leaf(const char* call, const TensorDict& td, const Options& options)
 Posted post_send(detail::Waiter& waiter, const TensorDict& td, const std::optional<int64_t>& dst,
                  const SendOptions& options, bool refuse_self) {
   const char* call = waiter.call();
-  Peer peer = resolve_peer(call, dst, options.group_dst, options.group, "dst", "group_dst",
-                           refuse_self);
+  Peer peer =
+      resolve_peer(call, dst, options.group_dst, options.group, "dst", "group_dst", refuse_self);
   waiter.set_peer(rank_of(peer));
   const bool logging = log_enabled(LogLevel::kInfo);
   if (options.checked && options.consolidated) {
@@ -153,8 +153,8 @@ Posted post_receives(detail::Waiter& waiter, const TensorDict& td,
                      const std::optional<int64_t>& src, const RecvOptions& options,
                      bool refuse_self) {
   const char* call = waiter.call();
-  Peer peer = resolve_peer(call, src, options.group_src, options.group, "src", "group_src",
-                           refuse_self);
+  Peer peer =
+      resolve_peer(call, src, options.group_src, options.group, "src", "group_src", refuse_self);
   waiter.set_peer(rank_of(peer));
   const bool logging = log_enabled(LogLevel::kInfo);
   if (options.consolidated) {
@@ -163,8 +163,7 @@ Posted post_receives(detail::Waiter& waiter, const TensorDict& td,
                       "consolidated TensorDict with the sender's layout (consolidate() it first)");
     if (options.checked) {
       if (logging) waiter.set_detail("checked, consolidated, tag 0");
-      return {detail::post_checked_recv(waiter, td, peer, 0, true, options.late), std::nullopt,
-              {}};
+      return {detail::post_checked_recv(waiter, td, peer, 0, true, options.late), std::nullopt, {}};
     }
     const at::Tensor storage = consolidated_storage(td);
     if (logging) {
@@ -177,8 +176,8 @@ Posted post_receives(detail::Waiter& waiter, const TensorDict& td,
   auto [leaves, tags, last_tag, tag] = per_leaf(call, td, options);
   if (tag) {
     if (logging) waiter.set_detail(c10::str("checked, per leaf, tag ", *tag));
-    return {detail::post_checked_recv(waiter, td, peer, *tag, false, options.late), last_tag, {},
-            *tag};
+    return {
+        detail::post_checked_recv(waiter, td, peer, *tag, false, options.late), last_tag, {}, *tag};
   }
   if (logging) {
     waiter.set_detail(describe("per leaf", tags, static_cast<int64_t>(leaves.size()),
@@ -188,8 +187,8 @@ Posted post_receives(detail::Waiter& waiter, const TensorDict& td,
     detail::check_writable(call, leaf, "receive into", "receiver");
   }
   if (options.late == Late::kDrop) waiter.drop_late(peer, tags);
-  auto works = post_all(leaves.size(),
-                        [&](size_t i) { return waiter.recv_into(peer, leaves[i], tags[i]); });
+  auto works =
+      post_all(leaves.size(), [&](size_t i) { return waiter.recv_into(peer, leaves[i], tags[i]); });
   return {std::move(works), last_tag, std::move(tags)};
 }
 

@@ -29,7 +29,8 @@ namespace {
 // into its leaves): wait() waits for them all, then runs `finish` once.
 class FinishWork : public c10d::Work {
  public:
-  FinishWork(std::vector<WorkPtr> inner, std::function<void()> finish, std::vector<at::Tensor> result)
+  FinishWork(std::vector<WorkPtr> inner, std::function<void()> finish,
+             std::vector<at::Tensor> result)
       : c10d::Work(-1, c10d::OpType::UNKNOWN),
         inner_(std::move(inner)),
         finish_(std::move(finish)),
@@ -100,10 +101,9 @@ Peer resolve_peer(const char* call, const std::optional<int64_t>& peer,
     rank = get_group_rank(out.group, *peer);
   }
   const int size = out.group.size();
-  TORCH_CHECK_VALUE(rank >= 0 && rank < size, call, ": ",
-                    group_peer ? group_peer_name : peer_name, " = ",
-                    group_peer ? *group_peer : *peer, " is not a rank of the group (size ", size,
-                    ")");
+  TORCH_CHECK_VALUE(rank >= 0 && rank < size, call, ": ", group_peer ? group_peer_name : peer_name,
+                    " = ", group_peer ? *group_peer : *peer, " is not a rank of the group (size ",
+                    size, ")");
   if (refuse_self && !group_peer) {
     // torch.distributed.send's and recv's _check_not_self_rank (Gloo has no pair to itself).
     const char* role = std::string_view(peer_name) == "src" ? "source" : "destination";
@@ -165,12 +165,16 @@ class AdoptedWork : public MessageWork {
 
 }  // namespace
 
-Waiter::Waiter(const char* call, std::optional<std::chrono::milliseconds> timeout,
-               std::string peer, bool keeps_group)
-    : call_(call), timeout_(timeout), keeps_group_(keeps_group),
-      staged_(keeps_group && timeout.has_value()), start_(std::chrono::steady_clock::now()),
+Waiter::Waiter(const char* call, std::optional<std::chrono::milliseconds> timeout, std::string peer,
+               bool keeps_group)
+    : call_(call),
+      timeout_(timeout),
+      keeps_group_(keeps_group),
+      staged_(keeps_group && timeout.has_value()),
+      start_(std::chrono::steady_clock::now()),
       start_ticks_(::tensordict::detail::transfer_ticks()),
-      peer_(std::move(peer)), uncaught_(std::uncaught_exceptions()) {
+      peer_(std::move(peer)),
+      uncaught_(std::uncaught_exceptions()) {
   TORCH_CHECK_VALUE(!timeout || timeout->count() > 0, call, ": timeout must be positive, got ",
                     timeout ? timeout->count() : 0, " ms");
 }
@@ -185,13 +189,12 @@ Waiter::~Waiter() {
     t_arena = std::move(arena_);
   }
   if (std::uncaught_exceptions() > uncaught_) return;  // the call failed: its error tells
-  const int64_t ticks =
-      ::tensordict::detail::finish_transfer(Channel::kProcessGroup, start_ticks_);
+  const int64_t ticks = ::tensordict::detail::finish_transfer(Channel::kProcessGroup, start_ticks_);
   if (!log_enabled(LogLevel::kInfo)) return;
   try {
     const std::string took = ::tensordict::detail::micros_text(ticks);
-    log(LogLevel::kInfo, c10::str(call_, " with ", peer_, detail_.empty() ? "" : ": ", detail_,
-                                  " in ", took));
+    log(LogLevel::kInfo,
+        c10::str(call_, " with ", peer_, detail_.empty() ? "" : ": ", detail_, " in ", took));
   } catch (...) {
     // a destructor never throws; the line is lost
   }
@@ -205,8 +208,9 @@ void Waiter::timed_out(const std::string& what, const std::string& detail) const
                                : std::string("the group's timeout");
   std::string after;
   if (!parks()) {
-    after = ". Gloo closes a group's connections when its own timeout passes: make a new group "
-            "to go on";
+    after =
+        ". Gloo closes a group's connections when its own timeout passes: make a new group "
+        "to go on";
   } else {
     bool recvs = false, sends = false;
     for (const auto& r : records_) (r.message->is_recv ? recvs : sends) = true;
@@ -268,8 +272,10 @@ WorkPtr Waiter::recv(const Peer& peer, at::Tensor& buffer, int tag,
       const auto late_bytes = late->buffer.nbytes();
       LateMessages::get().park(key, peer.rank, {late});
       TORCH_CHECK_VALUE(false, call_, ": a late message from ", peer_, " on tag ", tag,
-                        ", received into ", late_bytes, " bytes by a call that timed out, "
-                        "waits to be taken, and this receive expects ", buffer.nbytes(),
+                        ", received into ", late_bytes,
+                        " bytes by a call that timed out, "
+                        "waits to be taken, and this receive expects ",
+                        buffer.nbytes(),
                         " bytes there. Receive it as it was sent, or pass late=\"drop\"");
     }
     record(peer, late);
@@ -370,7 +376,6 @@ bool is_timeout_text(std::string_view s) {
          s.find("Timeout") != std::string_view::npos;
 }
 
-
 // A work handed to the caller: its wait() raises the typed errors (typed_works). What it
 // carries is worded only when it fails.
 class TypedWork : public c10d::Work {
@@ -391,7 +396,8 @@ class TypedWork : public c10d::Work {
         // Aborted at the deadline: the work stays posted, and a later wait() may finish it.
         if (wait_until(inner_, Clock::now() + timeout)) return true;
         TD_THROW(TimeoutError, call_, ": timed out after ", timeout.count(), " ms waiting for ",
-                 *peer_, ": ", (*what_)(index_), ". The group stays usable and the work posted: "
+                 *peer_, ": ", (*what_)(index_),
+                 ". The group stays usable and the work posted: "
                  "wait() on it again");
       }
       if (timeout == kNoTimeout) {
@@ -408,7 +414,8 @@ class TypedWork : public c10d::Work {
       const std::string text = c10_error ? c10_error->msg() : e.what();
       if (is_timeout_text(text) && dynamic_cast<const TimeoutError*>(&e) == nullptr) {
         TD_THROW(TimeoutError, call_, ": timed out waiting for ", *peer_, ": ", (*what_)(index_),
-                 " (", text, "). Gloo closes a group's connections when a wait times out: make "
+                 " (", text,
+                 "). Gloo closes a group's connections when a wait times out: make "
                  "a new group to go on");
       }
       rethrow_lost(e, c10::str(call_, ": lost the connection to ", *peer_, " while waiting for ",
@@ -451,9 +458,8 @@ std::vector<WorkPtr> typed_works(const char* call, const std::string& peer,
   auto shared_peer = std::make_shared<const std::string>(peer);
   auto shared_what = std::make_shared<const InFlight>(what);
   for (size_t i = 0; i < works.size(); ++i) {
-    works[i] =
-        c10::make_intrusive<TypedWork>(std::move(works[i]), call, shared_peer, shared_what, i,
-                                      keeps_group);
+    works[i] = c10::make_intrusive<TypedWork>(std::move(works[i]), call, shared_peer, shared_what,
+                                              i, keeps_group);
   }
   return works;
 }
@@ -500,8 +506,8 @@ void Waiter::wait(const std::vector<WorkPtr>& works, const InFlight& what) const
         if (is_timeout_text(text) || past_deadline()) {
           timed_out(what(i), text);
         }
-        rethrow_lost(e, c10::str(call_, ": lost the connection to ", peer_,
-                                 " while waiting for ", what(i)));
+        rethrow_lost(
+            e, c10::str(call_, ": lost the connection to ", peer_, " while waiting for ", what(i)));
       } catch (...) {
         first = std::current_exception();
       }
@@ -544,8 +550,7 @@ void check_leaves(const char* call, const TensorDict& td, const std::vector<at::
   }
 }
 
-void check_writable(const char* call, const at::Tensor& leaf, const char* action,
-                    const char* who) {
+void check_writable(const char* call, const at::Tensor& leaf, const char* action, const char* who) {
   TORCH_CHECK_VALUE(at::has_internal_overlap(leaf) != at::MemOverlap::Yes, call, ": cannot ",
                     action, " a leaf whose elements share memory (an expanded tensor); give the ",
                     who, " a leaf of its own");

@@ -9,9 +9,9 @@
 #include <cstdint>
 #include <functional>
 #include <initializer_list>
+#include <optional>
 #include <string>
 #include <string_view>
-#include <optional>
 #include <vector>
 
 #include "core/byte_tensor.h"
@@ -210,8 +210,7 @@ void check_leaves(const char* call, const TensorDict& td, const std::vector<at::
 
 /// ValueError when `leaf`'s elements share memory (an expanded tensor): an in-place transfer
 /// into it would be ill-defined. `action` ("receive into") and `who` ("receiver") word it.
-void check_writable(const char* call, const at::Tensor& leaf, const char* action,
-                    const char* who);
+void check_writable(const char* call, const at::Tensor& leaf, const char* action, const char* who);
 
 // ---- implementation ----
 

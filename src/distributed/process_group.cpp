@@ -139,15 +139,13 @@ WorkPtr Group::allreduce(std::vector<at::Tensor>& tensors, const c10d::ReduceOp&
                         : backend_->allreduce(tensors, opts);
 }
 
-WorkPtr Group::reduce(std::vector<at::Tensor>& tensors, const c10d::ReduceOp& op,
-                      int root) const {
+WorkPtr Group::reduce(std::vector<at::Tensor>& tensors, const c10d::ReduceOp& op, int root) const {
   check_group_member(*this, "reduce");
   count("reduce", root != rank(), nbytes(tensors));
   c10d::ReduceOptions opts;
   opts.reduceOp = op;
   opts.rootRank = root;
-  return process_group_ ? process_group_->reduce(tensors, opts)
-                        : backend_->reduce(tensors, opts);
+  return process_group_ ? process_group_->reduce(tensors, opts) : backend_->reduce(tensors, opts);
 }
 
 namespace {
@@ -156,7 +154,7 @@ namespace {
 
 struct Registered {
   ProcessGroupPtr group;
-  std::vector<int64_t> global_ranks;           // by group rank
+  std::vector<int64_t> global_ranks;              // by group rank
   std::unordered_map<int64_t, int64_t> to_group;  // global rank -> group rank
 };
 
@@ -167,7 +165,7 @@ struct World {
   std::string backend;
   std::chrono::milliseconds timeout{kDefaultGroupTimeout};
   std::string gloo_hostname;
-  int64_t group_count = 0;                       // names groups "0", "1", ... like torch
+  int64_t group_count = 0;                                 // names groups "0", "1", ... like torch
   std::map<const c10d::ProcessGroup*, Registered> groups;  // subgroups only
 };
 
@@ -217,11 +215,11 @@ std::map<std::string, std::string> split_query(std::string& url) {
   return query;
 }
 
-c10::intrusive_ptr<c10d::Store> make_tcp_store(const std::string& host, int64_t port,
-                                               int64_t rank, int64_t world_size,
+c10::intrusive_ptr<c10d::Store> make_tcp_store(const std::string& host, int64_t port, int64_t rank,
+                                               int64_t world_size,
                                                std::chrono::milliseconds timeout) {
-  TORCH_CHECK_VALUE(port >= 0 && port < 65536,
-                    "port must have value from 0 to 65535 but was ", port, ".");
+  TORCH_CHECK_VALUE(port >= 0 && port < 65536, "port must have value from 0 to 65535 but was ",
+                    port, ".");
   c10d::TCPStoreOptions opts;
   opts.port = static_cast<uint16_t>(port);
   opts.numWorkers = static_cast<size_t>(world_size);
@@ -257,9 +255,8 @@ c10::intrusive_ptr<c10d::Store> rendezvous(const InitOptions& options, int64_t& 
   };
   rank = from(options.rank, "rank", "RANK");
   world_size = from(options.world_size, "world_size", "WORLD_SIZE");
-  TORCH_CHECK_VALUE(world_size > 0 && rank >= 0 && rank < world_size,
-                    "init_process_group: rank ", rank, " is not in [0, world_size = ",
-                    world_size, ")");
+  TORCH_CHECK_VALUE(world_size > 0 && rank >= 0 && rank < world_size, "init_process_group: rank ",
+                    rank, " is not in [0, world_size = ", world_size, ")");
   if (options.store) {
     return options.store;
   }
@@ -276,22 +273,24 @@ c10::intrusive_ptr<c10d::Store> rendezvous(const InitOptions& options, int64_t& 
     if (host.size() >= 2 && host.front() == '[' && host.back() == ']') {
       host = host.substr(1, host.size() - 2);  // [::1]
     }
-    return make_tcp_store(host, parse_int(hostport.substr(colon + 1), "port"), rank,
-                          world_size, options.timeout);
+    return make_tcp_store(host, parse_int(hostport.substr(colon + 1), "port"), rank, world_size,
+                          options.timeout);
   }
   if (url.rfind("env://", 0) == 0) {
     auto addr = env("MASTER_ADDR");
     auto port = env("MASTER_PORT");
-    TORCH_CHECK_VALUE(addr, "Error initializing torch.distributed using env:// rendezvous: "
-                            "environment variable MASTER_ADDR expected, but not set");
-    TORCH_CHECK_VALUE(port, "Error initializing torch.distributed using env:// rendezvous: "
-                            "environment variable MASTER_PORT expected, but not set");
+    TORCH_CHECK_VALUE(addr,
+                      "Error initializing torch.distributed using env:// rendezvous: "
+                      "environment variable MASTER_ADDR expected, but not set");
+    TORCH_CHECK_VALUE(port,
+                      "Error initializing torch.distributed using env:// rendezvous: "
+                      "environment variable MASTER_PORT expected, but not set");
     return make_tcp_store(*addr, parse_int(*port, "MASTER_PORT"), rank, world_size,
                           options.timeout);
   }
-  C10_THROW_ERROR(ValueError, c10::str("init_process_group: unsupported init_method '",
-                                       options.init_method,
-                                       "' (use env://, tcp://host:port or file:///path)"));
+  C10_THROW_ERROR(ValueError,
+                  c10::str("init_process_group: unsupported init_method '", options.init_method,
+                           "' (use env://, tcp://host:port or file:///path)"));
 }
 
 // torch's _new_process_group_helper for one device type (CPU): prefixes "<name>/" and "cpu/".
@@ -310,9 +309,8 @@ ProcessGroupPtr make_group(const c10::intrusive_ptr<c10d::Store>& store, const s
 }
 
 void check_backend(const std::string& backend) {
-  TORCH_CHECK_VALUE(backend == "gloo" && detail::gloo_available(),
-                    "init_process_group: backend '", backend,
-                    "' is not available in this build (available: gloo)");
+  TORCH_CHECK_VALUE(backend == "gloo" && detail::gloo_available(), "init_process_group: backend '",
+                    backend, "' is not available in this build (available: gloo)");
 }
 
 const Registered* find_registered(World& w, const Group& group) {
@@ -430,9 +428,7 @@ ProcessGroupPtr new_group(std::vector<int64_t> ranks,
   return pg;
 }
 
-int64_t get_rank(const Group& group) {
-  return group ? group.rank() : default_group()->getRank();
-}
+int64_t get_rank(const Group& group) { return group ? group.rank() : default_group()->getRank(); }
 
 int64_t get_world_size(const Group& group) {
   return group ? group.size() : default_group()->getSize();
@@ -472,8 +468,7 @@ std::vector<int64_t> get_process_group_ranks(const Group& group) {
 }
 
 BackendPtr make_gloo_backend(const c10::intrusive_ptr<c10d::Store>& store, int rank, int size,
-                             std::chrono::milliseconds timeout,
-                             const std::string& gloo_hostname) {
+                             std::chrono::milliseconds timeout, const std::string& gloo_hostname) {
   TORCH_CHECK_VALUE(store, "make_gloo_backend: store is null");
   TORCH_CHECK_VALUE(size > 0 && rank >= 0 && rank < size, "make_gloo_backend: rank ", rank,
                     " is not in [0, size = ", size, ")");
@@ -498,8 +493,7 @@ void destroy_process_group(const Group& group) {
       w.default_store.reset();
       w.group_count = 0;
     } else {
-      auto it = group.process_group() ? w.groups.find(group.process_group().get())
-                                      : w.groups.end();
+      auto it = group.process_group() ? w.groups.find(group.process_group().get()) : w.groups.end();
       TORCH_CHECK_VALUE(it != w.groups.end(), "Invalid process group specified");
       doomed.push_back(it->second.group);
       w.groups.erase(it);

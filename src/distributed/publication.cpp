@@ -148,8 +148,8 @@ Publisher::Publisher(const PublisherOptions& options) : impl_(std::make_shared<I
   for (const int64_t r : ranks) {
     TORCH_CHECK_VALUE(r >= 0 && r < size && r != me, kCall, ": subscriber rank ", r,
                       " is not another rank of the group (size ", size, ", this rank ", me, ")");
-    TORCH_CHECK_VALUE(std::count(ranks.begin(), ranks.end(), r) == 1, kCall,
-                      ": subscriber rank ", r, " is listed twice");
+    TORCH_CHECK_VALUE(std::count(ranks.begin(), ranks.end(), r) == 1, kCall, ": subscriber rank ",
+                      r, " is listed twice");
   }
   d.core = std::make_shared<pub::PublisherCore>(options.max_slots);
   for (const int64_t r : ranks) {

@@ -11,10 +11,10 @@
 #include <sys/mman.h>
 #include <unistd.h>
 
-#include "tensordict/memory.h"
-#include "tensordict/errors.h"
 #include "core/bytes.h"
 #include "core/metadata.h"
+#include "tensordict/errors.h"
+#include "tensordict/memory.h"
 #include "wire/metadata_pickle.h"
 #include "wire/pickle.h"
 
@@ -32,7 +32,8 @@ at::Tensor int64_tensor(int64_t value, at::Device device) {
 int64_t int64_value(const at::Tensor& t) { return t.cpu().item<int64_t>(); }
 
 at::Tensor pickle_tensor(const std::string& pickle, int64_t padded_size, at::Device device) {
-  at::Tensor t = byte_buffer(padded_size, at::kCPU, /*zeroed=*/padded_size > int64_t(pickle.size()));
+  at::Tensor t =
+      byte_buffer(padded_size, at::kCPU, /*zeroed=*/padded_size > int64_t(pickle.size()));
   if (!pickle.empty()) std::memcpy(t.data_ptr<uint8_t>(), pickle.data(), pickle.size());
   return t.to(device);
 }
@@ -51,9 +52,8 @@ std::string pickle_string(const at::Tensor& t, int64_t size) {
 }
 
 void check_pickle_size(const char* call, int64_t size, const char* what) {
-  TD_CHECK_PEER(size > 0 && size <= kMaxPickleBytes, call,
-              ": the peer announced ", what, " of ", size,
-              " bytes; a metadata pickle must have 1 to ", kMaxPickleBytes, " bytes");
+  TD_CHECK_PEER(size > 0 && size <= kMaxPickleBytes, call, ": the peer announced ", what, " of ",
+                size, " bytes; a metadata pickle must have 1 to ", kMaxPickleBytes, " bytes");
 }
 
 const JsonScalar* field(const TransportFields& fields, std::string_view name) {
@@ -120,8 +120,8 @@ void defer(Incoming& in, std::exception_ptr e) {
 // A fault in what the peer sent, kept to be thrown once the transfer is joined.
 template <typename... Args>
 std::exception_ptr peer_error(const Args&... args) {
-  return std::make_exception_ptr(MalformedPeerDataError(
-      {__func__, __FILE__, uint32_t(__LINE__)}, c10::str(args...)));
+  return std::make_exception_ptr(
+      MalformedPeerDataError({__func__, __FILE__, uint32_t(__LINE__)}, c10::str(args...)));
 }
 
 // An int transport field in [lo, hi]; records the fault otherwise.
@@ -217,8 +217,7 @@ std::string recv_object(const Waiter& w, const Peer& peer, at::Device framing_de
   // message from the announced one.
   at::Tensor room = byte_buffer(kMaxPickleBytes + 8, at::kCPU);
   TailStamp end(room.narrow(0, 0, n)), beyond(room.narrow(0, 0, n + 8));
-  w.wait(w.recv(peer, room, 0, {&end, &beyond}),
-         c10::str("the metadata pickle of ", n, " bytes"));
+  w.wait(w.recv(peer, room, 0, {&end, &beyond}), c10::str("the metadata pickle of ", n, " bytes"));
   TD_CHECK_PEER(beyond.short_message(), w.call(), ": the peer announced a metadata pickle of ", n,
                 " bytes and sent more");
   TD_CHECK_PEER(!end.short_message(), w.call(), ": the peer announced a metadata pickle of ", n,
@@ -293,8 +292,8 @@ std::string scatter_objects(const Waiter& w, const Peer& root,
   }
   w.wait(root.group.scatter(length, lengths, root.rank), "the metadata pickles' lengths");
   const int64_t n = int64_value(length[0]);
-  TD_CHECK_PEER(n > 0 && n <= longest, w.call(),
-              ": the peer announced a metadata pickle of ", n, " bytes in a buffer of ", longest);
+  TD_CHECK_PEER(n > 0 && n <= longest, w.call(), ": the peer announced a metadata pickle of ", n,
+                " bytes in a buffer of ", longest);
   return pickle_string(out[0], n);
 }
 
@@ -312,8 +311,8 @@ Incoming parse_incoming(const std::string& from, std::string_view bytes, int64_t
   const TransportFields& fields = in.metadata ? in.metadata->transport() : salvaged;
   in.total_bytes = size_field(from, fields, "_total_bytes", 0, max_total_bytes, in);
   if (padded) {
-    in.max_bytes = size_field(from, fields, "_max_bytes", in.total_bytes.value_or(0),
-                              max_total_bytes, in);
+    in.max_bytes =
+        size_field(from, fields, "_max_bytes", in.total_bytes.value_or(0), max_total_bytes, in);
   }
   if (const JsonScalar* device = field(fields, "_storage_device")) {
     if (std::holds_alternative<std::string>(*device)) {
@@ -351,8 +350,7 @@ int64_t transfer_bytes(const Incoming& in, bool padded) {
   return *n;
 }
 
-at::Device receive_device(const std::string& from, std::optional<at::Device> device,
-                          Incoming& in) {
+at::Device receive_device(const std::string& from, std::optional<at::Device> device, Incoming& in) {
   if (device) return *device;
   if (!in.storage_device) return at::kCPU;
   const std::string& label = *in.storage_device;
@@ -362,8 +360,7 @@ at::Device receive_device(const std::string& from, std::optional<at::Device> dev
   } catch (const c10::Error&) {
   }
   if (!d) {
-    defer(in, peer_error(from, ": the sender's \"_storage_device\" '", label,
-                         "' is not a device"));
+    defer(in, peer_error(from, ": the sender's \"_storage_device\" '", label, "' is not a device"));
     return at::kCPU;
   }
   if (d->is_cpu()) return *d;
@@ -394,11 +391,15 @@ StorageBuffer storage_buffer(const Incoming& in, int64_t n, at::Device device) {
   try {
     bytes = in.error && device.is_cpu() ? drain_buffer(n) : byte_buffer(n, device);
   } catch (const c10::Error& e) {
-    TORCH_CHECK(false, in.from, ": could not allocate the ", n, " bytes of storage the sender "
-                "announced on ", device.str(), ": ", e.msg());
+    TORCH_CHECK(false, in.from, ": could not allocate the ", n,
+                " bytes of storage the sender "
+                "announced on ",
+                device.str(), ": ", e.msg());
   } catch (const std::bad_alloc&) {
-    TORCH_CHECK(false, in.from, ": could not allocate the ", n, " bytes of storage the sender "
-                "announced on ", device.str());
+    TORCH_CHECK(false, in.from, ": could not allocate the ", n,
+                " bytes of storage the sender "
+                "announced on ",
+                device.str());
   }
   return {bytes, TailStamp(bytes)};
 }
@@ -406,8 +407,8 @@ StorageBuffer storage_buffer(const Incoming& in, int64_t n, at::Device device) {
 TensorDict finish(Incoming& in, const StorageBuffer& buffer) {
   if (in.error) std::rethrow_exception(in.error);
   TD_CHECK_PEER(!buffer.stamp.short_message(), in.from,
-              ": the sender's storage message is shorter than the ", buffer.bytes.numel(),
-              " bytes it announced; the TensorDict is refused");
+                ": the sender's storage message is shorter than the ", buffer.bytes.numel(),
+                " bytes it announced; the TensorDict is refused");
   return core::rebuild_validated(std::move(*in.metadata),
                                  buffer.bytes.narrow(0, 0, *in.total_bytes));
 }

@@ -11,9 +11,9 @@
 #include <string_view>
 #include <vector>
 
+#include "core/metadata.h"
 #include "peer.h"
 #include "tensordict/consolidate.h"
-#include "core/metadata.h"
 
 namespace tensordict::dist::detail {
 
@@ -50,13 +50,13 @@ std::string scatter_objects(const Waiter& w, const Peer& root,
 /// What a peer announced, checked. Errors are deferred when the storage transfer can still be
 /// joined (its size is known and within the bound), so that the other ranks complete.
 struct Incoming {
-  std::string from;                    // the peer, as messages name it
+  std::string from;                                 // the peer, as messages name it
   std::optional<core::ValidatedMetadata> metadata;  // parsed and validated once
-  std::optional<int64_t> total_bytes;  // known and sane
-  std::optional<int64_t> max_bytes;    // scatter's padded size, known and sane
+  std::optional<int64_t> total_bytes;               // known and sane
+  std::optional<int64_t> max_bytes;                 // scatter's padded size, known and sane
   std::optional<std::string> storage_device;
   std::optional<std::string> tensorclass_type;  // "_tensorclass_type": a name, never imported
-  std::exception_ptr error;            // the first fault found
+  std::exception_ptr error;                     // the first fault found
 };
 
 /// Reads a peer's pickle (restricted reader; nothing is imported or called) and checks the
@@ -74,8 +74,7 @@ int64_t transfer_bytes(const Incoming& in, bool padded);
 /// Where to allocate the received storage: `device`, else the sender's "_storage_device" if
 /// this process has that device, else the CPU. A label this process cannot honour becomes the
 /// deferred error (and the CPU is returned, to drain the transfer).
-at::Device receive_device(const std::string& from, std::optional<at::Device> device,
-                          Incoming& in);
+at::Device receive_device(const std::string& from, std::optional<at::Device> device, Incoming& in);
 
 /// `max_total_bytes` as given, or default_max_total_bytes() when unset; ValueError naming
 /// `call` when it is negative, before anything is sent or received.

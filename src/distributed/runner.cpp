@@ -219,8 +219,11 @@ bool launched_by_env() {
       missing.emplace_back(name);
     }
   }
-  TORCH_CHECK_VALUE(!any || missing.empty(), "dist::run: the env:// variables are set only in "
-                    "part: ", c10::Join(", ", missing), " missing. A launcher sets RANK, "
+  TORCH_CHECK_VALUE(!any || missing.empty(),
+                    "dist::run: the env:// variables are set only in "
+                    "part: ",
+                    c10::Join(", ", missing),
+                    " missing. A launcher sets RANK, "
                     "WORLD_SIZE, MASTER_ADDR and MASTER_PORT; unset them all to let run() start "
                     "its own ranks");
   return any;
@@ -232,9 +235,8 @@ void run_launched(const std::function<void(int, int)>& fn, int world_size,
   const int env_world = std::stoi(*env("WORLD_SIZE"));
   TORCH_CHECK_VALUE(env_world == world_size, "dist::run: launched with WORLD_SIZE=", env_world,
                     " but called with world_size=", world_size);
-  init_process_group({.backend = options.backend,
-                      .init_method = "env://",
-                      .timeout = options.group_timeout});
+  init_process_group(
+      {.backend = options.backend, .init_method = "env://", .timeout = options.group_timeout});
   const int rank = static_cast<int>(get_rank());
   try {
     fn(rank, world_size);  // no leave_together(): the other ranks may not be ours
@@ -374,8 +376,8 @@ void run(const std::function<void(int, int)>& fn, int world_size, const RunOptio
 
   // The caller: start the ranks in a scratch directory of their own, and wait for them.
   std::string tmpl = (std::filesystem::temp_directory_path() / "tensordict-run-XXXXXX").string();
-  TORCH_CHECK(::mkdtemp(tmpl.data()) != nullptr, "dist::run: mkdtemp failed: ",
-              std::strerror(errno));
+  TORCH_CHECK(::mkdtemp(tmpl.data()) != nullptr,
+              "dist::run: mkdtemp failed: ", std::strerror(errno));
   const std::string dir = tmpl;
   struct DirGuard {
     std::string path;

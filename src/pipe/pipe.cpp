@@ -28,8 +28,8 @@ Pipe Pipe::connect(const std::string& host, int port, const PipeOptions& options
 }
 
 Pipe Pipe::over(PipeLink link, const PipeOptions& options) {
-  return Pipe(std::make_shared<PipeImpl>(
-      options, nullptr, std::make_shared<detail::UserLink>(std::move(link)), 0));
+  return Pipe(std::make_shared<PipeImpl>(options, nullptr,
+                                         std::make_shared<detail::UserLink>(std::move(link)), 0));
 }
 
 void Pipe::send(const TensorDict& td, const PipeSendOptions& o) { impl_->send(td, o); }

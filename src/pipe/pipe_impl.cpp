@@ -49,8 +49,8 @@ class LinkSource final : public ByteSource {
   size_t read_first_joined(uint8_t* flag, const at::Tensor& flag_owner, void* data, size_t n,
                            const at::Tensor& owner, const char* what) override {
     // Only a peer of ours joins frames, and it ends with the close marker: no disconnect rule.
-    const size_t got = e_.recv_joined(flag, flag_owner, data, n, owner, what,
-                                      pipe_.options().timeout);
+    const size_t got =
+        e_.recv_joined(flag, flag_owner, data, n, owner, what, pipe_.options().timeout);
     pipe_.counted(e_, false, got, what);
     return got;
   }
@@ -78,8 +78,8 @@ const char* kPublicationOnly =
 
 }  // namespace
 
-size_t Link::recv_joined(uint8_t*, const at::Tensor&, void*, size_t, const at::Tensor&,
-                         const char*, Millis) {
+size_t Link::recv_joined(uint8_t*, const at::Tensor&, void*, size_t, const at::Tensor&, const char*,
+                         Millis) {
   TORCH_INTERNAL_ASSERT(false, "recv_joined on a link that does not join frames");
 }
 
@@ -93,7 +93,10 @@ void log_connected(Link& e, const char* how) {
 // ---- Transfer -----------------------------------------------------------------------------------
 
 Transfer::Transfer(PipeImpl& pipe, Link& e, bool sent)
-    : pipe_(pipe), e_(e), sent_(sent), start_(::tensordict::detail::transfer_ticks()),
+    : pipe_(pipe),
+      e_(e),
+      sent_(sent),
+      start_(::tensordict::detail::transfer_ticks()),
       bytes_(sent ? pipe.counters().bytes_sent.load() : pipe.counters().bytes_received.load()),
       schemas_(sent ? pipe.counters().schema_sends.load() : pipe.counters().schema_recvs.load()) {}
 
@@ -108,10 +111,11 @@ void Transfer::done() const {
   const std::string took = ::tensordict::detail::micros_text(ticks);
   const auto& c = pipe_.counters();
   const bool schema = (sent_ ? c.schema_sends.load() : c.schema_recvs.load()) > schemas_;
-  log(LogLevel::kInfo,
-      c10::str("pipe ", sent_ ? "send to " : "recv from ", e_.peer(), ": ",
-               !pipe_.options().consolidated ? "uncollated" : schema ? "new schema" : "same schema",
-               ", ", bytes(), " bytes in ", took));
+  log(LogLevel::kInfo, c10::str("pipe ", sent_ ? "send to " : "recv from ", e_.peer(), ": ",
+                                !pipe_.options().consolidated ? "uncollated"
+                                : schema                      ? "new schema"
+                                                              : "same schema",
+                                ", ", bytes(), " bytes in ", took));
 }
 
 // ---- construction, links ------------------------------------------------------------------------
@@ -123,8 +127,8 @@ PipeImpl::PipeImpl(PipeOptions options, std::shared_ptr<Worker> worker,
   listener_ = std::move(listener);
 }
 
-PipeImpl::PipeImpl(PipeOptions options, std::shared_ptr<Worker> worker,
-                   std::shared_ptr<Link> link, int port)
+PipeImpl::PipeImpl(PipeOptions options, std::shared_ptr<Worker> worker, std::shared_ptr<Link> link,
+                   int port)
     : options_((check_options(options), std::move(options))),
       worker_(std::move(worker)),
       port_(port),
@@ -178,8 +182,8 @@ void PipeImpl::send_frame(Link& e, const OutFrame& f) {
 void PipeImpl::send_first(Link& e, const OutFrame& f) {
   OutFrame first = f;
   if (f.n <= 8) {  // a joined message is a buffer of its own already (FrameWriter)
-    auto* slot = credit_ring_.data_ptr<uint8_t>() +
-                 (credits_sent_ % (options_.max_unreceived + 1)) * 8;
+    auto* slot =
+        credit_ring_.data_ptr<uint8_t>() + (credits_sent_ % (options_.max_unreceived + 1)) * 8;
     std::memcpy(slot, f.data, f.n);
     first = {slot, f.n, credit_ring_, f.what};
   }
@@ -205,7 +209,8 @@ void PipeImpl::counted(Link& e, bool sent, size_t n, const char* what) {
   }
 }
 
-// ---- send -----------------------------------------------------------------------------------------
+// ---- send
+// -----------------------------------------------------------------------------------------
 
 void PipeImpl::send_locked(Link& e, const TensorDict& td) {
   const Transfer transfer(*this, e, /*sent=*/true);
@@ -226,7 +231,8 @@ void PipeImpl::send(const TensorDict& td, const PipeSendOptions& send_options) {
   if (send_options.deadline) {
     TD_CHECK_AS(TimeoutError, Clock::now() < *send_options.deadline,
                 "send: the deadline passed before the send could start (queued behind earlier "
-                "sends to ", e->peer(), "); nothing was sent");
+                "sends to ",
+                e->peer(), "); nothing was sent");
   }
   send_deadline_ = send_options.deadline;
   try {
@@ -261,7 +267,8 @@ void PipeImpl::send_raw(const void* data, size_t n) {
   send_frame(*e, {copy.data_ptr(), n, copy, "raw bytes"});
 }
 
-// ---- receive --------------------------------------------------------------------------------------
+// ---- receive
+// --------------------------------------------------------------------------------------
 
 TensorDict PipeImpl::recv_locked(Link& e, const std::optional<TensorDict>& td,
                                  std::optional<at::Device> device) {
@@ -301,9 +308,9 @@ std::optional<TensorDict> PipeImpl::try_recv(Pipe::RecvAttempt* attempt,
     return std::nullopt;
   }
   const bool consolidated = options_.consolidated;
-  const Arrival arrival = e->look_ahead(
-      [&](MessagePeek& peek) { return reader_.arrival(peek, consolidated); },
-      Pipe::kTryRecvStashBytes, spin);
+  const Arrival arrival =
+      e->look_ahead([&](MessagePeek& peek) { return reader_.arrival(peek, consolidated); },
+                    Pipe::kTryRecvStashBytes, spin);
   if (arrival != Arrival::kWhole) {
     *attempt = arrival == Arrival::kIncomplete ? Attempt::kNotArrived : Attempt::kWouldWait;
     return std::nullopt;
@@ -329,7 +336,8 @@ std::string PipeImpl::recv_raw(size_t n) {
   return std::string(static_cast<const char*>(buf.const_data_ptr()), n);
 }
 
-// ---- the peer, the counters, events ---------------------------------------------------------------
+// ---- the peer, the counters, events
+// ---------------------------------------------------------------
 
 std::string PipeImpl::peer() const {
   std::lock_guard<std::mutex> lk(ep_mu_);
@@ -352,8 +360,8 @@ bool PipeImpl::peer_is_tensordict_cpp() const {
 
 PipeStats PipeImpl::stats() const {
   const auto& c = counters_;
-  return {c.sends.load(), c.schema_sends.load(), c.recvs.load(), c.schema_recvs.load(),
-          c.bytes_sent.load(), c.bytes_received.load()};
+  return {c.sends.load(),        c.schema_sends.load(), c.recvs.load(),
+          c.schema_recvs.load(), c.bytes_sent.load(),   c.bytes_received.load()};
 }
 
 void PipeImpl::signal_event() const {
@@ -395,7 +403,8 @@ void PipeImpl::watch(bool on) {
   if (before == 1 && after == 0) worker_->unwatch(fd);
 }
 
-// ---- lifecycle ------------------------------------------------------------------------------------
+// ---- lifecycle
+// ------------------------------------------------------------------------------------
 
 void PipeImpl::peer_left(Link& e) {
   peer_closed_ = true;

@@ -21,7 +21,7 @@ namespace tensordict::pipe::detail {
 struct Counters {
   std::atomic<int64_t> sends{0}, schema_sends{0}, recvs{0}, schema_recvs{0}, bytes_sent{0},
       bytes_received{0};
-  void add(std::atomic<int64_t> Counters::*field, int64_t n) {
+  void add(std::atomic<int64_t> Counters::* field, int64_t n) {
     (this->*field).fetch_add(n, std::memory_order_relaxed);
   }
 };
@@ -33,8 +33,7 @@ struct Counters {
 class PipeImpl {
  public:
   /// A listening pipe: its first client is accepted by the first call that needs it.
-  PipeImpl(PipeOptions options, std::shared_ptr<Worker> worker,
-           std::shared_ptr<Listener> listener);
+  PipeImpl(PipeOptions options, std::shared_ptr<Worker> worker, std::shared_ptr<Listener> listener);
   /// A connected pipe over `link` (`worker` null for a caller's link); `port`: the peer's.
   PipeImpl(PipeOptions options, std::shared_ptr<Worker> worker, std::shared_ptr<Link> link,
            int port);
@@ -157,7 +156,7 @@ class Transfer {
   PipeImpl& pipe_;
   Link& e_;
   const bool sent_;
-  const int64_t start_;     // transfer_ticks()
+  const int64_t start_;    // transfer_ticks()
   const int64_t bytes_;    // the pipe's byte counter when the call began
   const int64_t schemas_;  // and its schema counter
 };

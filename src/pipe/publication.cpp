@@ -74,9 +74,9 @@ class PipeLink final : public pub::Link {
       }
       TD_THROW(PeerClosedError, "the subscriber ", ep_->peer(), " closed its pipe");
     }
-    const std::string why = c10::str("recv ", what_of(p.kind), ": peer ", ep_->peer(),
-                                     " sent a message of ", p.op->length, " bytes where ",
-                                     pub::kMessageBytes, " were expected");
+    const std::string why =
+        c10::str("recv ", what_of(p.kind), ": peer ", ep_->peer(), " sent a message of ",
+                 p.op->length, " bytes where ", pub::kMessageBytes, " were expected");
     ep_->fail(why);
     TD_THROW(MalformedPeerDataError, why);
   }
@@ -114,7 +114,8 @@ class PipeLink final : public pub::Link {
 // publication's, once checked (then mark_publication). `call` names the caller in errors.
 std::shared_ptr<Endpoint> publication_endpoint(const Pipe& pipe, const char* call) {
   auto ep = std::dynamic_pointer_cast<Endpoint>(PipeAccess::impl(pipe).publication_link(call));
-  TORCH_CHECK_VALUE(ep != nullptr, call, ": the pipe runs over a caller's link, whose messages "
+  TORCH_CHECK_VALUE(ep != nullptr, call,
+                    ": the pipe runs over a caller's link, whose messages "
                     "cannot be waited on apart; use a pipe of tensordict_cpp's own (connect, "
                     "listen, a TensorDictServer's)");
   return ep;

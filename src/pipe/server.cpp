@@ -33,8 +33,8 @@ struct ServerImpl {
   std::shared_ptr<Worker> worker;
   std::shared_ptr<Listener> listener;
 
-  mutable std::mutex mu;  // guards what follows
-  std::list<Client> clients;  // std::list: a Client never moves while its thread runs
+  mutable std::mutex mu;       // guards what follows
+  std::list<Client> clients;   // std::list: a Client never moves while its thread runs
   std::vector<Pipe> accepted;  // pipes handed out by accept(), closed by close()
   std::vector<std::exception_ptr> errors;
   std::thread acceptor;
@@ -150,9 +150,8 @@ void TensorDictServer::serve(std::function<void(Pipe&)> handler) {
   std::lock_guard<std::mutex> lk(impl_->mu);
   TORCH_CHECK(!impl_->serving, "serve: the server is already serving");
   impl_->serving = true;
-  impl_->acceptor = std::thread([impl = impl_.get(), handler = std::move(handler)] {
-    impl->accept_loop(handler);
-  });
+  impl_->acceptor = std::thread(
+      [impl = impl_.get(), handler = std::move(handler)] { impl->accept_loop(handler); });
 }
 
 std::vector<std::exception_ptr> TensorDictServer::handler_errors() const {

@@ -48,7 +48,8 @@ std::string format_address(const sockaddr_storage& addr) {
 }
 
 int port_of(const sockaddr_storage& addr) {
-  if (addr.ss_family == AF_INET) return ntohs(reinterpret_cast<const sockaddr_in*>(&addr)->sin_port);
+  if (addr.ss_family == AF_INET)
+    return ntohs(reinterpret_cast<const sockaddr_in*>(&addr)->sin_port);
   if (addr.ss_family == AF_INET6) {
     return ntohs(reinterpret_cast<const sockaddr_in6*>(&addr)->sin6_port);
   }

@@ -9,9 +9,9 @@
 #include <cstring>
 #include <utility>
 
-#include "wire/pipe_frames.h"
 #include "tensordict/errors.h"
 #include "ucx_address.h"
+#include "wire/pipe_frames.h"
 
 namespace tensordict::pipe::detail {
 namespace {
@@ -90,12 +90,8 @@ std::shared_ptr<Op> Endpoint::start(Dir dir, void* data, size_t n, const at::Ten
   size_t length = 0;
   ucs_status_ptr_t req = nullptr;
   switch (dir) {
-    case Dir::kSend:
-      req = ucp_tag_send_nbx(ep_, data, n, peer_info_.tag, &param);
-      break;
-    case Dir::kSyncSend:
-      req = ucp_tag_send_sync_nbx(ep_, data, n, peer_info_.tag, &param);
-      break;
+    case Dir::kSend: req = ucp_tag_send_nbx(ep_, data, n, peer_info_.tag, &param); break;
+    case Dir::kSyncSend: req = ucp_tag_send_sync_nbx(ep_, data, n, peer_info_.tag, &param); break;
     case Dir::kRecv:  // receives match on the worker, by our tag
     case Dir::kRecvJoined:
       param.op_attr_mask |= UCP_OP_ATTR_FIELD_RECV_INFO;
@@ -119,18 +115,14 @@ std::shared_ptr<Op> Endpoint::start(Dir dir, void* data, size_t n, const at::Ten
       param.cb.recv = &on_tag_recv;
       req = ucp_tag_msg_recv_nbx(worker_->handle(), data, n, message, &param);
       break;
-    case Dir::kStreamSend:
-      req = ucp_stream_send_nbx(ep_, data, n, &param);
-      break;
+    case Dir::kStreamSend: req = ucp_stream_send_nbx(ep_, data, n, &param); break;
     case Dir::kStreamRecv:
       param.op_attr_mask |= UCP_OP_ATTR_FIELD_FLAGS;
       param.flags = UCP_STREAM_RECV_FLAG_WAITALL;
       param.cb.recv_stream = &on_stream_recv;
       req = ucp_stream_recv_nbx(ep_, data, n, &length, &param);
       break;
-    case Dir::kFlush:
-      req = ucp_ep_flush_nbx(ep_, &param);
-      break;
+    case Dir::kFlush: req = ucp_ep_flush_nbx(ep_, &param); break;
     case Dir::kClose:  // the orderly close: UCX flushes, then tells the peer
       req = ucp_ep_close_nbx(ep_, &param);
       ep_ = nullptr;
@@ -170,10 +162,9 @@ void Endpoint::wait_op(const std::shared_ptr<Op>& op, Dir dir, size_t n, const c
   }
   if (op->status == UCS_OK) {
     if (!recv || op->length == n || (dir == Dir::kRecvJoined && op->length == 1)) return;
-    const std::string why = c10::str("recv ", what, ": peer ", peer_, " sent a message of ",
-                                     op->length, " bytes where ",
-                                     dir == Dir::kRecvJoined ? "1 or " : "", n,
-                                     " were expected");
+    const std::string why =
+        c10::str("recv ", what, ": peer ", peer_, " sent a message of ", op->length,
+                 " bytes where ", dir == Dir::kRecvJoined ? "1 or " : "", n, " were expected");
     fail(why);
     TD_THROW(MalformedPeerDataError, why);
   }
@@ -246,8 +237,7 @@ Peeked Endpoint::peek_locked(size_t i, size_t stash_limit) {
   while (stash_.size() <= i) {
     ucp_tag_recv_info_t info{};
     // Looked at in place first: a message over the limit stays in UCX's queue, in order.
-    if (ucp_tag_probe_nb(worker_->handle(), recv_tag_, kFullMask, /*remove=*/0, &info) ==
-        nullptr) {
+    if (ucp_tag_probe_nb(worker_->handle(), recv_tag_, kFullMask, /*remove=*/0, &info) == nullptr) {
       // A peer that left sends nothing more: a receive fails at once.
       return {peer_gone_ ? Peeked::kUnusable : Peeked::kNotYet};
     }
@@ -271,8 +261,8 @@ Peeked Endpoint::peek_locked(size_t i, size_t stash_limit) {
   return {Peeked::kLanded, s.length, s.data.const_data_ptr<uint8_t>()};
 }
 
-Arrival Endpoint::look_ahead(const std::function<Arrival(MessagePeek&)>& decide,
-                             size_t stash_limit, Micros spin) {
+Arrival Endpoint::look_ahead(const std::function<Arrival(MessagePeek&)>& decide, size_t stash_limit,
+                             Micros spin) {
   struct Peek final : MessagePeek {
     Endpoint& e;
     size_t limit;
@@ -290,7 +280,7 @@ Arrival Endpoint::look_ahead(const std::function<Arrival(MessagePeek&)>& decide,
 }
 
 bool Endpoint::recv_would_not_wait(Micros spin) {
-  const auto arrived = [this] {  // UCX lock held
+  const auto arrived = [this] {        // UCX lock held
     if (!stash_.empty()) return true;  // a look-ahead took the next message off the queue
     if (closed_ || peer_gone_ || !failure_.empty() || ep_ == nullptr) return true;
     ucp_tag_recv_info_t info;
@@ -329,8 +319,10 @@ void Endpoint::send_credit(const void* data, size_t n, const at::Tensor& owner, 
     }
     if (!worker_->wait(*oldest, deadline)) {
       --credit_count_;  // nothing was sent: the next send is the credit again
-      TD_THROW(TimeoutError, "send ", what, ": the peer ", peer_, " has not started receiving the "
-               "last ", window, " messages within ", to_ms(timeout),
+      TD_THROW(TimeoutError, "send ", what, ": the peer ", peer_,
+               " has not started receiving the "
+               "last ",
+               window, " messages within ", to_ms(timeout),
                " ms (PipeOptions::max_unreceived); nothing was sent");
     }
   }
@@ -359,8 +351,8 @@ bool Endpoint::wait_message(const std::shared_ptr<Op>& op, Clock::time_point dea
   if (!op->done.load() && !worker_->wait(*op, deadline)) return false;
   if (op->status == UCS_OK) return true;
   if (op->status == UCS_ERR_MESSAGE_TRUNCATED) {
-    const std::string why = c10::str("recv ", what, ": peer ", peer_,
-                                     " sent a message longer than expected");
+    const std::string why =
+        c10::str("recv ", what, ": peer ", peer_, " sent a message longer than expected");
     fail(why);
     TD_THROW(MalformedPeerDataError, why);
   }
@@ -523,8 +515,8 @@ std::string Endpoint::transports() {
   return out;
 }
 
-std::shared_ptr<Endpoint> Endpoint::connect(std::shared_ptr<Worker> worker,
-                                            const std::string& host, int port, Millis timeout) {
+std::shared_ptr<Endpoint> Endpoint::connect(std::shared_ptr<Worker> worker, const std::string& host,
+                                            int port, Millis timeout) {
   const SockAddr addr = resolve(host, port, /*passive=*/false);
   auto ep = std::make_shared<Endpoint>(worker, c10::str(host, ":", port));
   const auto deadline = Clock::now() + timeout;

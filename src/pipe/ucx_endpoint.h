@@ -17,9 +17,9 @@
 #include <string>
 #include <vector>
 
-#include "wire/pipe_frames.h"
 #include "link.h"
 #include "ucx_worker.h"
+#include "wire/pipe_frames.h"
 
 namespace tensordict::pipe::detail {
 
@@ -39,8 +39,8 @@ class Endpoint final : public Link {
 
   /// Connects to host:port, then exchanges the peer info (receiving first, as ucxx's
   /// connecting side does); waits up to `timeout`. RuntimeError when refused or on timeout.
-  static std::shared_ptr<Endpoint> connect(std::shared_ptr<Worker> worker,
-                                           const std::string& host, int port, Millis timeout);
+  static std::shared_ptr<Endpoint> connect(std::shared_ptr<Worker> worker, const std::string& host,
+                                           int port, Millis timeout);
 
   /// Sends one tag message of `n` bytes at `data` (owned by `owner`) and waits until UCX is
   /// done with the buffer. `what` names the message for errors. A timeout breaks the endpoint.
@@ -108,8 +108,17 @@ class Endpoint final : public Link {
 
  private:
   friend class Listener;
-  enum class Dir { kSend, kSyncSend, kRecv, kRecvJoined, kRecvMessage, kStreamSend, kStreamRecv,
-                   kFlush, kClose };
+  enum class Dir {
+    kSend,
+    kSyncSend,
+    kRecv,
+    kRecvJoined,
+    kRecvMessage,
+    kStreamSend,
+    kStreamRecv,
+    kFlush,
+    kClose
+  };
   // A message taken off UCX's queue by a look-ahead, received (or landing) into `data`.
   struct Stashed {
     std::shared_ptr<Op> op;
@@ -138,8 +147,7 @@ class Endpoint final : public Link {
   std::shared_ptr<Op> post_recv(Dir dir, void* data, size_t n, const at::Tensor& owner,
                                 const char* what, const Head* head = nullptr);
   // Waits for `op`, which moves `n` bytes (a joined receive: 1 or `n`).
-  void wait_op(const std::shared_ptr<Op>& op, Dir dir, size_t n, const char* what,
-               Millis timeout);
+  void wait_op(const std::shared_ptr<Op>& op, Dir dir, size_t n, const char* what, Millis timeout);
   void create_locked(const ucp_ep_params_t& params);
   void force_close_locked();
   void break_locked(const std::string& why);
@@ -157,13 +165,13 @@ class Endpoint final : public Link {
   std::string failure_;  // why the endpoint broke (peer error, timeout); "" when healthy
   bool closed_ = false;
   bool peer_gone_ = false;
-  std::vector<std::shared_ptr<Op>> recvs_;     // posted receives (cancelled when it breaks)
-  std::deque<Stashed> stash_;                  // look-ahead's messages, oldest first
-  size_t stash_bytes_ = 0;                     // their lengths' sum
+  std::vector<std::shared_ptr<Op>> recvs_;  // posted receives (cancelled when it breaks)
+  std::deque<Stashed> stash_;               // look-ahead's messages, oldest first
+  size_t stash_bytes_ = 0;                  // their lengths' sum
   at::Tensor spare_;  // a small message's stash buffer, reused once its last user is done
-  std::deque<std::shared_ptr<Op>> credits_;    // credit sends not yet matched by the peer
-  uint64_t credit_count_ = 0;                  // first frames sent (the send thread's)
-  at::Tensor handshake_;                       // 32 bytes: our peer info, then the peer's
+  std::deque<std::shared_ptr<Op>> credits_;  // credit sends not yet matched by the peer
+  uint64_t credit_count_ = 0;                // first frames sent (the send thread's)
+  at::Tensor handshake_;                     // 32 bytes: our peer info, then the peer's
 };
 
 }  // namespace tensordict::pipe::detail

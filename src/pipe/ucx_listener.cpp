@@ -4,8 +4,8 @@
 
 #include <utility>
 
-#include "wire/pipe_frames.h"
 #include "ucx_address.h"
+#include "wire/pipe_frames.h"
 
 namespace tensordict::pipe::detail {
 namespace {
@@ -82,9 +82,9 @@ void Listener::accept_locked(ucp_conn_request_h request) {
                         [weak, ep](ucs_status_t received, size_t length) {
                           auto self = weak.lock();
                           if (!self) return;
-                          self->handshake_done_locked(
-                              ep, received == UCS_OK && length != 16 ? UCS_ERR_MESSAGE_TRUNCATED
-                                                                     : received);
+                          self->handshake_done_locked(ep, received == UCS_OK && length != 16
+                                                              ? UCS_ERR_MESSAGE_TRUNCATED
+                                                              : received);
                         });
             });
 }

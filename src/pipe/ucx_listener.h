@@ -43,7 +43,7 @@ class Listener : public std::enable_shared_from_this<Listener> {
   void accept_locked(ucp_conn_request_h request);
   void handshake_done_locked(const std::shared_ptr<Endpoint>& ep, ucs_status_t status);
 
-  std::mutex close_mu_;  // guards worker_ for accept(), which runs without the UCX lock
+  std::mutex close_mu_;             // guards worker_ for accept(), which runs without the UCX lock
   std::shared_ptr<Worker> worker_;  // null once closed
   const int max_clients_;
   int port_ = 0;

@@ -99,7 +99,9 @@ void Worker::wake_loop() {
 
 void Worker::notify() {
   if (sleepers_.load() == 0) return;  // seq_cst with the waiter's increment: see wait_until
-  { std::lock_guard<std::mutex> lk(cv_mu_); }
+  {
+    std::lock_guard<std::mutex> lk(cv_mu_);
+  }
   cv_.notify_all();
 }
 
@@ -119,7 +121,8 @@ void Worker::unwatch(int fd) {
 void Worker::signal_watchers() {
   std::lock_guard<std::mutex> lk(watch_mu_);
   const uint64_t one = 1;
-  for (const int fd : watched_) [[maybe_unused]] auto n = ::write(fd, &one, sizeof(one));
+  for (const int fd : watched_) [[maybe_unused]]
+    auto n = ::write(fd, &one, sizeof(one));
 }
 
 void Worker::complete(Op& op, ucs_status_t status, size_t length) {

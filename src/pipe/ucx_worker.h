@@ -35,10 +35,10 @@ struct Op {
   std::atomic<bool> done{false};
   ucs_status_t status = UCS_OK;
   size_t length = 0;
-  at::Tensor owner;          // keeps the buffer alive until UCX is done with it
-  at::Tensor head_owner;     // and the head's, for a joined receive
-  ucp_dt_iov_t iov[2]{};     // a joined receive's buffers (UCX reads them until it completes)
-  void* request = nullptr;   // the UCX request while in flight (UCX lock)
+  at::Tensor owner;         // keeps the buffer alive until UCX is done with it
+  at::Tensor head_owner;    // and the head's, for a joined receive
+  ucp_dt_iov_t iov[2]{};    // a joined receive's buffers (UCX reads them until it completes)
+  void* request = nullptr;  // the UCX request while in flight (UCX lock)
   // Run (deferred, UCX lock held) with the status and length once the operation completes.
   std::function<void(ucs_status_t, size_t)> then;
 };
@@ -118,8 +118,8 @@ class Worker {
   CallbackContext* outstanding_ = nullptr;
 
   std::mutex watch_mu_;
-  std::vector<int> watched_;              // watch_mu_
-  std::atomic<int> watched_count_{0};     // watched_.size(), read on every progress
+  std::vector<int> watched_;           // watch_mu_
+  std::atomic<int> watched_count_{0};  // watched_.size(), read on every progress
   void signal_watchers();
 
   std::atomic<int> spinners_{0};  // threads progressing UCX in wait_until

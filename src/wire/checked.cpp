@@ -11,10 +11,10 @@
 #include <string>
 #include <string_view>
 
+#include "core/bytes.h"
 #include "tensordict/dtypes.h"
 #include "tensordict/errors.h"
 #include "tensordict/nested_key.h"
-#include "core/bytes.h"
 
 namespace tensordict::wire::checked {
 namespace {
@@ -48,9 +48,8 @@ class Reader {
   uint32_t u32(const char* what) { return static_cast<uint32_t>(get(4, what)); }
   std::string str(uint32_t max, const char* what) {
     const uint32_t n = u32(what);
-    TD_CHECK_PEER(n <= max, call_,
-                "(checked=True): the sender's schema has a ", what, " of ", n, " bytes (at most ",
-                max, ")");
+    TD_CHECK_PEER(n <= max, call_, "(checked=True): the sender's schema has a ", what, " of ", n,
+                  " bytes (at most ", max, ")");
     need(n, what);
     return std::string(bytes_.take(n));
   }
@@ -58,8 +57,7 @@ class Reader {
 
  private:
   void need(size_t n, const char* what) const {
-    TD_CHECK_PEER(bytes_.has(n), call_,
-                "(checked=True): the sender's schema ends inside a ", what);
+    TD_CHECK_PEER(bytes_.has(n), call_, "(checked=True): the sender's schema ends inside a ", what);
   }
   uint64_t get(size_t n, const char* what) {
     need(n, what);
@@ -71,7 +69,7 @@ class Reader {
 
 int64_t checked_int(const char* call, uint64_t v, const char* what) {
   TD_CHECK_PEER(v <= static_cast<uint64_t>(std::numeric_limits<int64_t>::max()), call,
-              "(checked=True): the sender's ", what, " is out of range (", v, ")");
+                "(checked=True): the sender's ", what, " is out of range (", v, ")");
   return static_cast<int64_t>(v);
 }
 
@@ -85,36 +83,36 @@ uint64_t for_each_leaf(const char* call, Mode mode, const uint8_t* data, size_t 
   Reader r(call, data, size);
   const uint64_t count = r.u64("leaf count");
   TD_CHECK_PEER(count <= kMaxLeaves && count <= r.left() / 12, call,
-              "(checked=True): the sender's schema announces ", count, " leaves in ", size,
-              " bytes");
+                "(checked=True): the sender's schema announces ", count, " leaves in ", size,
+                " bytes");
   payload_bytes = 0;
   LeafSchema l;
   for (uint64_t i = 0; i < count; ++i) {
     const uint32_t depth = r.u32("key depth");
     TD_CHECK_PEER(depth >= 1 && depth <= kMaxDepth, call,
-                "(checked=True): the sender's schema has a key of depth ", depth);
+                  "(checked=True): the sender's schema has a key of depth ", depth);
     l.path.resize(depth);
     for (auto& part : l.path) part = r.str(std::numeric_limits<uint32_t>::max(), "key");
     l.dtype = r.str(kMaxDtypeName, "dtype name");
     const auto dtype = dtype_from_name(l.dtype);
     TD_CHECK_PEER(dtype, call, "(checked=True): the sender's leaf ", NestedKey(l.path).str(),
-                " has an unknown dtype '", l.dtype, "'");
+                  " has an unknown dtype '", l.dtype, "'");
     const uint32_t ndim = r.u32("shape length");
     TD_CHECK_PEER(ndim <= kMaxDims, call, "(checked=True): the sender's leaf ",
-                NestedKey(l.path).str(), " has ", ndim, " dimensions");
+                  NestedKey(l.path).str(), " has ", ndim, " dimensions");
     int64_t numel = 1;
     l.sizes.clear();
     for (uint32_t d = 0; d < ndim; ++d) {
       const int64_t dim = checked_int(call, r.u64("shape"), "shape");
       l.sizes.push_back(dim);
       TD_CHECK_PEER(!__builtin_mul_overflow(numel, dim, &numel), call,
-                  "(checked=True): the sender's leaf ", NestedKey(l.path).str(),
-                  " has a shape whose size overflows");
+                    "(checked=True): the sender's leaf ", NestedKey(l.path).str(),
+                    " has a shape whose size overflows");
     }
-    TD_CHECK_PEER(!__builtin_mul_overflow(numel, static_cast<int64_t>(c10::elementSize(*dtype)),
-                                        &l.nbytes),
-                call, "(checked=True): the sender's leaf ", NestedKey(l.path).str(),
-                " has a byte size that overflows");
+    TD_CHECK_PEER(
+        !__builtin_mul_overflow(numel, static_cast<int64_t>(c10::elementSize(*dtype)), &l.nbytes),
+        call, "(checked=True): the sender's leaf ", NestedKey(l.path).str(),
+        " has a byte size that overflows");
     l.strides.clear();
     if (mode == Mode::kConsolidated) {
       l.offset = checked_int(call, r.u64("offset"), "offset");
@@ -123,12 +121,12 @@ uint64_t for_each_leaf(const char* call, Mode mode, const uint8_t* data, size_t 
       }
     } else {
       TD_CHECK_PEER(!__builtin_add_overflow(payload_bytes, l.nbytes, &payload_bytes), call,
-                  "(checked=True): the sender's leaves add up to more bytes than fit in 64 bits");
+                    "(checked=True): the sender's leaves add up to more bytes than fit in 64 bits");
     }
     fn(static_cast<const LeafSchema&>(l));
   }
   TD_CHECK_PEER(r.left() == 0, call, "(checked=True): ", r.left(),
-              " bytes follow the sender's schema");
+                " bytes follow the sender's schema");
   return count;
 }
 
@@ -160,8 +158,8 @@ std::optional<std::string> leaf_difference(const LeafSchema& x, const LeafSchema
     return c10::str("key ", key, " has dtype ", x.dtype, " on the sender and ", y.dtype, " here");
   }
   if (x.sizes != y.sizes) {
-    return c10::str("key ", key, " has shape ", ints(x.sizes), " on the sender and ",
-                    ints(y.sizes), " here");
+    return c10::str("key ", key, " has shape ", ints(x.sizes), " on the sender and ", ints(y.sizes),
+                    " here");
   }
   if (x.offset != y.offset || x.strides != y.strides) {
     return c10::str("key ", key, " lies at byte ", x.offset, " with strides ", ints(x.strides),
@@ -238,12 +236,14 @@ std::string encode_header(const Header& h) {
 
 Header decode_header(const char* call, const uint8_t* p) {
   TD_CHECK_PEER(std::memcmp(p, kMagic.data(), kMagic.size()) == 0, call,
-              "(checked=True): the peer's first message is not a checked-transfer header; the "
-              "sender must pass checked=True too");
+                "(checked=True): the peer's first message is not a checked-transfer header; the "
+                "sender must pass checked=True too");
   Reader r(call, p + kMagic.size(), kHeaderBytes - kMagic.size());
   const uint32_t version = r.u32("version");
-  TD_CHECK_PEER(version == kVersion, call, "(checked=True): the sender speaks checked-transfer "
-              "version ", version, ", this process version ", kVersion);
+  TD_CHECK_PEER(version == kVersion, call,
+                "(checked=True): the sender speaks checked-transfer "
+                "version ",
+                version, ", this process version ", kVersion);
   const uint32_t mode = r.u32("mode");
   Header h;
   h.payload_bytes = r.u64("payload size");
@@ -253,14 +253,14 @@ Header decode_header(const char* call, const uint8_t* p) {
   h.leaf_count = r.u64("leaf count");
   const uint64_t hash = r.u64("header hash");
   TD_CHECK_PEER(hash == fnv1a(p, kHeaderBytes - 8), call,
-              "(checked=True): the checked-transfer header is corrupt (hash mismatch)");
+                "(checked=True): the checked-transfer header is corrupt (hash mismatch)");
   TD_CHECK_PEER(mode <= 1, call, "(checked=True): the header has an unknown mode ", mode);
   h.mode = static_cast<Mode>(mode);
   TD_CHECK_PEER(h.schema_bytes <= kMaxSchemaBytes, call, "(checked=True): the sender's schema is ",
-              h.schema_bytes, " bytes, above the limit of ", kMaxSchemaBytes);
+                h.schema_bytes, " bytes, above the limit of ", kMaxSchemaBytes);
   TD_CHECK_PEER(h.chunk_bytes >= kMinChunkBytes && h.chunk_bytes <= kMaxChunkBytes, call,
-              "(checked=True): the header's chunk size ", h.chunk_bytes, " is not in [",
-              kMinChunkBytes, ", ", kMaxChunkBytes, "]");
+                "(checked=True): the header's chunk size ", h.chunk_bytes, " is not in [",
+                kMinChunkBytes, ", ", kMaxChunkBytes, "]");
   checked_int(call, h.payload_bytes, "payload size");
   return h;
 }
@@ -280,14 +280,13 @@ std::string describe_mismatch(const char* call, const Header& h, const uint8_t* 
       for_each_leaf(call, h.mode, blob, h.schema_bytes, leaf_bytes, [&](const LeafSchema& x) {
         if (!difference) {
           difference = i < mine.leaves.size() ? leaf_difference(x, mine.leaves[i])
-                                               : missing_key(x.path, /*on_sender=*/true);
+                                              : missing_key(x.path, /*on_sender=*/true);
         }
         ++i;
       });
-  TD_CHECK_PEER(count == h.leaf_count &&
-                  (h.mode == Mode::kConsolidated ||
-                   static_cast<uint64_t>(leaf_bytes) == h.payload_bytes),
-              call, "(checked=True): the sender's header and schema disagree");
+  TD_CHECK_PEER(count == h.leaf_count && (h.mode == Mode::kConsolidated ||
+                                          static_cast<uint64_t>(leaf_bytes) == h.payload_bytes),
+                call, "(checked=True): the sender's header and schema disagree");
   if (!difference && count < mine.leaves.size()) {
     difference = missing_key(mine.leaves[count].path, /*on_sender=*/false);
   }

@@ -14,12 +14,12 @@
 #include <unordered_map>
 #include <unordered_set>
 
-#include "core/metadata_reader.h"
-#include "core/metadata_tree.h"
-#include "tensordict/dtypes.h"
 #include "core/bytes.h"
 #include "core/json_text.h"
 #include "core/metadata.h"
+#include "core/metadata_reader.h"
+#include "core/metadata_tree.h"
+#include "tensordict/dtypes.h"
 
 namespace tensordict::wire {
 namespace {
@@ -129,18 +129,18 @@ void write_node(pickle::Writer& w, const Metadata& m, const TransportFields* tra
     w.boolean(cm.is_locked);
     w.dict_close(3);
   } else {
-  w.dict_open(4);
-  w.str("device");
-  write_optional(w, cm.device);
-  w.str("names");
-  w.list_open(cm.names.size());
-  for (const auto& name : cm.names) write_optional(w, name);
-  w.list_close(cm.names.size());
-  w.str("batch_size");
-  write_ints(w, cm.batch_size);
-  w.str("is_locked");
-  w.boolean(cm.is_locked);
-  w.dict_close(4);
+    w.dict_open(4);
+    w.str("device");
+    write_optional(w, cm.device);
+    w.str("names");
+    w.list_open(cm.names.size());
+    for (const auto& name : cm.names) write_optional(w, name);
+    w.list_close(cm.names.size());
+    w.str("batch_size");
+    write_ints(w, cm.batch_size);
+    w.str("is_locked");
+    w.boolean(cm.is_locked);
+    w.dict_close(4);
   }
   for (const auto& [key, child] : m.children) {
     write_str(w, key);
@@ -194,8 +194,8 @@ std::string class_name(const Value& ref) { return ref.ref_module() + "." + ref.r
 void refuse_class_refs(const Value& v, Path& path, bool is_node) {
   switch (v.kind()) {
     case Value::Kind::ClassRef:
-      TORCH_CHECK_VALUE(false, "metadata: the class reference ", class_name(v), " at ",
-                        where(path), " is refused: only a node's \"cls\" may name a class");
+      TORCH_CHECK_VALUE(false, "metadata: the class reference ", class_name(v), " at ", where(path),
+                        " is refused: only a node's \"cls\" may name a class");
     case Value::Kind::List:
     case Value::Kind::Tuple:
       for (size_t i = 0; i < v.items().size(); ++i) {
@@ -331,11 +331,12 @@ using core::tree::Tree;
 class Parser {
  public:
   Parser(std::string_view data, const pickle::Limits& limits, Tree& tree)
-      : in_(data), limits_(limits),
+      : in_(data),
+        limits_(limits),
         budget_(limits.max_bytes != 0
                     ? limits.max_bytes
-                    : std::min(kMaxFastBytes, pickle::kBaseBudgetBytes +
-                                                  kFastBytesPerInputByte * data.size())),
+                    : std::min(kMaxFastBytes,
+                               pickle::kBaseBudgetBytes + kFastBytesPerInputByte * data.size())),
         tree_(tree) {}
 
   uint32_t run() {
@@ -357,7 +358,8 @@ class Parser {
           check_unique_keys();
           return stack_.back();
         case 'N': push(Node{}); break;
-        case 0x88: case 0x89: {  // NEWTRUE, NEWFALSE
+        case 0x88:
+        case 0x89: {  // NEWTRUE, NEWFALSE
           Node n = node_of(Kind::Bool);
           n.b = code == 0x88;
           push(n);
@@ -393,7 +395,9 @@ class Parser {
           break;
         case 'l': collect(Kind::List, pop_mark()); break;
         case 't': collect(Kind::Tuple, pop_mark()); break;
-        case 0x85: case 0x86: case 0x87: {  // TUPLE1..3
+        case 0x85:
+        case 0x86:
+        case 0x87: {  // TUPLE1..3
           const size_t n = code - 0x85 + 1;
           if (stack_.size() < n + floor()) throw GiveUp{};
           collect(Kind::Tuple, stack_.size() - n);
@@ -404,7 +408,7 @@ class Parser {
           extend(Kind::List, stack_.size() - 1);
           break;
         case 'e': extend(Kind::List, pop_mark()); break;  // APPENDS
-        case 's':  // SETITEM
+        case 's':                                         // SETITEM
           if (stack_.size() < 3 + floor()) throw GiveUp{};
           extend(Kind::Dict, stack_.size() - 2);
           break;
@@ -627,9 +631,9 @@ std::string metadata_pickle_bytes(const Metadata& metadata, const TransportField
 
 pickle::Value metadata_to_pickle(const Metadata& metadata, const TransportFields& transport) {
   // Our own bytes: bounded only by what the TensorDict holds.
-  return pickle::loads(metadata_pickle_bytes(metadata, transport),
-                       {.max_depth = size_t{1} << 16, .max_elements = SIZE_MAX,
-                        .max_bytes = SIZE_MAX});
+  return pickle::loads(
+      metadata_pickle_bytes(metadata, transport),
+      {.max_depth = size_t{1} << 16, .max_elements = SIZE_MAX, .max_bytes = SIZE_MAX});
 }
 
 Metadata metadata_from_pickle(const pickle::Value& value, TransportFields* transport) {

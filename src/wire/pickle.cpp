@@ -44,17 +44,47 @@ const char* Value::kind_name(Kind kind) {
   return "?";
 }
 
-Value Value::from_bool(bool v) { Value r; r.kind_ = Kind::Bool; r.scalar_.b = v; return r; }
-Value Value::from_int(int64_t v) { Value r; r.kind_ = Kind::Int; r.scalar_.i = v; return r; }
-Value Value::from_float(double v) { Value r; r.kind_ = Kind::Float; r.scalar_.f = v; return r; }
-Value Value::from_str(std::string v) { Value r; r.kind_ = Kind::Str; r.s_ = std::move(v); return r; }
+Value Value::from_bool(bool v) {
+  Value r;
+  r.kind_ = Kind::Bool;
+  r.scalar_.b = v;
+  return r;
+}
+Value Value::from_int(int64_t v) {
+  Value r;
+  r.kind_ = Kind::Int;
+  r.scalar_.i = v;
+  return r;
+}
+Value Value::from_float(double v) {
+  Value r;
+  r.kind_ = Kind::Float;
+  r.scalar_.f = v;
+  return r;
+}
+Value Value::from_str(std::string v) {
+  Value r;
+  r.kind_ = Kind::Str;
+  r.s_ = std::move(v);
+  return r;
+}
 Value Value::list(std::vector<Value> items) {
-  Value r; r.kind_ = Kind::List; r.items_ = std::move(items); return r;
+  Value r;
+  r.kind_ = Kind::List;
+  r.items_ = std::move(items);
+  return r;
 }
 Value Value::tuple(std::vector<Value> items) {
-  Value r; r.kind_ = Kind::Tuple; r.items_ = std::move(items); return r;
+  Value r;
+  r.kind_ = Kind::Tuple;
+  r.items_ = std::move(items);
+  return r;
 }
-Value Value::dict() { Value r; r.kind_ = Kind::Dict; return r; }
+Value Value::dict() {
+  Value r;
+  r.kind_ = Kind::Dict;
+  return r;
+}
 Value Value::class_ref(std::string module, std::string qualname) {
   TORCH_CHECK_VALUE(valid_dotted_name(module) && valid_dotted_name(qualname),
                     "pickle: a class reference needs dotted names for its module and qualname");
@@ -177,14 +207,14 @@ bool operator==(const Value& a, const Value& b) {
 namespace {
 
 namespace op {
-constexpr uint8_t MARK = '(', STOP = '.', BININT = 'J', BININT1 = 'K', BININT2 = 'M',
-                  NONE = 'N', BINUNICODE = 'X', APPEND = 'a', EMPTY_DICT = '}', APPENDS = 'e',
-                  BINGET = 'h', LONG_BINGET = 'j', LIST = 'l', DICT = 'd', EMPTY_LIST = ']',
-                  BINPUT = 'q', LONG_BINPUT = 'r', SETITEM = 's', TUPLE = 't', EMPTY_TUPLE = ')',
-                  SETITEMS = 'u', BINFLOAT = 'G', PROTO = 0x80, TUPLE1 = 0x85, TUPLE2 = 0x86,
-                  TUPLE3 = 0x87, NEWTRUE = 0x88, NEWFALSE = 0x89, LONG1 = 0x8a,
-                  SHORT_BINUNICODE = 0x8c, BINUNICODE8 = 0x8d, MEMOIZE = 0x94, FRAME = 0x95,
-                  GLOBAL = 'c', STACK_GLOBAL = 0x93;
+constexpr uint8_t MARK = '(', STOP = '.', BININT = 'J', BININT1 = 'K', BININT2 = 'M', NONE = 'N',
+                  BINUNICODE = 'X', APPEND = 'a', EMPTY_DICT = '}', APPENDS = 'e', BINGET = 'h',
+                  LONG_BINGET = 'j', LIST = 'l', DICT = 'd', EMPTY_LIST = ']', BINPUT = 'q',
+                  LONG_BINPUT = 'r', SETITEM = 's', TUPLE = 't', EMPTY_TUPLE = ')', SETITEMS = 'u',
+                  BINFLOAT = 'G', PROTO = 0x80, TUPLE1 = 0x85, TUPLE2 = 0x86, TUPLE3 = 0x87,
+                  NEWTRUE = 0x88, NEWFALSE = 0x89, LONG1 = 0x8a, SHORT_BINUNICODE = 0x8c,
+                  BINUNICODE8 = 0x8d, MEMOIZE = 0x94, FRAME = 0x95, GLOBAL = 'c',
+                  STACK_GLOBAL = 0x93;
 }  // namespace op
 
 // Opcodes that would build objects of arbitrary classes or call functions. (GLOBAL and
@@ -200,7 +230,9 @@ const char* dangerous_name(uint8_t code) {
     case 0x92: return "NEWOBJ_EX";
     case 'P': return "PERSID";
     case 'Q': return "BINPERSID";
-    case 0x82: case 0x83: case 0x84: return "EXT";
+    case 0x82:
+    case 0x83:
+    case 0x84: return "EXT";
     default: return nullptr;
   }
 }
@@ -276,15 +308,21 @@ MemoReads memo_reads(std::string_view data, size_t max_indices) {
     bool ok = true;
     switch (static_cast<uint8_t>(data[pos++])) {
       case op::STOP: return reads;
-      case op::PROTO: case op::BININT1: case op::BINPUT: ok = skip(1); break;
+      case op::PROTO:
+      case op::BININT1:
+      case op::BINPUT: ok = skip(1); break;
       case op::BININT2: ok = skip(2); break;
-      case op::BININT: case op::LONG_BINPUT: ok = skip(4); break;
-      case op::FRAME: case op::BINFLOAT: ok = skip(8); break;
-      case op::LONG1: case op::SHORT_BINUNICODE: ok = le(1, v) && skip(v); break;
+      case op::BININT:
+      case op::LONG_BINPUT: ok = skip(4); break;
+      case op::FRAME:
+      case op::BINFLOAT: ok = skip(8); break;
+      case op::LONG1:
+      case op::SHORT_BINUNICODE: ok = le(1, v) && skip(v); break;
       case op::BINUNICODE: ok = le(4, v) && skip(v); break;
       case op::BINUNICODE8: ok = le(8, v) && skip(v); break;
       case op::GLOBAL: ok = line() && line(); break;
-      case op::BINGET: case op::LONG_BINGET:
+      case op::BINGET:
+      case op::LONG_BINGET:
         ok = le(data[pos - 1] == static_cast<char>(op::BINGET) ? 1 : 4, v);
         if (ok) reads.indices.insert(v);
         if (reads.indices.size() > max_indices) {
@@ -292,12 +330,25 @@ MemoReads memo_reads(std::string_view data, size_t max_indices) {
           return reads;
         }
         break;
-      case op::NONE: case op::NEWTRUE: case op::NEWFALSE: case op::EMPTY_LIST:
-      case op::EMPTY_DICT: case op::EMPTY_TUPLE: case op::MARK: case op::LIST: case op::TUPLE:
-      case op::TUPLE1: case op::TUPLE2: case op::TUPLE3: case op::DICT: case op::APPEND:
-      case op::APPENDS: case op::SETITEM: case op::SETITEMS: case op::STACK_GLOBAL:
-      case op::MEMOIZE:
-        break;
+      case op::NONE:
+      case op::NEWTRUE:
+      case op::NEWFALSE:
+      case op::EMPTY_LIST:
+      case op::EMPTY_DICT:
+      case op::EMPTY_TUPLE:
+      case op::MARK:
+      case op::LIST:
+      case op::TUPLE:
+      case op::TUPLE1:
+      case op::TUPLE2:
+      case op::TUPLE3:
+      case op::DICT:
+      case op::APPEND:
+      case op::APPENDS:
+      case op::SETITEM:
+      case op::SETITEMS:
+      case op::STACK_GLOBAL:
+      case op::MEMOIZE: break;
       default: ok = false;
     }
     if (!ok) break;
@@ -400,7 +451,9 @@ class Reader {
           break;
         case op::LIST: collect(Value::list(), pop_mark(at), at); break;
         case op::TUPLE: collect(Value::tuple(), pop_mark(at), at); break;
-        case op::TUPLE1: case op::TUPLE2: case op::TUPLE3: {
+        case op::TUPLE1:
+        case op::TUPLE2:
+        case op::TUPLE3: {
           const size_t n = code - op::TUPLE1 + 1;
           fail_if(stack_.size() < n + floor(), at, "TUPLE", n, " on a short stack");
           collect(Value::tuple(), stack_.size() - n, at);
@@ -441,8 +494,8 @@ class Reader {
           const Value& module = value_of(stack_[stack_.size() - 2]);
           const Value& name = value_of(stack_.back());
           fail_if(module.kind() != Value::Kind::Str || name.kind() != Value::Kind::Str, at,
-                  "STACK_GLOBAL needs two str, got a ", Value::kind_name(module.kind()),
-                  " and a ", Value::kind_name(name.kind()));
+                  "STACK_GLOBAL needs two str, got a ", Value::kind_name(module.kind()), " and a ",
+                  Value::kind_name(name.kind()));
           Value ref = class_ref(at, module.as_str(), name.as_str());
           stack_.resize(stack_.size() - 2);
           push(std::move(ref));
@@ -466,8 +519,8 @@ class Reader {
  private:
   template <typename... Args>
   void fail_if(bool cond, size_t at, const Args&... args) {
-    TORCH_CHECK_VALUE(!cond, "pickle: ", c10::str(args...), " (at byte ", at, " of ",
-                      in_.size(), ")");
+    TORCH_CHECK_VALUE(!cond, "pickle: ", c10::str(args...), " (at byte ", at, " of ", in_.size(),
+                      ")");
   }
   static std::string hex(uint8_t c) {
     static constexpr char kDigits[] = "0123456789abcdef";
@@ -517,14 +570,17 @@ class Reader {
     TORCH_CHECK_VALUE(spent_ <= budget_, "pickle: ", over_budget_text());
   }
   std::string over_budget_text() const {
-    return c10::str("the values read would take more than ", budget_, " bytes of memory, the "
-                    "budget for a pickle of ", in_.size(), " bytes; a metadata pickle never "
+    return c10::str("the values read would take more than ", budget_,
+                    " bytes of memory, the "
+                    "budget for a pickle of ",
+                    in_.size(),
+                    " bytes; a metadata pickle never "
                     "expands that much");
   }
   void count(size_t n) {
     elements_ += n;
-    TORCH_CHECK_VALUE(elements_ <= limits_.max_elements, "pickle: more than ",
-                      limits_.max_elements, " values");
+    TORCH_CHECK_VALUE(elements_ <= limits_.max_elements, "pickle: more than ", limits_.max_elements,
+                      " values");
   }
   void push(Value v) { stack_.push_back(make(std::move(v))); }
   void push_str(size_t at, uint64_t n) {
@@ -537,8 +593,8 @@ class Reader {
   std::string line(size_t at, const char* what) {
     const std::string_view window = in_.rest().substr(0, limits_.max_name_bytes + 1);
     const size_t nl = window.find('\n');
-    fail_if(nl == std::string_view::npos && window.size() > limits_.max_name_bytes, at,
-            "GLOBAL ", what, " is longer than ", limits_.max_name_bytes, " bytes");
+    fail_if(nl == std::string_view::npos && window.size() > limits_.max_name_bytes, at, "GLOBAL ",
+            what, " is longer than ", limits_.max_name_bytes, " bytes");
     fail_if(nl == std::string_view::npos, at, "truncated pickle: GLOBAL ", what,
             " has no end of line");
     std::string out(in_.take(nl));
@@ -617,8 +673,8 @@ class Reader {
     target.reserve((stack_.size() - first) / 2);
     for (size_t i = first; i < stack_.size(); i += 2) {
       const Value& key = value_of(stack_[i]);
-      fail_if(key.kind() != Value::Kind::Str, at, "dict key is a ",
-              Value::kind_name(key.kind()), "; only str keys are supported");
+      fail_if(key.kind() != Value::Kind::Str, at, "dict key is a ", Value::kind_name(key.kind()),
+              "; only str keys are supported");
       adopt(cost, cost_of(stack_[i + 1]), at);
       const size_t entry = kDictEntryBytes + key.as_str().size();
       charge(entry);
@@ -679,8 +735,8 @@ class Reader {
   // charge per value is what a value costs.
   std::deque<Node> stack_;
   std::vector<size_t> marks_;
-  uint64_t memo_count_ = 0;            // distinct memo indices stored
-  std::vector<bool> defined_;          // memo indices below kDenseMemo that are stored
+  uint64_t memo_count_ = 0;    // distinct memo indices stored
+  std::vector<bool> defined_;  // memo indices below kDenseMemo that are stored
   std::unordered_set<uint64_t> sparse_defined_;
   std::unordered_map<uint64_t, std::shared_ptr<Shared>> memo_;  // the entries a GET reads
   MemoReads reads_;

@@ -70,9 +70,9 @@ std::vector<OutFrame> FrameWriter::write_consolidated(const TensorDict& td, bool
   if (fresh) {
     // Insertion order with the transport keys last, as 0.15.3's json.dumps writes it (the
     // schema is compared on the sorted form above).
-    text_ = bytes_tensor(metadata_to_json(
-        *state->metadata, /*sort_keys=*/false,
-        {{"_total_bytes", storage.numel()}, {"_device", storage.device().str()}}));
+    text_ = bytes_tensor(
+        metadata_to_json(*state->metadata, /*sort_keys=*/false,
+                         {{"_total_bytes", storage.numel()}, {"_device", storage.device().str()}}));
     scratch[0] = kNewSchemaFlag;
     core::put_le(scratch + 8, static_cast<uint64_t>(text_.numel()));
     out.push_back({scratch, 1, scratch_, "the flag byte"});
@@ -83,7 +83,8 @@ std::vector<OutFrame> FrameWriter::write_consolidated(const TensorDict& td, bool
     // One message, a copy: it may be a credit send still in flight when the send returns, while
     // the caller may write its storage at once. The buffer is reused unless a send in flight
     // still holds it.
-    if (!joined_.defined() || joined_.use_count() > 1) joined_ = bytes_tensor(1 + kMaxJoinedStorage);
+    if (!joined_.defined() || joined_.use_count() > 1)
+      joined_ = bytes_tensor(1 + kMaxJoinedStorage);
     auto* buf = joined_.data_ptr<uint8_t>();
     buf[0] = kSameSchemaFlag;
     if (n > 0) std::memcpy(buf + 1, storage.const_data_ptr(), n);
@@ -122,8 +123,7 @@ std::vector<OutFrame> FrameWriter::write_uncollated(const TensorDict& td, const 
 
 OutFrame FrameWriter::close_marker() {
   std::memset(scratch_.data_ptr(), kCloseFlag, 8);
-  return {scratch_.data_ptr(), consolidated_ ? size_t{1} : size_t{8}, scratch_,
-          "the close marker"};
+  return {scratch_.data_ptr(), consolidated_ ? size_t{1} : size_t{8}, scratch_, "the close marker"};
 }
 
 }  // namespace tensordict::wire::frames

@@ -17,14 +17,14 @@
 #include <utility>
 #include <vector>
 
+#include "core/bytes.h"
+#include "core/json_text.h"
+#include "core/metadata.h"
 #include "tensordict/consolidate.h"
 #include "tensordict/dtypes.h"
 #include "tensordict/errors.h"
 #include "tensordict/leaf.h"
 #include "tensordict/nested_key.h"
-#include "core/bytes.h"
-#include "core/json_text.h"
-#include "core/metadata.h"
 #include "wire/leaf_order.h"
 
 namespace tensordict::wire::frames {
@@ -65,11 +65,11 @@ PeerInfo read_peer_info(const uint8_t* in) {
   return info;
 }
 
-// ---- frames ---------------------------------------------------------------------------------------
+// ---- frames
+// ---------------------------------------------------------------------------------------
 
-
-size_t ByteSource::read_first_joined(uint8_t*, const at::Tensor&, void*, size_t,
-                                     const at::Tensor&, const char*) {
+size_t ByteSource::read_first_joined(uint8_t*, const at::Tensor&, void*, size_t, const at::Tensor&,
+                                     const char*) {
   TORCH_INTERNAL_ASSERT(false, "read_first_joined on a source that does not join frames");
 }
 
@@ -182,9 +182,8 @@ FrameReader::NewSchema FrameReader::read_new_schema(ByteSource& src) {
   const at::Tensor meta_buf = bytes_tensor(meta_len);
   src.read(meta_buf.data_ptr(), meta_len, meta_buf, "the metadata");
   try {
-    NewSchema out{core::read_metadata_json(
-                      std::string_view(static_cast<const char*>(meta_buf.const_data_ptr()),
-                                       meta_len)),
+    NewSchema out{core::read_metadata_json(std::string_view(
+                      static_cast<const char*>(meta_buf.const_data_ptr()), meta_len)),
                   -1, "cpu"};
     for (const auto& [key, value] : out.metadata.transport()) {
       if (key == "_total_bytes") {
@@ -192,14 +191,15 @@ FrameReader::NewSchema FrameReader::read_new_schema(ByteSource& src) {
                           "_total_bytes must be a nonnegative integer");
         out.total = std::get<int64_t>(value);
       } else if (key == "_device") {
-        TORCH_CHECK_VALUE(std::holds_alternative<std::string>(value),
-                          "_device must be a string");
+        TORCH_CHECK_VALUE(std::holds_alternative<std::string>(value), "_device must be a string");
         out.sender_device = std::get<std::string>(value);
       }  // other transport keys (the reference's metadata pollution, §7.11) are dropped
     }
     TORCH_CHECK_VALUE(out.total >= 0, "the metadata has no _total_bytes");
-    TORCH_CHECK_VALUE(out.metadata.storage_bytes() <= out.total, "the leaves end past "
-                      "_total_bytes (", out.total, ")");
+    TORCH_CHECK_VALUE(out.metadata.storage_bytes() <= out.total,
+                      "the leaves end past "
+                      "_total_bytes (",
+                      out.total, ")");
     return out;
   } catch (const c10::Error& err) {
     refuse(src, c10::str("recv: invalid metadata from peer ", src.peer(), ": ",
@@ -247,8 +247,7 @@ TensorDict FrameReader::recv_new_schema(ByteSource& src, const std::optional<Ten
     src.read(storage.data_ptr(), static_cast<size_t>(total), storage, "the storage");
     td_ = td;
   } else {
-    at::Tensor storage =
-        core::fresh_bytes(total, target_device);
+    at::Tensor storage = core::fresh_bytes(total, target_device);
     src.read(storage.data_ptr(), static_cast<size_t>(total), storage, "the storage");
     td_ = core::rebuild_validated(std::move(schema.metadata), storage);
   }
@@ -278,8 +277,10 @@ NonTensorData decode_stack(const JsonValue& values, const JsonValue& stack_batch
        std::equal(batch_size.begin(), batch_size.end(), sbs.begin()) && stack_dim.as_int() >= 0 &&
        stack_dim.as_int() < static_cast<int64_t>(sbs.size());
   TORCH_CHECK_VALUE(ok, "invalid non-tensor stack");
-  NonTensorData stack = NonTensorData::from_list(values, std::nullopt, static_cast<int64_t>(sbs.size()));
-  if (const int64_t d = stack_dim.as_int(); d > 0 && stack.batch_size().size() > static_cast<size_t>(d)) {
+  NonTensorData stack =
+      NonTensorData::from_list(values, std::nullopt, static_cast<int64_t>(sbs.size()));
+  if (const int64_t d = stack_dim.as_int();
+      d > 0 && stack.batch_size().size() > static_cast<size_t>(d)) {
     stack = NonTensorData::stack(stack.unbind(d), d);
   }
   TORCH_CHECK_VALUE(stack.batch_size() == at::IntArrayRef(sbs),
@@ -346,10 +347,10 @@ UncollatedLeaf read_leaf(std::vector<std::string> key, const JsonValue& dtype,
                     " cannot be sent through the pipe");
   leaf.shape = nonneg_ints(shape, "dimensions");
   leaf.unbatched = unbatched;
-  TORCH_CHECK_VALUE(unbatched || (leaf.shape.size() >= batch_size.size() &&
-                                  std::equal(batch_size.begin(), batch_size.end(),
-                                             leaf.shape.begin())),
-                    "a shape does not start with the batch size");
+  TORCH_CHECK_VALUE(
+      unbatched || (leaf.shape.size() >= batch_size.size() &&
+                    std::equal(batch_size.begin(), batch_size.end(), leaf.shape.begin())),
+      "a shape does not start with the batch size");
   int64_t n = static_cast<int64_t>(c10::elementSize(leaf.dtype));
   for (int64_t d : leaf.shape) {
     TORCH_CHECK_VALUE(d == 0 || n <= limits.max_storage_bytes / d,
@@ -366,11 +367,11 @@ UncollatedLeaf read_leaf(std::vector<std::string> key, const JsonValue& dtype,
 
 UncollatedHeader parse_uncollated_header(std::string_view text, const FrameLimits& limits) {
   UncollatedHeader h;
-  const JsonValue header = core::parse_json(
-      text,
-      core::JsonLimits{.max_depth = core::kMaxMetadataJsonDepth,
-                       .max_values = core::kMaxMetadataJsonValues},
-      "the header");
+  const JsonValue header =
+      core::parse_json(text,
+                       core::JsonLimits{.max_depth = core::kMaxMetadataJsonDepth,
+                                        .max_values = core::kMaxMetadataJsonValues},
+                       "the header");
   auto field = [&](const char* name) -> const JsonValue* {
     if (!header.is_map()) return nullptr;
     for (const auto& [k, v] : header.as_map()) {
@@ -399,13 +400,15 @@ UncollatedHeader parse_uncollated_header(std::string_view text, const FrameLimit
     TORCH_CHECK_VALUE(f->is_list(), "expected unbatched and non_tensors lists");
     for (const auto& entry : f->as_list()) {
       const size_t n = entry.is_list() ? entry.as_list().size() : 0;
-      TORCH_CHECK_VALUE(n == 2 || n == 4, "a non_tensors entry must be [key, data] or "
+      TORCH_CHECK_VALUE(n == 2 || n == 4,
+                        "a non_tensors entry must be [key, data] or "
                         "[key, values, batch_size, stack_dim]");
       const auto& e = entry.as_list();
       auto key = decode_key(e[0]);
       TORCH_CHECK_VALUE(seen.insert(key).second, "keys must be unique");
-      h.non_tensors.emplace_back(std::move(key), n == 2 ? NonTensorData(e[1])
-                                                      : decode_stack(e[1], e[2], e[3], h.batch_size));
+      h.non_tensors.emplace_back(
+          std::move(key),
+          n == 2 ? NonTensorData(e[1]) : decode_stack(e[1], e[2], e[3], h.batch_size));
     }
   }
   int64_t total = 0;
@@ -413,8 +416,8 @@ UncollatedHeader parse_uncollated_header(std::string_view text, const FrameLimit
     auto key = decode_key(keys[i]);
     TORCH_CHECK_VALUE(seen.insert(key).second, "keys must be unique");
     const bool is_unbatched = unbatched.count(key) > 0;
-    h.leaves.push_back(read_leaf(std::move(key), dtypes[i], shapes[i], is_unbatched, h.batch_size,
-                                 limits, total));
+    h.leaves.push_back(
+        read_leaf(std::move(key), dtypes[i], shapes[i], is_unbatched, h.batch_size, limits, total));
   }
   // Every unbatched key names a leaf (both sets are sorted: linear, whatever a peer lists).
   TORCH_CHECK_VALUE(std::includes(seen.begin(), seen.end(), unbatched.begin(), unbatched.end()),
@@ -457,9 +460,10 @@ TensorDict FrameReader::recv_uncollated(ByteSource& src, std::optional<at::Devic
   return result;
 }
 
-// ---- look-ahead (Pipe::try_recv) -----------------------------------------------------------------
-// The receive's walk over the framing, on messages that have landed, reading nothing: a receive
-// started on kWhole reads only landed messages (or fails at once), so it never waits.
+// ---- look-ahead (Pipe::try_recv)
+// ----------------------------------------------------------------- The receive's walk over the
+// framing, on messages that have landed, reading nothing: a receive started on kWhole reads only
+// landed messages (or fails at once), so it never waits.
 
 Arrival FrameReader::arrival(MessagePeek& src, bool consolidated) const {
   size_t next = 0;
@@ -491,8 +495,8 @@ Arrival FrameReader::arrival(MessagePeek& src, bool consolidated) const {
     if (m.length != *len) return Arrival::kWhole;
     UncollatedHeader h;
     try {
-      h = parse_uncollated_header(
-          std::string_view(reinterpret_cast<const char*>(m.data), m.length), limits_);
+      h = parse_uncollated_header(std::string_view(reinterpret_cast<const char*>(m.data), m.length),
+                                  limits_);
     } catch (const c10::Error&) {
       return Arrival::kWhole;
     }
@@ -518,7 +522,8 @@ Arrival FrameReader::arrival(MessagePeek& src, bool consolidated) const {
   return Arrival::kWhole;
 }
 
-// ---- the uncollated sender's frame (§6.2) --------------------------------------------------------
+// ---- the uncollated sender's frame (§6.2)
+// --------------------------------------------------------
 
 UncollatedFrame uncollated_frame(
     const TensorDict& td, const std::function<void(const NestedKey&, const at::Tensor&)>& check) {
@@ -555,7 +560,8 @@ UncollatedFrame uncollated_frame(
       // NonTensorStack, as the reference sends them; a MetaData it refuses.
       const NonTensorData& nt = value.non_tensor();
       TORCH_CHECK_VALUE(!nt.is_metadata(), "consolidated=False cannot send the MetaData entry ",
-                        key.str(), ": it sends only NonTensorData and NonTensorStack entries "
+                        key.str(),
+                        ": it sends only NonTensorData and NonTensorStack entries "
                         "whose values are str, int, float, bool, None, or lists or dicts (with "
                         "str keys) of them. Send it with consolidated=True.");
       JsonValue::List entry{wire_key(key)};

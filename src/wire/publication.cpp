@@ -4,9 +4,9 @@
 #include <cstring>
 #include <variant>
 
+#include "core/bytes.h"
 #include "tensordict/consolidate.h"
 #include "tensordict/errors.h"
-#include "core/bytes.h"
 #include "wire/checked.h"
 
 namespace tensordict::wire::publication {
@@ -38,9 +38,7 @@ void check_head(const char* who, const char* what, const std::array<char, 8>& ma
                 "; this build speaks protocol ", kProtocol);
 }
 
-int64_t field(const uint8_t* p, size_t at) {
-  return static_cast<int64_t>(core::get_le(p + at, 8));
-}
+int64_t field(const uint8_t* p, size_t at) { return static_cast<int64_t>(core::get_le(p + at, 8)); }
 
 }  // namespace
 
@@ -81,13 +79,13 @@ Request decode_request(const char* who, const uint8_t* p) {
   r.min_version = field(p, 40);
   r.wait_ms = field(p, 48);
   r.schema = core::get_le(p + 56);
-  TD_CHECK_PEER(r.version >= 0 && r.min_version >= 0, who,
-                ": the peer's request holds version ", r.version, " and asks for at least ",
-                r.min_version, " (versions are not negative)");
+  TD_CHECK_PEER(r.version >= 0 && r.min_version >= 0, who, ": the peer's request holds version ",
+                r.version, " and asks for at least ", r.min_version,
+                " (versions are not negative)");
   TD_CHECK_PEER((r.epoch == 0) == (r.version == 0), who, ": the peer's request holds version ",
                 r.version, " of epoch ", r.epoch, " (a version has an epoch, and none has 0)");
-  TD_CHECK_PEER(r.wait_ms >= -1 && r.wait_ms <= kMaxWaitMs, who,
-                ": the peer's request waits ", r.wait_ms, " ms (-1 to ", kMaxWaitMs, ")");
+  TD_CHECK_PEER(r.wait_ms >= -1 && r.wait_ms <= kMaxWaitMs, who, ": the peer's request waits ",
+                r.wait_ms, " ms (-1 to ", kMaxWaitMs, ")");
   return r;
 }
 
@@ -118,12 +116,11 @@ void check_offer(const char* who, const Offer& o, const Held& held) {
                 held.version, " of the same epoch ", o.epoch, " (versions only increase)");
   TD_CHECK_PEER(o.data_bytes >= 0 && o.data_bytes <= held.max_data_bytes, who,
                 ": the publisher announces a storage of ", o.data_bytes,
-                " bytes; this subscriber takes 0 to ", held.max_data_bytes,
-                " (max_total_bytes)");
-  TD_CHECK_PEER(o.schema_bytes >= 0 &&
-                    static_cast<uint64_t>(o.schema_bytes) <= kMaxMetadataJsonBytes,
-                who, ": the publisher announces a schema of ", o.schema_bytes,
-                " bytes (0 to ", kMaxMetadataJsonBytes, ")");
+                " bytes; this subscriber takes 0 to ", held.max_data_bytes, " (max_total_bytes)");
+  TD_CHECK_PEER(
+      o.schema_bytes >= 0 && static_cast<uint64_t>(o.schema_bytes) <= kMaxMetadataJsonBytes, who,
+      ": the publisher announces a schema of ", o.schema_bytes, " bytes (0 to ",
+      kMaxMetadataJsonBytes, ")");
   if (o.schema_bytes == 0) {
     TD_CHECK_PEER(held.schema != 0 && o.schema == held.schema && o.data_bytes == held.data_bytes,
                   who, ": the publisher reuses a schema (hash ", o.schema, ", ", o.data_bytes,
@@ -150,8 +147,7 @@ core::ValidatedMetadata read_schema(const char* who, const Offer& o, std::string
   core::ValidatedMetadata m = core::read_metadata_json(text);
   const JsonScalar* total = transport_field(m, "_total_bytes");
   TD_CHECK_PEER(total != nullptr && std::holds_alternative<int64_t>(*total) &&
-                    std::get<int64_t>(*total) == o.data_bytes &&
-                    m.storage_bytes() <= o.data_bytes,
+                    std::get<int64_t>(*total) == o.data_bytes && m.storage_bytes() <= o.data_bytes,
                 who, ": the version's schema (a storage of ", m.storage_bytes(),
                 " bytes) does not fit the offer's ", o.data_bytes, " bytes");
   return m;

@@ -37,9 +37,7 @@ uint64_t random_epoch() {
 }
 
 // Zeroed: a peer's short message leaves zeros, which decode_request refuses.
-at::Tensor message_buffer() {
-  return at::zeros({static_cast<int64_t>(kMessageBytes)}, at::kByte);
-}
+at::Tensor message_buffer() { return at::zeros({static_cast<int64_t>(kMessageBytes)}, at::kByte); }
 
 // Waits for `p` in slices until it completes (true) or the publisher closes (false).
 bool wait_unless_closing(Link& link, const PendingPtr& p, const std::atomic<bool>& closing) {
@@ -141,12 +139,9 @@ void PublisherCore::serve(Subscription& s, Link& link) {
       request = message_buffer();
       pending = link.post_recv(request, Kind::kRequest);  // ready for the next one at once
       switch (answer_request(s, link, r, pending)) {
-        case Next::kServe:
-          continue;
-        case Next::kClose:
-          break;
-        case Next::kStop:
-          return;
+        case Next::kServe: continue;
+        case Next::kClose: break;
+        case Next::kStop: return;
       }
       break;
     }
@@ -209,8 +204,8 @@ PublisherCore::Next PublisherCore::answer_request(Subscription& s, Link& link, c
     // bandwidth, so each subscriber is served sooner one after another, and its copy overlaps
     // the next one's transfer. A send past its turn (a slow, stopped or dead subscriber) no
     // longer holds the others back: it delays them once, by a turn at most.
-    const auto turn = std::clamp(2 * big_send_time_, Clock::duration(kMinTurn),
-                                 Clock::duration(kMaxTurn));
+    const auto turn =
+        std::clamp(2 * big_send_time_, Clock::duration(kMinTurn), Clock::duration(kMaxTurn));
     // Until no send within its turn is left: the end of the latest turn, or a send's end.
     for (;;) {
       const auto now = Clock::now();
@@ -267,8 +262,8 @@ void PublisherCore::wait_for_subscribers(const char* call, size_t count,
     if (!s.asked && !s.stats.lost) silent += c10::str(silent.empty() ? "" : ", ", s.stats.peer);
   }
   if (subscriptions_.size() < count) {
-    silent += c10::str(silent.empty() ? "" : "; ", count - subscriptions_.size(),
-                       " of the ", count, " subscribers expected never connected");
+    silent += c10::str(silent.empty() ? "" : "; ", count - subscriptions_.size(), " of the ", count,
+                       " subscribers expected never connected");
   }
   TD_THROW(TimeoutError, call, ": no request from ", silent, " within ", timeout.count(),
            " ms: ", hint);
@@ -284,8 +279,8 @@ std::string PublisherCore::pinning_locked() const {
   std::string pinning;
   for (const auto& s : subscriptions_) {
     if (!s.stats.pinned) continue;
-    pinning += c10::str(pinning.empty() ? "" : ", ", s.stats.peer, " (version ", *s.stats.pinned,
-                        ")");
+    pinning +=
+        c10::str(pinning.empty() ? "" : ", ", s.stats.peer, " (version ", *s.stats.pinned, ")");
   }
   return pinning;
 }
@@ -295,15 +290,13 @@ int64_t PublisherCore::publish(const TensorDict& td,
                                const std::optional<std::string>& tensorclass_type) {
   constexpr const char* kCall = "publish";
   TORCH_CHECK(!closing_.load(), kCall, ": the Publisher is closed");
-  TORCH_CHECK_VALUE(!timeout || timeout->count() >= 0, kCall,
-                    ": timeout must not be negative");
+  TORCH_CHECK_VALUE(!timeout || timeout->count() >= 0, kCall, ": timeout must not be negative");
   std::lock_guard<std::mutex> one(publish_mutex_);
   const Leaves leaves = leaves_in_order(td);
   for (const auto& [path, leaf] : leaves) check_transferable(kCall, NestedKey(path).str(), leaf);
 
   Metadata metadata = metadata_of(td);
-  if (!last_metadata_ || !(*last_metadata_ == metadata) ||
-      last_tensorclass_ != tensorclass_type) {
+  if (!last_metadata_ || !(*last_metadata_ == metadata) || last_tensorclass_ != tensorclass_type) {
     const int64_t bytes = metadata_storage_bytes(metadata);
     TransportFields fields{{"_total_bytes", bytes}};
     if (tensorclass_type) fields.emplace_back("_tensorclass_type", *tensorclass_type);

@@ -24,9 +24,7 @@ constexpr auto kPollPatience = std::chrono::milliseconds(1000);
 using Leaves = std::vector<std::pair<std::vector<std::string>, at::Tensor>>;
 
 // Zeroed: a peer's short message leaves zeros, which decode_offer refuses.
-at::Tensor message_buffer() {
-  return at::zeros({static_cast<int64_t>(kMessageBytes)}, at::kByte);
-}
+at::Tensor message_buffer() { return at::zeros({static_cast<int64_t>(kMessageBytes)}, at::kByte); }
 
 std::optional<std::string> tensorclass_of(const core::ValidatedMetadata& m) {
   const JsonScalar* v = transport_field(m, "_tensorclass_type");
@@ -66,8 +64,9 @@ void check_same_leaves(const std::string& who, const Leaves& have, const Leaves&
     if (i >= want.size() || have[i].first != want[i].first) {
       TD_THROW(SchemaMismatchError, who, ": this TensorDict has key ",
                NestedKey(have[i].first).str(), ", which the version ",
-               i >= want.size() ? "lacks" : c10::str("has not here (it has ",
-                                                     NestedKey(want[i].first).str(), ")"));
+               i >= want.size()
+                   ? "lacks"
+                   : c10::str("has not here (it has ", NestedKey(want[i].first).str(), ")"));
     }
     const at::Tensor& a = have[i].second;
     const at::Tensor& b = want[i].second;
@@ -112,8 +111,7 @@ struct InFlight {
   bool schema_done = false, data_done = false;
 };
 
-SubscriberCore::SubscriberCore(std::shared_ptr<Link> link, std::string who,
-                               int64_t max_total_bytes)
+SubscriberCore::SubscriberCore(std::shared_ptr<Link> link, std::string who, int64_t max_total_bytes)
     : link_(std::move(link)),
       who_(std::move(who)),
       max_total_bytes_(max_total_bytes),
@@ -206,8 +204,8 @@ bool SubscriberCore::request_taken(InFlight& o, Clock::time_point deadline,
     const auto least = asked.count() > 0 ? asked : kPollPatience;
     TD_CHECK_AS(NoPublisherError, waited < least, who_, ": ", link_->peer(),
                 " has taken no request in ",
-                std::chrono::duration_cast<std::chrono::milliseconds>(waited).count(), " ms: ",
-                link_->no_publisher(), ". The request stays queued for when one starts");
+                std::chrono::duration_cast<std::chrono::milliseconds>(waited).count(),
+                " ms: ", link_->no_publisher(), ". The request stays queued for when one starts");
     return false;
   }
   o.request_taken = true;
@@ -225,9 +223,7 @@ SubscriberCore::OfferRead SubscriberCore::read_offer(InFlight& o, Clock::time_po
     throw;
   }
   switch (o.offer->status) {
-    case Status::kNone:
-      out_.reset();
-      return OfferRead::kNone;
+    case Status::kNone: out_.reset(); return OfferRead::kNone;
     case Status::kClosed:
       out_.reset();
       publisher_closed_ = true;
@@ -236,8 +232,7 @@ SubscriberCore::OfferRead SubscriberCore::read_offer(InFlight& o, Clock::time_po
       out_.reset();
       TD_THROW(MalformedPeerDataError, who_, ": the Publisher on ", link_->peer(),
                " refused this subscriber's request as malformed and serves it no more");
-    case Status::kNew:
-      break;
+    case Status::kNew: break;
   }
   const publication::Held check{o.seq,         o.held.epoch,      o.held.version,
                                 o.held.schema, o.held.data_bytes, max_total_bytes_};
@@ -304,13 +299,11 @@ bool SubscriberCore::advance(Clock::time_point start, Clock::time_point deadline
     InFlight& o = *out_;
     if (!request_taken(o, deadline, options)) return false;
     switch (read_offer(o, deadline)) {
-      case OfferRead::kWaiting:
-        return false;
+      case OfferRead::kWaiting: return false;
       case OfferRead::kNone:  // nothing newer within the request's wait: ask again
         if (Clock::now() >= deadline) return false;
         continue;
-      case OfferRead::kNew:
-        return read_version(o, deadline);
+      case OfferRead::kNew: return read_version(o, deadline);
     }
   }
 }
@@ -322,8 +315,7 @@ auto SubscriberCore::pull_with(const PullOptions& options, Apply&& apply)
     -> std::optional<std::invoke_result_t<Apply&, InFlight&>> {
   check_pull(options);
   const auto start = Clock::now();
-  const auto deadline =
-      options.timeout ? start + *options.timeout : Clock::time_point::max();
+  const auto deadline = options.timeout ? start + *options.timeout : Clock::time_point::max();
   for (;;) {
     if (!advance(start, deadline, options)) return std::nullopt;
     const std::shared_ptr<InFlight> o = std::move(out_);

@@ -28,13 +28,14 @@ namespace {
 // docs/wire-format.md §3.4: a=float32[4], b=float32[4,3], c={d: int64[4]}, batch [4].
 TensorDict worked_example() {
   TensorDict c({{"d", at::arange(4, at::kLong)}}, {4});
-  return TensorDict({{"a", at::arange(4, at::kFloat)},
-                     {"b", at::arange(12, at::kFloat).view({4, 3})},
-                     {"c", c}},
-                    {4});
+  return TensorDict(
+      {{"a", at::arange(4, at::kFloat)}, {"b", at::arange(12, at::kFloat).view({4, 3})}, {"c", c}},
+      {4});
 }
 
-const uint8_t* bytes(const at::Tensor& t) { return static_cast<const uint8_t*>(t.const_data_ptr()); }
+const uint8_t* bytes(const at::Tensor& t) {
+  return static_cast<const uint8_t*>(t.const_data_ptr());
+}
 
 bool same_bytes(const at::Tensor& a, const at::Tensor& b) {
   auto ca = a.contiguous(), cb = b.contiguous();
@@ -132,7 +133,8 @@ TEST(ConsolidateLayout, PaddingIsZero) {
     TensorDict ff({{"x", at::full({32}, 255, at::kByte)}});
     (void)consolidate(ff);
   }
-  TensorDict td({{"x", at::ones({3})}, {"y", at::ones({5}, at::kBool)}, {"z", at::ones({}, at::kDouble)}});
+  TensorDict td(
+      {{"x", at::ones({3})}, {"y", at::ones({5}, at::kBool)}, {"z", at::ones({}, at::kDouble)}});
   TensorDict c = consolidate(td);
   const auto& leaves = consolidated_metadata(c)->leaves;
   EXPECT_EQ(leaves[0].second, (LeafMetadata{at::kFloat, {3}, 0, 16, 4}));
@@ -151,9 +153,10 @@ TEST(ConsolidateLayout, DepthFirstInsertionOrder) {
   TensorDict td({{"n", inner}, {"b", at::ones({3}, at::kShort)}, {"a", at::ones({1})}});
   TensorDict c = consolidate(td);
   auto m = consolidated_metadata(c);
-  EXPECT_EQ(m->children[0].second.leaves[0].second.start, 0);   // n/z
-  EXPECT_EQ(m->children[0].second.leaves[1].second.start, 8);   // n/a
-  EXPECT_EQ(m->leaves[0], (std::pair<std::string, LeafMetadata>{"b", {at::kShort, {3}, 16, 24, 2}}));
+  EXPECT_EQ(m->children[0].second.leaves[0].second.start, 0);  // n/z
+  EXPECT_EQ(m->children[0].second.leaves[1].second.start, 8);  // n/a
+  EXPECT_EQ(m->leaves[0],
+            (std::pair<std::string, LeafMetadata>{"b", {at::kShort, {3}, 16, 24, 2}}));
   EXPECT_EQ(m->leaves[1].second.start, 24);
   std::vector<std::string> keys;
   for (const auto& [k, v] : c.entries()) keys.push_back(k);
@@ -171,7 +174,8 @@ TEST(ConsolidateLayout, LeavesAreViewsOfTheStorage) {
   // As in the reference, only the root carries the state (a rebuild marks every level).
   EXPECT_FALSE(is_consolidated(c.get("mid").tensordict()));
   s.fill_(1);  // writing the storage changes every leaf, nested ones included
-  EXPECT_EQ(c.get({"mid", "deep", "x"}).tensor().view(at::kInt).eq(0x01010101).all().item<bool>(), true);
+  EXPECT_EQ(c.get({"mid", "deep", "x"}).tensor().view(at::kInt).eq(0x01010101).all().item<bool>(),
+            true);
   EXPECT_EQ(c.get({"mid", "y"}).tensor().eq(0x01010101).all().item<bool>(), true);
   EXPECT_EQ(c.get("z").tensor().view({1}).view(at::kLong).item<int64_t>(), 0x0101010101010101);
   EXPECT_TRUE(td.get({"mid", "deep", "x"}).tensor().eq(0).all().item<bool>());  // a copy
@@ -196,8 +200,11 @@ TEST(ConsolidateLayout, NonContiguousLeavesAreCopiedContiguous) {
 }
 
 TEST(ConsolidateLayout, EmptyAndZeroDimLeaves) {
-  TensorDict td({{"e", at::ones({0, 3})}, {"s", at::full({}, 7, at::kLong)}, {"e2", at::ones({0}, at::kComplexDouble)},
-                 {"one", at::ones({1}, at::kByte)}, {"c", at::ones({2}, at::kComplexDouble)}});
+  TensorDict td({{"e", at::ones({0, 3})},
+                 {"s", at::full({}, 7, at::kLong)},
+                 {"e2", at::ones({0}, at::kComplexDouble)},
+                 {"one", at::ones({1}, at::kByte)},
+                 {"c", at::ones({2}, at::kComplexDouble)}});
   TensorDict c = consolidate(td);
   auto m = consolidated_metadata(c);
   EXPECT_EQ(m->leaves[0].second, (LeafMetadata{at::kFloat, {0, 3}, 0, 0, 0}));
@@ -228,7 +235,8 @@ TEST(ConsolidateLayout, EveryWireDtypeRoundTrips) {
                  at::kByte, at::kUInt16, at::kUInt32, at::kUInt64}) {
     // Random bytes, viewed: the round trip must keep bit patterns, NaNs included.
     const int64_t n = 3;
-    auto raw = at::randint(0, t == at::kBool ? 2 : 256, {n * int64_t(c10::elementSize(t))}, at::kByte);
+    auto raw =
+        at::randint(0, t == at::kBool ? 2 : 256, {n * int64_t(c10::elementSize(t))}, at::kByte);
     entries.emplace_back(std::string(c10::toString(t)), raw.view(t));
   }
   TensorDict td(entries);
@@ -263,7 +271,8 @@ TEST(ConsolidateOptions, ThreadsGiveTheSameBytes) {
   std::vector<TensorDict::Entry> entries;
   for (int i = 0; i < 12; ++i) {
     // Odd sizes so that pads fall inside the chunks; a transposed leaf takes the slow path.
-    entries.emplace_back("k" + std::to_string(i), at::randint(0, 255, {(i + 1) * 300001 + i}, at::kByte));
+    entries.emplace_back("k" + std::to_string(i),
+                         at::randint(0, 255, {(i + 1) * 300001 + i}, at::kByte));
   }
   entries.emplace_back("t", at::randn({300, 500}).t());
   TensorDict td(entries);
@@ -316,7 +325,8 @@ TEST(ConsolidateErrors, DtypeWithoutWireName) {
 TEST(ConsolidateErrors, MisalignedWideElement) {
   // complex128 at byte 8: the reference's view(dtype) fails the same way.
   TensorDict td({{"a", at::ones({2})}, {"b", at::ones({1}, at::kComplexDouble)}});
-  EXPECT_THROW_MSG(consolidate(td), c10::ValueError, "'b' (torch.complex128) would start at byte 8");
+  EXPECT_THROW_MSG(consolidate(td), c10::ValueError,
+                   "'b' (torch.complex128) would start at byte 8");
 }
 
 TEST(ConsolidateErrors, NestedKeyNamedLikeAMetadataField) {
@@ -360,7 +370,8 @@ TEST(ConsolidateJson, RoundTripSortedAndUnsorted) {
 
 TEST(ConsolidateJson, NonTensorEntriesSurviveTheText) {
   Metadata m;
-  m.non_tensors = {{"s", {JsonValue::parse(R"({"b": [1, 2.5, "x"], "a": null})"), {}, std::nullopt}}};
+  m.non_tensors = {
+      {"s", {JsonValue::parse(R"({"b": [1, 2.5, "x"], "a": null})"), {}, std::nullopt}}};
   auto json = metadata_to_json(m);
   EXPECT_NE(json.find(R"("non_tensors": {"s": [{"b": [1, 2.5, "x"], "a": null}, [], null]})"),
             std::string::npos)
@@ -406,7 +417,7 @@ TEST(ConsolidateRebuild, LeavesAreViewsAndEveryLevelIsConsolidated) {
   EXPECT_TRUE(sub.is_locked());
   EXPECT_TRUE(is_consolidated(sub));
   EXPECT_EQ(*consolidated_metadata(sub), m.children[0].second);  // its own node
-  EXPECT_TRUE(consolidated_storage(sub).is_same(s));               // the whole storage
+  EXPECT_TRUE(consolidated_storage(sub).is_same(s));             // the whole storage
   s[64] = 9;
   EXPECT_EQ(sub.get("d").tensor()[0].item<int64_t>(), 9);
 }
@@ -483,8 +494,10 @@ TEST(ConsolidateRebuild, ChecksAgainAfterAnyChangeOfEntries) {
 TEST(ConsolidateRebuild, TransportKeysAndSizeAreIgnored) {
   TensorDict c = consolidate(worked_example());
   auto json = metadata_to_json(*consolidated_metadata(c), false,
-                               {{"_total_bytes", int64_t{96}}, {"_storage_device", "cpu"},
-                                {"_tensorclass_type", "m.C"}, {"size", int64_t{96}}});
+                               {{"_total_bytes", int64_t{96}},
+                                {"_storage_device", "cpu"},
+                                {"_tensorclass_type", "m.C"},
+                                {"size", int64_t{96}}});
   TransportFields transport;
   auto m = metadata_from_json(json, &transport);
   EXPECT_EQ(transport.size(), 3u);
@@ -518,7 +531,8 @@ TEST(ConsolidateRebuild, StorageWithAnOffset) {
 TEST(ConsolidateRebuild, BadStorage) {
   Metadata m;
   EXPECT_THROW_MSG(rebuild(m, at::zeros({8})), c10::ValueError, "1-D contiguous uint8");
-  EXPECT_THROW_MSG(rebuild(m, at::zeros({2, 4}, at::kByte)), c10::ValueError, "1-D contiguous uint8");
+  EXPECT_THROW_MSG(rebuild(m, at::zeros({2, 4}, at::kByte)), c10::ValueError,
+                   "1-D contiguous uint8");
   EXPECT_THROW_MSG(rebuild(m, at::zeros({16}, at::kByte).slice(0, 0, 16, 2)), c10::ValueError,
                    "1-D contiguous uint8");
   EXPECT_THROW_MSG(rebuild(m, at::Tensor()), c10::ValueError, "undefined");
@@ -527,7 +541,8 @@ TEST(ConsolidateRebuild, BadStorage) {
 TEST(ConsolidateRebuild, NestedKeyNamedLikeAField) {
   Metadata m;
   m.children = {{"cls_metadata", Metadata{}}};
-  EXPECT_THROW_MSG(rebuild(m, at::zeros({0}, at::kByte)), c10::ValueError, "'cls_metadata' collides");
+  EXPECT_THROW_MSG(rebuild(m, at::zeros({0}, at::kByte)), c10::ValueError,
+                   "'cls_metadata' collides");
 }
 
 TEST(ConsolidateRebuild, TooDeep) {
@@ -603,7 +618,8 @@ std::string node(const std::string& leaves, const std::string& cls_metadata = {}
   return R"({"cls": "TensorDict", "non_tensors": {}, "leaves": )" + leaves +
          R"(, "cls_metadata": )" +
          (cls_metadata.empty()
-              ? std::string(R"({"device": null, "names": [], "batch_size": [], "is_locked": false})")
+              ? std::string(
+                    R"({"device": null, "names": [], "batch_size": [], "is_locked": false})")
               : cls_metadata) +
          extra + "}";
 }
@@ -621,7 +637,8 @@ const std::vector<Malformed> kMalformed = {
     {"DtypeNotOnTheWire", node(leaf(R"(["torch.float8_e4m3fn", [8], 0, 8, 0])")), "cannot carry"},
     {"QuantizedDtype", node(leaf(R"(["torch.qint8", [8], 0, 8, 0])")), "quantized"},
     {"DtypeNotAString", node(leaf(R"([7, [2], 0, 8, 0])")), "dtype of leaf 'a' must be a string"},
-    {"StopPastTheEnd", node(leaf(R"(["torch.float32", [20], 0, 80, 0])")), "past the end of the 64-byte"},
+    {"StopPastTheEnd", node(leaf(R"(["torch.float32", [20], 0, 80, 0])")),
+     "past the end of the 64-byte"},
     {"StartPastTheEnd", node(leaf(R"(["torch.float32", [0], 72, 72, 0])")), "past the end"},
     {"NegativeStart", node(leaf(R"(["torch.float32", [2], -8, 0, 0])")), "0 <= start <= stop"},
     {"StopBeforeStart", node(leaf(R"(["torch.float32", [2], 16, 8, 0])")), "0 <= start <= stop"},
@@ -650,8 +667,10 @@ const std::vector<Malformed> kMalformed = {
     {"HugeNumber", node(leaf(R"(["torch.float32", [2], 0, 99999999999999999999, 0])")),
      "out of range"},
     {"HugeFloat", node(leaf(R"(["torch.float32", [2], 0, 1e30, 0])")), "must be an integer"},
-    {"FloatOffset", node(leaf(R"(["torch.float32", [2], 0.0, 8, 0])")), "start of leaf 'a' must be an integer"},
-    {"BoolOffset", node(leaf(R"(["torch.float32", [2], 0, true, 0])")), "stop of leaf 'a' must be an integer"},
+    {"FloatOffset", node(leaf(R"(["torch.float32", [2], 0.0, 8, 0])")),
+     "start of leaf 'a' must be an integer"},
+    {"BoolOffset", node(leaf(R"(["torch.float32", [2], 0, true, 0])")),
+     "stop of leaf 'a' must be an integer"},
     {"ShapeNotAList", node(leaf(R"(["torch.float32", 2, 0, 8, 0])")), "must be a list of integers"},
     {"LeafNotAList", node(leaf("{}")), "must be [dtype, shape, start, stop, pad]"},
     {"LeafTooShort", node(leaf(R"(["torch.float32", [2], 0, 8])")), "got 4 elements"},
@@ -663,13 +682,16 @@ const std::vector<Malformed> kMalformed = {
      "does not start with the batch size [3]"},
     {"ChildBatchWithoutPrefix",
      node("{}", R"({"device": null, "names": [null], "batch_size": [2], "is_locked": false})",
-          R"(, "n": )" + node("{}", R"({"device": null, "names": [null], "batch_size": [5], "is_locked": false})")),
+          R"(, "n": )" +
+              node("{}",
+                   R"({"device": null, "names": [null], "batch_size": [5], "is_locked": false})")),
      "does not start with its parent's [2]"},
     {"NegativeBatchDim",
      node("{}", R"({"device": null, "names": [null], "batch_size": [-1], "is_locked": false})"),
      "negative batch dim"},
     {"NamesCountMismatch",
-     node("{}", R"({"device": null, "names": [null, null], "batch_size": [2], "is_locked": false})"),
+     node("{}",
+          R"({"device": null, "names": [null, null], "batch_size": [2], "is_locked": false})"),
      "2 names for 1 batch dims"},
     {"BadDeviceString",
      node("{}", R"({"device": "nonsense:7", "names": [], "batch_size": [], "is_locked": false})"),
@@ -685,7 +707,8 @@ const std::vector<Malformed> kMalformed = {
      "unexpected field 'x'"},
     {"MissingBatchSize", node("{}", R"({"device": null, "names": [], "is_locked": false})"),
      "has no batch_size"},
-    {"ClsNotAString", R"({"cls": 1, "non_tensors": {}, "leaves": {}, "cls_metadata": {"batch_size": []}})",
+    {"ClsNotAString",
+     R"({"cls": 1, "non_tensors": {}, "leaves": {}, "cls_metadata": {"batch_size": []}})",
      "cls of the root must be a string"},
     {"ClsNotSupported",
      R"({"cls": "NonTensorData", "non_tensors": {}, "leaves": {}, "cls_metadata": {"batch_size": []}})",
@@ -699,16 +722,19 @@ const std::vector<Malformed> kMalformed = {
     {"MissingField", R"({"cls": "TensorDict", "leaves": {}, "cls_metadata": {"batch_size": []}})",
      "lacks one of"},
     {"NodeNotAnObject", "[1, 2]", "must be an object, got array"},
-    {"ScalarWhereANodeBelongs", node("{}", {}, R"(, "x": 5)"), "'x' holds a number, not a nested node"},
+    {"ScalarWhereANodeBelongs", node("{}", {}, R"(, "x": 5)"),
+     "'x' holds a number, not a nested node"},
     {"UnderscoreScalarBelowTheTop",
      node("{}", {}, R"(, "n": )" + node("{}", {}, R"(, "_total_bytes": 5)")),
      "('n', '_total_bytes') holds a number"},
-    {"DuplicateKey", node(leaf(R"(["torch.float32", [2], 0, 8, 0])"), {}, R"(, "a": )" + node("{}")),
+    {"DuplicateKey",
+     node(leaf(R"(["torch.float32", [2], 0, 8, 0])"), {}, R"(, "a": )" + node("{}")),
      "'a' appears twice"},
     {"InvalidJson", R"({"cls": )", "invalid JSON"},
     {"JsonTooDeep", std::string(1000, '[') + std::string(1000, ']'), "JSON nested deeper"},
     {"NodesTooDeep", nested(kMaxMetadataDepth + 1), "deeper than 64 levels"},
-    {"NonTensorMalformed", R"({"cls": "TensorDict", "non_tensors": {"s": [1]}, "leaves": {}, "cls_metadata": {"batch_size": []}})",
+    {"NonTensorMalformed",
+     R"({"cls": "TensorDict", "non_tensors": {"s": [1]}, "leaves": {}, "cls_metadata": {"batch_size": []}})",
      "must be [data, batch_size, device]"},
     {"NonTensorBatchSizeNotInts",
      R"({"cls": "TensorDict", "non_tensors": {"s": ["hi", "x", null]}, "leaves": {}, "cls_metadata": {"batch_size": []}})",
@@ -720,7 +746,8 @@ const std::vector<Malformed> kMalformed = {
      R"({"cls": "TensorDict", "non_tensors": {"s": ["hi", [], 7]}, "leaves": {}, "cls_metadata": {"batch_size": []}})",
      "device of non-tensor entry 's' must be a string or null"},
     {"NonTensorDataTooDeep",
-     R"({"cls": "TensorDict", "non_tensors": {"s": [)" + std::string(200, '[') + std::string(200, ']') +
+     R"({"cls": "TensorDict", "non_tensors": {"s": [)" + std::string(200, '[') +
+         std::string(200, ']') +
          R"(, [], null]}, "leaves": {}, "cls_metadata": {"batch_size": []}})",
      "JSON nested deeper"},
     {"NonTensorDuplicatesALeaf",
@@ -744,10 +771,12 @@ INSTANTIATE_TEST_SUITE_P(Consolidate, ConsolidateMalformed, ::testing::ValuesIn(
 TEST(ConsolidateMalformedSanity, TheBaseTextIsValid) {
   // The malformed cases differ from valid text only in the fault they name.
   at::Tensor storage = at::zeros({64}, at::kByte);
-  EXPECT_NO_THROW(rebuild(metadata_from_json(node(leaf(R"(["torch.float32", [2], 0, 8, 0])"))), storage));
+  EXPECT_NO_THROW(
+      rebuild(metadata_from_json(node(leaf(R"(["torch.float32", [2], 0, 8, 0])"))), storage));
   EXPECT_NO_THROW(rebuild(metadata_from_json(nested(kMaxMetadataDepth)), storage));
   EXPECT_NO_THROW(rebuild(
-      metadata_from_json(node(R"({"a": ["torch.float32", [4], 0, 16, 0], "b": ["torch.complex128", [1], 16, 32, 0]})")),
+      metadata_from_json(node(
+          R"({"a": ["torch.float32", [4], 0, 16, 0], "b": ["torch.complex128", [1], 16, 32, 0]})")),
       storage));
 }
 
@@ -756,13 +785,14 @@ TEST(ConsolidateMalformedSanity, TheBaseTextIsValid) {
 TEST(ConsolidateNonTensor, RecordedKeptAndRebuilt) {
   TensorDict td = worked_example();
   td.set_non_tensor("label", "hi");
-  td.set_non_tensor({"c", "cfg"}, JsonValue::map({{"nan", std::nan("")}, {"l", JsonValue::list({1})}}));
+  td.set_non_tensor({"c", "cfg"},
+                    JsonValue::map({{"nan", std::nan("")}, {"l", JsonValue::list({1})}}));
   TensorDict c = consolidate(td);
   // NaN is never == itself, yet the entry is unchanged: still consolidated, reused as is.
   EXPECT_TRUE(is_consolidated(c));
   EXPECT_TRUE(consolidate(c).is_same(c));
   EXPECT_EQ(consolidated_storage(c).numel(), 96);  // no bytes for them
-  EXPECT_EQ(c.entries()[3].first, "label");  // the result keeps td's insertion order
+  EXPECT_EQ(c.entries()[3].first, "label");        // the result keeps td's insertion order
   const auto m = consolidated_metadata(c);
   ASSERT_EQ(m->non_tensors.size(), 1u);
   EXPECT_EQ(m->non_tensors[0].first, "label");
@@ -827,9 +857,9 @@ std::string storage_bytes(const at::Tensor& storage) {
 
 // Nested levels, non-tensor entries, several dtypes (odd sizes, so that pads are needed).
 TensorDict file_sample() {
-  TensorDict deeper({{"h", at::arange(6, at::kHalf).view({3, 2})},
-                     {"bf", at::full({3}, 1.5, at::kBFloat16)}},
-                    {3});
+  TensorDict deeper(
+      {{"h", at::arange(6, at::kHalf).view({3, 2})}, {"bf", at::full({3}, 1.5, at::kBFloat16)}},
+      {3});
   TensorDict inner({{"i", at::arange(3, at::kInt)}, {"deeper", deeper}}, {3});
   TensorDict td({{"f", at::arange(12, at::kFloat).view({3, 4})},
                  {"b", at::tensor({1, 0, 1}, at::kByte).to(at::kBool)},
@@ -957,11 +987,11 @@ TEST_F(ConsolidateFile, RefusalsWhenWriting) {
                    "'u' is one");
   EXPECT_FALSE(std::filesystem::exists(path("u.bin")));
   // A device other than the CPU.
-  EXPECT_THROW_MSG(consolidate(file_sample(), {.device = at::Device(at::kMeta),
-                                               .filename = path("m.bin")}),
-                   c10::ValueError, "device and filename are mutually exclusive arguments.");
-  EXPECT_NO_THROW(consolidate(file_sample(), {.device = at::Device(at::kCPU),
-                                              .filename = path("cpu.bin")}));
+  EXPECT_THROW_MSG(
+      consolidate(file_sample(), {.device = at::Device(at::kMeta), .filename = path("m.bin")}),
+      c10::ValueError, "device and filename are mutually exclusive arguments.");
+  EXPECT_NO_THROW(
+      consolidate(file_sample(), {.device = at::Device(at::kCPU), .filename = path("cpu.bin")}));
   // A directory where the file should be, and a missing parent directory.
   std::filesystem::create_directory(path("dir"));
   error_naming([&] { consolidate(file_sample(), {.filename = path("dir")}); }, path("dir"));

@@ -8,11 +8,11 @@
 
 #include "dist_test_util.h"
 #include "expect_throw.h"
-#include "wire/leaf_order.h"
 #include "tensordict/consolidate.h"
 #include "tensordict/distributed/p2p.h"
 #include "tensordict/distributed/process_group.h"
 #include "tensordict/distributed/tags.h"
+#include "wire/leaf_order.h"
 
 namespace tensordict::dist {
 namespace {
@@ -63,10 +63,14 @@ TEST(DistChecked, EveryFlavourPerLeafAndConsolidated) {
     for (bool consolidated : {false, true}) {
       for (int s = 0; s < 3; ++s) {
         for (int r = 0; r < 3; ++r, ++round) {
-          const SendOptions so{.init_tag = 10, .pseudo_rand = round % 2 == 1,
-                               .consolidated = consolidated, .checked = true};
-          const RecvOptions ro{.init_tag = 10, .pseudo_rand = round % 2 == 1,
-                               .consolidated = consolidated, .checked = true};
+          const SendOptions so{.init_tag = 10,
+                               .pseudo_rand = round % 2 == 1,
+                               .consolidated = consolidated,
+                               .checked = true};
+          const RecvOptions ro{.init_tag = 10,
+                               .pseudo_rand = round % 2 == 1,
+                               .consolidated = consolidated,
+                               .checked = true};
           if (rank == 0) {
             TensorDict td = sample(round * 10.0);
             if (s == 0) send(td, 1, so);
@@ -94,9 +98,9 @@ TEST(DistChecked, ChunkedNonContiguousAndEmpty) {
   run_ranks(2, [](int rank, int) {
     const auto big = at::arange(3 * (1 << 20), at::kFloat);  // 12 MiB: three chunks
     if (rank == 0) {
-      TensorDict td({{"big", big}, {"t", at::arange(12, at::kLong).view({3, 4})},
-                     {"e", at::zeros({0, 3})}},
-                    {});
+      TensorDict td(
+          {{"big", big}, {"t", at::arange(12, at::kLong).view({3, 4})}, {"e", at::zeros({0, 3})}},
+          {});
       send(td, 1, {.checked = true});
       send(TensorDict({{"big", big}}, {}), 1, {.consolidated = true, .checked = true});
       send(TensorDict({}, {}), 1, {.init_tag = 7, .checked = true});
@@ -181,15 +185,15 @@ TEST(DistChecked, ConsolidatedMismatches) {
       send(ab, 1, {.consolidated = false, .checked = true});
     } else {
       // Same keys, dtypes and shapes, another layout: b first in the storage.
-      TensorDict ba = consolidate(
-          TensorDict({{"b", at::zeros({5}, at::kDouble)}, {"a", at::zeros({3})}}, {}));
+      TensorDict ba =
+          consolidate(TensorDict({{"b", at::zeros({5}, at::kDouble)}, {"a", at::zeros({3})}}, {}));
       std::string err = error_of([&] { recv(ba, 0, {.consolidated = true, .checked = true}); });
       EXPECT_NE(err.find("key 'a' lies at byte 0 with strides [1] in the sender's consolidated "
                          "storage and at byte 40 with strides [1] here"),
                 std::string::npos)
           << err;
-      TensorDict mine = consolidate(
-          TensorDict({{"a", at::zeros({3})}, {"b", at::zeros({6}, at::kDouble)}}, {}));
+      TensorDict mine =
+          consolidate(TensorDict({{"a", at::zeros({3})}, {"b", at::zeros({6}, at::kDouble)}}, {}));
       err = error_of([&] { recv(mine, 0, {.consolidated = true, .checked = true}); });
       EXPECT_NE(err.find("key 'b' has shape [5] on the sender and [6] here"), std::string::npos)
           << err;
@@ -230,8 +234,9 @@ TEST(DistChecked, UncheckedSenderAndForgedHeaders) {
     auto pg = default_group();
     const std::vector<std::pair<at::Tensor, const char*>> cases = {
         {at::ones({16}), "not a checked-transfer header; the sender must pass checked=True"},
-        {at::ones({4}), "shorter than a checked-transfer header (64 bytes); the sender must "
-                        "pass checked=True"},
+        {at::ones({4}),
+         "shorter than a checked-transfer header (64 bytes); the sender must "
+         "pass checked=True"},
         {forged_header(2, 0, 0, true), "version 2"},
         {forged_header(1, 0, 0, false), "header is corrupt"},
         {forged_header(1, 7, 0, true), "unknown mode 7"},
@@ -302,8 +307,7 @@ TEST(DistChecked, QuantizedLeavesAreRefused) {
       if (rank == 0) send(td, 1, {.checked = true});
       if (rank == 1) recv(td, 0, {.checked = true});
     });
-    EXPECT_NE(err.find(": leaf 'q' has the quantized dtype torch.quint8"),
-              std::string::npos)
+    EXPECT_NE(err.find(": leaf 'q' has the quantized dtype torch.quint8"), std::string::npos)
         << err;
     round_trip_after(rank);
   });
@@ -314,13 +318,16 @@ TEST(DistChecked, HeaderLayout) {
   run_ranks(2, [](int rank, int) {
     auto pg = default_group();
     if (rank == 0) {
-      send(TensorDict({{"k", at::ones({3}, at::kShort)}}, {}), 1,
-           {.init_tag = 4, .checked = true});
+      send(TensorDict({{"k", at::ones({3}, at::kShort)}}, {}), 1, {.init_tag = 4, .checked = true});
     } else {
       std::vector<at::Tensor> header{at::zeros({64}, at::kByte)};
       pg->recv(header, 0, 4)->wait();
       const auto* p = header[0].data_ptr<uint8_t>();
-      auto u64 = [&](int at) { uint64_t v; std::memcpy(&v, p + at, 8); return v; };
+      auto u64 = [&](int at) {
+        uint64_t v;
+        std::memcpy(&v, p + at, 8);
+        return v;
+      };
       EXPECT_EQ(std::string(reinterpret_cast<const char*>(p), 8), "TDCHECKD");
       EXPECT_EQ(u64(8), 1u);   // version 1, mode 0 (per leaf)
       EXPECT_EQ(u64(16), 6u);  // payload bytes

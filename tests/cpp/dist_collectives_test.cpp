@@ -1,10 +1,10 @@
 // init_remote / from_remote_init and the collectives over Gloo, on real processes
 // (127.0.0.1, FileStore rendezvous), including peers that send malformed framing by hand.
 #include <gtest/gtest.h>
-#include <torch/csrc/distributed/c10d/FileStore.hpp>
-#include <torch/csrc/distributed/c10d/PrefixStore.hpp>
 #include <torch/nn/modules/linear.h>
 #include <torch/utils.h>
+#include <torch/csrc/distributed/c10d/FileStore.hpp>
+#include <torch/csrc/distributed/c10d/PrefixStore.hpp>
 
 #include <chrono>
 #include <cstring>
@@ -32,8 +32,8 @@ using testing::run_ranks;
 // A nested TensorDict whose schema depends on `variant` (extra leaves of growing shapes), so
 // that ranks can hold different structures; every leaf is `fill`.
 TensorDict sample(double fill, int variant = 0) {
-  TensorDict inner({{"z", at::full({3, 2}, fill, at::kLong)}, {"y", at::full({3}, fill, at::kHalf)}},
-                   {3});
+  TensorDict inner(
+      {{"z", at::full({3, 2}, fill, at::kLong)}, {"y", at::full({3}, fill, at::kHalf)}}, {3});
   std::vector<TensorDict::Entry> entries = {{"b", at::full({3, 4}, fill)},
                                             {"a", at::full({3}, fill, at::kDouble)},
                                             {"n", inner},
@@ -130,7 +130,8 @@ TEST(DistCollectives, TensorclassTypeTravelsWithInitRemoteAndBroadcast) {
       std::optional<std::string> got_type = "stale";
       if (rank == 0) {
         if (mode == 0 || mode == 3) init_remote(sample(1.0), 1, {.tensorclass_type = sent_type});
-        if (mode == 1) init_remote(sample(1.0), {}, {.use_broadcast = true, .tensorclass_type = name});
+        if (mode == 1)
+          init_remote(sample(1.0), {}, {.use_broadcast = true, .tensorclass_type = name});
         if (mode == 2) {
           broadcast(sample(1.0), 0, {.tensorclass_type = name}, &got_type);
           EXPECT_EQ(got_type, name);  // the source reports what it sent
@@ -210,9 +211,9 @@ TEST(DistCollectives, BroadcastScatterAllGatherThreeRanks) {
       expect_same(from_remote_init(2, {.group = sub}), sample(60.0));
     }
     // A global rank outside the group is refused before anything is sent.
-    EXPECT_NE(error_of([&] { broadcast(sample(0.0), 0, {.group = sub}); })
-                  .find("is not part of group"),
-              std::string::npos);
+    EXPECT_NE(
+        error_of([&] { broadcast(sample(0.0), 0, {.group = sub}); }).find("is not part of group"),
+        std::string::npos);
   });
 }
 
@@ -277,12 +278,13 @@ TEST(DistCollectives, GatherAndStackThreeRanks) {
       pg->allgather(headers, header)->wait();
     } else {
       const std::string err = error_of([&] {
-        gather_and_stack(rank == 0 ? stack(std::vector<TensorDict>{sample(0.0), sample(0.0)}, 0)
-                                   : sample(1.0),
-                         0, {.max_total_bytes = int64_t{1} << 30});
+        gather_and_stack(
+            rank == 0 ? stack(std::vector<TensorDict>{sample(0.0), sample(0.0)}, 0) : sample(1.0),
+            0, {.max_total_bytes = int64_t{1} << 30});
       });
       EXPECT_NE(err.find("gather_and_stack (from group rank 2): a storage of 1099511627776 bytes"),
-                std::string::npos) << err;
+                std::string::npos)
+          << err;
     }
     // All three stayed in step: the next gather works.
     TensorDict rows = stack(std::vector<TensorDict>{sample(0.0), sample(0.0)}, 0);
@@ -297,8 +299,10 @@ TEST(DistCollectives, AllReduceAndReduceThreeRanks) {
   run_ranks(3, [](int rank, int) {
     auto sub = new_group({1, 2});
     const std::vector<std::pair<c10d::ReduceOp, double>> ops = {
-        {c10d::ReduceOp::SUM, 2 + 3 + 4}, {c10d::ReduceOp::PRODUCT, 2 * 3 * 4},
-        {c10d::ReduceOp::MAX, 4}, {c10d::ReduceOp::MIN, 2}};
+        {c10d::ReduceOp::SUM, 2 + 3 + 4},
+        {c10d::ReduceOp::PRODUCT, 2 * 3 * 4},
+        {c10d::ReduceOp::MAX, 4},
+        {c10d::ReduceOp::MIN, 2}};
     for (const auto& [op, want] : ops) {
       for (bool async_op : {false, true}) {
         TensorDict td = reducible(rank);
@@ -319,8 +323,9 @@ TEST(DistCollectives, AllReduceAndReduceThreeRanks) {
         if (rank == 2) expect_all(r, want);
       }
     }
-    EXPECT_NE(error_of([&] { all_reduce(TensorDict({{"e", at::ones({1}).expand({4})}}, {})); })
-                  .find("share memory"),
+    EXPECT_NE(error_of([&] {
+                all_reduce(TensorDict({{"e", at::ones({1}).expand({4})}}, {}));
+              }).find("share memory"),
               std::string::npos);
     if (rank == 0) return;
     // On the subgroup, nested leaves included (the reference drops `group` below the root,
@@ -345,11 +350,11 @@ std::string metadata_pickle_of(const TensorDict& td, const TransportFields& fiel
 
 struct Case {
   const char* name;
-  int64_t announced;     // the pickle length sent in the first message
-  std::string pickle;    // the second message
-  int64_t storage;       // bytes of the third message (-1: none)
+  int64_t announced;      // the pickle length sent in the first message
+  std::string pickle;     // the second message
+  int64_t storage;        // bytes of the third message (-1: none)
   bool sender_completes;  // the receiver takes the storage before refusing
-  const char* error;     // substring of the receiver's error
+  const char* error;      // substring of the receiver's error
   std::optional<int64_t> max_total_bytes{};
 };
 
@@ -359,7 +364,8 @@ std::vector<Case> malformed_cases() {
   const std::string good = metadata_pickle_of(td, {{"_total_bytes", total}});
   // pickle.dumps(os.system("ls")) style: GLOBAL names a callable (read inertly), REDUCE calls it.
   static const char kGlobal[] =
-      "\x80\x02" "cos\nsystem\nq\x00X\x02\x00\x00\x00lsq\x01\x85q\x02Rq\x03.";
+      "\x80\x02"
+      "cos\nsystem\nq\x00X\x02\x00\x00\x00lsq\x01\x85q\x02Rq\x03.";
   const std::string global(kGlobal, sizeof(kGlobal) - 1);
   return {
       {"truncated", int64_t(good.size() / 2), good.substr(0, good.size() / 2), total, false,
@@ -379,14 +385,13 @@ std::vector<Case> malformed_cases() {
       {"no_total_bytes", 0, metadata_pickle_of(td, {}), total, false,
        "the metadata has no integer \"_total_bytes\""},
       {"tensorclass_type_not_a_string", 0,
-       metadata_pickle_of(td, {{"_total_bytes", total}, {"_tensorclass_type", int64_t{7}}}),
-       total, true, "\"_tensorclass_type\" is not a string of 1 to 4096 bytes"},
+       metadata_pickle_of(td, {{"_total_bytes", total}, {"_tensorclass_type", int64_t{7}}}), total,
+       true, "\"_tensorclass_type\" is not a string of 1 to 4096 bytes"},
       {"tensorclass_type_too_long", 0,
-       metadata_pickle_of(td, {{"_total_bytes", total},
-                               {"_tensorclass_type", std::string(5000, 'm')}}),
+       metadata_pickle_of(td,
+                          {{"_total_bytes", total}, {"_tensorclass_type", std::string(5000, 'm')}}),
        total, true, "\"_tensorclass_type\" is not a string"},
-      {"bad_leaf_salvaged", 0,
-       pickle::dumps([&] {
+      {"bad_leaf_salvaged", 0, pickle::dumps([&] {
          auto v = metadata_to_pickle(metadata_of(td), {{"_total_bytes", total}});
          pickle::Value leaves = *v.find("leaves");
          leaves.set("b", pickle::Value::from_str("x"));  // a leaf entry must be a tuple
@@ -400,45 +405,48 @@ std::vector<Case> malformed_cases() {
 // The receiver refuses each case with a clear error; the raw sender either completes (the
 // receiver drained the storage) or fails at its 3 s timeout, never later.
 TEST(DistCollectives, MalformedInputIsRefused) {
-  run_ranks(2, [](int rank, int) {
-    auto store = c10::make_intrusive<c10d::FileStore>(run_scratch_dir() + "/malformed", 2);
-    // Groups stay alive to the end: one that timed out may still hold a pending message.
-    static auto* keep = new std::vector<BackendPtr>();
-    for (auto& c : malformed_cases()) {
-      SCOPED_TRACE(c.name);
-      auto group = make_gloo_backend(c10::make_intrusive<c10d::PrefixStore>(c.name, store), rank,
-                                     2, std::chrono::seconds(3), "127.0.0.1");
-      keep->push_back(group);
-      if (rank == 0) {
-        const int64_t announced = c.announced ? c.announced : int64_t(c.pickle.size());
-        std::vector<std::vector<at::Tensor>> messages = {
-            {at::full({1}, announced, at::kLong)}, {bytes_of(c.pickle)}};
-        if (c.storage >= 0) messages.push_back({at::zeros({c.storage}, at::kByte)});
-        const auto start = std::chrono::steady_clock::now();
-        std::string error;
-        try {
-          for (auto& m : messages) group->send(m, 1, 0)->wait();
-        } catch (const std::exception& e) {  // Gloo's timeout is not a c10::Error
-          error = e.what();
+  run_ranks(
+      2,
+      [](int rank, int) {
+        auto store = c10::make_intrusive<c10d::FileStore>(run_scratch_dir() + "/malformed", 2);
+        // Groups stay alive to the end: one that timed out may still hold a pending message.
+        static auto* keep = new std::vector<BackendPtr>();
+        for (auto& c : malformed_cases()) {
+          SCOPED_TRACE(c.name);
+          auto group = make_gloo_backend(c10::make_intrusive<c10d::PrefixStore>(c.name, store),
+                                         rank, 2, std::chrono::seconds(3), "127.0.0.1");
+          keep->push_back(group);
+          if (rank == 0) {
+            const int64_t announced = c.announced ? c.announced : int64_t(c.pickle.size());
+            std::vector<std::vector<at::Tensor>> messages = {{at::full({1}, announced, at::kLong)},
+                                                             {bytes_of(c.pickle)}};
+            if (c.storage >= 0) messages.push_back({at::zeros({c.storage}, at::kByte)});
+            const auto start = std::chrono::steady_clock::now();
+            std::string error;
+            try {
+              for (auto& m : messages) group->send(m, 1, 0)->wait();
+            } catch (const std::exception& e) {  // Gloo's timeout is not a c10::Error
+              error = e.what();
+            }
+            const auto seconds =
+                std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count();
+            EXPECT_LT(seconds, 10.0);
+            if (c.sender_completes) {
+              EXPECT_EQ(error, "");
+            } else {
+              EXPECT_NE(error, "");  // the group's timeout, not a hang
+            }
+          } else {
+            const std::string error = error_of([&] {
+              from_remote_init(
+                  {}, {.group = group, .group_src = 0, .max_total_bytes = c.max_total_bytes});
+            });
+            EXPECT_NE(error.find(c.error), std::string::npos) << error;
+            EXPECT_EQ(error.rfind("from_remote_init: ", 0), 0u) << error;
+          }
         }
-        const auto seconds = std::chrono::duration<double>(std::chrono::steady_clock::now() -
-                                                           start).count();
-        EXPECT_LT(seconds, 10.0);
-        if (c.sender_completes) {
-          EXPECT_EQ(error, "");
-        } else {
-          EXPECT_NE(error, "");  // the group's timeout, not a hang
-        }
-      } else {
-        const std::string error = error_of([&] {
-          from_remote_init({}, {.group = group, .group_src = 0,
-                                .max_total_bytes = c.max_total_bytes});
-        });
-        EXPECT_NE(error.find(c.error), std::string::npos) << error;
-        EXPECT_EQ(error.rfind("from_remote_init: ", 0), 0u) << error;
-      }
-    }
-  }, {.watchdog = std::chrono::seconds(90)});
+      },
+      {.watchdog = std::chrono::seconds(90)});
 }
 
 TEST(DistCollectives, ArgumentErrors) {
@@ -450,8 +458,9 @@ TEST(DistCollectives, ArgumentErrors) {
     EXPECT_EQ(error_of([] { from_remote_init(0, {.group = default_group(), .group_src = 0}); }),
               "`src` and `group_src` are mutually exclusive.");
     if (rank == 0) {
-      EXPECT_NE(error_of([] { scatter(0, {sample(0.0)}); }).find("passes 1 TensorDicts to a group of 2"),
-                std::string::npos);
+      EXPECT_NE(
+          error_of([] { scatter(0, {sample(0.0)}); }).find("passes 1 TensorDicts to a group of 2"),
+          std::string::npos);
     }
   });
 }
@@ -466,8 +475,8 @@ TensorDict bucketable(int rank) {
   const auto v = [&](int64_t n, at::ScalarType t, double k) {
     return ((at::arange(n, at::kDouble) % 7 + k) * r).to(t);
   };
-  TensorDict inner({{"f", v(3, at::kFloat, 5)}, {"i", v(5, at::kInt, 6)}, {"d", v(2, at::kDouble, 7)}},
-                   {});
+  TensorDict inner(
+      {{"f", v(3, at::kFloat, 5)}, {"i", v(5, at::kInt, 6)}, {"d", v(2, at::kDouble, 7)}}, {});
   return TensorDict({{"a", v(5, at::kFloat, 1)},
                      {"l", v(7, at::kLong, 2)},
                      {"t", v(6, at::kFloat, 3).view({2, 3}).t()},
@@ -536,11 +545,12 @@ TEST(DistCollectives, BucketBytesCountsWorksAndRefusesNonPositiveSizes) {
     // Six float32 leaves of 16 bytes: 1 MiB makes one bucket, 32 bytes three, 1 byte six.
     const auto make = [&] {
       std::vector<TensorDict::Entry> entries;
-      for (int i = 0; i < 6; ++i) entries.emplace_back(c10::str("k", i), at::full({4}, i + rank + 1.0));
+      for (int i = 0; i < 6; ++i)
+        entries.emplace_back(c10::str("k", i), at::full({4}, i + rank + 1.0));
       return TensorDict(entries, {});
     };
-    for (const auto& [bytes, buckets] : std::vector<std::pair<int64_t, size_t>>{
-             {int64_t{1} << 20, 1}, {32, 3}, {48, 2}, {1, 6}}) {
+    for (const auto& [bytes, buckets] :
+         std::vector<std::pair<int64_t, size_t>>{{int64_t{1} << 20, 1}, {32, 3}, {48, 2}, {1, 6}}) {
       SCOPED_TRACE(bytes);
       TensorDict td = make();
       const auto works = all_reduce_async(td, {.bucket_bytes = bytes});
@@ -551,11 +561,13 @@ TEST(DistCollectives, BucketBytesCountsWorksAndRefusesNonPositiveSizes) {
       }
     }
     for (const int64_t bad : {int64_t{0}, int64_t{-8}}) {
-      EXPECT_NE(error_of([&] { all_reduce(make(), {.bucket_bytes = bad}); })
-                    .find("bucket_bytes must be a positive number of bytes"),
+      EXPECT_NE(error_of([&] {
+                  all_reduce(make(), {.bucket_bytes = bad});
+                }).find("bucket_bytes must be a positive number of bytes"),
                 std::string::npos);
-      EXPECT_NE(error_of([&] { reduce(make(), 0, {.bucket_bytes = bad}); })
-                    .find("bucket_bytes must be a positive number of bytes"),
+      EXPECT_NE(error_of([&] {
+                  reduce(make(), 0, {.bucket_bytes = bad});
+                }).find("bucket_bytes must be a positive number of bytes"),
                 std::string::npos);
     }
     // The group is still in step after the refusals.
@@ -615,9 +627,12 @@ TEST(DistCollectives, CheckBucketsRefusesDifferentBucketBytesOnEveryRank) {
       error = e.msg();
     }
     EXPECT_NE(error.find("all_reduce(check_buckets=True): the ranks' buckets differ"),
-              std::string::npos) << error;
+              std::string::npos)
+        << error;
     EXPECT_NE(error.find("rank 0: bucket_bytes = 64, 4 collectives; rank 1: bucket_bytes = "
-                         "1048576, 1 collective)"), std::string::npos) << error;
+                         "1048576, 1 collective)"),
+              std::string::npos)
+        << error;
     EXPECT_NE(error_of([&] {
                 for (const auto& w :
                      all_reduce_async(make(), {.bucket_bytes = mine, .check_buckets = true})) {
@@ -626,13 +641,14 @@ TEST(DistCollectives, CheckBucketsRefusesDifferentBucketBytesOnEveryRank) {
               }).find("the ranks' buckets differ"),
               std::string::npos);
     EXPECT_NE(error_of([&] {
-                reduce(make(), 0, {.bucket_bytes = rank == 0 ? std::optional<int64_t>(1 << 20)
-                                                             : std::nullopt,
-                                   .check_buckets = true});
-              }).find("reduce(check_buckets=True): the ranks' buckets differ, so their "
-                      "collectives would not match and Gloo would abort a rank (rank 0: "
-                      "bucket_bytes = 1048576, 1 collective; rank 1: bucket_bytes = None, 4 "
-                      "collectives). Every rank must pass the same bucket_bytes"),
+                reduce(make(), 0,
+                       {.bucket_bytes = rank == 0 ? std::optional<int64_t>(1 << 20) : std::nullopt,
+                        .check_buckets = true});
+              })
+                  .find("reduce(check_buckets=True): the ranks' buckets differ, so their "
+                        "collectives would not match and Gloo would abort a rank (rank 0: "
+                        "bucket_bytes = 1048576, 1 collective; rank 1: bucket_bytes = None, 4 "
+                        "collectives). Every rank must pass the same bucket_bytes"),
               std::string::npos);
     // Values that give the same layout pass the check: every leaf fits either way, or 64 bytes
     // make a bucket of each leaf as no bucket_bytes does.

@@ -152,8 +152,8 @@ void run_role(const std::string& name, const Case& c) {
   const int64_t end = now_ns();
   killer.reset();  // the victim is dead once this returns (this process, if it is the victim)
   // The survivor: report, then leave like any program (the group torn down, main returns).
-  write_file(role_dir() + "/survivor", std::to_string(start) + "\n" + std::to_string(end) +
-                                           "\n" + error);
+  write_file(role_dir() + "/survivor",
+             std::to_string(start) + "\n" + std::to_string(end) + "\n" + error);
   dist::destroy_process_group();
 }
 
@@ -173,17 +173,17 @@ TEST_P(DistFault, SurvivorRaisesWithinTheTimeoutAndExitsCleanly) {
     const pid_t receiver = spawn_role("receiver", dir.path);
     const auto sender_status = wait_child(sender, 60s);
     const auto receiver_status = wait_child(receiver, 60s);
-    const int64_t written =
-        std::stoll(read_file(dir.path + "/written_at_kill").value_or("-1"));
+    const int64_t written = std::stoll(read_file(dir.path + "/written_at_kill").value_or("-1"));
     // A survivor whose transfer succeeded got every byte: the victim died only after it had
     // all gone through (the killer's thread ran late, or, under ASan on a busy machine, the
     // kill landed milliseconds after the killer decided it). Such an attempt proves nothing.
     const bool late = read_file(dir.path + "/survivor").value_or("").ends_with("<no error>");
     if (late && attempt < 3) {
-      std::printf("[fault] %s: the transfer completed before the kill took effect (%lld of %lld "
-                  "bytes written when the killer decided); again\n",
-                  case_name({c, 0}).c_str(), static_cast<long long>(written),
-                  static_cast<long long>(kTotalBytes));
+      std::printf(
+          "[fault] %s: the transfer completed before the kill took effect (%lld of %lld "
+          "bytes written when the killer decided); again\n",
+          case_name({c, 0}).c_str(), static_cast<long long>(written),
+          static_cast<long long>(kTotalBytes));
       continue;
     }
     check_outcome(c, dir, sender_status, receiver_status);
@@ -216,19 +216,17 @@ void check_outcome(const Case& c, const TempDir& dir, const std::optional<int>& 
   EXPECT_GE(end, *killed_at);
   const double after_kill_ms = ms_between(*killed_at, end);
   EXPECT_LT(after_kill_ms, to_ms((c.call_timeout ? kCallTimeout : kGroupTimeout) + kSlack));
-  std::printf("[fault] %s: killed %.1f ms into the transfer; survivor raised %.1f ms after the "
-              "kill: %s\n",
-              case_name({c, 0}).c_str(), ms_between(start, *killed_at), after_kill_ms,
-              error.c_str());
+  std::printf(
+      "[fault] %s: killed %.1f ms into the transfer; survivor raised %.1f ms after the "
+      "kill: %s\n",
+      case_name({c, 0}).c_str(), ms_between(start, *killed_at), after_kill_ms, error.c_str());
 }
 
-INSTANTIATE_TEST_SUITE_P(Modes, DistFault,
-                         ::testing::Values(Case{false, Victim::kSender},
-                                           Case{false, Victim::kReceiver},
-                                           Case{true, Victim::kSender},
-                                           Case{true, Victim::kReceiver},
-                                           Case{false, Victim::kSender, true},
-                                           Case{true, Victim::kReceiver, true}),
-                         case_name);
+INSTANTIATE_TEST_SUITE_P(
+    Modes, DistFault,
+    ::testing::Values(Case{false, Victim::kSender}, Case{false, Victim::kReceiver},
+                      Case{true, Victim::kSender}, Case{true, Victim::kReceiver},
+                      Case{false, Victim::kSender, true}, Case{true, Victim::kReceiver, true}),
+    case_name);
 
 }  // namespace

@@ -61,7 +61,9 @@ struct Growth {
 
 Growth measure(const std::function<void()>& fn) {
   malloc_trim(0);  // what earlier cases freed must not hide this case's growth
-  { std::ofstream("/proc/self/clear_refs") << "5"; }
+  {
+    std::ofstream("/proc/self/clear_refs") << "5";
+  }
   const int64_t hwm0 = status_kb("VmHWM:");
   const int64_t pss0 = status_kb("Pss:", "/proc/self/smaps_rollup");
   std::atomic<bool> done{false};
@@ -127,9 +129,9 @@ std::string raw_pickle(const std::string& body) { return std::string("\x80\x04",
 struct Case {
   const char* name;
   std::function<std::vector<at::Tensor>()> messages;  // what the raw peer sends, in order
-  std::function<void(const Group&)> receive;  // what our receiver does
-  const char* error;                  // substring of the receiver's error
-  bool use_pss = false;               // memory mapped over and over: judge by Pss
+  std::function<void(const Group&)> receive;          // what our receiver does
+  const char* error;                                  // substring of the receiver's error
+  bool use_pss = false;                               // memory mapped over and over: judge by Pss
 };
 
 // torch's object framing (the pickle's length, the pickle), then a storage of zeros.
@@ -155,11 +157,10 @@ std::vector<Case> cases() {
   // 1. checked=True: a chunk size of 1 byte would cost one posted receive per byte.
   {
     const std::string schema = schema_of_a(kMiB / 4);
-    out.push_back({"checked_chunk_of_one_byte",
-                   [=] { return std::vector{bytes_of(checked_header(kMiB, schema, 1)),
-                                            bytes_of(schema)}; },
-                   recv_checked(one_mib, false),
-                   "the header's chunk size 1 is not in [1048576, 67108864]"});
+    out.push_back(
+        {"checked_chunk_of_one_byte",
+         [=] { return std::vector{bytes_of(checked_header(kMiB, schema, 1)), bytes_of(schema)}; },
+         recv_checked(one_mib, false), "the header's chunk size 1 is not in [1048576, 67108864]"});
   }
   out.push_back({"checked_short_header", [] { return std::vector{bytes_of("TDCHECKD")}; },
                  recv_checked(one_mib, false),
@@ -186,8 +187,8 @@ std::vector<Case> cases() {
       for (int i = 0; i < 4; ++i) m.push_back(at::zeros({kMiB}, at::kByte));
       return m;
     };
-    out.push_back({"checked_mismatch_announcing_a_tebibyte", m,
-                   recv_checked(one_mib, false), "Timed out"});
+    out.push_back(
+        {"checked_mismatch_announcing_a_tebibyte", m, recv_checked(one_mib, false), "Timed out"});
   }
 
   // 2. Memo amplification: one 8 MiB string read back 400 times.
@@ -205,21 +206,20 @@ std::vector<Case> cases() {
   out.push_back({"pickle_8m_nones_in_a_list",
                  framed(raw_pickle("](" + std::string(8'000'000, 'N') + "e")), from_peer,
                  "pickle: "});
-  out.push_back({"pickle_values_left_on_the_stack",
-                 framed(raw_pickle(std::string(8'400'000, 'N'))), from_peer, "pickle: "});
+  out.push_back({"pickle_values_left_on_the_stack", framed(raw_pickle(std::string(8'400'000, 'N'))),
+                 from_peer, "pickle: "});
 
   // 3. A storage message shorter than "_total_bytes".
   const TensorDict td4k({{"a", at::ones({1024})}}, {});
   out.push_back({"storage_shorter_than_announced",
-                 framed(metadata_pickle_of(td4k, {{"_total_bytes", int64_t{4096}}}), 8),
-                 from_peer,
+                 framed(metadata_pickle_of(td4k, {{"_total_bytes", int64_t{4096}}}), 8), from_peer,
                  "from_remote_init: the sender's storage message is shorter than the 4096 bytes "
                  "it announced"});
 
   // 5. A storage beyond what this machine holds, and a refused pickle's drain.
   out.push_back({"announces_32_gib",
-                 framed(metadata_pickle_of(td4k, {{"_total_bytes", int64_t{32} << 30}})),
-                 from_peer, "bytes; this receiver accepts 0 to"});
+                 framed(metadata_pickle_of(td4k, {{"_total_bytes", int64_t{32} << 30}})), from_peer,
+                 "bytes; this receiver accepts 0 to"});
   {
     auto v = metadata_to_pickle(*consolidated_metadata(consolidate(td4k)),
                                 {{"_total_bytes", int64_t{1} << 30}});
@@ -247,56 +247,60 @@ std::vector<Case> cases() {
 }
 
 TEST(DistHostile, EveryCaseIsANamedErrorWithBoundedMemory) {
-  run_ranks(2, [](int rank, int) {
-    auto store = c10::make_intrusive<c10d::FileStore>(run_scratch_dir() + "/hostile", 2);
-    // Groups stay alive to the end: one that timed out may still hold a pending message.
-    static auto* keep = new std::vector<BackendPtr>();
-    for (auto& c : cases()) {
-      SCOPED_TRACE(c.name);
-      auto group = make_gloo_backend(c10::make_intrusive<c10d::PrefixStore>(c.name, store), rank,
-                                     2, std::chrono::seconds(3), "127.0.0.1");
-      keep->push_back(group);
-      if (rank == 0) {
-        // Built before the receiver starts its clock: a 1 GiB payload takes seconds under ASan
-        // on a busy machine, longer than the 3 s the receiver waits for the first message.
-        const std::vector<at::Tensor> messages = c.messages();
-        store->set(std::string(c.name) + "/ready", {1});
-        std::vector<WorkPtr> works;
-        for (auto& m : messages) {
-          std::vector<at::Tensor> one{m};
-          works.push_back(group->send(one, 1, 0));
-        }
-        for (auto& w : works) {
-          try {
-            w->wait();
-          } catch (const std::exception&) {  // a receiver that stopped early: Gloo's timeout
+  run_ranks(
+      2,
+      [](int rank, int) {
+        auto store = c10::make_intrusive<c10d::FileStore>(run_scratch_dir() + "/hostile", 2);
+        // Groups stay alive to the end: one that timed out may still hold a pending message.
+        static auto* keep = new std::vector<BackendPtr>();
+        for (auto& c : cases()) {
+          SCOPED_TRACE(c.name);
+          auto group = make_gloo_backend(c10::make_intrusive<c10d::PrefixStore>(c.name, store),
+                                         rank, 2, std::chrono::seconds(3), "127.0.0.1");
+          keep->push_back(group);
+          if (rank == 0) {
+            // Built before the receiver starts its clock: a 1 GiB payload takes seconds under ASan
+            // on a busy machine, longer than the 3 s the receiver waits for the first message.
+            const std::vector<at::Tensor> messages = c.messages();
+            store->set(std::string(c.name) + "/ready", {1});
+            std::vector<WorkPtr> works;
+            for (auto& m : messages) {
+              std::vector<at::Tensor> one{m};
+              works.push_back(group->send(one, 1, 0));
+            }
+            for (auto& w : works) {
+              try {
+                w->wait();
+              } catch (const std::exception&) {  // a receiver that stopped early: Gloo's timeout
+              }
+            }
+            // The next case's group connects within its 3 s timeout: wait until the receiver is
+            // done with this one (it may itself be waiting out a 3 s timeout, by design).
+            store->wait({std::string(c.name) + "/done"}, std::chrono::seconds(120));
+          } else {
+            store->wait({std::string(c.name) + "/ready"}, std::chrono::seconds(120));
+            std::string error, kind;
+            const Growth g = measure([&] { error = error_of([&] { c.receive(group); }, &kind); });
+            EXPECT_NE(error.find(c.error), std::string::npos) << error;
+            // A peer that stops sending mid-transfer times out, a well-formed other TensorDict is
+            // a mismatch; everything else is the peer's bad data.
+            const bool timeout = error.find("timed out") != std::string::npos;
+            const bool mismatch = error.find("does not match this one") != std::string::npos;
+            EXPECT_EQ(kind, timeout    ? "TimeoutError"
+                            : mismatch ? "SchemaMismatchError"
+                                       : "MalformedPeerDataError")
+                << error;
+            std::printf(
+                "[hostile] %-40s peak growth: VmHWM %+.1f MB, Pss %+.1f MB; error: %.160s\n",
+                c.name, g.hwm_bytes / 1e6, g.pss_bytes / 1e6, error.c_str());
+            if (kMeasureMemory) {
+              EXPECT_LT(c.use_pss ? g.pss_bytes : g.hwm_bytes, 100 * kMB);
+            }
+            store->set(std::string(c.name) + "/done", {1});
           }
         }
-        // The next case's group connects within its 3 s timeout: wait until the receiver is
-        // done with this one (it may itself be waiting out a 3 s timeout, by design).
-        store->wait({std::string(c.name) + "/done"}, std::chrono::seconds(120));
-      } else {
-        store->wait({std::string(c.name) + "/ready"}, std::chrono::seconds(120));
-        std::string error, kind;
-        const Growth g = measure([&] { error = error_of([&] { c.receive(group); }, &kind); });
-        EXPECT_NE(error.find(c.error), std::string::npos) << error;
-        // A peer that stops sending mid-transfer times out, a well-formed other TensorDict is
-        // a mismatch; everything else is the peer's bad data.
-        const bool timeout = error.find("timed out") != std::string::npos;
-        const bool mismatch = error.find("does not match this one") != std::string::npos;
-        EXPECT_EQ(kind, timeout    ? "TimeoutError"
-                        : mismatch ? "SchemaMismatchError"
-                                   : "MalformedPeerDataError")
-            << error;
-        std::printf("[hostile] %-40s peak growth: VmHWM %+.1f MB, Pss %+.1f MB; error: %.160s\n",
-                    c.name, g.hwm_bytes / 1e6, g.pss_bytes / 1e6, error.c_str());
-        if (kMeasureMemory) {
-          EXPECT_LT(c.use_pss ? g.pss_bytes : g.hwm_bytes, 100 * kMB);
-        }
-        store->set(std::string(c.name) + "/done", {1});
-      }
-    }
-  }, {.watchdog = std::chrono::seconds(150)});
+      },
+      {.watchdog = std::chrono::seconds(150)});
 }
 
 // 4. Leaves without plain storage are refused by key before anything is posted, on both sides.
@@ -319,8 +323,7 @@ TEST(DistHostile, StoragelessLeavesAreRefusedByKey) {
         const std::string got_recv = error_of([&] { recv(td, peer, {.checked = checked}); });
         EXPECT_NE(got_recv.find(": leaf ('x', 'm') " + why), std::string::npos) << got_recv;
       }
-      EXPECT_NE(error_of([&] { send(td, peer, {.consolidated = true}); })
-                    .find("leaf ('x', 'm')"),
+      EXPECT_NE(error_of([&] { send(td, peer, {.consolidated = true}); }).find("leaf ('x', 'm')"),
                 std::string::npos);
       EXPECT_NE(error_of([&] { init_remote(td, peer); }).find("leaf ('x', 'm')"),
                 std::string::npos);
@@ -331,63 +334,79 @@ TEST(DistHostile, StoragelessLeavesAreRefusedByKey) {
 // 6. A peer that never sends: the per-call timeout ends the wait, and so does the group's, each
 // with an error that names the call, the peer, what was in flight and the time waited.
 TEST(DistHostile, TimeoutsNameTheCallThePeerAndWhatWasInFlight) {
-  run_ranks(2, [](int rank, int) {
-    // Gloo closes every connection of a group whose wait timed out: one group per step.
-    auto store = c10::make_intrusive<c10d::FileStore>(run_scratch_dir() + "/timeouts", 2);
-    static auto* groups = new std::vector<BackendPtr>();
-    for (const char* name : {"call", "init", "group"}) {
-      groups->push_back(make_gloo_backend(c10::make_intrusive<c10d::PrefixStore>(name, store),
-                                          rank, 2, std::chrono::seconds(1), "127.0.0.1"));
-    }
-    if (rank == 0) {
-      std::this_thread::sleep_for(std::chrono::milliseconds(3000));  // sends nothing
-      return;
-    }
-    TensorDict td({{"b", at::zeros({2})}, {"a", at::zeros({2})}}, {});
-    using std::chrono::milliseconds;
-    std::string kind;
-    const auto timed = [&kind](const std::function<void()>& fn, std::string& error) {
-      const auto start = std::chrono::steady_clock::now();
-      error = error_of(fn, &kind);
-      return std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count();
-    };
-    std::string error;
-    double s = timed([&] {
-      recv(td, {}, {.group = (*groups)[0], .group_src = 0, .init_tag = 5,
+  run_ranks(
+      2,
+      [](int rank, int) {
+        // Gloo closes every connection of a group whose wait timed out: one group per step.
+        auto store = c10::make_intrusive<c10d::FileStore>(run_scratch_dir() + "/timeouts", 2);
+        static auto* groups = new std::vector<BackendPtr>();
+        for (const char* name : {"call", "init", "group"}) {
+          groups->push_back(make_gloo_backend(c10::make_intrusive<c10d::PrefixStore>(name, store),
+                                              rank, 2, std::chrono::seconds(1), "127.0.0.1"));
+        }
+        if (rank == 0) {
+          std::this_thread::sleep_for(std::chrono::milliseconds(3000));  // sends nothing
+          return;
+        }
+        TensorDict td({{"b", at::zeros({2})}, {"a", at::zeros({2})}}, {});
+        using std::chrono::milliseconds;
+        std::string kind;
+        const auto timed = [&kind](const std::function<void()>& fn, std::string& error) {
+          const auto start = std::chrono::steady_clock::now();
+          error = error_of(fn, &kind);
+          return std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count();
+        };
+        std::string error;
+        double s = timed(
+            [&] {
+              recv(td, {},
+                   {.group = (*groups)[0],
+                    .group_src = 0,
+                    .init_tag = 5,
                     .timeout = milliseconds(400)});
-    }, error);
-    EXPECT_LT(s, 0.9);  // the call's timeout, not the group's 1 s
-    EXPECT_EQ(error.rfind("recv: timed out after 0.", 0), 0u) << error;
-    EXPECT_EQ(kind, "TimeoutError");
-    EXPECT_NE(error.find("s (the call's timeout of 400 ms) waiting for rank 0: tag 5 (key 'a')"),
-              std::string::npos) << error;
-    s = timed([&] {
-      from_remote_init({}, {.group = (*groups)[1], .group_src = 0, .timeout = milliseconds(300)});
-    }, error);
-    EXPECT_LT(s, 0.9);
-    EXPECT_NE(error.find("from_remote_init: timed out after"), std::string::npos) << error;
-    EXPECT_NE(error.find("waiting for rank 0: the metadata pickle's length (tag 0)"),
-              std::string::npos) << error;
-    // No per-call timeout: the group's (1 s) ends the wait, and Gloo's text is kept.
-    s = timed([&] { recv(td, {}, {.group = (*groups)[2], .group_src = 0, .init_tag = 9}); },
-              error);
-    EXPECT_LT(s, 3.0);
-    EXPECT_NE(error.find("recv: timed out after"), std::string::npos) << error;
-    EXPECT_NE(error.find("(the group's timeout) waiting for rank 0: tag 9 (key 'a')"),
-              std::string::npos) << error;
-    EXPECT_NE(error.find("Timed out waiting 1000ms for recv operation"), std::string::npos)
-        << error;
-    EXPECT_EQ(kind, "TimeoutError");
-    EXPECT_EQ(error_of([&] { recv(td, 0, {.timeout = milliseconds(0)}); }),
-              "recv: timeout must be positive, got 0 ms");
-  }, {.watchdog = std::chrono::seconds(60)});
+            },
+            error);
+        EXPECT_LT(s, 0.9);  // the call's timeout, not the group's 1 s
+        EXPECT_EQ(error.rfind("recv: timed out after 0.", 0), 0u) << error;
+        EXPECT_EQ(kind, "TimeoutError");
+        EXPECT_NE(
+            error.find("s (the call's timeout of 400 ms) waiting for rank 0: tag 5 (key 'a')"),
+            std::string::npos)
+            << error;
+        s = timed(
+            [&] {
+              from_remote_init(
+                  {}, {.group = (*groups)[1], .group_src = 0, .timeout = milliseconds(300)});
+            },
+            error);
+        EXPECT_LT(s, 0.9);
+        EXPECT_NE(error.find("from_remote_init: timed out after"), std::string::npos) << error;
+        EXPECT_NE(error.find("waiting for rank 0: the metadata pickle's length (tag 0)"),
+                  std::string::npos)
+            << error;
+        // No per-call timeout: the group's (1 s) ends the wait, and Gloo's text is kept.
+        s = timed([&] { recv(td, {}, {.group = (*groups)[2], .group_src = 0, .init_tag = 9}); },
+                  error);
+        EXPECT_LT(s, 3.0);
+        EXPECT_NE(error.find("recv: timed out after"), std::string::npos) << error;
+        EXPECT_NE(error.find("(the group's timeout) waiting for rank 0: tag 9 (key 'a')"),
+                  std::string::npos)
+            << error;
+        EXPECT_NE(error.find("Timed out waiting 1000ms for recv operation"), std::string::npos)
+            << error;
+        EXPECT_EQ(kind, "TimeoutError");
+        EXPECT_EQ(error_of([&] { recv(td, 0, {.timeout = milliseconds(0)}); }),
+                  "recv: timeout must be positive, got 0 ms");
+      },
+      {.watchdog = std::chrono::seconds(60)});
 }
 
 // 7. Argument faults are refused before any message moves.
 TEST(DistHostile, ArgumentFaultsBeforeAnyMessage) {
   run_ranks(2, [](int rank, int) {
-    const std::string self = "Invalid source rank: source rank should not be the same as the "
-                             "rank of the current process.";
+    const std::string self =
+        "Invalid source rank: source rank should not be the same as the "
+        "rank of the current process.";
     EXPECT_EQ(error_of([&] { from_remote_init(rank); }), self);
     TensorDict td({{"a", at::zeros({2})}}, {});
     EXPECT_EQ(error_of([&] { recv(td, rank); }), self);

@@ -10,13 +10,13 @@
 #include <cstring>
 
 #include "dist_test_util.h"
-#include "wire/leaf_order.h"
 #include "tensordict/consolidate.h"
 #include "tensordict/distributed/collectives.h"
 #include "tensordict/distributed/init_remote.h"
 #include "tensordict/distributed/p2p.h"
 #include "tensordict/distributed/process_group.h"
 #include "tensordict/distributed/tags.h"
+#include "wire/leaf_order.h"
 #include "wire/metadata_pickle.h"
 #include "wire/pickle.h"
 
@@ -76,13 +76,14 @@ TEST(DistNonTensor, PerLeafTransfersSkipThemWithoutATag) {
     for (bool checked : {false, true}) {
       for (bool pseudo_rand : {false, true}) {
         for (int flavour = 0; flavour < 2; ++flavour) {  // send/recv, isend/irecv
-          SCOPED_TRACE(c10::str("checked ", checked, ", pseudo_rand ", pseudo_rand,
-                                ", flavour ", flavour));
+          SCOPED_TRACE(
+              c10::str("checked ", checked, ", pseudo_rand ", pseudo_rand, ", flavour ", flavour));
           const double base = 10.0 * ++round;
           const int64_t init_tag = 7;
           if (rank == 0) {
             const TensorDict td = sample(base, "sender");
-            const SendOptions o{.init_tag = init_tag, .pseudo_rand = pseudo_rand, .checked = checked};
+            const SendOptions o{
+                .init_tag = init_tag, .pseudo_rand = pseudo_rand, .checked = checked};
             if (flavour == 0) {
               send(td, 1, o);
             } else {
@@ -91,7 +92,8 @@ TEST(DistNonTensor, PerLeafTransfersSkipThemWithoutATag) {
           } else {
             // The receiver's non-tensor entries differ and stay its own, as in the reference.
             const TensorDict td = sample(0.0, "receiver");
-            const RecvOptions o{.init_tag = init_tag, .pseudo_rand = pseudo_rand, .checked = checked};
+            const RecvOptions o{
+                .init_tag = init_tag, .pseudo_rand = pseudo_rand, .checked = checked};
             if (flavour == 0) {
               const auto tag = recv(td, 0, o);
               if (!checked) {
@@ -236,39 +238,41 @@ TEST(DistNonTensor, MalformedEntriesFromAPeerAreRefused) {
       {"not_a_tuple", Value::from_int(1), "must be [data, batch_size, device]"},
       {"too_deep", Value::tuple({deep, ints({2}), Value()}), "nesting deeper than"},
   };
-  run_ranks(2, [&](int rank, int) {
-    auto store = c10::make_intrusive<c10d::FileStore>(run_scratch_dir() + "/bad_nt", 2);
-    static auto* keep = new std::vector<BackendPtr>();
-    const TensorDict td = sample(1.0, "sender");
-    const int64_t total = consolidated_storage(consolidate(td)).numel();
-    for (const auto& c : cases) {
-      SCOPED_TRACE(c.name);
-      auto group = make_gloo_backend(c10::make_intrusive<c10d::PrefixStore>(c.name, store), rank,
-                                     2, std::chrono::seconds(5), "127.0.0.1");
-      keep->push_back(group);
-      if (rank == 0) {
-        Value meta = metadata_to_pickle(metadata_of(td), {{"_total_bytes", total}});
-        Value non_tensors = *meta.find("non_tensors");
-        non_tensors.set("0", c.entry);
-        meta.set("non_tensors", std::move(non_tensors));
-        const std::string bytes = pickle::dumps(meta);
-        std::vector<std::vector<at::Tensor>> messages = {
-            {at::full({1}, static_cast<int64_t>(bytes.size()), at::kLong)},
-            {bytes_of(bytes)},
-            {at::zeros({total}, at::kByte)}};
-        try {
-          for (auto& m : messages) group->send(m, 1, 0)->wait();
-        } catch (const std::exception&) {  // a receiver that refuses before the storage
-        }
-      } else {
-        const std::string error = error_of([&] {
-          from_remote_init({}, {.group = group, .group_src = 0});
-        });
-        EXPECT_NE(error.find(c.error), std::string::npos) << error;
-        EXPECT_NE(error.find("from_remote_init: "), std::string::npos) << error;
-      }
-    }
-  }, {.watchdog = std::chrono::seconds(120)});
+  run_ranks(2,
+            [&](int rank, int) {
+              auto store = c10::make_intrusive<c10d::FileStore>(run_scratch_dir() + "/bad_nt", 2);
+              static auto* keep = new std::vector<BackendPtr>();
+              const TensorDict td = sample(1.0, "sender");
+              const int64_t total = consolidated_storage(consolidate(td)).numel();
+              for (const auto& c : cases) {
+                SCOPED_TRACE(c.name);
+                auto group =
+                    make_gloo_backend(c10::make_intrusive<c10d::PrefixStore>(c.name, store), rank,
+                                      2, std::chrono::seconds(5), "127.0.0.1");
+                keep->push_back(group);
+                if (rank == 0) {
+                  Value meta = metadata_to_pickle(metadata_of(td), {{"_total_bytes", total}});
+                  Value non_tensors = *meta.find("non_tensors");
+                  non_tensors.set("0", c.entry);
+                  meta.set("non_tensors", std::move(non_tensors));
+                  const std::string bytes = pickle::dumps(meta);
+                  std::vector<std::vector<at::Tensor>> messages = {
+                      {at::full({1}, static_cast<int64_t>(bytes.size()), at::kLong)},
+                      {bytes_of(bytes)},
+                      {at::zeros({total}, at::kByte)}};
+                  try {
+                    for (auto& m : messages) group->send(m, 1, 0)->wait();
+                  } catch (const std::exception&) {  // a receiver that refuses before the storage
+                  }
+                } else {
+                  const std::string error =
+                      error_of([&] { from_remote_init({}, {.group = group, .group_src = 0}); });
+                  EXPECT_NE(error.find(c.error), std::string::npos) << error;
+                  EXPECT_NE(error.find("from_remote_init: "), std::string::npos) << error;
+                }
+              }
+            },
+            {.watchdog = std::chrono::seconds(120)});
 }
 
 }  // namespace

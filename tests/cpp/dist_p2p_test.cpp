@@ -8,14 +8,14 @@
 #include <map>
 
 #include "dist_test_util.h"
-#include "wire/leaf_order.h"
 #include "tensordict/consolidate.h"
 #include "tensordict/distributed/collectives.h"
 #include "tensordict/distributed/init_remote.h"
 #include "tensordict/distributed/p2p.h"
-#include "tensordict/lazy_stack.h"
 #include "tensordict/distributed/process_group.h"
 #include "tensordict/distributed/tags.h"
+#include "tensordict/lazy_stack.h"
+#include "wire/leaf_order.h"
 
 namespace tensordict::dist {
 namespace {
@@ -67,11 +67,8 @@ enum class RecvKind { kRecv, kIrecv, kIrecvPremature };
 std::optional<int64_t> do_send(SendKind kind, const TensorDict& td, std::optional<int64_t> dst,
                                const SendOptions& o, size_t leaves = 4) {
   switch (kind) {
-    case SendKind::kSend:
-      send(td, dst, o);
-      return std::nullopt;
-    case SendKind::kIsend:
-      return isend(td, dst, o);
+    case SendKind::kSend: send(td, dst, o); return std::nullopt;
+    case SendKind::kIsend: return isend(td, dst, o);
     case SendKind::kIsendEarly: {
       auto works = isend_early(td, dst, o);
       EXPECT_EQ(works.size(), o.consolidated ? 1u : leaves);
@@ -85,11 +82,8 @@ std::optional<int64_t> do_send(SendKind kind, const TensorDict& td, std::optiona
 std::optional<int64_t> do_recv(RecvKind kind, const TensorDict& td, std::optional<int64_t> src,
                                const RecvOptions& o, size_t leaves = 4) {
   switch (kind) {
-    case RecvKind::kRecv:
-      return recv(td, src, o);
-    case RecvKind::kIrecv:
-      irecv(td, src, o);
-      return std::nullopt;
+    case RecvKind::kRecv: return recv(td, src, o);
+    case RecvKind::kIrecv: irecv(td, src, o); return std::nullopt;
     case RecvKind::kIrecvPremature: {
       auto works = irecv_premature(td, src, o);
       EXPECT_EQ(works.size(), o.consolidated ? 1u : leaves);
@@ -111,14 +105,10 @@ struct PeerSetup {
 
 PeerSetup make_peer(PeerKind kind, int rank) {
   switch (kind) {
-    case PeerKind::kGlobalDefault:
-      return {{}, false};
-    case PeerKind::kGlobalNewGroup:
-      return {new_group({0, 1}), false};
-    case PeerKind::kGroupDefault:
-      return {default_group(), true};
-    case PeerKind::kGroupNewGroup:
-      return {new_group({0, 1}), true};
+    case PeerKind::kGlobalDefault: return {{}, false};
+    case PeerKind::kGlobalNewGroup: return {new_group({0, 1}), false};
+    case PeerKind::kGroupDefault: return {default_group(), true};
+    case PeerKind::kGroupNewGroup: return {new_group({0, 1}), true};
     case PeerKind::kGroupRaw: {
       auto store = c10::make_intrusive<c10d::PrefixStore>(
           "raw_pair", c10::make_intrusive<c10d::FileStore>(run_scratch_dir() + "/raw", 2));
@@ -142,18 +132,16 @@ TEST_P(DistP2PCombos, EveryFlavourAndOption) {
           for (bool pseudo_rand : {false, true}) {
             for (int64_t init_tag : {int64_t{0}, int64_t{1000}}) {
               SCOPED_TRACE(c10::str("send kind ", int(sk), ", recv kind ", int(rk),
-                                    ", consolidated ", consolidated, ", pseudo_rand ",
-                                    pseudo_rand, ", init_tag ", init_tag));
+                                    ", consolidated ", consolidated, ", pseudo_rand ", pseudo_rand,
+                                    ", init_tag ", init_tag));
               // Alternate the direction; the sender's TensorDict is consolidated every other
               // round (send must use its storage as is, or consolidate a copy).
               const bool sending = (round % 2 == 0) == (rank == 0);
               const double base = 10.0 * (round + 1);
-              const std::optional<int64_t> global = peer.by_group_rank
-                                                        ? std::nullopt
-                                                        : std::optional<int64_t>(other);
-              const std::optional<int64_t> in_group = peer.by_group_rank
-                                                          ? std::optional<int64_t>(other)
-                                                          : std::nullopt;
+              const std::optional<int64_t> global =
+                  peer.by_group_rank ? std::nullopt : std::optional<int64_t>(other);
+              const std::optional<int64_t> in_group =
+                  peer.by_group_rank ? std::optional<int64_t>(other) : std::nullopt;
               if (sending) {
                 TensorDict td = sample(base);
                 if (consolidated && round % 3 == 0) {
@@ -177,9 +165,9 @@ TEST_P(DistP2PCombos, EveryFlavourAndOption) {
                                     .pseudo_rand = pseudo_rand,
                                     .consolidated = consolidated});
                 if (rk == RecvKind::kRecv) {
-                  EXPECT_EQ(tag, consolidated ? std::nullopt
-                                              : std::optional<int64_t>(
-                                                    last_tag(init_tag, 4, pseudo_rand)));
+                  EXPECT_EQ(tag, consolidated
+                                     ? std::nullopt
+                                     : std::optional<int64_t>(last_tag(init_tag, 4, pseudo_rand)));
                 }
                 expect_values(td, base);
               }
@@ -193,8 +181,8 @@ TEST_P(DistP2PCombos, EveryFlavourAndOption) {
 }
 
 std::string peer_name(const ::testing::TestParamInfo<PeerKind>& info) {
-  static const char* names[] = {"GlobalDefault", "GlobalNewGroup", "GroupDefault",
-                                "GroupNewGroup", "GroupRaw"};
+  static const char* names[] = {"GlobalDefault", "GlobalNewGroup", "GroupDefault", "GroupNewGroup",
+                                "GroupRaw"};
   return names[static_cast<int>(info.param)];
 }
 
@@ -214,7 +202,7 @@ TensorDict deep(bool reversed, bool zeros) {
   int counter = 0;
   std::map<std::vector<std::string>, double> value;
   std::function<void(int, std::vector<std::string>)> number = [&](int depth,
-                                                                   std::vector<std::string> p) {
+                                                                  std::vector<std::string> p) {
     std::vector<std::string> sorted = {"A", "_", "b", "c", "cls"};
     for (const auto& k : sorted) {
       p.push_back(k);
@@ -227,20 +215,20 @@ TensorDict deep(bool reversed, bool zeros) {
     }
   };
   number(1, {});
-  std::function<TensorDict(int, std::vector<std::string>)> build =
-      [&](int depth, std::vector<std::string> p) {
-        std::vector<TensorDict::Entry> entries;
-        for (const auto& k : keys) {
-          p.push_back(k);
-          if (depth < 3 && k == "c") {
-            entries.emplace_back(k, build(depth + 1, p));
-          } else {
-            entries.emplace_back(k, at::full({3}, zeros ? -1.0 : value[p]));
-          }
-          p.pop_back();
-        }
-        return TensorDict(entries, {3});
-      };
+  std::function<TensorDict(int, std::vector<std::string>)> build = [&](int depth,
+                                                                       std::vector<std::string> p) {
+    std::vector<TensorDict::Entry> entries;
+    for (const auto& k : keys) {
+      p.push_back(k);
+      if (depth < 3 && k == "c") {
+        entries.emplace_back(k, build(depth + 1, p));
+      } else {
+        entries.emplace_back(k, at::full({3}, zeros ? -1.0 : value[p]));
+      }
+      p.pop_back();
+    }
+    return TensorDict(entries, {3});
+  };
   return build(1, {});
 }
 
@@ -276,10 +264,13 @@ TEST(DistP2P, NestedThreeDeep) {
 // A heterogeneous lazy stack (member 1's leaf y is wider, member 0 alone has e) inside a
 // TensorDict, every leaf holding `fill`.
 TensorDict lazy_sample(double fill) {
-  TensorDict a({{"x", at::full({3}, fill)}, {"e", at::full({3, 2}, fill)}, {{"n", "y"}, at::full({3, 2}, fill)}},
+  TensorDict a({{"x", at::full({3}, fill)},
+                {"e", at::full({3, 2}, fill)},
+                {{"n", "y"}, at::full({3, 2}, fill)}},
                {3});
   TensorDict b({{"x", at::full({3}, fill)}, {{"n", "y"}, at::full({3, 4}, fill)}}, {3});
-  return TensorDict({{"z", at::full({2, 3}, fill)}, {"s", LazyStackedTensorDict({a, b}, 0)}}, {2, 3});
+  return TensorDict({{"z", at::full({2, 3}, fill)}, {"s", LazyStackedTensorDict({a, b}, 0)}},
+                    {2, 3});
 }
 
 bool all_equal(const TensorDict& td, double fill) {
@@ -297,14 +288,19 @@ TEST(DistP2P, LazyStacksPerLeafInitRemoteAndAllReduce) {
     } else {
       TensorDict td = lazy_sample(0);
       const at::Tensor wide = LazyStackedTensorDict::of(td.get("s").tensordict())
-                                  .tensordicts()[1].get({"n", "y"}).tensor();
+                                  .tensordicts()[1]
+                                  .get({"n", "y"})
+                                  .tensor();
       EXPECT_EQ(recv(td, 0), 5);  // 6 leaves: z, then member 0's 3 and member 1's 2
       EXPECT_TRUE(all_equal(td, 1));
       EXPECT_TRUE(wide.eq(1).all().item<bool>());  // received in place
       const TensorDict got = from_remote_init(0);
       ASSERT_TRUE(got.get("s").tensordict().is_lazy_stack());
-      EXPECT_EQ(LazyStackedTensorDict::of(got.get("s").tensordict()).tensordicts()[1]
-                    .get({"n", "y"}).tensor().sizes(),
+      EXPECT_EQ(LazyStackedTensorDict::of(got.get("s").tensordict())
+                    .tensordicts()[1]
+                    .get({"n", "y"})
+                    .tensor()
+                    .sizes(),
                 at::IntArrayRef({3, 4}));
       EXPECT_TRUE(all_equal(got, 2));
     }
@@ -315,10 +311,10 @@ TEST(DistP2P, LazyStacksPerLeafInitRemoteAndAllReduce) {
 }
 
 std::vector<at::ScalarType> all_dtypes() {
-  return {at::kByte,     at::kChar,          at::kShort,         at::kInt,
-          at::kLong,     at::kUInt16,        at::kUInt32,        at::kUInt64,
-          at::kHalf,     at::kBFloat16,      at::kFloat,         at::kDouble,
-          at::kBool,     at::kComplexHalf,   at::kComplexFloat,  at::kComplexDouble,
+  return {at::kByte,          at::kChar,        at::kShort,           at::kInt,
+          at::kLong,          at::kUInt16,      at::kUInt32,          at::kUInt64,
+          at::kHalf,          at::kBFloat16,    at::kFloat,           at::kDouble,
+          at::kBool,          at::kComplexHalf, at::kComplexFloat,    at::kComplexDouble,
           at::kFloat8_e4m3fn, at::kFloat8_e5m2, at::kFloat8_e4m3fnuz, at::kFloat8_e5m2fnuz};
 }
 
@@ -520,8 +516,9 @@ TEST(DistP2P, GroupDstOnStandaloneGroups) {
         expect_values(td, 42.0);
       }
       // A global rank needs a registered group.
-      EXPECT_NE(error_of([&] { send(sample(1.0), 1, {.group = g}); })
-                    .find("is not registered, please create group with new_group"),
+      EXPECT_NE(error_of([&] {
+                  send(sample(1.0), 1, {.group = g});
+                }).find("is not registered, please create group with new_group"),
                 std::string::npos);
     }
   });
@@ -602,11 +599,12 @@ TEST(DistP2P, RawC10dPeerSeesTheWireFormat) {
       // Consolidated: one uint8 message with tag 0.
       std::vector<at::Tensor> storage{at::zeros({96}, at::kByte)};
       pg->recv(storage, 0, 0)->wait();
-      EXPECT_TRUE(at::equal(storage[0].slice(0, 0, 16).view(at::kFloat), at::arange(4, at::kFloat)));
+      EXPECT_TRUE(
+          at::equal(storage[0].slice(0, 0, 16).view(at::kFloat), at::arange(4, at::kFloat)));
       EXPECT_TRUE(at::equal(storage[0].slice(0, 16, 64).view(at::kFloat),
                             at::arange(12, at::kFloat) + 100));
-      EXPECT_TRUE(at::equal(storage[0].slice(0, 64, 96).view(at::kLong),
-                            at::arange(4, at::kLong) + 1000));
+      EXPECT_TRUE(
+          at::equal(storage[0].slice(0, 64, 96).view(at::kLong), at::arange(4, at::kLong) + 1000));
       std::vector<at::Tensor> padded{at::full({32}, 0xAB, at::kByte)};
       pg->recv(padded, 0, 0)->wait();
       const auto& p = padded[0];
@@ -657,23 +655,23 @@ TEST(DistP2PValidation, PeerArguments) {
   auto solo = make_gloo_backend(c10::make_intrusive<c10d::FileStore>(path + "/store", 1), 0, 1,
                                 std::chrono::seconds(10), "127.0.0.1");
   TensorDict td = sample(1.0);
-  const std::vector<std::pair<std::string, std::function<void(std::optional<int64_t>, Group,
-                                                              std::optional<int64_t>)>>>
+  const std::vector<std::pair<
+      std::string, std::function<void(std::optional<int64_t>, Group, std::optional<int64_t>)>>>
       senders = {
           {"send", [&](auto p, Group g, auto gp) { send(td, p, {.group = g, .group_dst = gp}); }},
           {"isend", [&](auto p, Group g, auto gp) { isend(td, p, {.group = g, .group_dst = gp}); }},
           {"isend_early",
            [&](auto p, Group g, auto gp) { isend_early(td, p, {.group = g, .group_dst = gp}); }}};
-  const std::vector<std::pair<std::string, std::function<void(std::optional<int64_t>, Group,
-                                                              std::optional<int64_t>)>>>
+  const std::vector<std::pair<
+      std::string, std::function<void(std::optional<int64_t>, Group, std::optional<int64_t>)>>>
       receivers = {
           {"recv", [&](auto p, Group g, auto gp) { recv(td, p, {.group = g, .group_src = gp}); }},
           {"irecv", [&](auto p, Group g, auto gp) { irecv(td, p, {.group = g, .group_src = gp}); }},
-          {"irecv_premature",
-           [&](auto p, Group g, auto gp) { irecv_premature(td, p, {.group = g, .group_src = gp}); }}};
-  for (const auto& [names, calls] :
-       {std::pair{std::pair{"dst", "group_dst"}, senders},
-        std::pair{std::pair{"src", "group_src"}, receivers}}) {
+          {"irecv_premature", [&](auto p, Group g, auto gp) {
+             irecv_premature(td, p, {.group = g, .group_src = gp});
+           }}};
+  for (const auto& [names, calls] : {std::pair{std::pair{"dst", "group_dst"}, senders},
+                                     std::pair{std::pair{"src", "group_src"}, receivers}}) {
     const std::string peer = names.first;
     const std::string group_peer = names.second;
     for (const auto& [name, call] : calls) {
@@ -724,8 +722,9 @@ TEST(DistP2PValidation, TagsAndConsolidation) {
             "recv(consolidated=True): the TensorDict is not consolidated. Receive into a "
             "consolidated TensorDict with the sender's layout (consolidate() it first)");
   TensorDict expanded({{"e", at::zeros({1, 3}).expand({2, 3})}}, {2});
-  EXPECT_NE(error_of([&] { recv(expanded, {}, {.group = solo, .group_src = 0}); })
-                .find("cannot receive into a leaf whose elements share memory"),
+  EXPECT_NE(error_of([&] {
+              recv(expanded, {}, {.group = solo, .group_src = 0});
+            }).find("cannot receive into a leaf whose elements share memory"),
             std::string::npos);
   std::filesystem::remove_all(path);
 }

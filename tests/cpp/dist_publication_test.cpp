@@ -13,7 +13,6 @@
 
 #include "dist_test_util.h"
 #include "publication_test_util.h"
-#include "wire/leaf_order.h"
 #include "tensordict/consolidate.h"
 #include "tensordict/distributed/p2p.h"
 #include "tensordict/distributed/process_group.h"
@@ -21,16 +20,17 @@
 #include "tensordict/errors.h"
 #include "tensordict/lazy_stack.h"
 #include "tensordict/tensor_dict.h"
+#include "wire/leaf_order.h"
 
 namespace tensordict {
 namespace {
 
 using namespace std::chrono_literals;
+using publication_test::get_u64;
 using testing::await_ready;
 using testing::error_of;
 using testing::ready;
 using testing::run_ranks;
-using publication_test::get_u64;
 
 // The publication tags of channel 0 (docs/wire-format.md §9).
 constexpr int kRequestTag = 0x7E000000;
@@ -39,7 +39,8 @@ constexpr int kDataTag = kRequestTag + 3;
 
 TensorDict weights(double v) {
   TensorDict inner({{"w", at::full({8, 3}, v, at::kDouble)}}, {});
-  return TensorDict({{"bias", at::full({3}, v)}, {"layer", inner},
+  return TensorDict({{"bias", at::full({3}, v)},
+                     {"layer", inner},
                      {"steps", at::full({2}, static_cast<int64_t>(v), at::kLong)}},
                     {});
 }
@@ -244,8 +245,8 @@ TEST(Publication, AStalledSubscriberPinsOneSlotAndIsNamed) {
           return std::string(reinterpret_cast<const char*>(s.data_ptr<uint8_t>()),
                              static_cast<size_t>(schema_bytes));
         }();
-        EXPECT_NE(json.find("\"_total_bytes\": " + std::to_string(data_bytes)),
-                  std::string::npos) << json;
+        EXPECT_NE(json.find("\"_total_bytes\": " + std::to_string(data_bytes)), std::string::npos)
+            << json;
         ready(0);
         await_ready(0);  // hold the data back until rank 0 has seen the pinned slot
         recv_raw(0, kDataTag, data_bytes);
@@ -345,10 +346,10 @@ TEST(Publication, ForgedMessagesGetNamedErrors) {
     if (rank == 0) {
       // A fake publisher: answers each request with a forged offer.
       const std::vector<at::Tensor> offers = {
-          message("TDPUBXXX", 1, {1, 5, 1, 16, 0, 0}),          // wrong magic
+          message("TDPUBXXX", 1, {1, 5, 1, 16, 0, 0}),                 // wrong magic
           message("TDPUBOFR", 1, {2, 5, 1, uint64_t{1} << 60, 8, 1}),  // lying size
-          message("TDPUBOFR", 9, {3, 5, 1, 16, 8, 1}),           // unknown status
-          message("TDPUBOFR", 1, {4, 5, 1, 16, 0, 77}),          // a schema it never sent
+          message("TDPUBOFR", 9, {3, 5, 1, 16, 8, 1}),                 // unknown status
+          message("TDPUBOFR", 1, {4, 5, 1, 16, 0, 77}),                // a schema it never sent
       };
       for (const auto& offer : offers) {
         recv_raw(1, kRequestTag, 64);
@@ -357,11 +358,12 @@ TEST(Publication, ForgedMessagesGetNamedErrors) {
       // A whole schema, then data 16 bytes shorter than announced.
       const TensorDict c = consolidate(weights(3));
       const int64_t n = consolidated_storage(c).numel();
-      const std::string json = metadata_to_json(*consolidated_metadata(c), false,
-                                                {{"_total_bytes", n}});
+      const std::string json =
+          metadata_to_json(*consolidated_metadata(c), false, {{"_total_bytes", n}});
       recv_raw(1, kRequestTag, 64);
-      send_raw(message("TDPUBOFR", 1, {5, 5, 1, static_cast<uint64_t>(n), json.size(),
-                                       testing::fnv1a(json.data(), json.size())}),
+      send_raw(message("TDPUBOFR", 1,
+                       {5, 5, 1, static_cast<uint64_t>(n), json.size(),
+                        testing::fnv1a(json.data(), json.size())}),
                1, kOfferTag);
       send_raw(testing::bytes_of(json), 1, kRequestTag + 2);
       send_raw(consolidated_storage(c).narrow(0, 0, n - 16).clone(), 1, kDataTag);
@@ -376,8 +378,8 @@ TEST(Publication, ForgedMessagesGetNamedErrors) {
     } else {
       dist::Subscriber sub({.src = 0, .max_total_bytes = 1 << 20});
       TensorDict td = weights(0);
-      for (const char* words : {"magic", "1152921504606846976 bytes", "status 9",
-                                "does not hold", "stopped short"}) {
+      for (const char* words :
+           {"magic", "1152921504606846976 bytes", "status 9", "does not hold", "stopped short"}) {
         std::string kind;
         const std::string e = error_of([&] { sub.pull(td, {.timeout = 10s}); }, &kind);
         EXPECT_EQ(kind, "MalformedPeerDataError") << e;

@@ -36,7 +36,8 @@ TensorDict rows_of(int64_t rows, double base) {
 }
 
 // Rows `picked` of `parent` hold `sent`'s rows in order; every other row is still 0.
-void expect_rows(const TensorDict& parent, const std::vector<int64_t>& picked, const TensorDict& sent) {
+void expect_rows(const TensorDict& parent, const std::vector<int64_t>& picked,
+                 const TensorDict& sent) {
   for (const auto& [key, leaf] : parent.items({.include_nested = true, .leaves_only = true})) {
     const at::Tensor t = leaf.tensor();
     const at::Tensor want = sent.get(key).tensor();
@@ -133,8 +134,8 @@ TEST(DistSubTensorDict, NonContiguousRowsAndAnInteger) {
 TEST(DistUnbatched, PerLeafTransfersCarryThem) {
   run_ranks(2, [](int rank, int) {
     const auto make = [](double fill) {
-      TensorDict n({{"w", at::full({4, 2}, fill)}, {"v", Value::unbatched(at::full({5}, fill + 1))}},
-                   {4});
+      TensorDict n(
+          {{"w", at::full({4, 2}, fill)}, {"v", Value::unbatched(at::full({5}, fill + 1))}}, {4});
       return TensorDict({{"u", Value::unbatched(at::full({2, 3}, fill + 2, at::kDouble))},
                          {"a", at::full({4}, fill + 3)},
                          {"n", n}},

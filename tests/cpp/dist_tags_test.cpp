@@ -36,13 +36,14 @@ TEST(DistTags, DocstringChainFromTen) {
     value = int_generator(value);
     got.push_back(value);
   }
-  EXPECT_EQ(got, (std::vector<int64_t>{6756, 1717, 4410, 9740, 9611, 9716, 5397, 7745, 4521, 7523}));
+  EXPECT_EQ(got,
+            (std::vector<int64_t>{6756, 1717, 4410, 9740, 9611, 9716, 5397, 7745, 4521, 7523}));
 }
 
 TEST(DistTags, PseudoRandLeafTags) {
   EXPECT_EQ(chain(0, 20, true),
-            (std::vector<int64_t>{9651, 3450, 3834, 3840, 6573, 1777, 1232, 676, 8423, 2694, 7475,
-                                  3900, 6696, 8324, 2293, 2881, 8625, 515, 5492, 7646}));
+            (std::vector<int64_t>{9651, 3450, 3834, 3840, 6573, 1777, 1232, 676, 8423, 2694,
+                                  7475, 3900, 6696, 8324, 2293, 2881, 8625, 515, 5492, 7646}));
   EXPECT_EQ(chain(10, 5, true), (std::vector<int64_t>{6756, 6546, 9770, 8695, 1548}));
   EXPECT_EQ(chain(5, 4, true), (std::vector<int64_t>{1262, 841, 4077, 6859}));
   EXPECT_EQ(chain(100, 5, true), (std::vector<int64_t>{8789, 6018, 7690, 90, 8792}));
@@ -88,8 +89,8 @@ TEST(DistTags, UnderOneMicrosecondPerTag) {
       tag = next_tag(tag, true);
       sum += tag;
     }
-    const auto ns = std::chrono::duration<double, std::nano>(std::chrono::steady_clock::now() -
-                                                             start).count();
+    const auto ns =
+        std::chrono::duration<double, std::nano>(std::chrono::steady_clock::now() - start).count();
     ASSERT_GT(sum, 0);
     best_ns = std::min(best_ns, ns / kTags);
   }

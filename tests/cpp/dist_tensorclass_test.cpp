@@ -30,18 +30,12 @@ namespace dist = tensordict::dist;
 TENSORDICT_TENSORCLASS(Inner, (at::Tensor, x), (int64_t, id));
 
 // Named as a Python peer would name it ("<module>.<qualname>").
-TENSORDICT_TENSORCLASS_NAMED(MyDistData, "__main__.MyDistData",
-    (at::Tensor, obs),
-    (at::Tensor, reward),
-    (std::string, label),
-    (Inner, inner));
+TENSORDICT_TENSORCLASS_NAMED(MyDistData, "__main__.MyDistData", (at::Tensor, obs),
+                             (at::Tensor, reward), (std::string, label), (Inner, inner));
 
 // The same fields under another name: a receiver of MyDistData must refuse it.
-TENSORDICT_TENSORCLASS_NAMED(Other, "__main__.Other",
-    (at::Tensor, obs),
-    (at::Tensor, reward),
-    (std::string, label),
-    (Inner, inner));
+TENSORDICT_TENSORCLASS_NAMED(Other, "__main__.Other", (at::Tensor, obs), (at::Tensor, reward),
+                             (std::string, label), (Inner, inner));
 
 MyDistData sample(double fill, const std::string& label = "sent", int64_t id = 7) {
   return MyDistData(at::full({3, 2}, fill), at::full({3}, fill, at::kDouble), label,
@@ -278,8 +272,9 @@ TEST(DistTensorClass, PipeSendRecv) {
       EXPECT_TRUE(b.td().is_same(a.td()));  // same schema: received in place
       MyDistData c = tensordict::pipe::recv<MyDistData>(p);
       expect_sample(c, 3, "two");  // the label changed: a new schema
-      EXPECT_NE(error_of([&] { tensordict::pipe::recv<MyDistData>(p); })
-                    .find("Pipe::recv: field 'label' of __main__.MyDistData is missing"),
+      EXPECT_NE(error_of([&] {
+                  tensordict::pipe::recv<MyDistData>(p);
+                }).find("Pipe::recv: field 'label' of __main__.MyDistData is missing"),
                 std::string::npos);
       p.send(sample(4, "back"));
       p.close();

@@ -12,13 +12,13 @@
 #include <string>
 
 #include "dist_test_util.h"
-#include "wire/leaf_order.h"
 #include "tensordict/consolidate.h"
 #include "tensordict/distributed/init_remote.h"
 #include "tensordict/distributed/p2p.h"
 #include "tensordict/distributed/process_group.h"
 #include "tensordict/errors.h"
 #include "tensordict/tensor_dict.h"
+#include "wire/leaf_order.h"
 
 namespace tensordict {
 namespace {
@@ -47,7 +47,6 @@ bool all_equal(const TensorDict& td, double v) {
   }
   return true;
 }
-
 
 // Every pair of the three ranks still moves a TensorDict, and barrier() completes.
 void check_every_pair(int rank) {
@@ -120,12 +119,16 @@ TEST_P(Timeouts, DropSkipsTheLateTransfer) {
   run_ranks(3, [m](int rank, int) {
     if (rank == 1) {
       TensorDict td = target(m, -1);
-      EXPECT_THROW(dist::recv(td, 0, {.consolidated = m.consolidated, .checked = m.checked,
-                                      .timeout = kShort}),
-                   TimeoutError);
+      EXPECT_THROW(
+          dist::recv(td, 0,
+                     {.consolidated = m.consolidated, .checked = m.checked, .timeout = kShort}),
+          TimeoutError);
       ready(0);
-      dist::recv(td, 0, {.consolidated = m.consolidated, .checked = m.checked, .timeout = 20s,
-                         .late = dist::Late::kDrop});
+      dist::recv(td, 0,
+                 {.consolidated = m.consolidated,
+                  .checked = m.checked,
+                  .timeout = 20s,
+                  .late = dist::Late::kDrop});
       EXPECT_TRUE(all_equal(td, 2)) << "got " << value_of(td);
       dist::recv(td, 0, {.consolidated = m.consolidated, .checked = m.checked});
       EXPECT_TRUE(all_equal(td, 3)) << "got " << value_of(td);
@@ -168,8 +171,8 @@ TEST_P(Timeouts, ATimedOutSendStaysQueued) {
 }
 
 INSTANTIATE_TEST_SUITE_P(Modes, Timeouts,
-                         ::testing::Values(Mode{false, false}, Mode{true, false},
-                                           Mode{false, true}, Mode{true, true}),
+                         ::testing::Values(Mode{false, false}, Mode{true, false}, Mode{false, true},
+                                           Mode{true, true}),
                          mode_name);
 
 // 100 receives time out on one pair; then 100 transfers of 100 succeed on it, per leaf and
@@ -242,8 +245,8 @@ TEST(TimeoutsMany, FromRemoteInitKeepsTheLateTransfer) {
       EXPECT_TRUE(all_equal(dist::from_remote_init(0, {.timeout = 20s}), 1));
       EXPECT_THROW(dist::from_remote_init(0, {.timeout = kShort}), TimeoutError);
       ready(0);
-      EXPECT_TRUE(all_equal(
-          dist::from_remote_init(0, {.timeout = 20s, .late = dist::Late::kDrop}), 3));
+      EXPECT_TRUE(
+          all_equal(dist::from_remote_init(0, {.timeout = 20s, .late = dist::Late::kDrop}), 3));
     } else if (rank == 0) {
       await_ready(1);
       dist::init_remote(filled(1), 1);

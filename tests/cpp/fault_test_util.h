@@ -125,8 +125,7 @@ inline pid_t spawn_role(const std::string& role, const std::string& dir,
                         const std::vector<std::pair<std::string, std::string>>& extra = {}) {
   const auto* info = ::testing::UnitTest::GetInstance()->current_test_info();
   std::vector<std::string> args = {
-      "fault_tests",
-      std::string("--gtest_filter=") + info->test_suite_name() + "." + info->name(),
+      "fault_tests", std::string("--gtest_filter=") + info->test_suite_name() + "." + info->name(),
       "--gtest_brief=1"};
   std::vector<std::string> envs;
   for (char** e = environ; *e != nullptr; ++e) {
@@ -185,11 +184,11 @@ inline bool was_sigkilled(std::optional<int> status) {
 /// A failure message that says who failed: the peer's address, a lost connection, or the
 /// timeout.
 inline bool names_peer_or_timeout(const std::string& msg) {
-  const bool peer = msg.find("127.0.0.1") != std::string::npos &&
-                    (msg.find("peer") != std::string::npos ||
-                     msg.find("onnection") != std::string::npos);
-  const bool timeout = msg.find("imed out") != std::string::npos ||
-                       msg.find("timeout") != std::string::npos;
+  const bool peer =
+      msg.find("127.0.0.1") != std::string::npos &&
+      (msg.find("peer") != std::string::npos || msg.find("onnection") != std::string::npos);
+  const bool timeout =
+      msg.find("imed out") != std::string::npos || msg.find("timeout") != std::string::npos;
   return peer || timeout;
 }
 

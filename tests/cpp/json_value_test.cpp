@@ -6,10 +6,10 @@
 #include <limits>
 #include <string>
 
+#include "core/json_text.h"
 #include "expect_throw.h"
 #include "tensordict/errors.h"
 #include "tensordict/json_value.h"
-#include "core/json_text.h"
 
 using tensordict::JsonValue;
 using tensordict::KeyError;
@@ -137,8 +137,8 @@ TEST(JsonValue, SharedDataIsHeldOnceAndMeasuredBeforeAFullWrite) {
   EXPECT_LT(tensordict::core::json_memory(value), 10'000u);  // 5 lists and one str
   EXPECT_LT(builder.bytes(), 10'000u);
   tensordict::core::JsonExpansion written;
-  EXPECT_THROW_MSG(written.add(value, [] { return std::string("write of 'a'"); }),
-                   c10::ValueError, "write of 'a': writing it out in full would take about");
+  EXPECT_THROW_MSG(written.add(value, [] { return std::string("write of 'a'"); }), c10::ValueError,
+                   "write of 'a': writing it out in full would take about");
   // Without reuse nothing is an expansion, however large.
   tensordict::core::JsonExpansion plain(0);
   plain.add(JsonValue(std::string(4 << 20, 'y')), [] { return std::string("plain"); });

@@ -24,8 +24,9 @@ std::vector<TensorDict> members(double fill = 0) {
                 {"e", at::ones({3}, at::kLong)},
                 {{"n", "y"}, at::full({3, 2}, fill + 1)}},
                {3});
-  TensorDict b({{"x", at::arange(3, at::kFloat) + fill + 10}, {{"n", "y"}, at::full({3, 4}, fill + 2)}},
-               {3});
+  TensorDict b(
+      {{"x", at::arange(3, at::kFloat) + fill + 10}, {{"n", "y"}, at::full({3, 4}, fill + 2)}},
+      {3});
   return {a, b};
 }
 
@@ -38,8 +39,8 @@ TEST(LazyStack, BatchSizeKeysAndStackedReads) {
   EXPECT_EQ(s.keys(), (std::vector<NestedKey>{"x", "n"}));
   EXPECT_EQ(s.keys({.include_nested = true, .leaves_only = true}),
             (std::vector<NestedKey>{"x", {"n", "y"}}));
-  EXPECT_TRUE(at::equal(s.get("x").tensor(), at::stack({ms[0].get("x").tensor(),
-                                                         ms[1].get("x").tensor()})));
+  EXPECT_TRUE(at::equal(s.get("x").tensor(),
+                        at::stack({ms[0].get("x").tensor(), ms[1].get("x").tensor()})));
   EXPECT_TRUE(s.contains({"n", "y"}));
   EXPECT_FALSE(s.contains("e"));  // member 1 lacks it
   EXPECT_THROW_MSG(s.get({"n", "y"}), c10::Error,
@@ -164,8 +165,7 @@ TEST(LazyStack, MalformedLazyNodesFromAPeerAreRefused) {
   refused([](Metadata& m) { m.children[1].second.cls_metadata.batch_size = {4}; },
           "different batch sizes");
   refused([](Metadata& m) { m.cls_metadata.stack_dim = 5; }, "stack_dim 5");
-  refused([](Metadata& m) { m.leaves.push_back(m.children[0].second.leaves[0]); },
-          "of its own");
+  refused([](Metadata& m) { m.leaves.push_back(m.children[0].second.leaves[0]); }, "of its own");
   refused([](Metadata& m) { m.children.clear(); }, "no members");
   const std::string extra = [&] {
     std::string j = metadata_to_json(good);
@@ -196,8 +196,8 @@ TEST(MaybeDenseStack, SameKeysAndShapesStackDensely) {
     EXPECT_EQ(s.get("n").tensordict().batch_size(), want.get("n").tensordict().batch_size());
   }
   EXPECT_EQ(maybe_dense_stack(tds, 1).batch_size(), at::IntArrayRef({3, 3}));
-  EXPECT_TRUE(at::equal(maybe_dense_stack(tds, 1).get("x").tensor()[0],
-                        at::tensor({0.0f, 10.0f, 20.0f})));
+  EXPECT_TRUE(
+      at::equal(maybe_dense_stack(tds, 1).get("x").tensor()[0], at::tensor({0.0f, 10.0f, 20.0f})));
   // One TensorDict: a stack of one.
   const TensorDict one = maybe_dense_stack({dense_member(1)});
   EXPECT_FALSE(one.is_lazy_stack());
@@ -279,7 +279,8 @@ TEST(MaybeDenseStack, LazyStacksOfTheSameLayoutStackTheirMembers) {
   // its stack dim moved past the new one.
   auto lazy = [](double fill) {
     return lazy_stack({TensorDict({{"x", at::full({3}, fill)}}, {3}),
-                       TensorDict({{"x", at::full({3}, fill + 1)}}, {3})}, 0);
+                       TensorDict({{"x", at::full({3}, fill + 1)}}, {3})},
+                      0);
   };
   const TensorDict s = maybe_dense_stack({lazy(0), lazy(10)}, 0);
   ASSERT_TRUE(s.is_lazy_stack());

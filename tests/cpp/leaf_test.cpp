@@ -31,8 +31,7 @@ TEST(Leaf, StoragelessKindsAreRefusedByKey) {
             "receive");
   EXPECT_EQ(error_of(at::eye(3).to_sparse()).rfind("send: leaf ('x', 'm') is a sparse tensor", 0),
             0u);
-  EXPECT_EQ(error_of(at::eye(3).to_sparse_csr()).rfind("send: leaf ('x', 'm') is a sparse", 0),
-            0u);
+  EXPECT_EQ(error_of(at::eye(3).to_sparse_csr()).rfind("send: leaf ('x', 'm') is a sparse", 0), 0u);
   EXPECT_EQ(error_of(at::quantize_per_tensor(at::ones({2}), 0.1, 0, at::kQInt8)),
             "send: leaf ('x', 'm') has the quantized dtype torch.qint8, whose storage is not "
             "numel * element size bytes; dequantize() it first");
@@ -47,7 +46,8 @@ TEST(Leaf, NestedTensorsAreNoLeaves) {
     TensorDict({{"n", nested}}, {2});
     ADD_FAILURE() << "expected TypeError";
   } catch (const c10::TypeError& e) {
-    EXPECT_EQ(e.msg(), "cannot set key 'n' to a nested (jagged) tensor: a leaf needs a fixed shape");
+    EXPECT_EQ(e.msg(),
+              "cannot set key 'n' to a nested (jagged) tensor: a leaf needs a fixed shape");
   }
 }
 

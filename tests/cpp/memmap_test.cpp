@@ -47,7 +47,8 @@ std::string read_all(const std::string& file) {
 
 std::string bytes_of(const at::Tensor& t) {
   at::Tensor c = t.contiguous();
-  return {static_cast<const char*>(c.data_ptr()), static_cast<size_t>(c.numel() * c.element_size())};
+  return {static_cast<const char*>(c.data_ptr()),
+          static_cast<size_t>(c.numel() * c.element_size())};
 }
 
 void write_file(const std::string& file, const std::string& text) {
@@ -98,7 +99,8 @@ TEST_F(Memmap, FromFilenameReadsWhatFromTensorWrote) {
 }
 
 TEST_F(Memmap, FactoriesFillAndEmptyLikeKeepsShapeAndDtype) {
-  EXPECT_TRUE(at::equal(MemoryMappedTensor::ones({3}, at::kInt, path("o")), at::ones({3}, at::kInt)));
+  EXPECT_TRUE(
+      at::equal(MemoryMappedTensor::ones({3}, at::kInt, path("o")), at::ones({3}, at::kInt)));
   EXPECT_TRUE(at::equal(MemoryMappedTensor::full({2, 2}, 2.5, at::kFloat, path("f")),
                         at::full({2, 2}, 2.5, at::kFloat)));
   at::Tensor e = MemoryMappedTensor::empty_like(at::ones({2, 7}, at::kHalf), path("e"));
@@ -168,8 +170,9 @@ TEST_F(Memmap, FileSystemErrorsNameThePath) {
 
 TEST_F(Memmap, FromFilenameRefusesAFileTooSmall) {
   MemoryMappedTensor::zeros({3}, at::kFloat, path("s"));
-  EXPECT_THROW_MSG(MemoryMappedTensor::from_filename(path("s"), at::kFloat, {4}), c10::Error,
-                   path("s") + " holds 12 bytes, too few for torch.float32 of shape [4] (16 bytes)");
+  EXPECT_THROW_MSG(
+      MemoryMappedTensor::from_filename(path("s"), at::kFloat, {4}), c10::Error,
+      path("s") + " holds 12 bytes, too few for torch.float32 of shape [4] (16 bytes)");
   EXPECT_EQ(fs::file_size(path("s")), 12u);  // not grown, as torch.from_file would
   EXPECT_THROW_MSG(MemoryMappedTensor::from_filename(path("s"), at::kFloat, {-1}), c10::ValueError,
                    "negative dim");
@@ -266,8 +269,8 @@ TEST_F(Memmap, WithoutAPrefixTheLeavesAreAnonymousMappings) {
 }
 
 TEST_F(Memmap, ConsolidateKeepsTheValuesOfMappedLeaves) {
-  TensorDict m = memmap(TensorDict({{"a", at::arange(4, at::kFloat)}, {"b", at::ones({4, 2})}}, {4}),
-                        dir_.string());
+  TensorDict m = memmap(
+      TensorDict({{"a", at::arange(4, at::kFloat)}, {"b", at::ones({4, 2})}}, {4}), dir_.string());
   TensorDict c = consolidate(m);
   EXPECT_TRUE(c.allclose(m));
   EXPECT_FALSE(is_memmap(c.get("a").tensor()));  // copied into the flat storage
@@ -357,8 +360,7 @@ TEST_F(Memmap, NonTensorValuesAreBudgetedBeforeTheyAreBuilt) {
   for (int i = 0; i < 3'000'000; ++i) many += ", 1";
   text.replace(text.find("[1]"), 3, many + "]");
   write_file(path("big/v/meta.json"), text);
-  EXPECT_THROW_MSG(load_memmap(path("big")), c10::ValueError,
-                   "bytes per byte of meta.json read");
+  EXPECT_THROW_MSG(load_memmap(path("big")), c10::ValueError, "bytes per byte of meta.json read");
   // A level's entries are loaded as they are read: the first bad one of a million ends it.
   std::string level = "{";
   for (int i = 0; i < 1'000'000; ++i) level += "\"k" + std::to_string(i) + "\": {}, ";

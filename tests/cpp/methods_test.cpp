@@ -81,13 +81,13 @@ TEST(Methods, ApplyWithABatchSize) {
   EXPECT_EQ(flat.batch_size(), at::IntArrayRef({6}));
   EXPECT_EQ(flat.get("n").tensordict().batch_size(), at::IntArrayRef({6}));
   EXPECT_TRUE(leaf(flat, {"n", "x"}).equal(leaf(td, {"n", "x"}).flatten(0, 1)));
-  const TensorDict sum = td.apply(
-      [](const at::Tensor& a, const at::Tensor& b) { return (a + b).sum(0); }, td,
-      {.batch_size = std::vector<int64_t>{3}});
+  const TensorDict sum =
+      td.apply([](const at::Tensor& a, const at::Tensor& b) { return (a + b).sum(0); }, td,
+               {.batch_size = std::vector<int64_t>{3}});
   EXPECT_TRUE(leaf(sum, "i").equal((leaf(td, "i") * 2).sum(0)));
-  EXPECT_THROW_MSG(td.apply([](const at::Tensor& t) { return t; },
-                            {.batch_size = std::vector<int64_t>{5}}),
-                   c10::ValueError, "batch");
+  EXPECT_THROW_MSG(
+      td.apply([](const at::Tensor& t) { return t; }, {.batch_size = std::vector<int64_t>{5}}),
+      c10::ValueError, "batch");
 }
 
 TEST(Methods, InPlaceWritesLandInTheLeaves) {
@@ -147,8 +147,8 @@ TEST(Methods, ValuesReductionsAndArithmetic) {
   EXPECT_EQ(td.exclude({"i"}).mean({.dims = {-1}, .keepdim = true}).batch_size(),
             at::IntArrayRef({2, 1}));
   EXPECT_TRUE(at::allclose(leaf(td.sum({.dims = {}, .feature = true}), {"n", "x"}), x.sum(-1)));
-  EXPECT_TRUE(at::allclose(leaf(td.exclude({"i"}).std({.dims = {1}, .correction = 0}), "a"),
-                           a.std(1, 0)));
+  EXPECT_TRUE(
+      at::allclose(leaf(td.exclude({"i"}).std({.dims = {1}, .correction = 0}), "a"), a.std(1, 0)));
   auto [values, indices] = td.max({.dims = {1}});
   ASSERT_TRUE(indices.has_value());
   EXPECT_TRUE(at::equal(leaf(*indices, "a"), std::get<1>(a.max(1))));
@@ -165,9 +165,10 @@ TEST(Methods, ValuesReductionsAndArithmetic) {
   shared.share_memory_();
   EXPECT_TRUE(shared.is_shared() && shared.is_locked());
   EXPECT_TRUE(at::equal(leaf(shared, "a"), a));
-  EXPECT_TRUE(td.named_apply([](const NestedKey& k, const at::Tensor& t) {
-                  return k.size() == 2 ? t : at::Tensor();
-                }, true).keys({.include_nested = true, .leaves_only = true}) ==
+  EXPECT_TRUE(td.named_apply([](const NestedKey& k,
+                                const at::Tensor& t) { return k.size() == 2 ? t : at::Tensor(); },
+                             true)
+                  .keys({.include_nested = true, .leaves_only = true}) ==
               (std::vector<NestedKey>{{"n", "x"}}));
 }
 
@@ -185,7 +186,6 @@ TEST(Methods, OnALazyStack) {
   EXPECT_EQ(b.get("y").tensor()[0][0].item<double>(), 2);
   EXPECT_EQ(s.select({"x"}).transpose(0, 1).batch_size(), at::IntArrayRef({3, 2}));  // dense
 }
-
 
 TEST(Methods, UnflattenKeysRefusesToOverwriteAsTheReference) {
   // "a.b" then "a" (and the reverse): one would replace the other; the reference's KeyError.

@@ -1,9 +1,9 @@
 // from_module / to_module over torch::nn::Module: the module's own tensors, nested by submodule.
 #include <gtest/gtest.h>
+#include <torch/nn/modules/activation.h>
 #include <torch/nn/modules/batchnorm.h>
 #include <torch/nn/modules/container/sequential.h>
 #include <torch/nn/modules/linear.h>
-#include <torch/nn/modules/activation.h>
 
 #include "expect_throw.h"
 #include "tensordict/module.h"
@@ -23,7 +23,8 @@ TEST(Module, FromModuleHoldsTheModulesOwnTensors) {
   auto m = net();
   TensorDict td = from_module(*m);
   std::vector<std::string> keys;
-  for (const auto& k : td.keys({.include_nested = true, .leaves_only = true})) keys.push_back(k.str());
+  for (const auto& k : td.keys({.include_nested = true, .leaves_only = true}))
+    keys.push_back(k.str());
   EXPECT_EQ(keys, (std::vector<std::string>{"('0', 'weight')", "('0', 'bias')", "('2', 'weight')",
                                             "('2', 'bias')", "('2', 'running_mean')",
                                             "('2', 'running_var')", "('2', 'num_batches_tracked')",

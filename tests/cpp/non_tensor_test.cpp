@@ -6,9 +6,9 @@
 
 #include <filesystem>
 
+#include "core/metadata.h"
 #include "expect_throw.h"
 #include "tensordict/tensordict.h"
-#include "core/metadata.h"
 #include "wire/metadata_pickle.h"
 
 using namespace at::indexing;
@@ -39,9 +39,11 @@ TEST(NonTensorStack, ValuesAndShape) {
   EXPECT_THROW_MSG(s.data(), c10::TypeError, "Cannot get the non-unique data of a NonTensorStack");
   EXPECT_EQ(texts({"a", "a"}).common_data(), JsonValue("a"));
   // Along dim 1, members of batch size [2]: values row-major whatever the stack dim.
-  const NonTensorData d1 = NonTensorData::stack({NonTensorData("x", {2}), NonTensorData("y", {2})}, 1);
+  const NonTensorData d1 =
+      NonTensorData::stack({NonTensorData("x", {2}), NonTensorData("y", {2})}, 1);
   EXPECT_EQ(batch(d1), std::vector<int64_t>({2, 2}));
-  EXPECT_EQ(d1.tolist(), JsonValue::list({JsonValue::list({"x", "y"}), JsonValue::list({"x", "y"})}));
+  EXPECT_EQ(d1.tolist(),
+            JsonValue::list({JsonValue::list({"x", "y"}), JsonValue::list({"x", "y"})}));
   EXPECT_EQ(d1.unbind(1)[1].data(), JsonValue("y"));
   EXPECT_EQ(d1.unbind(0)[0].tolist(), JsonValue::list({"x", "y"}));
   EXPECT_THROW_MSG(NonTensorData::stack({NonTensorData("x", {2}), NonTensorData("y", {3})}),
@@ -59,8 +61,8 @@ TEST(NonTensorStack, FromListNests) {
   const NonTensorData flat = NonTensorData::from_list(values, std::nullopt, 1);
   EXPECT_EQ(batch(flat), std::vector<int64_t>({2}));
   EXPECT_EQ(flat.members()[1].data(), JsonValue::list({"c", "d"}));
-  const NonTensorData ragged =
-      NonTensorData::from_list(JsonValue::list({JsonValue::list({"a"}), JsonValue::list({"b", "c"})}));
+  const NonTensorData ragged = NonTensorData::from_list(
+      JsonValue::list({JsonValue::list({"a"}), JsonValue::list({"b", "c"})}));
   EXPECT_EQ(batch(ragged), std::vector<int64_t>({2}));  // members hold the lists
   EXPECT_THROW_MSG(NonTensorData::from_list("x"), c10::TypeError, "expected a list, got str");
 }
@@ -71,9 +73,12 @@ TEST(NonTensorStack, BatchOperationsMoveTheElements) {
   EXPECT_EQ(td.index({1}).get_non_tensor("s"), JsonValue("q"));
   EXPECT_FALSE(td.index({1}).get("s").non_tensor().is_stack());
   EXPECT_EQ(td.index({Slice(1, None)}).get_non_tensor("s"), JsonValue::list({"q", "r"}));
-  EXPECT_EQ(td.index({at::tensor({2, 0, 2})}).get_non_tensor("s"), JsonValue::list({"r", "p", "r"}));
-  EXPECT_EQ(td.index({at::tensor({1, 0, 1}).to(at::kBool)}).get_non_tensor("s"), JsonValue::list({"p", "r"}));
-  EXPECT_EQ(td.unsqueeze(0).get_non_tensor("s"), JsonValue::list({JsonValue::list({"p", "q", "r"})}));
+  EXPECT_EQ(td.index({at::tensor({2, 0, 2})}).get_non_tensor("s"),
+            JsonValue::list({"r", "p", "r"}));
+  EXPECT_EQ(td.index({at::tensor({1, 0, 1}).to(at::kBool)}).get_non_tensor("s"),
+            JsonValue::list({"p", "r"}));
+  EXPECT_EQ(td.unsqueeze(0).get_non_tensor("s"),
+            JsonValue::list({JsonValue::list({"p", "q", "r"})}));
   EXPECT_EQ(td.expand({2, 3}).index({1, 2}).get_non_tensor("s"), JsonValue("r"));
   auto parts = td.unbind(0);
   EXPECT_EQ(parts[2].get_non_tensor("s"), JsonValue("r"));
@@ -120,34 +125,37 @@ TEST(MetaData, StacksIntoOneWhenEqual) {
 TEST(NonTensorStack, ConsolidatesAndRebuildsAsTheReference) {
   TensorDict td({{"a", at::arange(3, at::kFloat)}}, {3});
   td.set("names", texts({"a", "b", "c"}));
-  td.set("grid", NonTensorData::stack({NonTensorData::stack({NonTensorData("x", {}), NonTensorData("y", {})}),
-                                       NonTensorData::stack({NonTensorData("z", {}), NonTensorData("w", {})}),
-                                       NonTensorData::stack({NonTensorData("u", {}), NonTensorData("v", {})})}));
+  td.set("grid", NonTensorData::stack(
+                     {NonTensorData::stack({NonTensorData("x", {}), NonTensorData("y", {})}),
+                      NonTensorData::stack({NonTensorData("z", {}), NonTensorData("w", {})}),
+                      NonTensorData::stack({NonTensorData("u", {}), NonTensorData("v", {})})}));
   td.set("cfg", NonTensorData::metadata("c", {3}));
   TensorDict c = tensordict::consolidate(td);
   // The reference's json.dumps of td.consolidate()._consolidated["metadata"].
-  EXPECT_EQ(tensordict::metadata_to_json(*tensordict::consolidated_metadata(c)),
-            "{\"cls\": \"TensorDict\", \"non_tensors\": {\"cfg\": [\"c\", [3], null]}, \"leaves\": "
-            "{\"a\": [\"torch.float32\", [3], 0, 16, 4]}, \"cls_metadata\": {\"device\": null, "
-            "\"names\": [null], \"batch_size\": [3], \"is_locked\": false}, \"names\": {\"cls\": "
-            "\"NonTensorStack\", \"non_tensors\": {\"0\": [\"a\", [], null], \"1\": [\"b\", [], null], "
-            "\"2\": [\"c\", [], null]}, \"leaves\": {}, \"cls_metadata\": {\"stack_dim\": 0, "
-            "\"stack_dim_name\": null, \"is_locked\": false}}, \"grid\": {\"cls\": \"NonTensorStack\", "
-            "\"non_tensors\": {}, \"leaves\": {}, \"cls_metadata\": {\"stack_dim\": 0, "
-            "\"stack_dim_name\": null, \"is_locked\": false}, \"0\": {\"cls\": \"NonTensorStack\", "
-            "\"non_tensors\": {\"0\": [\"x\", [], null], \"1\": [\"y\", [], null]}, \"leaves\": {}, "
-            "\"cls_metadata\": {\"stack_dim\": 0, \"stack_dim_name\": null, \"is_locked\": false}}, "
-            "\"1\": {\"cls\": \"NonTensorStack\", \"non_tensors\": {\"0\": [\"z\", [], null], \"1\": "
-            "[\"w\", [], null]}, \"leaves\": {}, \"cls_metadata\": {\"stack_dim\": 0, "
-            "\"stack_dim_name\": null, \"is_locked\": false}}, \"2\": {\"cls\": \"NonTensorStack\", "
-            "\"non_tensors\": {\"0\": [\"u\", [], null], \"1\": [\"v\", [], null]}, \"leaves\": {}, "
-            "\"cls_metadata\": {\"stack_dim\": 0, \"stack_dim_name\": null, \"is_locked\": false}}}}");
+  EXPECT_EQ(
+      tensordict::metadata_to_json(*tensordict::consolidated_metadata(c)),
+      "{\"cls\": \"TensorDict\", \"non_tensors\": {\"cfg\": [\"c\", [3], null]}, \"leaves\": "
+      "{\"a\": [\"torch.float32\", [3], 0, 16, 4]}, \"cls_metadata\": {\"device\": null, "
+      "\"names\": [null], \"batch_size\": [3], \"is_locked\": false}, \"names\": {\"cls\": "
+      "\"NonTensorStack\", \"non_tensors\": {\"0\": [\"a\", [], null], \"1\": [\"b\", [], null], "
+      "\"2\": [\"c\", [], null]}, \"leaves\": {}, \"cls_metadata\": {\"stack_dim\": 0, "
+      "\"stack_dim_name\": null, \"is_locked\": false}}, \"grid\": {\"cls\": \"NonTensorStack\", "
+      "\"non_tensors\": {}, \"leaves\": {}, \"cls_metadata\": {\"stack_dim\": 0, "
+      "\"stack_dim_name\": null, \"is_locked\": false}, \"0\": {\"cls\": \"NonTensorStack\", "
+      "\"non_tensors\": {\"0\": [\"x\", [], null], \"1\": [\"y\", [], null]}, \"leaves\": {}, "
+      "\"cls_metadata\": {\"stack_dim\": 0, \"stack_dim_name\": null, \"is_locked\": false}}, "
+      "\"1\": {\"cls\": \"NonTensorStack\", \"non_tensors\": {\"0\": [\"z\", [], null], \"1\": "
+      "[\"w\", [], null]}, \"leaves\": {}, \"cls_metadata\": {\"stack_dim\": 0, "
+      "\"stack_dim_name\": null, \"is_locked\": false}}, \"2\": {\"cls\": \"NonTensorStack\", "
+      "\"non_tensors\": {\"0\": [\"u\", [], null], \"1\": [\"v\", [], null]}, \"leaves\": {}, "
+      "\"cls_metadata\": {\"stack_dim\": 0, \"stack_dim_name\": null, \"is_locked\": false}}}}");
   EXPECT_TRUE(tensordict::is_consolidated(c));
   EXPECT_EQ(c.get("names").non_tensor(), td.get("names").non_tensor());
   // Through JSON (the pipe) and the pickle (init_remote, the collectives).
   const auto& meta = *tensordict::consolidated_metadata(c);
   for (const Metadata& back : {tensordict::metadata_from_json(tensordict::metadata_to_json(meta)),
-                               tensordict::wire::metadata_from_pickle_bytes(tensordict::wire::metadata_pickle_bytes(meta))}) {
+                               tensordict::wire::metadata_from_pickle_bytes(
+                                   tensordict::wire::metadata_pickle_bytes(meta))}) {
     TensorDict r = tensordict::rebuild(back, tensordict::consolidated_storage(c));
     EXPECT_EQ(r.get_non_tensor("names"), JsonValue::list({"a", "b", "c"}));
     EXPECT_EQ(r.get("grid").non_tensor().tolist(), td.get("grid").non_tensor().tolist());
@@ -155,12 +163,18 @@ TEST(NonTensorStack, ConsolidatesAndRebuildsAsTheReference) {
   }
   // JSON has no room for MetaData's mark: the reference's NonTensorData comes back; the pickle
   // keeps it (a list, not the reference's tuple: docs/wire-format.md §3.7).
-  EXPECT_FALSE(tensordict::rebuild(tensordict::metadata_from_json(tensordict::metadata_to_json(meta)),
-                                   tensordict::consolidated_storage(c))
-                   .get("cfg").non_tensor().is_metadata());
-  EXPECT_TRUE(tensordict::rebuild(tensordict::wire::metadata_from_pickle_bytes(tensordict::wire::metadata_pickle_bytes(meta)),
+  EXPECT_FALSE(
+      tensordict::rebuild(tensordict::metadata_from_json(tensordict::metadata_to_json(meta)),
+                          tensordict::consolidated_storage(c))
+          .get("cfg")
+          .non_tensor()
+          .is_metadata());
+  EXPECT_TRUE(tensordict::rebuild(tensordict::wire::metadata_from_pickle_bytes(
+                                      tensordict::wire::metadata_pickle_bytes(meta)),
                                   tensordict::consolidated_storage(c))
-                  .get("cfg").non_tensor().is_metadata());
+                  .get("cfg")
+                  .non_tensor()
+                  .is_metadata());
 }
 
 TEST(NonTensorStack, MalformedNodesAreRefused) {
@@ -169,24 +183,35 @@ TEST(NonTensorStack, MalformedNodesAreRefused) {
   const auto refused = [&](const std::string& node, const char* needle) {
     EXPECT_THROW_MSG(tensordict::metadata_from_json(head + node + "}"), c10::ValueError, needle);
   };
-  const std::string cm = R"("cls_metadata": {"stack_dim": 0, "stack_dim_name": null, "is_locked": false})";
-  refused(R"({"cls": "NonTensorStack", "non_tensors": {"0": ["a", [], null], "2": ["b", [], null]}, "leaves": {}, )" + cm + "}",
-          "member key '2'");
-  refused(R"({"cls": "NonTensorStack", "non_tensors": {"0": ["a", [], null], "1": ["b", [1], null]}, "leaves": {}, )" + cm + "}",
-          "different batch sizes");
-  refused(R"({"cls": "NonTensorStack", "non_tensors": {"0": ["a", [], null]}, "leaves": {}, )" + cm + "}",
+  const std::string cm =
+      R"("cls_metadata": {"stack_dim": 0, "stack_dim_name": null, "is_locked": false})";
+  refused(
+      R"({"cls": "NonTensorStack", "non_tensors": {"0": ["a", [], null], "2": ["b", [], null]}, "leaves": {}, )" +
+          cm + "}",
+      "member key '2'");
+  refused(
+      R"({"cls": "NonTensorStack", "non_tensors": {"0": ["a", [], null], "1": ["b", [1], null]}, "leaves": {}, )" +
+          cm + "}",
+      "different batch sizes");
+  refused(R"({"cls": "NonTensorStack", "non_tensors": {"0": ["a", [], null]}, "leaves": {}, )" +
+              cm + "}",
           "does not start with its parent's [2]");
-  refused(R"({"cls": "NonTensorStack", "non_tensors": {"0": ["a", [], null], "1": ["b", [], null]}, "leaves": {}, "cls_metadata": {"stack_dim": 1, "stack_dim_name": null, "is_locked": false}})",
-          "stack_dim 1 for members with 0 batch dims");
-  refused(R"({"cls": "NonTensorStack", "non_tensors": {"0": ["a", [], null]}, "leaves": {}, )" + cm +
-              R"(, "1": {"cls": "TensorDict", "non_tensors": {}, "leaves": {}, "cls_metadata": {"batch_size": []}}})",
-          "a member is a non-tensor entry or a NonTensorStack");
-  refused(R"({"cls": "NonTensorStack", "non_tensors": {"00": ["a", [], null], "1": ["b", [], null]}, "leaves": {}, )" + cm + "}",
-          "member key '00'");
+  refused(
+      R"({"cls": "NonTensorStack", "non_tensors": {"0": ["a", [], null], "1": ["b", [], null]}, "leaves": {}, "cls_metadata": {"stack_dim": 1, "stack_dim_name": null, "is_locked": false}})",
+      "stack_dim 1 for members with 0 batch dims");
+  refused(
+      R"({"cls": "NonTensorStack", "non_tensors": {"0": ["a", [], null]}, "leaves": {}, )" + cm +
+          R"(, "1": {"cls": "TensorDict", "non_tensors": {}, "leaves": {}, "cls_metadata": {"batch_size": []}}})",
+      "a member is a non-tensor entry or a NonTensorStack");
+  refused(
+      R"({"cls": "NonTensorStack", "non_tensors": {"00": ["a", [], null], "1": ["b", [], null]}, "leaves": {}, )" +
+          cm + "}",
+      "member key '00'");
 }
 
 TEST(NonTensorStack, MemmapRoundTrips) {
-  const auto dir = std::filesystem::temp_directory_path() / ("td_nts_" + std::to_string(::getpid()));
+  const auto dir =
+      std::filesystem::temp_directory_path() / ("td_nts_" + std::to_string(::getpid()));
   std::filesystem::remove_all(dir);
   TensorDict td({{"a", at::arange(3, at::kFloat)}}, {3});
   td.set("names", texts({"a", "b", "c"}));

@@ -125,8 +125,8 @@ TEST(TensorDictParams, LockAndSet) {
 TEST(TensorDictParams, RefusesWhatCannotBeRegistered) {
   EXPECT_THROW_MSG(TensorDictParams(TensorDict({{"a.b", at::ones({1})}})), c10::ValueError,
                    "'a.b'");
-  const LazyStackedTensorDict lazy = lazy_stack({TensorDict({{"x", at::ones({1})}}),
-                                                 TensorDict({{"x", at::ones({1})}})});
+  const LazyStackedTensorDict lazy =
+      lazy_stack({TensorDict({{"x", at::ones({1})}}), TensorDict({{"x", at::ones({1})}})});
   EXPECT_THROW_MSG(TensorDictParams(TensorDict(lazy)), c10::ValueError, "lazy stack");
 }
 
@@ -157,8 +157,9 @@ TEST(TensorDictParams, FromModuleSharesTheModulesTensors) {
   {
     // params() is a plain TensorDict: as the reference's, in-place writes into leaves that
     // require grad need no-grad mode (set() and the receives take care of it).
-    EXPECT_THROW(TensorDict(p->params()).update_(TensorDict({{{"0", "bias"}, at::full({4}, -1.0)}})),
-                 c10::Error);
+    EXPECT_THROW(
+        TensorDict(p->params()).update_(TensorDict({{{"0", "bias"}, at::full({4}, -1.0)}})),
+        c10::Error);
     at::NoGradGuard no_grad;
     TensorDict(p->params()).update_(TensorDict({{{"0", "bias"}, at::full({4}, -1.0)}}));
   }

@@ -4,24 +4,24 @@
 #include <chrono>
 
 #include "tensordict/consolidate.h"
+#include "tensordict/tensor_dict.h"
 #include "wire/metadata_pickle.h"
 #include "wire/pickle.h"
-#include "tensordict/tensor_dict.h"
 
 namespace pk = tensordict::wire::pickle;
 using pk::Value;
 
 namespace {
 
-#define EXPECT_VALUE_ERROR(stmt, needle)                                                    \
-  do {                                                                                      \
-    try {                                                                                   \
-      stmt;                                                                                 \
-      ADD_FAILURE() << "expected ValueError";                                               \
-    } catch (const c10::ValueError& e) {                                                    \
-      EXPECT_NE(std::string(e.what_without_backtrace()).find(needle), std::string::npos)    \
-          << e.what_without_backtrace();                                                    \
-    }                                                                                       \
+#define EXPECT_VALUE_ERROR(stmt, needle)                                                 \
+  do {                                                                                   \
+    try {                                                                                \
+      stmt;                                                                              \
+      ADD_FAILURE() << "expected ValueError";                                            \
+    } catch (const c10::ValueError& e) {                                                 \
+      EXPECT_NE(std::string(e.what_without_backtrace()).find(needle), std::string::npos) \
+          << e.what_without_backtrace();                                                 \
+    }                                                                                    \
   } while (0)
 
 std::string bytes(std::initializer_list<int> b) {
@@ -61,8 +61,9 @@ Value sample() {
 TEST(Pickle, RoundTrip) {
   const Value v = sample();
   EXPECT_EQ(pk::loads(pk::dumps(v)), v);
-  for (int64_t i : {int64_t{0}, int64_t{255}, int64_t{256}, int64_t{65535}, int64_t{65536},
-                    int64_t{-1}, int64_t{INT32_MIN}, int64_t{INT32_MAX} + 1, INT64_MIN, INT64_MAX}) {
+  for (int64_t i :
+       {int64_t{0}, int64_t{255}, int64_t{256}, int64_t{65535}, int64_t{65536}, int64_t{-1},
+        int64_t{INT32_MIN}, int64_t{INT32_MAX} + 1, INT64_MIN, INT64_MAX}) {
     EXPECT_EQ(pk::loads(pk::dumps(Value::from_int(i))).as_int(), i) << i;
   }
 }
@@ -76,8 +77,9 @@ TEST(Pickle, WriterMatchesPythonForSmallValues) {
 
 TEST(Pickle, ReadsMemoAndFrames) {
   // Python 3.11: pickle.dumps({'a': 'x', 'b': 'x'}) memoizes 'x' and refers to it again.
-  const std::string p = bytes({0x80, 4, 0x95, 0x13, 0, 0, 0, 0, 0, 0, 0, '}', 0x94, '(', 0x8c, 1,
-                               'a', 0x94, 0x8c, 1, 'x', 0x94, 0x8c, 1, 'b', 0x94, 'h', 2, 'u', '.'});
+  const std::string p =
+      bytes({0x80, 4,   0x95, 0x13, 0, 0,   0,    0,    0, 0,   0,    '}', 0x94, '(', 0x8c,
+             1,    'a', 0x94, 0x8c, 1, 'x', 0x94, 0x8c, 1, 'b', 0x94, 'h', 2,    'u', '.'});
   Value v = pk::loads(p);
   ASSERT_EQ(v.keys().size(), 2u);
   EXPECT_EQ(v.find("b")->as_str(), "x");
@@ -87,12 +89,13 @@ TEST(Pickle, RefusesCodeExecution) {
   // GLOBAL / STACK_GLOBAL only name a class; every opcode that would call it stays refused.
   constexpr const char* kCall = "refused opcode REDUCE: it would import or call code";
   // pickle.dumps(os.system('echo'), protocol=2): GLOBAL, the argument tuple, REDUCE.
-  EXPECT_VALUE_ERROR(pk::loads(lit("\x80\x02" "cos\nsystem\nq\x00X\x04\x00\x00\x00"
+  EXPECT_VALUE_ERROR(pk::loads(lit("\x80\x02"
+                                   "cos\nsystem\nq\x00X\x04\x00\x00\x00"
                                    "echoq\x01\x85q\x02R.")),
                      kCall);
   // The same with STACK_GLOBAL (protocol 4).
-  const std::string stack_global =
-      bytes({0x80, 4, 0x8c, 2, 'o', 's', 0x94, 0x8c, 6, 's', 'y', 's', 't', 'e', 'm', 0x94, 0x93, 0x94});
+  const std::string stack_global = bytes(
+      {0x80, 4, 0x8c, 2, 'o', 's', 0x94, 0x8c, 6, 's', 'y', 's', 't', 'e', 'm', 0x94, 0x93, 0x94});
   EXPECT_VALUE_ERROR(pk::loads(stack_global + bytes({0x8c, 4, 'e', 'c', 'h', 'o', 0x85, 'R', '.'})),
                      kCall);
   EXPECT_VALUE_ERROR(pk::loads(stack_global + bytes({')', 0x81, '.'})), "refused opcode NEWOBJ");
@@ -116,7 +119,8 @@ TEST(Pickle, RefusesMalformed) {
     EXPECT_THROW(pk::loads(std::string_view(good).substr(0, cut)), c10::ValueError) << cut;
   }
   EXPECT_VALUE_ERROR(pk::loads(good + "x"), "bytes after STOP");
-  EXPECT_VALUE_ERROR(pk::loads(bytes({0x80, 4, 'X', 0xff, 0xff, 0xff, 0x7f, '.'})), "runs past the end");
+  EXPECT_VALUE_ERROR(pk::loads(bytes({0x80, 4, 'X', 0xff, 0xff, 0xff, 0x7f, '.'})),
+                     "runs past the end");
   EXPECT_VALUE_ERROR(pk::loads(bytes({0x80, 4, 'C', 1, 'a', '.'})), "outside the supported subset");
   EXPECT_VALUE_ERROR(pk::loads(bytes({0x80, 4, 0x8a, 9, 1, 1, 1, 1, 1, 1, 1, 1, 1, '.'})),
                      "exceeds int64");
@@ -124,8 +128,8 @@ TEST(Pickle, RefusesMalformed) {
   EXPECT_VALUE_ERROR(pk::loads(bytes({0x80, 4, 0x8c, 2, 0xc3, 0x28, '.'})), "not valid UTF-8");
   // What Python's strict decoder refuses too: a lead byte above U+10FFFF, an overlong form, a
   // surrogate. (A string we read must be one we can write back.)
-  for (const auto& s : {bytes({0xf7, 0xbf, 0xbf, 0xbf}), bytes({0xc0, 0x80}), bytes({0xed, 0xa0, 0x80}),
-                        bytes({0xf4, 0x90, 0x80, 0x80})}) {
+  for (const auto& s : {bytes({0xf7, 0xbf, 0xbf, 0xbf}), bytes({0xc0, 0x80}),
+                        bytes({0xed, 0xa0, 0x80}), bytes({0xf4, 0x90, 0x80, 0x80})}) {
     EXPECT_VALUE_ERROR(pk::loads(bytes({0x80, 4, 0x8c, static_cast<int>(s.size())}) + s + "."),
                        "not valid UTF-8");
   }
@@ -200,23 +204,26 @@ TEST(Pickle, AccessorsNameKinds) {
 
 TEST(Pickle, ReadsClassReferencesAsInertValues) {
   // pickle.dumps(Inner) for a class __main__.Inner (protocol 4, as the reference's metadata).
-  const Value ref = pk::loads(bytes({0x80, 4, 0x8c, 8, '_', '_', 'm', 'a', 'i', 'n', '_', '_', 0x94,
-                                     0x8c, 5, 'I', 'n', 'n', 'e', 'r', 0x94, 0x93, 0x94, '.'}));
+  const Value ref =
+      pk::loads(bytes({0x80, 4,    0x8c, 8,   '_', '_', 'm', 'a', 'i',  'n',  '_',  '_',
+                       0x94, 0x8c, 5,    'I', 'n', 'n', 'e', 'r', 0x94, 0x93, 0x94, '.'}));
   ASSERT_EQ(ref.kind(), Value::Kind::ClassRef);
   EXPECT_EQ(ref.ref_module(), "__main__");
   EXPECT_EQ(ref.ref_qualname(), "Inner");
   EXPECT_EQ(ref, Value::class_ref("__main__", "Inner"));
   EXPECT_VALUE_ERROR(ref.as_str(), "expected a str, got a class reference");
   // Protocol 2's GLOBAL, a nested qualname, memoized and referred to again.
-  const Value pair = pk::loads(lit("\x80\x02" "cpkg.mod\nOuter.Inner\nq\x00h\x00\x86q\x01."));
+  const Value pair =
+      pk::loads(lit("\x80\x02"
+                    "cpkg.mod\nOuter.Inner\nq\x00h\x00\x86q\x01."));
   ASSERT_EQ(pair.items().size(), 2u);
   EXPECT_EQ(pair.items()[1], Value::class_ref("pkg.mod", "Outer.Inner"));
   // The writer emits STACK_GLOBAL; the reader reads it back equal.
   Value d = Value::dict();
   d.set("cls", ref);
   EXPECT_EQ(pk::loads(pk::dumps(d)), d);
-  EXPECT_EQ(pk::dumps(ref), bytes({0x80, 4, 0x8c, 8, '_', '_', 'm', 'a', 'i', 'n', '_', '_', 0x8c,
-                                   5, 'I', 'n', 'n', 'e', 'r', 0x93, '.'}));
+  EXPECT_EQ(pk::dumps(ref), bytes({0x80, 4,    0x8c, 8,   '_', '_', 'm', 'a', 'i',  'n', '_',
+                                   '_',  0x8c, 5,    'I', 'n', 'n', 'e', 'r', 0x93, '.'}));
 }
 
 TEST(Pickle, RefusesMalformedClassReferences) {
@@ -244,11 +251,18 @@ TEST(Pickle, RefusesMalformedClassReferences) {
   EXPECT_VALUE_ERROR(pk::loads(bytes({0x80, 4, 0x8c, 1, 'm', '(', 0x8c, 1, 'C', 0x93, '.'})),
                      "short stack");  // not across a MARK
   // GLOBAL: bounded lines.
-  EXPECT_VALUE_ERROR(pk::loads("\x80\x02" "c" + std::string(5000, 'a') + "\nC\n."),
+  EXPECT_VALUE_ERROR(pk::loads("\x80\x02"
+                               "c" +
+                               std::string(5000, 'a') + "\nC\n."),
                      "GLOBAL module is longer than 4096 bytes");
-  EXPECT_VALUE_ERROR(pk::loads("\x80\x02" "cos\nsystem"), "GLOBAL qualname has no end of line");
-  EXPECT_VALUE_ERROR(pk::loads("\x80\x02" "cos sys\nsystem\n."), "is not a dotted name");
-  EXPECT_VALUE_ERROR(pk::loads(lit("\x80\x02" "cos\x00\nsystem\n.")),
+  EXPECT_VALUE_ERROR(pk::loads("\x80\x02"
+                               "cos\nsystem"),
+                     "GLOBAL qualname has no end of line");
+  EXPECT_VALUE_ERROR(pk::loads("\x80\x02"
+                               "cos sys\nsystem\n."),
+                     "is not a dotted name");
+  EXPECT_VALUE_ERROR(pk::loads(lit("\x80\x02"
+                                   "cos\x00\nsystem\n.")),
                      "module 'os\\x00' is not a dotted name");
   Value::class_ref("a", "b");
   EXPECT_VALUE_ERROR(Value::class_ref("a b", "c"), "dotted names");
@@ -270,13 +284,20 @@ namespace {
 // The reference 0.15.3: pickle.dumps(TensorDict(inner=Inner(q=torch.zeros(3, 2), batch_size=[3]),
 // batch_size=[3]).consolidate(metadata=True)._consolidated["metadata"]), Inner a @tensorclass of
 // __main__: the nested node's "cls" is the class, pickled as STACK_GLOBAL.
-const std::string kReferenceTensorclassNode = lit(
-    "\x80\x04\x95\xe5\x00\x00\x00\x00\x00\x00\x00}\x94(\x8c\x03" "cls\x94\x8c\x0aTensorDict"
-    "\x94\x8c\x0bnon_tensors\x94}\x94\x8c\x06leaves\x94}\x94\x8c\x0c" "cls_metadata\x94}\x94("
-    "\x8c\x06" "device\x94N\x8c\x05names\x94]\x94Na\x8c\x0a" "batch_size\x94]\x94K\x03" "a\x8c"
-    "\x09is_locked\x94\x89u\x8c\x05inner\x94}\x94(h\x01\x8c\x08__main__\x94\x8c\x05Inner\x94"
-    "\x93\x94h\x03}\x94h\x05}\x94\x8c\x01q\x94(\x8c\x0dtorch.float32\x94]\x94(K\x03K\x02" "eK"
-    "\x00K\x18K\x00t\x94sh\x07}\x94(h\x09Nh\x0a]\x94Nah\x0c]\x94K\x03" "ah\x0e\x89uuu.");
+const std::string kReferenceTensorclassNode =
+    lit("\x80\x04\x95\xe5\x00\x00\x00\x00\x00\x00\x00}\x94(\x8c\x03"
+        "cls\x94\x8c\x0aTensorDict"
+        "\x94\x8c\x0bnon_tensors\x94}\x94\x8c\x06leaves\x94}\x94\x8c\x0c"
+        "cls_metadata\x94}\x94("
+        "\x8c\x06"
+        "device\x94N\x8c\x05names\x94]\x94Na\x8c\x0a"
+        "batch_size\x94]\x94K\x03"
+        "a\x8c"
+        "\x09is_locked\x94\x89u\x8c\x05inner\x94}\x94(h\x01\x8c\x08__main__\x94\x8c\x05Inner\x94"
+        "\x93\x94h\x03}\x94h\x05}\x94\x8c\x01q\x94(\x8c\x0dtorch.float32\x94]\x94(K\x03K\x02"
+        "eK"
+        "\x00K\x18K\x00t\x94sh\x07}\x94(h\x09Nh\x0a]\x94Nah\x0c]\x94K\x03"
+        "ah\x0e\x89uuu.");
 
 }  // namespace
 
@@ -319,34 +340,40 @@ TEST(MetadataPickle, RefusesClassReferencesOutsideANodesCls) {
   const auto inner = [](pk::Value& v) -> pk::Value& {
     return const_cast<pk::Value&>(*v.find("inner"));
   };
-  struct Case { pk::Value value; const char* where; };
+  struct Case {
+    pk::Value value;
+    const char* where;
+  };
   const Case cases[] = {
       {with([&](pk::Value& v) {
          pk::Value leaves = *inner(v).find("leaves");
          const_cast<pk::Value&>(*leaves.find("q")).items()[0] = ref;
          inner(v).set("leaves", leaves);
-       }), "at [\"inner\"][\"leaves\"][\"q\"][0] is refused"},
+       }),
+       "at [\"inner\"][\"leaves\"][\"q\"][0] is refused"},
       {with([&](pk::Value& v) {
          pk::Value nt = pk::Value::dict();
          nt.set("label", pk::Value::tuple({ref, pk::Value::list(), pk::Value()}));
          v.set("non_tensors", nt);
-       }), "at [\"non_tensors\"][\"label\"][0] is refused"},
+       }),
+       "at [\"non_tensors\"][\"label\"][0] is refused"},
       {with([&](pk::Value& v) { v.set("_tensorclass_type", ref); }),
        "at [\"_tensorclass_type\"] is refused"},
       {with([&](pk::Value& v) {
          pk::Value cm = *v.find("cls_metadata");
          cm.set("cls", ref);
          v.set("cls_metadata", cm);
-       }), "at [\"cls_metadata\"][\"cls\"] is refused"},
+       }),
+       "at [\"cls_metadata\"][\"cls\"] is refused"},
       {with([&](pk::Value& v) { inner(v).set("extra", ref); }), "at [\"inner\"][\"extra\"]"},
       {ref, "expected a dict"},
   };
   for (const auto& c : cases) {
     EXPECT_VALUE_ERROR(metadata_from_pickle(c.value), c.where);
   }
+  EXPECT_VALUE_ERROR(metadata_from_pickle(cases[0].value), "the class reference __main__.Inner at");
   EXPECT_VALUE_ERROR(metadata_from_pickle(cases[0].value),
-                     "the class reference __main__.Inner at");
-  EXPECT_VALUE_ERROR(metadata_from_pickle(cases[0].value), "only a node's \"cls\" may name a class");
+                     "only a node's \"cls\" may name a class");
   // The root's "cls" may be a class reference too (the reference's own rebuild accepts it).
   EXPECT_EQ(metadata_from_pickle(with([&](pk::Value& v) { v.set("cls", ref); })).cls,
             "__main__.Inner");
@@ -355,10 +382,12 @@ TEST(MetadataPickle, RefusesClassReferencesOutsideANodesCls) {
                        inner(v).set("cls", pk::Value::from_str("__main__.Inner"));
                      })),
                      "only TensorDict nodes are supported");
-  EXPECT_VALUE_ERROR(metadata_from_json(metadata_to_json(metadata_from_pickle(good)).replace(
-                         metadata_to_json(metadata_from_pickle(good)).rfind("TensorDict"), 10,
-                         "a.Inner")),
-                     "only TensorDict nodes are supported");
+  EXPECT_VALUE_ERROR(
+      metadata_from_json(
+          metadata_to_json(metadata_from_pickle(good))
+              .replace(metadata_to_json(metadata_from_pickle(good)).rfind("TensorDict"), 10,
+                       "a.Inner")),
+      "only TensorDict nodes are supported");
 }
 
 namespace {
@@ -381,42 +410,74 @@ std::string pickler_stack(int64_t n) {
     op('J');
     for (int b = 0; b < 4; ++b) op(static_cast<int>((v >> (8 * b)) & 0xff));
   };
-  const auto empty_dict = [&] { op('}'); memo(); };
+  const auto empty_dict = [&] {
+    op('}');
+    memo();
+  };
   op('}');
   memo();
   op('(');
-  str("cls"); str("TensorDict");
-  str("non_tensors"); empty_dict();
-  str("leaves"); empty_dict();
-  str("cls_metadata"); empty_dict();
+  str("cls");
+  str("TensorDict");
+  str("non_tensors");
+  empty_dict();
+  str("leaves");
+  empty_dict();
+  str("cls_metadata");
+  empty_dict();
   op('(');
-  str("device"); op('N');
-  str("names"); op(']'); memo(); op('N'); op('a');
-  str("batch_size"); op(']'); memo(); integer(n); op('a');
-  str("is_locked"); op(0x89);
+  str("device");
+  op('N');
+  str("names");
+  op(']');
+  memo();
+  op('N');
+  op('a');
+  str("batch_size");
+  op(']');
+  memo();
+  integer(n);
+  op('a');
+  str("is_locked");
+  op(0x89);
   op('u');
-  str("a"); empty_dict();
+  str("a");
+  empty_dict();
   op('(');
-  str("cls"); str("NonTensorStack");
-  str("non_tensors"); empty_dict();
+  str("cls");
+  str("NonTensorStack");
+  str("non_tensors");
+  empty_dict();
   for (int64_t i = 0; i < n; i += 1000) {
     op('(');
     for (int64_t k = i; k < std::min(n, i + 1000); ++k) {
       str(std::to_string(k));
       str("s" + std::to_string(k));
-      op(']'); memo(); op('N'); op(0x87); memo();  // (value, [], None)
+      op(']');
+      memo();
+      op('N');
+      op(0x87);
+      memo();  // (value, [], None)
     }
     op('u');
   }
-  str("leaves"); empty_dict();
-  str("cls_metadata"); empty_dict();
+  str("leaves");
+  empty_dict();
+  str("cls_metadata");
+  empty_dict();
   op('(');
-  str("stack_dim"); op('K'); op(0);
-  str("stack_dim_name"); op('N');
-  str("is_locked"); op(0x89);
+  str("stack_dim");
+  op('K');
+  op(0);
+  str("stack_dim_name");
+  op('N');
+  str("is_locked");
+  op(0x89);
   op('u');
   op('u');
-  str("_total_bytes"); op('K'); op(0);
+  str("_total_bytes");
+  op('K');
+  op(0);
   op('u');
   op('.');
   return out;
@@ -459,6 +520,6 @@ TEST(MetadataPickle, ReadsPythonsBatchedDictsInLinearTime) {
   };
   const double t_single = fastest(single);
   const double t_batched = fastest(batched);
-  EXPECT_LT(t_batched, 3 * t_single) << "batched " << t_batched << " s, one SETITEMS "
-                                     << t_single << " s";
+  EXPECT_LT(t_batched, 3 * t_single)
+      << "batched " << t_batched << " s, one SETITEMS " << t_single << " s";
 }

@@ -4,15 +4,15 @@
 // peer or the timeout, and end cleanly. Last, a producer flooding a slow consumer: every message
 // arrives in order, and the consumer's memory stays bounded.
 #include <ATen/ATen.h>
-#include <sched.h>
 #include <c10/util/Exception.h>
 #include <gtest/gtest.h>
+#include <sched.h>
 
 #include <atomic>
-#include <cstdlib>
-#include <cstring>
 #include <condition_variable>
 #include <cstdio>
+#include <cstdlib>
+#include <cstring>
 #include <mutex>
 #include <thread>
 
@@ -31,7 +31,6 @@ using tensordict::TensorDict;
 using tensordict::pipe::Pipe;
 using tensordict::pipe::PipeOptions;
 using tensordict::pipe::TensorDictServer;
-
 
 constexpr auto kTimeout = 10s;
 constexpr auto kSlack = 3s;
@@ -57,9 +56,7 @@ TensorDict message(int64_t client, int64_t seq, int64_t elems) {
                      {"data", data}});
 }
 
-int64_t leaf(const TensorDict& td, const char* key) {
-  return td.get(key).tensor().item<int64_t>();
-}
+int64_t leaf(const TensorDict& td, const char* key) { return td.get(key).tensor().item<int64_t>(); }
 
 // ---- a producer killed mid-message ----------------------------------------------------------
 
@@ -96,8 +93,8 @@ void consumer_role() {
   // A pipe broken by a peer killed mid-message, closed, its handle alive: nothing left over.
   write_file(role_dir() + "/leaks", std::to_string(pipe_test::open_fds() - fds) + " " +
                                         std::to_string(pipe_test::threads() - tasks));
-  write_file(role_dir() + "/survivor", std::to_string(end) + " " + std::to_string(received) +
-                                           " " + std::to_string(intact) + "\n" + error);
+  write_file(role_dir() + "/survivor", std::to_string(end) + " " + std::to_string(received) + " " +
+                                           std::to_string(intact) + "\n" + error);
 }
 
 // Sends `td` and dies while it is on its way: a thread SIGKILLs the process a moment after the
@@ -161,9 +158,10 @@ TEST(PipeFault, ProducerKilledMidMessage) {
   const auto leaks = read_file(dir.path + "/leaks");
   ASSERT_TRUE(leaks.has_value());
   EXPECT_EQ(*leaks, "0 0") << "descriptors and threads left by the closed pipe";
-  std::printf("[fault] pipe producer killed mid-message %lld: consumer raised %.1f ms after the "
-              "kill: %s\n",
-              static_cast<long long>(received + 1), after_kill_ms, error.c_str());
+  std::printf(
+      "[fault] pipe producer killed mid-message %lld: consumer raised %.1f ms after the "
+      "kill: %s\n",
+      static_cast<long long>(received + 1), after_kill_ms, error.c_str());
 }
 
 // ---- a server with four clients, one killed mid-message ---------------------------------
@@ -205,11 +203,10 @@ TEST(PipeFault, ServerKeepsServingWhenAClientIsKilled) {
       while (true) {
         TensorDict td = pipe.recv();
         const bool ok = leaf(td, "seq") == expected &&
-                        static_cast<uint64_t>(leaf(td, "sum")) ==
-                            checksum(td.get("data").tensor());
+                        static_cast<uint64_t>(leaf(td, "sum")) == checksum(td.get("data").tensor());
         if (!ok) ++bad_messages;
-        pipe.send(TensorDict({{"seq", td.get("seq").tensor().clone()},
-                              {"sum", td.get("sum").tensor().clone()}}));
+        pipe.send(TensorDict(
+            {{"seq", td.get("seq").tensor().clone()}, {"sum", td.get("sum").tensor().clone()}}));
         ++expected;
       }
     } catch (const c10::Error& e) {
@@ -244,8 +241,8 @@ TEST(PipeFault, ServerKeepsServingWhenAClientIsKilled) {
       }
     });
   }
-  const pid_t victim = spawn_role("client", dir.path, {{"TD_FAULT_PORT",
-                                                        std::to_string(server.port())}});
+  const pid_t victim =
+      spawn_role("client", dir.path, {{"TD_FAULT_PORT", std::to_string(server.port())}});
   const auto victim_status = wait_child(victim, 60s);
   victim_dead = true;
   for (auto& t : clients) t.join();
@@ -279,12 +276,13 @@ TEST(PipeFault, ServerKeepsServingWhenAClientIsKilled) {
   const double after_kill_ms = ms_between(*killed_at, f.when_ns);
   EXPECT_GE(after_kill_ms, 0);
   EXPECT_LT(after_kill_ms, to_ms(kTimeout + kSlack));
-  std::printf("[fault] server: client %s killed mid-message 3; its handler raised %.1f ms after "
-              "the kill: %s; survivors' rounds (after the kill): %lld (%lld), %lld (%lld), %lld "
-              "(%lld)\n",
-              f.peer.c_str(), after_kill_ms, f.error.c_str(), (long long)rounds[0],
-              (long long)rounds_after[0], (long long)rounds[1], (long long)rounds_after[1],
-              (long long)rounds[2], (long long)rounds_after[2]);
+  std::printf(
+      "[fault] server: client %s killed mid-message 3; its handler raised %.1f ms after "
+      "the kill: %s; survivors' rounds (after the kill): %lld (%lld), %lld (%lld), %lld "
+      "(%lld)\n",
+      f.peer.c_str(), after_kill_ms, f.error.c_str(), (long long)rounds[0],
+      (long long)rounds_after[0], (long long)rounds[1], (long long)rounds_after[1],
+      (long long)rounds[2], (long long)rounds_after[2]);
 }
 
 // ---- a producer that floods a slow consumer: bounded memory ----------------------------------
@@ -297,8 +295,8 @@ TEST(PipeFault, ServerKeepsServingWhenAClientIsKilled) {
 // competes with the producer (before the flow control, UCX queued whatever the producer sent:
 // 228 MB -> 9 GB in 20 s).
 struct Flood {
-  int64_t elems;        // float32 elements per message
-  int reads;            // messages the consumer reads
+  int64_t elems;  // float32 elements per message
+  int reads;      // messages the consumer reads
   Clock::duration interval;
   int64_t max_unreceived;
 };
@@ -407,12 +405,13 @@ void run_flood(const Flood& f) {
   EXPECT_EQ(read_file(dir.path + "/report").value_or("<no report>"), "ok");
   const int64_t growth = std::stoll(read_file(dir.path + "/growth").value_or("-1"));
   const int sent = std::stoi(read_file(dir.path + "/sent").value_or("-1"));
-  std::printf("[fault] flood of %lld-byte messages, one read per %lld ms: consumer RSS grew "
-              "%.1f MB over %d reads; the producer completed %d sends\n",
-              static_cast<long long>(f.elems * 4),
-              static_cast<long long>(
-                  std::chrono::duration_cast<std::chrono::milliseconds>(f.interval).count()),
-              growth / 1e6, f.reads, sent);
+  std::printf(
+      "[fault] flood of %lld-byte messages, one read per %lld ms: consumer RSS grew "
+      "%.1f MB over %d reads; the producer completed %d sends\n",
+      static_cast<long long>(f.elems * 4),
+      static_cast<long long>(
+          std::chrono::duration_cast<std::chrono::milliseconds>(f.interval).count()),
+      growth / 1e6, f.reads, sent);
   EXPECT_GE(growth, 0);
   EXPECT_LT(growth, kFloodRssBound);
   // Held back: at most the window (plus the send in flight) beyond what was read.

@@ -51,7 +51,8 @@ PipeOptions options() {
 
 TensorDict weights(double v, int64_t elems = 24) {
   TensorDict inner({{"w", at::full({elems}, v, at::kDouble)}}, {});
-  return TensorDict({{"bias", at::full({3}, v)}, {"layer", inner},
+  return TensorDict({{"bias", at::full({3}, v)},
+                     {"layer", inner},
                      {"steps", at::full({2}, static_cast<int64_t>(v), at::kLong)}},
                     {});
 }
@@ -118,7 +119,8 @@ TEST(PipePublication, VersionsAreWholeAndTimeoutsKeepThePipe) {
   EXPECT_EQ(pub.version(), 0);
   write_file(dir.path + "/port", std::to_string(server.port()));
   std::vector<pid_t> subs;
-  for (int i = 0; i < 3; ++i) subs.push_back(spawn_role("sub", dir.path, {{"TD_SUB", std::to_string(i)}}));
+  for (int i = 0; i < 3; ++i)
+    subs.push_back(spawn_role("sub", dir.path, {{"TD_SUB", std::to_string(i)}}));
   pub.wait_for_subscribers(3, 30s);
   TensorDict td = weights(0);
   for (int v = 1; v <= kVersions; ++v) {
@@ -228,9 +230,9 @@ TEST(PipePublication, StoppedAndKilledSubscribersCostOnlyTheirSlots) {
     fill(td, ++v);
     const auto t0 = std::chrono::steady_clock::now();
     pub.publish(td, 5s);
-    slowest_ms = std::max(slowest_ms, std::chrono::duration<double, std::milli>(
-                                          std::chrono::steady_clock::now() - t0)
-                                          .count());
+    slowest_ms = std::max(
+        slowest_ms,
+        std::chrono::duration<double, std::milli>(std::chrono::steady_clock::now() - t0).count());
     std::this_thread::sleep_for(20ms);
   }
   EXPECT_LT(slowest_ms, 1000) << "a publish waited for a stopped or killed subscriber";
@@ -261,9 +263,10 @@ TEST(PipePublication, StoppedAndKilledSubscribersCostOnlyTheirSlots) {
   pub.close();
   EXPECT_TRUE(exited_cleanly(wait_child(pids[0], 30s)));
   EXPECT_TRUE(exited_cleanly(wait_child(pids[1], 30s)));
-  std::printf("[publication] pipe: slowest publish with one subscriber stopped and one killed "
-              "mid-pull: %.1f ms\n",
-              slowest_ms);
+  std::printf(
+      "[publication] pipe: slowest publish with one subscriber stopped and one killed "
+      "mid-pull: %.1f ms\n",
+      slowest_ms);
 }
 
 // ---- forged messages and absent publishers, raw peers in this process -----------------------
@@ -325,26 +328,30 @@ TEST(PipePublication, ForgedOffersAndAbsentPublishersGetNamedErrors) {
   const TensorDict v5 = tensordict::consolidate(weights(5));
   const at::Tensor storage = tensordict::consolidated_storage(v5);
   const int64_t n = storage.numel();
-  const std::string json = tensordict::metadata_to_json(tensordict::metadata_of(v5), false,
-                                                        {{"_total_bytes", n}});
+  const std::string json =
+      tensordict::metadata_to_json(tensordict::metadata_of(v5), false, {{"_total_bytes", n}});
   const std::string data(static_cast<const char*>(storage.data_ptr()), static_cast<size_t>(n));
   e = pull_error([&](RawPublisher& raw) {
     const std::string r = raw.request();
     EXPECT_EQ(get_u64(reinterpret_cast<const uint8_t*>(r.data()) + 16), 1u);  // seq
-    raw.send(message("TDPUBOFR", 1,
-                     {1, epoch, 5, static_cast<uint64_t>(n), json.size(), publication_test::schema_hash(json)}));
+    raw.send(message(
+        "TDPUBOFR", 1,
+        {1, epoch, 5, static_cast<uint64_t>(n), json.size(), publication_test::schema_hash(json)}));
     raw.send(json);
     raw.send(data);
     raw.request();
-    raw.send(message("TDPUBOFR", 1, {2, epoch, 3, static_cast<uint64_t>(n), 0, publication_test::schema_hash(json)}));
+    raw.send(
+        message("TDPUBOFR", 1,
+                {2, epoch, 3, static_cast<uint64_t>(n), 0, publication_test::schema_hash(json)}));
   });
   EXPECT_NE(e.find("version"), std::string::npos) << e;
 
   // Data shorter than its offer announced.
   e = pull_error([&](RawPublisher& raw) {
     raw.request();
-    raw.send(message("TDPUBOFR", 1,
-                     {1, epoch, 5, static_cast<uint64_t>(n), json.size(), publication_test::schema_hash(json)}));
+    raw.send(message(
+        "TDPUBOFR", 1,
+        {1, epoch, 5, static_cast<uint64_t>(n), json.size(), publication_test::schema_hash(json)}));
     raw.send(json);
     raw.send(data.substr(0, data.size() / 2));
   });

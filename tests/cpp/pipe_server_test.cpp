@@ -46,8 +46,8 @@ TEST(TensorDictServer, EightConcurrentClientsAndACleanClose) {
         Pipe pipe = Pipe::connect("127.0.0.1", server.port(), fast_options());
         for (int r = 0; r < kRounds; ++r) {
           const at::Tensor payload = at::full({64, 16}, static_cast<float>(id * 100 + r));
-          pipe.send(TensorDict({{"id", at::tensor(static_cast<int64_t>(id))},
-                                {"payload", payload}}, {}));
+          pipe.send(
+              TensorDict({{"id", at::tensor(static_cast<int64_t>(id))}, {"payload", payload}}, {}));
           TensorDict reply = pipe.recv();
           if (reply.get("id").tensor().item<int64_t>() == id + 1000 &&
               at::equal(reply.get("payload").tensor(), payload)) {
@@ -84,7 +84,8 @@ TEST(TensorDictServer, CloseUnblocksHandlersWaitingOnIdleClients) {
     p.recv();  // the client never sends
   });
   std::vector<Pipe> idle;
-  for (int i = 0; i < 3; ++i) idle.push_back(Pipe::connect("127.0.0.1", server.port(), fast_options()));
+  for (int i = 0; i < 3; ++i)
+    idle.push_back(Pipe::connect("127.0.0.1", server.port(), fast_options()));
   while (entered.load() < 3) std::this_thread::sleep_for(10ms);
   const auto start = std::chrono::steady_clock::now();
   server.close();

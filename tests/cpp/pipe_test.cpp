@@ -4,13 +4,13 @@
 #include <ATen/ATen.h>
 #include <gtest/gtest.h>
 
-#include <chrono>
 #include <algorithm>
+#include <chrono>
 #include <cmath>
-#include <cstring>
-#include <stdexcept>
 #include <cstdlib>
+#include <cstring>
 #include <optional>
+#include <stdexcept>
 #include <string>
 #include <thread>
 #include <vector>
@@ -19,12 +19,12 @@
 #include <poll.h>
 #include <unistd.h>
 
-#include "wire/pipe_frames.h"
+#include "core/testing.h"
 #include "pipe_test_util.h"
 #include "tensordict/consolidate.h"
 #include "tensordict/pipe/pipe.h"
 #include "tensordict/transfer_stats.h"
-#include "core/testing.h"
+#include "wire/pipe_frames.h"
 
 using namespace tensordict;
 using namespace pipe_test;
@@ -142,9 +142,8 @@ TEST_P(PipeTransport, SteadyStateReusesTheSameStorage) {
 TEST_P(PipeTransport, NestedManyDtypesZeroDimAndEmpty) {
   Watchdog dog(60s);
   auto [server, client] = pair_of();
-  TensorDict deepest({{"empty", at::empty({2, 0}, at::kFloat)},
-                      {"b", at::tensor({1, 0}).to(at::kBool)}},
-                     {2});
+  TensorDict deepest(
+      {{"empty", at::empty({2, 0}, at::kFloat)}, {"b", at::tensor({1, 0}).to(at::kBool)}}, {2});
   TensorDict mid({{"bf16", at::randn({2, 5}).to(at::kBFloat16)},
                   {"deeper", deepest},
                   {"i8", at::randint(-100, 100, {2, 3}, at::kChar)}},
@@ -164,7 +163,8 @@ TEST_P(PipeTransport, NestedManyDtypesZeroDimAndEmpty) {
   client.send(td);
   expect_same(td, server.recv());
   // A 0-dim leaf needs batch_size [].
-  TensorDict scalar({{"x", at::scalar_tensor(3.5, at::kDouble)}, {"y", at::scalar_tensor(7, at::kShort)},
+  TensorDict scalar({{"x", at::scalar_tensor(3.5, at::kDouble)},
+                     {"y", at::scalar_tensor(7, at::kShort)},
                      {"z", at::empty({0}, at::kLong)}});
   client.send(scalar);
   TensorDict got = server.recv();
@@ -261,8 +261,9 @@ TEST(Pipe, TransferTimesAreCountedInNanoseconds) {
   });
   server.recv();  // waits for the sender's 50 ms
   sender.join();
-  const int64_t wall = std::chrono::duration_cast<std::chrono::nanoseconds>(
-                           std::chrono::steady_clock::now() - t0).count();
+  const int64_t wall =
+      std::chrono::duration_cast<std::chrono::nanoseconds>(std::chrono::steady_clock::now() - t0)
+          .count();
   const TransferStats s = transfer_stats(Channel::kPipe);
   EXPECT_EQ(s.transfers, 2);
   EXPECT_GE(s.nanoseconds, 45'000'000);
@@ -325,15 +326,14 @@ TEST(Pipe, UncollatedMode) {
 TEST(Pipe, UncollatedHeaderIsThePythonOne) {
   Watchdog dog(60s);
   auto [server, client] = pair_of(fast_options(false), fast_options(false));
-  TensorDict td({{"b", at::zeros({2}, at::kLong)},
-                 {"a", TensorDict({{"y", at::ones({2, 1})}}, {2})}},
-                {2});
+  TensorDict td(
+      {{"b", at::zeros({2}, at::kLong)}, {"a", TensorDict({{"y", at::ones({2, 1})}}, {2})}}, {2});
   client.send(td);
   const std::string header =
       R"({"keys": [["a", "y"], "b"], "dtypes": ["torch.float32", "torch.int64"], "shapes": [[2, 1], [2]], "batch_size": [2], "unbatched": [], "non_tensors": []})";
   EXPECT_EQ(server.recv_raw(TestKey{}, 8), u64_le(header.size()));
   EXPECT_EQ(server.recv_raw(TestKey{}, header.size()), header);
-  EXPECT_EQ(server.recv_raw(TestKey{}, 8).size(), 8u);   // ("a", "y"): one message per leaf
+  EXPECT_EQ(server.recv_raw(TestKey{}, 8).size(), 8u);    // ("a", "y"): one message per leaf
   EXPECT_EQ(server.recv_raw(TestKey{}, 16).size(), 16u);  // "b"
 }
 
@@ -343,7 +343,8 @@ namespace {
 TensorDict with_non_tensors(float offset = 0) {
   TensorDict td = worked_example(offset);
   td.set_non_tensor("label", "cat \xc3\xa9");
-  td.set_non_tensor({"c", "cfg"}, JsonValue::map({{"lr", 1e-07}, {"nan", std::nan("")},
+  td.set_non_tensor({"c", "cfg"}, JsonValue::map({{"lr", 1e-07},
+                                                  {"nan", std::nan("")},
                                                   {"l", JsonValue::list({1, nullptr, true})}}));
   td.set_non_tensor({"c", "e", "id"}, static_cast<int64_t>(offset));
   td.set_non_tensor("none", nullptr);
@@ -384,7 +385,7 @@ TEST(Pipe, UncollatedHeaderWithNonTensorsIsThePythonOne) {
       R"({"keys": [["a", "y"], "b"], "dtypes": ["torch.float32", "torch.int64"], "shapes": [[2, 1], [2]], "batch_size": [2], "unbatched": [], "non_tensors": [[["a", "s"], {"k": [1.0, null]}], ["z", "last"]]})";
   EXPECT_EQ(server.recv_raw(TestKey{}, 8), u64_le(header.size()));
   EXPECT_EQ(server.recv_raw(TestKey{}, header.size()), header);
-  EXPECT_EQ(server.recv_raw(TestKey{}, 8).size(), 8u);   // ("a", "y"): one message per leaf
+  EXPECT_EQ(server.recv_raw(TestKey{}, 8).size(), 8u);    // ("a", "y"): one message per leaf
   EXPECT_EQ(server.recv_raw(TestKey{}, 16).size(), 16u);  // "b"
 }
 
@@ -768,9 +769,8 @@ TEST(Pipe, TryRecvReceivesOnlyWhatHasWhollyArrivedAndKeepsTheRest) {
   // A message over the stash's limit needs a receiver: kWouldWait, then recv() takes it.
   const TensorDict big = consolidate(TensorDict({{"x", at::ones({1 << 19})}}));  // 2 MiB
   std::thread sender([&] { client.send(big); });
-  ASSERT_TRUE(woken(fd, [&] {
-    return !server.try_recv(&attempt) && attempt == Attempt::kWouldWait;
-  }));
+  ASSERT_TRUE(
+      woken(fd, [&] { return !server.try_recv(&attempt) && attempt == Attempt::kWouldWait; }));
   expect_same(big, server.recv());
   sender.join();
   server.watch(false);
@@ -827,7 +827,7 @@ TEST(Pipe, ClosingABrokenPipeReleasesItsWorkerThreadsAndDescriptors) {
     const std::string len = u64_le(449);
     client.send_raw(TestKey{}, i % 3 == 2 ? "\x07" : "\x00", 1);
     client.send_raw(TestKey{}, len.data(), 8);
-    if (i % 3 == 1) client.close();  // gone mid-message
+    if (i % 3 == 1) client.close();   // gone mid-message
     EXPECT_ANY_THROW(server.recv());  // a timeout, a lost peer, an unknown flag
     server.close();
     client.close();
@@ -952,8 +952,7 @@ TEST(PipeFrames, ArrivalIsWholeExactlyWhenTheReceiveReadsOnlyLandedMessages) {
     Peeked peek(size_t i) override {
       if (i >= landed) return {Peeked::kNotYet};
       if (msgs[i].size() > limit) return {Peeked::kTooLarge, msgs[i].size()};
-      return {Peeked::kLanded, msgs[i].size(),
-              reinterpret_cast<const uint8_t*>(msgs[i].data())};
+      return {Peeked::kLanded, msgs[i].size(), reinterpret_cast<const uint8_t*>(msgs[i].data())};
     }
     void read(void* data, size_t n, const at::Tensor&, const char* what) override {
       if (next >= landed) throw std::runtime_error(std::string("read unlanded ") + what);
@@ -984,8 +983,8 @@ TEST(PipeFrames, ArrivalIsWholeExactlyWhenTheReceiveReadsOnlyLandedMessages) {
   const std::string bytes(static_cast<const char*>(storage.const_data_ptr()), 96);
   FrameReader reader(limits);
   const std::string wire = kWorkedExampleWire;
-  expect_same(worked_example(1), check(reader, {std::string(1, '\0'), u64_le(wire.size()), wire,
-                                                 bytes}, true));
+  expect_same(worked_example(1),
+              check(reader, {std::string(1, '\0'), u64_le(wire.size()), wire, bytes}, true));
   expect_same(worked_example(1), check(reader, {"\x01", bytes}, true));  // same schema
   Messages bad;  // a message the receive refuses at once counts as whole: it fails, not waits
   bad.msgs = {"\x07"};
@@ -994,7 +993,8 @@ TEST(PipeFrames, ArrivalIsWholeExactlyWhenTheReceiveReadsOnlyLandedMessages) {
   bad.msgs = {std::string(1, '\0'), u64_le(uint64_t{1} << 40)};  // over the metadata cap
   bad.landed = 2;
   EXPECT_EQ(reader.arrival(bad, true), Arrival::kWhole);
-  const auto frame = uncollated_frame(worked_example(2), [](const NestedKey&, const at::Tensor&) {});
+  const auto frame =
+      uncollated_frame(worked_example(2), [](const NestedKey&, const at::Tensor&) {});
   std::vector<std::string> msgs{u64_le(frame.header.size()), frame.header};
   for (const at::Tensor& leaf : frame.leaves) {
     msgs.emplace_back(static_cast<const char*>(leaf.const_data_ptr()), leaf.nbytes());

@@ -124,7 +124,8 @@ inline void expect_same(const tensordict::TensorDict& a, const tensordict::Tenso
     EXPECT_EQ(value.non_tensor().batch_size(), other.non_tensor().batch_size()) << key;
   }
   size_t theirs = 0;
-  for (const auto& [key, value] : b.items({.include_nested = true})) theirs += value.is_non_tensor();
+  for (const auto& [key, value] : b.items({.include_nested = true}))
+    theirs += value.is_non_tensor();
   EXPECT_EQ(non_tensors, theirs);
   EXPECT_EQ(a.batch_size(), b.batch_size());
 }

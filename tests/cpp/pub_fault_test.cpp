@@ -1,7 +1,8 @@
 // A subscriber SIGKILLed mid-pull (docs/publication.md): the publisher on rank 0 is sending it a
 // 64 MB version when the kill lands. publish() never waits for it (it pins one slot at most),
-// and the healthy subscriber on rank 1 goes on pulling every version. The kill is timed as in dist_fault_test.cpp: the publisher's killer thread watches
-// the bytes written to its sockets (/proc/self/io's wchar).
+// and the healthy subscriber on rank 1 goes on pulling every version. The kill is timed as in
+// dist_fault_test.cpp: the publisher's killer thread watches the bytes written to its sockets
+// (/proc/self/io's wchar).
 
 #include <ATen/ATen.h>
 #include <ATen/Parallel.h>
@@ -92,8 +93,8 @@ void run_role(const std::string& name) {
     std::this_thread::sleep_for(20ms);
   }
   EXPECT_TRUE(stats[1].lost) << "the victim was not recorded as lost";
-  EXPECT_FALSE(stats[1].pinned.has_value()) << "the victim still pins version "
-                                            << stats[1].pinned.value_or(0);
+  EXPECT_FALSE(stats[1].pinned.has_value())
+      << "the victim still pins version " << stats[1].pinned.value_or(0);
   // publish() never waits for the dead subscriber; the healthy one gets every version.
   int64_t slowest_ms = 0;
   for (int v = 2; v <= kVersions; ++v) {

@@ -18,14 +18,18 @@ TEST(Repr, NestedMatchesReference) {
   const std::string expected =
       "TensorDict(\n"
       "    fields={\n"
-      "        a: Tensor(shape=torch.Size([4]), device=cpu, dtype=torch.float32, is_shared=False),\n"
-      "        b: Tensor(shape=torch.Size([4, 3]), device=cpu, dtype=torch.int64, is_shared=False),\n"
+      "        a: Tensor(shape=torch.Size([4]), device=cpu, dtype=torch.float32, "
+      "is_shared=False),\n"
+      "        b: Tensor(shape=torch.Size([4, 3]), device=cpu, dtype=torch.int64, "
+      "is_shared=False),\n"
       "        c: TensorDict(\n"
       "            fields={\n"
-      "                d: Tensor(shape=torch.Size([4, 2]), device=cpu, dtype=torch.bool, is_shared=False),\n"
+      "                d: Tensor(shape=torch.Size([4, 2]), device=cpu, dtype=torch.bool, "
+      "is_shared=False),\n"
       "                e: TensorDict(\n"
       "                    fields={\n"
-      "                        f: Tensor(shape=torch.Size([4]), device=cpu, dtype=torch.float32, is_shared=False)},\n"
+      "                        f: Tensor(shape=torch.Size([4]), device=cpu, dtype=torch.float32, "
+      "is_shared=False)},\n"
       "                    batch_size=torch.Size([4]),\n"
       "                    device=None,\n"
       "                    is_shared=False)},\n"
@@ -50,7 +54,8 @@ TEST(Repr, EmptyAndDevice) {
   EXPECT_EQ(td.repr({.compact = false}),
             "TensorDict(\n"
             "    fields={\n"
-            "        x: Tensor(shape=torch.Size([]), device=cpu, dtype=torch.float32, is_shared=False)},\n"
+            "        x: Tensor(shape=torch.Size([]), device=cpu, dtype=torch.float32, "
+            "is_shared=False)},\n"
             "    batch_size=torch.Size([]),\n"
             "    device=cpu,\n"
             "    is_shared=False)");
@@ -67,7 +72,9 @@ TEST(Repr, CompactMatchesReference) {
   EXPECT_EQ(TensorDict().repr(), "TensorDict(batch_size=[], fields={})");
   EXPECT_EQ(TensorDict({{"x", at::zeros({3})}}, {3}, at::Device("cpu")).repr(),
             "TensorDict(batch_size=[3], device=cpu, fields={x: f32[]})");
-  TensorDict wide({{"f", at::zeros({})}, {"l", at::zeros({2}, at::kLong)}, {"n", at::zeros({}, at::kLong)}}, {});
+  TensorDict wide(
+      {{"f", at::zeros({})}, {"l", at::zeros({2}, at::kLong)}, {"n", at::zeros({}, at::kLong)}},
+      {});
   wide.set_non_tensor("o", nullptr);
   wide.set_non_tensor("s", "hello");
   EXPECT_EQ(wide.repr(),
@@ -78,8 +85,13 @@ TEST(Repr, CompactMatchesReference) {
             "    o: NoneType,\n"
             "    s: str})");
   // Sorted by "key: value": '1' < ':' < '_'.
-  TensorDict keys({{"a", at::zeros({1})}, {"a1", at::zeros({1})}, {"A", at::zeros({1})},
-                   {"a_b", at::zeros({1})}, {"b", at::zeros({1})}, {"_z", at::zeros({1})}}, {});
+  TensorDict keys({{"a", at::zeros({1})},
+                   {"a1", at::zeros({1})},
+                   {"A", at::zeros({1})},
+                   {"a_b", at::zeros({1})},
+                   {"b", at::zeros({1})},
+                   {"_z", at::zeros({1})}},
+                  {});
   EXPECT_EQ(keys.repr(),
             "TensorDict(batch_size=[], fields={\n"
             "    A: f32[1],\n"
@@ -106,17 +118,25 @@ TEST(Repr, CompactMatchesReference) {
   TensorDict nested({{"x", at::zeros({2, 5, 3})}}, {2, 5});
   EXPECT_EQ(TensorDict({{"nested", nested}}, {2}).repr(),
             "TensorDict(batch_size=[2], fields={nested: [5]{x: f32[3]}})");
-  EXPECT_EQ(tensordict::lazy_stack({TensorDict({{"a", at::zeros({3})}}), TensorDict({{"a", at::zeros({4}, at::kDouble)}, {"c", at::zeros({2}, at::kInt)}})}).repr(),
+  EXPECT_EQ(tensordict::lazy_stack(
+                {TensorDict({{"a", at::zeros({3})}}),
+                 TensorDict({{"a", at::zeros({4}, at::kDouble)}, {"c", at::zeros({2}, at::kInt)}})})
+                .repr(),
             "LazyStackedTensorDict(batch_size=[2], stack_dim=0, fields={\n"
             "    a: f64[-1]}, exclusive_fields={1: {c: i32[2]}})");
 }
 
 TEST(Repr, NonTensorEntries) {
   TensorDict td({{"a", at::zeros({3})}}, {3});
-  td.set("s", tensordict::NonTensorData::stack({tensordict::NonTensorData("a"), tensordict::NonTensorData("b"), tensordict::NonTensorData("c")}));
+  td.set("s", tensordict::NonTensorData::stack({tensordict::NonTensorData("a"),
+                                                tensordict::NonTensorData("b"),
+                                                tensordict::NonTensorData("c")}));
   td.set("m", tensordict::NonTensorData::metadata("x", {3}));
-  EXPECT_EQ(td.repr(), "TensorDict(batch_size=[3], fields={a: f32[], m: MetaData, s: NonTensorStack})");
-  EXPECT_EQ(td.get("s").non_tensor().repr(),
-            "NonTensorStack(\n    ['a', 'b', 'c'],\n    batch_size=torch.Size([3]),\n    device=None)");
-  EXPECT_EQ(td.get("m").non_tensor().repr(), "MetaData(data=x, batch_size=torch.Size([3]), device=None)");
+  EXPECT_EQ(td.repr(),
+            "TensorDict(batch_size=[3], fields={a: f32[], m: MetaData, s: NonTensorStack})");
+  EXPECT_EQ(
+      td.get("s").non_tensor().repr(),
+      "NonTensorStack(\n    ['a', 'b', 'c'],\n    batch_size=torch.Size([3]),\n    device=None)");
+  EXPECT_EQ(td.get("m").non_tensor().repr(),
+            "MetaData(data=x, batch_size=torch.Size([3]), device=None)");
 }

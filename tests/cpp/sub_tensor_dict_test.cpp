@@ -19,10 +19,10 @@ using at::indexing::Slice;
 // a = row r holds 10 r + column, n.b = row r holds -r; batch [4].
 TensorDict parent() {
   TensorDict n({{"b", -at::arange(4, at::kLong)}}, {4});
-  return TensorDict({{"a", at::arange(12, at::kFloat).view({4, 3}) +
-                               at::arange(4, at::kFloat).view({4, 1}) * 7},
-                     {"n", n}},
-                    {4});
+  return TensorDict(
+      {{"a", at::arange(12, at::kFloat).view({4, 3}) + at::arange(4, at::kFloat).view({4, 1}) * 7},
+       {"n", n}},
+      {4});
 }
 
 at::Tensor rows_of(const TensorDict& td, const NestedKey& key, std::vector<int64_t> rows) {
@@ -110,8 +110,8 @@ TEST(SubTensorDict, AdvancedIndicesCopyAndWriteBack) {
     SCOPED_TRACE(mask ? "mask" : "index tensor");
     TensorDict p = parent();
     const at::Tensor a_before = p.get("a").tensor().clone();
-    const at::Tensor idx = mask ? at::tensor({1, 0, 1, 0}, at::kByte).to(at::kBool)
-                                : at::tensor({0, 2}, at::kLong);
+    const at::Tensor idx =
+        mask ? at::tensor({1, 0, 1, 0}, at::kByte).to(at::kBool) : at::tensor({0, 2}, at::kLong);
     SubTensorDict sub(p, {idx});
     EXPECT_FALSE(sub.is_view());
     EXPECT_EQ(sub.batch_size(), at::IntArrayRef({2}));
@@ -126,7 +126,8 @@ TEST(SubTensorDict, AdvancedIndicesCopyAndWriteBack) {
     // update_ writes the values at the index (what a receive does afterwards).
     sub.update_(v);
     EXPECT_TRUE(rows_of(p, "a", {0, 2}).eq(9).all().item<bool>());
-    EXPECT_TRUE(at::equal(rows_of(p, "a", {1, 3}), rows_of(TensorDict({{"a", a_before}}, {4}), "a", {1, 3})));
+    EXPECT_TRUE(at::equal(rows_of(p, "a", {1, 3}),
+                          rows_of(TensorDict({{"a", a_before}}, {4}), "a", {1, 3})));
     EXPECT_TRUE(at::equal(p.get({"n", "b"}).tensor(), -at::arange(4, at::kLong)));
 
     sub.set_({"n", "b"}, at::tensor({5, 6}, at::kLong));

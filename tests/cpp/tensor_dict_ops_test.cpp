@@ -97,7 +97,8 @@ TEST(TensorDictOps, StackAndCat) {
   TensorDict other({{"a", at::ones({4, 3})}}, {4, 3});
   EXPECT_THROW_MSG(tensordict::stack({a, other}), KeyError, "only in the first: ['b', 'n']");
   EXPECT_THROW_MSG(tensordict::cat({a, other}), KeyError, "keys mismatch");
-  EXPECT_THROW_MSG(tensordict::stack({a, a.index({0})}), c10::ValueError, "tensordict 1 has batch_size [3]");
+  EXPECT_THROW_MSG(tensordict::stack({a, a.index({0})}), c10::ValueError,
+                   "tensordict 1 has batch_size [3]");
   EXPECT_THROW_MSG(tensordict::cat({a, a.index({Slice(), Slice(0, 1)})}, 0), c10::ValueError,
                    "outside dim 0");
   EXPECT_THROW(tensordict::stack({}), c10::ValueError);
@@ -113,7 +114,8 @@ TEST(TensorDictOps, ReshapeViewExpand) {
   EXPECT_EQ(td.reshape({-1, 6}).batch_size(), at::IntArrayRef({2, 6}));
   TensorDict v = td.view({3, 4});
   EXPECT_EQ(A(v).data_ptr(), A(td).data_ptr());
-  EXPECT_THROW_MSG(td.reshape({5}), c10::ValueError, "invalid shape [5] for a batch of 12 elements");
+  EXPECT_THROW_MSG(td.reshape({5}), c10::ValueError,
+                   "invalid shape [5] for a batch of 12 elements");
   EXPECT_THROW_MSG(td.view({-1, -1}), c10::ValueError, "only one dimension can be inferred");
 
   TensorDict one({{"a", at::ones({1, 3})}}, {1});
@@ -176,12 +178,16 @@ TEST(TensorDictOps, ApplyAndApplyWithOther) {
   TensorDict td = sample();
   TensorDict doubled = td.apply([](const at::Tensor& t) { return t * 2; });
   EXPECT_TRUE(at::equal(X(doubled), X(td) * 2));
-  TensorDict no_b = td.apply([](const at::Tensor& t) { return t.dim() == 3 && t.scalar_type() == at::kLong ? at::Tensor() : t; });
+  TensorDict no_b = td.apply([](const at::Tensor& t) {
+    return t.dim() == 3 && t.scalar_type() == at::kLong ? at::Tensor() : t;
+  });
   EXPECT_FALSE(no_b.contains("b"));
-  TensorDict sum = td.apply([](const at::Tensor& a, const at::Tensor& b) { return a + b; }, doubled);
+  TensorDict sum =
+      td.apply([](const at::Tensor& a, const at::Tensor& b) { return a + b; }, doubled);
   EXPECT_TRUE(at::equal(A(sum), A(td) * 3));
   TensorDict missing({{"a", at::ones({4, 3})}}, {4, 3});
-  EXPECT_THROW(td.apply([](const at::Tensor& a, const at::Tensor& b) { return a; }, missing), KeyError);
+  EXPECT_THROW(td.apply([](const at::Tensor& a, const at::Tensor& b) { return a; }, missing),
+               KeyError);
   EXPECT_THROW_MSG(td.apply([](const at::Tensor& t) { return t.sum(); }), c10::ValueError,
                    "batch size mismatch: key 'a' has shape []");
 }
@@ -232,7 +238,7 @@ TEST(TensorDictOps, ComparisonsAllAny) {
   EXPECT_TRUE(ne.any());
   EXPECT_FALSE(ne.all());
   EXPECT_FALSE((td == other).all());
-  EXPECT_TRUE((td == 0).any());   // a[0][0] == 0
+  EXPECT_TRUE((td == 0).any());  // a[0][0] == 0
   EXPECT_FALSE((td == 0).all());
   EXPECT_TRUE((td != -5).all());
   TensorDict fewer({{"a", at::ones({4, 3})}}, {4, 3});
@@ -241,9 +247,8 @@ TEST(TensorDictOps, ComparisonsAllAny) {
 
 TEST(TensorDictOps, Allclose) {
   TensorDict td = sample();
-  TensorDict near = td.apply([](const at::Tensor& t) {
-    return t.is_floating_point() ? t * (1 + 1e-6) : t;
-  });
+  TensorDict near =
+      td.apply([](const at::Tensor& t) { return t.is_floating_point() ? t * (1 + 1e-6) : t; });
   EXPECT_TRUE(td.allclose(near));
   EXPECT_FALSE(td.allclose(near, 0, 0));
   TensorDict nan({{"a", at::full({2}, NAN)}}, {2});

@@ -51,10 +51,12 @@ TEST(TensorDict, ConstructFromListKeepsInsertionOrder) {
 
 TEST(TensorDict, ConstructWithNestedKeysMakesLevels) {
   // As the reference's TensorDict({("a", "b"): x, "c": y, ("a", "d", "e"): z}, [2]).
-  TensorDict td({{{"a", "b"}, at::arange(2)}, {"c", at::ones({2})}, {{"a", "d", "e"}, at::ones({2, 3})}},
-                {2});
-  EXPECT_EQ(strs(td.keys({.include_nested = true})),
-            (std::vector<std::string>{"('a', 'b')", "('a', 'd', 'e')", "('a', 'd')", "'a'", "'c'"}));
+  TensorDict td(
+      {{{"a", "b"}, at::arange(2)}, {"c", at::ones({2})}, {{"a", "d", "e"}, at::ones({2, 3})}},
+      {2});
+  EXPECT_EQ(
+      strs(td.keys({.include_nested = true})),
+      (std::vector<std::string>{"('a', 'b')", "('a', 'd', 'e')", "('a', 'd')", "'a'", "'c'"}));
   EXPECT_EQ(td.get("a").tensordict().batch_size(), at::IntArrayRef({2}));
   EXPECT_EQ(td.get({"a", "d"}).tensordict().batch_size(), at::IntArrayRef({2}));
   EXPECT_EQ(td.get({"a", "b"}).tensor()[1].item<int64_t>(), 1);
@@ -82,9 +84,9 @@ TEST(TensorDict, BatchMismatchNamesKeyAndShapes) {
                    "key ('c', 'e') has shape [5], which does not start with [4]");
   EXPECT_THROW_MSG(td.set("x", TensorDict({}, {2})), c10::ValueError,
                    "key 'x' has shape [2], which does not start with [4]");
-  EXPECT_THROW_MSG(td.set_non_tensor("n", tensordict::NonTensorData(tensordict::JsonValue("s"), {2})),
-                   BatchSizeError,
-                   "key 'n' has shape [2], which does not start with [4]");
+  EXPECT_THROW_MSG(
+      td.set_non_tensor("n", tensordict::NonTensorData(tensordict::JsonValue("s"), {2})),
+      BatchSizeError, "key 'n' has shape [2], which does not start with [4]");
   EXPECT_THROW_MSG(TensorDict({}, {-1}), c10::ValueError, "negative");
 }
 
@@ -124,7 +126,8 @@ TEST(TensorDict, GetMissingIsKeyError) {
   TensorDict td = sample();
   EXPECT_THROW_MSG(td.get("zz"), KeyError,
                    "key 'zz' not found in TensorDict with keys ['a', 'b', 'c']");
-  EXPECT_THROW_MSG(td.get({"c", "zz"}), KeyError, "key ('c', 'zz') not found in TensorDict with keys ['d']");
+  EXPECT_THROW_MSG(td.get({"c", "zz"}), KeyError,
+                   "key ('c', 'zz') not found in TensorDict with keys ['d']");
   EXPECT_THROW_MSG(td.get({"a", "b"}), KeyError, "'a' is a tensor, not a TensorDict");
   EXPECT_THROW(td.erase("nope"), KeyError);
   EXPECT_THROW(td.set({"a", "b"}, at::ones({4})), KeyError);
@@ -166,7 +169,8 @@ TEST(TensorDict, KeysValuesItemsOptions) {
   // Same order as the reference: nested keys before the level's own key.
   EXPECT_EQ(strs(td.keys()), (std::vector<std::string>{"'b'", "'a'", "'c'"}));
   EXPECT_EQ(strs(td.keys({.include_nested = true})),
-            (std::vector<std::string>{"'b'", "('a', 'z')", "('a', 'y', 'q')", "('a', 'y')", "'a'", "'c'"}));
+            (std::vector<std::string>{"'b'", "('a', 'z')", "('a', 'y', 'q')", "('a', 'y')", "'a'",
+                                      "'c'"}));
   EXPECT_EQ(strs(td.keys({.include_nested = true, .leaves_only = true})),
             (std::vector<std::string>{"'b'", "('a', 'z')", "('a', 'y', 'q')", "'c'"}));
   EXPECT_EQ(strs(td.keys({.leaves_only = true})), (std::vector<std::string>{"'b'", "'c'"}));
@@ -178,8 +182,13 @@ TEST(TensorDict, KeysValuesItemsOptions) {
 }
 
 TEST(TensorDict, SortedKeysByCodePoint) {
-  TensorDict td({{"c", at::ones({})}, {"cls", at::ones({})}, {"_", at::ones({})}, {"a", at::ones({})},
-                 {"Z", at::ones({})}, {"\xc3\xa9", at::ones({})}, {"\xf0\x9f\x98\x80", at::ones({})},
+  TensorDict td({{"c", at::ones({})},
+                 {"cls", at::ones({})},
+                 {"_", at::ones({})},
+                 {"a", at::ones({})},
+                 {"Z", at::ones({})},
+                 {"\xc3\xa9", at::ones({})},
+                 {"\xf0\x9f\x98\x80", at::ones({})},
                  {"\xef\xbd\x81", at::ones({})}},
                 {});
   // U+00E9 < U+FF41 < U+1F600: code point order, which UTF-16 order would get wrong.
@@ -211,7 +220,8 @@ TEST(TensorDict, LockRefusesChanges) {
   EXPECT_TRUE(td.is_locked());
   EXPECT_TRUE(td.get("c").tensordict().is_locked());
   EXPECT_THROW_MSG(td.set("x", at::ones({4})), c10::Error, "Cannot modify locked TensorDict");
-  EXPECT_THROW_MSG(td.set({"c", "x"}, at::ones({4})), c10::Error, "Cannot modify locked TensorDict");
+  EXPECT_THROW_MSG(td.set({"c", "x"}, at::ones({4})), c10::Error,
+                   "Cannot modify locked TensorDict");
   EXPECT_THROW(td.erase("a"), c10::Error);
   td.set_("a", at::full({4}, 5.0));  // in place is allowed
   EXPECT_EQ(td.get("a").tensor()[3].item<float>(), 5.0f);
@@ -232,9 +242,10 @@ TEST(TensorDict, SetInPlaceChecks) {
 
 TEST(TensorDict, EveryDtypeZeroDimAndNumelZero) {
   const std::vector<at::ScalarType> dtypes = {
-      at::kBool, at::kByte, at::kChar, at::kShort, at::kInt, at::kLong, at::kHalf, at::kBFloat16,
-      at::kFloat, at::kDouble, at::kComplexHalf, at::kComplexFloat, at::kComplexDouble,
-      at::kUInt16, at::kUInt32, at::kUInt64};
+      at::kBool,          at::kByte,   at::kChar,        at::kShort,
+      at::kInt,           at::kLong,   at::kHalf,        at::kBFloat16,
+      at::kFloat,         at::kDouble, at::kComplexHalf, at::kComplexFloat,
+      at::kComplexDouble, at::kUInt16, at::kUInt32,      at::kUInt64};
   TensorDict td({}, {2});
   for (auto dt : dtypes) {
     const std::string k = tensordict::dtype_name(dt);
@@ -256,7 +267,8 @@ using tensordict::NonTensorData;
 TEST(TensorDictNonTensor, SetAndGet) {
   TensorDict td({{"a", at::ones({4})}}, {4});
   td.set_non_tensor("label", "cat");
-  td.set_non_tensor({"n", "cfg"}, JsonValue::map({{"lr", 0.1}, {"layers", JsonValue::list({1, 2})}}));
+  td.set_non_tensor({"n", "cfg"},
+                    JsonValue::map({{"lr", 0.1}, {"layers", JsonValue::list({1, 2})}}));
   EXPECT_EQ(td.get_non_tensor("label"), JsonValue("cat"));
   EXPECT_EQ(td.get_non_tensor({"n", "cfg"}).at("lr").as_float(), 0.1);
   const Value v = td.get("label");

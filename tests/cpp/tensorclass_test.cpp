@@ -17,19 +17,12 @@ namespace {
 
 TENSORDICT_TENSORCLASS(Inner, (at::Tensor, x));
 
-TENSORDICT_TENSORCLASS(MyData,
-    (at::Tensor, obs),
-    (at::Tensor, reward),
-    (std::string, label),
-    (Inner, inner));
+TENSORDICT_TENSORCLASS(MyData, (at::Tensor, obs), (at::Tensor, reward), (std::string, label),
+                       (Inner, inner));
 
 // Every non-tensor field type, and the Python-side name of a peer class.
-TENSORDICT_TENSORCLASS_NAMED(Scalars, "__main__.Scalars",
-    (int64_t, step),
-    (double, scale),
-    (bool, done),
-    (tensordict::JsonValue, config),
-    (at::Tensor, t));
+TENSORDICT_TENSORCLASS_NAMED(Scalars, "__main__.Scalars", (int64_t, step), (double, scale),
+                             (bool, done), (tensordict::JsonValue, config), (at::Tensor, t));
 
 // A class with a method of its own.
 class WithMethod : public tensordict::TensorClass<WithMethod> {

@@ -36,13 +36,13 @@
 #include <vector>
 
 #include "../cpp/checksum.h"
-#include "wire/leaf_order.h"
 #include "tensordict/consolidate.h"
 #include "tensordict/distributed/p2p.h"
 #include "tensordict/distributed/runner.h"
 #include "tensordict/pipe/pipe.h"
 #include "tensordict/pipe/server.h"
 #include "tensordict/tensor_dict.h"
+#include "wire/leaf_order.h"
 
 namespace {
 
@@ -122,8 +122,8 @@ void verify(const TensorDict& got, int64_t i, const char* mode) {
   TORCH_CHECK(actual == stamped && actual == expected, "soak: ", mode, " transfer ", i,
               ": checksum of the data ", actual, ", stamped by the sender ", stamped,
               ", expected for this iteration ", expected);
-  TORCH_CHECK(got.get("iter").tensor().eq(i).all().item<bool>(), "soak: ", mode, " transfer ",
-              i, ": wrong iteration number");
+  TORCH_CHECK(got.get("iter").tensor().eq(i).all().item<bool>(), "soak: ", mode, " transfer ", i,
+              ": wrong iteration number");
 }
 
 void dist_soak(int rank, int /*world_size*/) {
@@ -163,16 +163,17 @@ void dist_soak(int rank, int /*world_size*/) {
   }
   const int64_t rss_end = rss_kb();
   const double total_s = seconds_since(start);
-  std::printf("[soak] gloo rank %d: %lld per-leaf + %lld consolidated transfers (sent %lld, "
-              "received and verified %lld) in %.1f s (%.0f us per iteration after warm-up); "
-              "VmRSS after %lld warm-up iterations %lld kB, mid-run %lld kB, end %lld kB, "
-              "growth %+lld kB (limit %lld kB)\n",
-              rank, static_cast<long long>(n), static_cast<long long>(n),
-              static_cast<long long>(sent), static_cast<long long>(received), total_s,
-              1e6 * seconds_since(warm_time) / static_cast<double>(n - warmup),
-              static_cast<long long>(warmup), static_cast<long long>(rss_warm),
-              static_cast<long long>(rss_mid), static_cast<long long>(rss_end),
-              static_cast<long long>(rss_end - rss_warm), static_cast<long long>(limit_kb));
+  std::printf(
+      "[soak] gloo rank %d: %lld per-leaf + %lld consolidated transfers (sent %lld, "
+      "received and verified %lld) in %.1f s (%.0f us per iteration after warm-up); "
+      "VmRSS after %lld warm-up iterations %lld kB, mid-run %lld kB, end %lld kB, "
+      "growth %+lld kB (limit %lld kB)\n",
+      rank, static_cast<long long>(n), static_cast<long long>(n), static_cast<long long>(sent),
+      static_cast<long long>(received), total_s,
+      1e6 * seconds_since(warm_time) / static_cast<double>(n - warmup),
+      static_cast<long long>(warmup), static_cast<long long>(rss_warm),
+      static_cast<long long>(rss_mid), static_cast<long long>(rss_end),
+      static_cast<long long>(rss_end - rss_warm), static_cast<long long>(limit_kb));
   std::fflush(stdout);
   TORCH_CHECK(sent + received == 2 * n, "soak: rank ", rank, " moved ", sent + received,
               " TensorDicts, expected ", 2 * n);
@@ -185,7 +186,8 @@ void dist_soak(int rank, int /*world_size*/) {
 // Message seq of client c: 1024 or 4096 floats (the schema changes every 500 messages).
 TensorDict pipe_message(int64_t client, int64_t seq) {
   const int64_t elems = (seq / 500) % 2 == 0 ? 1024 : 4096;
-  at::Tensor data = at::arange(elems, at::kFloat).mul_(static_cast<double>(client + 1))
+  at::Tensor data = at::arange(elems, at::kFloat)
+                        .mul_(static_cast<double>(client + 1))
                         .add_(static_cast<double>(seq));
   TensorDict td({{"client", at::full({1}, client, at::kLong)},
                  {"seq", at::full({1}, seq, at::kLong)},
@@ -293,22 +295,23 @@ bool pipe_soak() {
                            bad == 0 && k.bad_echoes == 0;
     ok = ok && client_ok;
     total += k.sent;
-    std::printf("[soak] pipe client %d: sent %lld, server received %lld (bad %lld), echoes "
-                "received %lld (bad %lld)%s%s\n",
-                c, static_cast<long long>(k.sent), static_cast<long long>(got),
-                static_cast<long long>(bad), static_cast<long long>(k.echoed),
-                static_cast<long long>(k.bad_echoes), k.error.empty() ? "" : ": ",
-                k.error.c_str());
+    std::printf(
+        "[soak] pipe client %d: sent %lld, server received %lld (bad %lld), echoes "
+        "received %lld (bad %lld)%s%s\n",
+        c, static_cast<long long>(k.sent), static_cast<long long>(got), static_cast<long long>(bad),
+        static_cast<long long>(k.echoed), static_cast<long long>(k.bad_echoes),
+        k.error.empty() ? "" : ": ", k.error.c_str());
   }
   for (const auto& e : handler_errors) std::printf("[soak] pipe handler error: %s\n", e.c_str());
-  std::printf("[soak] pipe: %d clients, %lld messages each way in %.1f s (%.0f round trips/s); "
-              "accepted %lld; process VmRSS at start %lld kB, after %lld s %lld kB, end %lld kB "
-              "(growth after warm-up %+lld kB): %s\n",
-              clients, static_cast<long long>(total), elapsed, total / elapsed,
-              static_cast<long long>(accepted), static_cast<long long>(rss_start),
-              static_cast<long long>(std::min<int64_t>(seconds / 6, 10)),
-              static_cast<long long>(rss_warm), static_cast<long long>(rss_end),
-              static_cast<long long>(rss_end - rss_warm), ok ? "OK" : "FAILED");
+  std::printf(
+      "[soak] pipe: %d clients, %lld messages each way in %.1f s (%.0f round trips/s); "
+      "accepted %lld; process VmRSS at start %lld kB, after %lld s %lld kB, end %lld kB "
+      "(growth after warm-up %+lld kB): %s\n",
+      clients, static_cast<long long>(total), elapsed, total / elapsed,
+      static_cast<long long>(accepted), static_cast<long long>(rss_start),
+      static_cast<long long>(std::min<int64_t>(seconds / 6, 10)), static_cast<long long>(rss_warm),
+      static_cast<long long>(rss_end), static_cast<long long>(rss_end - rss_warm),
+      ok ? "OK" : "FAILED");
   std::fflush(stdout);
   return ok;
 }

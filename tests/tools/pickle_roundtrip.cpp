@@ -18,7 +18,8 @@ int main(int argc, char** argv) {
     if (metadata) {
       tensordict::TransportFields transport;
       const auto meta = tensordict::wire::metadata_from_pickle_bytes(in, &transport);
-      std::cout << tensordict::wire::pickle::dumps(tensordict::wire::metadata_to_pickle(meta, transport));
+      std::cout << tensordict::wire::pickle::dumps(
+          tensordict::wire::metadata_to_pickle(meta, transport));
     } else {
       std::cout << tensordict::wire::pickle::dumps(tensordict::wire::pickle::loads(in));
     }

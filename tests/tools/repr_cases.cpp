@@ -24,13 +24,15 @@ int main() {
   show("device", TensorDict({{"x", at::scalar_tensor(1.0)}}, {}, at::Device("cpu")));
 
   // "a b" sorts before "a" once ": " is appended, as the reference sorts formatted lines.
-  TensorDict tricky({{"a", at::ones({2, 0})}, {"a b", at::ones({2})}, {"B", at::ones({2, 1, 1})}}, {2});
+  TensorDict tricky({{"a", at::ones({2, 0})}, {"a b", at::ones({2})}, {"B", at::ones({2, 1, 1})}},
+                    {2});
   show("tricky", tricky);
 
   TensorDict dtypes({}, {1});
-  const at::ScalarType all[] = {at::kBool, at::kByte, at::kChar, at::kShort, at::kInt, at::kLong,
-                                at::kHalf, at::kBFloat16, at::kFloat, at::kDouble, at::kComplexFloat,
-                                at::kComplexDouble, at::kUInt16, at::kUInt32, at::kUInt64};
+  const at::ScalarType all[] = {at::kBool,   at::kByte,   at::kChar,         at::kShort,
+                                at::kInt,    at::kLong,   at::kHalf,         at::kBFloat16,
+                                at::kFloat,  at::kDouble, at::kComplexFloat, at::kComplexDouble,
+                                at::kUInt16, at::kUInt32, at::kUInt64};
   for (auto dt : all) dtypes.set("k" + std::to_string(static_cast<int>(dt)), at::zeros({1, 2}, dt));
   show("dtypes", dtypes);
 

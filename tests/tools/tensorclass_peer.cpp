@@ -11,11 +11,8 @@
 
 namespace dist = tensordict::dist;
 
-TENSORDICT_TENSORCLASS_NAMED(MyDistData, "__main__.MyDistData",
-    (at::Tensor, obs),
-    (at::Tensor, reward),
-    (std::string, label),
-    (int64_t, step));
+TENSORDICT_TENSORCLASS_NAMED(MyDistData, "__main__.MyDistData", (at::Tensor, obs),
+                             (at::Tensor, reward), (std::string, label), (int64_t, step));
 
 int main() {
   dist::run(
@@ -24,8 +21,8 @@ int main() {
         MyDistData got = dist::from_remote_init<MyDistData>(0);
         std::cout << got.label() << " " << got.step() << " " << got.obs().sum().item<float>()
                   << std::endl;
-        MyDistData reply(got.obs() + 1, got.reward() * 2, got.label() + " and C++",
-                         got.step() + 1, got.batch_size());
+        MyDistData reply(got.obs() + 1, got.reward() * 2, got.label() + " and C++", got.step() + 1,
+                         got.batch_size());
         dist::init_remote(reply, 0);
       },
       2);

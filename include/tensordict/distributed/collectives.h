@@ -61,10 +61,10 @@ std::optional<TensorDict> gather_and_stack(const TensorDict& td, std::optional<i
                                            const GatherAndStackOptions& options = {});
 
 /// On the source, `tensordicts` holds one TensorDict per group rank (structures may differ);
-/// elsewhere it is ignored, as in the reference. Returns this rank's TensorDict, new and consolidated (on the
-/// source too). Wire: scatter_object_list (a broadcast of the longest pickle's length, a
-/// scatter of the padded pickles, a scatter of the int64[1] lengths), then a scatter of the
-/// storages zero-padded to "_max_bytes". ValueError on the source for a list whose length is
+/// elsewhere it is ignored, as in the reference. Returns this rank's TensorDict, new and
+/// consolidated (on the source too). Wire: scatter_object_list (a broadcast of the longest pickle's
+/// length, a scatter of the padded pickles, a scatter of the int64[1] lengths), then a scatter of
+/// the storages zero-padded to "_max_bytes". ValueError on the source for a list whose length is
 /// not the group's size.
 TensorDict scatter(std::optional<int64_t> src, const std::vector<TensorDict>& tensordicts,
                    const ScatterOptions& options = {});

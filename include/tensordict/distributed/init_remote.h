@@ -13,8 +13,9 @@
 //
 // Unlike the reference, nothing here runs Python's pickle: the metadata is written by our
 // writer and read by a restricted reader (pickle.h) that keeps GLOBAL / STACK_GLOBAL as inert
-// class names and refuses any opcode that calls or builds, with bounds on size and depth. The caller's TensorDict and its metadata are never
-// modified: the transport fields go into the copy being sent.
+// class names and refuses any opcode that calls or builds, with bounds on size and depth. The
+// caller's TensorDict and its metadata are never modified: the transport fields go into the copy
+// being sent.
 //
 // Malformed input from a peer is a clear error on the receiver. When the storage size is known
 // and within max_total_bytes, the receiver still takes the storage message (and drops it)

@@ -90,11 +90,11 @@ enum class Late { kDeliver, kDrop };
 
 /// Keyword arguments of send() and isend().
 struct SendOptions {
-  Group group{};                         // empty: the default process group
-  std::optional<int64_t> group_dst{};    // receiver's rank in `group` (exclusive with dst)
-  int64_t init_tag = 0;                  // tag of the first leaf; leaf i uses init_tag + i
-  bool pseudo_rand = false;              // tags from the reference's generator, seeded by init_tag
-  bool consolidated = false;             // one message carrying the consolidated storage
+  Group group{};                       // empty: the default process group
+  std::optional<int64_t> group_dst{};  // receiver's rank in `group` (exclusive with dst)
+  int64_t init_tag = 0;                // tag of the first leaf; leaf i uses init_tag + i
+  bool pseudo_rand = false;            // tags from the reference's generator, seeded by init_tag
+  bool consolidated = false;           // one message carrying the consolidated storage
   /// Our extension (default off, so the wire stays the reference's): a header and the schema
   /// (keys, dtypes, shapes) go first, so that a receiver whose TensorDict differs raises an
   /// error naming the difference instead of being aborted or half-filled. Both sides must
@@ -105,14 +105,14 @@ struct SendOptions {
 
 /// Keyword arguments of recv() and irecv(); the sender's values must be passed.
 struct RecvOptions {
-  Group group{};                         // empty: the default process group
-  std::optional<int64_t> group_src{};    // sender's rank in `group` (exclusive with src)
+  Group group{};                       // empty: the default process group
+  std::optional<int64_t> group_src{};  // sender's rank in `group` (exclusive with src)
   int64_t init_tag = 0;
   bool pseudo_rand = false;
   bool consolidated = false;
-  bool checked = false;                  // must match the sender's (see SendOptions::checked)
+  bool checked = false;  // must match the sender's (see SendOptions::checked)
   std::optional<std::chrono::milliseconds> timeout{};  // see "Timeouts" above
-  Late late = Late::kDeliver;            // see "Timeouts" above
+  Late late = Late::kDeliver;                          // see "Timeouts" above
 };
 
 /// The largest storage a peer may make this process receive when it sends a TensorDict whose
@@ -124,13 +124,13 @@ int64_t default_max_total_bytes();
 
 /// Keyword arguments of init_remote().
 struct InitRemoteOptions {
-  Group group{};                         // empty: the default process group
-  std::optional<int64_t> group_dst{};    // receiver's rank in `group` (exclusive with dst)
+  Group group{};                       // empty: the default process group
+  std::optional<int64_t> group_dst{};  // receiver's rank in `group` (exclusive with dst)
   /// Point-to-point: the device of the two framing messages (sizes and pickle), as
   /// send_object_list's `device`; default CPU. With use_broadcast: the storage's device when
   /// the TensorDict must be consolidated first.
   std::optional<at::Device> device{};
-  bool use_broadcast = false;            // broadcast to the whole group instead (dst ignored)
+  bool use_broadcast = false;  // broadcast to the whole group instead (dst ignored)
   /// A tensorclass's "<module>.<qualname>", sent as the metadata's "_tensorclass_type" so that
   /// the receiver can rebuild that class, as the reference's tensorclass init_remote does.
   std::optional<std::string> tensorclass_type{};
@@ -140,20 +140,20 @@ struct InitRemoteOptions {
 /// Keyword arguments of from_remote_init().
 struct FromRemoteInitOptions {
   Group group{};
-  std::optional<int64_t> group_src{};    // sender's rank in `group` (exclusive with src)
+  std::optional<int64_t> group_src{};  // sender's rank in `group` (exclusive with src)
   /// The result's device (and, point-to-point, the framing messages'). Default: the CPU
   /// point-to-point; the sender's storage device with use_broadcast, if this process has it.
   std::optional<at::Device> device{};
-  bool use_broadcast = false;            // must match the sender's
-  std::optional<int64_t> max_total_bytes{};  // unset: default_max_total_bytes()
+  bool use_broadcast = false;                          // must match the sender's
+  std::optional<int64_t> max_total_bytes{};            // unset: default_max_total_bytes()
   std::optional<std::chrono::milliseconds> timeout{};  // see "Timeouts" above
-  Late late = Late::kDeliver;            // point-to-point only; see "Timeouts" above
+  Late late = Late::kDeliver;                          // point-to-point only; see "Timeouts" above
 };
 
 /// Keyword arguments of broadcast().
 struct BroadcastOptions {
   Group group{};
-  std::optional<int64_t> group_src{};    // the source's rank in `group` (exclusive with src)
+  std::optional<int64_t> group_src{};  // the source's rank in `group` (exclusive with src)
   /// On the source: the storage's device if the TensorDict must be consolidated. Elsewhere:
   /// the result's device (default: the source's storage device, if this process has it).
   std::optional<at::Device> device{};
@@ -173,8 +173,8 @@ struct AllGatherOptions {
 /// Keyword arguments of scatter().
 struct ScatterOptions {
   Group group{};
-  std::optional<int64_t> group_src{};    // the source's rank in `group` (exclusive with src)
-  std::optional<at::Device> device{};    // receivers: the result's device (default: the source's)
+  std::optional<int64_t> group_src{};  // the source's rank in `group` (exclusive with src)
+  std::optional<at::Device> device{};  // receivers: the result's device (default: the source's)
   std::optional<int64_t> max_total_bytes{};  // bound on the padded storage (unset: the default)
   std::optional<std::chrono::milliseconds> timeout{};  // see "Timeouts" above
 };
@@ -182,15 +182,15 @@ struct ScatterOptions {
 /// Keyword arguments of gather_and_stack().
 struct GatherAndStackOptions {
   Group group{};
-  std::optional<int64_t> group_dst{};    // the destination's rank in `group` (exclusive with dst)
-  std::optional<int64_t> max_total_bytes{};  // destination: bound on each rank's storage
+  std::optional<int64_t> group_dst{};  // the destination's rank in `group` (exclusive with dst)
+  std::optional<int64_t> max_total_bytes{};            // destination: bound on each rank's storage
   std::optional<std::chrono::milliseconds> timeout{};  // see "Timeouts" above
 };
 
 /// Keyword arguments of all_reduce() and all_reduce_async().
 struct AllReduceOptions {
   c10d::ReduceOp op = c10d::ReduceOp::SUM;
-  bool async_op = false;                 // all_reduce(): post every leaf, then wait on them all
+  bool async_op = false;  // all_reduce(): post every leaf, then wait on them all
   Group group{};
   std::optional<std::chrono::milliseconds> timeout{};  // see "Timeouts" above
   /// Pack the leaves of one device and dtype into flat buckets of at most this many bytes and
@@ -208,12 +208,12 @@ struct AllReduceOptions {
 /// Keyword arguments of reduce() and reduce_premature().
 struct ReduceOptions {
   c10d::ReduceOp op = c10d::ReduceOp::SUM;
-  bool async_op = false;                 // reduce(): post every leaf, then wait on them all
+  bool async_op = false;  // reduce(): post every leaf, then wait on them all
   Group group{};
-  std::optional<int64_t> group_dst{};    // destination's rank in `group` (exclusive with dst)
+  std::optional<int64_t> group_dst{};  // destination's rank in `group` (exclusive with dst)
   std::optional<std::chrono::milliseconds> timeout{};  // see "Timeouts" above
-  std::optional<int64_t> bucket_bytes{};  // as AllReduceOptions::bucket_bytes
-  bool check_buckets = false;             // as AllReduceOptions::check_buckets
+  std::optional<int64_t> bucket_bytes{};               // as AllReduceOptions::bucket_bytes
+  bool check_buckets = false;                          // as AllReduceOptions::check_buckets
 };
 
 }  // namespace tensordict::dist

@@ -21,13 +21,13 @@
 namespace tensordict::dist {
 
 // Shared with the pipe's publication (tensordict/publication.h).
-using tensordict::PullOptions;
 using tensordict::Pulled;
+using tensordict::PullOptions;
 using tensordict::SubscriberStats;
 
 /// Keyword arguments of Publisher.
 struct PublisherOptions {
-  Group group{};   // empty: the default process group; a registered group or a bare Backend
+  Group group{};  // empty: the default process group; a registered group or a bare Backend
   /// How many copies of the TensorDict the publisher keeps (>= 1). With 2, a publish never
   /// waits while at most one subscriber is mid-pull.
   int64_t max_slots = 2;
@@ -81,10 +81,10 @@ class Publisher {
 
 /// Keyword arguments of Subscriber.
 struct SubscriberOptions {
-  Group group{};                      // empty: the default process group
-  std::optional<int64_t> src{};       // the publisher's global rank (exclusive with group_src)
-  std::optional<int64_t> group_src{}; // the publisher's rank in `group`
-  int64_t channel = 0;                // the publisher's
+  Group group{};                       // empty: the default process group
+  std::optional<int64_t> src{};        // the publisher's global rank (exclusive with group_src)
+  std::optional<int64_t> group_src{};  // the publisher's rank in `group`
+  int64_t channel = 0;                 // the publisher's
   /// The largest storage the publisher may announce; unset: default_max_total_bytes().
   std::optional<int64_t> max_total_bytes{};
 };

@@ -56,11 +56,11 @@ struct PipeOptions {
 
 /// Counters of one pipe end (for monitoring, and for tests of the framing).
 struct PipeStats {
-  int64_t sends = 0;             // completed send() calls
-  int64_t schema_sends = 0;      // of which carried the metadata (flag 0x00)
-  int64_t recvs = 0;             // completed recv() calls
-  int64_t schema_recvs = 0;      // of which carried the metadata (and allocated)
-  int64_t bytes_sent = 0;        // every byte sent on the stream, framing included
+  int64_t sends = 0;         // completed send() calls
+  int64_t schema_sends = 0;  // of which carried the metadata (flag 0x00)
+  int64_t recvs = 0;         // completed recv() calls
+  int64_t schema_recvs = 0;  // of which carried the metadata (and allocated)
+  int64_t bytes_sent = 0;    // every byte sent on the stream, framing included
   int64_t bytes_received = 0;
 };
 
@@ -82,8 +82,8 @@ struct PipeSendOptions {
 struct PipeLink {
   std::function<void(const void* data, size_t n)> send;
   std::function<void(void* data, size_t n)> recv;
-  std::function<void()> close{};          // called once by Pipe::close(), may be empty
-  std::string peer = "a caller's link";   // for messages
+  std::function<void()> close{};         // called once by Pipe::close(), may be empty
+  std::string peer = "a caller's link";  // for messages
   /// The tag the peer announced in ucxx's peer-info exchange, when known: a peer of ours is
   /// then recognised (and gets the close marker).
   std::optional<uint64_t> peer_tag{};

@@ -11,9 +11,7 @@
 namespace tensordict::core {
 
 /// A CPU uint8 tensor of `n` bytes, uninitialised.
-inline at::Tensor bytes_tensor(size_t n) {
-  return at::empty({static_cast<int64_t>(n)}, at::kByte);
-}
+inline at::Tensor bytes_tensor(size_t n) { return at::empty({static_cast<int64_t>(n)}, at::kByte); }
 
 /// A uint8 tensor of `n` bytes on `device` (uninitialised) that is about to be written whole:
 /// a consolidated storage, a received one. On the CPU, from 4 MiB up, it asks for 2 MiB pages

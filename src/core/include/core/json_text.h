@@ -1,7 +1,8 @@
 #pragma once
 // Internal (not installed): JSON text as Python's json module writes and reads it, shared by
-// JsonValue, the metadata codecs, memmap's meta.json and the pipe's headers. Every reader of a peer's text goes through
-// parse_json with bounds, so nesting and element counts are checked while the tree is built.
+// JsonValue, the metadata codecs, memmap's meta.json and the pipe's headers. Every reader of a
+// peer's text goes through parse_json with bounds, so nesting and element counts are checked while
+// the tree is built.
 
 #include <cstddef>
 #include <cstdint>
@@ -84,8 +85,8 @@ class JsonExpansion {
  private:
   size_t text_bytes(const JsonValue& v);
   size_t max_extra_;
-  size_t written_ = 0;   // the text of every value added, expanded
-  size_t distinct_ = 0;  // the bytes of their distinct nodes
+  size_t written_ = 0;                             // the text of every value added, expanded
+  size_t distinct_ = 0;                            // the bytes of their distinct nodes
   std::unordered_map<const void*, size_t> sizes_;  // a shared node's text, once measured
 };
 
@@ -97,8 +98,8 @@ class JsonExpansion {
 class SharedJsonBuilder {
  public:
   struct Limits {
-    size_t max_depth = 512;          // nesting of lists and maps
-    size_t max_bytes = SIZE_MAX;     // memory of what is built, each use of a node counted
+    size_t max_depth = 512;       // nesting of lists and maps
+    size_t max_bytes = SIZE_MAX;  // memory of what is built, each use of a node counted
   };
   explicit SharedJsonBuilder(Limits limits, std::function<std::string()> what)
       : limits_(limits), what_(std::move(what)) {}
@@ -125,9 +126,9 @@ class SharedJsonBuilder {
 };
 
 struct JsonLimits {
-  size_t max_depth = 256;            // nesting of lists and maps
-  size_t max_values = SIZE_MAX;      // values created, containers included
-  size_t max_bytes = SIZE_MAX;       // memory the values take (json_bytes), checked as they are made
+  size_t max_depth = 256;        // nesting of lists and maps
+  size_t max_values = SIZE_MAX;  // values created, containers included
+  size_t max_bytes = SIZE_MAX;   // memory the values take (json_bytes), checked as they are made
 };
 
 /// Parses JSON text as json.loads does (NaN, Infinity, -Infinity accepted; a duplicate key

@@ -1,8 +1,8 @@
 #pragma once
 // The one reader of metadata trees, shared by the JSON codec (src/core/metadata_json.cpp) and
 // the pickle codec (src/wire/metadata_pickle.cpp), so that both give the same errors for the
-// same faults. `T` adapts a parsed tree (JsonValue or wire::pickle::Value): T::Value, the kind tests
-// (is_null, is_bool, is_int, is_number, is_string, is_list, is_map, is_class_ref), as_bool,
+// same faults. `T` adapts a parsed tree (JsonValue or wire::pickle::Value): T::Value, the kind
+// tests (is_null, is_bool, is_int, is_number, is_string, is_list, is_map, is_class_ref), as_bool,
 // as_int, as_string, items (a list's or tuple's elements), members (a map's (key, value) pairs),
 // is_plain_list (a list and not a tuple: a pickle tells them apart, JSON does not),
 // class_name, to_json (a non-tensor entry's data), dump (for messages) and ignored (called on
@@ -17,10 +17,10 @@
 #include <string_view>
 #include <vector>
 
+#include "core/metadata.h"
 #include "tensordict/consolidate.h"
 #include "tensordict/dtypes.h"
 #include "tensordict/nested_key.h"
-#include "core/metadata.h"
 
 namespace tensordict::core::reader {
 
@@ -35,8 +35,9 @@ std::string short_dump(const typename T::Value& j) {
 struct What {
   const std::vector<std::string>* path;
   std::string_view what;
-  std::optional<std::string_view> key = std::nullopt;  // "<what> <path.key>"; none: "<what> of <path>"
-  std::string_view prefix = {};      // put before, as in "the shape of "
+  std::optional<std::string_view> key =
+      std::nullopt;              // "<what> <path.key>"; none: "<what> of <path>"
+  std::string_view prefix = {};  // put before, as in "the shape of "
 
   What of(std::string_view p) const { return {path, what, key, p}; }
   friend std::ostream& operator<<(std::ostream& os, const What& w) {
@@ -108,9 +109,9 @@ struct Reader {
     const auto& name = T::as_string(l[0]);
     const auto dtype = dtype_from_name(name);
     TORCH_CHECK_VALUE(dtype, "metadata: ", what, " has the unknown dtype ", quote_key(name));
-    return LeafMetadata{*dtype, as_ints(l[1], what.of("the shape of ")),
-                        as_int(l[2], what.of("the start of ")),
-                        as_int(l[3], what.of("the stop of ")), as_int(l[4], what.of("the pad of "))};
+    return LeafMetadata{
+        *dtype, as_ints(l[1], what.of("the shape of ")), as_int(l[2], what.of("the start of ")),
+        as_int(l[3], what.of("the stop of ")), as_int(l[4], what.of("the pad of "))};
   }
 
   NonTensorMetadata non_tensor(std::string_view key, const Json& j, bool json) const {

@@ -10,17 +10,17 @@
 
 #include <cstdint>
 #include <optional>
-#include <unordered_map>
-#include <unordered_set>
 #include <string>
 #include <string_view>
+#include <unordered_map>
+#include <unordered_set>
 #include <utility>
 #include <vector>
 
-#include "core/metadata_reader.h"
-#include "tensordict/json_value.h"
 #include "core/json_text.h"
 #include "core/metadata.h"
+#include "core/metadata_reader.h"
+#include "tensordict/json_value.h"
 
 namespace tensordict::core::tree {
 

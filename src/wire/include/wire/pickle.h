@@ -23,9 +23,12 @@ class Value {
  public:
   enum class Kind { None, Bool, Int, Float, Str, List, Tuple, Dict, ClassRef };
 
-  Value() = default;  // None
+  Value() = default;         // None
   Value(const Value& other)  // the key index is not copied: rebuilt when needed
-      : kind_(other.kind_), scalar_(other.scalar_), s_(other.s_), items_(other.items_),
+      : kind_(other.kind_),
+        scalar_(other.scalar_),
+        s_(other.s_),
+        items_(other.items_),
         keys_(other.keys_) {}
   Value& operator=(const Value& other) {
     if (this != &other) *this = Value(other);
@@ -111,7 +114,7 @@ inline constexpr size_t kMaxBudgetBytes = size_t{64} << 20;
 
 /// Bounds applied while reading untrusted bytes.
 struct Limits {
-  size_t max_depth = 64;         // nesting of containers
+  size_t max_depth = 64;          // nesting of containers
   size_t max_elements = 1 << 20;  // values created, counting each memo reference again
   size_t max_name_bytes = 4096;   // each of a class reference's module and qualname
   /// Bytes of memory the values read may take, every memo copy counted again, enforced as the

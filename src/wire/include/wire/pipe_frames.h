@@ -50,9 +50,9 @@ inline constexpr int64_t kMaxJoinedStorage = 8192;
 
 /// What the peer announced when the connection opened.
 struct PeerInfo {
-  uint64_t tag = 0;       // the tag the peer receives on: ours to send with
-  bool ours = false;      // the peer is tensordict-cpp (its tag carries our mark)
-  uint8_t revision = 0;   // of our extensions, when ours
+  uint64_t tag = 0;      // the tag the peer receives on: ours to send with
+  bool ours = false;     // the peer is tensordict-cpp (its tag carries our mark)
+  uint8_t revision = 0;  // of our extensions, when ours
   bool joins_frames() const { return ours && revision >= kJoinedFramesRevision; }
 };
 
@@ -187,16 +187,16 @@ class FrameWriter {
   OutFrame close_marker();
 
  private:
-  std::vector<OutFrame> write_consolidated(const TensorDict& td, bool joins,
-                                           const SendCheck& check, bool* new_schema);
+  std::vector<OutFrame> write_consolidated(const TensorDict& td, bool joins, const SendCheck& check,
+                                           bool* new_schema);
   std::vector<OutFrame> write_uncollated(const TensorDict& td, const SendCheck& check);
   // Whether `state`'s schema differs from the one last sent (remembering it).
   bool schema_changes(const ConsolidatedState& state);
 
   const bool consolidated_;
-  at::Tensor scratch_;   // 16 bytes: the flag byte or a length, and the metadata length
-  at::Tensor joined_;    // 1 + kMaxJoinedStorage bytes: a joined message, reused when free
-  at::Tensor text_;      // the metadata JSON or the uncollated header of the last call
+  at::Tensor scratch_;  // 16 bytes: the flag byte or a length, and the metadata length
+  at::Tensor joined_;   // 1 + kMaxJoinedStorage bytes: a joined message, reused when free
+  at::Tensor text_;     // the metadata JSON or the uncollated header of the last call
   bool sent_once_ = false;
   std::shared_ptr<const Metadata> last_metadata_;
   std::string last_schema_;  // its sorted JSON
@@ -247,7 +247,7 @@ class FrameReader {
   // A new schema's metadata message, validated, with its transport fields.
   struct NewSchema {
     core::ValidatedMetadata metadata;
-    int64_t total = -1;                // _total_bytes
+    int64_t total = -1;                 // _total_bytes
     std::string sender_device = "cpu";  // _device
   };
   NewSchema read_new_schema(ByteSource& src);

@@ -26,12 +26,12 @@ int tag_of(int64_t channel, Kind kind);
 /// What a subscriber asks for: the newest version newer than the one it holds (and at least
 /// min_version), waiting up to wait_ms for one (-1: for ever; 0: answer at once).
 struct Request {
-  uint64_t seq = 0;          // the subscriber's count of requests; the offer repeats it
-  uint64_t epoch = 0;        // the epoch of the version it holds; 0: it holds none
-  int64_t version = 0;       // the version it holds (0: none)
-  int64_t min_version = 0;   // 0: any newer
-  int64_t wait_ms = 0;       // -1: until one is published
-  uint64_t schema = 0;       // the hash of the schema it holds; 0: none
+  uint64_t seq = 0;         // the subscriber's count of requests; the offer repeats it
+  uint64_t epoch = 0;       // the epoch of the version it holds; 0: it holds none
+  int64_t version = 0;      // the version it holds (0: none)
+  int64_t min_version = 0;  // 0: any newer
+  int64_t wait_ms = 0;      // -1: until one is published
+  uint64_t schema = 0;      // the hash of the schema it holds; 0: none
 };
 
 enum class Status : uint32_t {
@@ -44,13 +44,13 @@ enum class Status : uint32_t {
 /// The publisher's answer to one request.
 struct Offer {
   Status status = Status::kNone;
-  uint64_t seq = 0;           // the request's
-  uint64_t epoch = 0;         // the publisher's: random, never 0, new for each Publisher
-  int64_t version = 0;        // kNew: the version that follows (>= 1, increasing in an epoch)
-  int64_t data_bytes = 0;     // kNew: the consolidated storage's size
-  int64_t schema_bytes = 0;   // kNew: the metadata JSON's size; 0 when the request's schema is
-                              // the version's (the subscriber reuses what it holds)
-  uint64_t schema = 0;        // kNew: the hash of the version's metadata JSON
+  uint64_t seq = 0;          // the request's
+  uint64_t epoch = 0;        // the publisher's: random, never 0, new for each Publisher
+  int64_t version = 0;       // kNew: the version that follows (>= 1, increasing in an epoch)
+  int64_t data_bytes = 0;    // kNew: the consolidated storage's size
+  int64_t schema_bytes = 0;  // kNew: the metadata JSON's size; 0 when the request's schema is
+                             // the version's (the subscriber reuses what it holds)
+  uint64_t schema = 0;       // kNew: the hash of the version's metadata JSON
 };
 
 std::string encode(const Request& r);
@@ -63,11 +63,11 @@ Offer decode_offer(const char* who, const uint8_t* p);
 
 /// What the subscriber holds, to check an offer against.
 struct Held {
-  uint64_t seq = 0;          // the request the offer answers
-  uint64_t epoch = 0;        // 0: nothing held
+  uint64_t seq = 0;    // the request the offer answers
+  uint64_t epoch = 0;  // 0: nothing held
   int64_t version = 0;
   uint64_t schema = 0;
-  int64_t data_bytes = 0;    // the held schema's storage size
+  int64_t data_bytes = 0;      // the held schema's storage size
   int64_t max_data_bytes = 0;  // the subscriber's bound on a storage
 };
 

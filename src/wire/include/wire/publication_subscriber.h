@@ -85,7 +85,7 @@ class SubscriberCore {
   std::atomic<bool> interrupted_{false};
   bool publisher_closed_ = false;
   bool answered_ = false;  // a request was taken: a publisher runs there
-  at::Tensor stage_;  // where data lands; kept between pulls
+  at::Tensor stage_;       // where data lands; kept between pulls
   // The stage's leaves as views, for the schema they were made for.
   std::vector<std::pair<std::vector<std::string>, at::Tensor>> stage_views_;
   const void* stage_views_for_ = nullptr;
