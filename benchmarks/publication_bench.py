@@ -63,11 +63,13 @@ def config(quick: bool) -> dict:
     if quick:
         return dict(torn_pulls=3000, stall_cases=[(16 * MiB, 0.05, 30, STALL_MODES)],
                     speed_bytes=4 * MiB, speed_rounds=3, memory_bytes=16 * MiB,
-                    fanout_reps=3, fanout_warmup=1, torchrl_reps=1, torchrl_warmup=0)
+                    fanout_reps=3, fanout_warmup=1, torchrl_reps=1, torchrl_warmup=0,
+                    torchrl_stall_cap=2.0)
     return dict(torn_pulls=100_000, stall_cases=[(16 * MiB, 0.05, 150, STALL_MODES),
                                                  (64 * MiB, 0.15, 50, STALL_MODES[:2])],
                 speed_bytes=100 * MiB, speed_rounds=15, memory_bytes=256 * MiB,
-                fanout_reps=20, fanout_warmup=3, torchrl_reps=10, torchrl_warmup=2)
+                fanout_reps=20, fanout_warmup=3, torchrl_reps=10, torchrl_warmup=2,
+                torchrl_stall_cap=10.0)
 
 
 def free_port() -> int:
@@ -685,9 +687,9 @@ def fanout_rank(rank: int, world: int, store, cfg: dict) -> dict:
     return {}
 
 
-def torchrl_baseline(cfg: dict) -> dict:
-    """benchmarks/torchrl_baseline.py in a process of its own, on the peer stack (the hook:
-    anything missing is reported, not raised)."""
+def torchrl_baseline(cfg: dict, *args: str) -> dict:
+    """benchmarks/torchrl_baseline.py with ``args`` in a process of its own, on the peer stack
+    (the hook: anything missing is reported, not raised)."""
     if not TORCHRL_BASELINE.is_file():
         return {"status": "missing: benchmarks/torchrl_baseline.py"}
     if not (PEER_STACK / "torchrl").is_dir():
@@ -695,7 +697,7 @@ def torchrl_baseline(cfg: dict) -> dict:
     env = dict(os.environ, OMP_NUM_THREADS="1",
                PYTHONPATH=os.pathsep.join([str(PEER_STACK), os.environ.get("PYTHONPATH", "")]))
     cmd = [sys.executable, str(TORCHRL_BASELINE), "--reps", str(cfg["torchrl_reps"]),
-           "--warmup", str(cfg["torchrl_warmup"])]
+           "--warmup", str(cfg["torchrl_warmup"]), *args]
     try:
         out = subprocess.run(cmd, env=env, capture_output=True, text=True, timeout=400)
     except subprocess.TimeoutExpired:
@@ -709,6 +711,13 @@ def torchrl_baseline(cfg: dict) -> dict:
     if not cases:
         return {"status": f"failed (rc {out.returncode}): {out.stderr[-1000:]}"}
     return {"status": "ok", "cases": cases}
+
+
+def run_torchrl_stall(cfg: dict) -> dict:
+    """The stall scenario with torchrl's scheme as shipped: one of its 4 workers SIGSTOPped,
+    how long the trainer's send() blocks (benchmarks/torchrl_baseline.py --stall)."""
+    return torchrl_baseline(dict(cfg, torchrl_reps=1, torchrl_warmup=1), "--stall", "--case",
+                            "leaves1000_4MiB", "--stall-cap", str(cfg["torchrl_stall_cap"]))
 
 
 def run_fanout(cfg: dict) -> dict:
@@ -740,11 +749,35 @@ def measure(quick: bool) -> dict:
                                                     run_stall, cfg, case, mode)
                                          for mode in case[3]}
                         for case in cfg["stall_cases"]}
+    result["torchrl_stall"] = step("stalls, torchrl's scheme, stopped", run_torchrl_stall, cfg)
     result["speed"] = step("speed", run_speed, cfg)
     result["memory"] = step("memory", run_memory, cfg)
     result["fanout"] = step("fan-out", run_fanout, cfg)
     result["seconds"] = time.monotonic() - t0
     return result
+
+
+def torchrl_stall_words(trl: dict) -> str:
+    """The torchrl stall scenario's result as a sentence."""
+    if trl.get("status") != "ok":
+        return f"torchrl's scheme with a stopped worker: {trl.get('status', 'not run')}."
+    (x,) = trl["cases"].values()
+    if x.get("error"):
+        return f"torchrl's scheme with a stopped worker: {x['error']}."
+    early = ", ".join(f"rank {r} after {v:.0f} ms"
+                      for r, v in x["workers_updated_while_stopped_ms"].items()) or "none"
+    late = ", ".join(f"rank {r} after {v:.0f} ms"
+                     for r, v in x["workers_updated_after_SIGCONT_ms"].items()) or "none"
+    where = x["blocked_in"][0] if x.get("blocked_in") else "?"
+    return (f"torchrl 0.14.1's `DistributedWeightSyncScheme` (as shipped, tensordict 0.14.3), "
+            f"with a stopped worker: a {x['leaves']}-leaf {x['bytes'] / MiB:.0f} MiB policy to 4 "
+            f"workers, "
+            f"rank {x['stopped_rank']} SIGSTOPped before `send()`: **send() {x['send_blocked']}"
+            f"** (in `{where}`); workers updated while it was stopped (from send()'s start): {early}; "
+            f"after SIGCONT: "
+            f"{late}; {x['after_SIGCONT']}. It serves its workers one after another and waits "
+            f"for each one's acknowledgement, so one stopped worker blocks the trainer and "
+            f"every worker after it for as long as it stays stopped.")
 
 
 def goals(result: dict) -> list[tuple[str, str, bool]]:
@@ -853,7 +886,7 @@ def section(result: dict) -> str:
                         f"{ms(x['publish']['median_ms'])} | {ms(x['publish']['p99_ms'])} | "
                         f"{ms(x['delivery']['median_ms'])} | {ms(x['delivery']['p99_ms'])} | "
                         f"{ratio} | {victim_words(x)} |")
-    stalls = "\n".join(rows)
+    stalls = "\n".join(rows) + "\n\n" + torchrl_stall_words(result.get("torchrl_stall", {}))
     rows = ["| case | pull | our recv(consolidated=True) | raw dist.recv | memcpy (floor) | "
             "pull / recv | one-copy bound: recv / (recv + memcpy) | pull / raw | data |",
             "|---|--:|--:|--:|--:|--:|--:|--:|---|"]
