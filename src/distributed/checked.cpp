@@ -129,7 +129,7 @@ namespace {
 // of td (its later messages depend on its header), then dropped; a mismatched one is drained.
 void drop_late(const Waiter& waiter, const TensorDict& td, const Peer& peer, int tag,
                bool consolidated) {
-  while (LateMessages::get().has(group_key(peer.group), peer.rank, {tag})) {
+  while (LateMessages::get().has(GroupKey(peer.group), peer.rank, {tag})) {
     const TensorDict scratch = consolidated ? consolidate(td.clone()) : td.clone();
     try {
       waiter.wait(post_checked_recv(waiter, scratch, peer, tag, consolidated, Late::kDeliver),
@@ -167,10 +167,13 @@ Receiver receiver_of(const char* call, const TensorDict& td, bool consolidated) 
 
 Header recv_header(const Waiter& waiter, const Peer& peer, int tag, at::Device device) {
   const char* call = waiter.call();
-  at::Tensor header_t = at::empty({static_cast<int64_t>(kCheckedHeaderBytes)},
-                                  at::TensorOptions().dtype(at::kByte).device(device));
+  // With room after it (on the CPU): a longer first message is refused by name, not Gloo's abort.
+  const auto n = static_cast<int64_t>(kCheckedHeaderBytes);
+  at::Tensor header_t =
+      at::empty({n + room_for(n)}, at::TensorOptions().dtype(at::kByte).device(device))
+          .narrow(0, 0, n);
   TailStamp header_stamp(header_t);
-  waiter.wait(waiter.recv(peer, header_t, tag, {&header_stamp}),
+  waiter.wait(waiter.recv(peer, header_t, tag, {&header_stamp}, false, /*room=*/true),
               c10::str("the checked header (tag ", tag, ")"));
   TD_CHECK_PEER(!header_stamp.short_message(), call,
                 "(checked=True): the peer's first message "

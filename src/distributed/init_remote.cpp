@@ -56,7 +56,7 @@ TensorDict from_remote_init(std::optional<int64_t> src, const FromRemoteInitOpti
     deliver.group_src = peer.rank;
     const auto deadline =
         detail::Clock::now() + options.timeout.value_or(std::chrono::milliseconds(0));
-    while (detail::LateMessages::get().has(detail::group_key(peer.group), peer.rank, {0})) {
+    while (detail::LateMessages::get().has(detail::GroupKey(peer.group), peer.rank, {0})) {
       if (options.timeout) {  // the late transfers share the call's timeout
         deliver.timeout = std::max(
             std::chrono::milliseconds(1),

@@ -1,5 +1,7 @@
 #include "late.h"
 
+#include <c10/util/Exception.h>
+
 #include <algorithm>
 #include <atomic>
 #include <condition_variable>
@@ -7,6 +9,7 @@
 #include <map>
 #include <mutex>
 #include <thread>
+#include <tuple>
 #include <utility>
 
 namespace tensordict::dist::detail {
@@ -109,22 +112,52 @@ bool wait_until(const WorkPtr& work, Clock::time_point deadline) {
 
 // ---- the registry ---------------------------------------------------------------------------
 
+int64_t room_for(int64_t expected) {
+  return std::clamp<int64_t>(expected, 64, int64_t{1} << 20);
+}
+
+at::Tensor with_room(const at::Tensor& buffer) {
+  const auto n = static_cast<int64_t>(buffer.nbytes());
+  if (!buffer.is_cpu() || !buffer.is_contiguous() || !buffer.storage()) return buffer;
+  const int64_t at = buffer.storage_offset() * buffer.element_size();
+  const int64_t have = static_cast<int64_t>(buffer.storage().nbytes()) - at - n;
+  if (have < 8) return buffer;
+  return at::empty({0}, buffer.options().dtype(at::kByte))
+      .set_(buffer.storage(), at, {n + std::min(have, room_for(n))});
+}
+
+GroupKey::GroupKey(const Group& group) {
+  if (group.process_group()) {
+    process_group_.emplace(group.process_group());
+    address_ = group.process_group().get();
+  } else {
+    backend_.emplace(group.backend());
+    address_ = group.backend().get();
+  }
+}
+
+bool GroupKey::expired() const {
+  return process_group_ ? process_group_->expired() : !backend_ || backend_->expired();
+}
+
 struct LateMessages::Impl {
-  using Key = std::pair<const void*, int>;
+  using Key = std::pair<GroupKey, int>;
 
   mutable std::mutex mutex;
   std::map<Key, std::deque<MessagePtr>> receives;
   std::atomic<int64_t> receive_count{0};
+  std::map<std::tuple<GroupKey, int, int64_t>, std::shared_ptr<void>> kept;
 
-  // Parked sends, waited for by one thread until they complete (or fail), then dropped.
-  std::deque<MessagePtr> sends;
-  std::condition_variable sends_ready;
-  bool reaper_started = false;
+  // Parked sends, waited for by one thread until they complete (or fail, or their group ends),
+  // then dropped.
+  std::deque<std::pair<GroupKey, MessagePtr>> sends;
+  std::condition_variable parked;  // something was parked: the thread looks again
+  bool thread_started = false;
 
   // Takes out of the queue of (group, peer) the parked receives `wanted` accepts, oldest
   // first: only the first with `first_only`. Holds `mutex`.
   template <typename Wanted>
-  std::vector<MessagePtr> take(const void* group, int peer, Wanted wanted, bool first_only) {
+  std::vector<MessagePtr> take(const GroupKey& group, int peer, Wanted wanted, bool first_only) {
     std::vector<MessagePtr> out;
     const auto it = receives.find({group, peer});
     if (it == receives.end()) return out;
@@ -144,20 +177,76 @@ struct LateMessages::Impl {
     return out;
   }
 
-  void reap() {
+  // Drops what groups that ended left (holds `mutex`); the works and buffers are released
+  // with `dropped`, outside the lock.
+  void purge(std::vector<MessagePtr>& dropped, std::vector<std::shared_ptr<void>>& values) {
+    for (auto it = kept.begin(); it != kept.end();) {
+      if (std::get<0>(it->first).expired()) {
+        values.push_back(std::move(it->second));
+        it = kept.erase(it);
+      } else {
+        ++it;
+      }
+    }
+    for (auto it = receives.begin(); it != receives.end();) {
+      if (!it->first.first.expired()) {
+        ++it;
+        continue;
+      }
+      receive_count.fetch_sub(static_cast<int64_t>(it->second.size()));
+      dropped.insert(dropped.end(), it->second.begin(), it->second.end());
+      it = receives.erase(it);
+    }
+    for (auto it = sends.begin(); it != sends.end();) {
+      if (it->first.expired()) {
+        dropped.push_back(std::move(it->second));
+        it = sends.erase(it);
+      } else {
+        ++it;
+      }
+    }
+  }
+
+  void start_locked() {
+    if (thread_started) return;
+    std::thread([this] { run(); }).detach();
+    thread_started = true;
+  }
+
+  // Waits for the parked sends in turn, a second each, and drops what ended groups left.
+  void run() {
     std::unique_lock<std::mutex> lock(mutex);
     for (;;) {
-      sends_ready.wait(lock, [&] { return !sends.empty(); });
-      MessagePtr send = sends.front();
+      std::vector<MessagePtr> dropped;
+      std::vector<std::shared_ptr<void>> values;
+      purge(dropped, values);
+      if (!dropped.empty() || !values.empty()) {
+        lock.unlock();
+        values.clear();  // their works and buffers go here, not under the lock
+        dropped.clear();
+        lock.lock();
+        continue;
+      }
+      if (sends.empty()) {
+        // Receives wait for a later call; only their group's end is looked for, each second.
+        if (receives.empty() && kept.empty()) {
+          parked.wait(lock);
+        } else {
+          parked.wait_for(lock, std::chrono::seconds(1));
+        }
+        continue;
+      }
+      auto send = std::move(sends.front());
+      sends.pop_front();
       lock.unlock();
       bool finished = true;
       try {
-        finished = send->done || wait_until(send->work, Clock::now() + std::chrono::seconds(1));
+        finished = send.second->done ||
+                   wait_until(send.second->work, Clock::now() + std::chrono::seconds(1));
       } catch (...) {
         // the peer is gone: nothing will take the bytes
       }
       lock.lock();
-      sends.pop_front();
       if (!finished) sends.push_back(std::move(send));  // round robin over the parked sends
     }
   }
@@ -173,20 +262,15 @@ LateMessages::Impl& LateMessages::impl() const {
   return *impl;
 }
 
-void LateMessages::park(const void* group, int peer, const std::vector<MessagePtr>& messages) {
+void LateMessages::park(const GroupKey& group, int peer, const std::vector<MessagePtr>& messages) {
   Impl& d = impl();
   std::lock_guard<std::mutex> lock(d.mutex);
+  d.start_locked();
   auto& queue = d.receives[{group, peer}];
   std::vector<MessagePtr> front;
   for (const auto& m : messages) {
     if (!m->is_recv) {
-      if (m->done) continue;
-      d.sends.push_back(m);
-      if (!d.reaper_started) {
-        std::thread([&d] { d.reap(); }).detach();
-        d.reaper_started = true;
-      }
-      d.sends_ready.notify_one();
+      if (!m->done) d.sends.emplace_back(group, m);
       continue;
     }
     if (m->taken) {
@@ -198,9 +282,10 @@ void LateMessages::park(const void* group, int peer, const std::vector<MessagePt
   }
   queue.insert(queue.begin(), front.begin(), front.end());
   if (queue.empty()) d.receives.erase({group, peer});
+  d.parked.notify_one();
 }
 
-MessagePtr LateMessages::take(const void* group, int peer, int tag) {
+MessagePtr LateMessages::take(const GroupKey& group, int peer, int tag) {
   Impl& d = impl();
   if (d.receive_count.load(std::memory_order_acquire) == 0) return nullptr;
   std::lock_guard<std::mutex> lock(d.mutex);
@@ -208,7 +293,7 @@ MessagePtr LateMessages::take(const void* group, int peer, int tag) {
   return taken.empty() ? nullptr : std::move(taken.front());
 }
 
-std::vector<MessagePtr> LateMessages::take_all(const void* group, int peer,
+std::vector<MessagePtr> LateMessages::take_all(const GroupKey& group, int peer,
                                                const std::vector<int>& tags) {
   Impl& d = impl();
   if (d.receive_count.load(std::memory_order_acquire) == 0) return {};
@@ -221,7 +306,7 @@ std::vector<MessagePtr> LateMessages::take_all(const void* group, int peer,
       false);
 }
 
-bool LateMessages::has(const void* group, int peer, const std::vector<int>& tags) const {
+bool LateMessages::has(const GroupKey& group, int peer, const std::vector<int>& tags) const {
   const Impl& d = impl();
   if (d.receive_count.load(std::memory_order_acquire) == 0) return false;
   std::lock_guard<std::mutex> lock(d.mutex);
@@ -232,9 +317,38 @@ bool LateMessages::has(const void* group, int peer, const std::vector<int>& tags
   });
 }
 
-const void* group_key(const Group& group) {
-  return group.process_group() ? static_cast<const void*>(group.process_group().get())
-                               : static_cast<const void*>(group.backend().get());
+void LateMessages::admit(const char* call, const GroupKey& group, int peer,
+                         const std::string& who) const {
+  const Impl& d = impl();
+  if (d.receive_count.load(std::memory_order_acquire) < static_cast<int64_t>(kMaxParked)) return;
+  std::lock_guard<std::mutex> lock(d.mutex);
+  const auto it = d.receives.find({group, peer});
+  const size_t parked = it == d.receives.end() ? 0 : it->second.size();
+  TORCH_CHECK_VALUE(parked < kMaxParked, call, ": ", parked, " receives from ", who,
+                    " left by calls that timed out still wait for their messages (at most ",
+                    kMaxParked,
+                    " are kept per peer): receive them (late=\"deliver\" or \"drop\" on their "
+                    "tags) or make a new group");
+}
+
+void LateMessages::keep(const GroupKey& group, int peer, int64_t slot,
+                        std::shared_ptr<void> value) {
+  Impl& d = impl();
+  std::shared_ptr<void> earlier;
+  std::lock_guard<std::mutex> lock(d.mutex);
+  d.start_locked();
+  earlier = std::exchange(d.kept[{group, peer, slot}], std::move(value));
+  d.parked.notify_one();
+}
+
+std::shared_ptr<void> LateMessages::take_kept(const GroupKey& group, int peer, int64_t slot) {
+  Impl& d = impl();
+  std::lock_guard<std::mutex> lock(d.mutex);
+  const auto it = d.kept.find({group, peer, slot});
+  if (it == d.kept.end()) return nullptr;
+  auto value = std::move(it->second);
+  d.kept.erase(it);
+  return value;
 }
 
 }  // namespace tensordict::dist::detail

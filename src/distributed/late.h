@@ -10,7 +10,10 @@
 #include <ATen/ATen.h>
 
 #include <chrono>
+#include <cstdint>
 #include <memory>
+#include <optional>
+#include <string>
 #include <vector>
 
 #include "tail_stamp.h"
@@ -26,47 +29,90 @@ using Clock = std::chrono::steady_clock;
 /// `work` must be abortable: a point-to-point work of Gloo, or a wrapper of them.
 bool wait_until(const WorkPtr& work, Clock::time_point deadline);
 
+/// Gloo ends the process when a message is longer than the receive posted for it
+/// (GLOO_ENFORCE_LE in its event loop, which no caller can catch). A receive posted with room
+/// after the bytes it expects takes a longer message instead, and a stamp at the start of the
+/// room tells it: the room a receive of `expected` bytes gets (64 B to 1 MiB, as long as the
+/// message expected); only a message longer than expected + room still aborts.
+int64_t room_for(int64_t expected);
+/// What to post for `buffer`: the buffer and the room after it in its allocation (up to
+/// room_for), when it is a contiguous CPU view with 8 bytes or more after it there; otherwise
+/// `buffer` itself. Only for memory of the library's own: the room is written by a longer
+/// message.
+at::Tensor with_room(const at::Tensor& buffer);
+
 /// One message a call with a deadline posted, and the memory it lands in or is read from.
 struct PostedMessage {
   WorkPtr work;       // the message's own work (Gloo's)
   at::Tensor buffer;  // a receive's buffer (memory the library owns), or a send's tensor
   std::vector<TailStamp> stamps;  // a receive's stamps in `buffer`, set before it was posted
+  std::optional<TailStamp> beyond;  // in the room after `buffer`, when it was posted with room
   int tag = 0;
   bool is_recv = true;
   bool done = false;   // a wait on `work` succeeded
   bool taken = false;  // parked by an earlier call, then taken by a later one
+
+  /// After the receive completed: whether the message ran past `buffer` into its room.
+  bool long_message() const { return beyond && !beyond->short_message(); }
 };
 using MessagePtr = std::shared_ptr<PostedMessage>;
 
-/// The parked messages, per group and peer, in posting order.
+/// What identifies a group in the registries (the parked messages, publication's channels): a
+/// weak reference to its ProcessGroup or Backend. While one exists the group's memory is not
+/// reused, so no later group can take its address; once the group ends, expired() says so and
+/// its entries are released (within a second, by the registry's thread).
+class GroupKey {
+ public:
+  explicit GroupKey(const Group& group);
+  bool expired() const;
+  bool operator<(const GroupKey& other) const { return address_ < other.address_; }
+  bool operator==(const GroupKey& other) const { return address_ == other.address_; }
+
+ private:
+  std::optional<c10::weak_intrusive_ptr<c10d::ProcessGroup>> process_group_;
+  std::optional<c10::weak_intrusive_ptr<c10d::Backend>> backend_;
+  const void* address_ = nullptr;
+};
+
+/// The parked messages, per group and peer, in posting order, for as long as the group lives:
+/// a group that ends releases them (its receives' buffers, its sends' tensors), so a later
+/// group never meets them.
 class LateMessages {
  public:
+  /// The most receives parked per group and peer; a call that would post more refuses first.
+  static constexpr size_t kMaxParked = 1024;
+
   static LateMessages& get();
 
-  /// Parks what a call posted to or from `peer` of `group` (a Group's identity: group_key())
-  /// when its deadline passed: receives taken from here go back to the front, in their order
-  /// (they are older than the rest), fresh ones to the back; sends are kept until they
-  /// complete.
-  void park(const void* group, int peer, const std::vector<MessagePtr>& messages);
+  /// Parks what a call posted to or from `peer` of `group` when its deadline passed: receives
+  /// taken from here go back to the front, in their order (they are older than the rest),
+  /// fresh ones to the back; sends are kept until they complete or the group ends.
+  void park(const GroupKey& group, int peer, const std::vector<MessagePtr>& messages);
 
   /// The oldest parked receive from `peer` on `tag`, taken out, or null. Gloo matches a
   /// peer's messages on one tag in posting order: the next message on `tag` lands in it.
-  MessagePtr take(const void* group, int peer, int tag);
+  MessagePtr take(const GroupKey& group, int peer, int tag);
 
   /// Every parked receive from `peer` on one of `tags`, taken out, oldest first.
-  std::vector<MessagePtr> take_all(const void* group, int peer, const std::vector<int>& tags);
+  std::vector<MessagePtr> take_all(const GroupKey& group, int peer, const std::vector<int>& tags);
 
   /// Whether a receive from `peer` on one of `tags` is parked. Costs one atomic load when
   /// nothing is parked.
-  bool has(const void* group, int peer, const std::vector<int>& tags) const;
+  bool has(const GroupKey& group, int peer, const std::vector<int>& tags) const;
+
+  /// ValueError naming `call` and `who` when kMaxParked receives from `peer` are parked: a
+  /// loop of timed-out receives on ever new tags would otherwise keep memory without end.
+  void admit(const char* call, const GroupKey& group, int peer, const std::string& who) const;
+
+  /// What an object leaves on the group for a later one of the same `slot` (publication's
+  /// subscriber on a channel): kept until taken or the group ends. Replaces an earlier value.
+  void keep(const GroupKey& group, int peer, int64_t slot, std::shared_ptr<void> value);
+  std::shared_ptr<void> take_kept(const GroupKey& group, int peer, int64_t slot);
 
  private:
   LateMessages() = default;
   struct Impl;
   Impl& impl() const;
 };
-
-/// What identifies a group for the registry: its ProcessGroup or Backend object.
-const void* group_key(const Group& group);
 
 }  // namespace tensordict::dist::detail

@@ -124,15 +124,24 @@ constexpr int64_t kStageAlign = 64;
 // The largest arena a thread keeps between calls.
 constexpr int64_t kMaxKeptArena = int64_t{1} << 30;
 
-// A fresh message's work: marks the message done once a wait succeeds.
+// A fresh message's work: marks the message done once a wait succeeds. A receive posted with
+// room that a longer message ran into is a MalformedPeerDataError naming `call`, unless the
+// message is only being dropped (`check` false).
 class MessageWork : public c10d::Work {
  public:
-  explicit MessageWork(MessagePtr m) : c10d::Work(-1, c10d::OpType::UNKNOWN), m_(std::move(m)) {}
+  explicit MessageWork(MessagePtr m, const char* call = nullptr, bool check = true)
+      : c10d::Work(-1, c10d::OpType::UNKNOWN), m_(std::move(m)), call_(call), check_(check) {}
   bool wait(std::chrono::milliseconds timeout = kNoTimeout) override {
-    if (m_->done) return true;
-    const bool ok = m_->work->wait(timeout);
-    if (ok) m_->done = true;
-    return ok;
+    if (!m_->done) {
+      if (!m_->work->wait(timeout)) return false;
+      m_->done = true;
+    }
+    TD_CHECK_PEER(!check_ || !m_->long_message(), call_ ? call_ : "recv",
+                  ": the message on tag ", m_->tag, " is longer than the ", m_->buffer.nbytes(),
+                  " bytes this receive expects (it ran into the room kept after them, which "
+                  "spared this process Gloo's abort; a message longer than ",
+                  m_->buffer.nbytes() + room_for(m_->buffer.nbytes()), " bytes still aborts it)");
+    return true;
   }
   bool isCompleted() override { return m_->done; }
   int sourceRank() const override { return m_->work->sourceRank(); }
@@ -140,13 +149,16 @@ class MessageWork : public c10d::Work {
 
  protected:
   MessagePtr m_;
+  const char* call_;
+  bool check_;
 };
 
 // A receive taken from the registry into the caller's memory: waits for the parked message,
 // then copies its bytes into `dest` once.
 class AdoptedWork : public MessageWork {
  public:
-  AdoptedWork(MessagePtr m, at::Tensor dest) : MessageWork(std::move(m)), dest_(std::move(dest)) {}
+  AdoptedWork(MessagePtr m, at::Tensor dest, const char* call)
+      : MessageWork(std::move(m), call), dest_(std::move(dest)) {}
   bool wait(std::chrono::milliseconds timeout = kNoTimeout) override {
     if (!MessageWork::wait(timeout)) return false;
     if (dest_.defined()) {
@@ -228,7 +240,7 @@ void Waiter::timed_out(const std::string& what, const std::string& detail) const
 
 void Waiter::record(const Peer& peer, MessagePtr message) const {
   if (!parks()) return;
-  records_.push_back({group_key(peer.group), peer.rank, std::move(message)});
+  records_.push_back({GroupKey(peer.group), peer.rank, std::move(message)});
 }
 
 MessagePtr Waiter::track(const Peer& peer, WorkPtr& work, const at::Tensor& buffer, int tag,
@@ -240,7 +252,7 @@ MessagePtr Waiter::track(const Peer& peer, WorkPtr& work, const at::Tensor& buff
   m->tag = tag;
   m->is_recv = is_recv;
   record(peer, m);
-  work = c10::make_intrusive<MessageWork>(m);
+  work = c10::make_intrusive<MessageWork>(m, call_);
   return m;
 }
 
@@ -265,8 +277,8 @@ void Waiter::park() const {
 }
 
 WorkPtr Waiter::recv(const Peer& peer, at::Tensor& buffer, int tag,
-                     std::initializer_list<TailStamp*> stamps, bool copy_late) const {
-  const void* key = group_key(peer.group);
+                     std::initializer_list<TailStamp*> stamps, bool copy_late, bool room) const {
+  const GroupKey key(peer.group);
   if (MessagePtr late = LateMessages::get().take(key, peer.rank, tag)) {
     if (late->buffer.nbytes() != buffer.nbytes() || late->stamps.size() != stamps.size()) {
       const auto late_bytes = late->buffer.nbytes();
@@ -279,16 +291,34 @@ WorkPtr Waiter::recv(const Peer& peer, at::Tensor& buffer, int tag,
                         " bytes there. Receive it as it was sent, or pass late=\"drop\"");
     }
     record(peer, late);
-    if (copy_late) return c10::make_intrusive<AdoptedWork>(std::move(late), buffer);
+    if (copy_late) return c10::make_intrusive<AdoptedWork>(std::move(late), buffer, call_);
     buffer = late->buffer;
     size_t i = 0;
     for (TailStamp* s : stamps) *s = late->stamps[i++];
-    return c10::make_intrusive<MessageWork>(std::move(late));
+    return c10::make_intrusive<MessageWork>(std::move(late), call_);
   }
-  std::vector<at::Tensor> one{buffer};
+  if (parks()) LateMessages::get().admit(call_, key, peer.rank, peer_);
+  // A buffer of the library's own followed by room (stage()) is posted with it, a stamp at the
+  // room's start: a longer message is then a named error, not Gloo's abort.
+  const at::Tensor posted = room ? with_room(buffer) : buffer;
+  std::optional<TailStamp> beyond;
+  if (posted.nbytes() > buffer.nbytes()) {
+    beyond.emplace(posted.narrow(0, 0, static_cast<int64_t>(buffer.nbytes()) + 8));
+  }
+  std::vector<at::Tensor> one{posted};
   WorkPtr work = peer.group.recv(one, peer.rank, tag);
+  if (!parks() && beyond) {
+    // Not kept for a later call: checked when waited.
+    auto m = std::make_shared<PostedMessage>();
+    m->work = work;
+    m->buffer = buffer;
+    m->tag = tag;
+    m->beyond = beyond;
+    return c10::make_intrusive<MessageWork>(std::move(m), call_);
+  }
   if (MessagePtr m = track(peer, work, buffer, tag, /*is_recv=*/true)) {
     for (TailStamp* s : stamps) m->stamps.push_back(*s);
+    m->beyond = beyond;
   }
   return work;
 }
@@ -296,7 +326,7 @@ WorkPtr Waiter::recv(const Peer& peer, at::Tensor& buffer, int tag,
 WorkPtr Waiter::recv_into(const Peer& peer, const at::Tensor& dest, int tag) const {
   if (staged_) {
     at::Tensor buffer = stage(dest);
-    return recv(peer, buffer, tag, {}, /*copy_late=*/true);
+    return recv(peer, buffer, tag, {}, /*copy_late=*/true, /*room=*/true);
   }
   return post_in_place(dest, /*reads_leaf=*/false, [&](const at::Tensor& b) {
     at::Tensor buffer = b;
@@ -313,7 +343,9 @@ WorkPtr Waiter::send(const Peer& peer, const at::Tensor& tensor, int tag) const 
 
 at::Tensor Waiter::stage(const at::Tensor& dest) const {
   const auto n = static_cast<int64_t>(dest.nbytes());
-  const int64_t cut = (n + kStageAlign - 1) / kStageAlign * kStageAlign;
+  // Room after the bytes (recv() posts it with them): a parked receive may meet a longer
+  // message of a later layout.
+  const int64_t cut = (n + room_for(n) + kStageAlign - 1) / kStageAlign * kStageAlign;
   if (!arena_.defined() && t_arena.defined() && dest.is_cpu()) {
     arena_ = std::move(t_arena);  // taken: a call nested on this thread cuts its own
     arena_used_ = 0;
@@ -323,7 +355,7 @@ at::Tensor Waiter::stage(const at::Tensor& dest) const {
     bytes = arena_.narrow(0, arena_used_, n);
     arena_used_ += cut;
   } else {
-    bytes = core::fresh_bytes(n, dest.device());
+    bytes = core::fresh_bytes(cut, dest.device()).narrow(0, 0, n);
   }
   if (dest.is_cpu()) staged_bytes_ += cut;
   landings_.emplace_back(dest, bytes);
@@ -351,12 +383,12 @@ void Waiter::land() const {
 }
 
 void Waiter::drop_late(const Peer& peer, const std::vector<int>& tags) const {
-  auto late = LateMessages::get().take_all(group_key(peer.group), peer.rank, tags);
+  auto late = LateMessages::get().take_all(GroupKey(peer.group), peer.rank, tags);
   if (late.empty()) return;
   std::vector<WorkPtr> works;
   for (auto& m : late) {
     record(peer, m);
-    works.push_back(c10::make_intrusive<MessageWork>(m));
+    works.push_back(c10::make_intrusive<MessageWork>(m, call_, /*check=*/false));
   }
   wait(works, [&](size_t i) {
     return c10::str("a late message on tag ", late[i]->tag, " (", late[i]->buffer.nbytes(),

@@ -90,8 +90,13 @@ class Waiter {
   /// peer on that tag, it is taken instead: `buffer` and `stamps` become the parked message's
   /// (no copy), or with `copy_late` its bytes are copied into `buffer` once it completes.
   /// ValueError when that message's size differs from `buffer`'s.
+  /// With `room`, `buffer` is a view of memory of the library's own followed by at least 8
+  /// spare bytes (stage(), or a larger allocation narrowed): they are posted with it, up to
+  /// room_for(n), so that a longer message is a MalformedPeerDataError from the wait instead of
+  /// Gloo's abort. ValueError when LateMessages::kMaxParked receives from the peer are parked.
   WorkPtr recv(const Peer& peer, at::Tensor& buffer, int tag,
-               std::initializer_list<TailStamp*> stamps = {}, bool copy_late = false) const;
+               std::initializer_list<TailStamp*> stamps = {}, bool copy_late = false,
+               bool room = false) const;
   /// Posts a receive from `peer` on `tag` into the caller's `dest` (a leaf, a consolidated
   /// storage): with a deadline into stage(dest); otherwise into dest itself, or a contiguous
   /// stand-in copied into it once waited. A parked receive on that tag is taken instead, its
@@ -120,7 +125,7 @@ class Waiter {
 
  private:
   struct Record {
-    const void* group;
+    GroupKey group;
     int peer;
     MessagePtr message;
   };

@@ -6,10 +6,8 @@
 #include <c10/util/Exception.h>
 
 #include <algorithm>
-#include <map>
 #include <mutex>
 #include <thread>
-#include <tuple>
 
 #include "peer.h"
 #include "remote.h"
@@ -29,22 +27,47 @@ struct GroupPending final : pub::Pending {
   detail::MessagePtr message;
   at::Tensor copy_to;  // a parked receive taken over: its bytes go here once it completes
   std::optional<detail::TailStamp> stamp;  // a data receive's, telling a short message
+  pub::Kind kind = pub::Kind::kRequest;
 };
+
+const char* what_of(pub::Kind kind) {
+  switch (kind) {
+    case pub::Kind::kRequest: return "request";
+    case pub::Kind::kOffer: return "offer";
+    case pub::Kind::kSchema: return "schema";
+    case pub::Kind::kData: return "data";
+    case pub::Kind::kWatch: return "watch";
+  }
+  return "message";
+}
+
+// How long a wait runs before it looks at the link's watch.
+constexpr auto kWatchSlice = std::chrono::milliseconds(100);
 
 // One peer's messages on one channel's tags. Gloo matches a peer's messages on one tag in
 // order, and a send moves only once its receive is posted (so a request's send completes once
-// the publisher has taken it).
+// the publisher has taken it). Gloo fails a lost connection's posted receives, but not the one
+// whose bytes it is reading, nor always a send: a receive kept posted on the channel's watch
+// tag, on which nothing is sent, tells a lost peer to every wait within a slice.
 class GroupLink final : public pub::Link {
  public:
   GroupLink(Group group, int rank, int64_t channel)
-      : group_(std::move(group)), rank_(rank), channel_(channel) {}
+      : group_(std::move(group)), key_(group_), rank_(rank), channel_(channel) {
+    const int tag = pub::tag_of(channel_, pub::Kind::kWatch);
+    // Posted once per channel and peer (a Gloo receive cannot be withdrawn): an earlier link's
+    // is taken over.
+    watch_ = detail::LateMessages::get().take(key_, rank_, tag);
+    if (!watch_) watch_ = post(pub::message_buffer(), tag, /*is_recv=*/true);
+  }
+  ~GroupLink() override { detail::LateMessages::get().park(key_, rank_, {watch_}); }
 
   pub::PendingPtr post_recv(const at::Tensor& buffer, pub::Kind kind) override {
     auto p = std::make_shared<GroupPending>();
+    p->kind = kind;
     const int tag = pub::tag_of(channel_, kind);
     // A receive that an earlier publisher of this channel left posted gets the next request.
     if (kind == pub::Kind::kRequest) {
-      if (auto parked = detail::LateMessages::get().take(key(), rank_, tag)) {
+      if (auto parked = detail::LateMessages::get().take(key_, rank_, tag)) {
         p->message = std::move(parked);
         p->copy_to = buffer;
         return p;
@@ -57,20 +80,33 @@ class GroupLink final : public pub::Link {
 
   pub::PendingPtr post_send(const at::Tensor& buffer, pub::Kind kind) override {
     auto p = std::make_shared<GroupPending>();
+    p->kind = kind;
     p->message = post(buffer, pub::tag_of(channel_, kind), /*is_recv=*/false);
     return p;
   }
 
   bool wait(const pub::PendingPtr& pending, Clock::time_point deadline) override {
     auto& p = static_cast<GroupPending&>(*pending);
-    if (!p.message->done) {
+    while (!p.message->done) {
+      const auto slice_end = Clock::now() + kWatchSlice;
+      const auto end = std::min(deadline, slice_end);
       try {
-        if (!detail::wait_until(p.message->work, deadline)) return false;
+        if (detail::wait_until(p.message->work, end)) {
+          p.message->done = true;
+          break;
+        }
       } catch (const std::exception& e) {
         detail::rethrow_lost(e, c10::str("the connection to ", peer()));
       }
-      p.message->done = true;
-      if (p.copy_to.defined()) p.copy_to.copy_(p.message->buffer);
+      if (end == slice_end) look_at_watch();  // a whole slice waited
+      if (end >= deadline) return false;
+    }
+    TD_CHECK_PEER(!p.message->long_message(), peer(), " sent a publication ", what_of(p.kind),
+                  " longer than the ", p.message->buffer.nbytes(),
+                  " bytes announced (it ran into the room kept after them)");
+    if (p.copy_to.defined()) {
+      p.copy_to.copy_(p.message->buffer);
+      p.copy_to = at::Tensor();
     }
     return true;
   }
@@ -83,7 +119,7 @@ class GroupLink final : public pub::Link {
   void keep(const std::vector<pub::PendingPtr>& posted) override {
     std::vector<detail::MessagePtr> messages;
     for (const auto& p : posted) messages.push_back(static_cast<GroupPending&>(*p).message);
-    detail::LateMessages::get().park(key(), rank_, messages);
+    detail::LateMessages::get().park(key_, rank_, messages);
   }
 
   std::string peer() const override { return c10::str("rank ", rank_); }
@@ -95,21 +131,40 @@ class GroupLink final : public pub::Link {
   }
 
  private:
-  const void* key() const { return detail::group_key(group_); }
-
   detail::MessagePtr post(const at::Tensor& buffer, int tag, bool is_recv) {
     auto m = std::make_shared<detail::PostedMessage>();
     m->buffer = buffer;
     m->tag = tag;
     m->is_recv = is_recv;
-    std::vector<at::Tensor> tensors{buffer};
+    // A receive buffer from recv_buffer() is posted with its room, a stamp at the room's start.
+    std::vector<at::Tensor> tensors{is_recv ? detail::with_room(buffer) : buffer};
+    if (tensors[0].nbytes() > buffer.nbytes()) {
+      m->beyond.emplace(tensors[0].narrow(0, 0, static_cast<int64_t>(buffer.nbytes()) + 8));
+    }
     m->work = is_recv ? group_.recv(tensors, rank_, tag) : group_.send(tensors, rank_, tag);
     return m;
   }
 
+  // PeerLostError when Gloo failed the watch (the connection is lost); a message on it is a
+  // peer that breaks the protocol.
+  void look_at_watch() {
+    if (watch_->done) return;
+    bool came = false;
+    try {
+      came = detail::wait_until(watch_->work, Clock::now());
+    } catch (const std::exception& e) {
+      detail::rethrow_lost(e, c10::str("the connection to ", peer()));
+    }
+    watch_->done = came;
+    TD_CHECK_PEER(!came, peer(), " sent a message on channel ", channel_,
+                  "'s watch tag, on which nothing is ever sent");
+  }
+
   Group group_;
+  detail::GroupKey key_;
   int rank_;
   int64_t channel_;
+  detail::MessagePtr watch_;
 };
 
 void check_channel(const char* call, int64_t channel) {
@@ -191,27 +246,10 @@ void Publisher::wait_for_subscribers(std::chrono::milliseconds timeout) const {
 
 // ---- Subscriber -----------------------------------------------------------------------------
 
-namespace {
-
-// Pulls that a destroyed Subscriber left in flight, per (group, rank, channel): the next
-// Subscriber there takes them over, so the publisher's messages always find their receives.
-std::mutex abandoned_mutex;
-std::map<std::tuple<const void*, int, int64_t>, std::shared_ptr<pub::InFlight>>& abandoned() {
-  static auto* map =
-      new std::map<std::tuple<const void*, int, int64_t>, std::shared_ptr<pub::InFlight>>;
-  return *map;
-}
-
-}  // namespace
-
 struct Subscriber::Impl {
   detail::Peer peer;
   int64_t channel = 0;
   std::unique_ptr<pub::SubscriberCore> core;
-
-  std::tuple<const void*, int, int64_t> key() const {
-    return {detail::group_key(peer.group), peer.rank, channel};
-  }
 };
 
 Subscriber::Subscriber(const SubscriberOptions& options) : impl_(std::make_unique<Impl>()) {
@@ -228,20 +266,17 @@ Subscriber::Subscriber(const SubscriberOptions& options) : impl_(std::make_uniqu
       std::make_shared<GroupLink>(d.peer.group, d.peer.rank, d.channel),
       c10::str("Subscriber.pull (rank ", d.peer.rank, ")"),
       detail::resolve_max_total_bytes(kCall, options.max_total_bytes));
-  std::lock_guard<std::mutex> lock(abandoned_mutex);
-  auto& left = abandoned();
-  const auto it = left.find(d.key());
-  if (it != left.end()) {
-    d.core->adopt(std::move(it->second));
-    left.erase(it);
-  }
+  // What a destroyed Subscriber of this channel left (a pull in flight, or its refusal), so
+  // that the publisher's messages always find their receives.
+  d.core->adopt(std::static_pointer_cast<pub::Leftover>(detail::LateMessages::get().take_kept(
+      detail::GroupKey(d.peer.group), d.peer.rank, d.channel)));
 }
 
 Subscriber::~Subscriber() {
-  auto in_flight = impl_->core->release();
-  if (!in_flight) return;
-  std::lock_guard<std::mutex> lock(abandoned_mutex);
-  abandoned()[impl_->key()] = std::move(in_flight);
+  if (auto left = impl_->core->release()) {
+    detail::LateMessages::get().keep(detail::GroupKey(impl_->peer.group), impl_->peer.rank,
+                                     impl_->channel, std::move(left));
+  }
 }
 
 std::optional<int64_t> Subscriber::pull(TensorDict& td, const PullOptions& options) {

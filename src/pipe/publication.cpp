@@ -53,8 +53,7 @@ struct PipePending final : pub::Pending {
 // completes once the publisher has posted its receive.
 class PipeLink final : public pub::Link {
  public:
-  PipeLink(std::shared_ptr<Endpoint> ep, bool subscriber)
-      : ep_(std::move(ep)), subscriber_(subscriber) {}
+  explicit PipeLink(std::shared_ptr<Endpoint> ep) : ep_(std::move(ep)) {}
 
   pub::PendingPtr post_recv(const at::Tensor& buffer, pub::Kind kind) override {
     return post(buffer, kind, true);
@@ -68,12 +67,7 @@ class PipeLink final : public pub::Link {
     if (!ep_->wait_message(p.op, deadline, p.recv, what_of(p.kind))) return false;
     const bool message = p.kind == pub::Kind::kRequest || p.kind == pub::Kind::kOffer;
     if (!p.recv || !message || p.op->length == pub::kMessageBytes) return true;
-    if (close_marker(*p.op, p.buffer)) {
-      if (subscriber_) {
-        TD_THROW(NoPublisherError, "the Publisher on ", ep_->peer(), " closed (its pipe closed)");
-      }
-      TD_THROW(PeerClosedError, "the subscriber ", ep_->peer(), " closed its pipe");
-    }
+    TD_CHECK_AS(PeerClosedError, !close_marker(*p.op, p.buffer), ep_->peer(), " closed its pipe");
     const std::string why =
         c10::str("recv ", what_of(p.kind), ": peer ", ep_->peer(), " sent a message of ",
                  p.op->length, " bytes where ", pub::kMessageBytes, " were expected");
@@ -107,7 +101,6 @@ class PipeLink final : public pub::Link {
   }
 
   std::shared_ptr<Endpoint> ep_;
-  bool subscriber_;
 };
 
 // The endpoint of a pipe of ours (not over a caller's link), its client accepted: a
@@ -164,7 +157,7 @@ Publisher::Publisher(TensorDictServer& server, const PublisherOptions& options) 
       std::lock_guard<std::mutex> lock(impl->mutex);
       ++impl->serving;
     }
-    detail::PipeLink link(std::move(ep), /*subscriber=*/false);
+    detail::PipeLink link(std::move(ep));
     impl->core.serve(s, link);
     std::lock_guard<std::mutex> lock(impl->mutex);
     --impl->serving;
@@ -218,7 +211,7 @@ Subscriber::Subscriber(Pipe pipe, const SubscriberOptions& options)
               "Publisher)");
   detail::mark_publication(p);
   impl_->core = std::make_unique<pub::SubscriberCore>(
-      std::make_shared<detail::PipeLink>(std::move(ep), /*subscriber=*/true), who, max_bytes);
+      std::make_shared<detail::PipeLink>(std::move(ep)), who, max_bytes);
 }
 
 Subscriber::~Subscriber() = default;

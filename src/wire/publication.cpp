@@ -1,9 +1,11 @@
 #include "wire/publication.h"
 
+#include <algorithm>
 #include <array>
 #include <cstring>
 #include <variant>
 
+#include "core/byte_tensor.h"
 #include "core/bytes.h"
 #include "tensordict/consolidate.h"
 #include "tensordict/errors.h"
@@ -46,8 +48,31 @@ int tag_of(int64_t channel, Kind kind) {
   return static_cast<int>(kTagBase + 8 * channel + static_cast<int64_t>(kind));
 }
 
+at::Tensor recv_buffer(int64_t n) {
+  const int64_t room = std::clamp<int64_t>(n, int64_t{64} << 10, int64_t{1} << 20);
+  return core::fresh_bytes(n + room).narrow(0, 0, n);
+}
+
+at::Tensor message_buffer() {
+  at::Tensor t = recv_buffer(static_cast<int64_t>(kMessageBytes));
+  t.zero_();
+  return t;
+}
+
+const char* refusal_text(Refusal r) {
+  switch (r) {
+    case Refusal::kNone: return "no refusal";
+    case Refusal::kOffer: return "an offer that breaks the protocol";
+    case Refusal::kStorage: return "an offer whose storage is over its max_total_bytes";
+    case Refusal::kSchema: return "a schema it could not read";
+    case Refusal::kData: return "data shorter or longer than the offer announced";
+    case Refusal::kAnswer: return "\"none\" answered before its request's wait had passed";
+  }
+  return "an unknown refusal";
+}
+
 std::string encode(const Request& r) {
-  std::string out = head(kRequestMagic, 0);
+  std::string out = head(kRequestMagic, static_cast<uint32_t>(r.refusal));
   put(out, r.seq);
   put(out, r.epoch);
   put(out, static_cast<uint64_t>(r.version));
@@ -70,9 +95,12 @@ std::string encode(const Offer& o) {
 
 Request decode_request(const char* who, const uint8_t* p) {
   check_head(who, "request", kRequestMagic, p);
-  TD_CHECK_PEER(core::get_le(p + 12, 4) == 0, who, ": the peer's request has flags ",
-                core::get_le(p + 12, 4), " (none are defined)");
+  const auto refusal = static_cast<uint32_t>(core::get_le(p + 12, 4));
+  TD_CHECK_PEER(refusal <= static_cast<uint32_t>(Refusal::kAnswer), who,
+                ": the peer's request has refusal ", refusal, " (0 to ",
+                static_cast<uint32_t>(Refusal::kAnswer), ")");
   Request r;
+  r.refusal = static_cast<Refusal>(refusal);
   r.seq = core::get_le(p + 16);
   r.epoch = core::get_le(p + 24);
   r.version = field(p, 32);

@@ -9,6 +9,7 @@
 #include <utility>
 
 #include "core/byte_tensor.h"
+#include "core/bytes.h"
 #include "tensordict/errors.h"
 #include "tensordict/leaf.h"
 #include "tensordict/nested_key.h"
@@ -36,8 +37,9 @@ uint64_t random_epoch() {
   return e;
 }
 
-// Zeroed: a peer's short message leaves zeros, which decode_request refuses.
-at::Tensor message_buffer() { return at::zeros({static_cast<int64_t>(kMessageBytes)}, at::kByte); }
+// A subscriber's stats keep the lost ones beyond those serving, up to this many (the oldest
+// go first): a server's clients come and go without end.
+constexpr size_t kMaxLostKept = 64;
 
 // Waits for `p` in slices until it completes (true) or the publisher closes (false).
 bool wait_unless_closing(Link& link, const PendingPtr& p, const std::atomic<bool>& closing) {
@@ -45,6 +47,28 @@ bool wait_unless_closing(Link& link, const PendingPtr& p, const std::atomic<bool
     if (link.wait(p, Clock::now() + kSlice)) return true;
   }
   return false;
+}
+
+// An error's text for stats(): its message, without a C++ backtrace.
+std::string text_of(const std::exception& e) {
+  if (const auto* c10_error = dynamic_cast<const c10::Error*>(&e)) {
+    return c10_error->what_without_backtrace();
+  }
+  return e.what();
+}
+
+// What a request that arrived early says: a refusal ends the subscription; another request
+// before this one is answered is out of step (an honest subscriber has one in flight).
+std::string early_request(const char* who, const at::Tensor& buffer, const Offer& answering) {
+  const Request next = decode_request(who, buffer.data_ptr<uint8_t>());
+  if (next.refusal == Refusal::kNone) {
+    return c10::str(who, ": request ", next.seq, " came before request ", answering.seq,
+                    " was answered (a subscriber has one request in flight)");
+  }
+  return c10::str("the subscriber refused ",
+                  answering.status == Status::kNew ? c10::str("version ", answering.version)
+                                                   : std::string("the answer"),
+                  " (request ", next.seq, "): ", refusal_text(next.refusal));
 }
 
 }  // namespace
@@ -63,7 +87,8 @@ struct PublisherCore::Slot {
 
 struct PublisherCore::Subscription {
   SubscriberStats stats;
-  bool asked = false;  // a request arrived
+  bool asked = false;    // a request arrived
+  bool serving = false;  // in serve(): kept in the list whatever happens
 };
 
 PublisherCore::PublisherCore(int64_t max_slots)
@@ -73,7 +98,18 @@ PublisherCore::~PublisherCore() = default;
 
 PublisherCore::Subscription& PublisherCore::add(SubscriberStats stats) {
   std::lock_guard<std::mutex> lock(mutex_);
+  size_t lost = 0;
+  for (const auto& s : subscriptions_) lost += s.stats.lost && !s.serving;
+  for (auto it = subscriptions_.begin(); lost > kMaxLostKept && it != subscriptions_.end();) {
+    if (it->stats.lost && !it->serving) {
+      it = subscriptions_.erase(it);
+      --lost;
+    } else {
+      ++it;
+    }
+  }
   subscriptions_.push_back(Subscription{std::move(stats)});
+  ++added_;
   return subscriptions_.back();
 }
 
@@ -87,7 +123,7 @@ void PublisherCore::lose(Subscription& s, const std::string& error) {
 
 bool PublisherCore::answer(Subscription& s, Link& link, const Offer& offer,
                            const at::Tensor& schema, const at::Tensor& data,
-                           const PendingPtr& next_request) {
+                           const at::Tensor& next, const PendingPtr& next_request) {
   std::vector<PendingPtr> posted;
   try {
     posted.push_back(link.post_send(core::bytes_tensor(encode(offer)), Kind::kOffer));
@@ -98,10 +134,17 @@ bool PublisherCore::answer(Subscription& s, Link& link, const Offer& offer,
     bool next_in = !next_request;
     for (const auto& p : posted) {
       while (!closing_.load() && !link.wait(p, Clock::now() + kSlice)) {
-        // A send to a dead peer may never fail (Gloo reports a lost connection to a read, not
-        // always to a pending write): the next request's receive, on the same connection,
-        // does. Looked at once a slice, while a send takes longer.
-        if (!next_in) next_in = link.wait(next_request, Clock::now());
+        // The subscriber's next message, looked at once a slice while a send takes longer: a
+        // refusal means the rest will never be taken (an honest next request only means the
+        // subscriber had all of it before this side saw the send complete).
+        if (next_in || !link.wait(next_request, Clock::now())) continue;
+        next_in = true;
+        const std::string who = c10::str("Publisher (", link.peer(), "'s request)");
+        if (decode_request(who.c_str(), next.data_ptr<uint8_t>()).refusal != Refusal::kNone) {
+          link.keep(posted);
+          lose(s, early_request(who.c_str(), next, offer));
+          return false;
+        }
       }
       if (closing_.load()) {
         // Closing while the subscriber has not taken everything: the sends stay posted, so
@@ -111,13 +154,24 @@ bool PublisherCore::answer(Subscription& s, Link& link, const Offer& offer,
       }
     }
   } catch (const std::exception& e) {
-    lose(s, e.what());
+    link.keep(posted);
+    lose(s, text_of(e));
     return false;
   }
   return true;
 }
 
 void PublisherCore::serve(Subscription& s, Link& link) {
+  {
+    std::lock_guard<std::mutex> lock(mutex_);
+    s.serving = true;
+  }
+  serve_requests(s, link);
+  std::lock_guard<std::mutex> lock(mutex_);
+  s.serving = false;
+}
+
+void PublisherCore::serve_requests(Subscription& s, Link& link) {
   at::Tensor request = message_buffer();
   PendingPtr pending;
   const std::string who = c10::str("Publisher (", link.peer(), "'s request)");
@@ -130,15 +184,22 @@ void PublisherCore::serve(Subscription& s, Link& link) {
         r = decode_request(who.c_str(), request.data_ptr<uint8_t>());
       } catch (const c10::Error& e) {
         // Not a request: the peer's messages cannot be trusted any more.
-        lose(s, e.msg());
+        lose(s, e.what_without_backtrace());
         Offer refused;
         refused.status = Status::kRefused;
-        answer(s, link, refused, {}, {}, nullptr);
+        refused.seq = core::get_le(request.data_ptr<uint8_t>() + 16);  // whatever it said
+        answer(s, link, refused, {}, {}, {}, nullptr);
+        return;
+      }
+      if (r.refusal != Refusal::kNone) {
+        // A refusal of the last version, once all of it was sent: the subscriber pulls no more.
+        lose(s, c10::str("the subscriber refused what answered request ", r.seq, ": ",
+                         refusal_text(r.refusal)));
         return;
       }
       request = message_buffer();
       pending = link.post_recv(request, Kind::kRequest);  // ready for the next one at once
-      switch (answer_request(s, link, r, pending)) {
+      switch (answer_request(s, link, r, request, pending)) {
         case Next::kServe: continue;
         case Next::kClose: break;
         case Next::kStop: return;
@@ -146,7 +207,7 @@ void PublisherCore::serve(Subscription& s, Link& link) {
       break;
     }
   } catch (const std::exception& e) {
-    lose(s, e.what());
+    lose(s, text_of(e));
     return;
   }
   // Closing: the posted receive is kept (its buffer alive) for a later publisher.
@@ -154,6 +215,7 @@ void PublisherCore::serve(Subscription& s, Link& link) {
 }
 
 PublisherCore::Next PublisherCore::answer_request(Subscription& s, Link& link, const Request& r,
+                                                  const at::Tensor& next,
                                                   const PendingPtr& next_request) {
   std::unique_lock<std::mutex> lock(mutex_);
   s.asked = true;
@@ -167,25 +229,45 @@ PublisherCore::Next PublisherCore::answer_request(Subscription& s, Link& link, c
     const bool newer = r.epoch != epoch_ || slot.version > r.version;
     return newer && slot.version >= r.min_version;
   };
-  if (r.wait_ms < 0) {
-    changed_.wait(lock, eligible);
-  } else {
-    changed_.wait_until(lock, Clock::now() + std::chrono::milliseconds(r.wait_ms), eligible);
-  }
-  s.stats.waiting = false;
   Offer offer;
   offer.seq = r.seq;
   offer.epoch = epoch_;
+  // In slices, looking at the subscriber between them: one that closes, dies or sends again
+  // while it waits ends its subscription now, not when a version comes.
+  const auto until = r.wait_ms < 0 ? Clock::time_point::max()
+                                   : Clock::now() + std::chrono::milliseconds(r.wait_ms);
+  while (!changed_.wait_until(lock, std::min(until, Clock::now() + kSlice), eligible) &&
+         Clock::now() < until) {
+    lock.unlock();
+    std::optional<std::string> stop;
+    try {
+      if (link.wait(next_request, Clock::now())) {
+        const std::string who = c10::str("Publisher (", link.peer(), "'s request)");
+        stop = early_request(who.c_str(), next, offer);
+      }
+    } catch (const std::exception& e) {
+      stop = text_of(e);
+    }
+    lock.lock();
+    if (stop) {
+      s.stats.waiting = false;
+      lock.unlock();
+      link.keep({next_request});
+      lose(s, *stop);
+      return Next::kStop;
+    }
+  }
+  s.stats.waiting = false;
   if (closing_.load()) {
     offer.status = Status::kClosed;
     lock.unlock();
-    answer(s, link, offer, {}, {}, next_request);
+    answer(s, link, offer, {}, {}, next, next_request);
     return Next::kClose;
   }
   if (!eligible()) {
     offer.status = Status::kNone;
     lock.unlock();
-    return answer(s, link, offer, {}, {}, next_request) ? Next::kServe : Next::kStop;
+    return answer(s, link, offer, {}, {}, next, next_request) ? Next::kServe : Next::kStop;
   }
   Slot& slot = slots_[newest_];
   ++slot.pins;
@@ -219,7 +301,7 @@ PublisherCore::Next PublisherCore::answer_request(Subscription& s, Link& link, c
   const auto mine = big ? std::prev(big_sends_.end()) : big_sends_.end();
   lock.unlock();
 
-  const bool taken = answer(s, link, offer, schema, data, next_request);
+  const bool taken = answer(s, link, offer, schema, data, next, next_request);
   lock.lock();
   if (big) {
     if (taken) big_send_time_ = Clock::now() - *mine;
@@ -252,7 +334,7 @@ void PublisherCore::wait_for_subscribers(const char* call, size_t count,
                                          const std::string& hint) const {
   std::unique_lock<std::mutex> lock(mutex_);
   const auto all = [&] {
-    return subscriptions_.size() >= count &&
+    return added_ >= count &&
            std::all_of(subscriptions_.begin(), subscriptions_.end(),
                        [](const Subscription& s) { return s.asked || s.stats.lost; });
   };
@@ -261,8 +343,8 @@ void PublisherCore::wait_for_subscribers(const char* call, size_t count,
   for (const auto& s : subscriptions_) {
     if (!s.asked && !s.stats.lost) silent += c10::str(silent.empty() ? "" : ", ", s.stats.peer);
   }
-  if (subscriptions_.size() < count) {
-    silent += c10::str(silent.empty() ? "" : "; ", count - subscriptions_.size(), " of the ", count,
+  if (added_ < count) {
+    silent += c10::str(silent.empty() ? "" : "; ", count - added_, " of the ", count,
                        " subscribers expected never connected");
   }
   TD_THROW(TimeoutError, call, ": no request from ", silent, " within ", timeout.count(),

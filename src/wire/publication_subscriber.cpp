@@ -5,6 +5,7 @@
 #include <c10/util/Exception.h>
 
 #include <algorithm>
+#include <chrono>
 #include <utility>
 #include <variant>
 
@@ -22,9 +23,6 @@ constexpr auto kSlice = std::chrono::milliseconds(100);
 constexpr auto kPollPatience = std::chrono::milliseconds(1000);
 
 using Leaves = std::vector<std::pair<std::vector<std::string>, at::Tensor>>;
-
-// Zeroed: a peer's short message leaves zeros, which decode_offer refuses.
-at::Tensor message_buffer() { return at::zeros({static_cast<int64_t>(kMessageBytes)}, at::kByte); }
 
 std::optional<std::string> tensorclass_of(const core::ValidatedMetadata& m) {
   const JsonScalar* v = transport_field(m, "_tensorclass_type");
@@ -97,18 +95,35 @@ struct SubscriberCore::Held {
   std::shared_ptr<const core::ValidatedMetadata> metadata;
 };
 
-struct InFlight {
+struct Pull {
   uint64_t seq = 0;
-  SubscriberCore::Held held;  // when the request was sent (what a reused schema refers to)
+  int64_t wait_ms = 0;  // the request's
+  Clock::time_point sent;
   at::Tensor request, offer_buffer;
   PendingPtr request_sent, offer_received;
-  Clock::time_point sent;
   bool request_taken = false;
   std::optional<Offer> offer;
   std::shared_ptr<const core::ValidatedMetadata> metadata;  // the offer's, once read
   at::Tensor schema, data;
   PendingPtr schema_received, data_received;
   bool schema_done = false, data_done = false;
+  // What a refusal of the publisher's bytes read at this step would say.
+  Refusal step = Refusal::kOffer;
+
+  // Whatever of the pull is posted: kept (buffers alive) when it ends early.
+  std::vector<PendingPtr> posted() const {
+    std::vector<PendingPtr> out;
+    for (const auto& p : {request_sent, offer_received, schema_received, data_received}) {
+      if (p) out.push_back(p);
+    }
+    return out;
+  }
+};
+
+struct Leftover {
+  SubscriberCore::Held held;
+  std::shared_ptr<Pull> pull;
+  std::string ended;
 };
 
 SubscriberCore::SubscriberCore(std::shared_ptr<Link> link, std::string who, int64_t max_total_bytes)
@@ -122,41 +137,94 @@ SubscriberCore::~SubscriberCore() = default;
 int64_t SubscriberCore::version() const { return held_->version; }
 uint64_t SubscriberCore::epoch() const { return held_->epoch; }
 
-std::shared_ptr<InFlight> SubscriberCore::release() { return std::move(out_); }
-
-void SubscriberCore::adopt(std::shared_ptr<InFlight> in_flight) {
-  if (!in_flight) return;
-  out_ = std::move(in_flight);  // finished by the first pull, then dropped
-  seq_ = out_->seq;
+std::shared_ptr<Leftover> SubscriberCore::release() {
+  if (!pull_ && ended_.empty()) return nullptr;
+  auto left = std::make_shared<Leftover>();
+  left->held = *held_;
+  left->pull = std::move(pull_);
+  left->ended = std::move(ended_);
+  return left;
 }
 
-bool SubscriberCore::wait(const PendingPtr& p, Clock::time_point deadline, const char* what) {
+void SubscriberCore::adopt(std::shared_ptr<Leftover> leftover) {
+  if (!leftover) return;
+  if (leftover->pull) {
+    // The pull in flight is finished by the first pull here, against what was held then.
+    *held_ = leftover->held;
+    pull_ = std::move(leftover->pull);
+    seq_ = pull_->seq;
+  }
+  ended_ = std::move(leftover->ended);
+}
+
+bool SubscriberCore::wait(const PendingPtr& p, Clock::time_point deadline) {
+  for (;;) {
+    if (interrupted_.load()) return false;
+    const auto end = std::min(deadline, Clock::now() + kSlice);
+    if (link_->wait(p, end)) return true;
+    if (end >= deadline) return false;
+  }
+}
+
+void SubscriberCore::end_pull(std::exception_ptr error) {
+  const std::shared_ptr<Pull> o = std::move(pull_);
   try {
-    for (;;) {
-      if (interrupted_.load()) return false;
-      const auto end = std::min(deadline, Clock::now() + kSlice);
-      if (link_->wait(p, end)) return true;
-      if (end >= deadline) return false;
-    }
+    std::rethrow_exception(error);
   } catch (const NoPublisherError&) {
-    out_.reset();  // a link tells the publisher's clean close so
-    publisher_closed_ = true;
+    pull_ = o;  // nobody took the request: it stays queued for a publisher that starts
     throw;
+  } catch (const MalformedPeerDataError& e) {
+    // The publisher's bytes are refused: what it sent next cannot be trusted to fit what this
+    // side would post, so the link ends here. The publisher is told (it stops serving this
+    // subscriber and frees the slot it pinned); what was posted stays posted, its buffers
+    // kept, so that nothing the publisher sent lands in memory used for anything else.
+    if (ended_.empty()) {
+      ended_ = c10::str(e.what_without_backtrace(),
+                        ". This subscriber refused it and pulls no more from ", link_->peer());
+    }
+    if (o) {
+      std::vector<PendingPtr> keep = o->posted();
+      try {
+        Request r;
+        r.refusal = o->step;
+        r.seq = o->seq;
+        r.epoch = held_->epoch;
+        r.version = held_->version;
+        keep.push_back(link_->post_send(core::bytes_tensor(encode(r)), Kind::kRequest));
+      } catch (...) {
+        // the link is broken already: its peer learns it from the transport
+      }
+      link_->keep(keep);
+    }
+    TD_THROW(MalformedPeerDataError, ended_);
+  } catch (const PeerClosedError& e) {
+    publisher_closed_ = true;
+    TD_THROW(NoPublisherError, who_, ": the Publisher on ", link_->peer(), " closed (",
+             e.what_without_backtrace(), ")");
   } catch (const PeerLostError& e) {
-    said_goodbye(p);
-    out_.reset();
-    TD_THROW(PeerLostError, who_, ": lost the connection while waiting for ", what, ": ",
+    // A lost request send may hide the publisher's clean close, already in the offer's
+    // receive (a pipe's close marker).
+    if (o && o->offer_received) {
+      try {
+        link_->wait(o->offer_received, Clock::now());
+      } catch (const PeerClosedError& closed) {
+        publisher_closed_ = true;
+        TD_THROW(NoPublisherError, who_, ": the Publisher on ", link_->peer(), " closed (",
+                 closed.what_without_backtrace(), ")");
+      } catch (...) {
+      }
+    }
+    TD_THROW(PeerLostError, who_, ": lost the connection to the publisher: ",
              e.what_without_backtrace());
   } catch (...) {
-    out_.reset();  // what follows on this link cannot be trusted to fit
+    pull_ = o;  // anything else leaves the pull as it was, for the next pull to go on with
     throw;
   }
 }
 
-void SubscriberCore::send_request(const PullOptions& options, Clock::time_point start) {
-  auto o = std::make_shared<InFlight>();
+void SubscriberCore::send_request(const PullOptions& options) {
+  auto o = std::make_shared<Pull>();
   o->seq = ++seq_;
-  o->held = *held_;
   Request r;
   r.seq = o->seq;
   r.epoch = held_->epoch;
@@ -164,39 +232,20 @@ void SubscriberCore::send_request(const PullOptions& options, Clock::time_point 
   r.min_version = options.min_version.value_or(0);
   r.wait_ms = options.timeout ? options.timeout->count() : -1;
   r.schema = held_->schema;
+  o->wait_ms = r.wait_ms;
   // The offer's receive first: the publisher never waits on this subscriber to answer.
   o->offer_buffer = message_buffer();
   o->offer_received = link_->post_recv(o->offer_buffer, Kind::kOffer);
   o->request = core::bytes_tensor(encode(r));
-  o->sent = start;
-  out_ = std::move(o);
-  try {
-    out_->request_sent = link_->post_send(out_->request, Kind::kRequest);
-  } catch (const PeerLostError&) {
-    said_goodbye(nullptr);
-    out_.reset();
-    throw;
-  }
+  o->sent = Clock::now();
+  pull_ = o;
+  o->request_sent = link_->post_send(o->request, Kind::kRequest);
 }
 
-void SubscriberCore::said_goodbye(const PendingPtr& lost) {
-  // A publisher that closed has left: its last message, the close marker where an offer was
-  // due, tells its close from a loss (the link raises NoPublisherError for it).
-  if (!out_ || !out_->offer_received || lost == out_->offer_received) return;
-  try {
-    link_->wait(out_->offer_received, Clock::now());
-  } catch (const NoPublisherError&) {
-    out_.reset();
-    publisher_closed_ = true;
-    throw;
-  } catch (...) {
-  }
-}
-
-bool SubscriberCore::request_taken(InFlight& o, Clock::time_point deadline,
+bool SubscriberCore::request_taken(Pull& o, Clock::time_point deadline,
                                    const PullOptions& options) {
   if (o.request_taken) return true;
-  if (!wait(o.request_sent, deadline, "the publisher to take the request")) {
+  if (!wait(o.request_sent, deadline)) {
     // A publisher that took requests before is slow or stopped, not missing.
     if (interrupted_.load() || answered_) return false;
     const auto waited = Clock::now() - o.sent;
@@ -213,95 +262,93 @@ bool SubscriberCore::request_taken(InFlight& o, Clock::time_point deadline,
   return true;
 }
 
-SubscriberCore::OfferRead SubscriberCore::read_offer(InFlight& o, Clock::time_point deadline) {
+SubscriberCore::OfferRead SubscriberCore::read_offer(Pull& o, Clock::time_point deadline) {
   if (o.offer) return OfferRead::kNew;
-  if (!wait(o.offer_received, deadline, "the publisher's offer")) return OfferRead::kWaiting;
-  try {
-    o.offer = decode_offer(who_.c_str(), o.offer_buffer.data_ptr<uint8_t>());
-  } catch (...) {
-    out_.reset();  // what follows on this link cannot be trusted to fit
-    throw;
-  }
-  switch (o.offer->status) {
-    case Status::kNone: out_.reset(); return OfferRead::kNone;
+  if (!wait(o.offer_received, deadline)) return OfferRead::kWaiting;
+  const Offer offer = decode_offer(who_.c_str(), o.offer_buffer.data_ptr<uint8_t>());
+  TD_CHECK_PEER(offer.seq == o.seq, who_, ": the publisher's offer answers request ", offer.seq,
+                ", not request ", o.seq, " (a message out of order)");
+  switch (offer.status) {
+    case Status::kNone: {
+      // An honest publisher answers "none" once the request's wait has passed: sooner, a loop
+      // of requests would spin.
+      const auto waited = std::chrono::duration_cast<std::chrono::milliseconds>(
+          Clock::now() - o.sent);
+      o.step = Refusal::kAnswer;
+      TD_CHECK_PEER(o.wait_ms >= 0 && waited.count() >= o.wait_ms, who_, ": the publisher on ",
+                    link_->peer(), " answered \"none\" after ", waited.count(),
+                    " ms to a request that waits ",
+                    o.wait_ms < 0 ? std::string("until a version is published")
+                                  : c10::str(o.wait_ms, " ms"));
+      pull_.reset();
+      return OfferRead::kNone;
+    }
     case Status::kClosed:
-      out_.reset();
-      publisher_closed_ = true;
-      TD_THROW(NoPublisherError, who_, ": the Publisher on ", link_->peer(), " closed");
+      TD_THROW(PeerClosedError, "it answered \"closed\"");
     case Status::kRefused:
-      out_.reset();
-      TD_THROW(MalformedPeerDataError, who_, ": the Publisher on ", link_->peer(),
-               " refused this subscriber's request as malformed and serves it no more");
+      ended_ = c10::str(who_, ": the Publisher on ", link_->peer(),
+                        " refused this subscriber's request as malformed and serves it no more");
+      TD_THROW(MalformedPeerDataError, ended_);
     case Status::kNew: break;
   }
-  const publication::Held check{o.seq,         o.held.epoch,      o.held.version,
-                                o.held.schema, o.held.data_bytes, max_total_bytes_};
-  try {
-    check_offer(who_.c_str(), *o.offer, check);
-  } catch (...) {
-    out_.reset();  // what follows on this link cannot be trusted to fit
-    throw;
-  }
+  o.step = offer.data_bytes > max_total_bytes_ ? Refusal::kStorage : Refusal::kOffer;
+  const publication::Held check{o.seq,         held_->epoch,      held_->version,
+                                held_->schema, held_->data_bytes, max_total_bytes_};
+  check_offer(who_.c_str(), offer, check);
+  o.offer = offer;
   // Nothing is allocated for a size before check_offer bounded it.
-  if (o.offer->schema_bytes > 0) {
-    o.schema = at::empty({o.offer->schema_bytes}, at::kByte);
+  if (offer.schema_bytes > 0) {
+    o.schema = recv_buffer(offer.schema_bytes);
     o.schema_received = link_->post_recv(o.schema, Kind::kSchema);
   } else {
-    o.metadata = o.held.metadata;
+    o.metadata = held_->metadata;
   }
-  const int64_t n = o.offer->data_bytes;
+  const int64_t n = offer.data_bytes;
   // The stage, unless a pull into a new TensorDict took it (or it is too small).
-  if (!stage_.defined() || stage_.numel() < n) {
-    stage_ = core::fresh_bytes(std::max<int64_t>(n, 1));
-  }
+  if (!stage_.defined() || stage_.numel() < n) stage_ = recv_buffer(std::max<int64_t>(n, 1));
   o.data = stage_.narrow(0, 0, n);
   o.data_received = link_->post_recv(o.data, Kind::kData);
   return OfferRead::kNew;
 }
 
-bool SubscriberCore::read_version(InFlight& o, Clock::time_point deadline) {
+bool SubscriberCore::read_version(Pull& o, Clock::time_point deadline) {
   if (o.schema_received && !o.schema_done) {
-    if (!wait(o.schema_received, deadline, "the version's schema")) return false;
+    if (!wait(o.schema_received, deadline)) return false;
     o.schema_done = true;
+    o.step = Refusal::kSchema;
     const std::string_view text(reinterpret_cast<const char*>(o.schema.data_ptr<uint8_t>()),
                                 static_cast<size_t>(o.schema.numel()));
     try {
       o.metadata =
           std::make_shared<core::ValidatedMetadata>(read_schema(who_.c_str(), *o.offer, text));
-    } catch (...) {
-      // The data still comes: drain it before giving up, so the messages stay in step.
-      try {
-        while (!link_->wait(o.data_received, Clock::now() + kSlice)) {
-        }
-      } catch (...) {
-      }
-      out_.reset();
+    } catch (const MalformedPeerDataError&) {
       throw;
+    } catch (const c10::Error& e) {
+      // The reader's ValueError names what it refused; a peer's schema it is all the same.
+      TD_THROW(MalformedPeerDataError, who_, ": the version's schema is refused: ",
+               e.what_without_backtrace());
     }
   }
   if (!o.data_done) {
-    if (!wait(o.data_received, deadline, "the version's data")) return false;
+    if (!wait(o.data_received, deadline)) return false;
     o.data_done = true;
-    if (link_->short_message(o.data_received)) {
-      const int64_t announced = o.offer->data_bytes;
-      out_.reset();  // `o` with it
-      TD_THROW(MalformedPeerDataError, who_, ": the version's data stopped short of the ",
-               announced, " bytes its offer announced");
-    }
+    o.step = Refusal::kData;
+    TD_CHECK_PEER(!link_->short_message(o.data_received), who_,
+                  ": the version's data stopped short of the ", o.offer->data_bytes,
+                  " bytes its offer announced");
   }
   return true;
 }
 
-bool SubscriberCore::advance(Clock::time_point start, Clock::time_point deadline,
-                             const PullOptions& options) {
+bool SubscriberCore::advance(Clock::time_point deadline, const PullOptions& options) {
   for (;;) {
-    if (!out_) send_request(options, start);
-    InFlight& o = *out_;
+    if (!pull_) send_request(options);
+    Pull& o = *pull_;
     if (!request_taken(o, deadline, options)) return false;
     switch (read_offer(o, deadline)) {
       case OfferRead::kWaiting: return false;
       case OfferRead::kNone:  // nothing newer within the request's wait: ask again
-        if (Clock::now() >= deadline) return false;
+        if (Clock::now() >= deadline || interrupted_.load()) return false;
         continue;
       case OfferRead::kNew: return read_version(o, deadline);
     }
@@ -312,13 +359,20 @@ bool SubscriberCore::advance(Clock::time_point start, Clock::time_point deadline
 // each version where it goes (it may throw, the version then not held) and makes the result.
 template <typename Apply>
 auto SubscriberCore::pull_with(const PullOptions& options, Apply&& apply)
-    -> std::optional<std::invoke_result_t<Apply&, InFlight&>> {
+    -> std::optional<std::invoke_result_t<Apply&, Pull&>> {
   check_pull(options);
+  TD_CHECK_AS(MalformedPeerDataError, ended_.empty(), ended_);
   const auto start = Clock::now();
   const auto deadline = options.timeout ? start + *options.timeout : Clock::time_point::max();
   for (;;) {
-    if (!advance(start, deadline, options)) return std::nullopt;
-    const std::shared_ptr<InFlight> o = std::move(out_);
+    bool in = false;
+    try {
+      in = advance(deadline, options);
+    } catch (...) {
+      end_pull(std::current_exception());
+    }
+    if (!in) return std::nullopt;
+    const std::shared_ptr<Pull> o = std::move(pull_);
     auto result = apply(*o);
     const Offer& offer = *o->offer;
     *held_ = Held{offer.epoch, offer.version, offer.schema, offer.data_bytes, o->metadata};
@@ -328,7 +382,7 @@ auto SubscriberCore::pull_with(const PullOptions& options, Apply&& apply)
 }
 
 std::optional<int64_t> SubscriberCore::pull(TensorDict& td, const PullOptions& options) {
-  return pull_with(options, [&](InFlight& o) {
+  return pull_with(options, [&](Pull& o) {
     const auto& metadata = *o.metadata;
     // The version's leaves as views of the data, made once per schema and stage.
     if (stage_views_for_ != o.data.data_ptr() || stage_views_schema_ != o.offer->schema) {
@@ -350,7 +404,7 @@ std::optional<int64_t> SubscriberCore::pull(TensorDict& td, const PullOptions& o
 }
 
 std::optional<Pulled> SubscriberCore::pull(const PullOptions& options) {
-  return pull_with(options, [&](InFlight& o) {
+  return pull_with(options, [&](Pull& o) {
     // The new TensorDict keeps the stage as its storage; the next pull makes another.
     Pulled pulled{core::rebuild_validated(*o.metadata, o.data), o.offer->version,
                   tensorclass_of(*o.metadata)};

@@ -341,32 +341,52 @@ TEST(Publication, NoPublisherIsNamedAndTheGroupLives) {
   });
 }
 
+// Each forged answer on a channel of its own: a refusal ends that subscriber's link (docs/
+// publication.md, "Which peer is which"): the publisher is told by a refusal request, and the
+// subscriber's later pulls raise the same error without a message.
 TEST(Publication, ForgedMessagesGetNamedErrors) {
-  run_ranks(2, [](int rank, int) {
+  struct Case {
+    const char* words;
+    uint32_t refusal;  // what the subscriber's refusal says (docs/wire-format.md §9.2)
+  };
+  const std::vector<Case> cases = {{"magic", 1},
+                                   {"1152921504606846976 bytes", 2},
+                                   {"status 9", 1},
+                                   {"does not hold", 1},
+                                   {"answers request 7", 1},
+                                   {"stopped short", 4}};
+  run_ranks(2, [&](int rank, int) {
+    const auto tag = [](int channel, int kind) { return kRequestTag + 8 * channel + kind; };
     if (rank == 0) {
-      // A fake publisher: answers each request with a forged offer.
+      // A fake publisher: answers each channel's request with a forged offer.
       const std::vector<at::Tensor> offers = {
           message("TDPUBXXX", 1, {1, 5, 1, 16, 0, 0}),                 // wrong magic
-          message("TDPUBOFR", 1, {2, 5, 1, uint64_t{1} << 60, 8, 1}),  // lying size
-          message("TDPUBOFR", 9, {3, 5, 1, 16, 8, 1}),                 // unknown status
-          message("TDPUBOFR", 1, {4, 5, 1, 16, 0, 77}),                // a schema it never sent
+          message("TDPUBOFR", 1, {1, 5, 1, uint64_t{1} << 60, 8, 1}),  // lying size
+          message("TDPUBOFR", 9, {1, 5, 1, 16, 8, 1}),                 // unknown status
+          message("TDPUBOFR", 1, {1, 5, 1, 16, 0, 77}),                // a schema it never sent
+          message("TDPUBOFR", 2, {7, 5, 0, 0, 0, 0}),                  // "none" to another seq
       };
-      for (const auto& offer : offers) {
-        recv_raw(1, kRequestTag, 64);
-        send_raw(offer, 1, kOfferTag);
+      for (size_t i = 0; i < offers.size(); ++i) {
+        const int channel = 10 + static_cast<int>(i);
+        recv_raw(1, tag(channel, 0), 64);
+        send_raw(offers[i], 1, tag(channel, 1));
+        const at::Tensor refusal = recv_raw(1, tag(channel, 0), 64);
+        EXPECT_EQ(refusal.data_ptr<uint8_t>()[12], cases[i].refusal) << cases[i].words;
       }
       // A whole schema, then data 16 bytes shorter than announced.
+      const int channel = 10 + static_cast<int>(offers.size());
       const TensorDict c = consolidate(weights(3));
       const int64_t n = consolidated_storage(c).numel();
       const std::string json =
           metadata_to_json(*consolidated_metadata(c), false, {{"_total_bytes", n}});
-      recv_raw(1, kRequestTag, 64);
+      recv_raw(1, tag(channel, 0), 64);
       send_raw(message("TDPUBOFR", 1,
-                       {5, 5, 1, static_cast<uint64_t>(n), json.size(),
+                       {1, 5, 1, static_cast<uint64_t>(n), json.size(),
                         testing::fnv1a(json.data(), json.size())}),
-               1, kOfferTag);
-      send_raw(testing::bytes_of(json), 1, kRequestTag + 2);
-      send_raw(consolidated_storage(c).narrow(0, 0, n - 16).clone(), 1, kDataTag);
+               1, tag(channel, 1));
+      send_raw(testing::bytes_of(json), 1, tag(channel, 2));
+      send_raw(consolidated_storage(c).narrow(0, 0, n - 16).clone(), 1, tag(channel, 3));
+      EXPECT_EQ(recv_raw(1, tag(channel, 0), 64).data_ptr<uint8_t>()[12], 4);
       // A publisher facing a forged request: the subscriber is lost, named, and refused.
       dist::Publisher pub({.channel = 1});
       await_ready(1);
@@ -374,17 +394,23 @@ TEST(Publication, ForgedMessagesGetNamedErrors) {
       const auto stats = pub.stats();
       EXPECT_TRUE(stats[0].lost);
       EXPECT_NE(stats[0].error.find("magic"), std::string::npos) << stats[0].error;
+      EXPECT_EQ(stats[0].error.find("frame #"), std::string::npos) << stats[0].error;
       ready(1);
     } else {
-      dist::Subscriber sub({.src = 0, .max_total_bytes = 1 << 20});
-      TensorDict td = weights(0);
-      for (const char* words :
-           {"magic", "1152921504606846976 bytes", "status 9", "does not hold", "stopped short"}) {
+      for (size_t i = 0; i < cases.size(); ++i) {
+        dist::Subscriber sub({.src = 0, .channel = 10 + static_cast<int64_t>(i),
+                              .max_total_bytes = 1 << 20});
+        TensorDict td = weights(0);
         std::string kind;
         const std::string e = error_of([&] { sub.pull(td, {.timeout = 10s}); }, &kind);
         EXPECT_EQ(kind, "MalformedPeerDataError") << e;
-        EXPECT_NE(e.find(words), std::string::npos) << e;
+        EXPECT_NE(e.find(cases[i].words), std::string::npos) << e;
         EXPECT_TRUE(holds(td, 0));
+        // The link ended: the same error at once, whatever the timeout.
+        const auto t0 = std::chrono::steady_clock::now();
+        EXPECT_EQ(error_of([&] { sub.pull(td, {.timeout = 10s}); }, &kind), e);
+        EXPECT_EQ(kind, "MalformedPeerDataError");
+        EXPECT_LT(std::chrono::steady_clock::now() - t0, 1s);
       }
       at::Tensor offer = at::empty({64}, at::kByte);
       std::vector<at::Tensor> o{offer};

@@ -4,6 +4,8 @@
 // a peer's bytes must pass. No transport here, so that fuzz/publication.cpp reads a peer's
 // bytes exactly as the two sides do. Used by the c10d layer (src/distributed/publication.cpp).
 
+#include <ATen/core/Tensor.h>
+
 #include <cstddef>
 #include <cstdint>
 #include <string>
@@ -17,15 +19,41 @@ inline constexpr size_t kMessageBytes = 64;
 
 /// The four messages of a pull share one channel's tags: kTagBase + 8 * channel + kind.
 /// Far above the reference's tags (init_tag + leaf index, pseudo-random tags below 10,000),
-/// so a publication and the reference's transfers share a group without meeting.
+/// so a publication and the reference's transfers share a group without meeting. Nothing is
+/// ever sent on kWatch: a c10d link keeps a receive posted there, which Gloo fails when the
+/// connection is lost even while the message in progress would never be failed.
 inline constexpr int64_t kTagBase = 0x7E000000;
 inline constexpr int64_t kMaxChannel = 0xFFFF;
-enum class Kind : int64_t { kRequest = 0, kOffer = 1, kSchema = 2, kData = 3 };
+enum class Kind : int64_t { kRequest = 0, kOffer = 1, kSchema = 2, kData = 3, kWatch = 4 };
 int tag_of(int64_t channel, Kind kind);
+
+/// Receive buffers are posted with room after the bytes expected (a view of the first `n`
+/// bytes of a larger allocation), so that a link whose transport aborts on a longer message
+/// (Gloo) can take it and name it instead: 64 KiB to 1 MiB of room, as long as `n`.
+at::Tensor recv_buffer(int64_t n);
+/// The 64 bytes of a request or an offer, zeroed (a shorter message leaves zeros, which the
+/// decoders refuse), with room.
+at::Tensor message_buffer();
+
+/// Why a subscriber refused what a publisher sent; a refusal travels as a request (below).
+enum class Refusal : uint32_t {
+  kNone = 0,     // a request: the subscriber pulls
+  kOffer = 1,    // the offer broke docs/wire-format.md §9.6
+  kStorage = 2,  // the offer announced a storage over the subscriber's max_total_bytes
+  kSchema = 3,   // the schema message was refused
+  kData = 4,     // the data message was shorter or longer than announced
+  kAnswer = 5,   // a "none" answered before the request's wait had passed
+};
+/// The refusal in words, for the publisher's stats().
+const char* refusal_text(Refusal r);
 
 /// What a subscriber asks for: the newest version newer than the one it holds (and at least
 /// min_version), waiting up to wait_ms for one (-1: for ever; 0: answer at once).
 struct Request {
+  /// kNone: a pull's request. Otherwise the subscriber refuses the offer that answered
+  /// request `seq` (it posts no receive for what the offer announced) and pulls no more on
+  /// this link; the other fields are what it held.
+  Refusal refusal = Refusal::kNone;
   uint64_t seq = 0;         // the subscriber's count of requests; the offer repeats it
   uint64_t epoch = 0;       // the epoch of the version it holds; 0: it holds none
   int64_t version = 0;      // the version it holds (0: none)

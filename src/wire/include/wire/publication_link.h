@@ -29,15 +29,18 @@ using PendingPtr = std::shared_ptr<Pending>;
 class Link {
  public:
   virtual ~Link() = default;
-  /// Posts the receive of the next message of `kind` into `buffer` (contiguous uint8).
+  /// Posts the receive of the next message of `kind` into `buffer` (contiguous uint8). A
+  /// buffer from recv_buffer() has room after it: a link whose transport ends the process on a
+  /// longer message (Gloo) posts the room too, and wait() names such a message instead.
   virtual PendingPtr post_recv(const at::Tensor& buffer, Kind kind) = 0;
   /// Posts the send of `buffer`. A request's completes only once the peer has taken it (posted
   /// its receive): that is how a subscriber tells a peer that runs no publisher.
   virtual PendingPtr post_send(const at::Tensor& buffer, Kind kind) = 0;
   /// Waits until `p` completes (true) or `deadline` passes (false; it stays posted). Throws
-  /// PeerLostError for a lost connection, MalformedPeerDataError for a request or an offer of
-  /// the wrong size, NoPublisherError or PeerClosedError for the peer's clean close where an
-  /// offer or a request was due.
+  /// PeerLostError for a lost connection (also while the message in progress is one the
+  /// transport would never fail), PeerClosedError for the peer's clean close where a request
+  /// or an offer was due (the two ends decide what that means), and MalformedPeerDataError for
+  /// a message longer than its buffer, or a request or an offer of the wrong size.
   virtual bool wait(const PendingPtr& p, Clock::time_point deadline) = 0;
   /// Whether the completed receive `p` carried fewer bytes than its buffer.
   virtual bool short_message(const PendingPtr& p) const = 0;

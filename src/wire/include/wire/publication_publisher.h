@@ -43,10 +43,13 @@ class PublisherCore {
   int64_t publish(const TensorDict& td, std::optional<std::chrono::milliseconds> timeout,
                   const std::optional<std::string>& tensorclass_type);
 
-  /// Registers a subscriber; `stats` names it (rank, peer). Alive as long as the core.
+  /// Registers a subscriber; `stats` names it (rank, peer). Alive as long as the core, unless
+  /// it is lost and out of serve(): the oldest such are dropped beyond 64.
   Subscription& add(SubscriberStats stats);
-  /// Answers `s`'s requests over `link` until close(), a lost connection (recorded in its
-  /// stats) or a request that is not one (then answered "refused"). Never throws.
+  /// Answers `s`'s requests over `link` until close(), a lost or closed connection, a refusal
+  /// of what it was sent, or a request that is not one (then answered "refused"), each recorded
+  /// in its stats. Looks at the subscriber while it waits for a version, so that one that
+  /// leaves costs no thread beyond a slice. Never throws.
   void serve(Subscription& s, Link& link);
   /// Records `s` as lost, with `error` as its reason (kept if one is already recorded).
   void lose(Subscription& s, const std::string& error);
@@ -69,14 +72,18 @@ class PublisherCore {
   struct Slot;
   // Sends `offer` (and, for a new version, the schema and the data) to `s`; true once taken.
   // `next_request`, the receive of its next request, tells a dead subscriber.
+  // `next` is the buffer of `next_request`: a refusal arriving while the sends wait means they
+  // will never be taken (the subscriber is then lost, its sends kept by the link).
   bool answer(Subscription& s, Link& link, const Offer& offer, const at::Tensor& schema,
-              const at::Tensor& data, const PendingPtr& next_request);
+              const at::Tensor& data, const at::Tensor& next, const PendingPtr& next_request);
+  // serve()'s loop.
+  void serve_requests(Subscription& s, Link& link);
   // What serve() does after answering a request: serve the next, stop (closing), or stop
   // (the subscriber lost).
   enum class Next { kServe, kClose, kStop };
   // Waits until a version the request asks for is published (or its wait passes, or closing),
   // then answers it, pinning the slot it sends from until the subscriber has taken it.
-  Next answer_request(Subscription& s, Link& link, const Request& r,
+  Next answer_request(Subscription& s, Link& link, const Request& r, const at::Tensor& next,
                       const PendingPtr& next_request);
   std::string pinning_locked() const;
 
@@ -87,6 +94,7 @@ class PublisherCore {
   int newest_ = -1;
   int64_t version_ = 0;
   std::list<Subscription> subscriptions_;  // a list: each stays where it is
+  size_t added_ = 0;                       // subscribers ever added (the lost ones pruned)
   // Large versions being sent (when each started), and how long the last one took.
   std::list<Clock::time_point> big_sends_;
   Clock::duration big_send_time_ = std::chrono::milliseconds(25);

@@ -7,6 +7,7 @@
 
 #include <atomic>
 #include <cstdint>
+#include <exception>
 #include <memory>
 #include <optional>
 #include <string>
@@ -21,11 +22,21 @@
 
 namespace tensordict::wire::publication {
 
-/// One pull's messages, from its request on: what a pull that gave up left in flight for the
-/// next, and what a destroyed subscriber leaves to the next one on the same link.
-struct InFlight;
+/// One pull's messages, from its request on: the only state of a pull in flight.
+struct Pull;
+
+/// What a subscriber leaves on its link for the next one there (c10d: the next Subscriber of
+/// the same group, rank and channel in this process): the pull it left in flight with what it
+/// held, or the refusal that ended the link.
+struct Leftover;
 
 /// Not thread-safe, but for interrupt(): one thread pulls at a time.
+///
+/// Every pull leaves by one rule (end_pull): a peer's bytes refused end the link (the
+/// publisher is told by a refusal, what was posted stays posted, later pulls raise the same
+/// refusal); a clean close or a lost connection ends the pull in flight; a deadline or an
+/// interrupt leaves it in flight for the next pull. Every wait is bounded by the pull's
+/// deadline and its interrupt.
 class SubscriberCore {
  public:
   /// `link`: the publisher's messages. `who` names the pulls in errors ("Subscriber.pull (rank
@@ -51,41 +62,43 @@ class SubscriberCore {
   /// TensorDict unchanged (an event loop's cancelled apull); interrupt(false) withdraws it.
   void interrupt(bool on) { interrupted_.store(on); }
 
-  /// What a pull left in flight, taken out (null when nothing is); adopt() hands it to another
-  /// subscriber on the same link, whose first pull finishes it.
-  std::shared_ptr<InFlight> release();
-  void adopt(std::shared_ptr<InFlight> in_flight);
+  /// What this subscriber leaves on its link, taken out (null when nothing); adopt() hands it
+  /// to another subscriber on the same link, whose first pull finishes the pull in flight.
+  std::shared_ptr<Leftover> release();
+  void adopt(std::shared_ptr<Leftover> leftover);
 
   struct Held;
 
  private:
-  void send_request(const PullOptions& options, Clock::time_point start);
+  void send_request(const PullOptions& options);
   // Runs the pull's messages until a version is in; false when the deadline passed first.
-  bool advance(Clock::time_point start, Clock::time_point deadline, const PullOptions& options);
+  bool advance(Clock::time_point deadline, const PullOptions& options);
   // The steps of advance(): the request taken (or NoPublisherError), the offer read and
   // checked (then the schema's and the data's receives posted), the version in.
-  bool request_taken(InFlight& o, Clock::time_point deadline, const PullOptions& options);
+  bool request_taken(Pull& o, Clock::time_point deadline, const PullOptions& options);
   enum class OfferRead { kWaiting, kNone, kNew };
-  OfferRead read_offer(InFlight& o, Clock::time_point deadline);
-  bool read_version(InFlight& o, Clock::time_point deadline);
-  bool wait(const PendingPtr& p, Clock::time_point deadline, const char* what);
-  // After a lost connection (on `lost`): NoPublisherError when the publisher's close marker is
-  // what the offer's receive found, else nothing.
-  void said_goodbye(const PendingPtr& lost);
+  OfferRead read_offer(Pull& o, Clock::time_point deadline);
+  bool read_version(Pull& o, Clock::time_point deadline);
+  // Waits in slices, each looking at the interrupt; false at the deadline or the interrupt.
+  bool wait(const PendingPtr& p, Clock::time_point deadline);
+  // The one way out of a pull that failed with `error` (see the class comment): rethrows it,
+  // or the error it means.
+  [[noreturn]] void end_pull(std::exception_ptr error);
   template <typename Apply>
   auto pull_with(const PullOptions& options, Apply&& apply)
-      -> std::optional<std::invoke_result_t<Apply&, InFlight&>>;
+      -> std::optional<std::invoke_result_t<Apply&, Pull&>>;
 
   std::shared_ptr<Link> link_;
   const std::string who_;
   const int64_t max_total_bytes_;
   std::unique_ptr<Held> held_;
   uint64_t seq_ = 0;
-  std::shared_ptr<InFlight> out_;
+  std::shared_ptr<Pull> pull_;  // the pull in flight, or null
+  std::string ended_;           // why the link ended (a refusal); "" while it serves
   std::atomic<bool> interrupted_{false};
   bool publisher_closed_ = false;
   bool answered_ = false;  // a request was taken: a publisher runs there
-  at::Tensor stage_;       // where data lands; kept between pulls
+  at::Tensor stage_;       // where data lands (recv_buffer: with room); kept between pulls
   // The stage's leaves as views, for the schema they were made for.
   std::vector<std::pair<std::vector<std::string>, at::Tensor>> stage_views_;
   const void* stage_views_for_ = nullptr;
