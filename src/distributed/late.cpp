@@ -112,20 +112,6 @@ bool wait_until(const WorkPtr& work, Clock::time_point deadline) {
 
 // ---- the registry ---------------------------------------------------------------------------
 
-int64_t room_for(int64_t expected) {
-  return std::clamp<int64_t>(expected, 64, int64_t{1} << 20);
-}
-
-at::Tensor with_room(const at::Tensor& buffer) {
-  const auto n = static_cast<int64_t>(buffer.nbytes());
-  if (!buffer.is_cpu() || !buffer.is_contiguous() || !buffer.storage()) return buffer;
-  const int64_t at = buffer.storage_offset() * buffer.element_size();
-  const int64_t have = static_cast<int64_t>(buffer.storage().nbytes()) - at - n;
-  if (have < 8) return buffer;
-  return at::empty({0}, buffer.options().dtype(at::kByte))
-      .set_(buffer.storage(), at, {n + std::min(have, room_for(n))});
-}
-
 GroupKey::GroupKey(const Group& group) {
   if (group.process_group()) {
     process_group_.emplace(group.process_group());

@@ -16,7 +16,7 @@
 #include <string>
 #include <vector>
 
-#include "tail_stamp.h"
+#include "wire/tail_stamp.h"
 #include "tensordict/distributed/options.h"
 
 namespace tensordict::dist::detail {
@@ -29,17 +29,9 @@ using Clock = std::chrono::steady_clock;
 /// `work` must be abortable: a point-to-point work of Gloo, or a wrapper of them.
 bool wait_until(const WorkPtr& work, Clock::time_point deadline);
 
-/// Gloo ends the process when a message is longer than the receive posted for it
-/// (GLOO_ENFORCE_LE in its event loop, which no caller can catch). A receive posted with room
-/// after the bytes it expects takes a longer message instead, and a stamp at the start of the
-/// room tells it: the room a receive of `expected` bytes gets (64 B to 1 MiB, as long as the
-/// message expected); only a message longer than expected + room still aborts.
-int64_t room_for(int64_t expected);
-/// What to post for `buffer`: the buffer and the room after it in its allocation (up to
-/// room_for), when it is a contiguous CPU view with 8 bytes or more after it there; otherwise
-/// `buffer` itself. Only for memory of the library's own: the room is written by a longer
-/// message.
-at::Tensor with_room(const at::Tensor& buffer);
+using wire::room_for;
+using wire::TailStamp;
+using wire::with_room;
 
 /// One message a call with a deadline posted, and the memory it lands in or is read from.
 struct PostedMessage {
@@ -53,7 +45,7 @@ struct PostedMessage {
   bool taken = false;  // parked by an earlier call, then taken by a later one
 
   /// After the receive completed: whether the message ran past `buffer` into its room.
-  bool long_message() const { return beyond && !beyond->short_message(); }
+  bool long_message() const { return beyond && wire::long_message(*beyond); }
 };
 using MessagePtr = std::shared_ptr<PostedMessage>;
 

@@ -300,10 +300,11 @@ WorkPtr Waiter::recv(const Peer& peer, at::Tensor& buffer, int tag,
   if (parks()) LateMessages::get().admit(call_, key, peer.rank, peer_);
   // A buffer of the library's own followed by room (stage()) is posted with it, a stamp at the
   // room's start: a longer message is then a named error, not Gloo's abort.
-  const at::Tensor posted = room ? with_room(buffer) : buffer;
+  const at::Tensor posted =
+      room ? with_room(buffer, room_for(static_cast<int64_t>(buffer.nbytes()))) : buffer;
   std::optional<TailStamp> beyond;
   if (posted.nbytes() > buffer.nbytes()) {
-    beyond.emplace(posted.narrow(0, 0, static_cast<int64_t>(buffer.nbytes()) + 8));
+    beyond.emplace(wire::stamp_beyond(posted, static_cast<int64_t>(buffer.nbytes())));
   }
   std::vector<at::Tensor> one{posted};
   WorkPtr work = peer.group.recv(one, peer.rank, tag);

@@ -16,7 +16,7 @@
 
 #include "core/byte_tensor.h"
 #include "late.h"
-#include "tail_stamp.h"
+#include "wire/tail_stamp.h"
 #include "tensordict/distributed/options.h"
 #include "tensordict/tensor_dict.h"
 

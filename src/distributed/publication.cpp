@@ -6,6 +6,7 @@
 #include <c10/util/Exception.h>
 
 #include <algorithm>
+#include <limits>
 #include <mutex>
 #include <thread>
 
@@ -88,8 +89,7 @@ class GroupLink final : public pub::Link {
   bool wait(const pub::PendingPtr& pending, Clock::time_point deadline) override {
     auto& p = static_cast<GroupPending&>(*pending);
     while (!p.message->done) {
-      const auto slice_end = Clock::now() + kWatchSlice;
-      const auto end = std::min(deadline, slice_end);
+      const auto end = std::min(deadline, Clock::now() + kWatchSlice);
       try {
         if (detail::wait_until(p.message->work, end)) {
           p.message->done = true;
@@ -98,7 +98,8 @@ class GroupLink final : public pub::Link {
       } catch (const std::exception& e) {
         detail::rethrow_lost(e, c10::str("the connection to ", peer()));
       }
-      if (end == slice_end) look_at_watch();  // a whole slice waited
+      // Once a slice of waiting (a poll's waits of nothing cost no look).
+      if (Clock::now() - looked_ >= kWatchSlice) look_at_watch();
       if (end >= deadline) return false;
     }
     TD_CHECK_PEER(!p.message->long_message(), peer(), " sent a publication ", what_of(p.kind),
@@ -137,9 +138,10 @@ class GroupLink final : public pub::Link {
     m->tag = tag;
     m->is_recv = is_recv;
     // A receive buffer from recv_buffer() is posted with its room, a stamp at the room's start.
-    std::vector<at::Tensor> tensors{is_recv ? detail::with_room(buffer) : buffer};
+    std::vector<at::Tensor> tensors{
+        is_recv ? detail::with_room(buffer, std::numeric_limits<int64_t>::max()) : buffer};
     if (tensors[0].nbytes() > buffer.nbytes()) {
-      m->beyond.emplace(tensors[0].narrow(0, 0, static_cast<int64_t>(buffer.nbytes()) + 8));
+      m->beyond.emplace(wire::stamp_beyond(tensors[0], static_cast<int64_t>(buffer.nbytes())));
     }
     m->work = is_recv ? group_.recv(tensors, rank_, tag) : group_.send(tensors, rank_, tag);
     return m;
@@ -148,6 +150,7 @@ class GroupLink final : public pub::Link {
   // PeerLostError when Gloo failed the watch (the connection is lost); a message on it is a
   // peer that breaks the protocol.
   void look_at_watch() {
+    looked_ = Clock::now();
     if (watch_->done) return;
     bool came = false;
     try {
@@ -165,6 +168,7 @@ class GroupLink final : public pub::Link {
   int rank_;
   int64_t channel_;
   detail::MessagePtr watch_;
+  Clock::time_point looked_ = Clock::now();
 };
 
 void check_channel(const char* call, int64_t channel) {

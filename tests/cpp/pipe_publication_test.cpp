@@ -397,3 +397,39 @@ TEST(PipePublication, AForgedRequestIsRefusedAndRecorded) {
 }
 
 }  // namespace
+
+namespace {
+
+// Clients that leave a request no version can meet and close cost the server nothing once
+// gone: each client's thread sees its close within a slice of its wait for a version, and the
+// stats keep the lost ones only up to a bound (docs/publication.md, "What it costs").
+TEST(PipePublication, ClientsThatLeaveCostNoThreadAndAreForgotten) {
+  TensorDictServer server(0, "127.0.0.1", options());
+  Publisher pub(server);
+  pub.publish(weights(1));
+  const int threads_before = pipe_test::threads();
+  for (int i = 0; i < 100; ++i) {
+    Pipe pipe = Pipe::connect("127.0.0.1", server.port(), options());
+    Subscriber sub(pipe);
+    sub.interrupt();  // the request goes, the pull returns at once
+    EXPECT_FALSE(sub.pull({.min_version = 1000}).has_value());
+    pipe.close();
+  }
+  int threads_after = pipe_test::threads();
+  for (int i = 0; i < 100 && threads_after > threads_before + 4; ++i) {
+    std::this_thread::sleep_for(50ms);
+    threads_after = pipe_test::threads();
+  }
+  std::printf("[pipe] threads before %d, after 100 clients left %d; stats entries %zu\n",
+              threads_before, threads_after, pub.stats().size());
+  EXPECT_LE(threads_after, threads_before + 4);
+  EXPECT_LE(pub.stats().size(), 64u + 4u);  // the lost ones kept, and the last few
+  // An honest client is still served.
+  Pipe pipe = Pipe::connect("127.0.0.1", server.port(), options());
+  Subscriber sub(pipe);
+  const auto v = sub.pull({.timeout = 10s});
+  ASSERT_TRUE(v.has_value());
+  EXPECT_TRUE(holds(v->td, 1));
+}
+
+}  // namespace

@@ -9,6 +9,7 @@
 #include <gtest/gtest.h>
 
 #include <atomic>
+#include <csignal>
 #include <thread>
 
 #include "fault_test_util.h"
@@ -111,9 +112,71 @@ void run_role(const std::string& name) {
              std::to_string(slowest_ms) + " lost: " + stats[1].error);
 }
 
+// The publisher killed while its data is on the way: Gloo never fails the receive whose bytes
+// it is reading, but the link's watch receive (docs/wire-format.md §9.1) is failed, so the
+// subscriber's pull is a PeerLostError within a slice of its waits, not a None for ever.
+void run_dead_publisher_role(const std::string& name) {
+  const int rank = name == "dying_publisher" ? 0 : 1;
+  at::set_num_threads(1);
+  dist::init_process_group({.backend = "gloo",
+                            .init_method = "file://" + role_dir() + "/store",
+                            .rank = rank,
+                            .world_size = 2,
+                            .timeout = std::chrono::milliseconds(60s),
+                            .gloo_hostname = "127.0.0.1"});
+  if (rank == 1) {
+    dist::Subscriber sub({.src = 0});
+    std::string error = "<no error>", kind;
+    try {
+      while (sub.pull({.timeout = 20s})) {  // each whole version, until the publisher dies
+      }
+      error = "a pull returned None";
+    } catch (const tensordict::PeerLostError& e) {
+      kind = "PeerLostError";
+      error = e.what_without_backtrace();
+    } catch (const c10::Error& e) {
+      error = e.what_without_backtrace();
+    }
+    write_file(role_dir() + "/orphan.report", std::to_string(now_ns()) + " " + kind + ": " + error);
+    return;
+  }
+  dist::Publisher pub({.max_slots = 1});
+  const int64_t base = io_counter("wchar");
+  std::thread killer([&] {
+    while (io_counter("wchar") - base < 3 * kKillAfterBytes) std::this_thread::sleep_for(100us);
+    write_file(role_dir() + "/publisher.killed", std::to_string(now_ns()));
+    ::kill(::getpid(), SIGKILL);
+  });
+  for (int v = 1;; ++v) pub.publish(version(static_cast<float>(v)), 30s);
+}
+
+TEST(PublicationFault, APublisherKilledMidDataIsAPeerLostErrorWithinThePull) {
+  if (auto r = role()) {
+    if (*r == "dying_publisher" || *r == "orphan") {
+      run_dead_publisher_role(*r);
+    }
+    return;
+  }
+  TempDir dir;
+  const pid_t publisher = spawn_role("dying_publisher", dir.path);
+  const pid_t orphan = spawn_role("orphan", dir.path);
+  const auto publisher_status = wait_child(publisher, 60s);
+  const auto orphan_status = wait_child(orphan, 60s);
+  EXPECT_TRUE(was_sigkilled(publisher_status)) << describe(publisher_status);
+  EXPECT_TRUE(exited_cleanly(orphan_status)) << describe(orphan_status);
+  const auto killed = read_file(dir.path + "/publisher.killed");
+  const auto report = read_file(dir.path + "/orphan.report");
+  ASSERT_TRUE(killed.has_value() && report.has_value());
+  const double after_ms = ms_between(std::stoll(*killed), std::stoll(*report));
+  std::printf("[fault] the subscriber of a killed publisher, %.0f ms after the kill: %s\n",
+              after_ms, report->c_str());
+  EXPECT_NE(report->find("PeerLostError"), std::string::npos) << *report;
+  EXPECT_LT(after_ms, 2000);
+}
+
 TEST(PublicationFault, ASubscriberKilledMidPullCostsThePublisherNothing) {
   if (auto r = role()) {
-    run_role(*r);
+    if (*r != "dying_publisher" && *r != "orphan") run_role(*r);
     return;
   }
   for (int attempt = 1;; ++attempt) {

@@ -1,10 +1,11 @@
-#include "tail_stamp.h"
+#include "wire/tail_stamp.h"
 
+#include <algorithm>
 #include <atomic>
 #include <cstring>
 #include <random>
 
-namespace tensordict::dist::detail {
+namespace tensordict::wire {
 
 namespace {
 
@@ -54,4 +55,22 @@ bool TailStamp::short_message() const {
   return now == stamp_;
 }
 
-}  // namespace tensordict::dist::detail
+int64_t room_for(int64_t expected) {
+  return std::clamp<int64_t>(expected, 64, int64_t{1} << 20);
+}
+
+at::Tensor with_room(const at::Tensor& buffer, int64_t max_room) {
+  const auto n = static_cast<int64_t>(buffer.nbytes());
+  if (!buffer.is_cpu() || !buffer.is_contiguous() || !buffer.storage()) return buffer;
+  const int64_t at = buffer.storage_offset() * buffer.element_size();
+  const int64_t have = static_cast<int64_t>(buffer.storage().nbytes()) - at - n;
+  if (have < 8) return buffer;
+  return at::empty({0}, buffer.options().dtype(at::kByte))
+      .set_(buffer.storage(), at, {n + std::min(have, max_room)});
+}
+
+TailStamp stamp_beyond(const at::Tensor& posted, int64_t expected) {
+  return TailStamp(posted.narrow(0, 0, expected + 8));
+}
+
+}  // namespace tensordict::wire
