@@ -16,8 +16,8 @@
 #include <string>
 #include <vector>
 
-#include "wire/tail_stamp.h"
 #include "tensordict/distributed/options.h"
+#include "wire/tail_stamp.h"
 
 namespace tensordict::dist::detail {
 
@@ -37,7 +37,7 @@ using wire::with_room;
 struct PostedMessage {
   WorkPtr work;       // the message's own work (Gloo's)
   at::Tensor buffer;  // a receive's buffer (memory the library owns), or a send's tensor
-  std::vector<TailStamp> stamps;  // a receive's stamps in `buffer`, set before it was posted
+  std::vector<TailStamp> stamps;    // a receive's stamps in `buffer`, set before it was posted
   std::optional<TailStamp> beyond;  // in the room after `buffer`, when it was posted with room
   int tag = 0;
   bool is_recv = true;

@@ -136,8 +136,8 @@ class MessageWork : public c10d::Work {
       if (!m_->work->wait(timeout)) return false;
       m_->done = true;
     }
-    TD_CHECK_PEER(!check_ || !m_->long_message(), call_ ? call_ : "recv",
-                  ": the message on tag ", m_->tag, " is longer than the ", m_->buffer.nbytes(),
+    TD_CHECK_PEER(!check_ || !m_->long_message(), call_ ? call_ : "recv", ": the message on tag ",
+                  m_->tag, " is longer than the ", m_->buffer.nbytes(),
                   " bytes this receive expects (it ran into the room kept after them, which "
                   "spared this process Gloo's abort; a message longer than ",
                   m_->buffer.nbytes() + room_for(m_->buffer.nbytes()), " bytes still aborts it)");

@@ -16,9 +16,9 @@
 
 #include "core/byte_tensor.h"
 #include "late.h"
-#include "wire/tail_stamp.h"
 #include "tensordict/distributed/options.h"
 #include "tensordict/tensor_dict.h"
+#include "wire/tail_stamp.h"
 
 namespace tensordict::dist::detail {
 

@@ -122,8 +122,8 @@ void PublisherCore::lose(Subscription& s, const std::string& error) {
 }
 
 bool PublisherCore::answer(Subscription& s, Link& link, const Offer& offer,
-                           const at::Tensor& schema, const at::Tensor& data,
-                           const at::Tensor& next, const PendingPtr& next_request) {
+                           const at::Tensor& schema, const at::Tensor& data, const at::Tensor& next,
+                           const PendingPtr& next_request) {
   std::vector<PendingPtr> posted;
   try {
     posted.push_back(link.post_send(core::bytes_tensor(encode(offer)), Kind::kOffer));

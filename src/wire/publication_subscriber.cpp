@@ -214,8 +214,8 @@ void SubscriberCore::end_pull(std::exception_ptr error) {
       } catch (...) {
       }
     }
-    TD_THROW(PeerLostError, who_, ": lost the connection to the publisher: ",
-             e.what_without_backtrace());
+    TD_THROW(PeerLostError, who_,
+             ": lost the connection to the publisher: ", e.what_without_backtrace());
   } catch (...) {
     pull_ = o;  // anything else leaves the pull as it was, for the next pull to go on with
     throw;
@@ -272,19 +272,17 @@ SubscriberCore::OfferRead SubscriberCore::read_offer(Pull& o, Clock::time_point 
     case Status::kNone: {
       // An honest publisher answers "none" once the request's wait has passed: sooner, a loop
       // of requests would spin.
-      const auto waited = std::chrono::duration_cast<std::chrono::milliseconds>(
-          Clock::now() - o.sent);
+      const auto waited =
+          std::chrono::duration_cast<std::chrono::milliseconds>(Clock::now() - o.sent);
       o.step = Refusal::kAnswer;
-      TD_CHECK_PEER(o.wait_ms >= 0 && waited.count() >= o.wait_ms, who_, ": the publisher on ",
-                    link_->peer(), " answered \"none\" after ", waited.count(),
-                    " ms to a request that waits ",
-                    o.wait_ms < 0 ? std::string("until a version is published")
-                                  : c10::str(o.wait_ms, " ms"));
+      TD_CHECK_PEER(
+          o.wait_ms >= 0 && waited.count() >= o.wait_ms, who_, ": the publisher on ", link_->peer(),
+          " answered \"none\" after ", waited.count(), " ms to a request that waits ",
+          o.wait_ms < 0 ? std::string("until a version is published") : c10::str(o.wait_ms, " ms"));
       pull_.reset();
       return OfferRead::kNone;
     }
-    case Status::kClosed:
-      TD_THROW(PeerClosedError, "it answered \"closed\"");
+    case Status::kClosed: TD_THROW(PeerClosedError, "it answered \"closed\"");
     case Status::kRefused:
       ended_ = c10::str(who_, ": the Publisher on ", link_->peer(),
                         " refused this subscriber's request as malformed and serves it no more");
@@ -325,8 +323,8 @@ bool SubscriberCore::read_version(Pull& o, Clock::time_point deadline) {
       throw;
     } catch (const c10::Error& e) {
       // The reader's ValueError names what it refused; a peer's schema it is all the same.
-      TD_THROW(MalformedPeerDataError, who_, ": the version's schema is refused: ",
-               e.what_without_backtrace());
+      TD_THROW(MalformedPeerDataError, who_,
+               ": the version's schema is refused: ", e.what_without_backtrace());
     }
   }
   if (!o.data_done) {

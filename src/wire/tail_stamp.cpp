@@ -55,9 +55,7 @@ bool TailStamp::short_message() const {
   return now == stamp_;
 }
 
-int64_t room_for(int64_t expected) {
-  return std::clamp<int64_t>(expected, 64, int64_t{1} << 20);
-}
+int64_t room_for(int64_t expected) { return std::clamp<int64_t>(expected, 64, int64_t{1} << 20); }
 
 at::Tensor with_room(const at::Tensor& buffer, int64_t max_room) {
   const auto n = static_cast<int64_t>(buffer.nbytes());

@@ -349,12 +349,9 @@ TEST(Publication, ForgedMessagesGetNamedErrors) {
     const char* words;
     uint32_t refusal;  // what the subscriber's refusal says (docs/wire-format.md §9.2)
   };
-  const std::vector<Case> cases = {{"magic", 1},
-                                   {"1152921504606846976 bytes", 2},
-                                   {"status 9", 1},
-                                   {"does not hold", 1},
-                                   {"answers request 7", 1},
-                                   {"stopped short", 4}};
+  const std::vector<Case> cases = {
+      {"magic", 1},         {"1152921504606846976 bytes", 2}, {"status 9", 1},
+      {"does not hold", 1}, {"answers request 7", 1},         {"stopped short", 4}};
   run_ranks(2, [&](int rank, int) {
     const auto tag = [](int channel, int kind) { return kRequestTag + 8 * channel + kind; };
     if (rank == 0) {
@@ -398,8 +395,8 @@ TEST(Publication, ForgedMessagesGetNamedErrors) {
       ready(1);
     } else {
       for (size_t i = 0; i < cases.size(); ++i) {
-        dist::Subscriber sub({.src = 0, .channel = 10 + static_cast<int64_t>(i),
-                              .max_total_bytes = 1 << 20});
+        dist::Subscriber sub(
+            {.src = 0, .channel = 10 + static_cast<int64_t>(i), .max_total_bytes = 1 << 20});
         TensorDict td = weights(0);
         std::string kind;
         const std::string e = error_of([&] { sub.pull(td, {.timeout = 10s}); }, &kind);

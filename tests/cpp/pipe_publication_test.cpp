@@ -357,6 +357,34 @@ TEST(PipePublication, ForgedOffersAndAbsentPublishersGetNamedErrors) {
   });
   EXPECT_NE(e.find("stopped short"), std::string::npos) << e;
 
+  // A schema that is not JSON, and no data ever: refused at once, whatever the pull's timeout
+  // (the data is never waited for); a second pull raises the same refusal.
+  auto t1 = std::chrono::steady_clock::now();
+  e = pull_error(
+      [&](RawPublisher& raw) {
+        raw.request();
+        const std::string bad = "{not json";
+        raw.send(message("TDPUBOFR", 1,
+                         {1, epoch, 5, static_cast<uint64_t>(n), bad.size(),
+                          publication_test::schema_hash(bad)}));
+        raw.send(bad);
+      },
+      3s);
+  EXPECT_NE(e.find("schema"), std::string::npos) << e;
+  EXPECT_NE(e.find("refused it and pulls no more"), std::string::npos) << e;
+  EXPECT_LT(std::chrono::steady_clock::now() - t1, 2s);
+
+  // Data longer than its offer announced.
+  e = pull_error([&](RawPublisher& raw) {
+    raw.request();
+    raw.send(message(
+        "TDPUBOFR", 1,
+        {1, epoch, 5, static_cast<uint64_t>(n), json.size(), publication_test::schema_hash(json)}));
+    raw.send(json);
+    raw.send(data + std::string(1024, '\0'));
+  });
+  EXPECT_NE(e.find("longer than expected"), std::string::npos) << e;
+
   // The publisher's close marker where an offer was due: closed.
   e = pull_error([](RawPublisher& raw) {
     raw.request();

@@ -26,11 +26,11 @@ namespace {
 
 using namespace std::chrono_literals;
 using Clock = std::chrono::steady_clock;
+using dist::Late;
 using testing::await_ready;
 using testing::error_of;
 using testing::ready;
 using testing::run_ranks;
-using dist::Late;
 
 constexpr int kRequestTag = 0x7E000000;
 int tag(int channel, int kind) { return kRequestTag + 8 * channel + kind; }
@@ -57,7 +57,9 @@ void send_raw(at::Tensor t, int dst, int tg) {
   std::vector<at::Tensor> v{std::move(t)};
   dist::default_group()->send(v, dst, tg)->wait();
 }
-uint64_t u64(const at::Tensor& m, int at) { return publication_test::get_u64(m.data_ptr<uint8_t>() + at); }
+uint64_t u64(const at::Tensor& m, int at) {
+  return publication_test::get_u64(m.data_ptr<uint8_t>() + at);
+}
 
 double ms_since(Clock::time_point t0) {
   return std::chrono::duration<double, std::milli>(Clock::now() - t0).count();
@@ -95,15 +97,15 @@ TEST(PublicationHostile, EveryWaitOfAPullEndsAtItsDeadlineOrItsInterrupt) {
       // Channel 1: an offer, a schema that is not JSON, and no data ever.
       const std::string bad = "{not json";
       const at::Tensor r = recv_raw(1, tag(1, 0), 64);
-      send_raw(message("TDPUBOFR", 1, {u64(r, 16), 9, 1, n, bad.size(),
-                                       publication_test::schema_hash(bad)}),
+      send_raw(message("TDPUBOFR", 1,
+                       {u64(r, 16), 9, 1, n, bad.size(), publication_test::schema_hash(bad)}),
                1, tag(1, 1));
       send_raw(testing::bytes_of(bad), 1, tag(1, 2));
       EXPECT_EQ(recv_raw(1, tag(1, 0), 64).data_ptr<uint8_t>()[12], 3);  // refused: the schema
       // Channel 2: a whole offer and schema, the data held back until rank 1 has given up twice.
       const at::Tensor r2 = recv_raw(1, tag(2, 0), 64);
-      send_raw(message("TDPUBOFR", 1, {u64(r2, 16), 9, 1, n, json.size(),
-                                       publication_test::schema_hash(json)}),
+      send_raw(message("TDPUBOFR", 1,
+                       {u64(r2, 16), 9, 1, n, json.size(), publication_test::schema_hash(json)}),
                1, tag(2, 1));
       send_raw(testing::bytes_of(json), 1, tag(2, 2));
       await_ready(1);
@@ -175,8 +177,8 @@ TEST(PublicationHostile, LongerMessagesAreNamedErrorsNotAborts) {
       offer.narrow(0, 0, 64).copy_(message("TDPUBOFR", 2, {u64(r, 16), 9, 0, 0, 0, 0}));
       send_raw(offer, 1, tag(4, 1));
       r = recv_raw(1, tag(5, 0), 64);
-      send_raw(message("TDPUBOFR", 1, {u64(r, 16), 9, 1, n, json.size(),
-                                       publication_test::schema_hash(json)}),
+      send_raw(message("TDPUBOFR", 1,
+                       {u64(r, 16), 9, 1, n, json.size(), publication_test::schema_hash(json)}),
                1, tag(5, 1));
       send_raw(testing::bytes_of(json), 1, tag(5, 2));
       send_raw(at::cat({storage, at::zeros({1024}, at::kByte)}), 1, tag(5, 3));
@@ -192,8 +194,7 @@ TEST(PublicationHostile, LongerMessagesAreNamedErrorsNotAborts) {
         std::string kind;
         const std::string e = error_of([&] { sub.pull(td, {.timeout = 10s}); }, &kind);
         EXPECT_EQ(kind, "MalformedPeerDataError") << e;
-        EXPECT_NE(e.find(channel == 4 ? "offer longer than the 64 bytes"
-                                      : "data longer than the "),
+        EXPECT_NE(e.find(channel == 4 ? "offer longer than the 64 bytes" : "data longer than the "),
                   std::string::npos)
             << e;
         EXPECT_TRUE(holds(td, 0));
@@ -320,15 +321,15 @@ TEST(PublicationHostile, LateMessagesEndWithTheirGroupAndAreBounded) {
     dist::ProcessGroupPtr a = dist::new_group({0, 1});
     if (rank == 0) {
       TensorDict td = weights(0);
-      EXPECT_NE(error_of([&] { dist::recv(td, 1, {.group = a, .timeout = 200ms}); }),
-                "<no error>");
+      EXPECT_NE(error_of([&] { dist::recv(td, 1, {.group = a, .timeout = 200ms}); }), "<no error>");
       ready(1);
       // Ten 64 MiB sends nobody receives, each timed out and kept.
       const int64_t before = rss_kb();
       for (int i = 0; i < 10; ++i) {
         TensorDict big({{"x", at::full({int64_t{16} << 20}, 1.0f)}}, {});
-        EXPECT_NE(error_of([&] { dist::send(big, 1, {.group = a, .init_tag = 100, .timeout = 50ms}); }),
-                  "<no error>");
+        EXPECT_NE(
+            error_of([&] { dist::send(big, 1, {.group = a, .init_tag = 100, .timeout = 50ms}); }),
+            "<no error>");
       }
       const int64_t kept = rss_kb() - before;
       await_ready(1);  // rank 1 sent 9 on group a, late

@@ -151,3 +151,61 @@ def hundred_timeouts(rank, world_size):
 
 def test_a_hundred_timeouts_then_a_hundred_transfers_on_three_ranks():
     run(hundred_timeouts, world_size=3, timeout=120, group_timeout=20)
+
+
+def _rss_mb():
+    with open("/proc/self/status") as f:
+        for line in f:
+            if line.startswith("VmRSS:"):
+                return int(line.split()[1]) / 1024
+    return 0.0
+
+
+def late_messages_end_with_their_group(rank, world_size):
+    """What timed-out calls leave belongs to their group: destroy_process_group() releases it
+    (the receives' buffers, the sends' tensors), and the next group never meets it."""
+    import os
+    import time
+    from tensordict_cpp import TensorDict, errors
+    torch.set_num_threads(1)
+    store_dir = os.environ["TD_TEST_STORE_DIR"]
+
+    def group(n):  # a new default group, on a store of its own
+        dist.init_process_group("gloo", init_method=f"file://{store_dir}/store{n}",
+                                rank=rank, world_size=2)
+
+    td = TensorDict(a=torch.zeros(4), batch_size=[])  # on the group run() made
+    if rank == 0:
+        with pytest.raises(errors.TimeoutError):
+            td.recv(src=1, timeout=0.3)
+        before = _rss_mb()
+        for _ in range(10):  # ten 64 MiB sends nobody receives, each timed out and kept
+            big = TensorDict(x=torch.ones(16 << 20), batch_size=[])
+            with pytest.raises(errors.TimeoutError):
+                big.send(dst=1, init_tag=100, timeout=0.05)
+        kept = _rss_mb() - before
+        ready(1)
+        await_ready(1)  # rank 1 sent 9 on this group: it landed in the late receive
+    else:
+        await_ready(0)
+        TensorDict(a=torch.full((4,), 9.0), batch_size=[]).send(dst=0)
+        ready(0)
+    dist.destroy_process_group()
+    group(2)
+    if rank == 0:
+        deadline = time.monotonic() + 5
+        while _rss_mb() - before > 100 and time.monotonic() < deadline:
+            time.sleep(0.1)
+        after = _rss_mb() - before
+        print(f"ten timed-out 64 MiB sends kept {kept:.0f} MB; {after:.0f} MB once the group ended")
+        assert kept > 500 and after < 100, (kept, after)
+        td.recv(src=1, timeout=10)
+        assert (td["a"] == 11).all(), td["a"]  # the new group's message, not the old one's 9
+    else:
+        TensorDict(a=torch.full((4,), 11.0), batch_size=[]).send(dst=0)
+    dist.barrier()  # run() destroys this group
+
+
+def test_late_messages_end_with_their_group(tmp_path, monkeypatch):
+    monkeypatch.setenv("TD_TEST_STORE_DIR", str(tmp_path))
+    run(late_messages_end_with_their_group, world_size=2, timeout=120)
