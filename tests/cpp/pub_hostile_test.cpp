@@ -8,6 +8,7 @@
 #include <gtest/gtest.h>
 
 #include <chrono>
+#include <cstring>
 #include <fstream>
 #include <string>
 #include <thread>
@@ -85,6 +86,25 @@ std::pair<std::string, at::Tensor> version_of(const TensorDict& td) {
           storage};
 }
 
+// The peak memory growth of fn() in this process (VmHWM, reset first through clear_refs, over
+// VmRSS before), in MB: every hostile case stays under 100 MB beyond the honest data.
+int64_t status_kb(const char* field) {
+  std::ifstream f("/proc/self/status");
+  std::string line;
+  while (std::getline(f, line)) {
+    if (line.rfind(field, 0) == 0) return std::stoll(line.substr(std::strlen(field)));
+  }
+  return 0;
+}
+int64_t rss_kb() { return status_kb("VmRSS:"); }
+template <typename Fn>
+double peak_growth_mb(Fn&& fn) {
+  std::ofstream("/proc/self/clear_refs") << "5";
+  const int64_t before = status_kb("VmRSS:");
+  fn();
+  return static_cast<double>(status_kb("VmHWM:") - before) / 1024;
+}
+
 // A pull's waits end at its deadline or its interrupt whatever the publisher leaves undone: a
 // schema refused with no data after it is refused at once (not drained for ever); a version
 // whose data never comes returns None at the timeout, and at an interrupt; when the data comes
@@ -112,7 +132,7 @@ TEST(PublicationHostile, EveryWaitOfAPullEndsAtItsDeadlineOrItsInterrupt) {
       send_raw(storage.clone(), 1, tag(2, 3));
       ready(1);
     } else {
-      {
+      const double grew = peak_growth_mb([&] {
         dist::Subscriber sub({.src = 0, .channel = 1});
         TensorDict td = weights(0);
         const auto t0 = Clock::now();
@@ -122,7 +142,8 @@ TEST(PublicationHostile, EveryWaitOfAPullEndsAtItsDeadlineOrItsInterrupt) {
         EXPECT_NE(e.find("schema"), std::string::npos) << e;
         EXPECT_LT(ms_since(t0), 1000) << e;
         EXPECT_TRUE(holds(td, 0));
-      }
+      });
+      EXPECT_LT(grew, 100);
       dist::Subscriber sub({.src = 0, .channel = 2});
       TensorDict td = weights(0);
       auto t0 = Clock::now();
@@ -156,7 +177,7 @@ TEST(PublicationHostile, LongerMessagesAreNamedErrorsNotAborts) {
     const auto [json, storage] = version_of(weights(5));
     const uint64_t n = static_cast<uint64_t>(storage.numel());
     if (rank == 0) {
-      {
+      const double grew = peak_growth_mb([&] {
         // A real publisher: a 65-byte "request" and a 128-byte one, on channels 0 and 3.
         dist::Publisher pub0({.channel = 0});
         dist::Publisher pub3({.channel = 3});
@@ -169,7 +190,8 @@ TEST(PublicationHostile, LongerMessagesAreNamedErrorsNotAborts) {
           EXPECT_NE(s.error.find("longer than the 64 bytes"), std::string::npos) << s.error;
         }
         EXPECT_EQ(pub0.publish(weights(1)), 1);  // and it goes on
-      }
+      });
+      EXPECT_LT(grew, 100);
       // A fake publisher: a 100-byte offer (channel 4); data 1 KiB longer than announced
       // (channel 5).
       at::Tensor r = recv_raw(1, tag(4, 0), 64);
@@ -188,17 +210,21 @@ TEST(PublicationHostile, LongerMessagesAreNamedErrorsNotAborts) {
       send_raw(at::zeros({65}, at::kByte), 0, tag(0, 0));
       send_raw(at::zeros({128}, at::kByte), 0, tag(3, 0));
       ready(0);
-      for (int channel : {4, 5}) {
-        dist::Subscriber sub({.src = 0, .channel = channel});
-        TensorDict td = weights(0);
-        std::string kind;
-        const std::string e = error_of([&] { sub.pull(td, {.timeout = 10s}); }, &kind);
-        EXPECT_EQ(kind, "MalformedPeerDataError") << e;
-        EXPECT_NE(e.find(channel == 4 ? "offer longer than the 64 bytes" : "data longer than the "),
-                  std::string::npos)
-            << e;
-        EXPECT_TRUE(holds(td, 0));
-      }
+      const double grew = peak_growth_mb([&] {
+        for (int channel : {4, 5}) {
+          dist::Subscriber sub({.src = 0, .channel = channel});
+          TensorDict td = weights(0);
+          std::string kind;
+          const std::string e = error_of([&] { sub.pull(td, {.timeout = 10s}); }, &kind);
+          EXPECT_EQ(kind, "MalformedPeerDataError") << e;
+          EXPECT_NE(
+              e.find(channel == 4 ? "offer longer than the 64 bytes" : "data longer than the "),
+              std::string::npos)
+              << e;
+          EXPECT_TRUE(holds(td, 0));
+        }
+      });
+      EXPECT_LT(grew, 100);
       await_ready(0);
     }
     check_pair(rank);
@@ -265,8 +291,10 @@ TEST(PublicationHostile, ARefusedOfferFreesItsSlot) {
     } else if (rank == 1) {
       dist::Subscriber sub({.src = 0, .max_total_bytes = 64});
       TensorDict td = weights(0);
-      std::string kind;
-      const std::string e = error_of([&] { sub.pull(td, {.timeout = 10s}); }, &kind);
+      std::string kind, e;
+      EXPECT_LT(
+          peak_growth_mb([&] { e = error_of([&] { sub.pull(td, {.timeout = 10s}); }, &kind); }),
+          100);
       EXPECT_EQ(kind, "MalformedPeerDataError") << e;
       EXPECT_NE(e.find("max_total_bytes"), std::string::npos) << e;
     } else {
@@ -302,15 +330,6 @@ TEST(PublicationHostile, AnAnswerBeforeItsWaitIsRefused) {
     }
     check_pair(rank);
   });
-}
-
-int64_t rss_kb() {
-  std::ifstream f("/proc/self/status");
-  std::string line;
-  while (std::getline(f, line)) {
-    if (line.rfind("VmRSS:", 0) == 0) return std::stoll(line.substr(6));
-  }
-  return 0;
 }
 
 // The messages timed-out calls leave belong to their group: a group that ends releases them
