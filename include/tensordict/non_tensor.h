@@ -19,6 +19,7 @@
 #include <memory>
 #include <optional>
 #include <string>
+#include <string_view>
 #include <utility>
 #include <vector>
 
@@ -56,10 +57,14 @@ class NonTensorData {
                              std::optional<std::string> stack_dim_name = std::nullopt);
   /// The reference's NonTensorStack.from_list: nested lists of equal lengths become nested
   /// stacks (at most `ndim` levels when given), anything else a member NonTensorData with
-  /// batch size []. TypeError when `values` is not a list.
+  /// batch size []. TypeError when `values` is not a list. A list that reuses one list many
+  /// times (a pickle's memo, `[row] * n`) becomes one member per use: counted first, in
+  /// O(distinct lists), and ValueError, starting with `what`, when the members would take more
+  /// than 256 MiB (core::kMaxJsonExpansion) beyond one member per item of its distinct lists.
   static NonTensorData from_list(const JsonValue& values,
                                  std::optional<at::Device> device = std::nullopt,
-                                 std::optional<int64_t> ndim = std::nullopt);
+                                 std::optional<int64_t> ndim = std::nullopt,
+                                 std::string_view what = "NonTensorStack.from_list");
 
   NonTensorKind kind() const { return kind_; }
   bool is_stack() const { return kind_ == NonTensorKind::kStack; }

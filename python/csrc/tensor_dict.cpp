@@ -815,7 +815,9 @@ void bind_non_tensor(py::module_& m) {
       .def_static(
           "from_list",
           [](py::handle values, std::optional<at::Device> device, py::handle key) {
-            return NonTensorData::from_list(json_from_py(values, key_from_py(key), "", 0), device);
+            const NestedKey k = key_from_py(key);
+            return NonTensorData::from_list(json_from_py(values, k, "", 0), device, std::nullopt,
+                                            "the non-tensor value of key " + k.str());
           },
           py::arg("values"), py::arg("device"), py::arg("key"))
       .def_property_readonly("data", [](const NonTensorData& nt) { return json_to_py(nt.data()); })

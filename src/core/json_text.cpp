@@ -13,9 +13,9 @@
 #include <unordered_map>
 #include <unordered_set>
 
+#include "core/excerpt.h"
 #include "core/json_text.h"
 #include "tensordict/errors.h"
-#include "tensordict/nested_key.h"
 
 namespace tensordict {
 namespace core {
@@ -437,7 +437,8 @@ class Parser {
     if (!is_float) {
       int64_t v = 0;
       const auto r = std::from_chars(first, last, v);
-      fail_if(r.ec != std::errc() || r.ptr != last, "the integer ", std::string(first, last),
+      fail_if(r.ec != std::errc() || r.ptr != last, "the integer ",
+              excerpt(std::string_view(first, static_cast<size_t>(last - first))),
               " is out of range (int64)");
       return JsonValue(v);
     }
@@ -534,8 +535,8 @@ void append_json_string(std::string& out, std::string_view s, const char* who) {
     }
     uint32_t cp = 0;
     const int len = decode_utf8(s, i, cp);
-    TORCH_CHECK_VALUE(len > 0, who, ": the string ", quote_key(s), " is not valid UTF-8 (byte ", i,
-                      ")");
+    TORCH_CHECK_VALUE(len > 0, who, ": the string ", quoted_excerpt(s),
+                      " is not valid UTF-8 (byte ", i, ")");
     if (cp >= 0x10000) {
       append_u_escape(out, 0xd800 + ((cp - 0x10000) >> 10));
       append_u_escape(out, 0xdc00 + ((cp - 0x10000) & 0x3ff));

@@ -8,9 +8,9 @@
 #include <string>
 #include <unordered_set>
 
+#include "core/excerpt.h"
 #include "core/json_text.h"
 #include "tensordict/errors.h"
-#include "tensordict/nested_key.h"
 
 namespace tensordict {
 
@@ -24,7 +24,7 @@ void check_unique_keys(const JsonValue::Map& map) {
     for (size_t i = 0; i < map.size(); ++i) {
       for (size_t k = 0; k < i; ++k) {
         TORCH_CHECK_VALUE(map[k].first != map[i].first, "JsonValue: the map has the key ",
-                          quote_key(map[i].first), " twice");
+                          core::quoted_excerpt(map[i].first), " twice");
       }
     }
     return;
@@ -32,8 +32,8 @@ void check_unique_keys(const JsonValue::Map& map) {
   std::unordered_set<std::string_view> seen;
   seen.reserve(map.size());
   for (const auto& [key, value] : map) {
-    TORCH_CHECK_VALUE(seen.insert(key).second, "JsonValue: the map has the key ", quote_key(key),
-                      " twice");
+    TORCH_CHECK_VALUE(seen.insert(key).second, "JsonValue: the map has the key ",
+                      core::quoted_excerpt(key), " twice");
   }
 }
 
@@ -95,7 +95,7 @@ const JsonValue& JsonValue::at(std::string_view key) const {
   for (const auto& [k, v] : as_map()) {
     if (k == key) return v;
   }
-  TD_CHECK_KEY(false, "JsonValue: key ", quote_key(key), " not found");
+  TD_CHECK_KEY(false, "JsonValue: key ", core::quoted_excerpt(key), " not found");
   TORCH_INTERNAL_ASSERT(false);
 }
 

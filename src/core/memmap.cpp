@@ -17,7 +17,9 @@
 #include <utility>
 #include <vector>
 
+#include "core/excerpt.h"
 #include "core/json_text.h"
+#include "core/metadata.h"
 #include "tensordict/dtypes.h"
 #include "tensordict/errors.h"
 
@@ -190,12 +192,7 @@ at::MapAllocator* torch_file_mapping(const at::Tensor& t) {
 
 // ---- TensorDict layout -------------------------------------------------------------------
 
-std::string path_str(const std::vector<std::string>& path, const std::string& key) {
-  std::string out = "(";
-  for (const auto& p : path) out += "'" + p + "', ";
-  out += "'" + key + "')";
-  return path.empty() ? "'" + key + "'" : out;
-}
+using core::path_str;  // a file's keys are quoted through core::excerpt
 
 // The keys the reference writes under their own name (tensordict/_utils_key_json.py
 // _encode_key_for_filesystem leaves them unchanged); it percent-encodes the others, which we
@@ -526,7 +523,7 @@ at::Tensor load_leaf(const Dir& dir, const std::string& key, const JsonValue& en
                     ": key ", where, " has no dtype name");
   const auto dtype = dtype_from_name(dtype_v->as_string());
   TORCH_CHECK_VALUE(dtype.has_value(), "load_memmap: ", meta_file, ": key ", where,
-                    " has the unknown dtype '", dtype_v->as_string(), "'");
+                    " has the unknown dtype ", core::quoted_excerpt(dtype_v->as_string()));
   const auto shape = shape_from(find(entry, "shape"), meta_file, "key " + where);
   const JsonValue* nested = find(entry, "is_nested");
   TORCH_CHECK_VALUE(nested == nullptr || (nested->is_bool() && !nested->as_bool()),
@@ -625,7 +622,8 @@ TensorDict load_level(const Dir& dir, std::vector<std::string>& path, Budget& bu
     }
     TORCH_CHECK_VALUE(t->as_string() == "NonTensorData" || t->as_string() == "MetaData" ||
                           t->as_string() == "NonTensorStack",
-                      "load_memmap: ", file_s, ": key ", where, " is a ", t->as_string(),
+                      "load_memmap: ", file_s, ": key ", where, " is a ",
+                      core::quoted_excerpt(t->as_string()),
                       ", which is not supported (TensorDict, NonTensorData, MetaData and "
                       "NonTensorStack are)");
     return load_non_tensor(open_dir(dir, key), where, t->as_string(), budget);
@@ -668,14 +666,16 @@ TensorDict load_level(const Dir& dir, std::vector<std::string>& path, Budget& bu
   const bool is_td =
       (type != nullptr && type->is_string() && type->as_string() == kTensorDictType) ||
       (cls != nullptr && cls->is_string() && cls->as_string() == kTensorDictClass);
-  TORCH_CHECK_VALUE(is_td, "load_memmap: ", file_s, " does not hold a TensorDict (its _type is ",
-                    type != nullptr && type->is_string() ? type->as_string() : "missing",
-                    "); only TensorDict directories are loaded");
+  TORCH_CHECK_VALUE(
+      is_td, "load_memmap: ", file_s, " does not hold a TensorDict (its _type is ",
+      type != nullptr && type->is_string() ? core::quoted_excerpt(type->as_string()) : "missing",
+      "); only TensorDict directories are loaded");
   const auto batch_size = shape_from(field("shape"), file_s, "the TensorDict");
   if (const JsonValue* d = field("device"); d != nullptr) {
     TORCH_CHECK_VALUE(
         d->is_null() || (d->is_string() && (d->as_string() == "cpu" || d->as_string() == "None")),
-        "load_memmap: ", file_s, ": device ", d->is_string() ? d->as_string() : "?",
+        "load_memmap: ", file_s, ": device ",
+        d->is_string() ? core::quoted_excerpt(d->as_string()) : "?",
         " is not supported (only cpu)");
   }
   try {

@@ -218,7 +218,7 @@ struct JsonTraits {
   static Members members(const Value& v) { return v.as_map(); }
   static void ignored(const Value&) {}
   static const JsonValue& to_json(const Value& v) { return v; }
-  static std::string dump(const Value& v) { return v.dump(); }
+  static std::string excerpt(const Value& v) { return core::json_excerpt(v); }
 };
 
 // The plain shape of a metadata text into the arena of metadata_tree.h: strings without

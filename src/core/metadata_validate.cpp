@@ -8,6 +8,7 @@
 #include <array>
 #include <unordered_set>
 
+#include "core/excerpt.h"
 #include "core/json_text.h"
 #include "core/metadata.h"
 #include "tensordict/dtypes.h"
@@ -25,7 +26,7 @@ constexpr std::array kWireDtypes{
 };
 
 std::string node_str(const std::vector<std::string>& path) {
-  return path.empty() ? std::string("the root") : NestedKey(path).str();
+  return path.empty() ? std::string("the root") : key_path_excerpt(path);
 }
 
 bool starts_with(at::IntArrayRef shape, at::IntArrayRef prefix) {
@@ -64,8 +65,8 @@ struct Validator {
     // "module.qualname": a class reference (the reference's tensorclass node), rebuilt as a
     // TensorDict node; only metadata_from_pickle makes one.
     TORCH_CHECK_VALUE(m.cls == "TensorDict" || m.is_stack() || is_class_reference_name(m.cls),
-                      "metadata: node ", here(), " has cls '", m.cls,
-                      "'; only TensorDict, LazyStackedTensorDict and NonTensorStack nodes are "
+                      "metadata: node ", here(), " has cls ", quoted_excerpt(m.cls),
+                      "; only TensorDict, LazyStackedTensorDict and NonTensorStack nodes are "
                       "supported");
     entries += 1 + static_cast<int64_t>(m.leaves.size() + m.non_tensors.size());
     TORCH_CHECK_VALUE(entries <= kMaxMetadataEntries, "metadata: more than ", kMaxMetadataEntries,
@@ -84,14 +85,8 @@ struct Validator {
     TORCH_CHECK_VALUE(cm.names.size() == batch.size(), "metadata: node ", here(), " has ",
                       cm.names.size(), " names for ", batch.size(), " batch dims");
     if (m.is_stack()) return;
-    if (cm.device) {
-      try {
-        (void)at::Device(*cm.device);
-      } catch (const std::exception&) {
-        TORCH_CHECK_VALUE(false, "metadata: node ", here(), " has device '", *cm.device,
-                          "', which is not a device name");
-      }
-    }
+    TORCH_CHECK_VALUE(!cm.device || parse_device_name(*cm.device), "metadata: node ", here(),
+                      " has device ", quoted_excerpt(*cm.device), ", which is not a device name");
     // Duplicate keys: a scan in the common small node, a hash set in a large one.
     const size_t n_keys = m.non_tensors.size() + m.leaves.size() + m.children.size();
     std::array<std::string_view, kScanKeys> few;
@@ -134,8 +129,8 @@ struct Validator {
     TORCH_CHECK_VALUE(!m.children.empty(), "metadata: the lazy stack ", here(), " has no members");
     for (size_t i = 0; i < m.children.size(); ++i) {
       TORCH_CHECK_VALUE(m.children[i].first == std::to_string(i), "metadata: member ", i,
-                        " of the lazy stack ", here(), " is keyed ", quote_key(m.children[i].first),
-                        ", not '", i, "'");
+                        " of the lazy stack ", here(), " is keyed ",
+                        quoted_excerpt(m.children[i].first), ", not '", i, "'");
       TORCH_CHECK_VALUE(!m.children[i].second.is_non_tensor_stack(), "metadata: member ", i,
                         " of the lazy stack ", here(), " is a NonTensorStack, not a TensorDict");
       TORCH_CHECK_VALUE(m.children[i].second.cls_metadata.batch_size ==
@@ -165,7 +160,8 @@ struct Validator {
         i = std::stoul(key);
       }
       TORCH_CHECK_VALUE(i < n, "metadata: the NonTensorStack ", here(), " has the member key ",
-                        quote_key(key), "; its ", n, " members are keyed '0' to '", n - 1, "'");
+                        quoted_excerpt(key), "; its ", n, " members are keyed '0' to '", n - 1,
+                        "'");
       TORCH_CHECK_VALUE(member_batch[i] == nullptr, "metadata: the NonTensorStack ", here(),
                         " has member ", i, " twice");
       member_batch[i] = &batch;
@@ -175,8 +171,8 @@ struct Validator {
       non_tensor(key, nt, {});
     }
     for (const auto& [key, child] : m.children) {
-      TORCH_CHECK_VALUE(child.is_non_tensor_stack(), "metadata: member ", quote_key(key),
-                        " of the NonTensorStack ", here(), " is a ", child.cls,
+      TORCH_CHECK_VALUE(child.is_non_tensor_stack(), "metadata: member ", quoted_excerpt(key),
+                        " of the NonTensorStack ", here(), " is a ", excerpt(child.cls),
                         " node; a member is a non-tensor entry or a NonTensorStack");
       member(key, child.cls_metadata.batch_size);
     }
@@ -216,14 +212,9 @@ struct Validator {
     }
     TORCH_CHECK_VALUE(starts_with(bs, batch), "metadata: non-tensor entry ", path_str(path, key),
                       " has batch_size ", bs, ", which does not start with the batch size ", batch);
-    if (nt.device) {
-      try {
-        (void)at::Device(*nt.device);
-      } catch (const std::exception&) {
-        TORCH_CHECK_VALUE(false, "metadata: non-tensor entry ", path_str(path, key),
-                          " has device '", *nt.device, "', which is not a device name");
-      }
-    }
+    TORCH_CHECK_VALUE(!nt.device || parse_device_name(*nt.device), "metadata: non-tensor entry ",
+                      path_str(path, key), " has device ", quoted_excerpt(*nt.device),
+                      ", which is not a device name");
   }
 
   void leaf(const std::string& key, const LeafMetadata& l, at::IntArrayRef batch) {
@@ -340,13 +331,21 @@ bool valid_dotted_name(std::string_view name) {
   return !start;  // non-empty, no trailing dot
 }
 
+std::optional<at::Device> parse_device_name(std::string_view name) {
+  if (name.size() > kExcerptBytes) return std::nullopt;  // "privateuseone:N" is the longest
+  try {
+    return at::Device(std::string(name));
+  } catch (const std::exception&) {
+    return std::nullopt;
+  }
+}
+
 bool is_wire_dtype(at::ScalarType t) {
   return std::find(kWireDtypes.begin(), kWireDtypes.end(), t) != kWireDtypes.end();
 }
 
-std::string path_str(std::vector<std::string> path, const std::string& key) {
-  path.push_back(key);
-  return NestedKey(std::move(path)).str();
+std::string path_str(const std::vector<std::string>& path, const std::string& key) {
+  return key_path_excerpt(path, key);
 }
 
 ValidatedMetadata validated(Metadata metadata, TransportFields transport) {

@@ -8,6 +8,11 @@
 #include <ATen/ATen.h>
 #include <c10/core/WrapDimMinimal.h>
 
+#include <cstdint>
+#include <map>
+#include <unordered_set>
+#include <utility>
+
 #include "core/json_text.h"
 #include "non_tensor_ops.h"
 
@@ -39,6 +44,61 @@ JsonValue values_at(const std::vector<const NonTensorData*>& atoms, const at::Te
   out.reserve(static_cast<size_t>(ids.size(0)));
   for (int64_t i = 0; i < ids.size(0); ++i) out.push_back(values_at(atoms, ids[i]));
   return JsonValue(std::move(out));
+}
+
+// Whether from_list makes `items` a stack of stacks: every item a list of the first's length.
+bool nests(const JsonValue::List& items, std::optional<int64_t> ndim) {
+  bool nested = !items.empty() && (!ndim || *ndim > 1);
+  for (size_t i = 0; nested && i < items.size(); ++i) {
+    nested = items[i].is_list() && items[i].as_list().size() == items[0].as_list().size();
+  }
+  return nested;
+}
+
+uint64_t saturating_add(uint64_t a, uint64_t b) { return a > UINT64_MAX - b ? UINT64_MAX : a + b; }
+uint64_t saturating_mul(uint64_t a, uint64_t b) {
+  return b != 0 && a > UINT64_MAX / b ? UINT64_MAX : a * b;
+}
+
+// What from_list would build for a list, found without building it: its members at every
+// level, each use of a shared list counted again, and the items of its distinct lists (what
+// the caller's data holds). Memoized per list node and levels left, so a list referenced 32
+// times at each of six levels (2^30 members) costs six visits.
+class StackCount {
+ public:
+  uint64_t members(const JsonValue& list, std::optional<int64_t> ndim) {
+    const auto key = std::make_pair(list.node(), ndim);
+    if (const auto it = done_.find(key); it != done_.end()) return it->second;
+    const auto& items = list.as_list();
+    if (seen_.insert(list.node()).second) distinct_ = saturating_add(distinct_, items.size());
+    uint64_t n = items.size();
+    if (nests(items, ndim)) {
+      const std::optional<int64_t> below = ndim ? std::optional(*ndim - 1) : ndim;
+      for (const auto& item : items) n = saturating_add(n, members(item, below));
+    }
+    done_.emplace(key, n);
+    return n;
+  }
+  uint64_t distinct() const { return distinct_; }
+
+ private:
+  uint64_t distinct_ = 0;
+  std::unordered_set<const void*> seen_;
+  std::map<std::pair<const void*, std::optional<int64_t>>, uint64_t> done_;
+};
+
+NonTensorData stack_from_list(const JsonValue& values, std::optional<at::Device> device,
+                              std::optional<int64_t> ndim) {
+  const auto& items = values.as_list();
+  if (items.empty()) return detail::empty_stack({0}, device);
+  const bool nested = nests(items, ndim);
+  std::vector<NonTensorData> members;
+  members.reserve(items.size());
+  for (const auto& item : items) {
+    members.push_back(nested ? stack_from_list(item, device, ndim ? std::optional(*ndim - 1) : ndim)
+                             : NonTensorData(item, {}, device));
+  }
+  return NonTensorData::stack(std::move(members), 0);  // the members' device: `device`
 }
 
 }  // namespace
@@ -79,23 +139,24 @@ NonTensorData NonTensorData::stack(std::vector<NonTensorData> members, int64_t s
 }
 
 NonTensorData NonTensorData::from_list(const JsonValue& values, std::optional<at::Device> device,
-                                       std::optional<int64_t> ndim) {
+                                       std::optional<int64_t> ndim, std::string_view what) {
   TORCH_CHECK_TYPE(values.is_list(), "NonTensorStack.from_list: expected a list, got ",
                    core::json_type_name(values));
-  const auto& items = values.as_list();
-  bool nested = !items.empty() && (!ndim || *ndim > 1);
-  for (size_t i = 0; nested && i < items.size(); ++i) {
-    nested = items[i].is_list() && items[i].as_list().size() == items[0].as_list().size();
-  }
-  std::vector<NonTensorData> members;
-  members.reserve(items.size());
-  for (const auto& item : items) {
-    members.push_back(nested ? from_list(item, device, ndim ? std::optional(*ndim - 1) : ndim)
-                             : NonTensorData(item, {}, device));
-  }
-  NonTensorData out = stack(std::move(members), 0);
-  out.device_ = device;
-  return out;
+  // A member per use of a shared list: a pickle of 2.7 KB referencing one list 32 times at
+  // each of five levels would make 34,636,832 members (4.6 GB). Measured before any is built.
+  StackCount count;
+  const uint64_t members = count.members(values, ndim);
+  constexpr uint64_t kMemberBytes = sizeof(NonTensorData);
+  const uint64_t extra = members > count.distinct() ? members - count.distinct() : 0;
+  TORCH_CHECK_VALUE(
+      extra <= core::kMaxJsonExpansion / kMemberBytes, what, ": as a NonTensorStack it would have ",
+      members, " members, about ", saturating_mul(members, kMemberBytes), " bytes (", kMemberBytes,
+      " a member), since the list reuses shared lists (one list referenced many "
+      "times): ",
+      saturating_mul(extra, kMemberBytes), " bytes more than a member for each of the ",
+      count.distinct(), " items of its distinct lists; the limit is ", core::kMaxJsonExpansion,
+      " bytes (docs/reliability.md)");
+  return stack_from_list(values, device, ndim);
 }
 
 const char* NonTensorData::class_name() const {

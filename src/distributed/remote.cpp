@@ -12,6 +12,7 @@
 #include <unistd.h>
 
 #include "core/bytes.h"
+#include "core/excerpt.h"
 #include "core/metadata.h"
 #include "tensordict/errors.h"
 #include "tensordict/memory.h"
@@ -354,13 +355,10 @@ at::Device receive_device(const std::string& from, std::optional<at::Device> dev
   if (device) return *device;
   if (!in.storage_device) return at::kCPU;
   const std::string& label = *in.storage_device;
-  std::optional<at::Device> d;
-  try {
-    d = at::Device(label);
-  } catch (const c10::Error&) {
-  }
+  const std::optional<at::Device> d = core::parse_device_name(label);
   if (!d) {
-    defer(in, peer_error(from, ": the sender's \"_storage_device\" '", label, "' is not a device"));
+    defer(in, peer_error(from, ": the sender's \"_storage_device\" ", core::quoted_excerpt(label),
+                         " is not a device"));
     return at::kCPU;
   }
   if (d->is_cpu()) return *d;

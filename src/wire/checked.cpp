@@ -12,9 +12,9 @@
 #include <string_view>
 
 #include "core/bytes.h"
+#include "core/excerpt.h"
 #include "tensordict/dtypes.h"
 #include "tensordict/errors.h"
-#include "tensordict/nested_key.h"
 
 namespace tensordict::wire::checked {
 namespace {
@@ -95,23 +95,23 @@ uint64_t for_each_leaf(const char* call, Mode mode, const uint8_t* data, size_t 
     for (auto& part : l.path) part = r.str(std::numeric_limits<uint32_t>::max(), "key");
     l.dtype = r.str(kMaxDtypeName, "dtype name");
     const auto dtype = dtype_from_name(l.dtype);
-    TD_CHECK_PEER(dtype, call, "(checked=True): the sender's leaf ", NestedKey(l.path).str(),
-                  " has an unknown dtype '", l.dtype, "'");
+    TD_CHECK_PEER(dtype, call, "(checked=True): the sender's leaf ", core::key_path_excerpt(l.path),
+                  " has an unknown dtype ", core::quoted_excerpt(l.dtype));
     const uint32_t ndim = r.u32("shape length");
     TD_CHECK_PEER(ndim <= kMaxDims, call, "(checked=True): the sender's leaf ",
-                  NestedKey(l.path).str(), " has ", ndim, " dimensions");
+                  core::key_path_excerpt(l.path), " has ", ndim, " dimensions");
     int64_t numel = 1;
     l.sizes.clear();
     for (uint32_t d = 0; d < ndim; ++d) {
       const int64_t dim = checked_int(call, r.u64("shape"), "shape");
       l.sizes.push_back(dim);
       TD_CHECK_PEER(!__builtin_mul_overflow(numel, dim, &numel), call,
-                    "(checked=True): the sender's leaf ", NestedKey(l.path).str(),
+                    "(checked=True): the sender's leaf ", core::key_path_excerpt(l.path),
                     " has a shape whose size overflows");
     }
     TD_CHECK_PEER(
         !__builtin_mul_overflow(numel, static_cast<int64_t>(c10::elementSize(*dtype)), &l.nbytes),
-        call, "(checked=True): the sender's leaf ", NestedKey(l.path).str(),
+        call, "(checked=True): the sender's leaf ", core::key_path_excerpt(l.path),
         " has a byte size that overflows");
     l.strides.clear();
     if (mode == Mode::kConsolidated) {
@@ -133,7 +133,7 @@ uint64_t for_each_leaf(const char* call, Mode mode, const uint8_t* data, size_t 
 std::string ints(const std::vector<int64_t>& v) { return c10::str("[", c10::Join(", ", v), "]"); }
 
 std::string missing_key(const std::vector<std::string>& path, bool on_sender) {
-  return c10::str("key ", NestedKey(path).str(), " is in ",
+  return c10::str("key ", core::key_path_excerpt(path), " is in ",
                   on_sender ? "the sender's TensorDict but not in this one"
                             : "this TensorDict but not in the sender's");
 }
@@ -147,13 +147,13 @@ std::optional<std::string> leaf_difference(const LeafSchema& x, const LeafSchema
     const auto& other = theirs_first ? y.path : x.path;
     if (std::equal(first.begin(), first.end(), other.begin(), other.end() - 1) &&
         other.size() > first.size()) {
-      return c10::str("key ", NestedKey(first).str(), " is a tensor ",
+      return c10::str("key ", core::key_path_excerpt(first), " is a tensor ",
                       theirs_first ? "on the sender" : "here", " and a nested TensorDict ",
                       theirs_first ? "here" : "on the sender");
     }
     return missing_key(first, theirs_first);
   }
-  const std::string key = NestedKey(x.path).str();
+  const std::string key = core::key_path_excerpt(x.path);
   if (x.dtype != y.dtype) {
     return c10::str("key ", key, " has dtype ", x.dtype, " on the sender and ", y.dtype, " here");
   }

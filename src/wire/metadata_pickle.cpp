@@ -15,6 +15,7 @@
 #include <unordered_set>
 
 #include "core/bytes.h"
+#include "core/excerpt.h"
 #include "core/json_text.h"
 #include "core/metadata.h"
 #include "core/metadata_reader.h"
@@ -30,7 +31,7 @@ using pickle::Value;
 
 // Strings leave as Python str, so they must be UTF-8 (Python's pickle would refuse them too).
 void write_str(pickle::Writer& w, std::string_view s) {
-  TORCH_CHECK_VALUE(core::valid_utf8(s), "metadata_to_pickle: the string ", quote_key(s),
+  TORCH_CHECK_VALUE(core::valid_utf8(s), "metadata_to_pickle: the string ", core::quoted_excerpt(s),
                     " is not valid UTF-8");
   w.str(s);
 }
@@ -182,7 +183,7 @@ using Path = std::vector<Step>;
 std::string where(const Path& path) {
   std::string out;
   for (const auto& [key, index] : path) {
-    out += key ? c10::str("[\"", *key, "\"]") : c10::str("[", index, "]");
+    out += key ? c10::str("[\"", core::excerpt(*key), "\"]") : c10::str("[", index, "]");
   }
   return out.empty() ? std::string("the top level") : out;
 }
@@ -194,8 +195,8 @@ std::string class_name(const Value& ref) { return ref.ref_module() + "." + ref.r
 void refuse_class_refs(const Value& v, Path& path, bool is_node) {
   switch (v.kind()) {
     case Value::Kind::ClassRef:
-      TORCH_CHECK_VALUE(false, "metadata: the class reference ", class_name(v), " at ", where(path),
-                        " is refused: only a node's \"cls\" may name a class");
+      TORCH_CHECK_VALUE(false, "metadata: the class reference ", core::excerpt(class_name(v)),
+                        " at ", where(path), " is refused: only a node's \"cls\" may name a class");
     case Value::Kind::List:
     case Value::Kind::Tuple:
       for (size_t i = 0; i < v.items().size(); ++i) {
@@ -298,7 +299,7 @@ struct PickleTraits {
   static Members members(const Value& v) { return DictMembers(v); }
   static void ignored(const Value&) {}  // refuse_class_refs saw every value first
   static JsonValue to_json(const Value& v) { return wire::to_json(v); }
-  static std::string dump(const Value& v) { return to_json(v).dump(); }
+  static std::string excerpt(const Value& v) { return core::json_excerpt(to_json(v)); }
 };
 
 // ---- fast path --------------------------------------------------------------------------------

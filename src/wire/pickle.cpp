@@ -11,6 +11,7 @@
 #include <unordered_set>
 
 #include "core/bytes.h"
+#include "core/excerpt.h"
 #include "core/json_text.h"
 
 namespace tensordict::wire::pickle {
@@ -526,17 +527,16 @@ class Reader {
     static constexpr char kDigits[] = "0123456789abcdef";
     return {kDigits[c >> 4], kDigits[c & 15]};
   }
-  // At most 64 bytes of a peer's name, with anything but printable ASCII escaped.
+  // A peer's name as core::excerpt quotes it, with anything but printable ASCII escaped.
   static std::string printable(std::string_view s) {
     std::string out;
-    for (const char c : s.substr(0, 64)) {
+    for (const char c : core::excerpt(s)) {
       if (c >= 0x20 && c < 0x7f) {
         out += c;
       } else {
         out += "\\x" + hex(static_cast<uint8_t>(c));
       }
     }
-    if (s.size() > 64) out += "...";
     return out;
   }
   void need(size_t n) { fail_if(!in_.has(n), in_.pos(), "truncated pickle"); }

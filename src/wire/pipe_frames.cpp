@@ -18,6 +18,7 @@
 #include <vector>
 
 #include "core/bytes.h"
+#include "core/excerpt.h"
 #include "core/json_text.h"
 #include "core/metadata.h"
 #include "tensordict/consolidate.h"
@@ -213,13 +214,13 @@ at::Device FrameReader::storage_device(ByteSource& src, const std::string& sende
   if (device) {
     target_device = *device;
   } else {
-    try {
-      target_device = at::Device(sender_device);
-    } catch (const c10::Error&) {
+    const auto parsed = core::parse_device_name(sender_device);
+    if (!parsed) {
       src.fail("bad _device");
-      TORCH_CHECK_VALUE(false, "recv: peer ", src.peer(), " sent an invalid _device '",
-                        sender_device, "'");
+      TORCH_CHECK_VALUE(false, "recv: peer ", src.peer(), " sent an invalid _device ",
+                        core::quoted_excerpt(sender_device));
     }
+    target_device = *parsed;
   }
   if (!target_device.is_cpu()) {
     src.fail("unsupported device");
@@ -340,10 +341,10 @@ UncollatedLeaf read_leaf(std::vector<std::string> key, const JsonValue& dtype,
   leaf.key = std::move(key);
   TORCH_CHECK_VALUE(dtype.is_string(), "unknown torch dtype");
   const auto dt = dtype_from_name(dtype.as_string());
-  TORCH_CHECK_VALUE(dt.has_value(), "unknown torch dtype ", dtype.dump());
+  TORCH_CHECK_VALUE(dt.has_value(), "unknown torch dtype ", core::json_excerpt(dtype));
   leaf.dtype = *dt;
   // Quantized storage is not numel * element size bytes (quint4x2 packs two per byte).
-  TORCH_CHECK_VALUE(!c10::isQIntType(leaf.dtype), "the quantized dtype ", dtype.dump(),
+  TORCH_CHECK_VALUE(!c10::isQIntType(leaf.dtype), "the quantized dtype ", core::json_excerpt(dtype),
                     " cannot be sent through the pipe");
   leaf.shape = nonneg_ints(shape, "dimensions");
   leaf.unbatched = unbatched;

@@ -10,6 +10,7 @@
 #include <variant>
 
 #include "core/byte_tensor.h"
+#include "core/excerpt.h"
 #include "tensordict/errors.h"
 #include "tensordict/nested_key.h"
 #include "wire/leaf_order.h"
@@ -56,20 +57,20 @@ bool has_non_tensors(const Metadata& m) {
 void check_same_leaves(const std::string& who, const Leaves& have, const Leaves& want) {
   for (size_t i = 0; i < std::max(have.size(), want.size()); ++i) {
     if (i >= have.size()) {
-      TD_THROW(SchemaMismatchError, who, ": the version has key ", NestedKey(want[i].first).str(),
-               ", which this TensorDict lacks");
+      TD_THROW(SchemaMismatchError, who, ": the version has key ",
+               core::key_path_excerpt(want[i].first), ", which this TensorDict lacks");
     }
     if (i >= want.size() || have[i].first != want[i].first) {
       TD_THROW(SchemaMismatchError, who, ": this TensorDict has key ",
-               NestedKey(have[i].first).str(), ", which the version ",
+               core::key_path_excerpt(have[i].first), ", which the version ",
                i >= want.size()
                    ? "lacks"
-                   : c10::str("has not here (it has ", NestedKey(want[i].first).str(), ")"));
+                   : c10::str("has not here (it has ", core::key_path_excerpt(want[i].first), ")"));
     }
     const at::Tensor& a = have[i].second;
     const at::Tensor& b = want[i].second;
     if (a.scalar_type() != b.scalar_type() || a.sizes() != b.sizes()) {
-      TD_THROW(SchemaMismatchError, who, ": key ", NestedKey(have[i].first).str(), " is ",
+      TD_THROW(SchemaMismatchError, who, ": key ", core::key_path_excerpt(have[i].first), " is ",
                a.scalar_type(), " of shape ", a.sizes(), " here and ", b.scalar_type(),
                " of shape ", b.sizes(), " in the version");
     }

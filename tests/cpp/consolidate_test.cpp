@@ -13,11 +13,13 @@
 #include <filesystem>
 #include <fstream>
 #include <functional>
+#include <iostream>
 #include <limits>
 #include <string>
 
 #include "core/testing.h"
 #include "expect_throw.h"
+#include "peak_growth.h"
 #include "tensordict/consolidate.h"
 #include "tensordict/tensor_dict.h"
 
@@ -778,6 +780,47 @@ TEST(ConsolidateMalformedSanity, TheBaseTextIsValid) {
       metadata_from_json(node(
           R"({"a": ["torch.float32", [4], 0, 16, 0], "b": ["torch.complex128", [1], 16, 32, 0]})")),
       storage));
+}
+
+// A peer's text in a refused position is quoted by its first bytes and its length
+// (core/excerpt.h): a 250 MiB dtype name, field name, device or key costs the value the parser
+// builds (250 MiB; a device is also copied into the metadata that validation refuses), not a
+// message as long again and its copies in the exception.
+TEST(ConsolidateRefusedText, IsQuotedByItsStartAndLength) {
+  const std::string big(size_t{250} << 20, 'x');
+  const std::string quoted = "'" + std::string(80, 'x') + "...(262144000 bytes)'";
+  const std::string cls = R"({"device": null, "names": [], "batch_size": [], "is_locked": false)";
+  const struct {
+    const char* name;
+    std::string json;
+    std::string needle;
+    int64_t copies;  // of the 250 MiB value, held while the error is made
+  } cases[] = {
+      {"dtype", node(leaf(R"([")" + big + R"(", [2], 0, 8, 0])")),
+       "leaf 'a' has the unknown dtype " + quoted, 1},
+      {"field", node("{}", cls + R"(, ")" + big + R"(": 1})"), "has the unexpected field " + quoted,
+       1},
+      {"device", node("{}", R"({"device": ")" + big + R"(", "names": [], "batch_size": []})"),
+       "has device " + quoted + ", which is not a device name", 2},
+      {"key", node("{}", {}, R"(, ")" + big + R"(": 5)"), "the key " + quoted + " holds a number",
+       1},
+  };
+  at::Tensor storage = at::zeros({64}, at::kByte);
+  for (const auto& c : cases) {
+    std::string message;
+    const int64_t growth = peak_growth([&] {
+      try {
+        rebuild(metadata_from_json(c.json), storage);
+      } catch (const c10::ValueError& e) {
+        message = e.what_without_backtrace();
+      }
+    });
+    std::cout << "a 250 MiB " << c.name << ": \"" << message << "\" -- peak growth " << growth / 1e6
+              << " MB\n";
+    EXPECT_NE(message.find(c.needle), std::string::npos) << c.name << ": " << message;
+    EXPECT_LT(message.size(), 400u) << c.name;
+    EXPECT_LT(growth, c.copies * (int64_t{250} << 20) + (int64_t{64} << 20)) << c.name;
+  }
 }
 
 // ---- non-tensor entries -----------------------------------------------------------------------

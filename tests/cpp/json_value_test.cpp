@@ -3,11 +3,14 @@
 #include <gtest/gtest.h>
 
 #include <cmath>
+#include <iostream>
 #include <limits>
 #include <string>
 
+#include "core/excerpt.h"
 #include "core/json_text.h"
 #include "expect_throw.h"
+#include "peak_growth.h"
 #include "tensordict/errors.h"
 #include "tensordict/json_value.h"
 
@@ -108,6 +111,69 @@ TEST(JsonValue, ParseFaults) {
   EXPECT_THROW_MSG(JsonValue::parse("18446744073709551616"), c10::ValueError, "out of range");
   EXPECT_THROW_MSG(JsonValue::parse(std::string(100000, '[')), c10::ValueError,
                    "nested deeper than");
+}
+
+// A refused text is quoted by its first bytes and its length (core/excerpt.h), however long:
+// a 250 MiB integer made a message of 262 million characters, copied into the exception (a
+// consolidated file holding one: +1,782 MB, now +251 MB, the text read).
+TEST(JsonValue, ARefusedNumberIsQuotedByItsStartAndLength) {
+  std::string digits;
+  digits.reserve(size_t{250} << 20);
+  while (digits.size() < (size_t{250} << 20)) digits += "1234567890";
+  digits.resize(size_t{250} << 20);
+  std::string message;
+  const int64_t growth = peak_growth([&] {
+    try {
+      JsonValue::parse(digits);
+    } catch (const c10::ValueError& e) {
+      message = e.what_without_backtrace();
+    }
+  });
+  std::cout << "a 250 MiB integer: \"" << message << "\" -- peak growth " << growth / 1e6
+            << " MB\n";
+  EXPECT_NE(message.find("the integer " + digits.substr(0, tensordict::core::kExcerptBytes) +
+                         "...(262144000 bytes) is out of range (int64)"),
+            std::string::npos)
+      << message;
+  EXPECT_LT(message.size(), 300u);
+  EXPECT_LT(growth, 16 << 20);
+}
+
+TEST(JsonValue, ExcerptsQuoteTheStartAndTheLength) {
+  using tensordict::core::excerpt;
+  using tensordict::core::json_excerpt;
+  using tensordict::core::quoted_excerpt;
+  EXPECT_EQ(excerpt("torch.foo"), "torch.foo");
+  EXPECT_EQ(excerpt(std::string(80, 'x')), std::string(80, 'x'));
+  EXPECT_EQ(excerpt(std::string(81, 'x')), std::string(80, 'x') + "...(81 bytes)");
+  // A UTF-8 sequence is kept whole: 79 bytes and a 2-byte "é" that would end at byte 81.
+  EXPECT_EQ(excerpt(std::string(79, 'x') + "\xc3\xa9" + "y"),
+            std::string(79, 'x') + "...(82 bytes)");
+  EXPECT_EQ(quoted_excerpt("it's"), "\"it's\"");
+  EXPECT_EQ(quoted_excerpt(std::string(100, 'k')), "'" + std::string(80, 'k') + "...(100 bytes)'");
+  using tensordict::core::key_path_excerpt;
+  EXPECT_EQ(key_path_excerpt({}, "a"), "'a'");
+  EXPECT_EQ(key_path_excerpt({"a"}, "b"), "('a', 'b')");
+  EXPECT_EQ(key_path_excerpt({"a", "b"}, std::string(90, 'c')),
+            "('a', 'b', '" + std::string(80, 'c') + "...(90 bytes)')");
+  EXPECT_EQ(key_path_excerpt({"a", "b"}), "('a', 'b')");
+  EXPECT_EQ(json_excerpt(JsonValue::list({1, "a", nullptr})), R"([1, "a", null])");
+  const auto map = JsonValue::map({{"k\n", std::string(200, 'v')}, {"n", 1.5}});
+  EXPECT_EQ(json_excerpt(map),
+            map.dump().substr(0, 80) + "...(" + std::to_string(map.dump().size()) + " bytes)");
+  // One 1 KiB str referenced 32 times, that list 32 times, five levels: 34 GB of text, whose
+  // length is counted once per node (two levels are small enough to write out and compare).
+  JsonValue laughs(std::string(1024, 'x'));
+  size_t length = 1026;
+  for (int level = 0; level < 5; ++level) {
+    laughs = JsonValue(JsonValue::List(32, laughs));
+    length = 2 + 32 * length + 31 * 2;
+    if (level == 1) {
+      ASSERT_EQ(length, laughs.dump().size());
+    }
+  }
+  EXPECT_EQ(json_excerpt(laughs),
+            "[[[[[\"" + std::string(74, 'x') + "...(" + std::to_string(length) + " bytes)");
 }
 
 // Shared nodes (issue 41): a copy shares; a value built from shared objects holds them once;

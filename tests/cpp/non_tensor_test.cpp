@@ -67,6 +67,26 @@ TEST(NonTensorStack, FromListNests) {
   EXPECT_THROW_MSG(NonTensorData::from_list("x"), c10::TypeError, "expected a list, got str");
 }
 
+// A member per use of a reused list: counted before any is built, and refused past 256 MiB of
+// members beyond one per item of the distinct lists (docs/reliability.md, Shared objects).
+TEST(NonTensorStack, FromListCountsReusedListsFirst) {
+  JsonValue laughs(std::string(1024, 'x'));  // one str, that list 32 times, five levels
+  for (int level = 0; level < 5; ++level) laughs = JsonValue(JsonValue::List(32, laughs));
+  EXPECT_THROW_MSG(NonTensorData::from_list(laughs), c10::ValueError,
+                   "NonTensorStack.from_list: as a NonTensorStack it would have 34636832 members");
+  EXPECT_THROW_MSG(NonTensorData::from_list(laughs, std::nullopt, std::nullopt, "key 'a'"),
+                   c10::ValueError, "the 160 items of its distinct lists; the limit is 268435456");
+  // One level: 32 members, each holding the shared rest.
+  const NonTensorData flat = NonTensorData::from_list(laughs, std::nullopt, 1);
+  EXPECT_EQ(batch(flat), std::vector<int64_t>({32}));
+  EXPECT_EQ(flat.members()[0].data().node(), laughs.as_list()[0].node());
+  // Rows reused within the budget: the stack of every element.
+  const JsonValue rows(JsonValue::List(1000, JsonValue(JsonValue::List(100, "x"))));
+  const NonTensorData grid = NonTensorData::from_list(rows);
+  EXPECT_EQ(batch(grid), std::vector<int64_t>({1000, 100}));
+  EXPECT_EQ(grid.members()[999].members()[99].data(), JsonValue("x"));
+}
+
 TEST(NonTensorStack, BatchOperationsMoveTheElements) {
   TensorDict td({{"a", at::arange(3)}}, {3});
   td.set("s", texts({"p", "q", "r"}));

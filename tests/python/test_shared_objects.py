@@ -34,10 +34,10 @@ class _Rebuild:
         return self.fn, self.args
 
 
-def _laughs():
+def _laughs(levels=5):
     # One 1 KiB str referenced 32 times, that list 32 times, five levels: 32 GiB written out.
     value = "x" * 1024
-    for _ in range(5):
+    for _ in range(levels):
         value = [value] * 32
     return value
 
@@ -54,6 +54,9 @@ def files(tmp_path_factory):
     return {
         "laughs": _saved(_Rebuild(_rebuild_tensordict, [("a", NonTensorData(_laughs()))], [],
                                   None, False), d / "laughs.pt"),
+        # The same list as a plain value, which a TensorDict makes a NonTensorStack of.
+        **{f"plain{n}": _saved(_Rebuild(_rebuild_tensordict, [("a", _laughs(n))], [], None,
+                                        False), d / f"plain{n}.pt") for n in (5, 6)},
         "entries": _saved(_Rebuild(_rebuild_tensordict,
                                    [(f"k{i}", NonTensorData(big)) for i in range(256)], [], None,
                                    False), d / "entries.pt"),
@@ -65,9 +68,12 @@ def files(tmp_path_factory):
 
 
 def _measure(code):
-    """Runs `code` (which sets `result`) in a fresh interpreter after `before = rss_mb()`;
+    """Runs `code` (which sets `result`) in a fresh interpreter after `before = rss_mb()`, its
+    address space capped at 6 GiB (a case that expands fails there, not in the machine);
     returns (peak growth in MB, printed result)."""
     out = in_fresh_process(f"""
+        import resource
+        resource.setrlimit(resource.RLIMIT_AS, (6 << 30, 6 << 30))
         import pickle
         import torch
         import tensordict_cpp
@@ -97,6 +103,57 @@ def test_billion_laughs_through_torch_load(files):
     print(f"billion laughs: {result} -- peak RSS growth {growth:.1f} MB")
     assert "writing it out in full would take about" in result and "key 'a'" in result
     assert growth < 100
+
+
+# A list value becomes a NonTensorStack with a member per element, as the reference's (its
+# TensorDict(a=x) builds all 33,554,432 members of x: MemoryError after +5.3 GB and 75 s under
+# this cap). Each use of a shared list is a member of its own, so the members are counted
+# first, in O(distinct lists), and refused past kMaxJsonExpansion beyond the list's distinct
+# items, by key and budget.
+SHARED_LIST_REFUSED = ("the non-tensor value of key 'a': as a NonTensorStack it would have {} "
+                       "members")
+
+
+@pytest.mark.parametrize("levels", [5, 6])
+def test_billion_laughs_as_a_plain_list_through_torch_load(files, levels):
+    growth, result = _measure(f"""
+        try:
+            torch.load({str(files[f"plain{levels}"])!r}, weights_only=True)
+            result = "loaded"
+        except ValueError as e:
+            result = str(e)
+    """)
+    print(f"billion laughs, a plain list of {levels} levels, torch.load: {result} -- peak RSS "
+          f"growth {growth:.1f} MB")
+    members = sum(32 ** k for k in range(1, levels + 1))
+    assert result.startswith(SHARED_LIST_REFUSED.format(members))
+    assert "the limit is 268435456 bytes" in result
+    assert growth < 100
+
+
+def test_billion_laughs_as_a_plain_list_in_a_tensordict():
+    growth, result = _measure("""
+        value = "x" * 1024
+        for _ in range(5):
+            value = [value] * 32
+        try:
+            tensordict_cpp.TensorDict(a=value)
+            result = "built"
+        except ValueError as e:
+            result = str(e)
+    """)
+    print(f"billion laughs, TensorDict(a=x): {result} -- peak RSS growth {growth:.1f} MB")
+    assert result.startswith(SHARED_LIST_REFUSED.format(34_636_832))
+    assert "the limit is 268435456 bytes" in result
+    assert growth < 100
+
+
+def test_a_list_that_reuses_rows_within_the_budget_is_the_references_stack():
+    rows = [["x"] * 100] * 1000  # 100,000 elements from 1,100 items
+    ours, theirs = TensorDict(a=rows).get("a"), ref.TensorDict(a=rows).get("a")
+    assert type(ours).__name__ == type(theirs).__name__ == "NonTensorStack"
+    assert ours.batch_size == theirs.batch_size == torch.Size([1000, 100])
+    assert ours.tolist() == theirs.tolist() == rows
 
 
 @pytest.mark.parametrize("case", ["entries", "stack"])

@@ -65,7 +65,9 @@ inline constexpr size_t kValueAllowanceBytes = size_t{16} << 20;
 
 /// How much more than the data holds a full write (JSON text, a pickle, repr) of data that
 /// reuses shared values may produce, by default: a value read from a pickle that references
-/// one object many times is held once, and writing it out copies it each time.
+/// one object many times is held once, and writing it out copies it each time. A NonTensorStack
+/// built from a list (NonTensorData::from_list, a member per use of a reused list) is held to it
+/// too.
 inline constexpr size_t kMaxJsonExpansion = size_t{256} << 20;
 
 /// The memory `value` holds, as parse_json's budget counts it (a value, a shared node, a long

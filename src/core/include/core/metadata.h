@@ -47,6 +47,11 @@ inline bool is_reserved_node_key(std::string_view key) {
 /// Whether the wire names `t` (the reference's utils._TORCH_DTYPES).
 bool is_wire_dtype(at::ScalarType t);
 
+/// The device a peer's or a file's device name denotes, at::Device's grammar ("cpu", "cuda:1"),
+/// or nullopt. A name longer than core::kExcerptBytes is none without asking at::Device, whose
+/// error would quote the whole text (a peer's 250 MB "device").
+std::optional<at::Device> parse_device_name(std::string_view name);
+
 /// ValueError, starting with `who` and naming the leaf `where()` (called only on a fault), for a
 /// dtype the consolidated format cannot carry or view (quantized).
 template <typename Where>
@@ -57,8 +62,9 @@ void check_leaf_dtype(at::ScalarType t, const char* who, const Where& where) {
                     dtype_name(t), ", which consolidate does not support");
 }
 
-/// The nested key path + key, as messages print it: 'a' or ('a', 'b').
-std::string path_str(std::vector<std::string> path, const std::string& key);
+/// The nested key path + key, as messages print it: 'a' or ('a', 'b'), each part through
+/// core::quoted_excerpt (a peer's key may be 250 MB long).
+std::string path_str(const std::vector<std::string>& path, const std::string& key);
 
 /// ValueError, starting with `who` and naming the key, before a full write of `m` (JSON text,
 /// a pickle) when its non-tensor values reuse shared values so much that the write would exceed

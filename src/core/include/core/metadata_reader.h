@@ -5,8 +5,9 @@
 // tests (is_null, is_bool, is_int, is_number, is_string, is_list, is_map, is_class_ref), as_bool,
 // as_int, as_string, items (a list's or tuple's elements), members (a map's (key, value) pairs),
 // is_plain_list (a list and not a tuple: a pickle tells them apart, JSON does not),
-// class_name, to_json (a non-tensor entry's data), dump (for messages) and ignored (called on
-// each value the reader skips, which a reader that checks values lazily inspects there).
+// class_name, to_json (a non-tensor entry's data), excerpt (a value in a message, bounded by
+// core/excerpt.h) and ignored (called on each value the reader skips, which a reader that
+// checks values lazily inspects there).
 // Validation of the result is validate()'s (metadata_validate.cpp), done once by the caller.
 
 #include <c10/util/Exception.h>
@@ -17,18 +18,12 @@
 #include <string_view>
 #include <vector>
 
+#include "core/excerpt.h"
 #include "core/metadata.h"
 #include "tensordict/consolidate.h"
 #include "tensordict/dtypes.h"
-#include "tensordict/nested_key.h"
 
 namespace tensordict::core::reader {
-
-template <typename T>
-std::string short_dump(const typename T::Value& j) {
-  std::string text = T::dump(j);
-  return text.size() > 80 ? text.substr(0, 80) + "..." : text;
-}
 
 // What a check is about ("the shape of leaf a.b"), rendered only when the check fails: building
 // the text for every value would cost more than reading the value.
@@ -42,12 +37,8 @@ struct What {
   What of(std::string_view p) const { return {path, what, key, p}; }
   friend std::ostream& operator<<(std::ostream& os, const What& w) {
     os << w.prefix << w.what;
-    if (w.key) {
-      auto p = *w.path;
-      p.emplace_back(*w.key);
-      return os << " " << NestedKey(std::move(p)).str();
-    }
-    return os << " of " << (w.path->empty() ? std::string("the root") : NestedKey(*w.path).str());
+    if (w.key) return os << " " << key_path_excerpt(*w.path, *w.key);
+    return os << " of " << (w.path->empty() ? std::string("the root") : key_path_excerpt(*w.path));
   }
 };
 
@@ -72,7 +63,7 @@ struct Reader {
 
   static int64_t as_int(const Json& j, const What& what) {
     TORCH_CHECK_VALUE(T::is_int(j), "metadata: ", what, " must be an integer, got ", type_name(j),
-                      " ", short_dump<T>(j));
+                      " ", T::excerpt(j));
     return T::as_int(j);
   }
   static std::vector<int64_t> as_ints(const Json& j, const What& what) {
@@ -108,7 +99,7 @@ struct Reader {
                       " must be a string, got ", type_name(l[0]));
     const auto& name = T::as_string(l[0]);
     const auto dtype = dtype_from_name(name);
-    TORCH_CHECK_VALUE(dtype, "metadata: ", what, " has the unknown dtype ", quote_key(name));
+    TORCH_CHECK_VALUE(dtype, "metadata: ", what, " has the unknown dtype ", quoted_excerpt(name));
     return LeafMetadata{
         *dtype, as_ints(l[1], what.of("the shape of ")), as_int(l[2], what.of("the start of ")),
         as_int(l[3], what.of("the stop of ")), as_int(l[4], what.of("the pad of "))};
@@ -118,7 +109,7 @@ struct Reader {
     const auto what = at("non-tensor entry", key);
     TORCH_CHECK_VALUE(T::is_list(j) && T::items(j).size() == 3, "metadata: ", what,
                       " must be [data, batch_size, device], got ", type_name(j), " ",
-                      short_dump<T>(j));
+                      T::excerpt(j));
     const auto& l = T::items(j);
     // A pickled list (not the reference's tuple) is our MetaData (docs/wire-format.md §3.7).
     return NonTensorMetadata{T::to_json(l[0]), as_ints(l[1], what.of("the batch_size of ")),
@@ -144,7 +135,7 @@ struct Reader {
         cm.is_locked = T::as_bool(v);
       } else {
         TORCH_CHECK_VALUE(false, "metadata: ", what, " of a lazy stack has the unexpected field ",
-                          quote_key(k));
+                          quoted_excerpt(k));
       }
     }
     TORCH_CHECK_VALUE(has_stack_dim, "metadata: ", what, " of a lazy stack has no stack_dim");
@@ -172,7 +163,8 @@ struct Reader {
                           type_name(v));
         cm.is_locked = T::as_bool(v);
       } else {
-        TORCH_CHECK_VALUE(false, "metadata: ", what, " has the unexpected field ", quote_key(k));
+        TORCH_CHECK_VALUE(false, "metadata: ", what, " has the unexpected field ",
+                          quoted_excerpt(k));
       }
     }
     TORCH_CHECK_VALUE(has_batch_size, "metadata: ", what, " has no batch_size");
@@ -211,7 +203,7 @@ struct Reader {
           m.cls = m.cls.substr(8, m.cls.size() - 10);
         } else {
           TORCH_CHECK_VALUE(!is_class_reference_name(m.cls), "metadata: ", at("cls"),
-                            " is the string ", quote_key(m.cls),
+                            " is the string ", quoted_excerpt(m.cls),
                             "; only TensorDict nodes are supported");
         }
         seen |= 1;

@@ -250,7 +250,7 @@ struct Traits {
     }
     return tree::to_json(v);
   }
-  static std::string dump(const Ref&) { throw GiveUp{}; }  // an error: the general way's text
+  static std::string excerpt(const Ref&) { throw GiveUp{}; }  // an error: the general way's text
   static void ignored(const Ref& v) { check_class_refs(v); }
 };
 
