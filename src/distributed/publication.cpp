@@ -93,9 +93,14 @@ uint64_t Publisher::epoch() const { return impl_->core->epoch(); }
 int64_t Publisher::version() const { return impl_->core->version(); }
 std::vector<SubscriberStats> Publisher::stats() const { return impl_->core->stats(); }
 
-void Publisher::wait_for_subscribers(std::chrono::milliseconds timeout) const {
+void Publisher::wait_for_subscribers(std::chrono::milliseconds timeout,
+                                     std::optional<size_t> count) const {
+  constexpr const char* kCall = "wait_for_subscribers";
+  const size_t subscribers = impl_->threads.size();
+  TORCH_CHECK_VALUE(!count || *count <= subscribers, kCall, ": count is ", count.value_or(0),
+                    ", above the ", subscribers, " subscribers of this Publisher");
   impl_->core->wait_for_subscribers(
-      "wait_for_subscribers", impl_->threads.size(), timeout,
+      kCall, timeout, count.value_or(subscribers),
       c10::str("they run no Subscriber of channel ", impl_->channel,
                " (not yet, or they run the reference tensordict, which has none)"));
 }

@@ -83,10 +83,14 @@ uint64_t Publisher::epoch() const { return impl_->core.epoch(); }
 int64_t Publisher::version() const { return impl_->core.version(); }
 std::vector<SubscriberStats> Publisher::stats() const { return impl_->core.stats(); }
 
-void Publisher::wait_for_subscribers(size_t count, std::chrono::milliseconds timeout) const {
+void Publisher::wait_for_subscribers(std::chrono::milliseconds timeout,
+                                     std::optional<size_t> count) const {
+  constexpr const char* kCall = "wait_for_subscribers";
+  TORCH_CHECK_VALUE(count.has_value(), kCall,
+                    ": a server's Publisher needs count=, the number of clients to wait for "
+                    "(clients connect at any time)");
   impl_->core.wait_for_subscribers(
-      "wait_for_subscribers", count, timeout,
-      "clients that connect but never pull run no Subscriber on their pipe");
+      kCall, timeout, count, "clients that connect but never pull run no Subscriber on their pipe");
 }
 
 // ---- Subscriber -----------------------------------------------------------------------------

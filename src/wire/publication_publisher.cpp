@@ -88,6 +88,7 @@ struct PublisherCore::Slot {
 struct PublisherCore::Subscription {
   SubscriberStats stats;
   bool asked = false;    // a request arrived
+  bool ready = false;    // asked or lost: counted in ready_
   bool serving = false;  // in serve(): kept in the list whatever happens
 };
 
@@ -118,6 +119,7 @@ void PublisherCore::lose(Subscription& s, const std::string& error) {
   s.stats.lost = true;
   s.stats.waiting = false;
   if (s.stats.error.empty()) s.stats.error = error;
+  if (!std::exchange(s.ready, true)) ++ready_;
   changed_.notify_all();  // wait_for_subscribers
 }
 
@@ -219,6 +221,7 @@ PublisherCore::Next PublisherCore::answer_request(Subscription& s, Link& link, c
                                                   const PendingPtr& next_request) {
   std::unique_lock<std::mutex> lock(mutex_);
   s.asked = true;
+  if (!std::exchange(s.ready, true)) ++ready_;
   s.stats.waiting = true;
   changed_.notify_all();  // wait_for_subscribers
   const auto eligible = [&] {
@@ -329,22 +332,18 @@ std::vector<SubscriberStats> PublisherCore::stats() const {
   return out;
 }
 
-void PublisherCore::wait_for_subscribers(const char* call, size_t count,
-                                         std::chrono::milliseconds timeout,
+void PublisherCore::wait_for_subscribers(const char* call, std::chrono::milliseconds timeout,
+                                         std::optional<size_t> count,
                                          const std::string& hint) const {
   std::unique_lock<std::mutex> lock(mutex_);
-  const auto all = [&] {
-    return added_ >= count &&
-           std::all_of(subscriptions_.begin(), subscriptions_.end(),
-                       [](const Subscription& s) { return s.asked || s.stats.lost; });
-  };
+  const auto all = [&] { return count ? ready_ >= *count : ready_ >= added_; };
   if (changed_.wait_for(lock, timeout, all)) return;
   std::string silent;
   for (const auto& s : subscriptions_) {
-    if (!s.asked && !s.stats.lost) silent += c10::str(silent.empty() ? "" : ", ", s.stats.peer);
+    if (!s.ready) silent += c10::str(silent.empty() ? "" : ", ", s.stats.peer);
   }
-  if (added_ < count) {
-    silent += c10::str(silent.empty() ? "" : "; ", count - added_, " of the ", count,
+  if (count && added_ < *count) {
+    silent += c10::str(silent.empty() ? "" : "; ", *count - added_, " of the ", *count,
                        " subscribers expected never connected");
   }
   TD_THROW(TimeoutError, call, ": no request from ", silent, " within ", timeout.count(),

@@ -58,11 +58,12 @@ class PublisherCore {
   int64_t version() const;
   /// One entry per subscriber, in the order they were added.
   std::vector<SubscriberStats> stats() const;
-  /// Waits until at least `count` subscribers were added and each has sent a request or was
-  /// lost, at most `timeout`; then TimeoutError: "<call>: " and the subscribers that have not
-  /// asked, then `hint` (who they may be).
-  void wait_for_subscribers(const char* call, size_t count, std::chrono::milliseconds timeout,
-                            const std::string& hint) const;
+  /// Publisher::wait_for_subscribers (both transports): waits until `count` subscribers have
+  /// sent a request or were lost (unset: every subscriber added), at most `timeout`; then
+  /// TimeoutError: "<call>: " and the subscribers that have not asked, then `hint` (who they
+  /// may be).
+  void wait_for_subscribers(const char* call, std::chrono::milliseconds timeout,
+                            std::optional<size_t> count, const std::string& hint) const;
   /// Serving stops: pulls waiting for a version get "closed", messages in flight are left to
   /// the links (Link::keep), serve() returns within a slice of its waits. Idempotent.
   void close();
@@ -95,6 +96,7 @@ class PublisherCore {
   int64_t version_ = 0;
   std::list<Subscription> subscriptions_;  // a list: each stays where it is
   size_t added_ = 0;                       // subscribers ever added (the lost ones pruned)
+  size_t ready_ = 0;                       // of which sent a request or were lost
   // Large versions being sent (when each started), and how long the last one took.
   std::list<Clock::time_point> big_sends_;
   Clock::duration big_send_time_ = std::chrono::milliseconds(25);
