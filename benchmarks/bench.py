@@ -483,7 +483,7 @@ MICRO_ROWS = [  # micro_bench name, label, what the comparison column ran
     ("BM_Rebuild", "rebuild 1000 views from metadata + storage", ""),
 ]
 
-# The ratios issue 16 set as goals, each computed from arms or micro-benchmarks of this run:
+# The ratios set as goals for the wire layer, each computed from arms or micro-benchmarks of this run:
 # (label, what it divides, the goal as text, whether it is met).
 def target_rows(rows: list[dict], ours: dict[str, float], theirs: dict[str, float]) -> list:
     med = {(r["case"], r["arm"]): r["median"] for r in rows}
@@ -663,7 +663,7 @@ def method_micro(quick: bool) -> list[tuple[str, float, float | None, str]]:
             for name, call in METHOD_CALLS.items()]
 
 
-# ---- a large NonTensorStack received (issue 41) ----------------------------------------------
+# ---- a large NonTensorStack received -------------------------------------------------------
 def stack_metadata(n: int) -> dict:
     """The metadata dict the reference's init_remote pickles for TensorDict(a=NonTensorStack of
     n strings "s{i}"), written out directly: the reference takes 20 s to consolidate 1e6."""
@@ -968,7 +968,7 @@ times include its garbage collector, as a caller's would.
 
 ## Goals
 
-The ratios set as goals for the wire layer (issue 16), from the arms and micro-benchmarks
+The ratios set as goals for the wire layer, from the arms and micro-benchmarks
 above. The third column is the same ratio for one 1 KB leaf, where there is next to no work
 to do: it is what the sequence of messages costs by itself. init_remote's wire (the
 reference's) is three messages, each received before the next can be posted (the pickle's
@@ -1057,11 +1057,11 @@ def main() -> int:
         "TensorDict: the same call on ours and on the reference, side by side in this run (goal: "
         "ours within 1.5x of the reference's time, i.e. × faster at least 0.67).\n\n" +
         conversion_table(methods) +
-        "\n\nA large NonTensorStack received (issue 41), in Python: from_remote_init of the "
+        "\n\nA large NonTensorStack received, in Python: from_remote_init of the "
         "messages the reference's init_remote sends (Python's pickle fills the stack's dict "
         "1000 entries at a time), beside from_consolidated of the same stack's file, median of "
         "the repetitions (goal: within 2x of the file).\n\n" + stack_table(stack) +
-        "\n\nA receive with a timeout (issue 42; docs/reliability.md, \"Timeouts\"), in "
+        "\n\nA receive with a timeout (docs/reliability.md, \"Timeouts\"), in "
         "Python: it lands in the library's buffers and is copied in once whole, so that a "
         "timeout leaves the TensorDict unchanged. Medians of alternating blocks, sender "
         "sending back to back (goals: 1.05x at 1 KB; at 100 MB at most one memcpy more).\n\n" +

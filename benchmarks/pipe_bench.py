@@ -14,7 +14,7 @@ sent once in the warm-up) and one 100 MB TensorDict (a stream of them; time per 
 Under UCX's choice of transports, also ours from Python (send / recv and asend / arecv, two
 Python processes) beside ours from C++ and the reference, in four cases: 1 KB and 100 MB,
 stream and echo (the receiver sends back the TensorDict it received, as it is).
-Every arm checks the data it received. The goals compare medians of one run (issue 30's
+Every arm checks the data it received. The goals compare medians of one run (the pipe's,
 below them, in python_table):
 
     1 KB round trip <= 3x ucx_perftest's (2 x tag_lat)      100 MB <= 1.25x tag_bw's time
@@ -315,7 +315,7 @@ def python_arms(r: dict, env: dict, lat_rounds: int, bw_rounds: int, big: int) -
 
 
 def python_table(results: dict) -> tuple[str, list[tuple[str, float, float, bool]]]:
-    """The Python comparison (UCX's choice of transports) and the goals of issue 30."""
+    """The Python comparison (UCX's choice of transports) and the pipe's goals (above)."""
     med = statistics.median
     r = results["default"]
     m = {k: med(v) for k, v in r.items() if k.startswith(("cpp_", "py_", "ref_", "perftest_"))

@@ -1,4 +1,4 @@
-// Fuzz target: data that reuses shared objects (issue 41), as a pickle's memo or one Python str
+// Fuzz target: data that reuses shared objects, as a pickle's memo or one Python str
 // in many entries gives it: the conversion of python/csrc/tensor_dict.cpp (json_from_py) runs
 // on core::SharedJsonBuilder, which this target drives with a graph of shared nodes instead of
 // Python objects; then the full writes (metadata JSON, the metadata pickle, dump) that must

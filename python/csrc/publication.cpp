@@ -1,6 +1,7 @@
 // Binding of publication (docs/publication.md): tensordict::dist's Publisher and Subscriber as
 // _C.Publisher / _C.Subscriber, tensordict::pipe's as _C.PipePublisher / _C.PipeSubscriber,
-// with the same methods. As in distributed.cpp, the Python layer
+// with the same methods, bound once for both (publisher_methods, subscriber_methods): only the
+// constructors differ. As in distributed.cpp, the Python layer
 // (python/tensordict_cpp/publication.py) has turned global ranks into group ranks and
 // `group=None` into torch's default group; every call that waits releases the GIL.
 
@@ -56,6 +57,14 @@ void publisher_methods(py::class_<P>& cls) {
            return p.publish(td, wait, tensorclass_type);
          },
          py::arg("td"), py::kw_only(), wait_arg(), py::arg("_tensorclass_type") = py::none())
+      .def(
+          "wait_for_subscribers",
+          [](const P& p, double timeout, std::optional<size_t> count) {
+            const auto wait = wait_from_py(timeout);
+            py::gil_scoped_release nogil;
+            p.wait_for_subscribers(*wait, count);
+          },
+          py::arg("timeout"), py::kw_only(), py::arg("count") = py::none())
       .def_property_readonly("epoch", &P::epoch)
       .def_property_readonly("version", &P::version)
       .def("stats",
@@ -104,26 +113,17 @@ void subscriber_methods(py::class_<S>& cls) {
 void bind_publication(py::module_& m) {
 #ifdef TENSORDICT_WITH_DIST
   py::class_<dist::Publisher> publisher(m, "Publisher");
-  publisher
-      .def(py::init([](py::object group, int64_t max_slots, std::vector<int64_t> subscribers,
-                       int64_t channel) {
-             dist::PublisherOptions o{.group = group_from_py(group),
-                                      .max_slots = max_slots,
-                                      .subscribers = std::move(subscribers),
-                                      .channel = channel};
-             py::gil_scoped_release nogil;
-             return std::make_unique<dist::Publisher>(o);
-           }),
-           py::kw_only(), group_arg(), py::arg("max_slots") = 2,
-           py::arg("subscribers") = std::vector<int64_t>{}, py::arg("channel") = 0)
-      .def(
-          "wait_for_subscribers",
-          [](const dist::Publisher& p, double timeout) {
-            const auto wait = wait_from_py(timeout);
-            py::gil_scoped_release nogil;
-            p.wait_for_subscribers(*wait);
-          },
-          py::arg("timeout"));
+  publisher.def(py::init([](py::object group, int64_t max_slots, std::vector<int64_t> subscribers,
+                            int64_t channel) {
+                  dist::PublisherOptions o{.group = group_from_py(group),
+                                           .max_slots = max_slots,
+                                           .subscribers = std::move(subscribers),
+                                           .channel = channel};
+                  py::gil_scoped_release nogil;
+                  return std::make_unique<dist::Publisher>(o);
+                }),
+                py::kw_only(), group_arg(), py::arg("max_slots") = 2,
+                py::arg("subscribers") = std::vector<int64_t>{}, py::arg("channel") = 0);
   publisher_methods(publisher);
 
   py::class_<dist::Subscriber> subscriber(m, "Subscriber");
@@ -142,20 +142,12 @@ void bind_publication(py::module_& m) {
 #endif
 #ifdef TENSORDICT_WITH_PIPE
   py::class_<pipe::Publisher> pipe_publisher(m, "PipePublisher");
-  pipe_publisher
-      .def(py::init([](pipe::TensorDictServer& server, int64_t max_slots) {
-             py::gil_scoped_release nogil;
-             return std::make_unique<pipe::Publisher>(server, pipe::PublisherOptions{max_slots});
-           }),
-           py::arg("server"), py::kw_only(), py::arg("max_slots") = 2, py::keep_alive<1, 2>())
-      .def(
-          "wait_for_subscribers",
-          [](const pipe::Publisher& p, size_t count, double timeout) {
-            const auto wait = wait_from_py(timeout);
-            py::gil_scoped_release nogil;
-            p.wait_for_subscribers(count, *wait);
-          },
-          py::arg("count"), py::arg("timeout"));
+  pipe_publisher.def(
+      py::init([](pipe::TensorDictServer& server, int64_t max_slots) {
+        py::gil_scoped_release nogil;
+        return std::make_unique<pipe::Publisher>(server, pipe::PublisherOptions{max_slots});
+      }),
+      py::arg("server"), py::kw_only(), py::arg("max_slots") = 2, py::keep_alive<1, 2>());
   publisher_methods(pipe_publisher);
 
   py::class_<pipe::Subscriber> pipe_subscriber(m, "PipeSubscriber");

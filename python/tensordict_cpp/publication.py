@@ -167,24 +167,18 @@ class Publisher:
         return self._cpp.stats()
 
     def wait_for_subscribers(self, timeout: Wait, *, count: int | None = None) -> None:
-        """Waits until every subscriber has pulled once (or been lost), at most ``timeout``;
-        :class:`tensordict_cpp.errors.TimeoutError` naming those that have not (ranks that
-        run no Subscriber, such as the reference ``tensordict``, which has none).
+        """Waits until ``count`` subscribers have pulled once (or been lost), at most
+        ``timeout``; :class:`tensordict_cpp.errors.TimeoutError` naming those that have not
+        (ranks that run no Subscriber, such as the reference ``tensordict``, which has none).
 
         Keyword Args:
-            count (int, optional): over a server, how many clients to wait for (required
-                there); over a group, every subscriber is waited for. Defaults to ``None``.
+            count (int, optional): how many subscribers to wait for. Over a group, defaults to
+                every subscriber (a larger count raises ValueError); over a server, required
+                (clients connect at any time: a ValueError without it). Defaults to ``None``.
         """
-        if self._server is None:
-            if count is not None:
-                raise ValueError("wait_for_subscribers: count= is for a server's publisher; "
-                                 "over a group every subscriber is waited for")
-            self._cpp.wait_for_subscribers(_seconds(timeout))
-        else:
-            if count is None or count < 0:
-                raise ValueError("wait_for_subscribers: a server's publisher needs count=, the "
-                                 "number of clients to wait for")
-            self._cpp.wait_for_subscribers(count, _seconds(timeout))
+        if count is not None and count < 0:
+            raise ValueError(f"wait_for_subscribers: count must not be negative, got {count}")
+        self._cpp.wait_for_subscribers(_seconds(timeout), count=count)
 
     def close(self) -> None:
         """Stops serving (pulls waiting for a version raise NoPublisherError). Idempotent."""

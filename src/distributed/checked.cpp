@@ -7,6 +7,7 @@
 #include <memory>
 #include <string>
 
+#include "core/byte_tensor.h"
 #include "tensordict/consolidate.h"
 #include "tensordict/distributed/p2p.h"
 #include "tensordict/errors.h"
@@ -16,6 +17,7 @@
 namespace tensordict::dist::detail {
 
 using namespace wire::checked;  // the bytes of this protocol (src/wire/checked.cpp)
+using core::bytes_tensor;
 
 namespace {
 

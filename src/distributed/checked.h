@@ -7,8 +7,8 @@
 
 #include <vector>
 
-#include "peer.h"
 #include "tensordict/tensor_dict.h"
+#include "waiter.h"
 
 namespace tensordict::dist::detail {
 

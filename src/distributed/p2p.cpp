@@ -5,13 +5,13 @@
 #include <limits>
 
 #include "checked.h"
-#include "peer.h"
 #include "tensordict/consolidate.h"
 #include "tensordict/distributed/process_group.h"
 #include "tensordict/distributed/tags.h"
 #include "tensordict/leaf.h"
 #include "tensordict/log.h"
 #include "tensordict/nested_key.h"
+#include "waiter.h"
 #include "wire/leaf_order.h"
 
 namespace tensordict::dist {

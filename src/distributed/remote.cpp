@@ -11,6 +11,7 @@
 #include <sys/mman.h>
 #include <unistd.h>
 
+#include "core/byte_tensor.h"
 #include "core/bytes.h"
 #include "core/excerpt.h"
 #include "core/metadata.h"

@@ -12,8 +12,8 @@
 #include <vector>
 
 #include "core/metadata.h"
-#include "peer.h"
 #include "tensordict/consolidate.h"
+#include "waiter.h"
 
 namespace tensordict::dist::detail {
 

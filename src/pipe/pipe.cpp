@@ -2,11 +2,11 @@
 // its invariants; here only the ways to make one.
 #include "tensordict/pipe/pipe.h"
 
+#include "caller_connection.h"
 #include "pipe_impl.h"
 #include "ucx_endpoint.h"
 #include "ucx_listener.h"
 #include "ucx_worker.h"
-#include "user_link.h"
 
 namespace tensordict::pipe {
 
@@ -28,8 +28,8 @@ Pipe Pipe::connect(const std::string& host, int port, const PipeOptions& options
 }
 
 Pipe Pipe::over(PipeLink link, const PipeOptions& options) {
-  return Pipe(std::make_shared<PipeImpl>(options, nullptr,
-                                         std::make_shared<detail::UserLink>(std::move(link)), 0));
+  return Pipe(std::make_shared<PipeImpl>(
+      options, nullptr, std::make_shared<detail::CallerConnection>(std::move(link)), 0));
 }
 
 void Pipe::send(const TensorDict& td, const PipeSendOptions& o) { impl_->send(td, o); }

@@ -66,8 +66,12 @@ PeerInfo read_peer_info(const uint8_t* in) {
   return info;
 }
 
-// ---- frames
-// ---------------------------------------------------------------------------------------
+bool is_close_marker(const uint8_t* message, size_t length) {
+  if (length == 1) return message[0] == kCloseFlag;
+  return length == 8 && core::get_le(message) == kCloseLength;
+}
+
+// ---- frames -------------------------------------------------------------------------------------
 
 size_t ByteSource::read_first_joined(uint8_t*, const at::Tensor&, void*, size_t, const at::Tensor&,
                                      const char*) {
@@ -461,10 +465,9 @@ TensorDict FrameReader::recv_uncollated(ByteSource& src, std::optional<at::Devic
   return result;
 }
 
-// ---- look-ahead (Pipe::try_recv)
-// ----------------------------------------------------------------- The receive's walk over the
-// framing, on messages that have landed, reading nothing: a receive started on kWhole reads only
-// landed messages (or fails at once), so it never waits.
+// ---- look-ahead (Pipe::try_recv) ----------------------------------------------------------------
+// The receive's walk over the framing, on messages that have landed, reading nothing: a receive
+// started on kWhole reads only landed messages (or fails at once), so it never waits.
 
 Arrival FrameReader::arrival(MessagePeek& src, bool consolidated) const {
   size_t next = 0;
@@ -523,8 +526,7 @@ Arrival FrameReader::arrival(MessagePeek& src, bool consolidated) const {
   return Arrival::kWhole;
 }
 
-// ---- the uncollated sender's frame (§6.2)
-// --------------------------------------------------------
+// ---- the uncollated sender's frame (§6.2) -------------------------------------------------------
 
 UncollatedFrame uncollated_frame(
     const TensorDict& td, const std::function<void(const NestedKey&, const at::Tensor&)>& check) {

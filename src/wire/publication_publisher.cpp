@@ -57,9 +57,10 @@ std::string text_of(const std::exception& e) {
   return e.what();
 }
 
-// What a request that arrived early says: a refusal ends the subscription; another request
-// before this one is answered is out of step (an honest subscriber has one in flight).
-std::string early_request(const char* who, const at::Tensor& buffer, const Offer& answering) {
+// What the subscriber's message after `answering` says of it: a refusal ends the subscription;
+// another request before the answer was taken is out of step (an honest subscriber has one
+// request in flight).
+std::string next_message(const char* who, const at::Tensor& buffer, const Offer& answering) {
   const Request next = decode_request(who, buffer.data_ptr<uint8_t>());
   if (next.refusal == Refusal::kNone) {
     return c10::str(who, ": request ", next.seq, " came before request ", answering.seq,
@@ -87,8 +88,11 @@ struct PublisherCore::Slot {
 
 struct PublisherCore::Subscription {
   SubscriberStats stats;
-  bool asked = false;    // a request arrived
-  bool serving = false;  // in serve(): kept in the list whatever happens
+  bool asked = false;                       // a request arrived
+  bool ready = false;                       // asked or lost: counted in ready_
+  bool serving = false;                     // in serve(): kept in the list whatever happens
+  Offer last{};                             // the last answer sent whole
+  std::optional<int64_t> version_before{};  // stats.version before `last` was counted
 };
 
 PublisherCore::PublisherCore(int64_t max_slots)
@@ -118,12 +122,13 @@ void PublisherCore::lose(Subscription& s, const std::string& error) {
   s.stats.lost = true;
   s.stats.waiting = false;
   if (s.stats.error.empty()) s.stats.error = error;
+  if (!std::exchange(s.ready, true)) ++ready_;
   changed_.notify_all();  // wait_for_subscribers
 }
 
-bool PublisherCore::answer(Subscription& s, Link& link, const Offer& offer,
-                           const at::Tensor& schema, const at::Tensor& data, const at::Tensor& next,
-                           const PendingPtr& next_request) {
+PublisherCore::Sent PublisherCore::answer(Subscription& s, Link& link, const Offer& offer,
+                                          const at::Tensor& schema, const at::Tensor& data,
+                                          NextRequest& next) {
   std::vector<PendingPtr> posted;
   try {
     posted.push_back(link.post_send(core::bytes_tensor(encode(offer)), Kind::kOffer));
@@ -131,34 +136,38 @@ bool PublisherCore::answer(Subscription& s, Link& link, const Offer& offer,
       if (offer.schema_bytes > 0) posted.push_back(link.post_send(schema, Kind::kSchema));
       posted.push_back(link.post_send(data, Kind::kData));
     }
-    bool next_in = !next_request;
+    bool looked = !next.pending;  // at the subscriber's next message
     for (const auto& p : posted) {
-      while (!closing_.load() && !link.wait(p, Clock::now() + kSlice)) {
+      for (;;) {
+        // Closing, a send already taken counts; one that is not stays posted, so that the
+        // subscriber's connection is not harmed.
+        const bool closing = closing_.load();
+        if (link.wait(p, closing ? Clock::now() : Clock::now() + kSlice)) break;
+        if (closing) {
+          link.keep(posted);
+          return Sent::kClosing;
+        }
         // The subscriber's next message, looked at once a slice while a send takes longer: a
         // refusal means the rest will never be taken (an honest next request only means the
-        // subscriber had all of it before this side saw the send complete).
-        if (next_in || !link.wait(next_request, Clock::now())) continue;
-        next_in = true;
+        // subscriber had all of it before this side saw the send complete; serve() reads it).
+        if (looked || !link.wait(next.pending, Clock::now())) continue;
+        looked = true;
         const std::string who = c10::str("Publisher (", link.peer(), "'s request)");
-        if (decode_request(who.c_str(), next.data_ptr<uint8_t>()).refusal != Refusal::kNone) {
+        if (decode_request(who.c_str(), next.buffer.data_ptr<uint8_t>()).refusal !=
+            Refusal::kNone) {
+          next.pending = nullptr;  // read: nothing of it is left to keep
           link.keep(posted);
-          lose(s, early_request(who.c_str(), next, offer));
-          return false;
+          lose(s, next_message(who.c_str(), next.buffer, offer));
+          return Sent::kLost;
         }
-      }
-      if (closing_.load()) {
-        // Closing while the subscriber has not taken everything: the sends stay posted, so
-        // that its connection is not harmed.
-        link.keep(posted);
-        return false;
       }
     }
   } catch (const std::exception& e) {
     link.keep(posted);
     lose(s, text_of(e));
-    return false;
+    return Sent::kLost;
   }
-  return true;
+  return Sent::kTaken;
 }
 
 void PublisherCore::serve(Subscription& s, Link& link) {
@@ -172,13 +181,14 @@ void PublisherCore::serve(Subscription& s, Link& link) {
 }
 
 void PublisherCore::serve_requests(Subscription& s, Link& link) {
-  at::Tensor request = message_buffer();
-  PendingPtr pending;
+  NextRequest next{message_buffer(), nullptr};
   const std::string who = c10::str("Publisher (", link.peer(), "'s request)");
   try {
-    pending = link.post_recv(request, Kind::kRequest);
+    next.pending = link.post_recv(next.buffer, Kind::kRequest);
     for (;;) {
-      if (!wait_unless_closing(link, pending, closing_)) break;
+      if (!wait_unless_closing(link, next.pending, closing_)) break;
+      const at::Tensor request = next.buffer;
+      next = NextRequest{};  // read
       Request r;
       try {
         r = decode_request(who.c_str(), request.data_ptr<uint8_t>());
@@ -188,37 +198,51 @@ void PublisherCore::serve_requests(Subscription& s, Link& link) {
         Offer refused;
         refused.status = Status::kRefused;
         refused.seq = core::get_le(request.data_ptr<uint8_t>() + 16);  // whatever it said
-        answer(s, link, refused, {}, {}, {}, nullptr);
+        answer(s, link, refused, {}, {}, next);
         return;
       }
       if (r.refusal != Refusal::kNone) {
-        // A refusal of the last version, once all of it was sent: the subscriber pulls no more.
-        lose(s, c10::str("the subscriber refused what answered request ", r.seq, ": ",
-                         refusal_text(r.refusal)));
+        // A refusal of the last answer once all of it was sent (a transport whose sends
+        // complete before the peer takes them): the subscriber pulls no more, and a version it
+        // refused is not counted as received.
+        std::string why;
+        {
+          std::lock_guard<std::mutex> lock(mutex_);
+          if (s.last.status == Status::kNew && s.last.seq == r.seq) {
+            s.stats.version = s.version_before;
+            --s.stats.pulls;
+          }
+          why = next_message(who.c_str(), request, s.last);
+        }
+        lose(s, why);
         return;
       }
-      request = message_buffer();
-      pending = link.post_recv(request, Kind::kRequest);  // ready for the next one at once
-      switch (answer_request(s, link, r, request, pending)) {
-        case Next::kServe: continue;
-        case Next::kClose: break;
-        case Next::kStop: return;
-      }
-      break;
+      next.buffer = message_buffer();
+      next.pending = link.post_recv(next.buffer, Kind::kRequest);  // ready for the next at once
+      if (answer_request(s, link, r, next) != Next::kServe) break;
     }
   } catch (const std::exception& e) {
     lose(s, text_of(e));
-    return;
   }
-  // Closing: the posted receive is kept (its buffer alive) for a later publisher.
-  if (pending) link.keep({pending});
+  // Whatever ended the serving, the receive still posted is left to the link (its buffer
+  // alive): a later publisher on the link takes the request that lands in it.
+  if (next.pending) link.keep({next.pending});
+}
+
+PublisherCore::Next PublisherCore::next_of(Sent sent) {
+  switch (sent) {
+    case Sent::kTaken: return Next::kServe;
+    case Sent::kClosing: return Next::kClose;
+    case Sent::kLost: break;
+  }
+  return Next::kStop;
 }
 
 PublisherCore::Next PublisherCore::answer_request(Subscription& s, Link& link, const Request& r,
-                                                  const at::Tensor& next,
-                                                  const PendingPtr& next_request) {
+                                                  NextRequest& next) {
   std::unique_lock<std::mutex> lock(mutex_);
   s.asked = true;
+  if (!std::exchange(s.ready, true)) ++ready_;
   s.stats.waiting = true;
   changed_.notify_all();  // wait_for_subscribers
   const auto eligible = [&] {
@@ -241,18 +265,18 @@ PublisherCore::Next PublisherCore::answer_request(Subscription& s, Link& link, c
     lock.unlock();
     std::optional<std::string> stop;
     try {
-      if (link.wait(next_request, Clock::now())) {
+      if (link.wait(next.pending, Clock::now())) {
         const std::string who = c10::str("Publisher (", link.peer(), "'s request)");
-        stop = early_request(who.c_str(), next, offer);
+        stop = next_message(who.c_str(), next.buffer, offer);
       }
     } catch (const std::exception& e) {
       stop = text_of(e);
     }
     lock.lock();
     if (stop) {
+      next.pending = nullptr;  // read, or failed
       s.stats.waiting = false;
       lock.unlock();
-      link.keep({next_request});
       lose(s, *stop);
       return Next::kStop;
     }
@@ -261,13 +285,14 @@ PublisherCore::Next PublisherCore::answer_request(Subscription& s, Link& link, c
   if (closing_.load()) {
     offer.status = Status::kClosed;
     lock.unlock();
-    answer(s, link, offer, {}, {}, next, next_request);
+    answer(s, link, offer, {}, {}, next);
     return Next::kClose;
   }
   if (!eligible()) {
     offer.status = Status::kNone;
+    s.last = offer;
     lock.unlock();
-    return answer(s, link, offer, {}, {}, next, next_request) ? Next::kServe : Next::kStop;
+    return next_of(answer(s, link, offer, {}, {}, next));
   }
   Slot& slot = slots_[newest_];
   ++slot.pins;
@@ -301,7 +326,8 @@ PublisherCore::Next PublisherCore::answer_request(Subscription& s, Link& link, c
   const auto mine = big ? std::prev(big_sends_.end()) : big_sends_.end();
   lock.unlock();
 
-  const bool taken = answer(s, link, offer, schema, data, next, next_request);
+  const Sent sent = answer(s, link, offer, schema, data, next);
+  const bool taken = sent == Sent::kTaken;
   lock.lock();
   if (big) {
     if (taken) big_send_time_ = Clock::now() - *mine;
@@ -310,11 +336,13 @@ PublisherCore::Next PublisherCore::answer_request(Subscription& s, Link& link, c
   --slot.pins;
   s.stats.pinned.reset();
   if (taken) {
+    s.version_before = s.stats.version;
     s.stats.version = offer.version;
     ++s.stats.pulls;
+    s.last = offer;
   }
   changed_.notify_all();
-  return taken ? Next::kServe : Next::kStop;
+  return next_of(sent);
 }
 
 int64_t PublisherCore::version() const {
@@ -329,22 +357,18 @@ std::vector<SubscriberStats> PublisherCore::stats() const {
   return out;
 }
 
-void PublisherCore::wait_for_subscribers(const char* call, size_t count,
-                                         std::chrono::milliseconds timeout,
+void PublisherCore::wait_for_subscribers(const char* call, std::chrono::milliseconds timeout,
+                                         std::optional<size_t> count,
                                          const std::string& hint) const {
   std::unique_lock<std::mutex> lock(mutex_);
-  const auto all = [&] {
-    return added_ >= count &&
-           std::all_of(subscriptions_.begin(), subscriptions_.end(),
-                       [](const Subscription& s) { return s.asked || s.stats.lost; });
-  };
+  const auto all = [&] { return count ? ready_ >= *count : ready_ >= added_; };
   if (changed_.wait_for(lock, timeout, all)) return;
   std::string silent;
   for (const auto& s : subscriptions_) {
-    if (!s.asked && !s.stats.lost) silent += c10::str(silent.empty() ? "" : ", ", s.stats.peer);
+    if (!s.ready) silent += c10::str(silent.empty() ? "" : ", ", s.stats.peer);
   }
-  if (added_ < count) {
-    silent += c10::str(silent.empty() ? "" : "; ", count - added_, " of the ", count,
+  if (count && added_ < *count) {
+    silent += c10::str(silent.empty() ? "" : "; ", *count - added_, " of the ", *count,
                        " subscribers expected never connected");
   }
   TD_THROW(TimeoutError, call, ": no request from ", silent, " within ", timeout.count(),

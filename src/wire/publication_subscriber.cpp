@@ -108,7 +108,8 @@ struct Pull {
   at::Tensor schema, data;
   PendingPtr schema_received, data_received;
   bool schema_done = false, data_done = false;
-  // What a refusal of the publisher's bytes read at this step would say.
+  // What a refusal of the publisher's bytes read at this step would say (kNone: the publisher
+  // refused this subscriber, and is told nothing back).
   Refusal step = Refusal::kOffer;
 
   // Whatever of the pull is posted: kept (buffers alive) when it ends early.
@@ -185,15 +186,18 @@ void SubscriberCore::end_pull(std::exception_ptr error) {
     }
     if (o) {
       std::vector<PendingPtr> keep = o->posted();
-      try {
-        Request r;
-        r.refusal = o->step;
-        r.seq = o->seq;
-        r.epoch = held_->epoch;
-        r.version = held_->version;
-        keep.push_back(link_->post_send(core::bytes_tensor(encode(r)), Kind::kRequest));
-      } catch (...) {
-        // the link is broken already: its peer learns it from the transport
+      // Refused back, unless the publisher ended the link itself (Refusal::kNone).
+      if (o->step != Refusal::kNone) {
+        try {
+          Request r;
+          r.refusal = o->step;
+          r.seq = o->seq;
+          r.epoch = held_->epoch;
+          r.version = held_->version;
+          keep.push_back(link_->post_send(core::bytes_tensor(encode(r)), Kind::kRequest));
+        } catch (...) {
+          // the link is broken already: its peer learns it from the transport
+        }
       }
       link_->keep(keep);
     }
@@ -203,6 +207,9 @@ void SubscriberCore::end_pull(std::exception_ptr error) {
     TD_THROW(NoPublisherError, who_, ": the Publisher on ", link_->peer(), " closed (",
              e.what_without_backtrace(), ")");
   } catch (const PeerLostError& e) {
+    // What was posted stays posted, its buffers kept: a transport may not fail at once the
+    // receive whose bytes it was reading when the connection went (Gloo's).
+    if (o) link_->keep(o->posted());
     // A lost request send may hide the publisher's clean close, already in the offer's
     // receive (a pipe's close marker).
     if (o && o->offer_received) {
@@ -249,10 +256,14 @@ bool SubscriberCore::request_taken(Pull& o, Clock::time_point deadline,
   if (!wait(o.request_sent, deadline)) {
     // A publisher that took requests before is slow or stopped, not missing.
     if (interrupted_.load() || answered_) return false;
-    const auto waited = Clock::now() - o.sent;
+    const auto now = Clock::now();
+    const auto waited = now - o.sent;
     const auto asked = options.timeout.value_or(std::chrono::milliseconds(0));
     const auto least = asked.count() > 0 ? asked : kPollPatience;
-    TD_CHECK_AS(NoPublisherError, waited < least, who_, ": ", link_->peer(),
+    // A request this pull sent has waited all of the pull once its deadline passed (the pull
+    // began a moment before the request went).
+    const bool whole_pull = asked.count() > 0 && now >= deadline && o.sent >= deadline - asked;
+    TD_CHECK_AS(NoPublisherError, waited < least && !whole_pull, who_, ": ", link_->peer(),
                 " has taken no request in ",
                 std::chrono::duration_cast<std::chrono::milliseconds>(waited).count(),
                 " ms: ", link_->no_publisher(), ". The request stays queued for when one starts");
@@ -285,6 +296,8 @@ SubscriberCore::OfferRead SubscriberCore::read_offer(Pull& o, Clock::time_point 
     }
     case Status::kClosed: TD_THROW(PeerClosedError, "it answered \"closed\"");
     case Status::kRefused:
+      // The publisher ended the link itself: nothing to refuse back.
+      o.step = Refusal::kNone;
       ended_ = c10::str(who_, ": the Publisher on ", link_->peer(),
                         " refused this subscriber's request as malformed and serves it no more");
       TD_THROW(MalformedPeerDataError, ended_);

@@ -176,8 +176,8 @@ TEST(JsonValue, ExcerptsQuoteTheStartAndTheLength) {
             "[[[[[\"" + std::string(74, 'x') + "...(" + std::to_string(length) + " bytes)");
 }
 
-// Shared nodes (issue 41): a copy shares; a value built from shared objects holds them once;
-// writing it out in full is measured first.
+// Shared nodes (data that reuses one object many times): a copy shares; a value built from shared
+// objects holds them once; writing it out in full is measured first.
 TEST(JsonValue, CopiesShareTheirNodes) {
   const JsonValue big(std::string(1 << 20, 'x'));
   const JsonValue copy = big;  // NOLINT(performance-unnecessary-copy-initialization)

@@ -485,7 +485,7 @@ std::string pickler_stack(int64_t n) {
 
 }  // namespace
 
-// Issue 41: the reference's init_remote of a 1,000,000-member NonTensorStack took 18 s to be
+// A hostile case: the reference's init_remote of a 1,000,000-member NonTensorStack took 18 s to be
 // refused. The reader copied the stack's dict to the end of its arena after every SETITEMS of
 // 1000 (their values' tuples were written in between) and hashed all its keys again: quadratic,
 // and past its budget from 100,000 members, where the general reader refuses the pickle too.

@@ -121,7 +121,7 @@ TEST(PipePublication, VersionsAreWholeAndTimeoutsKeepThePipe) {
   std::vector<pid_t> subs;
   for (int i = 0; i < 3; ++i)
     subs.push_back(spawn_role("sub", dir.path, {{"TD_SUB", std::to_string(i)}}));
-  pub.wait_for_subscribers(3, 30s);
+  pub.wait_for_subscribers(30s, 3);
   TensorDict td = weights(0);
   for (int v = 1; v <= kVersions; ++v) {
     fill(td, v);
@@ -200,7 +200,7 @@ TEST(PipePublication, StoppedAndKilledSubscribersCostOnlyTheirSlots) {
   std::vector<pid_t> pids;
   for (const char* n : names) {
     pids.push_back(spawn_role("sub", dir.path, {{"TD_SUB", n}}));
-    pub.wait_for_subscribers(pids.size(), 30s);
+    pub.wait_for_subscribers(30s, pids.size());
   }
   std::vector<std::string> peers;
   for (const auto& s : pub.stats()) peers.push_back(s.peer);

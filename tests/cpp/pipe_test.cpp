@@ -731,9 +731,9 @@ TEST(Pipe, EventLoopFormsNeverWaitForThePeer) {
 }
 
 TEST(Pipe, TryRecvReceivesOnlyWhatHasWhollyArrivedAndKeepsTheRest) {
-  // try_recv never waits for the peer (issue 41, case 3): a TensorDict stalled after its flag
-  // and length, or after a same-schema flag, is not received; what arrived is kept, in order,
-  // and the TensorDict is received whole once the rest comes.
+  // try_recv never waits for the peer (a peer stalled mid-TensorDict): a TensorDict stalled after
+  // its flag and length, or after a same-schema flag, is not received; what arrived is kept, in
+  // order, and the TensorDict is received whole once the rest comes.
   Watchdog dog(60s);
   auto [server, client] = pair_of();
   const int fd = server.event_fd();
@@ -777,7 +777,7 @@ TEST(Pipe, TryRecvReceivesOnlyWhatHasWhollyArrivedAndKeepsTheRest) {
 }
 
 TEST(Pipe, ASendDeadlineCountsFromItsCall) {
-  // PipeSendOptions::deadline (asend's, issue 41 case 4): a send queued past its deadline
+  // PipeSendOptions::deadline (asend's, a peer that does not read): a send queued past its deadline
   // fails at once having sent nothing, and a window wait ends at the deadline; the pipe goes on.
   Watchdog dog(60s);
   PipeOptions o = fast_options();
@@ -805,9 +805,9 @@ TEST(Pipe, ASendDeadlineCountsFromItsCall) {
 }
 
 TEST(Pipe, ClosingABrokenPipeReleasesItsWorkerThreadsAndDescriptors) {
-  // Issue 41, case 5: a closed pipe keeps no UCX worker, progress thread or descriptor, even
-  // while its handle lives, whatever broke it (a stalled peer, a peer gone mid-message, a
-  // protocol error).
+  // A peer that dies or breaks the protocol: a closed pipe keeps no UCX worker, progress thread or
+  // descriptor, even while its handle lives, whatever broke it (a stalled peer, a peer gone
+  // mid-message, a protocol error).
   Watchdog dog(120s);
   PipeOptions o = fast_options();
   // Short, for the stalled cases' receives to time out quickly; long enough that connecting

@@ -302,7 +302,7 @@ def test_a_non_member_s_group_handle_is_refused():
 
 
 def forward_without_a_copy(rank, world_size):
-    """Issue 30: a TensorDict received over c10d (from_remote_init, recv(consolidated=True))
+    """A forwarding rank: a TensorDict received over c10d (from_remote_init, recv(consolidated=True))
     is consolidated, so sending it on copies nothing: the forwarding rank's peak memory does
     not grow by its 64 MiB (a consolidation would add them)."""
     from test_hostile_inputs import peak_mb, rss_mb

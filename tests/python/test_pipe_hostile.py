@@ -1,4 +1,4 @@
-"""A pipe against stalled, slow and dying peers (issue 41, cases 3-5; docs/pipe.md, "From an
+"""A pipe against stalled, slow and dying peers (docs/pipe.md, "From an
 event loop" and "Closing"): no peer holds the event loop's thread, queued asends keep the
 deadline of their own call, and a pipe closed after any error keeps no thread or descriptor.
 

@@ -272,6 +272,10 @@ def with_reference(rank, world_size):
         pub = Publisher(subscribers=[REF])
         with pytest.raises(errors.TimeoutError, match="rank.*0.*reference tensordict"):
             pub.wait_for_subscribers(timeout=0.5)
+        # The pipe's arguments too: count= of the subscribers (none needed: at once).
+        pub.wait_for_subscribers(0.5, count=0)
+        with pytest.raises(ValueError, match="count is 2, above the 1 subscribers"):
+            pub.wait_for_subscribers(0.5, count=2)
         assert pub.publish(mine) == 1  # never waits for a subscriber
         assert pub.stats()[0]["version"] is None
         pub.close()

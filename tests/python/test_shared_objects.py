@@ -1,4 +1,4 @@
-"""Data that reuses one object many times (issue 41): a pickle's memo, one Python str in many
+"""Data that reuses one object many times: a pickle's memo, one Python str in many
 entries. Ours holds what the reference holds once (JsonValue's shared nodes, the conversion
 scopes of python/csrc/tensor_dict.cpp) and refuses, by name, what would expand it beyond
 kMaxJsonExpansion when written out in full (docs/reliability.md).

@@ -8,6 +8,7 @@
 // other transfers on the group keep the reference's bytes and never meet them.
 
 #include <chrono>
+#include <cstddef>
 #include <cstdint>
 #include <memory>
 #include <optional>
@@ -20,10 +21,11 @@
 
 namespace tensordict::dist {
 
-// Shared with the pipe's publication (tensordict/publication.h).
-using tensordict::Pulled;
-using tensordict::PullOptions;
-using tensordict::SubscriberStats;
+// PullOptions, Pulled and SubscriberStats are tensordict::'s (tensordict/publication.h), shared
+// with the pipe's publication (tensordict/pipe/publication.h), whose classes have the same
+// methods. What differs: a group's Publisher serves the ranks it is given (every other rank by
+// default) on a channel of its own, and a later Subscriber of the same group, rank and channel
+// takes over what an earlier one left in flight.
 
 /// Keyword arguments of Publisher.
 struct PublisherOptions {
@@ -66,9 +68,12 @@ class Publisher {
   int64_t version() const;
   /// One entry per subscriber, in the order of PublisherOptions::subscribers.
   std::vector<SubscriberStats> stats() const;
-  /// Waits until every subscriber has sent a request, at most `timeout`; TimeoutError naming
-  /// the ranks that have not (a rank that runs no Subscriber, e.g. the reference tensordict).
-  void wait_for_subscribers(std::chrono::milliseconds timeout) const;
+  /// Waits until `count` subscribers (unset: every one of PublisherOptions::subscribers) have
+  /// sent a request or were lost, at most `timeout`; TimeoutError naming the ranks that have
+  /// not (a rank that runs no Subscriber, e.g. the reference tensordict). ValueError for a
+  /// count above the number of subscribers.
+  void wait_for_subscribers(std::chrono::milliseconds timeout,
+                            std::optional<size_t> count = std::nullopt) const;
   /// Stops serving: pulls waiting for a version get "closed" (NoPublisherError); versions being
   /// sent stay queued until taken. Idempotent.
   void close();

@@ -7,6 +7,7 @@
 // nothing else.
 
 #include <chrono>
+#include <cstddef>
 #include <cstdint>
 #include <memory>
 #include <optional>
@@ -19,6 +20,12 @@
 #include "tensordict/tensor_dict.h"
 
 namespace tensordict::pipe {
+
+// PullOptions, Pulled and SubscriberStats are tensordict::'s (tensordict/publication.h), shared
+// with the group's publication (tensordict/distributed/publication.h), whose classes have the
+// same methods. What differs: a server's Publisher serves every client that connects, present
+// and future (so wait_for_subscribers needs a count), and a pipe carries one Subscriber, once
+// (a second raises RuntimeError: the pipe carries a publication already).
 
 /// Keyword arguments of Publisher.
 struct PublisherOptions {
@@ -52,9 +59,11 @@ class Publisher {
   int64_t version() const;
   /// One entry per client, in the order they connected (`peer`: the pipe's peer, `rank` -1).
   std::vector<SubscriberStats> stats() const;
-  /// Waits until at least `count` clients have connected and each has sent a request (or was
-  /// lost), at most `timeout`; TimeoutError naming those that have not.
-  void wait_for_subscribers(size_t count, std::chrono::milliseconds timeout) const;
+  /// Waits until `count` clients have connected and sent a request (or were lost), at most
+  /// `timeout`; TimeoutError naming those that have not, and how many never connected.
+  /// ValueError without a count: clients come and go, so "every one" means nothing here.
+  void wait_for_subscribers(std::chrono::milliseconds timeout,
+                            std::optional<size_t> count = std::nullopt) const;
   /// Stops serving: pulls waiting for a version get "closed" (NoPublisherError), and every
   /// client's pipe is closed once its thread has answered. The server keeps running (close it
   /// to stop accepting). Idempotent.
@@ -74,11 +83,15 @@ struct SubscriberOptions {
 
 /// Pulls versions from the Publisher of the server at the other end of `pipe` (made by
 /// Pipe::connect, or listen for a single client). The pipe then carries the publication's
-/// messages only: its send() and recv() raise. Not thread-safe: one thread pulls at a time.
+/// messages only, for good: its send() and recv() raise, and so does a second Subscriber on it,
+/// even once this one is destroyed (connect another pipe for a new Subscriber). Not
+/// thread-safe: one thread pulls at a time.
 class Subscriber {
  public:
   /// ValueError for a pipe over a caller's link (Pipe::over), whose messages cannot be waited
-  /// on apart; the pipe's errors when it is closed or broken.
+  /// on apart; RuntimeError for a pipe that carries a publication already (a Subscriber was
+  /// made on it, or a Publisher serves it); the pipe's errors when it is closed or broken;
+  /// NoPublisherError when the peer is not a tensordict_cpp peer.
   explicit Subscriber(Pipe pipe, const SubscriberOptions& options = {});
   ~Subscriber();
   Subscriber(const Subscriber&) = delete;
@@ -86,10 +99,9 @@ class Subscriber {
 
   /// As dist::Subscriber::pull: fills `td` with the newest version newer than the one held and
   /// returns its number, or nothing when the timeout passes first (`td` unchanged, the pipe
-  /// usable). NoPublisherError at once when the peer is not a tensordict_cpp peer (the
-  /// reference's pipe has no Publisher), when it has taken none of this subscriber's requests
-  /// within the timeout (its server runs no Publisher), and when its Publisher closed;
-  /// PeerLostError when the pipe broke.
+  /// usable). NoPublisherError when the server has taken none of this subscriber's requests
+  /// within the timeout (it runs no Publisher), and when its Publisher closed (or closed the
+  /// pipe); PeerLostError when the pipe broke.
   std::optional<int64_t> pull(TensorDict& td, const PullOptions& options = {});
   // The rest as dist::Subscriber's (tensordict/distributed/publication.h).
   std::optional<Pulled> pull(const PullOptions& options = {});

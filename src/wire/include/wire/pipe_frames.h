@@ -35,6 +35,12 @@ inline constexpr uint8_t kSameSchemaFlag = 0x01;
 inline constexpr uint8_t kCloseFlag = 0xff;
 inline constexpr uint64_t kCloseLength = ~uint64_t{0};
 
+/// Whether a whole message of `length` bytes at `message` is the peer's close marker (§6.7):
+/// the flag byte 0xff alone (consolidated mode), or the header length kCloseLength, eight 0xff
+/// bytes (uncollated mode). For a reader that takes whole messages of its own (publication over
+/// the pipe, docs/wire-format.md §9.7), where a FrameReader would read the first message.
+bool is_close_marker(const uint8_t* message, size_t length);
+
 // ---- ucxx's peer-info exchange (docs/wire-format.md §6.6) -------------------------------------
 
 // Revisions of our extensions, carried in our tags (make_our_tag): 0x70 the close marker; 0x71

@@ -2,7 +2,9 @@
 // The messages of publication (docs/wire-format.md §9, docs/publication.md): a subscriber's
 // request and the publisher's offer, 64 bytes each, and the reading of both, with every check
 // a peer's bytes must pass. No transport here, so that fuzz/publication.cpp reads a peer's
-// bytes exactly as the two sides do. Used by the c10d layer (src/distributed/publication.cpp).
+// bytes exactly as the two sides do. Used by publication's two ends (publication_publisher.h,
+// publication_subscriber.h) and the transports' links (src/distributed/group_link.cpp,
+// src/pipe/pipe_link.cpp).
 
 #include <ATen/core/Tensor.h>
 

@@ -1,8 +1,11 @@
 #pragma once
 // How publication's messages travel (docs/wire-format.md §9): the two ends of the exchange
 // (publication_publisher.h, publication_subscriber.h) post and wait on messages through a Link,
-// which each transport implements: a c10d group's tags (src/distributed/publication.cpp) and a
-// pipe's tag messages (src/pipe/publication.cpp). No transport here.
+// which each transport implements: a c10d group's tags (src/distributed/group_link.h) and a
+// pipe's tag messages (src/pipe/pipe_link.h). No transport here. A link reports what happened,
+// typed; the engine alone decides what it means. tests/cpp/publication_contract.h holds every
+// link to this contract, the same scenarios over each, in one process: a new transport is a new
+// Link and one line there.
 
 #include <ATen/core/Tensor.h>
 
@@ -44,8 +47,11 @@ class Link {
   virtual bool wait(const PendingPtr& p, Clock::time_point deadline) = 0;
   /// Whether the completed receive `p` carried fewer bytes than its buffer.
   virtual bool short_message(const PendingPtr& p) const = 0;
-  /// Messages a closing publisher leaves posted: kept until they complete, or dropped with a
-  /// connection that goes.
+  /// Messages an end leaves posted (a closing publisher, a subscriber that refused or lost
+  /// its publisher): kept, their buffers alive, until they complete or the connection goes. A
+  /// kept receive of a request is the next one: the next post_recv() of a request on this link
+  /// takes it over (its bytes copied into the new buffer once it completes), so that a new
+  /// publisher on the link gets the request that lands in it.
   virtual void keep(const std::vector<PendingPtr>& posted) = 0;
   /// The peer in words, for messages: "rank 2", "127.0.0.1:40123".
   virtual std::string peer() const = 0;

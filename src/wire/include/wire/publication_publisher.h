@@ -49,7 +49,9 @@ class PublisherCore {
   /// Answers `s`'s requests over `link` until close(), a lost or closed connection, a refusal
   /// of what it was sent, or a request that is not one (then answered "refused"), each recorded
   /// in its stats. Looks at the subscriber while it waits for a version, so that one that
-  /// leaves costs no thread beyond a slice. Never throws.
+  /// leaves costs no thread beyond a slice. Leaves what is still posted to the link when it
+  /// returns (Link::keep): a later core serving the same link takes the next request. Never
+  /// throws.
   void serve(Subscription& s, Link& link);
   /// Records `s` as lost, with `error` as its reason (kept if one is already recorded).
   void lose(Subscription& s, const std::string& error);
@@ -58,11 +60,12 @@ class PublisherCore {
   int64_t version() const;
   /// One entry per subscriber, in the order they were added.
   std::vector<SubscriberStats> stats() const;
-  /// Waits until at least `count` subscribers were added and each has sent a request or was
-  /// lost, at most `timeout`; then TimeoutError: "<call>: " and the subscribers that have not
-  /// asked, then `hint` (who they may be).
-  void wait_for_subscribers(const char* call, size_t count, std::chrono::milliseconds timeout,
-                            const std::string& hint) const;
+  /// Publisher::wait_for_subscribers (both transports): waits until `count` subscribers have
+  /// sent a request or were lost (unset: every subscriber added), at most `timeout`; then
+  /// TimeoutError: "<call>: " and the subscribers that have not asked, then `hint` (who they
+  /// may be).
+  void wait_for_subscribers(const char* call, std::chrono::milliseconds timeout,
+                            std::optional<size_t> count, const std::string& hint) const;
   /// Serving stops: pulls waiting for a version get "closed", messages in flight are left to
   /// the links (Link::keep), serve() returns within a slice of its waits. Idempotent.
   void close();
@@ -70,21 +73,29 @@ class PublisherCore {
 
  private:
   struct Slot;
-  // Sends `offer` (and, for a new version, the schema and the data) to `s`; true once taken.
-  // `next_request`, the receive of its next request, tells a dead subscriber.
-  // `next` is the buffer of `next_request`: a refusal arriving while the sends wait means they
-  // will never be taken (the subscriber is then lost, its sends kept by the link).
-  bool answer(Subscription& s, Link& link, const Offer& offer, const at::Tensor& schema,
-              const at::Tensor& data, const at::Tensor& next, const PendingPtr& next_request);
+  // The receive of a subscriber's next request, posted while its last one is answered, so that
+  // a refusal or a dead subscriber is seen meanwhile. `pending` is null once its message was
+  // read or failed; otherwise serve() leaves it to the link (Link::keep) when it returns.
+  struct NextRequest {
+    at::Tensor buffer;
+    PendingPtr pending;
+  };
+  // How an answer went: taken by the subscriber, left to the link by a closing publisher, or
+  // not (the subscriber refused it, sent something else or was lost; then recorded as lost).
+  enum class Sent { kTaken, kClosing, kLost };
+  // Sends `offer` (and, for a new version, the schema and the data) to `s`, looking at `next`
+  // while a send takes longer than a slice.
+  Sent answer(Subscription& s, Link& link, const Offer& offer, const at::Tensor& schema,
+              const at::Tensor& data, NextRequest& next);
   // serve()'s loop.
   void serve_requests(Subscription& s, Link& link);
   // What serve() does after answering a request: serve the next, stop (closing), or stop
   // (the subscriber lost).
   enum class Next { kServe, kClose, kStop };
+  static Next next_of(Sent sent);
   // Waits until a version the request asks for is published (or its wait passes, or closing),
   // then answers it, pinning the slot it sends from until the subscriber has taken it.
-  Next answer_request(Subscription& s, Link& link, const Request& r, const at::Tensor& next,
-                      const PendingPtr& next_request);
+  Next answer_request(Subscription& s, Link& link, const Request& r, NextRequest& next);
   std::string pinning_locked() const;
 
   const uint64_t epoch_;
@@ -95,6 +106,7 @@ class PublisherCore {
   int64_t version_ = 0;
   std::list<Subscription> subscriptions_;  // a list: each stays where it is
   size_t added_ = 0;                       // subscribers ever added (the lost ones pruned)
+  size_t ready_ = 0;                       // of which sent a request or were lost
   // Large versions being sent (when each started), and how long the last one took.
   std::list<Clock::time_point> big_sends_;
   Clock::duration big_send_time_ = std::chrono::milliseconds(25);

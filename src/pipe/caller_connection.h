@@ -1,7 +1,9 @@
 #pragma once
 // A pipe over a transport the caller supplies (PipeLink, tensordict/pipe/pipe.h; in Python, a
-// ucxx endpoint): the pipe's second Link, beside the UCX endpoint of ucx_endpoint.h. Each call
-// goes to the caller's functions; its timeouts and flow control are the caller's.
+// ucxx endpoint): the pipe's second kind of connection (a detail::Link, link.h), beside the UCX
+// endpoint of ucx_endpoint.h. Each call goes to the caller's functions; its timeouts and flow
+// control are the caller's. (Named for what it is, a connection, not a link: "link" names
+// publication's links, wire/publication_link.h, and the public PipeLink.)
 
 #include <atomic>
 #include <mutex>
@@ -12,10 +14,10 @@
 
 namespace tensordict::pipe::detail {
 
-class UserLink final : public Link {
+class CallerConnection final : public Link {
  public:
   /// ValueError when `link` has no send or recv.
-  explicit UserLink(PipeLink link);
+  explicit CallerConnection(PipeLink link);
   void send(const void* data, size_t n, const at::Tensor& owner, const char* what,
             Millis timeout) override;
   void send_credit(const void* data, size_t n, const at::Tensor& owner, const char* what,

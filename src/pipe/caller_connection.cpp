@@ -1,4 +1,4 @@
-#include "user_link.h"
+#include "caller_connection.h"
 
 #include <c10/util/Exception.h>
 
@@ -8,7 +8,7 @@
 
 namespace tensordict::pipe::detail {
 
-UserLink::UserLink(PipeLink link) : link_(std::move(link)) {
+CallerConnection::CallerConnection(PipeLink link) : link_(std::move(link)) {
   TORCH_CHECK_VALUE(link_.send && link_.recv, "Pipe::over: the link needs send and recv");
   if (link_.peer_tag) {
     // The peer's tag as the peer-info exchange gave it: our mark tells a peer of ours.
@@ -18,24 +18,24 @@ UserLink::UserLink(PipeLink link) : link_(std::move(link)) {
   }
 }
 
-void UserLink::send(const void* data, size_t n, const at::Tensor& /*owner*/, const char* what,
-                    Millis /*timeout*/) {
+void CallerConnection::send(const void* data, size_t n, const at::Tensor& /*owner*/,
+                            const char* what, Millis /*timeout*/) {
   check_open("send", what);
   link_.send(data, n);
 }
 
-void UserLink::send_credit(const void* data, size_t n, const at::Tensor& owner, const char* what,
-                           size_t /*window*/, Millis timeout) {
+void CallerConnection::send_credit(const void* data, size_t n, const at::Tensor& owner,
+                                   const char* what, size_t /*window*/, Millis timeout) {
   send(data, n, owner, what, timeout);
 }
 
-void UserLink::recv(void* data, size_t n, const at::Tensor& /*owner*/, const char* what,
-                    Millis /*timeout*/) {
+void CallerConnection::recv(void* data, size_t n, const at::Tensor& /*owner*/, const char* what,
+                            Millis /*timeout*/) {
   check_open("recv", what);
   link_.recv(data, n);
 }
 
-void UserLink::close(Millis /*timeout*/) noexcept {
+void CallerConnection::close(Millis /*timeout*/) noexcept {
   if (closed_.exchange(true) || !link_.close) return;
   try {
     link_.close();
@@ -44,7 +44,7 @@ void UserLink::close(Millis /*timeout*/) noexcept {
   }
 }
 
-void UserLink::fail(const std::string& why) {
+void CallerConnection::fail(const std::string& why) {
   {
     std::lock_guard<std::mutex> lk(mu_);
     if (failure_.empty()) failure_ = why;
@@ -52,7 +52,7 @@ void UserLink::fail(const std::string& why) {
   close(Millis(0));
 }
 
-void UserLink::check_open(const char* op, const char* what) const {
+void CallerConnection::check_open(const char* op, const char* what) const {
   std::lock_guard<std::mutex> lk(mu_);
   TD_CHECK_AS(PeerLostError, failure_.empty(), op, " ", what, ": the pipe to ", link_.peer,
               " is broken: ", failure_);
