@@ -259,11 +259,27 @@ void Waiter::wait(const std::vector<WorkPtr>& works, const InFlight& what) const
     return has_deadline && std::chrono::steady_clock::now() >= deadline;
   };
   std::exception_ptr first;
+  bool refused = false;  // the first failure is a message refused (the peer is there)
   for (size_t i = 0; i < works.size(); ++i) {
     try {
-      if (first) {
+      if (first && !(refused && keeps_group_)) {
         works[i]->abort();
         works[i]->wait();  // returns or throws at once once aborted
+        continue;
+      }
+      if (first) {
+        // A refused message (longer than expected): the call's other messages are of the same
+        // transfer, already sent. They are received and dropped, so that no receive Gloo may
+        // still write into loses its buffer (that wedges the pair) and the next call starts in
+        // step; those the deadline leaves are parked, for the next call to take.
+        if (!has_deadline) {
+          while (!works[i]->wait()) {
+          }
+        } else if (!wait_until(works[i], deadline)) {
+          std::erase_if(records_, [](const Record& r) { return r.message->done; });
+          park();
+          break;
+        }
         continue;
       }
       if (!has_deadline) {
@@ -284,7 +300,7 @@ void Waiter::wait(const std::vector<WorkPtr>& works, const InFlight& what) const
       if (parked_) throw;  // the rest stays posted, parked
       if (!first) first = std::current_exception();
     } catch (const std::exception& e) {
-      if (first) continue;
+      if (first) continue;  // a later message's own failure: the first one is the call's
       // Gloo's own errors are untyped (gloo_errors.h); callers get each as its typed error.
       try {
         if (classify(e) == GlooFailure::kTimeout || past_deadline()) {
@@ -292,6 +308,9 @@ void Waiter::wait(const std::vector<WorkPtr>& works, const InFlight& what) const
         }
         rethrow_lost(
             e, c10::str(call_, ": lost the connection to ", peer_, " while waiting for ", what(i)));
+      } catch (const MalformedPeerDataError&) {
+        first = std::current_exception();
+        refused = true;
       } catch (...) {
         first = std::current_exception();
       }
