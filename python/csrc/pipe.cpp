@@ -33,7 +33,7 @@ struct OptionArgs {
   bool consolidated;
   double timeout;
   int64_t max_metadata_bytes;
-  int64_t max_storage_bytes;
+  std::optional<int64_t> max_storage_bytes;
   double linger;
   int64_t max_unreceived;
   double spin;
@@ -115,7 +115,7 @@ void bind_pipe_makers(py::class_<Pipe>& pipe) {
   def_static(
       pipe, "listen",
       [](int port, const std::string& host, bool consolidated, double timeout,
-         int64_t max_metadata_bytes, int64_t max_storage_bytes, double linger,
+         int64_t max_metadata_bytes, std::optional<int64_t> max_storage_bytes, double linger,
          int64_t max_unreceived, double spin) {
         auto o = options({consolidated, timeout, max_metadata_bytes, max_storage_bytes, linger,
                           max_unreceived, spin});
@@ -126,7 +126,7 @@ void bind_pipe_makers(py::class_<Pipe>& pipe) {
   def_static(
       pipe, "connect",
       [](const std::string& host, int port, bool consolidated, double timeout,
-         int64_t max_metadata_bytes, int64_t max_storage_bytes, double linger,
+         int64_t max_metadata_bytes, std::optional<int64_t> max_storage_bytes, double linger,
          int64_t max_unreceived, double spin) {
         auto o = options({consolidated, timeout, max_metadata_bytes, max_storage_bytes, linger,
                           max_unreceived, spin});
@@ -140,7 +140,7 @@ void bind_pipe_makers(py::class_<Pipe>& pipe) {
       pipe, "over",
       [](py::object send, py::object recv, py::object close, std::string peer,
          std::optional<uint64_t> peer_tag, bool consolidated, double timeout,
-         int64_t max_metadata_bytes, int64_t max_storage_bytes, double linger,
+         int64_t max_metadata_bytes, std::optional<int64_t> max_storage_bytes, double linger,
          int64_t max_unreceived, double spin) {
         auto o = options({consolidated, timeout, max_metadata_bytes, max_storage_bytes, linger,
                           max_unreceived, spin});
@@ -273,8 +273,8 @@ void bind_server(py::module_& m) {
   std::apply(
       [&](const auto&... args) {
         server.def(py::init([](int port, const std::string& host, bool consolidated, double timeout,
-                               int64_t max_metadata_bytes, int64_t max_storage_bytes, double linger,
-                               int64_t max_unreceived, double spin) {
+                               int64_t max_metadata_bytes, std::optional<int64_t> max_storage_bytes,
+                               double linger, int64_t max_unreceived, double spin) {
                      auto o = options({consolidated, timeout, max_metadata_bytes, max_storage_bytes,
                                        linger, max_unreceived, spin});
                      py::gil_scoped_release nogil;

@@ -217,8 +217,8 @@ class TensorDictPipe:
             wait breaks the pipe, except where nothing was received or sent: an :meth:`arecv`
             waiting on its loop, a send waiting for the window. Defaults to ``30``.
         max_metadata_bytes (int): the largest metadata a receive accepts. Defaults to 64 MiB.
-        max_storage_bytes (int): the largest storage a receive accepts. Defaults to half of this
-            machine's physical memory.
+        max_storage_bytes (int | None): the largest storage a receive accepts. ``None`` (the
+            default): half of this machine's physical memory.
         max_unreceived (int): flow control: how many sent TensorDicts the peer may not yet
             have started receiving before a send waits (then raises TimeoutError after
             ``timeout``, having sent nothing). Defaults to ``16``.

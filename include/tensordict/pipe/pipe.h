@@ -35,8 +35,9 @@ struct PipeOptions {
   /// Largest metadata JSON (or uncollated header) a receive accepts, checked before allocating.
   int64_t max_metadata_bytes = int64_t{64} << 20;
   /// Largest storage (or sum of uncollated leaves) a receive accepts, checked before allocating.
-  /// Default: half of this machine's physical memory (default_storage_limit_bytes()).
-  int64_t max_storage_bytes = default_storage_limit_bytes();
+  /// Unset: half of this machine's physical memory (default_storage_limit_bytes()), resolved
+  /// when a pipe is made, so that the default in a signature does not depend on the machine.
+  std::optional<int64_t> max_storage_bytes{};
   /// Flow control: how many sent TensorDicts the peer may not yet have started receiving. A
   /// send() beyond that waits (up to `timeout`, then TimeoutError: nothing is sent) until the
   /// peer receives. Large messages wait for the receiver anyway (UCX rendezvous), so this
