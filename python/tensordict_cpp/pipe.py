@@ -222,6 +222,11 @@ class TensorDictPipe:
         max_unreceived (int): flow control: how many sent TensorDicts the peer may not yet
             have started receiving before a send waits (then raises TimeoutError after
             ``timeout``, having sent nothing). Defaults to ``16``.
+        max_unread_bytes (int): the most the peer may leave here unread (its messages that
+            arrived before a receive took them, each charged its length plus about 4 KiB;
+            one long message, a rendezvous, is charged 4 KiB). Beyond it the pipe breaks
+            and the next receive raises ``MalformedPeerDataError`` naming it. Defaults to
+            64 MiB.
         spin (float): seconds a waiting call progresses UCX itself, idle, before it sleeps (low
             latency for quick replies, at the cost of the CPU of the spin). Defaults to
             ``0.0001``.

@@ -70,6 +70,8 @@ void check_options(const PipeOptions& o) {
   TORCH_CHECK_VALUE(o.max_unreceived >= 1 && o.max_unreceived <= (1 << 20),
                     "pipe: max_unreceived must be in [1, 2^20], got ", o.max_unreceived);
   TORCH_CHECK_VALUE(o.linger.count() >= 0, "pipe: linger must not be negative");
+  TORCH_CHECK_VALUE(o.max_unread_bytes > 0, "pipe: max_unread_bytes must be positive, got ",
+                    o.max_unread_bytes);
 }
 
 const char* kPublicationOnly =

@@ -119,7 +119,7 @@ TensorDictServer::TensorDictServer(int port, const std::string& host, const Pipe
     : impl_(std::make_unique<ServerImpl>()) {
   impl_->options = options;
   impl_->worker = detail::Worker::create(options.spin);
-  impl_->listener = detail::Listener::create(impl_->worker, host, port, /*max_clients=*/0);
+  impl_->listener = detail::Listener::create(impl_->worker, host, port, /*max_clients=*/0, options);
 }
 
 TensorDictServer::~TensorDictServer() { close(); }

@@ -17,9 +17,9 @@ constexpr size_t kMaxHandshakes = 64;
 }  // namespace
 
 std::shared_ptr<Listener> Listener::create(std::shared_ptr<Worker> worker, const std::string& host,
-                                           int port, int max_clients) {
+                                           int port, int max_clients, const PipeOptions& options) {
   const SockAddr addr = resolve(host, port, /*passive=*/true);
-  std::shared_ptr<Listener> l(new Listener(worker, max_clients));
+  std::shared_ptr<Listener> l(new Listener(worker, max_clients, UnreadLimits::of(options)));
   auto lk = worker->lock();
   ucp_listener_params_t params{};
   params.field_mask = UCP_LISTENER_PARAM_FIELD_SOCK_ADDR | UCP_LISTENER_PARAM_FIELD_CONN_HANDLER;
@@ -58,7 +58,7 @@ void Listener::accept_locked(ucp_conn_request_h request) {
   attr.field_mask = UCP_CONN_REQUEST_ATTR_FIELD_CLIENT_ADDR;
   std::string peer = "?";
   if (ucp_conn_request_query(request, &attr) == UCS_OK) peer = format_address(attr.client_address);
-  auto ep = std::make_shared<Endpoint>(worker_, std::move(peer));
+  auto ep = std::make_shared<Endpoint>(worker_, std::move(peer), limits_);
   try {
     ucp_ep_params_t params{};
     params.field_mask = UCP_EP_PARAM_FIELD_CONN_REQUEST;

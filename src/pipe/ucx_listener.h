@@ -25,8 +25,9 @@ namespace tensordict::pipe::detail {
 class Listener : public std::enable_shared_from_this<Listener> {
  public:
   /// Binds host:port (port 0: a free one). `max_clients` > 0: later requests are rejected.
+  /// `options`: the accepted pipes' (their endpoints' limits).
   static std::shared_ptr<Listener> create(std::shared_ptr<Worker> worker, const std::string& host,
-                                          int port, int max_clients);
+                                          int port, int max_clients, const PipeOptions& options);
   ~Listener();
 
   int port() const { return port_; }
@@ -37,8 +38,8 @@ class Listener : public std::enable_shared_from_this<Listener> {
   int64_t accepted() const { return accepted_.load(); }
 
  private:
-  Listener(std::shared_ptr<Worker> worker, int max_clients)
-      : worker_(std::move(worker)), max_clients_(max_clients) {}
+  Listener(std::shared_ptr<Worker> worker, int max_clients, const UnreadLimits& limits)
+      : worker_(std::move(worker)), max_clients_(max_clients), limits_(limits) {}
   static void on_conn_request(ucp_conn_request_h request, void* arg);
   void accept_locked(ucp_conn_request_h request);
   void handshake_done_locked(const std::shared_ptr<Endpoint>& ep, ucs_status_t status);
@@ -46,6 +47,7 @@ class Listener : public std::enable_shared_from_this<Listener> {
   std::mutex close_mu_;             // guards worker_ for accept(), which runs without the UCX lock
   std::shared_ptr<Worker> worker_;  // null once closed
   const int max_clients_;
+  const UnreadLimits limits_;
   int port_ = 0;
 
   // UCX lock:

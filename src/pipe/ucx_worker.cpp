@@ -73,8 +73,14 @@ Worker::~Worker() {
     wake_loop();
     thread_.join();
   }
-  // Every endpoint and listener was closed by its owner before the last reference went.
-  if (worker_ != nullptr) ucp_worker_destroy(worker_);
+  // Every endpoint and listener was closed by its owner before the last reference went. What
+  // their peers sent and nobody read is dropped first (UCX warns about each message still in its
+  // queue when the worker goes).
+  if (worker_ != nullptr) {
+    inboxes_.clear();
+    collect_locked();
+    ucp_worker_destroy(worker_);
+  }
   while (outstanding_ != nullptr) release(outstanding_);  // never called back now
   if (context_ != nullptr) ucp_cleanup(context_);
   if (wake_fd_ >= 0) ::close(wake_fd_);
@@ -139,8 +145,33 @@ void Worker::complete(Op& op, ucs_status_t status, size_t length) {
   notify();
 }
 
+void Worker::collect_locked() {
+  ucp_tag_recv_info_t info{};
+  // A mask of 0 matches any tag: the oldest message of the whole queue, which this keeps short.
+  while (ucp_tag_message_h message = ucp_tag_probe_nb(worker_, 0, 0, /*remove=*/1, &info)) {
+    const auto it = inboxes_.find(info.sender_tag);
+    if (it != inboxes_.end()) {
+      it->second->arrived_locked(message, info.length);
+    } else {
+      discard_locked(message);
+    }
+  }
+}
+
+void Worker::discard_locked(ucp_tag_message_h message) {
+  static uint8_t sink;
+  ucp_request_param_t param{};
+  param.op_attr_mask = UCP_OP_ATTR_FIELD_CALLBACK;
+  param.cb.recv = [](void* request, ucs_status_t, const ucp_tag_recv_info_t*, void*) {
+    ucp_request_free(request);
+  };
+  // Completed at once (the status says truncated), or later through the callback, which frees it.
+  [[maybe_unused]] ucs_status_ptr_t r = ucp_tag_msg_recv_nbx(worker_, &sink, 0, message, &param);
+}
+
 bool Worker::progress_locked() {
   bool any = ucp_worker_progress(worker_) != 0;
+  if (any) collect_locked();
   while (!deferred_.empty()) {
     auto tasks = std::move(deferred_);
     deferred_.clear();
@@ -211,6 +242,7 @@ void Worker::loop() {
       auto lk = lock();
       for (int i = 0; i < kProgressBurst && progress_locked(); ++i) {
       }
+      collect_locked();  // cheap when empty; covers a message no progress count reported
       armed = ucp_worker_arm(worker_);
     }
     if (armed == UCS_ERR_BUSY) continue;  // more events already: progress again

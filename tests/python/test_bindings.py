@@ -73,7 +73,7 @@ def test_pipe_bindings_name_their_arguments():
     # depends on the machine has no place in a signature).
     options = {"consolidated": "True", "timeout": "30.0", "max_metadata_bytes": str(64 << 20),
                "max_storage_bytes": "None", "linger": "0.0", "max_unreceived": "16",
-               "spin": "0.0001"}
+               "spin": "0.0001", "max_unread_bytes": str(64 << 20)}
     for fn, first in [(_C.Pipe.listen, ["port", "host"]), (_C.Pipe.connect, ["host", "port"]),
                       (_C.PipeServer.__init__, ["self", "port", "host"])]:
         sig = _signature(fn)

@@ -383,3 +383,93 @@ def test_concurrent_consumers_share_one_target_unless_they_pass_their_own():
         assert first["x"][0].item() == 2.0
         assert own["a"] is mine["a"] and own["b"] is mine["b"]
         assert sorted(mine[n]["x"][0].item() for n in ("a", "b")) == [3.0, 4.0]
+
+# ---- what a client costs the process it connects to -------------------------------------------
+def peak_growth_mb(fn):
+    """fn()'s peak resident growth: VmHWM reset through /proc/self/clear_refs, then read."""
+    gc.collect()
+    with open("/proc/self/clear_refs", "w") as f:
+        f.write("5")
+    base = rss_mb()
+    result = fn()
+    with open("/proc/self/status") as f:
+        hwm = next(int(line.split()[1]) for line in f if line.startswith("VmHWM"))
+    return hwm / 1024 - base, result
+
+
+def cpu_seconds():
+    r = resource.getrusage(resource.RUSAGE_SELF)
+    return r.ru_utime + r.ru_stime
+
+
+FLOODER = textwrap.dedent("""
+    import struct, sys
+    from tensordict_cpp import TensorDictPipe
+    port, n, request = int(sys.argv[1]), int(sys.argv[2]), sys.argv[3] == "request"
+    pipe = TensorDictPipe.connect_sync("127.0.0.1", port, timeout=20.0)
+    if request:  # a publication request no version can meet: min_version 2^62, wait for ever
+        pipe._cpp._send_raw(b"TDPUBREQ" + struct.pack("<IIQQqqqQ", 1, 0, 1, 0, 0, 1 << 62, -1, 0))
+    junk = b"\\x01" * 8192
+    sent = 0
+    try:
+        for sent in range(n):  # raw tag messages nobody receives: no window holds them back
+            pipe._cpp._send_raw(junk)
+    except RuntimeError as e:
+        print("refused after", sent, type(e).__name__, flush=True)
+    else:
+        print("sent", n, flush=True)
+    pipe.close()
+""")
+
+
+def flood(port, n, request=False):
+    out = subprocess.run([sys.executable, "-c", FLOODER, str(port), str(n),
+                          "request" if request else "plain"],
+                         capture_output=True, text=True, timeout=60, env=os.environ.copy())
+    assert out.returncode == 0, out.stderr[-2000:]
+    return out.stdout.strip()
+
+
+def test_a_consumer_that_does_not_read_holds_at_most_max_unread_bytes():
+    """A producer streaming raw 8 KiB messages (100,000 of them, 800 MB; no window holds raw
+    messages back) to a pipe that never receives: the consumer holds at most max_unread_bytes
+    of them, then breaks the pipe; its next receive raises MalformedPeerDataError naming the
+    option, and the process goes on serving (before: +1.2 GB, kept)."""
+    server = TensorDictPipe.listen_sync(0, HOST, timeout=10.0)
+    try:
+        grew, said = peak_growth_mb(lambda: flood(server.port, 100_000))
+        with pytest.raises(errors.MalformedPeerDataError, match="max_unread_bytes"):
+            server.recv()
+    finally:
+        server.close()
+    print(f"100,000 unread 8 KiB messages: the flooder {said}; peak growth {grew:.1f} MB")
+    assert grew < 100, grew
+    assert said.startswith("refused after")
+    a, b = pair(timeout=10.0)  # the process still serves an honest pair
+    with a, b:
+        b.send(sample(3))
+        assert a.recv()["x"][0].item() == 3
+
+
+def test_a_server_drops_a_subscriber_that_floods_its_request_tag():
+    """A client of a Publisher's server that leaves a request no version can meet, then
+    streams 8 KiB messages on its pipe: the server breaks that pipe at max_unread_bytes
+    (peak growth under 100 MB, +1.2 GB per 100,000 messages before) and still serves an honest
+    subscriber."""
+    from tensordict_cpp import TensorDictServer
+    from tensordict_cpp.publication import Publisher, Subscriber
+    server = TensorDictServer(0, HOST, timeout=10.0)
+    publisher = Publisher(server=server)
+    try:
+        grew, said = peak_growth_mb(lambda: flood(server.port, 100_000, request=True))
+        print(f"a flooding subscriber: {said}; peak growth {grew:.1f} MB")
+        assert grew < 100, grew
+        assert said.startswith("refused after")
+        publisher.publish(TensorDict(w=torch.arange(4.0), batch_size=[]))
+        with TensorDictPipe.connect_sync(HOST, server.port, timeout=10.0) as pipe:
+            pulled = Subscriber(pipe=pipe).pull(timeout=10.0)
+            assert pulled["w"].tolist() == [0.0, 1.0, 2.0, 3.0]
+    finally:
+        publisher.close()
+        server.close()
+
