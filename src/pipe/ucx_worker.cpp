@@ -111,6 +111,24 @@ void Worker::notify() {
   cv_.notify_all();
 }
 
+void Worker::add_periodic(const void* key, std::function<void()> task) {
+  std::lock_guard<std::mutex> lk(periodic_mu_);
+  periodic_.emplace_back(key, std::move(task));
+}
+
+void Worker::remove_periodic(const void* key) {
+  std::lock_guard<std::mutex> lk(periodic_mu_);
+  std::erase_if(periodic_, [key](const auto& p) { return p.first == key; });
+}
+
+void Worker::run_periodic() {
+  const auto now = Clock::now();
+  if (now < next_periodic_) return;
+  next_periodic_ = now + kPeriod;
+  std::lock_guard<std::mutex> lk(periodic_mu_);
+  for (auto& p : periodic_) p.second();
+}
+
 void Worker::watch(int fd) {
   std::lock_guard<std::mutex> lk(watch_mu_);
   watched_.push_back(fd);
@@ -227,6 +245,7 @@ bool Worker::spin_until(const std::function<bool()>& ready, Micros spin,
 
 void Worker::loop() {
   while (!stop_.load()) {
+    run_periodic();
     if (spinners_.load() > 0) {
       // A waiting thread is progressing UCX; watch only our fd (it writes it when it stops)
       // and look again soon (it stops without writing when its operation completed).

@@ -24,6 +24,7 @@
 #include <mutex>
 #include <thread>
 #include <unordered_map>
+#include <utility>
 #include <vector>
 
 namespace tensordict::pipe::detail {
@@ -99,6 +100,13 @@ class Worker {
   /// Wakes the threads sleeping in wait_until (callbacks call it after completing something).
   void notify();
 
+  /// Runs `task` on the progress thread about every kPeriod, without the UCX lock, until
+  /// remove_periodic(key), which waits for a run under way (so not from a task, nor with the UCX
+  /// lock held). For housekeeping that no UCX event announces (ucx_listener.h's sweep).
+  static constexpr Micros kPeriod{100000};
+  void add_periodic(const void* key, std::function<void()> task);
+  void remove_periodic(const void* key);
+
   /// Event loops' wake-ups (Pipe::event_fd): while watched, the eventfd `fd` is written after
   /// every progress call that did something (a message arrived, an operation completed), so
   /// that a loop waiting on it looks again. Thread-safe.
@@ -143,6 +151,11 @@ class Worker {
   // destroyed (a close that timed out on a peer that stopped reading) never will be: its
   // context, with the operation and the buffer it holds, is freed then.
   CallbackContext* outstanding_ = nullptr;
+
+  std::mutex periodic_mu_;  // guards `periodic_` and is held while the tasks run
+  std::vector<std::pair<const void*, std::function<void()>>> periodic_;
+  Clock::time_point next_periodic_{};  // the progress thread's
+  void run_periodic();
 
   std::mutex watch_mu_;
   std::vector<int> watched_;           // watch_mu_

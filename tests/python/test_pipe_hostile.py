@@ -384,6 +384,7 @@ def test_concurrent_consumers_share_one_target_unless_they_pass_their_own():
         assert own["a"] is mine["a"] and own["b"] is mine["b"]
         assert sorted(mine[n]["x"][0].item() for n in ("a", "b")) == [3.0, 4.0]
 
+
 # ---- what a client costs the process it connects to -------------------------------------------
 def peak_growth_mb(fn):
     """fn()'s peak resident growth: VmHWM reset through /proc/self/clear_refs, then read."""
@@ -472,4 +473,117 @@ def test_a_server_drops_a_subscriber_that_floods_its_request_tag():
     finally:
         publisher.close()
         server.close()
+
+
+GARBAGE = textwrap.dedent("""
+    import socket, sys, time
+    port, n, hold = int(sys.argv[1]), int(sys.argv[2]), float(sys.argv[3])
+    socks = []
+    for _ in range(n):  # 4 KiB of 0xff: not UCX's connection data
+        try:
+            s = socket.create_connection(("127.0.0.1", port), timeout=5)
+            s.sendall(b"\\xff" * 4096)
+            socks.append(s)
+        except OSError:
+            pass
+    print(len(socks), flush=True)
+    time.sleep(hold)
+""")
+
+
+@pytest.mark.parametrize("kind", ["pipe", "server"])
+def test_garbage_connections_cost_no_cpu_and_no_descriptor(kind):
+    """Plain TCP connections that send 4 KiB of 0xff to a listening pipe or a server: UCX's TCP
+    connection manager would spin a core on each for ever and keep its descriptor (9.9 s of CPU
+    in 10 s before); the listener resets them, so the process's CPU over the next seconds is
+    near zero, the descriptors come back, and an honest client connects afterwards."""
+    from tensordict_cpp import TensorDictServer
+    warm = TensorDictPipe.listen_sync(0, HOST)  # UCX's process-wide state, made once
+    warm.close()
+    listener = (TensorDictPipe.listen_sync(0, HOST, timeout=10.0) if kind == "pipe"
+                else TensorDictServer(0, HOST, timeout=10.0))
+    try:
+        time.sleep(0.3)
+        fds0 = open_fds()
+        child = subprocess.Popen([sys.executable, "-c", GARBAGE, str(listener.port), "20", "6"],
+                                 stdout=subprocess.PIPE, text=True)
+        try:
+            assert child.stdout.readline().strip() == "20"
+            time.sleep(1.0)  # the listener resets them at its next look (100 ms)
+            c0, t0 = cpu_seconds(), time.monotonic()
+            time.sleep(3.0)
+            cpu = cpu_seconds() - c0
+            wall = time.monotonic() - t0
+            fds_during = open_fds()
+        finally:
+            child.kill()
+            child.wait(10)
+            child.stdout.close()
+        client = TensorDictPipe.connect_sync(HOST, listener.port, timeout=10.0)
+        with client:
+            peer = listener if kind == "pipe" else listener.accept_sync(10.0)
+            client.send(sample(5))
+            assert peer.recv()["x"][0].item() == 5
+            if kind == "server":
+                peer.close()
+        deadline = time.monotonic() + 5
+        while open_fds() > fds0 and time.monotonic() < deadline:
+            time.sleep(0.05)
+        print(f"20 garbage connections to a {kind}: CPU {cpu:.2f} s in {wall:.1f} s, fds "
+              f"{fds0} -> {fds_during} while held -> {open_fds()}")
+        assert cpu < 0.3, cpu
+        assert fds_during <= fds0 + 1, (fds0, fds_during)
+        assert open_fds() <= fds0, (fds0, open_fds())
+    finally:
+        listener.close()
+
+
+DESCRIPTOR_VICTIM = textwrap.dedent("""
+    import json, os, resource, subprocess, sys, time
+    import torch
+    from tensordict_cpp import TensorDict, TensorDictPipe, TensorDictServer
+    resource.setrlimit(resource.RLIMIT_NOFILE, (1024, resource.getrlimit(resource.RLIMIT_NOFILE)[1]))
+    server = TensorDictServer(0, "127.0.0.1", timeout=10.0)
+    fds0 = len(os.listdir("/proc/self/fd"))
+    child = subprocess.Popen([sys.executable, "-c", sys.argv[1], str(server.port), "1100", "8"],
+                             stdout=subprocess.PIPE, text=True)
+    held = int(child.stdout.readline())
+    time.sleep(1.0)
+    r0 = resource.getrusage(resource.RUSAGE_SELF)
+    time.sleep(2.0)
+    r1 = resource.getrusage(resource.RUSAGE_SELF)
+    with open("/dev/null") as f:  # the process can still open files
+        pass
+    client = TensorDictPipe.connect_sync("127.0.0.1", server.port, timeout=10.0)
+    pipe = server.accept_sync(10.0)
+    client.send(TensorDict(x=torch.arange(3)))
+    got = pipe.recv()["x"].tolist()
+    client.close()
+    pipe.close()
+    child.kill()
+    child.wait()
+    child.stdout.close()
+    deadline = time.monotonic() + 5
+    while len(os.listdir("/proc/self/fd")) > fds0 and time.monotonic() < deadline:
+        time.sleep(0.05)
+    print(json.dumps({"held": held, "got": got, "fds0": fds0,
+                      "fds": len(os.listdir("/proc/self/fd")),
+                      "cpu": r1.ru_utime + r1.ru_stime - r0.ru_utime - r0.ru_stime}))
+    server.close()
+""")
+
+
+def test_a_thousand_garbage_connections_leave_room_for_honest_clients():
+    """1,100 garbage connections held open against a server in a process limited to 1,024
+    descriptors (before: it could then open no file and accept no client): the server resets
+    them as they come and keeps a reserve of descriptors; the process opens a file, an honest
+    client connects and exchanges, and its CPU stays near zero."""
+    out = subprocess.run([sys.executable, "-c", DESCRIPTOR_VICTIM, GARBAGE], capture_output=True,
+                         text=True, timeout=90, env=os.environ.copy())
+    assert out.returncode == 0, out.stderr[-3000:]
+    result = json.loads(out.stdout.strip().splitlines()[-1])
+    print(f"1,100 garbage connections under a 1,024-descriptor limit: {result}")
+    assert result["got"] == [0, 1, 2]
+    assert result["cpu"] < 0.3, result
+    assert result["fds"] <= result["fds0"], result
 
