@@ -629,6 +629,11 @@ class TensorDictPipe:
         return self._cpp.timeout
 
 
+# The handler errors a server keeps (the latest), as the C++ server does: a client that makes
+# its handler fail on every reconnect must not grow the server.
+_MAX_HANDLER_ERRORS = 1000
+
+
 class TensorDictServer:
     """A listener that accepts many clients and gives each one a :class:`TensorDictPipe`.
 
@@ -658,7 +663,7 @@ class TensorDictServer:
         self._tasks: set[asyncio.Task] = set()
         self.handler_errors: list[BaseException] = []
         """Exceptions raised by :meth:`serve`'s handlers, except those caused by close() or
-        by a clean close of their client."""
+        by a clean close of their client: the latest 1,000."""
 
     @property
     def port(self) -> int:
@@ -690,6 +695,8 @@ class TensorDictServer:
                 closing = True
             else:
                 closing = False
+                # Clients come and go: the server keeps only the pipes still open.
+                self._pipes = [p for p in self._pipes if not p.closed]
                 self._pipes.append(pipe)
         if closing:
             pipe.close()
@@ -733,6 +740,7 @@ class TensorDictServer:
         except Exception as err:  # noqa: BLE001 - kept for the caller, as the C++ server does
             if not (self._closed or pipe.peer_closed):
                 self.handler_errors.append(err)
+                del self.handler_errors[:-_MAX_HANDLER_ERRORS]
         finally:
             await pipe.aclose()
 

@@ -587,3 +587,48 @@ def test_a_thousand_garbage_connections_leave_room_for_honest_clients():
     assert result["cpu"] < 0.3, result
     assert result["fds"] <= result["fds0"], result
 
+
+COMERS = textwrap.dedent("""
+    import sys, torch
+    from tensordict_cpp import TensorDict, TensorDictPipe
+    port, n = int(sys.argv[1]), int(sys.argv[2])
+    for k in range(n):
+        with TensorDictPipe.connect_sync("127.0.0.1", port, timeout=10.0) as pipe:
+            pipe.send(TensorDict(k=torch.tensor(k)))
+""")
+
+
+def test_a_server_keeps_nothing_of_clients_that_came_and_went():
+    """100 clients, from another process, each sending one TensorDict and closing, to a server
+    whose handler echoes: the server keeps no pipe of theirs (it kept every one before), and no
+    descriptor or thread, while it stays open."""
+    from tensordict_cpp import TensorDictServer
+    n = 100
+
+    async def main():
+        server = TensorDictServer(0, HOST, timeout=10.0)
+        received = []
+
+        async def handler(pipe):
+            async for td in pipe:
+                received.append(td["k"].item())
+
+        serving = asyncio.ensure_future(server.serve(handler))
+        await asyncio.sleep(0.3)
+        fds0 = open_fds()
+        child = await asyncio.create_subprocess_exec(sys.executable, "-c", COMERS,
+                                                     str(server.port), str(n))
+        assert await child.wait() == 0
+        deadline = time.monotonic() + 5
+        while (len(received) < n or server._tasks) and time.monotonic() < deadline:
+            await asyncio.sleep(0.05)
+        kept, fds = len(server._pipes), open_fds()
+        await server.aclose()
+        await serving
+        return sorted(received), kept, fds0, fds
+
+    received, kept, fds0, fds = asyncio.run(asyncio.wait_for(main(), 50))
+    print(f"{n} clients came and went: pipes kept {kept}, descriptors {fds0} -> {fds}")
+    assert received == list(range(n))
+    assert kept <= 1, kept
+    assert fds <= fds0, (fds0, fds)
