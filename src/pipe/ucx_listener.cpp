@@ -25,9 +25,17 @@
 namespace tensordict::pipe::detail {
 namespace {
 
+// A connected TCP socket of the process.
+struct Socket {
+  int fd;
+  ino_t inode;
+  sockaddr_storage local, remote;
+};
+
 // The process's open descriptors, listed from /proc/self/fd through a descriptor kept open
 // while a listener exists (acquire/release), so that they can be listed when none is left to
-// open. Thread-safe.
+// open; and its connected TCP sockets, looked at once for every listener of the process (a look
+// costs a system call per descriptor, several per new socket). Thread-safe.
 class Descriptors {
  public:
   static Descriptors& get() {
@@ -50,6 +58,64 @@ class Descriptors {
 
   std::vector<int> list() {
     std::lock_guard<std::mutex> lk(mu_);
+    return list_locked();
+  }
+
+  // The connected TCP sockets, as seen at most kFresh ago: descriptors new since the last look
+  // are looked at, and every one again each kRecheck (a number closed and reused meanwhile).
+  std::vector<Socket> sockets(size_t* open = nullptr) {
+    std::lock_guard<std::mutex> lk(mu_);
+    const auto now = Clock::now();
+    if (now - last_ < kFresh) {
+      if (open != nullptr) *open = known_.size();
+      return sockets_;
+    }
+    last_ = now;
+    const bool recheck = now - last_full_ >= kRecheck;
+    if (recheck) last_full_ = now;
+    std::unordered_map<int, Entry> seen;
+    sockets_.clear();
+    for (const int fd : list_locked()) {
+      auto it = known_.find(fd);
+      Entry e = it != known_.end() && !recheck ? it->second : look(fd);
+      if (e.tcp) sockets_.push_back(e.socket);
+      seen.emplace(fd, e);
+    }
+    known_ = std::move(seen);
+    if (open != nullptr) *open = known_.size();
+    return sockets_;
+  }
+
+ private:
+  static constexpr auto kFresh = std::chrono::milliseconds(90);
+  static constexpr auto kRecheck = std::chrono::seconds(1);
+  struct Entry {
+    bool tcp = false;
+    Socket socket{};
+  };
+
+  static Entry look(int fd) {
+    Entry e;
+    struct stat st{};
+    if (::fstat(fd, &st) != 0 || !S_ISSOCK(st.st_mode)) return e;
+    Socket s{fd, st.st_ino, {}, {}};
+    socklen_t n = sizeof(s.local);
+    if (::getsockname(fd, reinterpret_cast<sockaddr*>(&s.local), &n) != 0 ||
+        (s.local.ss_family != AF_INET && s.local.ss_family != AF_INET6)) {
+      return e;
+    }
+    int type = 0;
+    n = sizeof(type);
+    if (::getsockopt(fd, SOL_SOCKET, SO_TYPE, &type, &n) != 0 || type != SOCK_STREAM) return e;
+    n = sizeof(s.remote);
+    // A listening socket has no peer; one not connected yet gets looked at again later.
+    if (::getpeername(fd, reinterpret_cast<sockaddr*>(&s.remote), &n) != 0) return e;
+    e.tcp = true;
+    e.socket = s;
+    return e;
+  }
+
+  std::vector<int> list_locked() {
     open_locked();
     std::vector<int> out;
     if (dir_ < 0 || ::lseek(dir_, 0, SEEK_SET) != 0) return out;
@@ -72,7 +138,6 @@ class Descriptors {
     return out;
   }
 
- private:
   void open_locked() {
     if (dir_ >= 0 && pid_ != ::getpid()) {  // a forked child: /proc/self was the parent
       ::close(dir_);
@@ -88,6 +153,9 @@ class Descriptors {
   int users_ = 0;
   int dir_ = -1;
   pid_t pid_ = -1;
+  std::unordered_map<int, Entry> known_;  // by descriptor, as last looked at
+  std::vector<Socket> sockets_;
+  Clock::time_point last_{}, last_full_{};
 };
 
 // RLIMIT_NOFILE's soft limit, and the descriptors kept out of clients' reach below it.
@@ -367,16 +435,7 @@ void Listener::sweep() {
   }
   if (!worker) return;
   expire_handshakes(*worker);
-  // A full look only when descriptors came or went, while connections are pending, or once a
-  // second: it costs a few system calls per descriptor.
-  const std::vector<int> fds = Descriptors::get().list();
   const auto now = Clock::now();
-  if (fds.size() == last_fds_ && pending_.empty() && now - last_sweep_ < std::chrono::seconds(1)) {
-    return;
-  }
-  last_fds_ = fds.size();
-  last_sweep_ = now;
-
   // This listener's TCP connections (the local address is the bound one, or any if it bound
   // every interface) that UCX has not made a connection request of.
   struct Seen {
@@ -387,22 +446,14 @@ void Listener::sweep() {
   };
   std::vector<Seen> seen;
   std::vector<std::string> peers;
-  for (const int fd : fds) {
-    struct stat st{};
-    if (::fstat(fd, &st) != 0 || !S_ISSOCK(st.st_mode)) continue;
-    sockaddr_storage local{}, remote{};
-    socklen_t n = sizeof(local);
-    if (::getsockname(fd, reinterpret_cast<sockaddr*>(&local), &n) != 0 ||
-        port_of(local) != port_ ||
-        (!unspecified(bound_.storage) && !same_address(local, bound_.storage))) {
+  size_t open = 0;
+  for (const Socket& sock : Descriptors::get().sockets(&open)) {
+    if (port_of(sock.local) != port_ ||
+        (!unspecified(bound_.storage) && !same_address(sock.local, bound_.storage))) {
       continue;
     }
-    int type = 0;
-    n = sizeof(type);
-    if (::getsockopt(fd, SOL_SOCKET, SO_TYPE, &type, &n) != 0 || type != SOCK_STREAM) continue;
-    n = sizeof(remote);
-    if (::getpeername(fd, reinterpret_cast<sockaddr*>(&remote), &n) != 0) continue;  // listening
-    std::string peer = format_address(remote);
+    const int fd = sock.fd;
+    std::string peer = format_address(sock.remote);
     peers.push_back(peer);
     {
       std::lock_guard<std::mutex> lk(requested_mu_);
@@ -412,17 +463,17 @@ void Listener::sweep() {
     // connection that brought more is not UCX's (UCX then spins on it: docs/pipe.md), however
     // slowly the process runs. One that brings too little is given the listener's timeout.
     tcp_info info{};
-    n = sizeof(info);
+    socklen_t n = sizeof(info);
     const bool overfull = ::getsockopt(fd, IPPROTO_TCP, TCP_INFO, &info, &n) == 0 &&
                           info.tcpi_bytes_received > request_bytes();
-    auto it = pending_.find(st.st_ino);
+    auto it = pending_.find(sock.inode);
     const Pending p = it != pending_.end() ? it->second : Pending{now};
-    pending_[st.st_ino] = p;
+    pending_[sock.inode] = p;
     const bool late = now - p.since >= handshake_timeout_;
     if (overfull || late) {
-      seen.push_back({fd, st.st_ino, std::move(peer), Clock::time_point::min()});  // reset now
+      seen.push_back({fd, sock.inode, std::move(peer), Clock::time_point::min()});  // reset now
     } else {
-      seen.push_back({fd, st.st_ino, std::move(peer), p.since});
+      seen.push_back({fd, sock.inode, std::move(peer), p.since});
     }
   }
   {
@@ -437,7 +488,7 @@ void Listener::sweep() {
   // request takes milliseconds, an old connection had its chance).
   std::sort(seen.begin(), seen.end(),
             [](const Seen& a, const Seen& b) { return a.since < b.since; });
-  size_t keep = near_descriptor_limit(fds.size()) ? 0 : kMaxPending;
+  size_t keep = near_descriptor_limit(open) ? 0 : kMaxPending;
   size_t live = 0;
   for (const auto& s : seen) live += s.since != Clock::time_point::min() ? 1 : 0;
   size_t over = live > keep ? live - keep : 0;

@@ -98,8 +98,6 @@ class Listener : public std::enable_shared_from_this<Listener> {
   };
   std::unordered_map<ino_t, Pending> pending_;
   std::atomic<bool> sweeping_{false};  // registered with the worker (create, until close)
-  size_t last_fds_ = 0;
-  Clock::time_point last_sweep_{};
 };
 
 }  // namespace tensordict::pipe::detail

@@ -424,9 +424,13 @@ FLOODER = textwrap.dedent("""
 
 
 def flood(port, n, request=False):
+    # A hostile peer picks its own protocol: eager for every message (importing ucxx, as
+    # test_pipe_interop.py does at collection, sets UCX_RNDV_THRESH=8192 in this process's
+    # environment, which would make the flooder's 8 KiB messages rendezvous ones, held back).
+    env = {**os.environ, "UCX_RNDV_THRESH": "inf"}
     out = subprocess.run([sys.executable, "-c", FLOODER, str(port), str(n),
                           "request" if request else "plain"],
-                         capture_output=True, text=True, timeout=60, env=os.environ.copy())
+                         capture_output=True, text=True, timeout=60, env=env)
     assert out.returncode == 0, out.stderr[-2000:]
     return out.stdout.strip()
 
@@ -439,11 +443,11 @@ def test_a_consumer_that_does_not_read_holds_at_most_max_unread_bytes():
     server = TensorDictPipe.listen_sync(0, HOST, timeout=10.0)
     try:
         grew, said = peak_growth_mb(lambda: flood(server.port, 100_000))
+        print(f"100,000 unread 8 KiB messages: the flooder {said}; peak growth {grew:.1f} MB")
         with pytest.raises(errors.MalformedPeerDataError, match="max_unread_bytes"):
             server.recv()
     finally:
         server.close()
-    print(f"100,000 unread 8 KiB messages: the flooder {said}; peak growth {grew:.1f} MB")
     assert grew < 100, grew
     assert said.startswith("refused after")
     a, b = pair(timeout=10.0)  # the process still serves an honest pair
