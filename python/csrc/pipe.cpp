@@ -33,10 +33,11 @@ struct OptionArgs {
   bool consolidated;
   double timeout;
   int64_t max_metadata_bytes;
-  int64_t max_storage_bytes;
+  std::optional<int64_t> max_storage_bytes;
   double linger;
   int64_t max_unreceived;
   double spin;
+  int64_t max_unread_bytes;
 };
 
 PipeOptions options(const OptionArgs& a) {
@@ -47,6 +48,7 @@ PipeOptions options(const OptionArgs& a) {
   o.max_storage_bytes = a.max_storage_bytes;
   o.linger = millis(a.linger, "linger");
   o.max_unreceived = a.max_unreceived;
+  o.max_unread_bytes = a.max_unread_bytes;
   TORCH_CHECK_VALUE(a.spin >= 0 && a.spin < 1e3,
                     "spin must be a nonnegative number of seconds "
                     "(under 1000), got ",
@@ -103,7 +105,8 @@ auto pipe_option_args() {
       py::arg("timeout") = seconds(d.timeout), py::arg("max_metadata_bytes") = d.max_metadata_bytes,
       py::arg("max_storage_bytes") = d.max_storage_bytes, py::arg("linger") = seconds(d.linger),
       py::arg("max_unreceived") = d.max_unreceived,
-      py::arg("spin") = static_cast<double>(d.spin.count()) / 1e6);
+      py::arg("spin") = static_cast<double>(d.spin.count()) / 1e6,
+      py::arg("max_unread_bytes") = d.max_unread_bytes);
 }
 
 auto listen_args() {
@@ -115,10 +118,10 @@ void bind_pipe_makers(py::class_<Pipe>& pipe) {
   def_static(
       pipe, "listen",
       [](int port, const std::string& host, bool consolidated, double timeout,
-         int64_t max_metadata_bytes, int64_t max_storage_bytes, double linger,
-         int64_t max_unreceived, double spin) {
+         int64_t max_metadata_bytes, std::optional<int64_t> max_storage_bytes, double linger,
+         int64_t max_unreceived, double spin, int64_t max_unread_bytes) {
         auto o = options({consolidated, timeout, max_metadata_bytes, max_storage_bytes, linger,
-                          max_unreceived, spin});
+                          max_unreceived, spin, max_unread_bytes});
         py::gil_scoped_release nogil;
         return Pipe::listen(port, host, o);
       },
@@ -126,10 +129,10 @@ void bind_pipe_makers(py::class_<Pipe>& pipe) {
   def_static(
       pipe, "connect",
       [](const std::string& host, int port, bool consolidated, double timeout,
-         int64_t max_metadata_bytes, int64_t max_storage_bytes, double linger,
-         int64_t max_unreceived, double spin) {
+         int64_t max_metadata_bytes, std::optional<int64_t> max_storage_bytes, double linger,
+         int64_t max_unreceived, double spin, int64_t max_unread_bytes) {
         auto o = options({consolidated, timeout, max_metadata_bytes, max_storage_bytes, linger,
-                          max_unreceived, spin});
+                          max_unreceived, spin, max_unread_bytes});
         py::gil_scoped_release nogil;
         return Pipe::connect(host, port, o);
       },
@@ -140,10 +143,10 @@ void bind_pipe_makers(py::class_<Pipe>& pipe) {
       pipe, "over",
       [](py::object send, py::object recv, py::object close, std::string peer,
          std::optional<uint64_t> peer_tag, bool consolidated, double timeout,
-         int64_t max_metadata_bytes, int64_t max_storage_bytes, double linger,
-         int64_t max_unreceived, double spin) {
+         int64_t max_metadata_bytes, std::optional<int64_t> max_storage_bytes, double linger,
+         int64_t max_unreceived, double spin, int64_t max_unread_bytes) {
         auto o = options({consolidated, timeout, max_metadata_bytes, max_storage_bytes, linger,
-                          max_unreceived, spin});
+                          max_unreceived, spin, max_unread_bytes});
         return Pipe::over(link_from_py(std::move(send), std::move(recv), std::move(close),
                                        std::move(peer), peer_tag),
                           o);
@@ -273,10 +276,11 @@ void bind_server(py::module_& m) {
   std::apply(
       [&](const auto&... args) {
         server.def(py::init([](int port, const std::string& host, bool consolidated, double timeout,
-                               int64_t max_metadata_bytes, int64_t max_storage_bytes, double linger,
-                               int64_t max_unreceived, double spin) {
+                               int64_t max_metadata_bytes, std::optional<int64_t> max_storage_bytes,
+                               double linger, int64_t max_unreceived, double spin,
+                               int64_t max_unread_bytes) {
                      auto o = options({consolidated, timeout, max_metadata_bytes, max_storage_bytes,
-                                       linger, max_unreceived, spin});
+                                       linger, max_unreceived, spin, max_unread_bytes});
                      py::gil_scoped_release nogil;
                      return std::make_unique<TensorDictServer>(port, host, o);
                    }),

@@ -217,11 +217,16 @@ class TensorDictPipe:
             wait breaks the pipe, except where nothing was received or sent: an :meth:`arecv`
             waiting on its loop, a send waiting for the window. Defaults to ``30``.
         max_metadata_bytes (int): the largest metadata a receive accepts. Defaults to 64 MiB.
-        max_storage_bytes (int): the largest storage a receive accepts. Defaults to half of this
-            machine's physical memory.
+        max_storage_bytes (int | None): the largest storage a receive accepts. ``None`` (the
+            default): half of this machine's physical memory.
         max_unreceived (int): flow control: how many sent TensorDicts the peer may not yet
             have started receiving before a send waits (then raises TimeoutError after
             ``timeout``, having sent nothing). Defaults to ``16``.
+        max_unread_bytes (int): the most the peer may leave here unread (its messages that
+            arrived before a receive took them, each charged its length plus about 4 KiB;
+            one long message, a rendezvous, is charged 4 KiB). Beyond it the pipe breaks
+            and the next receive raises ``MalformedPeerDataError`` naming it. Defaults to
+            64 MiB.
         spin (float): seconds a waiting call progresses UCX itself, idle, before it sleeps (low
             latency for quick replies, at the cost of the CPU of the spin). Defaults to
             ``0.0001``.
@@ -624,6 +629,11 @@ class TensorDictPipe:
         return self._cpp.timeout
 
 
+# The handler errors a server keeps (the latest), as the C++ server does: a client that makes
+# its handler fail on every reconnect must not grow the server.
+_MAX_HANDLER_ERRORS = 1000
+
+
 class TensorDictServer:
     """A listener that accepts many clients and gives each one a :class:`TensorDictPipe`.
 
@@ -653,7 +663,7 @@ class TensorDictServer:
         self._tasks: set[asyncio.Task] = set()
         self.handler_errors: list[BaseException] = []
         """Exceptions raised by :meth:`serve`'s handlers, except those caused by close() or
-        by a clean close of their client."""
+        by a clean close of their client: the latest 1,000."""
 
     @property
     def port(self) -> int:
@@ -685,6 +695,8 @@ class TensorDictServer:
                 closing = True
             else:
                 closing = False
+                # Clients come and go: the server keeps only the pipes still open.
+                self._pipes = [p for p in self._pipes if not p.closed]
                 self._pipes.append(pipe)
         if closing:
             pipe.close()
@@ -728,6 +740,7 @@ class TensorDictServer:
         except Exception as err:  # noqa: BLE001 - kept for the caller, as the C++ server does
             if not (self._closed or pipe.peer_closed):
                 self.handler_errors.append(err)
+                del self.handler_errors[:-_MAX_HANDLER_ERRORS]
         finally:
             await pipe.aclose()
 

@@ -16,13 +16,14 @@ Pipe::Pipe(std::shared_ptr<PipeImpl> impl) : impl_(std::move(impl)) {}
 
 Pipe Pipe::listen(int port, const std::string& host, const PipeOptions& options) {
   auto worker = detail::Worker::create(options.spin);
-  auto listener = detail::Listener::create(worker, host, port, /*max_clients=*/1);
+  auto listener = detail::Listener::create(worker, host, port, /*max_clients=*/1, options);
   return Pipe(std::make_shared<PipeImpl>(options, std::move(worker), std::move(listener)));
 }
 
 Pipe Pipe::connect(const std::string& host, int port, const PipeOptions& options) {
   auto worker = detail::Worker::create(options.spin);
-  auto ep = detail::Endpoint::connect(worker, host, port, options.timeout);
+  auto ep = detail::Endpoint::connect(worker, host, port, options.timeout,
+                                      detail::UnreadLimits::of(options));
   detail::log_connected(*ep, "connected to");
   return Pipe(std::make_shared<PipeImpl>(options, std::move(worker), std::move(ep), port));
 }

@@ -65,11 +65,13 @@ class LinkSource final : public ByteSource {
 
 void check_options(const PipeOptions& o) {
   TORCH_CHECK_VALUE(o.timeout.count() > 0, "pipe: timeout must be positive");
-  TORCH_CHECK_VALUE(o.max_metadata_bytes > 0 && o.max_storage_bytes >= 0,
+  TORCH_CHECK_VALUE(o.max_metadata_bytes > 0 && o.max_storage_bytes.value_or(0) >= 0,
                     "pipe: the size caps must be positive");
   TORCH_CHECK_VALUE(o.max_unreceived >= 1 && o.max_unreceived <= (1 << 20),
                     "pipe: max_unreceived must be in [1, 2^20], got ", o.max_unreceived);
   TORCH_CHECK_VALUE(o.linger.count() >= 0, "pipe: linger must not be negative");
+  TORCH_CHECK_VALUE(o.max_unread_bytes > 0, "pipe: max_unread_bytes must be positive, got ",
+                    o.max_unread_bytes);
 }
 
 const char* kPublicationOnly =
@@ -135,7 +137,8 @@ PipeImpl::PipeImpl(PipeOptions options, std::shared_ptr<Worker> worker, std::sha
       ep_(std::move(link)),
       writer_(options_.consolidated),
       credit_ring_(bytes_tensor(static_cast<size_t>(options_.max_unreceived + 1) * 8)),
-      reader_(FrameLimits{options_.max_metadata_bytes, options_.max_storage_bytes}) {}
+      reader_(FrameLimits{options_.max_metadata_bytes,
+                          options_.max_storage_bytes.value_or(default_storage_limit_bytes())}) {}
 
 PipeImpl::~PipeImpl() {
   close();  // unwatched the worker, which it released

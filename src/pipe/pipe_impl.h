@@ -141,6 +141,7 @@ class PipeImpl {
 struct PipeAccess {
   static Pipe make(std::shared_ptr<PipeImpl> impl) { return Pipe(std::move(impl)); }
   static PipeImpl& impl(const Pipe& pipe) { return *pipe.impl_; }
+  static std::weak_ptr<PipeImpl> weak(const Pipe& pipe) { return pipe.impl_; }
 };
 
 /// One send() or recv(): counted in the process's pipe channel when done() and logged at info

@@ -104,7 +104,8 @@ Subscriber::Subscriber(Pipe pipe, const SubscriberOptions& options)
     : impl_(std::make_unique<Impl>(Impl{std::move(pipe), nullptr})) {
   constexpr const char* kCall = "Subscriber";
   const Pipe& p = impl_->pipe;
-  const int64_t max_bytes = options.max_total_bytes.value_or(p.options().max_storage_bytes);
+  const int64_t max_bytes = options.max_total_bytes.value_or(
+      p.options().max_storage_bytes.value_or(default_storage_limit_bytes()));
   TORCH_CHECK_VALUE(max_bytes >= 0, kCall, ": max_total_bytes must not be negative, got ",
                     max_bytes);
   auto link = detail::pipe_link(p, kCall);

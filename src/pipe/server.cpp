@@ -3,6 +3,7 @@
 #include <c10/util/Exception.h>
 
 #include <atomic>
+#include <deque>
 #include <list>
 #include <mutex>
 #include <thread>
@@ -20,6 +21,9 @@ namespace detail {
 // How often the accept thread looks at the stop flag while no client arrives (close() also
 // wakes it at once by closing the listener).
 constexpr Millis kAcceptSlice{200};
+// Handler errors kept (the latest): a client that makes its handler fail on every reconnect
+// must not grow the server.
+constexpr size_t kMaxErrors = 1000;
 
 struct ServerImpl {
   struct Client {
@@ -33,10 +37,12 @@ struct ServerImpl {
   std::shared_ptr<Worker> worker;
   std::shared_ptr<Listener> listener;
 
-  mutable std::mutex mu;       // guards what follows
-  std::list<Client> clients;   // std::list: a Client never moves while its thread runs
-  std::vector<Pipe> accepted;  // pipes handed out by accept(), closed by close()
-  std::vector<std::exception_ptr> errors;
+  mutable std::mutex mu;      // guards what follows
+  std::list<Client> clients;  // std::list: a Client never moves while its thread runs
+  // Pipes handed out by accept(), closed by close(); not kept alive by the server (a pipe whose
+  // last handle goes closes itself), and forgotten once closed.
+  std::vector<std::weak_ptr<PipeImpl>> accepted;
+  std::deque<std::exception_ptr> errors;  // the latest kMaxErrors
   std::thread acceptor;
   bool serving = false;
   std::atomic<bool> stopping{false};
@@ -83,6 +89,7 @@ struct ServerImpl {
           if (!stopping.load() && !c.pipe.peer_closed()) {
             std::lock_guard<std::mutex> lk(mu);
             errors.push_back(std::current_exception());
+            if (errors.size() > kMaxErrors) errors.pop_front();
           }
         }
         c.pipe.close();
@@ -96,12 +103,17 @@ struct ServerImpl {
     if (listener) listener->close(options.timeout);
     if (acceptor.joinable()) acceptor.join();
     std::vector<Pipe> to_close;
+    std::vector<std::shared_ptr<PipeImpl>> handed_out;
     {
       std::lock_guard<std::mutex> lk(mu);
       for (auto& c : clients) to_close.push_back(c.pipe);
-      to_close.insert(to_close.end(), accepted.begin(), accepted.end());
+      for (auto& w : accepted) {
+        if (auto p = w.lock()) handed_out.push_back(std::move(p));
+      }
     }
     for (auto& p : to_close) p.close();  // blocked handlers fail promptly
+    for (auto& p : handed_out) p->close();
+    handed_out.clear();
     for (auto& c : clients) {
       if (c.thread.joinable()) c.thread.join();
     }
@@ -119,7 +131,7 @@ TensorDictServer::TensorDictServer(int port, const std::string& host, const Pipe
     : impl_(std::make_unique<ServerImpl>()) {
   impl_->options = options;
   impl_->worker = detail::Worker::create(options.spin);
-  impl_->listener = detail::Listener::create(impl_->worker, host, port, /*max_clients=*/0);
+  impl_->listener = detail::Listener::create(impl_->worker, host, port, /*max_clients=*/0, options);
 }
 
 TensorDictServer::~TensorDictServer() { close(); }
@@ -140,7 +152,11 @@ std::optional<Pipe> TensorDictServer::accept(std::optional<std::chrono::millisec
   if (!ep) return std::nullopt;
   Pipe pipe = impl_->make_pipe(std::move(ep));
   std::lock_guard<std::mutex> lk(impl_->mu);
-  impl_->accepted.push_back(pipe);
+  std::erase_if(impl_->accepted, [](const std::weak_ptr<detail::PipeImpl>& w) {
+    const auto p = w.lock();
+    return !p || p->closed();
+  });
+  impl_->accepted.push_back(detail::PipeAccess::weak(pipe));
   return pipe;
 }
 
@@ -156,7 +172,7 @@ void TensorDictServer::serve(std::function<void(Pipe&)> handler) {
 
 std::vector<std::exception_ptr> TensorDictServer::handler_errors() const {
   std::lock_guard<std::mutex> lk(impl_->mu);
-  return impl_->errors;
+  return {impl_->errors.begin(), impl_->errors.end()};
 }
 
 int64_t TensorDictServer::clients() const { return impl_->listener->accepted(); }

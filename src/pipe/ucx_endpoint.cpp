@@ -10,6 +10,7 @@
 #include <utility>
 
 #include "tensordict/errors.h"
+#include "tensordict/memory.h"
 #include "ucx_address.h"
 #include "wire/pipe_frames.h"
 
@@ -46,16 +47,34 @@ const char* op_name(bool recv) { return recv ? "recv" : "send"; }
 
 }  // namespace
 
-Endpoint::Endpoint(std::shared_ptr<Worker> worker, std::string peer)
+UnreadLimits UnreadLimits::of(const PipeOptions& o) {
+  UnreadLimits l;
+  l.max_unread_bytes = static_cast<size_t>(o.max_unread_bytes);
+  // No receive of the pipe takes a longer message: a storage (or an uncollated leaf), a metadata
+  // JSON, a publication's version (its Subscriber's max_total_bytes defaults to the storage
+  // limit; above half the memory, it could not be held anyway); the slack covers the framing.
+  const int64_t longest = std::max({o.max_storage_bytes.value_or(default_storage_limit_bytes()),
+                                    o.max_metadata_bytes, default_storage_limit_bytes()});
+  l.max_message_bytes = static_cast<size_t>(longest) + (size_t{64} << 10);
+  return l;
+}
+
+Endpoint::Endpoint(std::shared_ptr<Worker> worker, std::string peer, const UnreadLimits& limits)
     : worker_(std::move(worker)),
       peer_(std::move(peer)),
       recv_tag_(make_our_tag()),
-      handshake_(at::empty({32}, at::kByte)) {}
+      limits_(limits),
+      handshake_(at::empty({32}, at::kByte)) {
+  auto lk = worker_->lock();
+  worker_->add_inbox(recv_tag_, this);
+}
 
 Endpoint::~Endpoint() {
   // Owners close() first; this covers an endpoint dropped without it.
   auto lk = worker_->lock();
   force_close_locked();
+  drop_stash_locked();
+  worker_->remove_inbox(recv_tag_);
 }
 
 void Endpoint::create_locked(const ucp_ep_params_t& params) {
@@ -76,7 +95,7 @@ std::shared_ptr<Op> Endpoint::start(Dir dir, void* data, size_t n, const at::Ten
   auto op = std::make_shared<Op>();
   op->owner = owner;
   op->then = std::move(then);
-  const bool tag_recv = dir == Dir::kRecv || dir == Dir::kRecvJoined || dir == Dir::kRecvMessage;
+  const bool tag_recv = dir == Dir::kRecv || dir == Dir::kRecvJoined;
   if (ep_ == nullptr && !tag_recv) {
     worker_->complete(*op, UCS_ERR_NOT_CONNECTED, 0);
     return op;
@@ -92,11 +111,13 @@ std::shared_ptr<Op> Endpoint::start(Dir dir, void* data, size_t n, const at::Ten
   switch (dir) {
     case Dir::kSend: req = ucp_tag_send_nbx(ep_, data, n, peer_info_.tag, &param); break;
     case Dir::kSyncSend: req = ucp_tag_send_sync_nbx(ep_, data, n, peer_info_.tag, &param); break;
-    case Dir::kRecv:  // receives match on the worker, by our tag
-    case Dir::kRecvJoined:
+    case Dir::kRecv:  // receives match on the worker, by our tag (or take a stashed message)
+    case Dir::kRecvJoined: {
       param.op_attr_mask |= UCP_OP_ATTR_FIELD_RECV_INFO;
       param.recv_info.tag_info = &tag_info;
       param.cb.recv = &on_tag_recv;
+      void* buffer = data;
+      size_t count = n;
       if (dir == Dir::kRecvJoined) {  // 1 byte into the head, the rest into `data`
         TORCH_INTERNAL_ASSERT(head != nullptr);
         op->head_owner = head->owner;
@@ -104,17 +125,14 @@ std::shared_ptr<Op> Endpoint::start(Dir dir, void* data, size_t n, const at::Ten
         op->iov[1] = {data, n};
         param.op_attr_mask |= UCP_OP_ATTR_FIELD_DATATYPE;
         param.datatype = ucp_dt_make_iov();
-        req = ucp_tag_recv_nbx(worker_->handle(), op->iov, 2, recv_tag_, kFullMask, &param);
-      } else {
-        req = ucp_tag_recv_nbx(worker_->handle(), data, n, recv_tag_, kFullMask, &param);
+        buffer = op->iov;
+        count = 2;
       }
+      req = message != nullptr
+                ? ucp_tag_msg_recv_nbx(worker_->handle(), buffer, count, message, &param)
+                : ucp_tag_recv_nbx(worker_->handle(), buffer, count, recv_tag_, kFullMask, &param);
       break;
-    case Dir::kRecvMessage:  // a message a look-ahead took off the queue
-      param.op_attr_mask |= UCP_OP_ATTR_FIELD_RECV_INFO;
-      param.recv_info.tag_info = &tag_info;
-      param.cb.recv = &on_tag_recv;
-      req = ucp_tag_msg_recv_nbx(worker_->handle(), data, n, message, &param);
-      break;
+    }
     case Dir::kStreamSend: req = ucp_stream_send_nbx(ep_, data, n, &param); break;
     case Dir::kStreamRecv:
       param.op_attr_mask |= UCP_OP_ATTR_FIELD_FLAGS;
@@ -131,8 +149,7 @@ std::shared_ptr<Op> Endpoint::start(Dir dir, void* data, size_t n, const at::Ten
   if (!UCS_PTR_IS_PTR(req)) {  // completed (or failed) at once: no callback will come
     delete ctx;
     const ucs_status_t st = UCS_PTR_STATUS(req);
-    // A probed message's length is known; a posted receive's comes with it.
-    const size_t got = dir == Dir::kRecvMessage ? n : tag_recv ? tag_info.length : length;
+    const size_t got = tag_recv ? tag_info.length : length;
     worker_->complete(*op, st, st == UCS_OK ? got : 0);
     return op;
   }
@@ -180,6 +197,10 @@ void Endpoint::wait_op(const std::shared_ptr<Op>& op, Dir dir, size_t n, const c
 
 void Endpoint::throw_unusable(const char* op, const char* what) {
   // UCX lock held by the caller.
+  if (malformed_) {
+    TD_THROW(MalformedPeerDataError, op, " ", what, ": the pipe to ", peer_,
+             " is broken: ", failure_);
+  }
   if (!failure_.empty()) {
     TD_THROW(PeerLostError, op, " ", what, ": the pipe to ", peer_, " is broken: ", failure_);
   }
@@ -217,45 +238,128 @@ bool Endpoint::credit_available(size_t window, Micros spin) {
       spin, Clock::now() + spin);
 }
 
-std::optional<Endpoint::Stashed> Endpoint::take_stashed(const char* what) {
-  auto lk = worker_->lock();
-  if (stash_.empty()) return std::nullopt;
-  if (closed_ || !failure_.empty()) throw_unusable("recv", what);
-  Stashed s = std::move(stash_.front());
-  stash_.pop_front();
-  stash_bytes_ -= s.length;
-  return s;
+void Endpoint::arrived_locked(ucp_tag_message_h message, size_t length) {
+  if (closed_ || !failure_.empty()) {  // nobody will read it: let UCX release it now
+    worker_->discard_locked(message);
+    return;
+  }
+  if (length > limits_.max_message_bytes) {
+    worker_->discard_locked(message);
+    refuse_locked(c10::str("the peer ", peer_, " sent a message of ", length,
+                           " bytes, longer than any this pipe receives (",
+                           limits_.max_message_bytes,
+                           " bytes: its max_storage_bytes or max_metadata_bytes, or half the "
+                           "physical memory, whichever is larger)"));
+    return;
+  }
+  Stashed s;
+  s.message = message;
+  s.length = length;
+  s.charge = UnreadCharge::of(length);
+  unread_bytes_ += s.charge;
+  stash_.push_back(std::move(s));
+  recharge_locked();
+  if (unread_bytes_ > limits_.max_unread_bytes) {
+    refuse_locked(c10::str("the peer ", peer_, " left ", stash_.size(), " messages (",
+                           unread_bytes_,
+                           " bytes with UCX's overhead) unread here, over the limit "
+                           "of ",
+                           limits_.max_unread_bytes, " bytes (PipeOptions::max_unread_bytes)"));
+  }
+}
+
+void Endpoint::recharge_locked() {
+  // The oldest message over kEagerBytes that UCX still holds is charged UCX's overhead only: it
+  // may be a rendezvous (its bytes at the sender), and an honest peer has one in flight at most.
+  // Every other is charged whole: a later long one was sent eagerly, its bytes here.
+  for (auto& s : stash_) {
+    if (s.message == nullptr || s.length <= UnreadCharge::kEagerBytes) continue;
+    unread_bytes_ = unread_bytes_ - s.charge + UnreadCharge::kOverhead;
+    s.charge = UnreadCharge::kOverhead;
+    return;  // the later ones were charged whole when they came
+  }
+}
+
+void Endpoint::refuse_locked(const std::string& why) {
+  if (failure_.empty()) malformed_ = true;
+  break_locked(why);
 }
 
 void Endpoint::drop_stash_locked() {
-  stash_.clear();  // a landing one is cancelled with the other receives, or freed with the worker
-  stash_bytes_ = 0;
+  // A landing one is cancelled with the other receives, or freed with the worker; one UCX still
+  // holds is dropped now, releasing what UCX keeps for it.
+  for (auto& s : stash_) {
+    if (s.message != nullptr) worker_->discard_locked(s.message);
+  }
+  stash_.clear();
+  landed_bytes_ = 0;
+  unread_bytes_ = 0;
+}
+
+void Endpoint::land_locked(Stashed& s) {
+  // A stream of small messages reuses one buffer (no allocation per message).
+  constexpr size_t kSpareBytes = 16 << 10;
+  if (s.length <= kSpareBytes && !spare_.defined()) spare_ = bytes_tensor(kSpareBytes);
+  const bool spare = s.length <= kSpareBytes && spare_.use_count() == 1;
+  s.data = spare ? spare_ : bytes_tensor(std::max<size_t>(s.length, 1));
+  s.op = start(Dir::kRecv, s.data.data_ptr(), s.length, s.data, {}, nullptr, s.message);
+  s.message = nullptr;
+  landed_bytes_ += s.length;
+  // Its bytes are ours now, whatever it was charged while UCX held it.
+  unread_bytes_ = unread_bytes_ - s.charge + UnreadCharge::of(s.length);
+  s.charge = UnreadCharge::of(s.length);
+  recharge_locked();
+}
+
+std::shared_ptr<Op> Endpoint::take_stashed_locked(Dir dir, void* data, size_t n,
+                                                  const at::Tensor& owner, const Head* head) {
+  Stashed s = std::move(stash_.front());
+  stash_.pop_front();
+  unread_bytes_ -= s.charge;
+  if (s.message != nullptr) {  // straight into the caller's buffer
+    recharge_locked();
+    return start(dir, data, n, owner, {}, head, s.message);
+  }
+  landed_bytes_ -= s.length;
+  // Landed (or landing) in the stash's buffer: copied into the caller's once there.
+  auto op = std::make_shared<Op>();
+  op->owner = owner;
+  if (head != nullptr) op->head_owner = head->owner;
+  auto copy = [worker = worker_.get(), op, buffer = s.data, joined = dir == Dir::kRecvJoined, data,
+               n, head_data = head != nullptr ? head->data : nullptr](ucs_status_t st, size_t len) {
+    if (st == UCS_OK && len > (joined ? 1 + n : n)) st = UCS_ERR_MESSAGE_TRUNCATED;
+    if (st == UCS_OK && len > 0) {
+      const auto* bytes = buffer.const_data_ptr<uint8_t>();
+      if (joined) {
+        head_data[0] = bytes[0];
+        std::memcpy(data, bytes + 1, len - 1);
+      } else {
+        std::memcpy(data, bytes, len);
+      }
+    }
+    worker->complete(*op, st, st == UCS_OK ? len : 0);
+  };
+  if (s.op->done.load()) {
+    copy(s.op->status, s.op->length);
+  } else {
+    s.op->then = std::move(copy);  // UCX lock held: its completion has not run yet
+  }
+  return op;
 }
 
 Peeked Endpoint::peek_locked(size_t i, size_t stash_limit) {
   if (closed_ || !failure_.empty()) return {Peeked::kUnusable};
-  while (stash_.size() <= i) {
-    ucp_tag_recv_info_t info{};
-    // Looked at in place first: a message over the limit stays in UCX's queue, in order.
-    if (ucp_tag_probe_nb(worker_->handle(), recv_tag_, kFullMask, /*remove=*/0, &info) == nullptr) {
-      // A peer that left sends nothing more: a receive fails at once.
-      return {peer_gone_ ? Peeked::kUnusable : Peeked::kNotYet};
-    }
-    if (stash_bytes_ + info.length > stash_limit) return {Peeked::kTooLarge, info.length};
-    ucp_tag_message_h msg =
-        ucp_tag_probe_nb(worker_->handle(), recv_tag_, kFullMask, /*remove=*/1, &info);
-    if (msg == nullptr) return {Peeked::kNotYet};
-    // A stream of small messages reuses one buffer (no allocation per message).
-    constexpr size_t kSpareBytes = 16 << 10;
-    if (info.length <= kSpareBytes && !spare_.defined()) spare_ = bytes_tensor(kSpareBytes);
-    const bool spare = info.length <= kSpareBytes && spare_.use_count() == 1;
-    Stashed s{nullptr, spare ? spare_ : bytes_tensor(std::max<size_t>(info.length, 1)),
-              info.length};
-    s.op = start(Dir::kRecvMessage, s.data.data_ptr(), info.length, s.data, {}, nullptr, msg);
-    stash_bytes_ += info.length;
-    stash_.push_back(std::move(s));
+  worker_->collect_locked();
+  if (closed_ || !failure_.empty()) return {Peeked::kUnusable};  // the peer went over a limit
+  // A peer that left sends nothing more: a receive fails at once.
+  if (stash_.size() <= i) return {peer_gone_ ? Peeked::kUnusable : Peeked::kNotYet};
+  Stashed& s = stash_[i];
+  if (s.message != nullptr) {
+    // Still UCX's: received into the stash if the look-ahead may hold it, else left for the
+    // receive that posts its buffer.
+    if (landed_bytes_ + s.length > stash_limit) return {Peeked::kTooLarge, s.length};
+    land_locked(s);
   }
-  const Stashed& s = stash_[i];
   if (!s.op->done.load()) return {Peeked::kNotYet, s.length};  // still landing
   if (s.op->status != UCS_OK) return {Peeked::kUnusable};      // its receive reports why
   return {Peeked::kLanded, s.length, s.data.const_data_ptr<uint8_t>()};
@@ -280,12 +384,10 @@ Arrival Endpoint::look_ahead(const std::function<Arrival(MessagePeek&)>& decide,
 }
 
 bool Endpoint::recv_would_not_wait(Micros spin) {
-  const auto arrived = [this] {        // UCX lock held
-    if (!stash_.empty()) return true;  // a look-ahead took the next message off the queue
-    if (closed_ || peer_gone_ || !failure_.empty() || ep_ == nullptr) return true;
-    ucp_tag_recv_info_t info;
-    return ucp_tag_probe_nb(worker_->handle(), recv_tag_, kFullMask, /*remove=*/0, &info) !=
-           nullptr;
+  const auto arrived = [this] {  // UCX lock held
+    worker_->collect_locked();
+    if (!stash_.empty()) return true;  // the next message is here, unread
+    return closed_ || peer_gone_ || !failure_.empty() || ep_ == nullptr;
   };
   return worker_->spin_until(arrived, spin, Clock::now() + spin);
 }
@@ -331,8 +433,11 @@ void Endpoint::send_credit(const void* data, size_t n, const at::Tensor& owner, 
 std::shared_ptr<Op> Endpoint::post_recv(Dir dir, void* data, size_t n, const at::Tensor& owner,
                                         const char* what, const Head* head) {
   auto lk = worker_->lock();
-  // A peer that left may have left messages behind: they stay matchable on the worker.
+  // A peer that left may have left messages behind: they stay readable, in order.
   if (closed_ || !failure_.empty()) throw_unusable("recv", what);
+  // The messages that came before any receive was posted go first: a receive posted now would
+  // match the next one UCX still has.
+  if (!stash_.empty()) return take_stashed_locked(dir, data, n, owner, head);
   auto op = start(dir, data, n, owner, {}, head);
   if (!op->done.load() && peer_gone_) ucp_request_cancel(worker_->handle(), op->request);
   return op;
@@ -362,23 +467,11 @@ bool Endpoint::wait_message(const std::shared_ptr<Op>& op, Clock::time_point dea
 
 void Endpoint::recv(void* data, size_t n, const at::Tensor& owner, const char* what,
                     Millis timeout) {
-  if (auto s = take_stashed(what)) {
-    wait_op(s->op, Dir::kRecv, n, what, timeout);  // landed already, unless a thread took it
-    if (n > 0) std::memcpy(data, s->data.const_data_ptr(), n);
-    return;
-  }
   wait_op(post_recv(Dir::kRecv, data, n, owner, what), Dir::kRecv, n, what, timeout);
 }
 
 size_t Endpoint::recv_joined(uint8_t* head, const at::Tensor& head_owner, void* data, size_t n,
                              const at::Tensor& owner, const char* what, Millis timeout) {
-  if (auto s = take_stashed(what)) {
-    wait_op(s->op, Dir::kRecvJoined, 1 + n, what, timeout);
-    const auto* bytes = s->data.const_data_ptr<uint8_t>();
-    head[0] = bytes[0];
-    if (s->op->length > 1) std::memcpy(data, bytes + 1, n);
-    return s->op->length;
-  }
   const Head h{head, head_owner};
   const auto op = post_recv(Dir::kRecvJoined, data, n, owner, what, &h);
   wait_op(op, Dir::kRecvJoined, 1 + n, what, timeout);
@@ -432,31 +525,9 @@ void Endpoint::break_locked(const std::string& why) {
   if (failure_.empty()) failure_ = why;
   force_close_locked();
   drop_stash_locked();
-  discard_unread_locked();
-}
-
-void Endpoint::discard_unread_locked() {
-  // Messages of the peer's that nobody will read (this end closed or broke): receive the small
-  // ones into a scratch buffer and drop them, so that they leave the worker quietly (UCX warns
-  // about every message still unmatched when the worker goes: a close marker usually is).
-  // Larger ones would be a rendezvous with a peer that may be gone: left alone.
-  constexpr size_t kLimit = 64 << 10;
-  static thread_local std::vector<uint8_t> scratch(kLimit);
-  for (int i = 0; i < 4096; ++i) {
-    ucp_tag_recv_info_t info{};
-    if (ucp_tag_probe_nb(worker_->handle(), recv_tag_, kFullMask, 0, &info) == nullptr ||
-        info.length > kLimit) {
-      return;
-    }
-    ucp_tag_message_h msg = ucp_tag_probe_nb(worker_->handle(), recv_tag_, kFullMask, 1, &info);
-    if (msg == nullptr) return;
-    ucp_request_param_t param{};
-    param.op_attr_mask = UCP_OP_ATTR_FIELD_CALLBACK;
-    param.cb.recv = [](void* request, ucs_status_t, const ucp_tag_recv_info_t*, void*) {
-      ucp_request_free(request);
-    };
-    ucp_tag_msg_recv_nbx(worker_->handle(), scratch.data(), info.length, msg, &param);
-  }
+  // What UCX still holds for us goes too (the worker hands it here, and this drops it), so that
+  // no message of the peer's outlives the endpoint in a shared worker.
+  worker_->collect_locked();
 }
 
 void Endpoint::fail(const std::string& why) {
@@ -486,7 +557,7 @@ void Endpoint::close(Millis timeout) noexcept {
     if (ep_ != nullptr && !peer_gone_ && failure_.empty()) op = start(Dir::kClose, nullptr, 0, {});
     force_close_locked();  // cancels our receives; the endpoint is gone already after kClose
     drop_stash_locked();
-    discard_unread_locked();
+    worker_->collect_locked();  // and drops what UCX still holds for us
   }
   if (op) worker_->wait(*op, Clock::now() + std::min(timeout, kTeardownGrace));
 }
@@ -516,9 +587,9 @@ std::string Endpoint::transports() {
 }
 
 std::shared_ptr<Endpoint> Endpoint::connect(std::shared_ptr<Worker> worker, const std::string& host,
-                                            int port, Millis timeout) {
+                                            int port, Millis timeout, const UnreadLimits& limits) {
   const SockAddr addr = resolve(host, port, /*passive=*/false);
-  auto ep = std::make_shared<Endpoint>(worker, c10::str(host, ":", port));
+  auto ep = std::make_shared<Endpoint>(worker, c10::str(host, ":", port), limits);
   const auto deadline = Clock::now() + timeout;
   auto left = [&] {
     return std::max(Millis(1), std::chrono::duration_cast<Millis>(deadline - Clock::now()));

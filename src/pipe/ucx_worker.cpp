@@ -73,8 +73,14 @@ Worker::~Worker() {
     wake_loop();
     thread_.join();
   }
-  // Every endpoint and listener was closed by its owner before the last reference went.
-  if (worker_ != nullptr) ucp_worker_destroy(worker_);
+  // Every endpoint and listener was closed by its owner before the last reference went. What
+  // their peers sent and nobody read is dropped first (UCX warns about each message still in its
+  // queue when the worker goes).
+  if (worker_ != nullptr) {
+    inboxes_.clear();
+    collect_locked();
+    ucp_worker_destroy(worker_);
+  }
   while (outstanding_ != nullptr) release(outstanding_);  // never called back now
   if (context_ != nullptr) ucp_cleanup(context_);
   if (wake_fd_ >= 0) ::close(wake_fd_);
@@ -103,6 +109,24 @@ void Worker::notify() {
     std::lock_guard<std::mutex> lk(cv_mu_);
   }
   cv_.notify_all();
+}
+
+void Worker::add_periodic(const void* key, std::function<void()> task) {
+  std::lock_guard<std::mutex> lk(periodic_mu_);
+  periodic_.emplace_back(key, std::move(task));
+}
+
+void Worker::remove_periodic(const void* key) {
+  std::lock_guard<std::mutex> lk(periodic_mu_);
+  std::erase_if(periodic_, [key](const auto& p) { return p.first == key; });
+}
+
+void Worker::run_periodic() {
+  const auto now = Clock::now();
+  if (now < next_periodic_) return;
+  next_periodic_ = now + kPeriod;
+  std::lock_guard<std::mutex> lk(periodic_mu_);
+  for (auto& p : periodic_) p.second();
 }
 
 void Worker::watch(int fd) {
@@ -139,8 +163,33 @@ void Worker::complete(Op& op, ucs_status_t status, size_t length) {
   notify();
 }
 
+void Worker::collect_locked() {
+  ucp_tag_recv_info_t info{};
+  // A mask of 0 matches any tag: the oldest message of the whole queue, which this keeps short.
+  while (ucp_tag_message_h message = ucp_tag_probe_nb(worker_, 0, 0, /*remove=*/1, &info)) {
+    const auto it = inboxes_.find(info.sender_tag);
+    if (it != inboxes_.end()) {
+      it->second->arrived_locked(message, info.length);
+    } else {
+      discard_locked(message);
+    }
+  }
+}
+
+void Worker::discard_locked(ucp_tag_message_h message) {
+  static uint8_t sink;
+  ucp_request_param_t param{};
+  param.op_attr_mask = UCP_OP_ATTR_FIELD_CALLBACK;
+  param.cb.recv = [](void* request, ucs_status_t, const ucp_tag_recv_info_t*, void*) {
+    ucp_request_free(request);
+  };
+  // Completed at once (the status says truncated), or later through the callback, which frees it.
+  [[maybe_unused]] ucs_status_ptr_t r = ucp_tag_msg_recv_nbx(worker_, &sink, 0, message, &param);
+}
+
 bool Worker::progress_locked() {
   bool any = ucp_worker_progress(worker_) != 0;
+  if (any) collect_locked();
   while (!deferred_.empty()) {
     auto tasks = std::move(deferred_);
     deferred_.clear();
@@ -196,6 +245,7 @@ bool Worker::spin_until(const std::function<bool()>& ready, Micros spin,
 
 void Worker::loop() {
   while (!stop_.load()) {
+    run_periodic();
     if (spinners_.load() > 0) {
       // A waiting thread is progressing UCX; watch only our fd (it writes it when it stops)
       // and look again soon (it stops without writing when its operation completed).
@@ -211,6 +261,7 @@ void Worker::loop() {
       auto lk = lock();
       for (int i = 0; i < kProgressBurst && progress_locked(); ++i) {
       }
+      collect_locked();  // cheap when empty; covers a message no progress count reported
       armed = ucp_worker_arm(worker_);
     }
     if (armed == UCS_ERR_BUSY) continue;  // more events already: progress again

@@ -18,10 +18,13 @@
 #include <chrono>
 #include <condition_variable>
 #include <cstddef>
+#include <cstdint>
 #include <functional>
 #include <memory>
 #include <mutex>
 #include <thread>
+#include <unordered_map>
+#include <utility>
 #include <vector>
 
 namespace tensordict::pipe::detail {
@@ -51,6 +54,17 @@ struct CallbackContext {
   class Worker* worker;
   CallbackContext* prev = nullptr;
   CallbackContext* next = nullptr;
+};
+
+/// Where the worker puts a tag message that arrived before a receive matched it: the endpoint
+/// whose receive tag it carries (ucx_endpoint.h). Called with the UCX lock held, outside UCX's
+/// callbacks; the message is the inbox's to receive or drop (Worker::discard_locked).
+class Inbox {
+ public:
+  virtual void arrived_locked(ucp_tag_message_h message, size_t length) = 0;
+
+ protected:
+  ~Inbox() = default;
 };
 
 /// A UCP context and worker, the UCX lock, and the progress thread. Shared (shared_ptr) by the
@@ -86,11 +100,31 @@ class Worker {
   /// Wakes the threads sleeping in wait_until (callbacks call it after completing something).
   void notify();
 
+  /// Runs `task` on the progress thread about every kPeriod, without the UCX lock, until
+  /// remove_periodic(key), which waits for a run under way (so not from a task, nor with the UCX
+  /// lock held). For housekeeping that no UCX event announces (ucx_listener.h's sweep).
+  static constexpr Micros kPeriod{100000};
+  void add_periodic(const void* key, std::function<void()> task);
+  void remove_periodic(const void* key);
+
   /// Event loops' wake-ups (Pipe::event_fd): while watched, the eventfd `fd` is written after
   /// every progress call that did something (a message arrived, an operation completed), so
   /// that a loop waiting on it looks again. Thread-safe.
   void watch(int fd);
   void unwatch(int fd);
+
+  /// Registers (unregisters) `inbox` as the owner of the tag messages sent to `tag`. UCX lock.
+  void add_inbox(uint64_t tag, Inbox* inbox) { inboxes_[tag] = inbox; }
+  void remove_inbox(uint64_t tag) { inboxes_.erase(tag); }
+  /// Takes every tag message that no receive matched off UCX's unexpected queue, where UCX
+  /// would keep it without bound: each goes to the inbox of its tag, in the order it arrived;
+  /// one whose tag no endpoint here owns is dropped, since no receive would ever match it.
+  /// Runs after every progress call that did something. UCX lock.
+  void collect_locked();
+  /// Drops a message taken off the unexpected queue: a receive into no buffer, which UCX
+  /// completes as truncated, releasing what it held (a rendezvous's sender is told, and keeps
+  /// its bytes). UCX lock.
+  void discard_locked(ucp_tag_message_h message);
 
   /// Completes `op` (from a callback or an immediate completion) and notifies. UCX lock.
   void complete(Op& op, ucs_status_t status, size_t length);
@@ -111,11 +145,17 @@ class Worker {
   int wake_fd_ = -1;  // our eventfd: wakes the progress thread from poll()
 
   std::recursive_mutex ucx_mu_;
-  std::vector<std::function<void()>> deferred_;  // UCX lock
+  std::vector<std::function<void()>> deferred_;   // UCX lock
+  std::unordered_map<uint64_t, Inbox*> inboxes_;  // UCX lock: by receive tag
   // Requests UCX has not called back yet (UCX lock). One still outstanding when the worker is
   // destroyed (a close that timed out on a peer that stopped reading) never will be: its
   // context, with the operation and the buffer it holds, is freed then.
   CallbackContext* outstanding_ = nullptr;
+
+  std::mutex periodic_mu_;  // guards `periodic_` and is held while the tasks run
+  std::vector<std::pair<const void*, std::function<void()>>> periodic_;
+  Clock::time_point next_periodic_{};  // the progress thread's
+  void run_periodic();
 
   std::mutex watch_mu_;
   std::vector<int> watched_;           // watch_mu_

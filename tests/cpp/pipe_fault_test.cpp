@@ -436,4 +436,84 @@ TEST(PipeFault, FloodOfSmallMessagesIsHeldBackByTheWindow) {
   run_flood({.elems = 1024, .reads = 40, .interval = 50ms, .max_unreceived = 8});
 }
 
+// ---- clients that come and go cost the server nothing that lasts -----------------------------
+
+// Each of kComers clients connects, sends one TensorDict in the uncollated framing to a server
+// of the consolidated one (its handler's recv throws) and closes, from another process, four at
+// a time. The server, still open, must have joined every handler thread and released every
+// descriptor of theirs (it keeps the latest 1,000 handler errors at most); then it serves an
+// honest client.
+constexpr int kComers = 300;
+
+void comers_role() {
+  const int port = std::stoi(env("TD_FAULT_PORT").value_or("0"));
+  PipeOptions o = options();
+  o.consolidated = false;
+  const TensorDict td = pipe_test::worked_example(1);
+  constexpr int kLines = 4;  // clients at a time
+  std::vector<std::thread> lines;
+  for (int l = 0; l < kLines; ++l) {
+    lines.emplace_back([&, l] {
+      for (int i = l; i < kComers; i += kLines) {
+        Pipe pipe = Pipe::connect("127.0.0.1", port, o);
+        try {
+          pipe.send(td);
+        } catch (const c10::Error&) {  // the server may break the pipe before the last leaf
+        }
+        pipe.close();
+      }
+    });
+  }
+  for (auto& t : lines) t.join();
+}
+
+TEST(PipeFault, ServerForgetsClientsThatCameAndWent) {
+  if (role()) return comers_role();
+  pipe_test::Watchdog dog(110s);
+  {  // UCX's process-wide state, made once
+    TensorDictServer warm(0, "127.0.0.1", options());
+    Pipe c = Pipe::connect("127.0.0.1", warm.port(), options());
+  }
+  TensorDictServer server(0, "127.0.0.1", options());
+  std::atomic<int> ended{0};
+  server.serve([&](Pipe& p) {
+    struct Count {
+      std::atomic<int>& n;
+      ~Count() { ++n; }
+    } count{ended};
+    for (;;) {
+      TensorDict td = p.recv();
+      p.send(td);
+    }
+  });
+  std::this_thread::sleep_for(300ms);  // the listener's first sweep opens what it keeps
+  const int fds = pipe_test::open_fds(), tasks = pipe_test::threads();
+  TempDir dir;
+  const pid_t comers =
+      spawn_role("comers", dir.path, {{"TD_FAULT_PORT", std::to_string(server.port())}});
+  const auto status = wait_child(comers, 90s);
+  EXPECT_TRUE(exited_cleanly(status)) << describe(status);
+  // Finished handlers are joined by the accept thread within its slice (200 ms).
+  const auto deadline = Clock::now() + 5s;
+  while (Clock::now() < deadline &&
+         (ended.load() < kComers || pipe_test::threads() > tasks || pipe_test::open_fds() > fds)) {
+    std::this_thread::sleep_for(20ms);
+  }
+  const auto errors = server.handler_errors();
+  std::printf(
+      "[fault] %d clients came and went: %d handlers ended; threads %d -> %d, descriptors "
+      "%d -> %d with the server open; %zu handler errors kept\n",
+      kComers, ended.load(), tasks, pipe_test::threads(), fds, pipe_test::open_fds(),
+      errors.size());
+  EXPECT_EQ(ended.load(), kComers);
+  EXPECT_LE(pipe_test::threads(), tasks);
+  EXPECT_LE(pipe_test::open_fds(), fds);
+  EXPECT_EQ(errors.size(), static_cast<size_t>(kComers));
+  Pipe honest = Pipe::connect("127.0.0.1", server.port(), options());
+  honest.send(pipe_test::worked_example(4));
+  pipe_test::expect_same(pipe_test::worked_example(4), honest.recv());
+  honest.close();
+  server.close();
+}
+
 }  // namespace

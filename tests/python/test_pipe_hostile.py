@@ -383,3 +383,256 @@ def test_concurrent_consumers_share_one_target_unless_they_pass_their_own():
         assert first["x"][0].item() == 2.0
         assert own["a"] is mine["a"] and own["b"] is mine["b"]
         assert sorted(mine[n]["x"][0].item() for n in ("a", "b")) == [3.0, 4.0]
+
+
+# ---- what a client costs the process it connects to -------------------------------------------
+def peak_growth_mb(fn):
+    """fn()'s peak resident growth: VmHWM reset through /proc/self/clear_refs, then read."""
+    gc.collect()
+    with open("/proc/self/clear_refs", "w") as f:
+        f.write("5")
+    base = rss_mb()
+    result = fn()
+    with open("/proc/self/status") as f:
+        hwm = next(int(line.split()[1]) for line in f if line.startswith("VmHWM"))
+    return hwm / 1024 - base, result
+
+
+def cpu_seconds():
+    r = resource.getrusage(resource.RUSAGE_SELF)
+    return r.ru_utime + r.ru_stime
+
+
+FLOODER = textwrap.dedent("""
+    import struct, sys
+    from tensordict_cpp import TensorDictPipe
+    port, n, request = int(sys.argv[1]), int(sys.argv[2]), sys.argv[3] == "request"
+    pipe = TensorDictPipe.connect_sync("127.0.0.1", port, timeout=20.0)
+    if request:  # a publication request no version can meet: min_version 2^62, wait for ever
+        pipe._cpp._send_raw(b"TDPUBREQ" + struct.pack("<IIQQqqqQ", 1, 0, 1, 0, 0, 1 << 62, -1, 0))
+    junk = b"\\x01" * 8192
+    sent = 0
+    try:
+        for sent in range(n):  # raw tag messages nobody receives: no window holds them back
+            pipe._cpp._send_raw(junk)
+    except RuntimeError as e:
+        print("refused after", sent, type(e).__name__, flush=True)
+    else:
+        print("sent", n, flush=True)
+    pipe.close()
+""")
+
+
+def flood(port, n, request=False):
+    # A hostile peer picks its own protocol: eager for every message (importing ucxx, as
+    # test_pipe_interop.py does at collection, sets UCX_RNDV_THRESH=8192 in this process's
+    # environment, which would make the flooder's 8 KiB messages rendezvous ones, held back).
+    env = {**os.environ, "UCX_RNDV_THRESH": "inf"}
+    out = subprocess.run([sys.executable, "-c", FLOODER, str(port), str(n),
+                          "request" if request else "plain"],
+                         capture_output=True, text=True, timeout=60, env=env)
+    assert out.returncode == 0, out.stderr[-2000:]
+    return out.stdout.strip()
+
+
+def test_a_consumer_that_does_not_read_holds_at_most_max_unread_bytes():
+    """A producer streaming raw 8 KiB messages (100,000 of them, 800 MB; no window holds raw
+    messages back) to a pipe that never receives: the consumer holds at most max_unread_bytes
+    of them, then breaks the pipe; its next receive raises MalformedPeerDataError naming the
+    option, and the process goes on serving (before: +1.2 GB, kept)."""
+    server = TensorDictPipe.listen_sync(0, HOST, timeout=10.0)
+    try:
+        grew, said = peak_growth_mb(lambda: flood(server.port, 100_000))
+        print(f"100,000 unread 8 KiB messages: the flooder {said}; peak growth {grew:.1f} MB")
+        with pytest.raises(errors.MalformedPeerDataError, match="max_unread_bytes"):
+            server.recv()
+    finally:
+        server.close()
+    assert grew < 100, grew
+    assert said.startswith("refused after")
+    a, b = pair(timeout=10.0)  # the process still serves an honest pair
+    with a, b:
+        b.send(sample(3))
+        assert a.recv()["x"][0].item() == 3
+
+
+def test_a_server_drops_a_subscriber_that_floods_its_request_tag():
+    """A client of a Publisher's server that leaves a request no version can meet, then
+    streams 8 KiB messages on its pipe: the server breaks that pipe at max_unread_bytes
+    (peak growth under 100 MB, +1.2 GB per 100,000 messages before) and still serves an honest
+    subscriber."""
+    from tensordict_cpp import TensorDictServer
+    from tensordict_cpp.publication import Publisher, Subscriber
+    server = TensorDictServer(0, HOST, timeout=10.0)
+    publisher = Publisher(server=server)
+    try:
+        grew, said = peak_growth_mb(lambda: flood(server.port, 100_000, request=True))
+        print(f"a flooding subscriber: {said}; peak growth {grew:.1f} MB")
+        assert grew < 100, grew
+        assert said.startswith("refused after")
+        publisher.publish(TensorDict(w=torch.arange(4.0), batch_size=[]))
+        with TensorDictPipe.connect_sync(HOST, server.port, timeout=10.0) as pipe:
+            pulled = Subscriber(pipe=pipe).pull(timeout=10.0)
+            assert pulled["w"].tolist() == [0.0, 1.0, 2.0, 3.0]
+    finally:
+        publisher.close()
+        server.close()
+
+
+GARBAGE = textwrap.dedent("""
+    import socket, sys, time
+    port, n, hold = int(sys.argv[1]), int(sys.argv[2]), float(sys.argv[3])
+    socks = []
+    for _ in range(n):  # 4 KiB of 0xff: not UCX's connection data
+        try:
+            s = socket.create_connection(("127.0.0.1", port), timeout=5)
+            s.sendall(b"\\xff" * 4096)
+            socks.append(s)
+        except OSError:
+            pass
+    print(len(socks), flush=True)
+    time.sleep(hold)
+""")
+
+
+@pytest.mark.parametrize("kind", ["pipe", "server"])
+def test_garbage_connections_cost_no_cpu_and_no_descriptor(kind):
+    """Plain TCP connections that send 4 KiB of 0xff to a listening pipe or a server: UCX's TCP
+    connection manager would spin a core on each for ever and keep its descriptor (9.9 s of CPU
+    in 10 s before); the listener resets them, so the process's CPU over the next seconds is
+    near zero, the descriptors come back, and an honest client connects afterwards."""
+    from tensordict_cpp import TensorDictServer
+    warm = TensorDictPipe.listen_sync(0, HOST)  # UCX's process-wide state, made once
+    warm.close()
+    listener = (TensorDictPipe.listen_sync(0, HOST, timeout=10.0) if kind == "pipe"
+                else TensorDictServer(0, HOST, timeout=10.0))
+    try:
+        time.sleep(0.3)
+        fds0 = open_fds()
+        child = subprocess.Popen([sys.executable, "-c", GARBAGE, str(listener.port), "20", "6"],
+                                 stdout=subprocess.PIPE, text=True)
+        try:
+            assert child.stdout.readline().strip() == "20"
+            time.sleep(1.0)  # the listener resets them at its next look (100 ms)
+            c0, t0 = cpu_seconds(), time.monotonic()
+            time.sleep(3.0)
+            cpu = cpu_seconds() - c0
+            wall = time.monotonic() - t0
+            fds_during = open_fds()
+        finally:
+            child.kill()
+            child.wait(10)
+            child.stdout.close()
+        client = TensorDictPipe.connect_sync(HOST, listener.port, timeout=10.0)
+        with client:
+            peer = listener if kind == "pipe" else listener.accept_sync(10.0)
+            client.send(sample(5))
+            assert peer.recv()["x"][0].item() == 5
+            if kind == "server":
+                peer.close()
+        deadline = time.monotonic() + 5
+        while open_fds() > fds0 and time.monotonic() < deadline:
+            time.sleep(0.05)
+        print(f"20 garbage connections to a {kind}: CPU {cpu:.2f} s in {wall:.1f} s, fds "
+              f"{fds0} -> {fds_during} while held -> {open_fds()}")
+        assert cpu < 0.3, cpu
+        assert fds_during <= fds0 + 1, (fds0, fds_during)
+        assert open_fds() <= fds0, (fds0, open_fds())
+    finally:
+        listener.close()
+
+
+DESCRIPTOR_VICTIM = textwrap.dedent("""
+    import json, os, resource, subprocess, sys, time
+    import torch
+    from tensordict_cpp import TensorDict, TensorDictPipe, TensorDictServer
+    resource.setrlimit(resource.RLIMIT_NOFILE, (1024, resource.getrlimit(resource.RLIMIT_NOFILE)[1]))
+    server = TensorDictServer(0, "127.0.0.1", timeout=10.0)
+    fds0 = len(os.listdir("/proc/self/fd"))
+    child = subprocess.Popen([sys.executable, "-c", sys.argv[1], str(server.port), "1100", "8"],
+                             stdout=subprocess.PIPE, text=True)
+    held = int(child.stdout.readline())
+    time.sleep(1.0)
+    r0 = resource.getrusage(resource.RUSAGE_SELF)
+    time.sleep(2.0)
+    r1 = resource.getrusage(resource.RUSAGE_SELF)
+    with open("/dev/null") as f:  # the process can still open files
+        pass
+    client = TensorDictPipe.connect_sync("127.0.0.1", server.port, timeout=10.0)
+    pipe = server.accept_sync(10.0)
+    client.send(TensorDict(x=torch.arange(3)))
+    got = pipe.recv()["x"].tolist()
+    client.close()
+    pipe.close()
+    child.kill()
+    child.wait()
+    child.stdout.close()
+    deadline = time.monotonic() + 5
+    while len(os.listdir("/proc/self/fd")) > fds0 and time.monotonic() < deadline:
+        time.sleep(0.05)
+    print(json.dumps({"held": held, "got": got, "fds0": fds0,
+                      "fds": len(os.listdir("/proc/self/fd")),
+                      "cpu": r1.ru_utime + r1.ru_stime - r0.ru_utime - r0.ru_stime}))
+    server.close()
+""")
+
+
+def test_a_thousand_garbage_connections_leave_room_for_honest_clients():
+    """1,100 garbage connections held open against a server in a process limited to 1,024
+    descriptors (before: it could then open no file and accept no client): the server resets
+    them as they come and keeps a reserve of descriptors; the process opens a file, an honest
+    client connects and exchanges, and its CPU stays near zero."""
+    out = subprocess.run([sys.executable, "-c", DESCRIPTOR_VICTIM, GARBAGE], capture_output=True,
+                         text=True, timeout=90, env=os.environ.copy())
+    assert out.returncode == 0, out.stderr[-3000:]
+    result = json.loads(out.stdout.strip().splitlines()[-1])
+    print(f"1,100 garbage connections under a 1,024-descriptor limit: {result}")
+    assert result["got"] == [0, 1, 2]
+    assert result["cpu"] < 0.3, result
+    assert result["fds"] <= result["fds0"], result
+
+
+COMERS = textwrap.dedent("""
+    import sys, torch
+    from tensordict_cpp import TensorDict, TensorDictPipe
+    port, n = int(sys.argv[1]), int(sys.argv[2])
+    for k in range(n):
+        with TensorDictPipe.connect_sync("127.0.0.1", port, timeout=10.0) as pipe:
+            pipe.send(TensorDict(k=torch.tensor(k)))
+""")
+
+
+def test_a_server_keeps_nothing_of_clients_that_came_and_went():
+    """100 clients, from another process, each sending one TensorDict and closing, to a server
+    whose handler echoes: the server keeps no pipe of theirs (it kept every one before), and no
+    descriptor or thread, while it stays open."""
+    from tensordict_cpp import TensorDictServer
+    n = 100
+
+    async def main():
+        server = TensorDictServer(0, HOST, timeout=10.0)
+        received = []
+
+        async def handler(pipe):
+            async for td in pipe:
+                received.append(td["k"].item())
+
+        serving = asyncio.ensure_future(server.serve(handler))
+        await asyncio.sleep(0.3)
+        fds0 = open_fds()
+        child = await asyncio.create_subprocess_exec(sys.executable, "-c", COMERS,
+                                                     str(server.port), str(n))
+        assert await child.wait() == 0
+        deadline = time.monotonic() + 5
+        while (len(received) < n or server._tasks) and time.monotonic() < deadline:
+            await asyncio.sleep(0.05)
+        kept, fds = len(server._pipes), open_fds()
+        await server.aclose()
+        await serving
+        return sorted(received), kept, fds0, fds
+
+    received, kept, fds0, fds = asyncio.run(asyncio.wait_for(main(), 50))
+    print(f"{n} clients came and went: pipes kept {kept}, descriptors {fds0} -> {fds}")
+    assert received == list(range(n))
+    assert kept <= 1, kept
+    assert fds <= fds0, (fds0, fds)

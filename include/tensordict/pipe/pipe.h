@@ -35,13 +35,22 @@ struct PipeOptions {
   /// Largest metadata JSON (or uncollated header) a receive accepts, checked before allocating.
   int64_t max_metadata_bytes = int64_t{64} << 20;
   /// Largest storage (or sum of uncollated leaves) a receive accepts, checked before allocating.
-  /// Default: half of this machine's physical memory (default_storage_limit_bytes()).
-  int64_t max_storage_bytes = default_storage_limit_bytes();
+  /// Unset: half of this machine's physical memory (default_storage_limit_bytes()), resolved
+  /// when a pipe is made, so that the default in a signature does not depend on the machine.
+  std::optional<int64_t> max_storage_bytes{};
   /// Flow control: how many sent TensorDicts the peer may not yet have started receiving. A
   /// send() beyond that waits (up to `timeout`, then TimeoutError: nothing is sent) until the
   /// peer receives. Large messages wait for the receiver anyway (UCX rendezvous), so this
   /// bounds what a fast producer can make a slow consumer hold in memory.
   int64_t max_unreceived = 16;
+  /// The most the peer may leave here unread: its messages that arrived before a receive took
+  /// them (UCX would keep them without bound), each charged its length plus about 4 KiB of
+  /// UCX's, except one long message (a rendezvous, whose bytes wait at the sender). Beyond it,
+  /// or for a message longer than any receive takes, the pipe breaks: the receive that finds it
+  /// throws MalformedPeerDataError naming this option, and what was held is dropped. A producer
+  /// of ours leaves at most `max_unreceived` TensorDicts unread (about 9 MiB at the default of
+  /// 16); a reference producer has no window and breaks the pipe once it runs this far ahead.
+  int64_t max_unread_bytes = int64_t{64} << 20;
   /// How long a waiting call progresses UCX itself, with nothing to do, before it sleeps until
   /// the pipe's progress thread wakes it: a reply within the spin costs no thread wake-up
   /// (latency), and a transfer under way is driven at full speed (the spin restarts while UCX

@@ -19,7 +19,12 @@ struct ServerImpl;
 }  // namespace detail
 
 /// A listening server. The server owns one UCX worker (and its progress thread), its listener,
-/// and every pipe it accepted; close() closes them all and joins every thread it started.
+/// and the pipes of serve()'s handlers; close() closes those, and every pipe accept() handed
+/// out that is still open, and joins every thread it started. A pipe from accept() lives as
+/// long as its caller's handles (the last one going closes it); the server forgets it once
+/// closed, as it forgets each finished handler, so that clients coming and going cost it
+/// nothing that lasts. What a client may hold before it is a pipe is bounded too (docs/pipe.md,
+/// "Limits and safety").
 /// Thread-safety: all methods may be called from any thread. Not copyable; movable.
 class TensorDictServer {
  public:
@@ -44,7 +49,7 @@ class TensorDictServer {
   /// close() itself broke. RuntimeError when already serving or closed.
   void serve(std::function<void(Pipe&)> handler);
 
-  /// The exceptions the handlers threw, in the order they ended.
+  /// The exceptions the handlers threw, in the order they ended: the latest 1,000.
   std::vector<std::exception_ptr> handler_errors() const;
   /// Number of clients accepted so far.
   int64_t clients() const;
