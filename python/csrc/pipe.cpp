@@ -68,9 +68,9 @@ struct PyCallable {
 };
 
 // Pipe.over's link: each message crosses as a memoryview of the pipe's own buffer (no copy).
-pipe::PipeLink link_from_py(py::object send, py::object recv, py::object close, std::string peer,
+pipe::CallerTransport link_from_py(py::object send, py::object recv, py::object close, std::string peer,
                             std::optional<uint64_t> peer_tag) {
-  pipe::PipeLink link;
+  pipe::CallerTransport link;
   auto s = std::make_shared<PyCallable>(std::move(send));
   auto r = std::make_shared<PyCallable>(std::move(recv));
   link.send = [s](const void* data, size_t n) {

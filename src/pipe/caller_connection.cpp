@@ -8,7 +8,7 @@
 
 namespace tensordict::pipe::detail {
 
-CallerConnection::CallerConnection(PipeLink link) : link_(std::move(link)) {
+CallerConnection::CallerConnection(CallerTransport link) : link_(std::move(link)) {
   TORCH_CHECK_VALUE(link_.send && link_.recv, "Pipe::over: the link needs send and recv");
   if (link_.peer_tag) {
     // The peer's tag as the peer-info exchange gave it: our mark tells a peer of ours.

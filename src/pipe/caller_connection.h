@@ -1,23 +1,22 @@
 #pragma once
-// A pipe over a transport the caller supplies (PipeLink, tensordict/pipe/pipe.h; in Python, a
-// ucxx endpoint): the pipe's second kind of connection (a detail::Link, link.h), beside the UCX
+// A pipe over a transport the caller supplies (CallerTransport, tensordict/pipe/pipe.h; in
+// Python, a ucxx endpoint): the pipe's second kind of Connection (connection.h), beside the UCX
 // endpoint of ucx_endpoint.h. Each call goes to the caller's functions; its timeouts and flow
-// control are the caller's. (Named for what it is, a connection, not a link: "link" names
-// publication's links, wire/publication_link.h, and the public PipeLink.)
+// control are the caller's.
 
 #include <atomic>
 #include <mutex>
 #include <string>
 
-#include "link.h"
+#include "connection.h"
 #include "tensordict/pipe/pipe.h"
 
 namespace tensordict::pipe::detail {
 
-class CallerConnection final : public Link {
+class CallerConnection final : public Connection {
  public:
   /// ValueError when `link` has no send or recv.
-  explicit CallerConnection(PipeLink link);
+  explicit CallerConnection(CallerTransport link);
   void send(const void* data, size_t n, const at::Tensor& owner, const char* what,
             Millis timeout) override;
   void send_credit(const void* data, size_t n, const at::Tensor& owner, const char* what,
@@ -35,7 +34,7 @@ class CallerConnection final : public Link {
  private:
   void check_open(const char* op, const char* what) const;
 
-  PipeLink link_;
+  CallerTransport link_;
   PeerInfo info_;
   std::atomic<bool> closed_{false};
   mutable std::mutex mu_;

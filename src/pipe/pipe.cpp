@@ -28,7 +28,7 @@ Pipe Pipe::connect(const std::string& host, int port, const PipeOptions& options
   return Pipe(std::make_shared<PipeImpl>(options, std::move(worker), std::move(ep), port));
 }
 
-Pipe Pipe::over(PipeLink link, const PipeOptions& options) {
+Pipe Pipe::over(CallerTransport link, const PipeOptions& options) {
   return Pipe(std::make_shared<PipeImpl>(
       options, nullptr, std::make_shared<detail::CallerConnection>(std::move(link)), 0));
 }

@@ -1,6 +1,6 @@
 // A pipe end (pipe_impl.h): the framing of docs/wire-format.md §6 written by a FrameWriter and
-// read by a FrameReader (src/wire/pipe_frames.h), each message one tag message on the pipe's
-// link, with the flow control, the close marker, the counters and the event loops' fd.
+// read by a FrameReader (src/wire/include/wire/pipe_frames.h), each message one tag message on the pipe's
+// connection, with the flow control, the close marker, the counters and the event loops' fd.
 #include "pipe_impl.h"
 
 #include <sys/eventfd.h>
@@ -27,11 +27,11 @@ void check_cpu(const std::string& what, const at::Tensor& t) {
                     "; this build of the pipe moves CPU memory only");
 }
 
-// The pipe's link as the FrameReader's message source: reads count in the stats; a fault
-// breaks the link.
-class LinkSource final : public ByteSource {
+// The pipe's connection as the FrameReader's message source: reads count in the stats; a fault
+// breaks the connection.
+class ConnectionSource final : public ByteSource {
  public:
-  LinkSource(PipeImpl& pipe, Link& e) : pipe_(pipe), e_(e) {}
+  ConnectionSource(PipeImpl& pipe, Connection& e) : pipe_(pipe), e_(e) {}
   void read(void* data, size_t n, const at::Tensor& owner, const char* what) override {
     pipe_.recv_bytes(e_, data, n, owner, what);
   }
@@ -60,7 +60,7 @@ class LinkSource final : public ByteSource {
 
  private:
   PipeImpl& pipe_;
-  Link& e_;
+  Connection& e_;
 };
 
 void check_options(const PipeOptions& o) {
@@ -80,12 +80,12 @@ const char* kPublicationOnly =
 
 }  // namespace
 
-size_t Link::recv_joined(uint8_t*, const at::Tensor&, void*, size_t, const at::Tensor&, const char*,
+size_t Connection::recv_joined(uint8_t*, const at::Tensor&, void*, size_t, const at::Tensor&, const char*,
                          Millis) {
   TORCH_INTERNAL_ASSERT(false, "recv_joined on a link that does not join frames");
 }
 
-void log_connected(Link& e, const char* how) {
+void log_connected(Connection& e, const char* how) {
   if (!log_enabled(LogLevel::kInfo)) return;
   log(LogLevel::kInfo, c10::str("pipe ", how, " ", e.peer(), " (",
                                 e.peer_info().ours ? "a tensordict-cpp peer" : "a ucxx peer",
@@ -94,7 +94,7 @@ void log_connected(Link& e, const char* how) {
 
 // ---- Transfer -----------------------------------------------------------------------------------
 
-Transfer::Transfer(PipeImpl& pipe, Link& e, bool sent)
+Transfer::Transfer(PipeImpl& pipe, Connection& e, bool sent)
     : pipe_(pipe),
       e_(e),
       sent_(sent),
@@ -120,7 +120,7 @@ void Transfer::done() const {
                                 ", ", bytes(), " bytes in ", took));
 }
 
-// ---- construction, links ------------------------------------------------------------------------
+// ---- construction, connections -----------------------------------------------------------------
 
 PipeImpl::PipeImpl(PipeOptions options, std::shared_ptr<Worker> worker,
                    std::shared_ptr<Listener> listener)
@@ -129,7 +129,7 @@ PipeImpl::PipeImpl(PipeOptions options, std::shared_ptr<Worker> worker,
   listener_ = std::move(listener);
 }
 
-PipeImpl::PipeImpl(PipeOptions options, std::shared_ptr<Worker> worker, std::shared_ptr<Link> link,
+PipeImpl::PipeImpl(PipeOptions options, std::shared_ptr<Worker> worker, std::shared_ptr<Connection> link,
                    int port)
     : options_((check_options(options), std::move(options))),
       worker_(std::move(worker)),
@@ -145,7 +145,7 @@ PipeImpl::~PipeImpl() {
   if (event_fd_.load() >= 0) ::close(event_fd_.load());
 }
 
-std::shared_ptr<Link> PipeImpl::link(const char* op) {
+std::shared_ptr<Connection> PipeImpl::link(const char* op) {
   std::lock_guard<std::mutex> lk(ep_mu_);
   TD_CHECK_AS(PipeClosedError, !closed_.load(), "Cannot ", op, " on a closed pipe.");
   TD_CHECK_AS(PeerClosedError, !peer_closed_.load(), op, ": the peer closed the pipe");
@@ -160,7 +160,7 @@ std::shared_ptr<Link> PipeImpl::link(const char* op) {
   return ep_;
 }
 
-std::shared_ptr<Link> PipeImpl::link_if_connected() {
+std::shared_ptr<Connection> PipeImpl::link_if_connected() {
   std::lock_guard<std::mutex> lk(ep_mu_);
   TORCH_CHECK(!publication_.load(), kPublicationOnly);
   if (ep_ || !listener_ || closed_.load()) return ep_;
@@ -177,12 +177,12 @@ Millis PipeImpl::send_wait() const {
   return std::clamp(left, Millis(0), options_.timeout);
 }
 
-void PipeImpl::send_frame(Link& e, const OutFrame& f) {
+void PipeImpl::send_frame(Connection& e, const OutFrame& f) {
   e.send(f.data, f.n, f.owner, f.what, send_wait());
   counted(e, true, f.n, f.what);
 }
 
-void PipeImpl::send_first(Link& e, const OutFrame& f) {
+void PipeImpl::send_first(Connection& e, const OutFrame& f) {
   OutFrame first = f;
   if (f.n <= 8) {  // a joined message is a buffer of its own already (FrameWriter)
     auto* slot =
@@ -196,13 +196,13 @@ void PipeImpl::send_first(Link& e, const OutFrame& f) {
   counted(e, true, first.n, first.what);
 }
 
-void PipeImpl::recv_bytes(Link& e, void* data, size_t n, const at::Tensor& owner,
+void PipeImpl::recv_bytes(Connection& e, void* data, size_t n, const at::Tensor& owner,
                           const char* what) {
   e.recv(data, n, owner, what, options_.timeout);
   counted(e, false, n, what);
 }
 
-void PipeImpl::counted(Link& e, bool sent, size_t n, const char* what) {
+void PipeImpl::counted(Connection& e, bool sent, size_t n, const char* what) {
   const auto bytes = static_cast<int64_t>(n);
   counters_.add(sent ? &Counters::bytes_sent : &Counters::bytes_received, bytes);
   ::tensordict::detail::count_messages(Channel::kPipe, sent, 1, bytes);
@@ -212,10 +212,9 @@ void PipeImpl::counted(Link& e, bool sent, size_t n, const char* what) {
   }
 }
 
-// ---- send
-// -----------------------------------------------------------------------------------------
+// ---- send ---------------------------------------------------------------------------------------
 
-void PipeImpl::send_locked(Link& e, const TensorDict& td) {
+void PipeImpl::send_locked(Connection& e, const TensorDict& td) {
   const Transfer transfer(*this, e, /*sent=*/true);
   at_message_boundary_ = false;
   bool new_schema = false;
@@ -270,13 +269,12 @@ void PipeImpl::send_raw(const void* data, size_t n) {
   send_frame(*e, {copy.data_ptr(), n, copy, "raw bytes"});
 }
 
-// ---- receive
-// --------------------------------------------------------------------------------------
+// ---- receive ------------------------------------------------------------------------------------
 
-TensorDict PipeImpl::recv_locked(Link& e, const std::optional<TensorDict>& td,
+TensorDict PipeImpl::recv_locked(Connection& e, const std::optional<TensorDict>& td,
                                  std::optional<at::Device> device) {
   const Transfer transfer(*this, e, /*sent=*/false);
-  LinkSource src(*this, e);
+  ConnectionSource src(*this, e);
   bool new_schema = false;
   TensorDict out = options_.consolidated ? reader_.recv_consolidated(src, td, device, &new_schema)
                                          : reader_.recv_uncollated(src, device);
@@ -339,8 +337,7 @@ std::string PipeImpl::recv_raw(size_t n) {
   return std::string(static_cast<const char*>(buf.const_data_ptr()), n);
 }
 
-// ---- the peer, the counters, events
-// ---------------------------------------------------------------
+// ---- the peer, the counters, events -------------------------------------------------------------
 
 std::string PipeImpl::peer() const {
   std::lock_guard<std::mutex> lk(ep_mu_);
@@ -348,7 +345,7 @@ std::string PipeImpl::peer() const {
 }
 
 std::string PipeImpl::transports() const {
-  std::shared_ptr<Link> e;
+  std::shared_ptr<Connection> e;
   {
     std::lock_guard<std::mutex> lk(ep_mu_);
     e = ep_;
@@ -406,16 +403,15 @@ void PipeImpl::watch(bool on) {
   if (before == 1 && after == 0) worker_->unwatch(fd);
 }
 
-// ---- lifecycle
-// ------------------------------------------------------------------------------------
+// ---- lifecycle ----------------------------------------------------------------------------------
 
-void PipeImpl::peer_left(Link& e) {
+void PipeImpl::peer_left(Connection& e) {
   peer_closed_ = true;
   e.close(options_.timeout);
   TD_THROW(PeerClosedError, "recv: the peer ", e.peer(), " closed the pipe");
 }
 
-void PipeImpl::say_goodbye(Link& e) noexcept {
+void PipeImpl::say_goodbye(Connection& e) noexcept {
   // A send in flight (another thread) or a partial one would put the marker mid-message.
   std::unique_lock<std::mutex> send_lk(send_mu_, std::try_to_lock);
   if (!send_lk.owns_lock()) return;
@@ -436,7 +432,7 @@ void PipeImpl::close() noexcept {
   // Set once before close (listen), reset only below: read without ep_mu_, which an accept()
   // waiting for a client holds until this wakes it.
   if (listener_) listener_->close(options_.timeout);
-  std::shared_ptr<Link> e;
+  std::shared_ptr<Connection> e;
   std::shared_ptr<Listener> l;
   {
     std::lock_guard<std::mutex> lk(ep_mu_);

@@ -9,7 +9,7 @@
 #include <optional>
 #include <string>
 
-#include "link.h"
+#include "connection.h"
 #include "tensordict/pipe/pipe.h"
 #include "ucx_listener.h"
 #include "ucx_worker.h"
@@ -35,7 +35,7 @@ class PipeImpl {
   /// A listening pipe: its first client is accepted by the first call that needs it.
   PipeImpl(PipeOptions options, std::shared_ptr<Worker> worker, std::shared_ptr<Listener> listener);
   /// A connected pipe over `link` (`worker` null for a caller's link); `port`: the peer's.
-  PipeImpl(PipeOptions options, std::shared_ptr<Worker> worker, std::shared_ptr<Link> link,
+  PipeImpl(PipeOptions options, std::shared_ptr<Worker> worker, std::shared_ptr<Connection> link,
            int port);
   ~PipeImpl();
   PipeImpl(const PipeImpl&) = delete;
@@ -67,34 +67,34 @@ class PipeImpl {
 
   /// The connected link for a publication (src/pipe/publication.cpp), its client accepted
   /// (bounded); carry_publication() then makes send() and recv() refuse.
-  std::shared_ptr<Link> publication_link(const char* call) { return link(call); }
+  std::shared_ptr<Connection> publication_connection(const char* call) { return link(call); }
   void carry_publication() { publication_ = true; }
 
-  // For LinkSource (the FrameReader's messages) and Transfer (the counters and the log).
-  void recv_bytes(Link& e, void* data, size_t n, const at::Tensor& owner, const char* what);
-  void counted(Link& e, bool sent, size_t n, const char* what);
-  [[noreturn]] void peer_left(Link& e);
+  // For ConnectionSource (the FrameReader's messages) and Transfer (the counters and the log).
+  void recv_bytes(Connection& e, void* data, size_t n, const at::Tensor& owner, const char* what);
+  void counted(Connection& e, bool sent, size_t n, const char* what);
+  [[noreturn]] void peer_left(Connection& e);
   Counters& counters() { return counters_; }
 
  private:
   /// The connected link; a listening pipe waits for its client here (bounded). `op` names the
   /// call in errors.
-  std::shared_ptr<Link> link(const char* op);
+  std::shared_ptr<Connection> link(const char* op);
   /// The connected link, or nullptr while a listening pipe has no client (no wait).
-  std::shared_ptr<Link> link_if_connected();
+  std::shared_ptr<Connection> link_if_connected();
   /// One send, send_mu_ held: send() and try_send().
-  void send_locked(Link& e, const TensorDict& td);
+  void send_locked(Connection& e, const TensorDict& td);
   /// One receive, recv_mu_ held: recv() and try_recv().
-  TensorDict recv_locked(Link& e, const std::optional<TensorDict>& td,
+  TensorDict recv_locked(Connection& e, const std::optional<TensorDict>& td,
                          std::optional<at::Device> device);
   /// The wait a send's next message may take (send_mu_ held): the timeout, or what is left
   /// until the send's deadline (PipeSendOptions).
   Millis send_wait() const;
-  void send_frame(Link& e, const OutFrame& f);
-  /// A TensorDict's first message, as a credit send (Link::send_credit): one of at most 8
+  void send_frame(Connection& e, const OutFrame& f);
+  /// A TensorDict's first message, as a credit send (Connection::send_credit): one of at most 8
   /// bytes is copied into the credit ring first, so send() need not wait for it.
-  void send_first(Link& e, const OutFrame& f);
-  void say_goodbye(Link& e) noexcept;
+  void send_first(Connection& e, const OutFrame& f);
+  void say_goodbye(Connection& e) noexcept;
   void signal_event() const;
 
   const PipeOptions options_;
@@ -107,7 +107,7 @@ class PipeImpl {
 
   mutable std::mutex ep_mu_;  // guards ep_ (set at construction or by the first accept, reset
                               // by close) and what close() keeps of it
-  std::shared_ptr<Link> ep_;
+  std::shared_ptr<Connection> ep_;
   std::string closed_peer_;
   bool closed_peer_ours_ = false;
   std::atomic<bool> closed_{false};
@@ -148,14 +148,14 @@ struct PipeAccess {
 /// (transfer_stats.h, log.h).
 class Transfer {
  public:
-  Transfer(PipeImpl& pipe, Link& e, bool sent);
+  Transfer(PipeImpl& pipe, Connection& e, bool sent);
   void done() const;
   /// Bytes moved in its direction since it began, framing included.
   int64_t bytes() const;
 
  private:
   PipeImpl& pipe_;
-  Link& e_;
+  Connection& e_;
   const bool sent_;
   const int64_t start_;    // transfer_ticks()
   const int64_t bytes_;    // the pipe's byte counter when the call began
@@ -163,6 +163,6 @@ class Transfer {
 };
 
 /// Logs (info) a connection made or accepted, with the UCX transports it uses.
-void log_connected(Link& e, const char* how);
+void log_connected(Connection& e, const char* how);
 
 }  // namespace tensordict::pipe::detail

@@ -19,7 +19,7 @@ class Endpoint;
 /// One pipe's messages, in order, on its tags (§6.6). A request goes as a synchronous send,
 /// which completes once the peer has posted its receive. The peer's close marker where a
 /// request or an offer is due is its clean close (PeerClosedError); UCX fails every operation
-/// of a lost peer (PeerLostError). A request receive kept (Link::keep) is the next
+/// of a lost peer (PeerLostError). A request receive kept (Connection::keep) is the next
 /// post_recv's of a request on this link; the rest of what is kept is UCX's until it completes
 /// or the pipe closes.
 class PipeLink final : public wire::publication::Link {

@@ -9,7 +9,7 @@
 #include <thread>
 #include <utility>
 
-#include "link.h"
+#include "connection.h"
 #include "pipe_impl.h"
 #include "ucx_endpoint.h"
 #include "ucx_listener.h"

@@ -2,7 +2,7 @@
 // A connected UCP endpoint of the pipe, speaking ucxx's endpoint protocol (docs/wire-format.md
 // §6.6): a 16-byte peer-info exchange over the stream API when a connection opens, then one UCP
 // tag message per frame, tagged with the tag the peer announced. Made by connect() or by a
-// listener (ucx_listener.h) on a shared worker (ucx_worker.h); the pipe sees it as a Link.
+// listener (ucx_listener.h) on a shared worker (ucx_worker.h); the pipe sees it as a Connection.
 
 #include <ucp/api/ucp.h>
 
@@ -17,7 +17,7 @@
 #include <string>
 #include <vector>
 
-#include "link.h"
+#include "connection.h"
 #include "tensordict/pipe/pipe.h"
 #include "ucx_worker.h"
 #include "wire/pipe_frames.h"
@@ -63,7 +63,7 @@ struct UnreadCharge {
 /// or ucxx's, has at most one in flight: its send waits for it). Beyond
 /// UnreadLimits::max_unread_bytes, or for a message over UnreadLimits::max_message_bytes, the
 /// endpoint breaks (MalformedPeerDataError naming the limit) and drops what it held.
-class Endpoint final : public Link, public Inbox {
+class Endpoint final : public Connection, public Inbox {
  public:
   Endpoint(std::shared_ptr<Worker> worker, std::string peer, const UnreadLimits& limits);
   ~Endpoint();
@@ -116,7 +116,7 @@ class Endpoint final : public Link, public Inbox {
   /// A message of the peer's is waiting unreceived (in the stash, where the worker puts it), or
   /// the endpoint is unusable; progresses the worker for up to `spin` until then.
   bool recv_would_not_wait(Micros spin) override;
-  /// Looks ahead (Link::look_ahead): the stash's messages are received into buffers of their
+  /// Looks ahead (Connection::look_ahead): the stash's messages are received into buffers of their
   /// own, in order, while those hold at most `stash_limit` bytes; recv() and recv_joined() read
   /// them first. A message over the limit stays unreceived, for the receive that posts its
   /// buffer.

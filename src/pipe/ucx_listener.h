@@ -16,7 +16,7 @@
 #include <utility>
 #include <vector>
 
-#include "link.h"
+#include "connection.h"
 #include "ucx_address.h"
 #include "ucx_endpoint.h"
 #include "ucx_worker.h"

@@ -88,7 +88,7 @@ struct PipeSendOptions {
 /// bytes arrived at `data` (a message of another size must throw). Errors are exceptions, which
 /// the pipe's calls let through. Called from the threads that call the pipe, one send and one
 /// recv at a time. The pipe's timeouts and flow control are the transport's business here.
-struct PipeLink {
+struct CallerTransport {
   std::function<void(const void* data, size_t n)> send;
   std::function<void(void* data, size_t n)> recv;
   std::function<void()> close{};         // called once by Pipe::close(), may be empty
@@ -97,6 +97,8 @@ struct PipeLink {
   /// then recognised (and gets the close marker).
   std::optional<uint64_t> peer_tag{};
 };
+/// CallerTransport's former name (publication over a pipe has a link of its own, PipeLink).
+using PipeLink [[deprecated("use CallerTransport")]] = CallerTransport;
 
 /// One end of a pipe. A Pipe is a handle: copies refer to the same connection. Thread-safety:
 /// one send() and one recv() may run concurrently (the two directions are independent); calls
@@ -118,7 +120,7 @@ class Pipe final {
   static Pipe connect(const std::string& host, int port, const PipeOptions& options = {});
   /// A pipe over `link`, connected already: the framing, limits and validation of this class
   /// on a transport of the caller's. ValueError when send or recv is empty.
-  static Pipe over(PipeLink link, const PipeOptions& options = {});
+  static Pipe over(CallerTransport link, const PipeOptions& options = {});
 
   /// Sends `td`. Consolidated mode: a TensorDict that is not consolidated is consolidated first
   /// (a copy of every leaf, on its device, else the CPU); the metadata travels only when the

@@ -1,6 +1,6 @@
 #pragma once
 // What a pipe moves its messages through: a UCX endpoint of ours (ucx_endpoint.h), or a
-// transport the caller supplies (PipeLink, pipe.h; in Python, a ucxx endpoint). No UCX here.
+// transport the caller supplies (CallerTransport, pipe.h; in Python, a ucxx endpoint). No UCX here.
 
 #include <ATen/core/Tensor.h>
 
@@ -20,9 +20,9 @@ using Millis = std::chrono::milliseconds;
 
 /// One connection's messages, in order, each sent or received whole. Blocking calls; errors
 /// are exceptions. See Endpoint for the UCX one's contract (timeouts, breaking, the window).
-class Link {
+class Connection {
  public:
-  virtual ~Link() = default;
+  virtual ~Connection() = default;
   /// Sends one message of `n` bytes at `data` (kept alive by `owner`) and returns when the
   /// buffer may be reused.
   virtual void send(const void* data, size_t n, const at::Tensor& owner, const char* what,
