@@ -102,19 +102,23 @@ PublisherCore::~PublisherCore() = default;
 
 PublisherCore::Subscription& PublisherCore::add(SubscriberStats stats) {
   std::lock_guard<std::mutex> lock(mutex_);
+  prune_locked(nullptr);
+  subscriptions_.push_back(Subscription{std::move(stats)});
+  ++added_;
+  return subscriptions_.back();
+}
+
+void PublisherCore::prune_locked(const Subscription* keep) {
   size_t lost = 0;
-  for (const auto& s : subscriptions_) lost += s.stats.lost && !s.serving;
+  for (const auto& s : subscriptions_) lost += s.stats.lost && !s.serving && &s != keep;
   for (auto it = subscriptions_.begin(); lost > kMaxLostKept && it != subscriptions_.end();) {
-    if (it->stats.lost && !it->serving) {
+    if (it->stats.lost && !it->serving && &*it != keep) {
       it = subscriptions_.erase(it);
       --lost;
     } else {
       ++it;
     }
   }
-  subscriptions_.push_back(Subscription{std::move(stats)});
-  ++added_;
-  return subscriptions_.back();
 }
 
 void PublisherCore::lose(Subscription& s, const std::string& error) {
@@ -178,6 +182,9 @@ void PublisherCore::serve(Subscription& s, Link& link) {
   serve_requests(s, link);
   std::lock_guard<std::mutex> lock(mutex_);
   s.serving = false;
+  // The others that left meanwhile are forgotten now, not at the next add(): the last clients
+  // of a burst would stay otherwise. `s` itself stays until then: its caller still holds it.
+  prune_locked(&s);
 }
 
 void PublisherCore::serve_requests(Subscription& s, Link& link) {

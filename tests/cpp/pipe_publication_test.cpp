@@ -443,15 +443,18 @@ TEST(PipePublication, ClientsThatLeaveCostNoThreadAndAreForgotten) {
     EXPECT_FALSE(sub.pull({.min_version = 1000}).has_value());
     pipe.close();
   }
+  // Each client's thread notices its close within a slice of its wait; on a loaded machine the
+  // last few take longer, so both counts are given 5 s to settle.
   int threads_after = pipe_test::threads();
-  for (int i = 0; i < 100 && threads_after > threads_before + 4; ++i) {
+  for (int i = 0; i < 100 && (threads_after > threads_before + 4 || pub.stats().size() > 65u);
+       ++i) {
     std::this_thread::sleep_for(50ms);
     threads_after = pipe_test::threads();
   }
   std::printf("[pipe] threads before %d, after 100 clients left %d; stats entries %zu\n",
               threads_before, threads_after, pub.stats().size());
   EXPECT_LE(threads_after, threads_before + 4);
-  EXPECT_LE(pub.stats().size(), 64u + 4u);  // the lost ones kept, and the last few
+  EXPECT_LE(pub.stats().size(), 65u);  // 64 lost ones kept, and the last to leave
   // An honest client is still served.
   Pipe pipe = Pipe::connect("127.0.0.1", server.port(), options());
   Subscriber sub(pipe);

@@ -97,6 +97,8 @@ class PublisherCore {
   // then answers it, pinning the slot it sends from until the subscriber has taken it.
   Next answer_request(Subscription& s, Link& link, const Request& r, NextRequest& next);
   std::string pinning_locked() const;
+  // Drops the oldest lost subscriptions out of serve() beyond kMaxLostKept, but `keep`.
+  void prune_locked(const Subscription* keep);
 
   const uint64_t epoch_;
   mutable std::mutex mutex_;
