@@ -194,8 +194,9 @@ def test_torch_stack_and_cat_take_ours():
     (lambda td: td.permute(0, 1, 2), ValueError, "expected 2 dims"),
     (lambda td: td.transpose(0, 5), ValueError, "range of the batch dims"),
     (lambda td: td.chunk(0), ValueError, "chunks"),
-    (lambda td: td.masked_fill(torch.ones(5, dtype=torch.bool), 0), RuntimeError, ""),
-    (lambda td: td.unflatten(0, (5,)), RuntimeError, ""),
+    (lambda td: td.masked_fill(torch.ones(5, dtype=torch.bool), 0), RuntimeError,
+     "must match the existing size"),
+    (lambda td: td.unflatten(0, (5,)), RuntimeError, "don't multiply up"),
 ])
 def test_errors(call, kind, words):
     with pytest.raises(kind):
