@@ -37,8 +37,30 @@ How it works (torchrl 0.14's scheme hooks):
 Versions: ``scheme.version`` is the last version published (trainer) or applied (worker);
 :meth:`TensorDictCppWeightSyncScheme.worker_versions` gives each worker's on the trainer.
 
-Thread safety: the worker thread writes the policy's parameters while the worker may be running
-it. With ``MultiSyncCollector`` and ``sync=True`` the update lands while the workers wait for the
+Zero-copy workers: where the build's ``Subscriber.pull`` takes ``zero_copy=True`` (shared-memory
+publication, docs/publication.md) and the worker shares the trainer's host, the worker thread
+pulls with it (see the scheme's ``zero_copy`` argument for when): no bytes are copied, the
+policy's Parameters (the same objects) become views of the slot where the trainer's publish
+wrote the version, and the worker pins that slot until its next pull, so the trainer never
+rewrites it under the worker (a publish takes another slot, or waits up to ``timeout`` naming
+the pinning workers). What such a worker sees:
+
+* its weights are read-only: the mapping is, so a write into them (an optimiser step, a
+  ``copy_`` or ``load_state_dict`` into the policy, a forward that updates a buffer in place)
+  faults that worker (SIGSEGV) and changes nothing that the trainer or the other workers read;
+  build the scheme with ``zero_copy=False`` for such a worker;
+* a pull moves them from one whole version to the next (a forward running meanwhile in
+  another thread may read some leaves of each, as with a copy: see Thread safety), and no
+  leaf ever changes between pulls;
+* a trainer that dies leaves the views readable (the last version); the thread's next pull
+  reports it (``poll_interval``) and the thread stops;
+* a structure change (other keys or shapes) first gives the Parameters memory of their own
+  again, then goes on by copy; the pin lasts until the next pull or the worker's exit.
+
+Without it (today's builds, or another host), each pull copies the version into the Parameters.
+
+Thread safety: the worker thread writes (or, zero-copy, re-points) the policy's parameters while
+the worker may be running it. With ``MultiSyncCollector`` and ``sync=True`` the update lands while the workers wait for the
 next batch request, so no rollout sees it partly; with ``MultiAsyncCollector`` (or
 ``sync=False``) a rollout step may run while the leaves are being copied, as with torchrl's own
 multiprocess scheme, whose receiver thread updates the policy in place the same way.
@@ -53,6 +75,7 @@ from __future__ import annotations
 
 import atexit
 import datetime
+import inspect
 import logging
 import threading
 import time
@@ -80,7 +103,7 @@ _EXTRA_STATE = "__extra_state__"  # torchrl's key for a module's get_extra_state
 # Per-process state that never travels to a worker (the scheme is pickled into its arguments).
 _RUNTIME = ("_store", "_group", "_publisher", "_subscriber", "_params", "_params_owner",
             "_buffer", "_direct", "_lock", "_atexit_hook", "_cascade_failed", "_failed",
-            "_acked_once", "_cascade_route")
+            "_acked_once", "_cascade_route", "_zero_copy")
 
 
 def _timedelta(seconds: float) -> datetime.timedelta:
@@ -112,6 +135,15 @@ def _publishable(weights: Any) -> Any:
             out[tuple(name.split("."))] = value
         return out
     return weights  # ours, a TensorDictParams, a tensorclass or the reference's TensorDict
+
+
+def _pull_takes_zero_copy(sub: Subscriber) -> bool:
+    """Whether this build's ``Subscriber.pull`` has the ``zero_copy`` keyword (shared-memory
+    publication, docs/publication.md); the older ones pull by copy only."""
+    try:
+        return "zero_copy" in inspect.signature(sub.pull).parameters
+    except (TypeError, ValueError):
+        return False
 
 
 def _updates_only_itself(context: Any, model: Any) -> bool:
@@ -156,12 +188,20 @@ class TensorDictCppWeightSyncScheme(WeightSyncScheme):
             ``True``.
         num_workers (int, optional): the number of receivers when ``init_on_sender`` has no
             collector (``context``) to read it from. Defaults to ``None``.
+        zero_copy (bool, optional): whether a worker's pulls make its policy's Parameters
+            read-only views of the version where the trainer wrote it (see the module's
+            documentation), where its Subscriber can (``pull(..., zero_copy=True)``, a worker
+            on the trainer's host). ``None``: for a policy without buffers only (a forward may
+            write its buffers, e.g. BatchNorm's running statistics). ``True``: also with
+            buffers (none is ever written). ``False``: always by copy (a worker that writes
+            its policy's weights). Defaults to ``None``.
     """
 
     def __init__(self, strategy: str = "tensordict", *, sync: bool = True,
                  timeout: float = 60.0, connect_timeout: float = 120.0,
                  poll_interval: float = 0.5, max_slots: int = 2, host: str = "127.0.0.1",
-                 background: bool = True, num_workers: int | None = None) -> None:
+                 background: bool = True, num_workers: int | None = None,
+                 zero_copy: bool | None = None) -> None:
         super().__init__(strategy=strategy)
         if poll_interval <= 0:
             raise ValueError(f"poll_interval must be positive, got {poll_interval}")
@@ -173,6 +213,7 @@ class TensorDictCppWeightSyncScheme(WeightSyncScheme):
         self.host = host
         self.background = bool(background)
         self.num_workers = num_workers
+        self.zero_copy = zero_copy
         self._port: int | None = None
         self._init_runtime()
 
@@ -183,6 +224,7 @@ class TensorDictCppWeightSyncScheme(WeightSyncScheme):
         self._direct = False
         self._cascade_failed = False
         self._acked_once = set()
+        self._zero_copy = False
 
     # ---- pickling: only the configuration and the store's address travel -------------------
 
@@ -425,6 +467,7 @@ class TensorDictCppWeightSyncScheme(WeightSyncScheme):
                                       f"weights within {self.connect_timeout} s")
         with self._lock:
             self._apply_first(first)
+            self._zero_copy = self._choose_zero_copy()
         self._acknowledge(self._subscriber.version)
         self._register_atexit()
         if self.background:
@@ -481,9 +524,10 @@ class TensorDictCppWeightSyncScheme(WeightSyncScheme):
             model = self._model_or_none()
             if self._direct and isinstance(model, torch.nn.Module):
                 try:
-                    version = sub.pull(self._live_params(model), timeout=timeout)
+                    version = self._pull_direct(sub, self._live_params(model), timeout)
                 except errors.SchemaMismatchError:
                     self._direct = False  # the trainer changed its weights' structure
+                    self._stop_zero_copy()
                 else:
                     if version is not None:
                         self._applied_now(version)
@@ -505,6 +549,49 @@ class TensorDictCppWeightSyncScheme(WeightSyncScheme):
                 self._copy_buffer_into(model)
             self._applied_now(version)
             return version
+
+    def _pull_direct(self, sub: Subscriber, live: TensorDict, timeout: float | None) -> Any:
+        """A pull into the model's own Parameters: zero-copy when chosen, else by copy."""
+        if not self._zero_copy:
+            return sub.pull(live, timeout=timeout)
+        try:
+            return sub.pull(live, timeout=timeout, zero_copy=True)
+        except (TypeError, ValueError, NotImplementedError) as e:
+            # A Subscriber that takes the keyword but cannot map the trainer's memory (over a
+            # socket, another host) may refuse it: by copy from now on.
+            if isinstance(e, errors.MalformedPeerDataError) or "zero" not in str(e).lower():
+                raise
+            logger.info("%s: worker %s pulls by copy: %s", type(self).__name__,
+                        self._worker_idx, e)
+            self._stop_zero_copy()
+            return sub.pull(live, timeout=timeout)
+
+    def _choose_zero_copy(self) -> bool:
+        """Whether the direct route's pulls are zero-copy (see ``zero_copy``)."""
+        model = self._model_or_none()
+        if self.zero_copy is False or not self._direct or not isinstance(model, torch.nn.Module):
+            return False
+        if not _pull_takes_zero_copy(self._subscriber):
+            return False  # a build without shared-memory publication
+        context = self.context
+        if context is not None and hasattr(context, "update_policy_weights_") and \
+                not _updates_only_itself(context, model):
+            return False  # its update_policy_weights_ may write into the policy
+        if self.zero_copy is None and next(iter(model.buffers()), None) is not None:
+            return False
+        return True
+
+    def _stop_zero_copy(self) -> None:
+        """Gives the policy's leaves memory of their own again (the same Parameter objects,
+        ``.data`` swapped for a copy) before any pull by copy, which would unpin the slot they
+        view (free then to hold a later version) and write into read-only memory."""
+        if not self._zero_copy:
+            return
+        self._zero_copy = False
+        if self._params is not None:
+            with torch.no_grad():
+                for leaf in self._params.values(include_nested=True, leaves_only=True):
+                    leaf.data = leaf.detach().clone()
 
     def _copy_buffer_into(self, model: torch.nn.Module) -> None:
         params, extra = _split_extra(self._buffer)

@@ -18,7 +18,8 @@ compared with the trainer's policy applied to the batch's observations:
   5. versions: the trainer scheme's == the number of publishes, each worker's scheme (read in
      the worker through get_distant_attr) == the same, each worker acknowledged it, and the
      workers' "policy_version" went up by one per update, through increment_version() alone
-     (the worker's collector copies no policy onto itself).
+     (the worker's collector copies no policy onto itself); the workers pull zero-copy exactly
+     when the build's Subscriber.pull takes zero_copy.
 async: MultiAsyncCollector, the same policy: after an update (sync=True), every batch the
 trainer takes next that was collected after it carries the new weights.
 stall: MultiSyncCollector, 2 workers, the scheme's timeout 2 s: with worker 1 SIGSTOPped,
@@ -55,6 +56,15 @@ def action_error(policy, batch):
     with torch.no_grad():
         expected = policy.module(batch["observation"])
     return (batch["action"] - expected).abs().max().item()
+
+
+def zero_copy_available():
+    """Whether this build's Subscriber.pull takes zero_copy (shared-memory publication)."""
+    import inspect
+
+    from tensordict_cpp import Subscriber
+
+    return "zero_copy" in inspect.signature(Subscriber.pull).parameters
 
 
 def versions_in(batch):
@@ -127,6 +137,7 @@ def check_sync():
         worker_side = collector.get_distant_attr("_receiver_schemes['policy'].version")
         direct = collector.get_distant_attr("_receiver_schemes['policy']._direct")
         route = collector.get_distant_attr("_receiver_schemes['policy']._cascade_route")
+        zero_copy = collector.get_distant_attr("_receiver_schemes['policy']._zero_copy")
         worker_policy_versions = collector.get_distant_attr("policy_version")
         report(step="checks", errors=dict(initial=e0, inplace_no_update=e_inplace,
                                           after_update=e_update, swap_no_update=e_swap,
@@ -134,7 +145,8 @@ def check_sync():
                                           explicit=e_explicit),
                update_ms=round(update_ms, 2), trainer_version=scheme.version,
                worker_versions=scheme.worker_versions(), worker_scheme_versions=worker_side,
-               worker_direct=direct, worker_cascade_route=route,
+               worker_direct=direct, worker_cascade_route=route, worker_zero_copy=zero_copy,
+               zero_copy_available=zero_copy_available(),
                worker_policy_versions=worker_policy_versions,
                batch_policy_versions=versions, stats=scheme.stats())
         assert scheme.version == 4, scheme.version  # initial + 3 updates
@@ -144,6 +156,8 @@ def check_sync():
         # The worker's collector only bumps its policy_version: no copy of the policy onto
         # itself after each pull.
         assert route == ["increment_version"] * 2, route
+        # Zero-copy pulls where the build has them (the workers share this host), else copies.
+        assert zero_copy == [zero_copy_available()] * 2, zero_copy
         assert worker_policy_versions == [3, 3], worker_policy_versions
         assert versions == [[0], [0], [1], [1], [2], [3]], versions
         assert all(s["version"] == 4 and not s["lost"] for s in scheme.stats()), scheme.stats()
