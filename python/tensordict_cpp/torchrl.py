@@ -584,7 +584,9 @@ class TensorDictCppWeightSyncScheme(WeightSyncScheme):
     def _stop_zero_copy(self) -> None:
         """Gives the policy's leaves memory of their own again (the same Parameter objects,
         ``.data`` swapped for a copy) before any pull by copy, which would unpin the slot they
-        view (free then to hold a later version) and write into read-only memory."""
+        view (free then to hold a later version) and write into read-only memory. The slot is
+        still pinned here: a pull that refuses leaves its TensorDict, views included, as it
+        was."""
         if not self._zero_copy:
             return
         self._zero_copy = False
