@@ -59,11 +59,12 @@ the pinning workers). What such a worker sees:
 
 Without it (today's builds, or another host), each pull copies the version into the Parameters.
 
-Thread safety: the worker thread writes (or, zero-copy, re-points) the policy's parameters while
-the worker may be running it. With ``MultiSyncCollector`` and ``sync=True`` the update lands while the workers wait for the
-next batch request, so no rollout sees it partly; with ``MultiAsyncCollector`` (or
-``sync=False``) a rollout step may run while the leaves are being copied, as with torchrl's own
-multiprocess scheme, whose receiver thread updates the policy in place the same way.
+Thread safety: the worker thread writes (or, zero-copy, re-points) the policy's parameters
+while the worker may be running it. With ``MultiSyncCollector`` and ``sync=True`` the update
+lands while the workers wait for the next batch request, so no rollout sees it partly; with
+``MultiAsyncCollector`` (or ``sync=False``) a rollout step may run while the leaves are being
+copied, as with torchrl's own multiprocess scheme, whose receiver thread updates the policy in
+place the same way.
 
 Shutdown: torchrl's ``collector.shutdown()`` leaves the schemes alone; call
 ``scheme.shutdown()`` after it to close the Publisher now (else at exit or garbage collection).
