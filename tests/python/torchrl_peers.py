@@ -90,6 +90,10 @@ def check_sync():
         assert not any(p.is_shared() for p in policy.parameters()), \
             "the trainer's parameters were moved to shared memory"
         assert scheme.version == 1, scheme.version  # connect() published the initial weights
+        # send() reads the trainer's policy with ours (torchrl's extraction would return just
+        # TensorDict.from_module of it), with no reference TensorDict to convert.
+        assert scheme._model_to_read(None) is policy
+        assert scheme._model_to_read(policy) is policy
         it = iter(collector)
         versions = []
 
