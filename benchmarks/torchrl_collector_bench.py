@@ -16,8 +16,9 @@ end, whatever happened): a ``MultiSyncCollector`` over 4 ``ContinuousActionVecMo
 * ``default``: no ``weight_sync_schemes`` (torchrl then uses ``SharedMemWeightSyncScheme``: the
   workers' policies are one shared buffer the trainer overwrites in place, then each worker's
   thread applies it and acknowledges through a queue);
-* ``multiprocess``: ``MultiProcessWeightSyncScheme()`` (the weights pickled through a pipe to
-  each worker);
+* ``multiprocess``: ``MultiProcessWeightSyncScheme()`` (the weights put on an mp.Queue per
+  worker: torch's reductions move their storages into shared memory and pickle handles; each
+  worker's thread copies them into its policy and acknowledges);
 * ``tensordict_cpp``: ``tensordict_cpp.torchrl.TensorDictCppWeightSyncScheme()`` (one publish,
   the workers' threads pull it; python/tensordict_cpp/torchrl.py).
 
