@@ -11,7 +11,9 @@ For each case (1 x 1 KB, 100 x 1 KB, 1000 x 64 B nested 3 deep, 16 x 8 MB, 1 x 1
 
 Then build/micro_bench (Google Benchmark) and the same work done by the reference / Python,
 and a NonTensorStack of 1,000,000 strings received from the reference's init_remote messages
-beside the same stack's file read by from_consolidated (two Python ranks).
+beside the same stack's file read by from_consolidated (two Python ranks). Then publication
+(benchmarks/publication_bench.py) and torchrl 0.14.1's collectors under each weight-sync scheme,
+ours among them (benchmarks/torchrl_collector_bench.py, on the peer stack in .peers/td014).
 Prints markdown tables and, unless --no-write, rewrites docs/benchmarks.md and
 docs/benchmarks.png. Exits 1 if any received data failed verification.
 
@@ -1046,6 +1048,10 @@ def main() -> int:
     import publication_bench
     publication = publication_bench.measure(args.quick)
     pipe_md += "\n\n" + publication_bench.section(publication)
+    print("benchmarks/run: torchrl collectors ...", file=sys.stderr, flush=True)
+    import torchrl_collector_bench
+    collectors = torchrl_collector_bench.run(args.quick)
+    pipe_md += "\n\n" + torchrl_collector_bench.section(collectors)
     rows = merge(results)
     transfer, micro_md = transfer_table(rows), micro_table(micro, ref_micro)
     micro_md += (
@@ -1067,7 +1073,8 @@ def main() -> int:
         "sending back to back (goals: 1.05x at 1 KB; at 100 MB at most one memcpy more).\n\n" +
         timeout_table(timeouts))
     targets = target_table(rows, micro, ref_micro)
-    verified = all(r["verified"] is not False for r in rows) and stack["verified"]
+    verified = (all(r["verified"] is not False for r in rows) and stack["verified"]
+                and all(c.get("verified") is not False for c in collectors.get("cases", [])))
     print(transfer)
     print()
     print(micro_md)
@@ -1083,6 +1090,7 @@ def main() -> int:
         pathlib.Path(args.json).write_text(json.dumps(
             {"cases": results, "rows": rows, "micro": micro, "reference_micro": ref_micro,
              "stack_receive": stack, "timeouts": timeouts, "publication": publication,
+             "torchrl_collectors": collectors,
              "verified": verified,
              "seconds": elapsed}, indent=1))
     if not args.no_write:

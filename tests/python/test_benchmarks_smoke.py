@@ -50,5 +50,12 @@ def test_quick_run_reports_every_arm_and_verifies(tmp_path):
     torn = result["publication"]["torn"]
     assert torn["pulls"] > 0 and torn["torn"] == 0 and torn["not_increasing"] == 0
     assert "## Publication" in proc.stdout
+    # torchrl collectors (on the peer stack, when installed): every case acted with the
+    # trainer's weights after each update.
+    collectors = result["torchrl_collectors"]
+    assert "## torchrl collectors" in proc.stdout
+    if collectors["status"] == "ok":
+        assert {c["scheme"] for c in collectors["cases"]} == {"default", "tensordict_cpp"}
+        assert all(c.get("verified") for c in collectors["cases"]), collectors["cases"]
     # --no-write leaves the published report alone.
     assert "wrote docs/benchmarks.md" not in proc.stdout

@@ -53,6 +53,7 @@ def test_multi_sync_collector_follows_the_trainer_through_the_scheme():
     checks = steps["checks"]
     assert checks["trainer_version"] == 4 and checks["worker_scheme_versions"] == [4, 4]
     assert checks["worker_policy_versions"] == [3, 3]
+    assert checks["worker_cascade_route"] == ["increment_version"] * 2
     assert checks["batch_policy_versions"] == [[0], [0], [1], [1], [2], [3]]
     assert checks["errors"]["inplace_no_update"] > 1e-2  # stale until the update
     assert steps["shutdown"]["exitcodes"] == [0, 0]
@@ -62,3 +63,10 @@ def test_multi_async_collector_takes_each_update():
     steps = {line.get("step"): line for line in run_peer("async")}
     assert steps["async"]["trainer_version"] == 4
     assert steps["async"]["worker_versions"] == {"0": 4, "1": 4}
+
+
+def test_a_stopped_worker_is_named_after_the_timeout_and_catches_up():
+    steps = {line.get("step"): line for line in run_peer("stall")}
+    stall = steps["stall"]
+    assert "workers [1]" in stall["message"] and 2 <= stall["waited_s"] < 4
+    assert stall["applied"] == {"0": 3, "1": 2} and stall["after"] == {"0": 4, "1": 4}
