@@ -84,6 +84,7 @@ def main() -> None:
     ap.add_argument("--rate", default="400mbit")
     ap.add_argument("--versions", type=int, default=3)
     ap.add_argument("--port", type=int, default=29731)
+    ap.add_argument("--json", help="also write the figures to this file")
     ap.add_argument("--_rank", type=int, help=argparse.SUPPRESS)
     a = ap.parse_args()
     if a._rank is not None:
@@ -116,6 +117,10 @@ def main() -> None:
     print(f"  every subscriber holds a version: median {t:.2f} s = {t / floor:.2f}x one paced "
           f"send of the bytes ({floor:.2f} s)")
     print(f"  the publisher's interface sent {tx:.2f}x the version's bytes")
+    if a.json:
+        with open(a.json, "w") as f:
+            json.dump({"subscribers": a.hosts - 1, "seconds": t, "p2p_seconds": floor,
+                       "ratio": t / floor, "tx_ratio": tx}, f)
 
 
 if __name__ == "__main__":
