@@ -72,6 +72,7 @@ Endpoint::Endpoint(std::shared_ptr<Worker> worker, std::string peer, const Unrea
 Endpoint::~Endpoint() {
   // Owners close() first; this covers an endpoint dropped without it.
   auto lk = worker_->lock();
+  token_.reset();  // deferred tasks run under the lock: none reaches this endpoint after it
   force_close_locked();
   drop_stash_locked();
   worker_->remove_inbox(recv_tag_);
@@ -540,9 +541,12 @@ void Endpoint::on_error(void* arg, ucp_ep_h /*ep*/, ucs_status_t /*status*/) {
   auto* self = static_cast<Endpoint*>(arg);
   self->peer_gone_ = true;
   // A failed endpoint must be closed with force; no more messages will come from the peer, so
-  // a receive that matched nothing yet never will (force_close_locked cancels it). The
-  // endpoint outlives this task: its owner's close or destructor takes the UCX lock first.
-  self->worker_->defer([self] { self->force_close_locked(); });
+  // a receive that matched nothing yet never will (force_close_locked cancels it). UCX may call
+  // this outside a progress call (closing an endpoint), so the task may run after the endpoint
+  // is gone: it holds the endpoint's token, which the destructor drops under the UCX lock.
+  self->worker_->defer([token = std::weak_ptr<Endpoint*>(self->token_)] {
+    if (auto alive = token.lock()) (*alive)->force_close_locked();
+  });
   self->worker_->notify();
 }
 

@@ -205,6 +205,8 @@ class Endpoint final : public Connection, public Inbox {
   bool malformed_ = false;  // it broke on the peer's data: later calls throw MalformedPeerDataError
   bool closed_ = false;
   bool peer_gone_ = false;
+  // What a task deferred by on_error holds instead of the endpoint (see there).
+  std::shared_ptr<Endpoint*> token_ = std::make_shared<Endpoint*>(this);
   std::vector<std::shared_ptr<Op>> recvs_;  // posted receives (cancelled when it breaks)
   std::deque<Stashed> stash_;               // the peer's unread messages, oldest first
   size_t landed_bytes_ = 0;  // the lengths of those received into the stash (look-ahead)

