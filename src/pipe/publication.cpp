@@ -25,13 +25,14 @@ struct Publisher::Impl {
   std::condition_variable idle;
   int serving = 0;  // clients whose thread is in core.serve()
 
-  explicit Impl(int64_t max_slots) : core(max_slots) {}
+  Impl(int64_t max_slots, pub::Transport transport) : core(max_slots, transport) {}
 };
 
 Publisher::Publisher(TensorDictServer& server, const PublisherOptions& options) {
   TORCH_CHECK_VALUE(options.max_slots >= 1, "Publisher: max_slots must be at least 1, got ",
                     options.max_slots);
-  impl_ = std::make_shared<Impl>(options.max_slots);
+  impl_ =
+      std::make_shared<Impl>(options.max_slots, pub::transport_of("Publisher", options.transport));
   server.serve([impl = impl_](Pipe& pipe) {
     SubscriberStats stats;
     stats.peer = pipe.peer();
@@ -114,7 +115,8 @@ Subscriber::Subscriber(Pipe pipe, const SubscriberOptions& options)
               " is not a tensordict_cpp peer (the reference tensordict's pipe, which has no "
               "Publisher)");
   detail::carry_publication(p);
-  impl_->core = std::make_unique<pub::SubscriberCore>(std::move(link), who, max_bytes);
+  impl_->core = std::make_unique<pub::SubscriberCore>(
+      std::move(link), who, max_bytes, pub::transport_of("Subscriber", options.transport));
 }
 
 Subscriber::~Subscriber() = default;
@@ -131,6 +133,8 @@ void Subscriber::interrupt(bool on) { impl_->core->interrupt(on); }
 int64_t Subscriber::version() const { return impl_->core->version(); }
 uint64_t Subscriber::epoch() const { return impl_->core->epoch(); }
 bool Subscriber::publisher_closed() const { return impl_->core->publisher_closed(); }
+std::string Subscriber::transport() const { return impl_->core->transport(); }
+void Subscriber::release() { impl_->core->release_pin(); }
 const Pipe& Subscriber::pipe() const { return impl_->pipe; }
 
 }  // namespace tensordict::pipe
