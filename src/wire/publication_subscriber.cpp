@@ -254,10 +254,17 @@ std::optional<SubscriberCore::Version> SubscriberCore::shm_next(Clock::time_poin
   const uint8_t* h = m.header();
   const auto& changes = L::word<uint32_t>(h, L::kChangesAt);
   const int64_t least = options.min_version.value_or(0);
+  bool waited = false;
   for (;;) {
     if (interrupted_.load()) return std::nullopt;
     const uint32_t seen = changes.load();
     const uint32_t flags = L::word<uint32_t>(h, L::kFlagsAt).load();
+    if ((flags & L::kClosed) && !waited) {
+      // Closed before this pull: as over the link, the request goes there, where a new
+      // publisher may serve (its epoch then new).
+      detach();
+      return std::nullopt;
+    }
     if (flags & L::kClosed) {
       publisher_closed_ = true;
       TD_THROW(NoPublisherError, who_, ": the Publisher on ", link_->peer(),
@@ -281,6 +288,7 @@ std::optional<SubscriberCore::Version> SubscriberCore::shm_next(Clock::time_poin
         m.reading().store(pin);
         const uint8_t* record = m.record(static_cast<uint32_t>(slot));
         if (L::word<uint64_t>(record, L::kStateAt).load() == static_cast<uint64_t>(version)) {
+          Refusal step = Refusal::kOffer;
           try {
             const auto bytes =
                 static_cast<int64_t>(L::word<uint64_t>(record, L::kSlotBytesAt).load());
@@ -291,9 +299,11 @@ std::optional<SubscriberCore::Version> SubscriberCore::shm_next(Clock::time_poin
                           who_, ": the publisher's shared memory announces a version of ", bytes,
                           " bytes and a schema of ", json, " bytes in slots of ", m.layout.data_cap,
                           " and ", m.layout.json_cap);
+            step = Refusal::kStorage;
             TD_CHECK_PEER(
                 bytes <= max_total_bytes_, who_, ": the publisher announces a storage of ", bytes,
                 " bytes; this subscriber takes 0 to ", max_total_bytes_, " (max_total_bytes)");
+            step = Refusal::kSchema;
             Mapped::Views& views = m.views[slot];
             if (views.schema != schema || views.bytes != bytes || !views.metadata) {
               std::shared_ptr<const core::ValidatedMetadata> metadata;
@@ -331,6 +341,18 @@ std::optional<SubscriberCore::Version> SubscriberCore::shm_next(Clock::time_poin
                 c10::str(e.what_without_backtrace(),
                          ". This subscriber refused it and pulls no more from ", link_->peer());
             detach();
+            // The publisher is told, as over the link (§9.2): it stops serving this subscriber
+            // and records why.
+            try {
+              Request r;
+              r.refusal = step;
+              r.seq = seq_;
+              r.epoch = held_->epoch;
+              r.version = held_->version;
+              link_->keep({link_->post_send(core::bytes_tensor(encode(r)), Kind::kRequest)});
+            } catch (...) {
+              // the link is broken already: its peer learns it from the transport
+            }
             throw;
           }
         }
@@ -344,6 +366,7 @@ std::optional<SubscriberCore::Version> SubscriberCore::shm_next(Clock::time_poin
                   m.publisher->pid(), ") on ", link_->peer(), " exited");
     }
     if (now >= deadline) return std::nullopt;
+    waited = true;
     const auto left = std::chrono::duration_cast<std::chrono::microseconds>(deadline - now);
     shm::futex_wait(&changes, seen, std::min<std::chrono::microseconds>(left, kShmSlice));
   }
