@@ -68,8 +68,8 @@ struct PyCallable {
 };
 
 // Pipe.over's link: each message crosses as a memoryview of the pipe's own buffer (no copy).
-pipe::CallerTransport link_from_py(py::object send, py::object recv, py::object close, std::string peer,
-                            std::optional<uint64_t> peer_tag) {
+pipe::CallerTransport link_from_py(py::object send, py::object recv, py::object close,
+                                   std::string peer, std::optional<uint64_t> peer_tag) {
   pipe::CallerTransport link;
   auto s = std::make_shared<PyCallable>(std::move(send));
   auto r = std::make_shared<PyCallable>(std::move(recv));

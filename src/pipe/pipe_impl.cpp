@@ -1,6 +1,6 @@
 // A pipe end (pipe_impl.h): the framing of docs/wire-format.md §6 written by a FrameWriter and
-// read by a FrameReader (src/wire/include/wire/pipe_frames.h), each message one tag message on the pipe's
-// connection, with the flow control, the close marker, the counters and the event loops' fd.
+// read by a FrameReader (src/wire/include/wire/pipe_frames.h), each message one tag message on the
+// pipe's connection, with the flow control, the close marker, the counters and the event loops' fd.
 #include "pipe_impl.h"
 
 #include <sys/eventfd.h>
@@ -80,8 +80,8 @@ const char* kPublicationOnly =
 
 }  // namespace
 
-size_t Connection::recv_joined(uint8_t*, const at::Tensor&, void*, size_t, const at::Tensor&, const char*,
-                         Millis) {
+size_t Connection::recv_joined(uint8_t*, const at::Tensor&, void*, size_t, const at::Tensor&,
+                               const char*, Millis) {
   TORCH_INTERNAL_ASSERT(false, "recv_joined on a link that does not join frames");
 }
 
@@ -129,8 +129,8 @@ PipeImpl::PipeImpl(PipeOptions options, std::shared_ptr<Worker> worker,
   listener_ = std::move(listener);
 }
 
-PipeImpl::PipeImpl(PipeOptions options, std::shared_ptr<Worker> worker, std::shared_ptr<Connection> link,
-                   int port)
+PipeImpl::PipeImpl(PipeOptions options, std::shared_ptr<Worker> worker,
+                   std::shared_ptr<Connection> link, int port)
     : options_((check_options(options), std::move(options))),
       worker_(std::move(worker)),
       port_(port),

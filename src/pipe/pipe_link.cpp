@@ -108,7 +108,8 @@ pub::PendingPtr PipeLink::post(const at::Tensor& buffer, pub::Kind kind, bool re
 }
 
 std::shared_ptr<PipeLink> pipe_link(const Pipe& pipe, const char* call) {
-  auto ep = std::dynamic_pointer_cast<Endpoint>(PipeAccess::impl(pipe).publication_connection(call));
+  auto ep =
+      std::dynamic_pointer_cast<Endpoint>(PipeAccess::impl(pipe).publication_connection(call));
   TORCH_CHECK_VALUE(ep != nullptr, call,
                     ": the pipe runs over a caller's link, whose messages cannot be waited on "
                     "apart; use a pipe of tensordict_cpp's own (connect, listen, a "
