@@ -36,7 +36,9 @@ std::shared_ptr<Segment> Segment::create(const std::string& name, size_t bytes) 
     errno = e;
     throw_errno("shared memory of " + std::to_string(bytes) + " bytes");
   }
-  void* p = ::mmap(nullptr, bytes, PROT_READ | PROT_WRITE, MAP_SHARED, fd, 0);
+  // Populated now: faulting in fresh pages one at a time costs more than copying into them,
+  // and a segment's pages are all written soon (each slot by a publish).
+  void* p = ::mmap(nullptr, bytes, PROT_READ | PROT_WRITE, MAP_SHARED | MAP_POPULATE, fd, 0);
   if (p == MAP_FAILED) {
     const int e = errno;
     ::close(fd);
@@ -74,7 +76,8 @@ std::shared_ptr<Segment> Segment::open(pid_t pid, int fd, bool writable, std::st
   }
   const auto bytes = static_cast<size_t>(st.st_size);
   void* p =
-      ::mmap(nullptr, bytes, writable ? PROT_READ | PROT_WRITE : PROT_READ, MAP_SHARED, own, 0);
+      ::mmap(nullptr, bytes, writable ? PROT_READ | PROT_WRITE : PROT_READ,
+             MAP_SHARED | MAP_POPULATE, own, 0);  // the page tables made now: pulls fault nothing
   const int e = errno;
   ::close(own);  // the mapping keeps the memory
   if (p == MAP_FAILED) {
