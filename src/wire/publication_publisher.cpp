@@ -179,9 +179,20 @@ void PublisherCore::reap_dead_locked() {
   }
 }
 
+// What a subscriber on shared memory wrote of itself into its entry (its last version and its
+// pulls), kept in its stats before the entry is cleared.
+static void fold_entry(SubscriberStats& stats, uint8_t* q) {
+  const auto version = static_cast<int64_t>(L::word<uint64_t>(q, L::kEntryVersionAt).load());
+  if (version > 0) stats.version = version;
+  stats.pulls += static_cast<int64_t>(L::word<uint64_t>(q, L::kPullsAt).load() & INT64_MAX);
+  L::word<uint64_t>(q, L::kEntryVersionAt).store(0);
+  L::word<uint64_t>(q, L::kPullsAt).store(0);
+}
+
 void PublisherCore::release_entry_locked(Subscription& s) {
   if (s.entry < 0 || !shm_ || !shm_->pins) return;
   uint8_t* q = shm_->entry(s.entry);
+  fold_entry(s.stats, q);
   L::word<uint64_t>(q, L::kReadingAt).store(0);
   L::word<uint64_t>(q, L::kHeldAt).store(0);
   L::word<uint32_t>(q, L::kEntryPidAt).store(0);
@@ -266,6 +277,7 @@ std::optional<Offer> PublisherCore::shm_offer_locked(Subscription& s, const Requ
     shm_->used[s.entry] = true;
   }
   uint8_t* q = shm_->entry(s.entry);
+  fold_entry(s.stats, q);
   for (size_t at = 0; at < L::kEntryRecord; at += 8) L::word<uint64_t>(q, at).store(0);
   Offer o;
   o.status = Status::kShm;

@@ -956,6 +956,12 @@ TYPED_TEST_P(PublicationContract, OverSharedMemoryPullsSendNoMessageAndAreNeverT
   EXPECT_EQ(stats[0].pulls, pulls + 1);
   EXPECT_FALSE(stats[0].lost) << stats[0].error;
   e.faults->release();
+  // Lost, it keeps what it pulled in stats() (its entry in shared memory cleared).
+  e.faults->lose();
+  EXPECT_TRUE(eventually([&] {
+    const auto s = core.stats()[0];
+    return s.lost && s.version == 400 && s.pulls == pulls + 1 && !s.pinned;
+  }));
 }
 
 TYPED_TEST_P(PublicationContract, AZeroCopyPullPinsItsSlotUntilTheNextPullOrRelease) {
