@@ -6,6 +6,7 @@ TensorDictServer on the same host. It prints JSON lines on stdout, flushed.
           zero     pull zero-copy into a live module's TensorDictParams until version LAST
           write    pull once zero-copy, then write into a leaf (the slot is read-only: the
                    process is killed by SIGSEGV before it says "wrote")
+          hold     pull once zero-copy (pinning the slot), say so, then sleep until killed
 """
 import json
 import os
@@ -56,6 +57,12 @@ def main():
         assert [id(p) for p in net.parameters()] == ids  # the same Parameters, viewing the slot
         out = net(torch.ones(1, 64))
         assert bool((out == last * 64 + last).all()), out
+    elif role == "hold":
+        sub.pull(timeout=TIMEOUT, zero_copy=True)
+        say(pulled=sub.version, transport=sub.transport)
+        import time
+        time.sleep(600)
+        return
     elif role == "write":
         td = sub.pull(timeout=TIMEOUT, zero_copy=True)
         say(pulled=sub.version, transport=sub.transport)
