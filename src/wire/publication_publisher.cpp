@@ -25,6 +25,8 @@ namespace {
 
 // Waits are cut in slices, so that a closing publisher stops within one.
 constexpr auto kSlice = std::chrono::milliseconds(100);
+// How often a subscriber on shared memory is looked at (whether its process exited).
+constexpr auto kShmWatch = std::chrono::milliseconds(20);
 // Versions from this size are sent to one subscriber at a time, each for at most its turn (twice
 // the last such send's time, within these bounds) before the next may start alongside.
 constexpr int64_t kBigVersion = int64_t{8} << 20;
@@ -45,14 +47,6 @@ uint64_t random_epoch() {
 // A subscriber's stats keep the lost ones beyond those serving, up to this many (the oldest
 // go first): a server's clients come and go without end.
 constexpr size_t kMaxLostKept = 64;
-
-// Waits for `p` in slices until it completes (true) or the publisher closes (false).
-bool wait_unless_closing(Link& link, const PendingPtr& p, const std::atomic<bool>& closing) {
-  while (!closing.load()) {
-    if (link.wait(p, Clock::now() + kSlice)) return true;
-  }
-  return false;
-}
 
 // An error's text for stats(): its message, without a C++ backtrace.
 std::string text_of(const std::exception& e) {
@@ -187,6 +181,23 @@ static void fold_entry(SubscriberStats& stats, uint8_t* q) {
   stats.pulls += static_cast<int64_t>(L::word<uint64_t>(q, L::kPullsAt).load() & INT64_MAX);
   L::word<uint64_t>(q, L::kEntryVersionAt).store(0);
   L::word<uint64_t>(q, L::kPullsAt).store(0);
+}
+
+bool PublisherCore::mapped_entry(const Subscription& s) const {
+  std::lock_guard<std::mutex> lock(mutex_);
+  return s.entry >= 0;
+}
+
+std::optional<std::string> PublisherCore::subscriber_exited(const Subscription& s) {
+  std::lock_guard<std::mutex> lock(mutex_);
+  if (s.entry < 0 || !shm_ || !shm_->pins) return std::nullopt;
+  const auto pid =
+      static_cast<pid_t>(L::word<uint32_t>(shm_->entry(s.entry), L::kEntryPidAt).load());
+  if (pid <= 0) return std::nullopt;
+  auto& process = shm_->process[s.entry];
+  if (!process || process->pid() != pid) process = std::make_unique<shm::Process>(pid);
+  if (process->alive()) return std::nullopt;
+  return c10::str("the subscriber's process (pid ", pid, ") exited");
 }
 
 void PublisherCore::release_entry_locked(Subscription& s) {
@@ -378,7 +389,21 @@ void PublisherCore::serve_requests(Subscription& s, Link& link) {
   try {
     next.pending = link.post_recv(next.buffer, Kind::kRequest);
     for (;;) {
-      if (!wait_unless_closing(link, next.pending, closing_)) break;
+      // A subscriber on shared memory sends nothing in the steady state: while its next message
+      // is awaited, its process is looked at every 20 ms, so that the pins of one that was
+      // killed are cleared within that even when its transport is slow to tell (a pipe).
+      bool arrived = false;
+      std::optional<std::string> exited;
+      while (!closing_.load() && !exited) {
+        const bool mapped = mapped_entry(s);
+        if (link.wait(next.pending, Clock::now() + (mapped ? kShmWatch : kSlice))) {
+          arrived = true;
+          break;
+        }
+        if (mapped) exited = subscriber_exited(s);
+      }
+      if (exited) lose(s, *exited);
+      if (!arrived) break;
       const at::Tensor request = next.buffer;
       next = NextRequest{};  // read
       Request r;

@@ -102,10 +102,12 @@ def test_stopped_and_killed_pipe_subscribers_cost_only_their_slots():
     with TensorDictServer(0, timeout=30.0) as server:
         pub = Publisher(server, max_slots=3)
         pub.publish(version(1))
-        stopped, killed = Peer("hold", server.port, 1), Peer("hold", server.port, 1)
-        for peer in (stopped, killed):
-            line = json.loads(peer.proc.stdout.readline())
+        peers = []
+        for _ in range(2):  # one after the other: stats() lists them in that order
+            peers.append(Peer("hold", server.port, 1))
+            line = json.loads(peers[-1].proc.stdout.readline())
             assert line == {"pulled": 1, "transport": "shm"}, line
+        stopped, killed = peers
         pinned = lambda: [s["pinned"] for s in pub.stats()]  # noqa: E731
         assert pinned() == [1, 1]
         os.kill(stopped.proc.pid, signal.SIGSTOP)

@@ -111,6 +111,9 @@ class PublisherCore {
   // The offer of shared memory to `s` (an entry assigned), or nothing when none is free.
   std::optional<Offer> shm_offer_locked(Subscription& s, const Request& r);
   void release_entry_locked(Subscription& s);
+  // Whether `s` maps the slots; why its process is gone, if it is (its pid from its entry).
+  bool mapped_entry(const Subscription& s) const;
+  std::optional<std::string> subscriber_exited(const Subscription& s);
   void mark_locked(uint32_t flag);
 
   const uint64_t epoch_;
