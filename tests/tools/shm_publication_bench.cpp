@@ -4,9 +4,11 @@
 //     shared memory, and by copy over the socket (transport "socket"), each against one memcpy
 //     of 64 MiB measured in the same run (a ratio);
 //   - a 1 KB version's pull p50 (the version published before the pull starts) and a poll that
-//     finds nothing new, p50.
+//     finds nothing new, p50;
+//   - torn versions: 3 subscribers (2 by copy, 1 zero-copy) pulling for `seconds` while the
+//     publisher publishes 4 KiB versions back to back, every element of each pull checked.
 // Medians over the rounds; each round's data checked (every element the round's number).
-//   shm_publication_bench [rounds]
+//   shm_publication_bench [rounds] [seconds]
 
 #include <ATen/ATen.h>
 #include <ATen/Parallel.h>
@@ -138,7 +140,55 @@ double fan_out(int rank, int rounds, const std::string& transport, bool zero_cop
   return rank == 0 ? median(ms) : 0;
 }
 
-void bench(int rank, int, int rounds) {
+// Rank 0 publishes 4 KiB versions back to back for `seconds`, then one whose elements are
+// negative (the last); ranks 1 and 2 pull by copy, rank 3 zero-copy, each checking that every
+// element of what it pulled is its version's.
+void torn_check(int rank, double seconds) {
+  if (rank == 0) {
+    dist::Publisher pub({.max_slots = 4, .subscribers = {1, 2, 3}});
+    TensorDict td({{"w", at::zeros({1024})}}, {});
+    const auto end = Clock::now() + std::chrono::duration<double>(seconds);
+    int64_t v = 0;
+    while (Clock::now() < end) {
+      td.get("w").tensor().fill_(static_cast<float>(++v));
+      pub.publish(td, 10s);
+    }
+    td.get("w").tensor().fill_(-static_cast<float>(++v));
+    pub.publish(td, 10s);
+    barrier();
+    std::printf("torn check: %lld versions published back to back in %.0f s\n",
+                static_cast<long long>(v), seconds);
+    std::fflush(stdout);
+    barrier();
+    return;
+  }
+  if (rank == 4) {
+    barrier();
+    barrier();
+    return;
+  }
+  dist::Subscriber sub({.src = 0});
+  TensorDict td({{"w", at::zeros({1024})}}, {});
+  int64_t pulls = 0, torn = 0;
+  for (;;) {
+    const auto v = sub.pull(td, {.timeout = 30s, .zero_copy = rank == 3});
+    if (!v) std::exit(2);
+    ++pulls;
+    const at::Tensor w = td.get("w").tensor();
+    const float first = w[0].item<float>();
+    const bool last = first < 0;
+    torn += !w.eq(last ? -static_cast<float>(*v) : static_cast<float>(*v)).all().item<bool>();
+    if (last) break;
+  }
+  barrier();
+  std::printf("torn check: rank %d (%s%s): %lld pulls, %lld torn\n", rank, sub.transport().c_str(),
+              rank == 3 ? ", zero-copy" : "", static_cast<long long>(pulls),
+              static_cast<long long>(torn));
+  std::fflush(stdout);
+  barrier();
+}
+
+void bench(int rank, int, int rounds, double seconds) {
   at::set_num_threads(1);
   if (rank == 0) {
     for (int i = 0; i < 15; ++i) measure_memcpy();
@@ -210,13 +260,18 @@ void bench(int rank, int, int rounds) {
     std::fflush(stdout);
   }
   barrier();
+  sub.reset();
+  pub.reset();
+  barrier();  // that publisher closed before the next one's subscribers ask
+  torn_check(rank, seconds);
 }
 
 }  // namespace
 
 int main(int argc, char** argv) {
   const int rounds = argc > 1 ? std::atoi(argv[1]) : 7;
-  dist::run([rounds](int rank, int world) { bench(rank, world, rounds); }, kWorld,
+  const double seconds = argc > 2 ? std::atof(argv[2]) : 10;
+  dist::run([rounds, seconds](int rank, int world) { bench(rank, world, rounds, seconds); }, kWorld,
             {.timeout = std::chrono::minutes(8), .group_timeout = std::chrono::seconds(120)});
   return 0;
 }
