@@ -105,6 +105,7 @@ Subscriber::Subscriber(Pipe pipe, const SubscriberOptions& options)
     : impl_(std::make_unique<Impl>(Impl{std::move(pipe), nullptr})) {
   constexpr const char* kCall = "Subscriber";
   const Pipe& p = impl_->pipe;
+  const pub::Transport transport = pub::transport_of(kCall, options.transport);
   const int64_t max_bytes = options.max_total_bytes.value_or(
       p.options().max_storage_bytes.value_or(default_storage_limit_bytes()));
   TORCH_CHECK_VALUE(max_bytes >= 0, kCall, ": max_total_bytes must not be negative, got ",
@@ -115,8 +116,7 @@ Subscriber::Subscriber(Pipe pipe, const SubscriberOptions& options)
               " is not a tensordict_cpp peer (the reference tensordict's pipe, which has no "
               "Publisher)");
   detail::carry_publication(p);
-  impl_->core = std::make_unique<pub::SubscriberCore>(
-      std::move(link), who, max_bytes, pub::transport_of("Subscriber", options.transport));
+  impl_->core = std::make_unique<pub::SubscriberCore>(std::move(link), who, max_bytes, transport);
 }
 
 Subscriber::~Subscriber() = default;

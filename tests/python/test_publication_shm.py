@@ -136,10 +136,19 @@ def test_stopped_and_killed_pipe_subscribers_cost_only_their_slots():
 
 
 def test_transport_arguments_are_checked():
-    from tensordict_cpp import Publisher, TensorDictServer
+    from tensordict_cpp import Publisher, Subscriber, TensorDictPipe, TensorDictServer
     with TensorDictServer(0, timeout=10.0) as server:
         with pytest.raises(ValueError, match="transport must be"):
             Publisher(server, transport="tcp")
+        pub = Publisher(server)
+        pipe = TensorDictPipe.connect_sync("127.0.0.1", server.port, timeout=10)
+        with pytest.raises(ValueError, match="transport must be"):
+            Subscriber(pipe, transport="udp")
+        sub = Subscriber(pipe)  # the refused one left the pipe as it was
+        assert sub.transport == "socket"  # until its first pull asks
+        pub.publish(version(1))
+        assert sub.pull(timeout=10) is not None and sub.transport == "shm"
+        pub.close()
 
 
 READY = 9000
