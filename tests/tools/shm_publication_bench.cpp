@@ -40,6 +40,29 @@ int64_t now_ns() {
       .count();
 }
 
+// This process's memory in MiB: its private pages (Private_Clean + Private_Dirty), and all it
+// maps that is resident (Rss, shared pages included).
+struct Memory {
+  double private_mib = 0, rss_mib = 0;
+};
+Memory memory() {
+  Memory m;
+  std::FILE* f = std::fopen("/proc/self/smaps_rollup", "r");
+  if (f == nullptr) return m;
+  char line[256];
+  while (std::fgets(line, sizeof(line), f) != nullptr) {
+    long long kb = 0;
+    if (std::sscanf(line, "Private_Clean: %lld kB", &kb) == 1 ||
+        std::sscanf(line, "Private_Dirty: %lld kB", &kb) == 1) {
+      m.private_mib += static_cast<double>(kb) / 1024;
+    } else if (std::sscanf(line, "Rss: %lld kB", &kb) == 1) {
+      m.rss_mib = static_cast<double>(kb) / 1024;
+    }
+  }
+  std::fclose(f);
+  return m;
+}
+
 double median(std::vector<double> v) {
   std::sort(v.begin(), v.end());
   return v[v.size() / 2];
@@ -101,6 +124,8 @@ void measure_memcpy() {
 
 // One way of moving 64 MiB: `rounds` rounds, the median time until every subscriber holds it.
 double fan_out(int rank, int rounds, const std::string& transport, bool zero_copy, float base) {
+  TensorDict td = big(0);
+  const Memory before = memory();  // with its TensorDict
   std::optional<dist::Publisher> pub;
   std::optional<dist::Subscriber> sub;
   if (rank == 0) {
@@ -108,7 +133,6 @@ double fan_out(int rank, int rounds, const std::string& transport, bool zero_cop
   } else {
     sub.emplace(dist::SubscriberOptions{.src = 0, .transport = transport});
   }
-  TensorDict td = big(0);
   std::vector<double> ms;
   constexpr int kWarmUp = 3;  // every slot written once, the subscribers' mappings made
   for (int round = 1 - kWarmUp; round <= rounds; ++round) {
@@ -128,6 +152,15 @@ double fan_out(int rank, int rounds, const std::string& transport, bool zero_cop
         std::exit(2);
       }
     }
+  }
+  const Memory after = memory();
+  if (rank <= 1) {
+    std::printf(
+        "  memory (%s%s), rank %d beyond its TensorDict: private %+.1f MiB, resident "
+        "%+.1f MiB (max_slots 3 x 64 MiB = 192 MiB)\n",
+        transport.c_str(), zero_copy ? ", zero-copy" : "", rank,
+        after.private_mib - before.private_mib, after.rss_mib - before.rss_mib);
+    std::fflush(stdout);
   }
   barrier();
   if (rank != 0) {
