@@ -610,6 +610,7 @@ std::vector<SubscriberStats> PublisherCore::stats() const {
     const auto version = static_cast<int64_t>(L::word<uint64_t>(q, L::kEntryVersionAt).load());
     if (version > 0) st.version = version;
     st.pulls += static_cast<int64_t>(L::word<uint64_t>(q, L::kPullsAt).load() & INT64_MAX);
+    st.waiting = st.waiting || L::word<uint64_t>(q, L::kWaitingAt).load() != 0;
     for (const size_t at : {L::kReadingAt, L::kHeldAt}) {
       const uint64_t pin = L::word<uint64_t>(q, at).load();
       if (pin != 0) st.pinned = static_cast<int64_t>(pin & ((uint64_t{1} << L::kVersionBits) - 1));

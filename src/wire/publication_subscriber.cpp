@@ -368,7 +368,11 @@ std::optional<SubscriberCore::Version> SubscriberCore::shm_next(Clock::time_poin
     if (now >= deadline) return std::nullopt;
     waited = true;
     const auto left = std::chrono::duration_cast<std::chrono::microseconds>(deadline - now);
+    // Shown as `waiting` in the publisher's stats(), as a request held there is over a link.
+    auto& waiting = L::word<uint64_t>(m.entry, L::kWaitingAt);
+    waiting.store(1, std::memory_order_relaxed);
     shm::futex_wait(&changes, seen, std::min<std::chrono::microseconds>(left, kShmSlice));
+    waiting.store(0, std::memory_order_relaxed);
   }
 }
 

@@ -1074,7 +1074,8 @@ TYPED_TEST_P(PublicationContract, OverSharedMemoryCloseAndGrowthAreSeen) {
   // A pull waiting on shared memory sees the publisher close.
   auto pull = std::async(std::launch::async,
                          [&] { return outcome_of([&] { sub.pull({.timeout = 10s}); }); });
-  std::this_thread::sleep_for(100ms);
+  // Its wait shows in stats() as a request held over a link does.
+  ASSERT_TRUE(eventually([&] { return core.stats()[0].waiting; }));
   const auto t0 = Clock::now();
   this->stop(core);
   const Outcome o = pull.get();

@@ -41,7 +41,7 @@ inline constexpr size_t kTokenAt = 16, kEpochAt = 32, kJsonCapAt = 40, kDataCapA
 inline constexpr size_t kStateAt = 0, kSlotBytesAt = 8, kSchemaAt = 16, kJsonBytesAt = 24;
 // Offsets in an entry record.
 inline constexpr size_t kEntryPidAt = 0, kReadingAt = 8, kHeldAt = 16, kEntryVersionAt = 24,
-                        kPullsAt = 32;
+                        kPullsAt = 32, kWaitingAt = 40;
 
 inline uint64_t pin_of(uint32_t slot, int64_t version) {
   return (uint64_t{slot} + 1) << kVersionBits | static_cast<uint64_t>(version);
