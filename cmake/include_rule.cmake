@@ -5,13 +5,14 @@
 
 # <files (glob)>@<forbidden include (regex)>@<why>
 set(_rules
-  "include/tensordict/*.h@#include [<\"](wire/|core/|ucp/|ucs/|torch/csrc/distributed/|tensordict/(distributed|pipe)/)@the core's public headers see torch and themselves only"
-  "src/core/*@#include [<\"](wire/|ucp/|ucs/|torch/csrc/distributed/|tensordict/(distributed|pipe)/)@the core sits below the wire and the transports"
+  "include/tensordict/*.h@#include [<\"](shm/|wire/|core/|ucp/|ucs/|torch/csrc/distributed/|tensordict/(distributed|pipe)/)@the core's public headers see torch and themselves only"
+  "src/shm/*@#include [<\"](core/|wire/|tensordict/|torch/|ATen/|c10/|ucp/|ucs/)@shared memory is the operating system's: nothing of ours, no torch"
+  "src/core/*@#include [<\"](shm/|wire/|ucp/|ucs/|torch/csrc/distributed/|tensordict/(distributed|pipe)/)@the core sits below the wire and the transports"
   "src/wire/*@#include [<\"](ucp/|ucs/|torch/csrc/distributed/|tensordict/(distributed|pipe)/)@the wire is bytes only: no transport"
   "include/tensordict/distributed/*.h@#include [<\"](wire/|core/|ucp/|ucs/|tensordict/pipe/)@the c10d layer's public headers do not expose internals or the pipe"
-  "src/distributed/*@#include [<\"](ucp/|ucs/|tensordict/pipe/)@the c10d layer does not reach into the pipe"
+  "src/distributed/*@#include [<\"](shm/|ucp/|ucs/|tensordict/pipe/)@the c10d layer does not reach into the pipe"
   "include/tensordict/pipe/*.h@#include [<\"](wire/|core/|ucp/|ucs/|torch/csrc/distributed/|tensordict/distributed/)@the pipe's public headers do not expose internals or c10d"
-  "src/pipe/*@#include [<\"](torch/csrc/distributed/|tensordict/distributed/)@the pipe does not depend on c10d"
+  "src/pipe/*@#include [<\"](shm/|torch/csrc/distributed/|tensordict/distributed/)@the pipe does not depend on c10d"
 )
 
 set(_faults 0)

@@ -22,6 +22,12 @@ struct PullOptions {
   /// Wait for at least this version of the publisher's current epoch; unset: any newer than
   /// the one held (a version of a new epoch is newer than any of the old one).
   std::optional<int64_t> min_version{};
+  /// Over shared memory only (a subscriber whose transport() is "shm"): the TensorDict's leaves
+  /// become views of the publisher's slot (set_: the same tensor objects, so a module's
+  /// Parameters view it), read-only (a write into them faults the process), and the slot stays
+  /// pinned, never rewritten, until the next pull that takes a version or release(). Over the
+  /// socket it is ignored: the pull copies.
+  bool zero_copy = false;
 };
 
 /// A version pulled into a new TensorDict.
@@ -43,6 +49,9 @@ struct SubscriberStats {
   bool lost = false;                 // its connection broke or closed, or it sent bytes
                                      // that are not a request (then `error` says what)
   std::string error{};
+  /// How it is served: "shm" (it maps the slots), "socket", or "socket (shared memory refused:
+  /// <why>)" when it asked for shared memory and could not have it.
+  std::string transport = "socket";
 };
 
 }  // namespace tensordict

@@ -42,6 +42,7 @@ py::dict stats_to_py(const SubscriberStats& s) {
   d["waiting"] = s.waiting;
   d["lost"] = s.lost;
   d["error"] = s.error.empty() ? py::none() : py::cast(s.error);
+  d["transport"] = s.transport;
   return d;
 }
 
@@ -81,18 +82,23 @@ template <class S>
 void subscriber_methods(py::class_<S>& cls) {
   cls.def(
          "pull_into",
-         [](S& s, TensorDict& td, std::optional<double> timeout,
-            std::optional<int64_t> min_version) {
-           PullOptions o{.timeout = wait_from_py(timeout), .min_version = min_version};
+         [](S& s, TensorDict& td, std::optional<double> timeout, std::optional<int64_t> min_version,
+            bool zero_copy) {
+           PullOptions o{.timeout = wait_from_py(timeout),
+                         .min_version = min_version,
+                         .zero_copy = zero_copy};
            py::gil_scoped_release nogil;
            return s.pull(td, o);
          },
-         py::arg("td"), py::kw_only(), wait_arg(), py::arg("min_version") = py::none())
+         py::arg("td"), py::kw_only(), wait_arg(), py::arg("min_version") = py::none(),
+         py::arg("zero_copy") = false)
       .def(
           "pull_new",
-          [](S& s, std::optional<double> timeout,
-             std::optional<int64_t> min_version) -> py::object {
-            PullOptions o{.timeout = wait_from_py(timeout), .min_version = min_version};
+          [](S& s, std::optional<double> timeout, std::optional<int64_t> min_version,
+             bool zero_copy) -> py::object {
+            PullOptions o{.timeout = wait_from_py(timeout),
+                          .min_version = min_version,
+                          .zero_copy = zero_copy};
             std::optional<Pulled> pulled;
             {
               py::gil_scoped_release nogil;
@@ -101,8 +107,11 @@ void subscriber_methods(py::class_<S>& cls) {
             if (!pulled) return py::none();
             return py::make_tuple(std::move(pulled->td), pulled->version, pulled->tensorclass_type);
           },
-          py::kw_only(), wait_arg(), py::arg("min_version") = py::none())
+          py::kw_only(), wait_arg(), py::arg("min_version") = py::none(),
+          py::arg("zero_copy") = false)
       .def("interrupt", &S::interrupt, py::arg("on") = true)
+      .def("release", &S::release)
+      .def_property_readonly("transport", &S::transport)
       .def_property_readonly("version", &S::version)
       .def_property_readonly("epoch", &S::epoch)
       .def_property_readonly("publisher_closed", &S::publisher_closed);
@@ -114,49 +123,56 @@ void bind_publication(py::module_& m) {
 #ifdef TENSORDICT_WITH_DIST
   py::class_<dist::Publisher> publisher(m, "Publisher");
   publisher.def(py::init([](py::object group, int64_t max_slots, std::vector<int64_t> subscribers,
-                            int64_t channel) {
+                            int64_t channel, std::string transport) {
                   dist::PublisherOptions o{.group = group_from_py(group),
                                            .max_slots = max_slots,
                                            .subscribers = std::move(subscribers),
-                                           .channel = channel};
+                                           .channel = channel,
+                                           .transport = std::move(transport)};
                   py::gil_scoped_release nogil;
                   return std::make_unique<dist::Publisher>(o);
                 }),
                 py::kw_only(), group_arg(), py::arg("max_slots") = 2,
-                py::arg("subscribers") = std::vector<int64_t>{}, py::arg("channel") = 0);
+                py::arg("subscribers") = std::vector<int64_t>{}, py::arg("channel") = 0,
+                py::arg("transport") = "auto");
   publisher_methods(publisher);
 
   py::class_<dist::Subscriber> subscriber(m, "Subscriber");
   subscriber.def(py::init([](int64_t group_src, py::object group, int64_t channel,
-                             std::optional<int64_t> max_total_bytes) {
+                             std::optional<int64_t> max_total_bytes, std::string transport) {
                    dist::SubscriberOptions o{.group = group_from_py(group),
                                              .group_src = group_src,
                                              .channel = channel,
-                                             .max_total_bytes = max_total_bytes};
+                                             .max_total_bytes = max_total_bytes,
+                                             .transport = std::move(transport)};
                    py::gil_scoped_release nogil;
                    return std::make_unique<dist::Subscriber>(o);
                  }),
                  py::arg("group_src"), py::kw_only(), group_arg(), py::arg("channel") = 0,
-                 py::arg("max_total_bytes") = py::none());
+                 py::arg("max_total_bytes") = py::none(), py::arg("transport") = "auto");
   subscriber_methods(subscriber);
 #endif
 #ifdef TENSORDICT_WITH_PIPE
   py::class_<pipe::Publisher> pipe_publisher(m, "PipePublisher");
   pipe_publisher.def(
-      py::init([](pipe::TensorDictServer& server, int64_t max_slots) {
+      py::init([](pipe::TensorDictServer& server, int64_t max_slots, std::string transport) {
         py::gil_scoped_release nogil;
-        return std::make_unique<pipe::Publisher>(server, pipe::PublisherOptions{max_slots});
+        return std::make_unique<pipe::Publisher>(
+            server, pipe::PublisherOptions{max_slots, std::move(transport)});
       }),
-      py::arg("server"), py::kw_only(), py::arg("max_slots") = 2, py::keep_alive<1, 2>());
+      py::arg("server"), py::kw_only(), py::arg("max_slots") = 2, py::arg("transport") = "auto",
+      py::keep_alive<1, 2>());
   publisher_methods(pipe_publisher);
 
   py::class_<pipe::Subscriber> pipe_subscriber(m, "PipeSubscriber");
-  pipe_subscriber.def(py::init([](const pipe::Pipe& p, std::optional<int64_t> max_total_bytes) {
+  pipe_subscriber.def(py::init([](const pipe::Pipe& p, std::optional<int64_t> max_total_bytes,
+                                  std::string transport) {
                         py::gil_scoped_release nogil;
                         return std::make_unique<pipe::Subscriber>(
-                            p, pipe::SubscriberOptions{max_total_bytes});
+                            p, pipe::SubscriberOptions{max_total_bytes, std::move(transport)});
                       }),
-                      py::arg("pipe"), py::kw_only(), py::arg("max_total_bytes") = py::none());
+                      py::arg("pipe"), py::kw_only(), py::arg("max_total_bytes") = py::none(),
+                      py::arg("transport") = "auto");
   subscriber_methods(pipe_subscriber);
 #endif
 }

@@ -107,21 +107,27 @@ class Publisher:
             group, its ranks). Defaults to ``None``: every other rank of the group.
         channel (int, optional): 0 to 65535; several publications share a group on channels
             of their own. Defaults to 0.
+        transport (str, optional): ``"auto"``: the slots live in shared memory, which
+            subscribers on this host map and pull from without a message (the others, or those
+            that cannot map it, are served over their socket); ``"shm"``: the same, but raise
+            when no shared memory can be made; ``"socket"``: every subscriber over its socket.
+            :meth:`stats` says which each got. Defaults to ``"auto"``.
     """
 
     def __init__(self, group: Any = None, *, server: Any = None, max_slots: int = 2,
-                 subscribers: list[int] | None = None, channel: int = 0) -> None:
+                 subscribers: list[int] | None = None, channel: int = 0,
+                 transport: str = "auto") -> None:
         server, group = _pipe_end("Publisher", server, group, "TensorDictServer", "server")
         self._server = server
         if server is not None:
             _no_group_args("Publisher", "server", group=group is not None,
                            subscribers=subscribers is not None, channel=channel != 0)
-            self._cpp = _C.PipePublisher(server._cpp, max_slots=max_slots)
+            self._cpp = _C.PipePublisher(server._cpp, max_slots=max_slots, transport=transport)
             return
         pg = _collectives._group(group)
         ranks = [] if subscribers is None else [self._rank(pg, r) for r in subscribers]
         self._cpp = _C.Publisher(group=pg, max_slots=max_slots, subscribers=ranks,
-                                 channel=channel)
+                                 channel=channel, transport=transport)
 
     @staticmethod
     def _rank(pg: Any, rank: int) -> int:
@@ -163,7 +169,9 @@ class Publisher:
         """Per subscriber: ``rank`` (in the group; None over a server), ``peer`` ("rank 2", or
         the pipe's peer "127.0.0.1:40123"), ``version`` (the last it received whole: its
         acknowledgement, no extra message), ``pulls``, ``pinned`` (the version it is receiving
-        now, or None), ``waiting`` (a pull of it waits for a version), ``lost`` and ``error``."""
+        now, or None), ``waiting`` (a pull of it waits for a version), ``lost``, ``error``, and
+        ``transport``: ``"shm"`` (it maps the slots in shared memory), ``"socket"``, or
+        ``"socket (shared memory refused: <why>)"``."""
         return self._cpp.stats()
 
     def wait_for_subscribers(self, timeout: Wait, *, count: int | None = None) -> None:
@@ -216,6 +224,11 @@ class Subscriber:
         max_total_bytes (int, optional): the largest storage the publisher may announce.
             Defaults to ``None``: half of this machine's physical memory (over a pipe, its
             ``max_storage_bytes``).
+        transport (str, optional): ``"auto"``: pull from the publisher's slots in shared memory
+            when it offers them and they map (the same host and user), else over the socket;
+            ``"shm"``: the same, but a pull raises RuntimeError, naming why, when they cannot
+            be had; ``"socket"``: always over the socket. :attr:`transport` says which.
+            Defaults to ``"auto"``.
 
     Raises:
         NoPublisherError: over a pipe whose peer is not a tensordict_cpp peer (the reference's
@@ -223,23 +236,25 @@ class Subscriber:
     """
 
     def __init__(self, src: Any = None, group: Any = None, *, pipe: Any = None,
-                 channel: int = 0, max_total_bytes: int | None = None) -> None:
+                 channel: int = 0, max_total_bytes: int | None = None,
+                 transport: str = "auto") -> None:
         pipe, src = _pipe_end("Subscriber", pipe, src, "TensorDictPipe", "pipe")
         self._pipe = pipe
         self._lock = threading.Lock()  # one pull at a time
         if pipe is not None:
             _no_group_args("Subscriber", "pipe", src=src is not None, group=group is not None,
                            channel=channel != 0)
-            self._cpp = _C.PipeSubscriber(pipe._cpp, max_total_bytes=max_total_bytes)
+            self._cpp = _C.PipeSubscriber(pipe._cpp, max_total_bytes=max_total_bytes,
+                                          transport=transport)
             return
         if src is None:
             raise TypeError("Subscriber: src, the publisher's rank, is required over a group")
         pg = _collectives._group(group)
         self._cpp = _C.Subscriber(Publisher._rank(pg, src), group=pg, channel=channel,
-                                  max_total_bytes=max_total_bytes)
+                                  max_total_bytes=max_total_bytes, transport=transport)
 
     def pull(self, td: Any = None, *, timeout: Wait = None, min_version: int | None = None,
-             allow_import: bool = False) -> Any:
+             allow_import: bool = False, zero_copy: bool = False) -> Any:
         """Fills ``td`` with the newest version newer than the one held, and returns its number;
         with no ``td``, returns the version as a new TensorDict (the tensorclass the publisher
         published, if any), to fill with later pulls.
@@ -261,6 +276,13 @@ class Subscriber:
                 a new epoch is newer than any of the old one).
             allow_import (bool, optional): as :meth:`TensorDict.from_remote_init`'s, for a new
                 TensorDict of a tensorclass. Defaults to ``False``.
+            zero_copy (bool, optional): over shared memory (:attr:`transport` ``"shm"``), the
+                leaves become views of the publisher's slot instead of copies (the same tensor
+                objects: a ``TensorDictParams``' Parameters then view it). The slot is
+                read-only (a write into a view kills this process with SIGSEGV, never changes
+                what others read) and stays pinned, never rewritten, until the next pull that
+                takes a version or :meth:`release`. Over a socket, ignored. Defaults to
+                ``False``.
 
         Returns:
             The version's number, or the new TensorDict; None when the timeout passed first.
@@ -280,25 +302,28 @@ class Subscriber:
         into = None if td is None else _cpp(td, "pull")[0]
         with self._lock:
             if into is not None:
-                return self._cpp.pull_into(into, timeout=wait, min_version=min_version)
-            got = self._cpp.pull_new(timeout=wait, min_version=min_version)
+                return self._cpp.pull_into(into, timeout=wait, min_version=min_version,
+                                           zero_copy=zero_copy)
+            got = self._cpp.pull_new(timeout=wait, min_version=min_version, zero_copy=zero_copy)
         if got is None:
             return None
         cpp, _version, tensorclass_type = got
         return _collectives._typed(TensorDict._wrap, (cpp, tensorclass_type), allow_import)
 
     async def apull(self, td: Any = None, *, timeout: Wait = None,
-                    min_version: int | None = None, allow_import: bool = False) -> Any:
+                    min_version: int | None = None, allow_import: bool = False,
+                    zero_copy: bool = False) -> Any:
         """:meth:`pull` as a coroutine: the pull runs on a thread of its own while the event
         loop goes on. Cancelled, it makes the pull return within 100 ms and waits for that, so
         ``td`` is never written after the cancellation (it holds its old version, or the whole
         new one if the pull had completed)."""
         return await _in_thread(
             lambda: self.pull(td, timeout=timeout, min_version=min_version,
-                              allow_import=allow_import),
+                              allow_import=allow_import, zero_copy=zero_copy),
             self._cpp.interrupt)
 
-    async def updates(self, td: Any, *, timeout: Wait = None) -> AsyncIterator[int]:
+    async def updates(self, td: Any, *, timeout: Wait = None,
+                      zero_copy: bool = False) -> AsyncIterator[int]:
         """Pulls each new version into ``td`` and yields its number: ``async for v in
         sub.updates(td)``. Ends when the publisher closes; a version not published within
         ``timeout`` (default: no limit) raises :class:`tensordict_cpp.errors.TimeoutError`."""
@@ -307,7 +332,7 @@ class Subscriber:
             raise TypeError("updates: pass the TensorDict to fill (pull() without one makes it)")
         while True:
             try:
-                version = await self.apull(td, timeout=timeout)
+                version = await self.apull(td, timeout=timeout, zero_copy=zero_copy)
             except NoPublisherError:
                 if self.publisher_closed:
                     return
@@ -330,6 +355,19 @@ class Subscriber:
     def publisher_closed(self) -> bool:
         """Whether a pull found the publisher closed."""
         return self._cpp.publisher_closed
+
+    @property
+    def transport(self) -> str:
+        """How this subscriber pulls: ``"shm"``, ``"socket"``, or ``"socket (shared memory
+        refused: <why>)"``. ``"socket"`` until the first pull has asked."""
+        return self._cpp.transport
+
+    def release(self) -> None:
+        """Unpins the slot that the last ``zero_copy`` pull left the TensorDict viewing: the
+        publisher may then rewrite it, so the views' contents may change. Nothing over a
+        socket."""
+        with self._lock:
+            self._cpp.release()
 
 
 async def _in_thread(fn: Callable[[], Any], interrupt: Callable[[bool], None]) -> Any:

@@ -62,7 +62,8 @@ Publisher::Publisher(const PublisherOptions& options) : impl_(std::make_shared<I
     TORCH_CHECK_VALUE(std::count(ranks.begin(), ranks.end(), r) == 1, kCall, ": subscriber rank ",
                       r, " is listed twice");
   }
-  d.core = std::make_shared<pub::PublisherCore>(options.max_slots);
+  d.core = std::make_shared<pub::PublisherCore>(options.max_slots,
+                                                pub::transport_of(kCall, options.transport));
   for (const int64_t r : ranks) {
     SubscriberStats stats;
     stats.rank = r;
@@ -126,7 +127,8 @@ Subscriber::Subscriber(const SubscriberOptions& options) : impl_(std::make_uniqu
   d.core = std::make_unique<pub::SubscriberCore>(
       std::make_shared<detail::GroupLink>(d.peer.group, d.peer.rank, d.channel),
       c10::str("Subscriber.pull (rank ", d.peer.rank, ")"),
-      detail::resolve_max_total_bytes(kCall, options.max_total_bytes));
+      detail::resolve_max_total_bytes(kCall, options.max_total_bytes),
+      pub::transport_of(kCall, options.transport));
   // What a destroyed Subscriber of this channel left (a pull in flight, or its refusal), so
   // that the publisher's messages always find their receives.
   d.core->adopt(std::static_pointer_cast<pub::Leftover>(detail::LateMessages::get().take_kept(
@@ -152,5 +154,7 @@ void Subscriber::interrupt(bool on) { impl_->core->interrupt(on); }
 int64_t Subscriber::version() const { return impl_->core->version(); }
 uint64_t Subscriber::epoch() const { return impl_->core->epoch(); }
 bool Subscriber::publisher_closed() const { return impl_->core->publisher_closed(); }
+std::string Subscriber::transport() const { return impl_->core->transport(); }
+void Subscriber::release() { impl_->core->release_pin(); }
 
 }  // namespace tensordict::dist

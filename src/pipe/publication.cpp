@@ -25,13 +25,14 @@ struct Publisher::Impl {
   std::condition_variable idle;
   int serving = 0;  // clients whose thread is in core.serve()
 
-  explicit Impl(int64_t max_slots) : core(max_slots) {}
+  Impl(int64_t max_slots, pub::Transport transport) : core(max_slots, transport) {}
 };
 
 Publisher::Publisher(TensorDictServer& server, const PublisherOptions& options) {
   TORCH_CHECK_VALUE(options.max_slots >= 1, "Publisher: max_slots must be at least 1, got ",
                     options.max_slots);
-  impl_ = std::make_shared<Impl>(options.max_slots);
+  impl_ =
+      std::make_shared<Impl>(options.max_slots, pub::transport_of("Publisher", options.transport));
   server.serve([impl = impl_](Pipe& pipe) {
     SubscriberStats stats;
     stats.peer = pipe.peer();
@@ -104,6 +105,7 @@ Subscriber::Subscriber(Pipe pipe, const SubscriberOptions& options)
     : impl_(std::make_unique<Impl>(Impl{std::move(pipe), nullptr})) {
   constexpr const char* kCall = "Subscriber";
   const Pipe& p = impl_->pipe;
+  const pub::Transport transport = pub::transport_of(kCall, options.transport);
   const int64_t max_bytes = options.max_total_bytes.value_or(
       p.options().max_storage_bytes.value_or(default_storage_limit_bytes()));
   TORCH_CHECK_VALUE(max_bytes >= 0, kCall, ": max_total_bytes must not be negative, got ",
@@ -114,7 +116,7 @@ Subscriber::Subscriber(Pipe pipe, const SubscriberOptions& options)
               " is not a tensordict_cpp peer (the reference tensordict's pipe, which has no "
               "Publisher)");
   detail::carry_publication(p);
-  impl_->core = std::make_unique<pub::SubscriberCore>(std::move(link), who, max_bytes);
+  impl_->core = std::make_unique<pub::SubscriberCore>(std::move(link), who, max_bytes, transport);
 }
 
 Subscriber::~Subscriber() = default;
@@ -131,6 +133,8 @@ void Subscriber::interrupt(bool on) { impl_->core->interrupt(on); }
 int64_t Subscriber::version() const { return impl_->core->version(); }
 uint64_t Subscriber::epoch() const { return impl_->core->epoch(); }
 bool Subscriber::publisher_closed() const { return impl_->core->publisher_closed(); }
+std::string Subscriber::transport() const { return impl_->core->transport(); }
+void Subscriber::release() { impl_->core->release_pin(); }
 const Pipe& Subscriber::pipe() const { return impl_->pipe; }
 
 }  // namespace tensordict::pipe

@@ -2,6 +2,8 @@
 
 #include <algorithm>
 #include <array>
+#include <climits>
+#include <cstdint>
 #include <cstring>
 #include <variant>
 
@@ -19,6 +21,10 @@ constexpr std::array<char, 8> kOfferMagic = {'T', 'D', 'P', 'U', 'B', 'O', 'F', 
 constexpr uint32_t kProtocol = 1;
 // A wait longer than this is refused: the publisher keeps the request that long.
 constexpr int64_t kMaxWaitMs = int64_t{1} << 40;
+// A request's word (offset 12): the refusal, and this bit when the subscriber can map shared
+// memory; a decline of shared memory is the word kDeclineWord.
+constexpr uint32_t kShmFlag = 0x100;
+constexpr uint32_t kDeclineWord = 0x200;
 
 void put(std::string& out, uint64_t v) { core::append_le(out, v, 8); }
 
@@ -71,8 +77,25 @@ const char* refusal_text(Refusal r) {
   return "an unknown refusal";
 }
 
+const char* decline_text(uint32_t reason) {
+  switch (static_cast<Decline>(reason)) {
+    case Decline::kOpen: return "the subscriber could not open or map the segments";
+    case Decline::kCheck: return "the segments the subscriber mapped are not the offer's";
+    case Decline::kRefused: return "the subscriber takes no shared memory";
+  }
+  return "an unknown reason";
+}
+
 std::string encode(const Request& r) {
-  std::string out = head(kRequestMagic, static_cast<uint32_t>(r.refusal));
+  if (r.decline != 0) {
+    std::string out = head(kRequestMagic, kDeclineWord);
+    put(out, r.seq);
+    put(out, r.decline);
+    for (int i = 0; i < 4; ++i) put(out, 0);
+    return out;
+  }
+  std::string out =
+      head(kRequestMagic, static_cast<uint32_t>(r.refusal) | (r.shm ? kShmFlag : uint32_t{0}));
   put(out, r.seq);
   put(out, r.epoch);
   put(out, static_cast<uint64_t>(r.version));
@@ -84,6 +107,15 @@ std::string encode(const Request& r) {
 
 std::string encode(const Offer& o) {
   std::string out = head(kOfferMagic, static_cast<uint32_t>(o.status));
+  if (o.status == Status::kShm) {
+    put(out, o.seq);
+    put(out, o.epoch);
+    put(out, uint64_t{o.pid} | uint64_t{o.entry} << 32);
+    put(out, uint64_t{o.slots_fd} | uint64_t{o.pins_fd} << 32);
+    put(out, core::get_le(o.token.data()));
+    put(out, core::get_le(o.token.data() + 8));
+    return out;
+  }
   put(out, o.seq);
   put(out, o.epoch);
   put(out, static_cast<uint64_t>(o.version));
@@ -95,12 +127,29 @@ std::string encode(const Offer& o) {
 
 Request decode_request(const char* who, const uint8_t* p) {
   check_head(who, "request", kRequestMagic, p);
-  const auto refusal = static_cast<uint32_t>(core::get_le(p + 12, 4));
+  const auto word = static_cast<uint32_t>(core::get_le(p + 12, 4));
+  Request r;
+  if (word == kDeclineWord) {
+    r.seq = core::get_le(p + 16);
+    const uint64_t reason = core::get_le(p + 24);
+    TD_CHECK_PEER(reason >= 1 && reason <= static_cast<uint32_t>(Decline::kRefused), who,
+                  ": the peer declines shared memory for reason ", reason, " (1 to ",
+                  static_cast<uint32_t>(Decline::kRefused), ")");
+    for (size_t at = 32; at < kMessageBytes; at += 8) {
+      TD_CHECK_PEER(core::get_le(p + at) == 0, who, ": the peer's decline has bytes ", at, " to ",
+                    at + 7, " set (they are 0)");
+    }
+    r.decline = static_cast<uint32_t>(reason);
+    return r;
+  }
+  const uint32_t refusal = word & ~kShmFlag;
   TD_CHECK_PEER(refusal <= static_cast<uint32_t>(Refusal::kAnswer), who,
                 ": the peer's request has refusal ", refusal, " (0 to ",
                 static_cast<uint32_t>(Refusal::kAnswer), ")");
-  Request r;
+  TD_CHECK_PEER(refusal == 0 || (word & kShmFlag) == 0, who,
+                ": the peer's refusal asks for shared memory (only a request may)");
   r.refusal = static_cast<Refusal>(refusal);
+  r.shm = (word & kShmFlag) != 0;
   r.seq = core::get_le(p + 16);
   r.epoch = core::get_le(p + 24);
   r.version = field(p, 32);
@@ -121,11 +170,27 @@ Offer decode_offer(const char* who, const uint8_t* p) {
   check_head(who, "offer", kOfferMagic, p);
   Offer o;
   const auto status = static_cast<uint32_t>(core::get_le(p + 12, 4));
-  TD_CHECK_PEER(status >= 1 && status <= 4, who, ": the publisher's offer has status ", status,
-                " (1 to 4)");
+  TD_CHECK_PEER(status >= 1 && status <= 5, who, ": the publisher's offer has status ", status,
+                " (1 to 5)");
   o.status = static_cast<Status>(status);
   o.seq = core::get_le(p + 16);
   o.epoch = core::get_le(p + 24);
+  if (o.status == Status::kShm) {
+    const uint64_t where = core::get_le(p + 32);
+    const uint64_t fds = core::get_le(p + 40);
+    o.pid = static_cast<uint32_t>(where);
+    o.entry = static_cast<uint32_t>(where >> 32);
+    o.slots_fd = static_cast<uint32_t>(fds);
+    o.pins_fd = static_cast<uint32_t>(fds >> 32);
+    std::memcpy(o.token.data(), p + 48, o.token.size());
+    TD_CHECK_PEER(o.epoch != 0 && o.pid > 0 && o.pid <= (1u << 22) &&
+                      o.slots_fd <= static_cast<uint32_t>(INT32_MAX) &&
+                      o.pins_fd <= static_cast<uint32_t>(INT32_MAX),
+                  who, ": the publisher's shared-memory offer names epoch ", o.epoch, ", pid ",
+                  o.pid, " and descriptors ", o.slots_fd, " and ", o.pins_fd,
+                  " (a non-zero epoch, a pid up to 2^22, descriptors up to 2^31 - 1)");
+    return o;
+  }
   o.version = field(p, 32);
   o.data_bytes = field(p, 40);
   o.schema_bytes = field(p, 48);
@@ -154,6 +219,14 @@ void check_offer(const char* who, const Offer& o, const Held& held) {
                   who, ": the publisher reuses a schema (hash ", o.schema, ", ", o.data_bytes,
                   " bytes) that this subscriber does not hold");
   }
+}
+
+Transport transport_of(const char* call, const std::string& name) {
+  if (name == "auto") return Transport::kAuto;
+  if (name == "shm") return Transport::kShm;
+  TORCH_CHECK_VALUE(name == "socket", call,
+                    ": transport must be \"auto\", \"shm\" or \"socket\", got \"", name, "\"");
+  return Transport::kSocket;
 }
 
 uint64_t schema_hash(std::string_view json) {

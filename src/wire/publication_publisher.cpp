@@ -4,22 +4,29 @@
 #include <ATen/core/grad_mode.h>
 #include <c10/util/Exception.h>
 
+#include <unistd.h>
+
 #include <algorithm>
+#include <cstring>
 #include <random>
 #include <utility>
 
 #include "core/byte_tensor.h"
 #include "core/bytes.h"
+#include "shm/segment.h"
 #include "tensordict/errors.h"
 #include "tensordict/leaf.h"
 #include "tensordict/nested_key.h"
 #include "wire/leaf_order.h"
+#include "wire/publication_shm.h"
 
 namespace tensordict::wire::publication {
 namespace {
 
 // Waits are cut in slices, so that a closing publisher stops within one.
 constexpr auto kSlice = std::chrono::milliseconds(100);
+// How often a subscriber on shared memory is looked at (whether its process exited).
+constexpr auto kShmWatch = std::chrono::milliseconds(20);
 // Versions from this size are sent to one subscriber at a time, each for at most its turn (twice
 // the last such send's time, within these bounds) before the next may start alongside.
 constexpr int64_t kBigVersion = int64_t{8} << 20;
@@ -40,14 +47,6 @@ uint64_t random_epoch() {
 // A subscriber's stats keep the lost ones beyond those serving, up to this many (the oldest
 // go first): a server's clients come and go without end.
 constexpr size_t kMaxLostKept = 64;
-
-// Waits for `p` in slices until it completes (true) or the publisher closes (false).
-bool wait_unless_closing(Link& link, const PendingPtr& p, const std::atomic<bool>& closing) {
-  while (!closing.load()) {
-    if (link.wait(p, Clock::now() + kSlice)) return true;
-  }
-  return false;
-}
 
 // An error's text for stats(): its message, without a C++ backtrace.
 std::string text_of(const std::exception& e) {
@@ -86,8 +85,33 @@ struct PublisherCore::Slot {
   uint64_t views_schema = 0;
 };
 
+namespace L = shm_layout;
+
+// The shared memory of a publisher whose transport is not kSocket: the slots segment (made at
+// the first publish, replaced by a larger one when a version outgrows it) and the pins segment.
+struct PublisherCore::Shm {
+  std::shared_ptr<shm::Segment> slots, pins;
+  std::array<uint8_t, 16> token{};
+  uint64_t json_cap = 0, data_cap = 0;
+  std::string failed;  // why there is none (kAuto, the kernel refused)
+  std::vector<bool> used = std::vector<bool>(L::kEntries, false);
+  // The process of each entry's subscriber, watched once it wrote its pid.
+  std::vector<std::unique_ptr<shm::Process>> process =
+      std::vector<std::unique_ptr<shm::Process>>(L::kEntries);
+
+  uint8_t* header() const { return slots->data(); }
+  uint8_t* record(int i) const { return header() + L::kSlotTable + L::kSlotRecord * i; }
+  uint8_t* entry(int e) const { return pins->data() + L::kEntryTable + L::kEntryRecord * e; }
+  std::atomic<uint64_t>& state(int i) const { return L::word<uint64_t>(record(i), L::kStateAt); }
+  void wake() const {
+    L::word<uint32_t>(header(), L::kChangesAt).fetch_add(1);
+    shm::futex_wake(&L::word<uint32_t>(header(), L::kChangesAt));
+  }
+};
+
 struct PublisherCore::Subscription {
   SubscriberStats stats;
+  int entry = -1;                           // in the pins segment, while it maps the slots
   bool asked = false;                       // a request arrived
   bool ready = false;                       // asked or lost: counted in ready_
   bool serving = false;                     // in serve(): kept in the list whatever happens
@@ -95,10 +119,188 @@ struct PublisherCore::Subscription {
   std::optional<int64_t> version_before{};  // stats.version before `last` was counted
 };
 
-PublisherCore::PublisherCore(int64_t max_slots)
-    : epoch_(random_epoch()), slots_(static_cast<size_t>(max_slots)) {}
+PublisherCore::PublisherCore(int64_t max_slots, Transport transport)
+    : epoch_(random_epoch()), transport_(transport), slots_(static_cast<size_t>(max_slots)) {
+  if (transport_ == Transport::kSocket) return;
+  shm_ = std::make_unique<Shm>();
+  TORCH_CHECK_VALUE(max_slots <= L::kMaxSlots, "Publisher: max_slots is ", max_slots,
+                    "; shared memory takes at most ", L::kMaxSlots);
+  try {
+    shm_->pins = shm::Segment::create("tensordict-pub-pins", L::pins_bytes());
+    shm_->token = shm::random_token();
+    uint8_t* q = shm_->pins->data();
+    std::memcpy(q, L::kPinsMagic.data(), 8);
+    L::word<uint32_t>(q, 8).store(L::kLayout);
+    L::word<uint32_t>(q, 12).store(L::kEntries);
+    std::memcpy(q + L::kTokenAt, shm_->token.data(), 16);
+  } catch (const std::exception& e) {
+    TORCH_CHECK(transport_ != Transport::kShm,
+                "Publisher: transport=\"shm\", but no shared memory can be made: ", e.what());
+    shm_->failed = c10::str("the publisher could make no shared memory: ", e.what());
+    shm_->pins.reset();
+  }
+}
 
 PublisherCore::~PublisherCore() = default;
+
+bool PublisherCore::shm_pinned_locked(int i, int64_t version) const {
+  if (!shm_ || !shm_->pins || version <= 0) return false;
+  const uint64_t pin = L::pin_of(static_cast<uint32_t>(i), version);
+  for (uint32_t e = 0; e < L::kEntries; ++e) {
+    if (!shm_->used[e]) continue;
+    const uint8_t* q = shm_->entry(static_cast<int>(e));
+    if (L::word<uint64_t>(q, L::kReadingAt).load() == pin ||
+        L::word<uint64_t>(q, L::kHeldAt).load() == pin) {
+      return true;
+    }
+  }
+  return false;
+}
+
+void PublisherCore::reap_dead_locked() {
+  if (!shm_ || !shm_->pins) return;
+  for (uint32_t e = 0; e < L::kEntries; ++e) {
+    if (!shm_->used[e]) continue;
+    uint8_t* q = shm_->entry(static_cast<int>(e));
+    const auto pid = static_cast<pid_t>(L::word<uint32_t>(q, L::kEntryPidAt).load());
+    if (pid <= 0) continue;
+    auto& process = shm_->process[e];
+    if (!process || process->pid() != pid) process = std::make_unique<shm::Process>(pid);
+    if (!process->alive()) {
+      L::word<uint64_t>(q, L::kReadingAt).store(0);
+      L::word<uint64_t>(q, L::kHeldAt).store(0);
+    }
+  }
+}
+
+// What a subscriber on shared memory wrote of itself into its entry (its last version and its
+// pulls), kept in its stats before the entry is cleared.
+static void fold_entry(SubscriberStats& stats, uint8_t* q) {
+  const auto version = static_cast<int64_t>(L::word<uint64_t>(q, L::kEntryVersionAt).load());
+  if (version > 0) stats.version = version;
+  stats.pulls += static_cast<int64_t>(L::word<uint64_t>(q, L::kPullsAt).load() & INT64_MAX);
+  L::word<uint64_t>(q, L::kEntryVersionAt).store(0);
+  L::word<uint64_t>(q, L::kPullsAt).store(0);
+}
+
+bool PublisherCore::mapped_entry(const Subscription& s) const {
+  std::lock_guard<std::mutex> lock(mutex_);
+  return s.entry >= 0;
+}
+
+std::optional<std::string> PublisherCore::subscriber_exited(const Subscription& s) {
+  std::lock_guard<std::mutex> lock(mutex_);
+  if (s.entry < 0 || !shm_ || !shm_->pins) return std::nullopt;
+  const auto pid =
+      static_cast<pid_t>(L::word<uint32_t>(shm_->entry(s.entry), L::kEntryPidAt).load());
+  if (pid <= 0) return std::nullopt;
+  auto& process = shm_->process[s.entry];
+  if (!process || process->pid() != pid) process = std::make_unique<shm::Process>(pid);
+  if (process->alive()) return std::nullopt;
+  return c10::str("the subscriber's process (pid ", pid, ") exited");
+}
+
+void PublisherCore::release_entry_locked(Subscription& s) {
+  if (s.entry < 0 || !shm_ || !shm_->pins) return;
+  uint8_t* q = shm_->entry(s.entry);
+  fold_entry(s.stats, q);
+  L::word<uint64_t>(q, L::kReadingAt).store(0);
+  L::word<uint64_t>(q, L::kHeldAt).store(0);
+  L::word<uint32_t>(q, L::kEntryPidAt).store(0);
+  shm_->used[s.entry] = false;
+  shm_->process[s.entry].reset();
+  s.entry = -1;
+  changed_.notify_all();  // a publish waiting for a slot
+}
+
+void PublisherCore::mark_locked(uint32_t flag) {
+  if (!shm_ || !shm_->slots) return;
+  L::word<uint32_t>(shm_->header(), L::kFlagsAt).fetch_or(flag);
+  shm_->wake();
+}
+
+bool PublisherCore::ensure_segment_locked(int64_t bytes, size_t json) {
+  if (!shm_ || !shm_->pins) return false;
+  const auto round = [](uint64_t n) { return (n + L::kPage - 1) / L::kPage * L::kPage; };
+  if (shm_->slots && static_cast<uint64_t>(bytes) <= shm_->data_cap && json <= shm_->json_cap) {
+    return true;
+  }
+  const auto count = static_cast<uint32_t>(slots_.size());
+  const uint64_t json_cap = round(std::max<uint64_t>(json + json / 2, L::kPage));
+  const uint64_t data_cap = round(std::max<uint64_t>(static_cast<uint64_t>(bytes), 1));
+  const size_t total = L::slot_at(count, json_cap, data_cap, count);
+  std::shared_ptr<shm::Segment> segment;
+  try {
+    segment = shm::Segment::create("tensordict-pub-slots", total);
+  } catch (const std::exception& e) {
+    TORCH_CHECK(transport_ != Transport::kShm, "publish: transport=\"shm\", but no ", total,
+                " bytes of shared memory can be had: ", e.what());
+    shm_->failed =
+        c10::str("the publisher could make no shared memory of ", total, " bytes: ", e.what());
+    mark_locked(L::kMoved);  // its subscribers come back to the link
+    shm_->slots.reset();
+    shm_->pins.reset();
+    for (auto& slot : slots_) {
+      const int pins = slot.pins;  // sends in flight keep their storage alive
+      slot = Slot{};
+      slot.pins = pins;
+    }
+    newest_ = -1;
+    return false;
+  }
+  uint8_t* h = segment->data();
+  std::memcpy(h, L::kSlotsMagic.data(), 8);
+  L::word<uint32_t>(h, 8).store(L::kLayout);
+  L::word<uint32_t>(h, 12).store(count);
+  std::memcpy(h + L::kTokenAt, shm_->token.data(), 16);
+  L::word<uint64_t>(h, L::kEpochAt).store(epoch_);
+  L::word<uint64_t>(h, L::kJsonCapAt).store(json_cap);
+  L::word<uint64_t>(h, L::kDataCapAt).store(data_cap);
+  L::word<uint64_t>(h, L::kBytesAt).store(total);
+  L::word<uint32_t>(h, L::kPidAt).store(static_cast<uint32_t>(::getpid()));
+  // The old segment's subscribers map the new one (§9.8 "moved"); what they view of the old
+  // stays theirs, never rewritten.
+  mark_locked(L::kMoved);
+  shm_->slots = segment;
+  shm_->json_cap = json_cap;
+  shm_->data_cap = data_cap;
+  for (uint32_t i = 0; i < count; ++i) {
+    Slot& slot = slots_[i];
+    // A slot still being sent over a link keeps its old storage alive through the send.
+    const int pins = slot.pins;
+    slot = Slot{};
+    slot.pins = pins;
+    uint8_t* data = h + L::slot_at(count, json_cap, data_cap, i) + json_cap;
+    slot.storage =
+        at::from_blob(data, {static_cast<int64_t>(data_cap)}, [segment](void*) {}, at::kByte);
+  }
+  newest_ = -1;
+  return true;
+}
+
+std::optional<Offer> PublisherCore::shm_offer_locked(Subscription& s, const Request& r) {
+  if (!shm_ || !shm_->slots) return std::nullopt;
+  if (s.entry < 0) {
+    for (uint32_t e = 0; e < L::kEntries && s.entry < 0; ++e) {
+      if (!shm_->used[e]) s.entry = static_cast<int>(e);
+    }
+    if (s.entry < 0) return std::nullopt;
+    shm_->used[s.entry] = true;
+  }
+  uint8_t* q = shm_->entry(s.entry);
+  fold_entry(s.stats, q);
+  for (size_t at = 0; at < L::kEntryRecord; at += 8) L::word<uint64_t>(q, at).store(0);
+  Offer o;
+  o.status = Status::kShm;
+  o.seq = r.seq;
+  o.epoch = epoch_;
+  o.pid = static_cast<uint32_t>(::getpid());
+  o.entry = static_cast<uint32_t>(s.entry);
+  o.slots_fd = static_cast<uint32_t>(shm_->slots->fd());
+  o.pins_fd = static_cast<uint32_t>(shm_->pins->fd());
+  o.token = shm_->token;
+  return o;
+}
 
 PublisherCore::Subscription& PublisherCore::add(SubscriberStats stats) {
   std::lock_guard<std::mutex> lock(mutex_);
@@ -125,6 +327,7 @@ void PublisherCore::lose(Subscription& s, const std::string& error) {
   std::lock_guard<std::mutex> lock(mutex_);
   s.stats.lost = true;
   s.stats.waiting = false;
+  release_entry_locked(s);
   if (s.stats.error.empty()) s.stats.error = error;
   if (!std::exchange(s.ready, true)) ++ready_;
   changed_.notify_all();  // wait_for_subscribers
@@ -193,7 +396,21 @@ void PublisherCore::serve_requests(Subscription& s, Link& link) {
   try {
     next.pending = link.post_recv(next.buffer, Kind::kRequest);
     for (;;) {
-      if (!wait_unless_closing(link, next.pending, closing_)) break;
+      // A subscriber on shared memory sends nothing in the steady state: while its next message
+      // is awaited, its process is looked at every 20 ms, so that the pins of one that was
+      // killed are cleared within that even when its transport is slow to tell (a pipe).
+      bool arrived = false;
+      std::optional<std::string> exited;
+      while (!closing_.load() && !exited) {
+        const bool mapped = mapped_entry(s);
+        if (link.wait(next.pending, Clock::now() + (mapped ? kShmWatch : kSlice))) {
+          arrived = true;
+          break;
+        }
+        if (mapped) exited = subscriber_exited(s);
+      }
+      if (exited) lose(s, *exited);
+      if (!arrived) break;
       const at::Tensor request = next.buffer;
       next = NextRequest{};  // read
       Request r;
@@ -207,6 +424,16 @@ void PublisherCore::serve_requests(Subscription& s, Link& link) {
         refused.seq = core::get_le(request.data_ptr<uint8_t>() + 16);  // whatever it said
         answer(s, link, refused, {}, {}, next);
         return;
+      }
+      if (r.decline != 0) {
+        // The subscriber could not map the offer's segments: it pulls over the link now.
+        std::lock_guard<std::mutex> lock(mutex_);
+        release_entry_locked(s);
+        s.stats.transport =
+            c10::str("socket (shared memory refused: ", decline_text(r.decline), ")");
+        next.buffer = message_buffer();
+        next.pending = link.post_recv(next.buffer, Kind::kRequest);
+        continue;
       }
       if (r.refusal != Refusal::kNone) {
         // A refusal of the last answer once all of it was sent (a transport whose sends
@@ -252,8 +479,10 @@ PublisherCore::Next PublisherCore::answer_request(Subscription& s, Link& link, c
   if (!std::exchange(s.ready, true)) ++ready_;
   s.stats.waiting = true;
   changed_.notify_all();  // wait_for_subscribers
+  // A subscriber that can map shared memory is answered with it as soon as there is some.
+  const auto shm_ready = [&] { return r.shm && shm_ && shm_->slots != nullptr; };
   const auto eligible = [&] {
-    if (closing_.load()) return true;
+    if (closing_.load() || shm_ready()) return true;
     if (newest_ < 0) return false;
     const Slot& slot = slots_[newest_];
     if (slot.writing) return false;  // the only slot, being filled again (max_slots 1)
@@ -294,6 +523,24 @@ PublisherCore::Next PublisherCore::answer_request(Subscription& s, Link& link, c
     lock.unlock();
     answer(s, link, offer, {}, {}, next);
     return Next::kClose;
+  }
+  if (shm_ready()) {
+    if (std::optional<Offer> o = shm_offer_locked(s, r)) {
+      s.last = *o;
+      lock.unlock();
+      const Sent sent = answer(s, link, *o, {}, {}, next);
+      lock.lock();
+      if (sent == Sent::kTaken) s.stats.transport = "shm";
+      return next_of(sent);
+    }
+  }
+  if (r.shm && s.stats.transport == "socket") {
+    s.stats.transport = c10::str(
+        "socket (shared memory refused: ",
+        transport_ == Transport::kSocket ? std::string("the publisher's transport is \"socket\"")
+        : shm_ && !shm_->failed.empty()  ? shm_->failed
+                                         : std::string("no entry is free for it"),
+        ")");
   }
   if (!eligible()) {
     offer.status = Status::kNone;
@@ -360,7 +607,22 @@ int64_t PublisherCore::version() const {
 std::vector<SubscriberStats> PublisherCore::stats() const {
   std::lock_guard<std::mutex> lock(mutex_);
   std::vector<SubscriberStats> out;
-  for (const auto& s : subscriptions_) out.push_back(s.stats);
+  for (const auto& s : subscriptions_) {
+    out.push_back(s.stats);
+    if (s.entry < 0 || !shm_ || !shm_->pins) continue;
+    // What a subscriber on shared memory wrote of itself (it sends nothing): shown, never
+    // trusted.
+    SubscriberStats& st = out.back();
+    const uint8_t* q = shm_->entry(s.entry);
+    const auto version = static_cast<int64_t>(L::word<uint64_t>(q, L::kEntryVersionAt).load());
+    if (version > 0) st.version = version;
+    st.pulls += static_cast<int64_t>(L::word<uint64_t>(q, L::kPullsAt).load() & INT64_MAX);
+    st.waiting = st.waiting || L::word<uint64_t>(q, L::kWaitingAt).load() != 0;
+    for (const size_t at : {L::kReadingAt, L::kHeldAt}) {
+      const uint64_t pin = L::word<uint64_t>(q, at).load();
+      if (pin != 0) st.pinned = static_cast<int64_t>(pin & ((uint64_t{1} << L::kVersionBits) - 1));
+    }
+  }
   return out;
 }
 
@@ -385,15 +647,26 @@ void PublisherCore::wait_for_subscribers(const char* call, std::chrono::millisec
 void PublisherCore::close() {
   std::lock_guard<std::mutex> lock(mutex_);
   closing_.store(true);
+  mark_locked(L::kClosed);
   changed_.notify_all();
 }
 
 std::string PublisherCore::pinning_locked() const {
   std::string pinning;
   for (const auto& s : subscriptions_) {
-    if (!s.stats.pinned) continue;
-    pinning +=
-        c10::str(pinning.empty() ? "" : ", ", s.stats.peer, " (version ", *s.stats.pinned, ")");
+    std::optional<int64_t> pinned = s.stats.pinned;
+    const char* how = "";
+    if (s.entry >= 0 && shm_ && shm_->pins) {
+      for (const size_t at : {L::kReadingAt, L::kHeldAt}) {
+        const uint64_t pin = L::word<uint64_t>(shm_->entry(s.entry), at).load();
+        if (pin != 0) {
+          pinned = static_cast<int64_t>(pin & ((uint64_t{1} << L::kVersionBits) - 1));
+          how = ", in shared memory";
+        }
+      }
+    }
+    if (!pinned) continue;
+    pinning += c10::str(pinning.empty() ? "" : ", ", s.stats.peer, " (version ", *pinned, how, ")");
   }
   return pinning;
 }
@@ -423,33 +696,63 @@ int64_t PublisherCore::publish(const TensorDict& td,
   // A slot nobody pins or fills, the oldest first; the newest last (while it is filled again,
   // pulls wait for the new version rather than take the old one).
   std::unique_lock<std::mutex> lock(mutex_);
+  const bool shm = ensure_segment_locked(bytes, last_json_->size());
   const auto pick = [&]() -> int {
     int best = -1;
     const auto rank_of = [&](int i) { return std::pair{i == newest_, slots_[i].version}; };
     for (int i = 0; i < static_cast<int>(slots_.size()); ++i) {
       const auto& s = slots_[i];
-      if (s.pins > 0 || s.writing) continue;
+      if (s.pins > 0 || s.writing || shm_pinned_locked(i, s.version)) continue;
       if (best < 0 || rank_of(i) < rank_of(best)) best = i;
+    }
+    if (best < 0 || !shm) return best;
+    // Dekker with the subscribers (§9.8): the slot is marked as being written, then its pins
+    // are looked at again; a subscriber pins, then looks at the slot's state. One of the two
+    // sees the other: a subscriber that pinned first keeps the slot, one that comes later
+    // finds it being written.
+    shm_->state(best).store(L::kWriting);
+    if (shm_pinned_locked(best, slots_[best].version)) {
+      shm_->state(best).store(static_cast<uint64_t>(slots_[best].version));
+      return -1;
     }
     return best;
   };
   int index = pick();
   if (index < 0) {
     const auto deadline = timeout ? Clock::now() + *timeout : Clock::time_point::max();
-    while ((index = pick()) < 0 && !closing_.load()) {
-      if (changed_.wait_until(lock, deadline) == std::cv_status::timeout && pick() < 0) {
+    while (index < 0 && !closing_.load()) {
+      // Subscribers on shared memory unpin without a word: looked at every 2 ms, and the pins
+      // of those that died are cleared.
+      reap_dead_locked();
+      const auto until =
+          shm ? std::min(deadline, Clock::now() + std::chrono::milliseconds(2)) : deadline;
+      changed_.wait_until(lock, until);
+      index = pick();
+      if (index < 0 && Clock::now() >= deadline) {
         TD_THROW(TimeoutError, kCall, ": every one of the ", slots_.size(),
                  " slots is pinned by a subscriber still receiving it: ", pinning_locked(),
                  "; waited ", timeout ? timeout->count() : 0,
                  " ms. Raise max_slots, or find out why they do not take their data");
       }
     }
-    TORCH_CHECK(!closing_.load(), kCall, ": the Publisher was closed");
+    if (index < 0) TORCH_CHECK(false, kCall, ": the Publisher was closed");
   }
   Slot& slot = slots_[index];
   slot.writing = true;
+  const std::shared_ptr<shm::Segment> segment = shm ? shm_->slots : nullptr;
+  uint8_t* record = shm ? shm_->record(index) : nullptr;
+  uint8_t* json_area =
+      shm ? segment->data() + L::slot_at(static_cast<uint32_t>(slots_.size()), shm_->json_cap,
+                                         shm_->data_cap, static_cast<uint32_t>(index))
+          : nullptr;
   lock.unlock();
   try {
+    if (record != nullptr) {
+      std::memcpy(json_area, last_json_->data(), last_json_->size());
+      L::word<uint64_t>(record, L::kSlotBytesAt).store(static_cast<uint64_t>(bytes));
+      L::word<uint64_t>(record, L::kSchemaAt).store(last_schema_);
+      L::word<uint64_t>(record, L::kJsonBytesAt).store(last_json_->size());
+    }
     if (!slot.storage.defined() || slot.storage.numel() < bytes) {
       slot.storage = at::empty({bytes}, at::kByte);
       slot.views_schema = 0;
@@ -465,6 +768,10 @@ int64_t PublisherCore::publish(const TensorDict& td,
     std::lock_guard<std::mutex> relock(mutex_);
     slot.writing = false;
     slot.version = 0;
+    if (record != nullptr && segment == shm_->slots) {
+      L::word<uint64_t>(record, L::kStateAt).store(0);
+      if (newest_ == index) L::word<uint64_t>(segment->data(), L::kNewestAt).store(0);
+    }
     if (newest_ == index) newest_ = -1;
     changed_.notify_all();
     throw;
@@ -476,6 +783,12 @@ int64_t PublisherCore::publish(const TensorDict& td,
   slot.schema = last_schema_;
   slot.version = ++version_;
   newest_ = index;
+  if (record != nullptr && segment == shm_->slots) {
+    L::word<uint64_t>(record, L::kStateAt).store(static_cast<uint64_t>(slot.version));
+    L::word<uint64_t>(segment->data(), L::kNewestAt)
+        .store(L::pin_of(static_cast<uint32_t>(index), slot.version));
+    shm_->wake();
+  }
   changed_.notify_all();
   return slot.version;
 }

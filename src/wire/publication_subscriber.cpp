@@ -4,16 +4,22 @@
 #include <ATen/core/grad_mode.h>
 #include <c10/util/Exception.h>
 
+#include <unistd.h>
+
 #include <algorithm>
 #include <chrono>
+#include <cstring>
 #include <utility>
 #include <variant>
 
 #include "core/byte_tensor.h"
+#include "core/env.h"
 #include "core/excerpt.h"
+#include "shm/segment.h"
 #include "tensordict/errors.h"
 #include "tensordict/nested_key.h"
 #include "wire/leaf_order.h"
+#include "wire/publication_shm.h"
 
 namespace tensordict::wire::publication {
 namespace {
@@ -22,6 +28,12 @@ namespace {
 constexpr auto kSlice = std::chrono::milliseconds(100);
 // A poll's request that the publisher has not taken after this long names a missing publisher.
 constexpr auto kPollPatience = std::chrono::milliseconds(1000);
+// Over shared memory: a wait for a version sleeps on the header's futex in slices of this, and
+// looks whether the publisher's process exited at most this often (also in polls).
+constexpr auto kShmSlice = std::chrono::milliseconds(50);
+constexpr auto kShmLook = std::chrono::milliseconds(20);
+
+namespace L = shm_layout;
 
 using Leaves = std::vector<std::pair<std::vector<std::string>, at::Tensor>>;
 
@@ -98,7 +110,8 @@ struct SubscriberCore::Held {
 
 struct Pull {
   uint64_t seq = 0;
-  int64_t wait_ms = 0;  // the request's
+  bool asked_shm = false;  // the request asked for shared memory
+  int64_t wait_ms = 0;     // the request's
   Clock::time_point sent;
   at::Tensor request, offer_buffer;
   PendingPtr request_sent, offer_received;
@@ -122,19 +135,246 @@ struct Pull {
   }
 };
 
+struct SubscriberCore::Version {
+  std::shared_ptr<const core::ValidatedMetadata> metadata;
+  at::Tensor data;  // the version's storage (a slot's, read-only, when `slot` >= 0)
+  uint64_t epoch = 0;
+  int64_t version = 0;
+  uint64_t schema = 0;
+  int slot = -1;
+};
+
+// The publisher's slots, mapped (§9.8): the slots segment read-only, this subscriber's entry in
+// the pins segment writable.
+struct SubscriberCore::Mapped {
+  std::shared_ptr<shm::Segment> slots, pins;
+  L::Checked layout;
+  uint64_t epoch = 0;
+  uint8_t* entry = nullptr;
+  std::unique_ptr<shm::Process> publisher;
+  Clock::time_point looked{};
+  std::vector<at::Tensor> data;  // each slot's data, over the mapping (which it keeps alive)
+  struct Views {
+    uint64_t schema = 0;
+    int64_t bytes = 0;
+    std::shared_ptr<const core::ValidatedMetadata> metadata;
+    Leaves leaves;
+  };
+  std::vector<Views> views;  // each slot's leaves, for the schema they were made for
+  uint64_t pulls = 0;
+
+  const uint8_t* header() const { return slots->data(); }
+  const uint8_t* record(uint32_t i) const { return header() + L::kSlotTable + L::kSlotRecord * i; }
+  std::atomic<uint64_t>& reading() const { return L::word<uint64_t>(entry, L::kReadingAt); }
+  std::atomic<uint64_t>& held() const { return L::word<uint64_t>(entry, L::kHeldAt); }
+  bool within(const void* p) const {
+    const auto* b = static_cast<const uint8_t*>(p);
+    return b >= slots->data() && b < slots->data() + slots->size();
+  }
+};
+
 struct Leftover {
   SubscriberCore::Held held;
   std::shared_ptr<Pull> pull;
   std::string ended;
 };
 
-SubscriberCore::SubscriberCore(std::shared_ptr<Link> link, std::string who, int64_t max_total_bytes)
+SubscriberCore::SubscriberCore(std::shared_ptr<Link> link, std::string who, int64_t max_total_bytes,
+                               Transport transport)
     : link_(std::move(link)),
+      transport_(transport),
       who_(std::move(who)),
       max_total_bytes_(max_total_bytes),
       held_(std::make_unique<Held>()) {}
 
-SubscriberCore::~SubscriberCore() = default;
+SubscriberCore::~SubscriberCore() { detach(); }
+
+void SubscriberCore::detach() {
+  if (!mapped_) return;
+  // Views of the slots stay readable (the tensors keep the mapping); only the pins go.
+  mapped_->reading().store(0);
+  mapped_->held().store(0);
+  mapped_.reset();
+  transport_text_ = "socket";
+}
+
+void SubscriberCore::release_pin() {
+  if (mapped_) mapped_->held().store(0);
+}
+
+bool SubscriberCore::attach(const Offer& offer) {
+  const auto refuse = [&](const std::string& why, Decline reason = Decline::kOpen) {
+    transport_text_ = c10::str("socket (shared memory refused: ", why, ")");
+    declined_for_ = reason;
+    return false;
+  };
+  // A test hook: a subscriber that cannot map (another user, host or pid namespace), played
+  // by one that can.
+  if (core::env("TENSORDICT_TEST_SHM_UNMAPPABLE")) {
+    return refuse("TENSORDICT_TEST_SHM_UNMAPPABLE is set (a test hook)");
+  }
+  auto m = std::make_unique<Mapped>();
+  // The publisher's process first: a pid reused after it exited maps nothing of it (the token
+  // is checked below).
+  m->publisher = std::make_unique<shm::Process>(static_cast<pid_t>(offer.pid));
+  std::string why;
+  m->slots = shm::Segment::open(static_cast<pid_t>(offer.pid), static_cast<int>(offer.slots_fd),
+                                false, &why);
+  if (m->slots) {
+    m->pins = shm::Segment::open(static_cast<pid_t>(offer.pid), static_cast<int>(offer.pins_fd),
+                                 true, &why);
+  }
+  if (!m->slots || !m->pins) return refuse(why);
+  m->layout = L::check_segments(*m->slots, *m->pins, offer.token, offer.epoch, offer.entry);
+  if (!m->layout.why.empty()) return refuse(m->layout.why, Decline::kCheck);
+  if (m->layout.pid != offer.pid) {
+    return refuse("the segment names another publisher's pid", Decline::kCheck);
+  }
+  m->epoch = offer.epoch;
+  m->entry = m->pins->data() + L::kEntryTable + L::kEntryRecord * offer.entry;
+  L::word<uint32_t>(m->entry, L::kEntryPidAt).store(static_cast<uint32_t>(::getpid()));
+  const uint32_t n = m->layout.slots;
+  const std::shared_ptr<shm::Segment> keep = m->slots;
+  for (uint32_t i = 0; i < n; ++i) {
+    auto* p = m->slots->data() + L::slot_at(n, m->layout.json_cap, m->layout.data_cap, i) +
+              m->layout.json_cap;
+    m->data.push_back(
+        at::from_blob(p, {static_cast<int64_t>(m->layout.data_cap)}, [keep](void*) {}, at::kByte));
+  }
+  m->views.resize(n);
+  m->looked = Clock::now();
+  mapped_ = std::move(m);
+  transport_text_ = "shm";
+  return true;
+}
+
+std::optional<SubscriberCore::Version> SubscriberCore::shm_next(Clock::time_point deadline,
+                                                                const PullOptions& options) {
+  Mapped& m = *mapped_;
+  const uint8_t* h = m.header();
+  const auto& changes = L::word<uint32_t>(h, L::kChangesAt);
+  const int64_t least = options.min_version.value_or(0);
+  bool waited = false;
+  for (;;) {
+    if (interrupted_.load()) return std::nullopt;
+    const uint32_t seen = changes.load();
+    const uint32_t flags = L::word<uint32_t>(h, L::kFlagsAt).load();
+    if ((flags & L::kClosed) && !waited) {
+      // Closed before this pull: as over the link, the request goes there, where a new
+      // publisher may serve (its epoch then new).
+      detach();
+      return std::nullopt;
+    }
+    if (flags & L::kClosed) {
+      publisher_closed_ = true;
+      TD_THROW(NoPublisherError, who_, ": the Publisher on ", link_->peer(),
+               " closed (its shared memory says so)");
+    }
+    if (flags & L::kMoved) {
+      detach();  // the next request asks for the new segment
+      return std::nullopt;
+    }
+    const uint64_t newest = L::word<uint64_t>(h, L::kNewestAt).load();
+    if (newest != 0) {
+      const uint64_t slot = (newest >> L::kVersionBits) - 1;
+      const auto version = static_cast<int64_t>(newest & ((uint64_t{1} << L::kVersionBits) - 1));
+      TD_CHECK_PEER(slot < m.layout.slots && version >= 1, who_,
+                    ": the publisher's shared memory names slot ", slot, " and version ", version,
+                    " as the newest (", m.layout.slots, " slots; versions from 1)");
+      const bool newer = m.epoch != held_->epoch || version > held_->version;
+      if (newer && version >= least) {
+        // Dekker with the publisher (§9.8): pinned first, then the slot's state looked at.
+        const uint64_t pin = L::pin_of(static_cast<uint32_t>(slot), version);
+        m.reading().store(pin);
+        const uint8_t* record = m.record(static_cast<uint32_t>(slot));
+        if (L::word<uint64_t>(record, L::kStateAt).load() == static_cast<uint64_t>(version)) {
+          Refusal step = Refusal::kOffer;
+          try {
+            const auto bytes =
+                static_cast<int64_t>(L::word<uint64_t>(record, L::kSlotBytesAt).load());
+            const uint64_t schema = L::word<uint64_t>(record, L::kSchemaAt).load();
+            const uint64_t json = L::word<uint64_t>(record, L::kJsonBytesAt).load();
+            TD_CHECK_PEER(bytes >= 0 && static_cast<uint64_t>(bytes) <= m.layout.data_cap &&
+                              json <= m.layout.json_cap && json <= kMaxMetadataJsonBytes,
+                          who_, ": the publisher's shared memory announces a version of ", bytes,
+                          " bytes and a schema of ", json, " bytes in slots of ", m.layout.data_cap,
+                          " and ", m.layout.json_cap);
+            step = Refusal::kStorage;
+            TD_CHECK_PEER(
+                bytes <= max_total_bytes_, who_, ": the publisher announces a storage of ", bytes,
+                " bytes; this subscriber takes 0 to ", max_total_bytes_, " (max_total_bytes)");
+            step = Refusal::kSchema;
+            Mapped::Views& views = m.views[slot];
+            if (views.schema != schema || views.bytes != bytes || !views.metadata) {
+              std::shared_ptr<const core::ValidatedMetadata> metadata;
+              if (held_->metadata && held_->schema == schema && held_->data_bytes == bytes) {
+                metadata = held_->metadata;
+              } else {
+                // Read from a copy: what the parser reads is then what it checked.
+                const uint8_t* text =
+                    h + L::slot_at(m.layout.slots, m.layout.json_cap, m.layout.data_cap,
+                                   static_cast<uint32_t>(slot));
+                const std::string copy(reinterpret_cast<const char*>(text), json);
+                Offer announced;
+                announced.schema = schema;
+                announced.data_bytes = bytes;
+                try {
+                  metadata = std::make_shared<core::ValidatedMetadata>(
+                      read_schema(who_.c_str(), announced, copy));
+                } catch (const MalformedPeerDataError&) {
+                  throw;
+                } catch (const c10::Error& e) {
+                  TD_THROW(MalformedPeerDataError, who_,
+                           ": the version's schema is refused: ", e.what_without_backtrace());
+                }
+              }
+              views = Mapped::Views{schema, bytes, metadata,
+                                    leaves_in_order(core::rebuild_validated(
+                                        *metadata, m.data[slot].narrow(0, 0, bytes)))};
+            }
+            return Version{views.metadata, m.data[slot].narrow(0, 0, bytes),
+                           m.epoch,        version,
+                           schema,         static_cast<int>(slot)};
+          } catch (const MalformedPeerDataError& e) {
+            m.reading().store(0);
+            ended_ =
+                c10::str(e.what_without_backtrace(),
+                         ". This subscriber refused it and pulls no more from ", link_->peer());
+            detach();
+            // The publisher is told, as over the link (§9.2): it stops serving this subscriber
+            // and records why.
+            try {
+              Request r;
+              r.refusal = step;
+              r.seq = seq_;
+              r.epoch = held_->epoch;
+              r.version = held_->version;
+              link_->keep({link_->post_send(core::bytes_tensor(encode(r)), Kind::kRequest)});
+            } catch (...) {
+              // the link is broken already: its peer learns it from the transport
+            }
+            throw;
+          }
+        }
+        m.reading().store(0);  // being rewritten: wait for the change
+      }
+    }
+    const auto now = Clock::now();
+    if (now - m.looked >= kShmLook || now < deadline) {
+      m.looked = now;
+      TD_CHECK_AS(PeerLostError, m.publisher->alive(), who_, ": the publisher's process (pid ",
+                  m.publisher->pid(), ") on ", link_->peer(), " exited");
+    }
+    if (now >= deadline) return std::nullopt;
+    waited = true;
+    const auto left = std::chrono::duration_cast<std::chrono::microseconds>(deadline - now);
+    // Shown as `waiting` in the publisher's stats(), as a request held there is over a link.
+    auto& waiting = L::word<uint64_t>(m.entry, L::kWaitingAt);
+    waiting.store(1, std::memory_order_relaxed);
+    shm::futex_wait(&changes, seen, std::min<std::chrono::microseconds>(left, kShmSlice));
+    waiting.store(0, std::memory_order_relaxed);
+  }
+}
 
 int64_t SubscriberCore::version() const { return held_->version; }
 uint64_t SubscriberCore::epoch() const { return held_->epoch; }
@@ -240,6 +480,8 @@ void SubscriberCore::send_request(const PullOptions& options) {
   r.min_version = options.min_version.value_or(0);
   r.wait_ms = options.timeout ? options.timeout->count() : -1;
   r.schema = held_->schema;
+  r.shm = transport_ != Transport::kSocket && !declined_ && !mapped_;
+  o->asked_shm = r.shm;
   o->wait_ms = r.wait_ms;
   // The offer's receive first: the publisher never waits on this subscriber to answer.
   o->offer_buffer = message_buffer();
@@ -301,7 +543,30 @@ SubscriberCore::OfferRead SubscriberCore::read_offer(Pull& o, Clock::time_point 
       ended_ = c10::str(who_, ": the Publisher on ", link_->peer(),
                         " refused this subscriber's request as malformed and serves it no more");
       TD_THROW(MalformedPeerDataError, ended_);
+    case Status::kShm: {
+      TD_CHECK_PEER(o.asked_shm, who_, ": the publisher on ", link_->peer(),
+                    " offered shared memory to a request that did not ask for it");
+      pull_.reset();  // answered
+      if (attach(offer)) return OfferRead::kShm;
+      // Declined: the publisher serves the link from the next request on.
+      declined_ = true;
+      Request decline;
+      decline.seq = o.seq;
+      decline.decline = static_cast<uint32_t>(declined_for_);
+      link_->keep({link_->post_send(core::bytes_tensor(encode(decline)), Kind::kRequest)});
+      TORCH_CHECK(transport_ != Transport::kShm, who_, ": transport=\"shm\", but ",
+                  transport_text_);
+      return OfferRead::kNone;
+    }
     case Status::kNew: break;
+  }
+  if (o.asked_shm) {
+    // Asked for shared memory and sent the version instead: the publisher serves the link.
+    transport_text_ = "socket (shared memory refused: the publisher offers none)";
+    TORCH_CHECK(transport_ != Transport::kShm, who_, ": transport=\"shm\", but the publisher on ",
+                link_->peer(),
+                " offers no shared memory (its transport is \"socket\", or it could "
+                "make none)");
   }
   o.step = offer.data_bytes > max_total_bytes_ ? Refusal::kStorage : Refusal::kOffer;
   const publication::Held check{o.seq,         held_->epoch,      held_->version,
@@ -359,7 +624,8 @@ bool SubscriberCore::advance(Clock::time_point deadline, const PullOptions& opti
     if (!request_taken(o, deadline, options)) return false;
     switch (read_offer(o, deadline)) {
       case OfferRead::kWaiting: return false;
-      case OfferRead::kNone:  // nothing newer within the request's wait: ask again
+      case OfferRead::kShm: return false;  // mapped: pull_with pulls there
+      case OfferRead::kNone:               // nothing newer within the request's wait: ask again
         if (Clock::now() >= deadline || interrupted_.load()) return false;
         continue;
       case OfferRead::kNew: return read_version(o, deadline);
@@ -367,26 +633,56 @@ bool SubscriberCore::advance(Clock::time_point deadline, const PullOptions& opti
   }
 }
 
-// Pulls until a version of at least min_version is in, or the deadline passes: apply(o) puts
+// Pulls until a version of at least min_version is in, or the deadline passes: apply(v) puts
 // each version where it goes (it may throw, the version then not held) and makes the result.
+// Over shared memory the version is read where it lies, pinned while apply runs; a zero-copy
+// pull keeps the pin (the TensorDict views the slot) until the next version or release_pin().
 template <typename Apply>
 auto SubscriberCore::pull_with(const PullOptions& options, Apply&& apply)
-    -> std::optional<std::invoke_result_t<Apply&, Pull&>> {
+    -> std::optional<std::invoke_result_t<Apply&, const Version&>> {
   check_pull(options);
   TD_CHECK_AS(MalformedPeerDataError, ended_.empty(), ended_);
+  TORCH_CHECK(transport_ != Transport::kShm || !declined_, who_, ": transport=\"shm\", but ",
+              transport_text_);
   const auto start = Clock::now();
   const auto deadline = options.timeout ? start + *options.timeout : Clock::time_point::max();
   for (;;) {
+    if (mapped_ && !pull_) {
+      std::optional<Version> v = shm_next(deadline, options);
+      if (!v) {
+        if (mapped_ || Clock::now() >= deadline || interrupted_.load()) return std::nullopt;
+        continue;  // moved: ask the link for the new segment
+      }
+      Mapped& m = *mapped_;
+      try {
+        auto result = apply(*v);
+        const uint64_t pin = m.reading().load();
+        if (options.zero_copy) m.held().store(pin);
+        m.reading().store(0);
+        *held_ = Held{v->epoch, v->version, v->schema, v->data.numel(), v->metadata};
+        L::word<uint64_t>(m.entry, L::kEntryVersionAt)
+            .store(static_cast<uint64_t>(v->version), std::memory_order_relaxed);
+        L::word<uint64_t>(m.entry, L::kPullsAt).store(++m.pulls, std::memory_order_relaxed);
+        return result;
+      } catch (...) {
+        m.reading().store(0);
+        throw;
+      }
+    }
     bool in = false;
     try {
       in = advance(deadline, options);
     } catch (...) {
       end_pull(std::current_exception());
     }
-    if (!in) return std::nullopt;
+    if (!in) {
+      if (mapped_ && !pull_ && Clock::now() < deadline && !interrupted_.load()) continue;
+      if (mapped_ && !pull_ && options.timeout && options.timeout->count() == 0) continue;
+      return std::nullopt;
+    }
     const std::shared_ptr<Pull> o = std::move(pull_);
-    auto result = apply(*o);
     const Offer& offer = *o->offer;
+    auto result = apply(Version{o->metadata, o->data, offer.epoch, offer.version, offer.schema});
     *held_ = Held{offer.epoch, offer.version, offer.schema, offer.data_bytes, o->metadata};
     if (offer.version >= options.min_version.value_or(0)) return result;
     if (Clock::now() >= deadline || interrupted_.load()) return std::nullopt;
@@ -394,32 +690,60 @@ auto SubscriberCore::pull_with(const PullOptions& options, Apply&& apply)
 }
 
 std::optional<int64_t> SubscriberCore::pull(TensorDict& td, const PullOptions& options) {
-  return pull_with(options, [&](Pull& o) {
-    const auto& metadata = *o.metadata;
-    // The version's leaves as views of the data, made once per schema and stage.
-    if (stage_views_for_ != o.data.data_ptr() || stage_views_schema_ != o.offer->schema) {
-      stage_views_ = leaves_in_order(core::rebuild_validated(metadata, o.data));
-      stage_views_for_ = o.data.data_ptr();
-      stage_views_schema_ = o.offer->schema;
+  return pull_with(options, [&](const Version& v) {
+    const auto& metadata = *v.metadata;
+    const Leaves* views = nullptr;
+    if (v.slot >= 0) {
+      views = &mapped_->views[v.slot].leaves;
+    } else {
+      // The version's leaves as views of the data, made once per schema and stage.
+      if (stage_views_for_ != v.data.data_ptr() || stage_views_schema_ != v.schema) {
+        stage_views_ = leaves_in_order(core::rebuild_validated(metadata, v.data));
+        stage_views_for_ = v.data.data_ptr();
+        stage_views_schema_ = v.schema;
+      }
+      views = &stage_views_;
     }
     const Leaves target = leaves_in_order(td);
-    check_same_leaves(who_, target, stage_views_);
+    check_same_leaves(who_, target, *views);
     {
       at::NoGradGuard no_grad;  // a module's Parameters are written in place
-      for (size_t i = 0; i < target.size(); ++i) target[i].second.copy_(stage_views_[i].second);
+      if (v.slot >= 0 && options.zero_copy) {
+        // The same tensors, now views of the slot (read-only memory).
+        for (size_t i = 0; i < target.size(); ++i) {
+          const at::Tensor& from = (*views)[i].second;
+          at::Tensor to = target[i].second;
+          to.set_(from.storage(), from.storage_offset(), from.sizes(), from.strides());
+        }
+      } else {
+        for (size_t i = 0; i < target.size(); ++i) {
+          at::Tensor to = target[i].second;
+          // A leaf a zero-copy pull left viewing a slot gets memory of its own again: the
+          // slot's is read-only.
+          if (mapped_ && to.numel() > 0 && mapped_->within(to.data_ptr()))
+            to.set_(at::empty_like(to));
+          to.copy_((*views)[i].second);
+        }
+      }
     }
     if (has_non_tensors(metadata.metadata())) {
-      copy_non_tensors(core::rebuild_validated(metadata, o.data), td);
+      copy_non_tensors(core::rebuild_validated(metadata, v.data), td);
     }
-    return o.offer->version;
+    return v.version;
   });
 }
 
 std::optional<Pulled> SubscriberCore::pull(const PullOptions& options) {
-  return pull_with(options, [&](Pull& o) {
+  return pull_with(options, [&](const Version& v) {
+    if (v.slot >= 0) {
+      // Zero-copy: the leaves view the slot; otherwise a storage of its own, one copy.
+      const at::Tensor data = options.zero_copy ? v.data : v.data.clone();
+      return Pulled{core::rebuild_validated(*v.metadata, data), v.version,
+                    tensorclass_of(*v.metadata)};
+    }
     // The new TensorDict keeps the stage as its storage; the next pull makes another.
-    Pulled pulled{core::rebuild_validated(*o.metadata, o.data), o.offer->version,
-                  tensorclass_of(*o.metadata)};
+    Pulled pulled{core::rebuild_validated(*v.metadata, v.data), v.version,
+                  tensorclass_of(*v.metadata)};
     stage_ = at::Tensor();
     stage_views_for_ = nullptr;
     return pulled;

@@ -2,7 +2,8 @@
 // 64 MB version when the kill lands. publish() never waits for it (it pins one slot at most),
 // and the healthy subscriber on rank 1 goes on pulling every version. The kill is timed as in
 // dist_fault_test.cpp: the publisher's killer thread watches the bytes written to its sockets
-// (/proc/self/io's wchar).
+// (/proc/self/io's wchar). These kills land in the socket's data path, so both ends take
+// transport "socket"; the shared-memory path's kills are in shm_publication_test.cpp.
 
 #include <ATen/ATen.h>
 #include <ATen/Parallel.h>
@@ -44,7 +45,7 @@ void run_role(const std::string& name) {
   std::vector<at::Tensor> flag{at::zeros({1})};
   dist::default_group()->allreduce(flag)->wait();  // all connected, the pid written
   if (rank == 1) {
-    dist::Subscriber sub({.src = 0});
+    dist::Subscriber sub({.src = 0, .transport = "socket"});
     auto first = sub.pull({.timeout = 30s});
     ASSERT_TRUE(first.has_value());
     write_file(role_dir() + "/healthy.first", "1");
@@ -62,13 +63,13 @@ void run_role(const std::string& name) {
   }
   if (rank == 2) {
     ASSERT_TRUE(await_file(role_dir() + "/victim.go", 30s).has_value());
-    dist::Subscriber sub({.src = 0});
+    dist::Subscriber sub({.src = 0, .transport = "socket"});
     sub.pull({.timeout = 30s});  // killed in here
     write_file(role_dir() + "/victim.finished", "the pull completed before the kill");
     std::this_thread::sleep_for(30s);  // let the killer find this process
     return;
   }
-  dist::Publisher pub({.max_slots = 2});
+  dist::Publisher pub({.max_slots = 2, .transport = "socket"});
   pub.publish(version(1));
   ASSERT_TRUE(await_file(role_dir() + "/healthy.first", 30s).has_value());
   const auto victim = static_cast<pid_t>(std::stoi(*read_file(role_dir() + "/victim.pid")));
@@ -125,7 +126,7 @@ void run_dead_publisher_role(const std::string& name) {
                             .timeout = std::chrono::milliseconds(60s),
                             .gloo_hostname = "127.0.0.1"});
   if (rank == 1) {
-    dist::Subscriber sub({.src = 0});
+    dist::Subscriber sub({.src = 0, .transport = "socket"});
     std::string error = "<no error>", kind;
     try {
       while (sub.pull({.timeout = 20s})) {  // each whole version, until the publisher dies
@@ -140,7 +141,7 @@ void run_dead_publisher_role(const std::string& name) {
     write_file(role_dir() + "/orphan.report", std::to_string(now_ns()) + " " + kind + ": " + error);
     return;
   }
-  dist::Publisher pub({.max_slots = 1});
+  dist::Publisher pub({.max_slots = 1, .transport = "socket"});
   const int64_t base = io_counter("wchar");
   std::thread killer([&] {
     while (io_counter("wchar") - base < 3 * kKillAfterBytes) std::this_thread::sleep_for(100us);

@@ -347,8 +347,8 @@ class PublicationContract : public ::testing::Test {
     return *ends_.back();
   }
 
-  PublisherCore& publisher(int64_t max_slots) {
-    cores_.push_back({std::make_unique<PublisherCore>(max_slots), {}});
+  PublisherCore& publisher(int64_t max_slots, pub::Transport transport = pub::Transport::kSocket) {
+    cores_.push_back({std::make_unique<PublisherCore>(max_slots, transport), {}});
     return *cores_.back().core;
   }
 
@@ -375,9 +375,11 @@ class PublicationContract : public ::testing::Test {
     }
   }
 
-  SubscriberCore& subscribe(End& end, int64_t max_total_bytes = int64_t{1} << 30) {
+  SubscriberCore& subscribe(End& end, int64_t max_total_bytes = int64_t{1} << 30,
+                            pub::Transport transport = pub::Transport::kSocket) {
     subscribers_.push_back(std::make_unique<SubscriberCore>(
-        end.subscriber, c10::str("Subscriber.pull (", Transport::kName, ")"), max_total_bytes));
+        end.subscriber, c10::str("Subscriber.pull (", Transport::kName, ")"), max_total_bytes,
+        transport));
     return *subscribers_.back();
   }
 
@@ -907,18 +909,194 @@ TYPED_TEST_P(PublicationContract, LargeVersionsGoToOneSubscriberAtATimeWithinThe
   EXPECT_LT(*least, 100ms + 200ms) << ms(*least);
 }
 
-REGISTER_TYPED_TEST_SUITE_P(PublicationContract, VersionsAreWholeAndIncreasing,
-                            TimeoutsAndPollsLeaveTheTensorDictUnchanged,
-                            ANewPublisherOnTheSameLinkIsANewEpoch, MinVersionWaitsForThatVersion,
-                            NoPublisherIsNamedAndTheRequestStaysQueued,
-                            RefusedRequestsEndTheSubscription,
-                            ARefusedOfferEndsTheLinkAndFreesItsSlot, ForgedOffersAreNamedAndRefused,
-                            ASubscriberThatLeavesWhileItWaitsIsForgotten,
-                            ASubscriberThatLeavesWhileAVersionIsSentFreesItsSlot,
-                            AStalledSubscriberPinsOneSlotAndCostsTheOthersNothing,
-                            PinnedSlotsAreNamedByPublish,
-                            APublisherThatClosesAnswersTheWaitingPulls,
-                            LargeVersionsGoToOneSubscriberAtATimeWithinTheirTurns);
+// ---- shared memory (docs/publication.md "Shared memory", docs/wire-format.md §9.8) -----------
+// In one process the publisher's segments map as in another on the same host (/proc/<pid>/fd).
+
+constexpr auto kAuto = pub::Transport::kAuto;
+
+/// Every leaf of `td` holds `v`, element by element, as a double.
+inline bool all_equal(const TensorDict& td, double v) { return holds(td, v); }
+
+TYPED_TEST_P(PublicationContract, OverSharedMemoryPullsSendNoMessageAndAreNeverTorn) {
+  PublisherCore& core = this->publisher(3, kAuto);
+  auto& e = this->connect();
+  this->serve(core, e);
+  SubscriberCore& sub = this->subscribe(e, int64_t{1} << 30, kAuto);
+  core.publish(weights(1), std::nullopt, std::nullopt);
+  TensorDict td = weights(0);
+  ASSERT_EQ(sub.pull(td, {.timeout = 5s}), 1);
+  EXPECT_EQ(sub.transport(), "shm");
+  EXPECT_TRUE(eventually([&] { return core.stats()[0].transport == "shm"; }));
+  // From here no message moves: requests are stalled, and every pull still takes its version.
+  e.faults->stall(Kind::kRequest);
+  e.faults->stall(Kind::kOffer);
+  auto publisher = std::async(std::launch::async, [&] {
+    return outcome_of([&] {
+      for (int v = 2; v <= 400; ++v) core.publish(weights(v), 5s, std::nullopt);
+    });
+  });
+  int64_t last = 1, pulls = 0, torn = 0;
+  TensorDict views = weights(0);
+  while (last < 400) {
+    const bool zero_copy = (pulls % 2) == 1;
+    TensorDict& target = zero_copy ? views : td;
+    const auto v = sub.pull(target, {.timeout = 5s, .zero_copy = zero_copy});
+    if (!v.has_value()) break;
+    EXPECT_GT(*v, last);
+    torn += !all_equal(target, static_cast<double>(*v));
+    last = std::max(last, *v);
+    ++pulls;
+  }
+  const Outcome published = publisher.get();
+  EXPECT_EQ(published.kind, "") << published;
+  EXPECT_EQ(torn, 0);
+  EXPECT_EQ(last, 400);
+  const auto stats = core.stats();
+  EXPECT_EQ(stats[0].version, 400);
+  EXPECT_EQ(stats[0].pulls, pulls + 1);
+  EXPECT_FALSE(stats[0].lost) << stats[0].error;
+  e.faults->release();
+  // Lost, it keeps what it pulled in stats() (its entry in shared memory cleared).
+  e.faults->lose();
+  EXPECT_TRUE(eventually([&] {
+    const auto s = core.stats()[0];
+    return s.lost && s.version == 400 && s.pulls == pulls + 1 && !s.pinned;
+  }));
+}
+
+TYPED_TEST_P(PublicationContract, AZeroCopyPullPinsItsSlotUntilTheNextPullOrRelease) {
+  PublisherCore& core = this->publisher(1, kAuto);
+  auto& e = this->connect();
+  this->serve(core, e);
+  SubscriberCore& sub = this->subscribe(e, int64_t{1} << 30, kAuto);
+  core.publish(weights(1), std::nullopt, std::nullopt);
+  TensorDict td = weights(0);
+  const at::Tensor bias = td.get("bias").tensor();
+  ASSERT_EQ(sub.pull(td, {.timeout = 5s, .zero_copy = true}), 1);
+  // The same tensor object, now viewing the slot.
+  EXPECT_TRUE(td.get("bias").tensor().is_same(bias));
+  EXPECT_TRUE(holds(td, 1));
+  EXPECT_EQ(core.stats()[0].pinned, 1);
+  // The only slot pinned: publish waits, then names the subscriber.
+  const Outcome o = outcome_of([&] { core.publish(weights(2), 100ms, std::nullopt); });
+  EXPECT_TRUE(o.raised("TimeoutError", "(version 1, in shared memory)")) << o;
+  EXPECT_TRUE(holds(td, 1));  // never rewritten while pinned
+  sub.release_pin();
+  EXPECT_FALSE(core.stats()[0].pinned.has_value());
+  EXPECT_EQ(core.publish(weights(2), 1s, std::nullopt), 2);
+  ASSERT_EQ(sub.pull(td, {.timeout = 5s, .zero_copy = true}), 2);
+  EXPECT_EQ(sub.pull(td, {.timeout = 0ms}), std::nullopt);  // a poll keeps the pin
+  EXPECT_EQ(core.stats()[0].pinned, 2);
+  sub.release_pin();
+  core.publish(weights(3), 1s, std::nullopt);
+  // A copying pull into views of a slot gives the leaves memory of their own first.
+  ASSERT_EQ(sub.pull(td, {.timeout = 5s}), 3);
+  EXPECT_TRUE(holds(td, 3));
+  EXPECT_FALSE(core.stats()[0].pinned.has_value());
+  core.publish(weights(4), 1s, std::nullopt);
+  EXPECT_TRUE(holds(td, 3));
+  // A pull into a new TensorDict: zero-copy views the slot and pins it.
+  auto pulled = sub.pull({.timeout = 5s, .zero_copy = true});
+  ASSERT_TRUE(pulled.has_value());
+  EXPECT_EQ(pulled->version, 4);
+  EXPECT_TRUE(holds(pulled->td, 4));
+  EXPECT_EQ(core.stats()[0].pinned, 4);
+}
+
+TYPED_TEST_P(PublicationContract, ASubscriberThatCannotMapFallsBackAndSaysWhy) {
+  PublisherCore& core = this->publisher(2, kAuto);
+  auto& a = this->connect();
+  auto& b = this->connect();
+  this->serve(core, a);
+  this->serve(core, b);
+  core.publish(weights(1), std::nullopt, std::nullopt);
+  ::setenv("TENSORDICT_TEST_SHM_UNMAPPABLE", "1", 1);
+  SubscriberCore& refused = this->subscribe(a, int64_t{1} << 30, kAuto);
+  TensorDict td = weights(0);
+  const auto v = refused.pull(td, {.timeout = 5s});
+  ::unsetenv("TENSORDICT_TEST_SHM_UNMAPPABLE");
+  EXPECT_EQ(v, 1);
+  EXPECT_TRUE(holds(td, 1));
+  EXPECT_EQ(refused.transport(),
+            "socket (shared memory refused: TENSORDICT_TEST_SHM_UNMAPPABLE is set (a test hook))");
+  EXPECT_TRUE(eventually([&] {
+    return core.stats()[0].transport ==
+           "socket (shared memory refused: the subscriber could not open or map the segments)";
+  })) << core.stats()[0].transport;
+  core.publish(weights(2), std::nullopt, std::nullopt);
+  EXPECT_EQ(refused.pull(td, {.timeout = 5s}), 2);
+  // A subscriber that insists on shared memory where it gets none raises, naming why.
+  ::setenv("TENSORDICT_TEST_SHM_UNMAPPABLE", "1", 1);
+  SubscriberCore& strict = this->subscribe(b, int64_t{1} << 30, pub::Transport::kShm);
+  const Outcome o = outcome_of([&] { strict.pull(td, {.timeout = 5s}); });
+  ::unsetenv("TENSORDICT_TEST_SHM_UNMAPPABLE");
+  EXPECT_TRUE(o.raised("c10::Error", "transport=\"shm\", but socket (shared memory refused: "))
+      << o;
+  EXPECT_TRUE(holds(td, 2));
+}
+
+TYPED_TEST_P(PublicationContract, TransportSocketIsNeverSharedMemory) {
+  PublisherCore& core = this->publisher(2);  // kSocket
+  auto& a = this->connect();
+  auto& b = this->connect();
+  this->serve(core, a);
+  this->serve(core, b);
+  SubscriberCore& asks = this->subscribe(a, int64_t{1} << 30, kAuto);
+  SubscriberCore& plain = this->subscribe(b);
+  core.publish(weights(1), std::nullopt, std::nullopt);
+  TensorDict td = weights(0);
+  EXPECT_EQ(asks.pull(td, {.timeout = 5s}), 1);
+  EXPECT_EQ(asks.transport(), "socket (shared memory refused: the publisher offers none)");
+  EXPECT_EQ(plain.pull(td, {.timeout = 5s}), 1);
+  EXPECT_EQ(plain.transport(), "socket");
+  EXPECT_EQ(core.stats()[0].transport,
+            "socket (shared memory refused: the publisher's transport is \"socket\")");
+  EXPECT_EQ(core.stats()[1].transport, "socket");
+}
+
+TYPED_TEST_P(PublicationContract, OverSharedMemoryCloseAndGrowthAreSeen) {
+  PublisherCore& core = this->publisher(2, kAuto);
+  auto& e = this->connect();
+  this->serve(core, e);
+  SubscriberCore& sub = this->subscribe(e, int64_t{1} << 30, kAuto);
+  core.publish(weights(1), std::nullopt, std::nullopt);
+  auto first = sub.pull({.timeout = 5s, .zero_copy = true});
+  ASSERT_TRUE(first.has_value());
+  ASSERT_EQ(sub.transport(), "shm");
+  // A version larger than the slots: a new segment, which the subscriber maps (the link once).
+  core.publish(large(2), std::nullopt, std::nullopt);
+  auto second = sub.pull({.timeout = 5s});
+  ASSERT_TRUE(second.has_value());
+  EXPECT_EQ(second->version, 2);
+  EXPECT_TRUE(holds(second->td, 2));
+  EXPECT_EQ(sub.transport(), "shm");
+  EXPECT_TRUE(holds(first->td, 1));  // the old segment's views stay readable, never rewritten
+  // A pull waiting on shared memory sees the publisher close.
+  auto pull = std::async(std::launch::async,
+                         [&] { return outcome_of([&] { sub.pull({.timeout = 10s}); }); });
+  // Its wait shows in stats() as a request held over a link does.
+  ASSERT_TRUE(eventually([&] { return core.stats()[0].waiting; }));
+  const auto t0 = Clock::now();
+  this->stop(core);
+  const Outcome o = pull.get();
+  EXPECT_LT(Clock::now() - t0, 1s);
+  EXPECT_TRUE(o.raised("NoPublisherError", "closed")) << o;
+  EXPECT_TRUE(sub.publisher_closed());
+}
+
+REGISTER_TYPED_TEST_SUITE_P(
+    PublicationContract, VersionsAreWholeAndIncreasing,
+    OverSharedMemoryPullsSendNoMessageAndAreNeverTorn,
+    AZeroCopyPullPinsItsSlotUntilTheNextPullOrRelease, ASubscriberThatCannotMapFallsBackAndSaysWhy,
+    TransportSocketIsNeverSharedMemory, OverSharedMemoryCloseAndGrowthAreSeen,
+    TimeoutsAndPollsLeaveTheTensorDictUnchanged, ANewPublisherOnTheSameLinkIsANewEpoch,
+    MinVersionWaitsForThatVersion, NoPublisherIsNamedAndTheRequestStaysQueued,
+    RefusedRequestsEndTheSubscription, ARefusedOfferEndsTheLinkAndFreesItsSlot,
+    ForgedOffersAreNamedAndRefused, ASubscriberThatLeavesWhileItWaitsIsForgotten,
+    ASubscriberThatLeavesWhileAVersionIsSentFreesItsSlot,
+    AStalledSubscriberPinsOneSlotAndCostsTheOthersNothing, PinnedSlotsAreNamedByPublish,
+    APublisherThatClosesAnswersTheWaitingPulls,
+    LargeVersionsGoToOneSubscriberAtATimeWithinTheirTurns);
 
 }  // namespace publication_contract
 

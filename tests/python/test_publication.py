@@ -194,12 +194,13 @@ def until(predicate, seconds=10.0):
 def stopped(rank, world_size):
     # Rank 2 asks for a version, is stopped (SIGSTOP), and then version 1 (32 MiB) is sent to
     # it: mid-pull, it pins that slot. publish never waits (two slots), rank 1 goes on pulling
-    # every version; once rank 2 goes on, its pull completes with one whole version.
+    # every version; once rank 2 goes on, its pull completes with one whole version. Over the
+    # socket (a stopped subscriber over shared memory: tests/cpp/shm_fault_test.cpp).
     torch.set_num_threads(1)
     from tensordict_cpp import Publisher, Subscriber, TensorDict
     n = 8 << 20
     if rank == 0:
-        pub = Publisher(max_slots=2)
+        pub = Publisher(max_slots=2, transport="socket")
         td = TensorDict(a=torch.full((n,), 1.0), batch_size=[])
         pid = torch.zeros(1, dtype=torch.int64)
         dist.recv(pid, src=2, tag=READY + 1)
@@ -232,7 +233,7 @@ def stopped(rank, world_size):
             assert got == v and (td["a"] == v).all()
             ready(0)
     else:
-        sub = Subscriber(src=0)
+        sub = Subscriber(src=0, transport="socket")
         dist.send(torch.tensor([os.getpid()]), dst=0, tag=READY + 1)
         td = sub.pull(timeout=60)  # stopped in here
         assert sub.version == 1 and (td["a"] == 1).all()  # one whole version

@@ -38,6 +38,10 @@ struct PublisherOptions {
   /// Several publications on one group use one channel each, 0 to 65535; a Subscriber pulls
   /// from the publisher of its channel.
   int64_t channel = 0;
+  /// How subscribers on this host are served: "auto" (the slots in shared memory, mapped by
+  /// every subscriber that can, the others over the link), "shm" (the same, but raise when no
+  /// shared memory can be made) or "socket" (every subscriber over the link).
+  std::string transport = "auto";
 };
 
 /// Publishes versions of a TensorDict to subscribers on a c10d group (Gloo). Thread-safe.
@@ -92,6 +96,10 @@ struct SubscriberOptions {
   int64_t channel = 0;                 // the publisher's
   /// The largest storage the publisher may announce; unset: default_max_total_bytes().
   std::optional<int64_t> max_total_bytes{};
+  /// "auto": pull from the publisher's slots in shared memory when it offers them and they
+  /// map (same host and user), else over the link; "shm": the same, but raise (RuntimeError,
+  /// naming why) when they cannot be had; "socket": always over the link.
+  std::string transport = "auto";
 };
 
 /// Pulls versions from the Publisher on rank `src` (its channel). Not thread-safe: one thread
@@ -130,6 +138,11 @@ class Subscriber {
   uint64_t epoch() const;
   /// Whether a pull found the publisher closed (its NoPublisherError said "closed").
   bool publisher_closed() const;
+  /// How this subscriber pulls: "shm", "socket", or "socket (shared memory refused: <why>)".
+  std::string transport() const;
+  /// Unpins the slot that the last zero-copy pull left the TensorDict viewing: the publisher
+  /// may then rewrite it, so the views' contents may change. No effect over the socket.
+  void release();
 
   struct Impl;
 

@@ -32,6 +32,10 @@ struct PublisherOptions {
   /// How many copies of the TensorDict the publisher keeps (>= 1). With 2, a publish never
   /// waits while at most one subscriber is mid-pull.
   int64_t max_slots = 2;
+  /// How clients on this host are served: "auto" (the slots in shared memory, mapped by every
+  /// subscriber that can, the others over their pipe), "shm" (the same, but raise when no
+  /// shared memory can be made) or "socket" (every subscriber over its pipe).
+  std::string transport = "auto";
 };
 
 /// Publishes versions of a TensorDict to every client of `server`, present and future: it
@@ -79,6 +83,10 @@ class Publisher {
 struct SubscriberOptions {
   /// The largest storage the publisher may announce; unset: the pipe's max_storage_bytes.
   std::optional<int64_t> max_total_bytes{};
+  /// "auto": pull from the publisher's slots in shared memory when it offers them and they
+  /// map (same host and user), else over the pipe; "shm": the same, but raise (RuntimeError,
+  /// naming why) when they cannot be had; "socket": always over the pipe.
+  std::string transport = "auto";
 };
 
 /// Pulls versions from the Publisher of the server at the other end of `pipe` (made by
@@ -109,6 +117,11 @@ class Subscriber {
   int64_t version() const;
   uint64_t epoch() const;
   bool publisher_closed() const;
+  /// How this subscriber pulls: "shm", "socket", or "socket (shared memory refused: <why>)".
+  std::string transport() const;
+  /// Unpins the slot that the last zero-copy pull left the TensorDict viewing: the publisher
+  /// may then rewrite it, so the views' contents may change. No effect over the pipe.
+  void release();
   const Pipe& pipe() const;
 
   struct Impl;

@@ -8,6 +8,7 @@
 
 #include <ATen/core/Tensor.h>
 
+#include <array>
 #include <cstddef>
 #include <cstdint>
 #include <string>
@@ -62,13 +63,29 @@ struct Request {
   int64_t min_version = 0;  // 0: any newer
   int64_t wait_ms = 0;      // -1: until one is published
   uint64_t schema = 0;      // the hash of the schema it holds; 0: none
+  /// A pull's request only: the subscriber can map the publisher's shared memory (same host,
+  /// Linux); the publisher may answer Status::kShm (§9.8).
+  bool shm = false;
+  /// Not a request: the subscriber declines the kShm offer that answered request `seq` (it
+  /// could not map or check the segments), for the reason `decline` (Decline); it pulls over
+  /// this link from its next request. The other fields are 0.
+  uint32_t decline = 0;
 };
+
+/// Why a subscriber declined shared memory (a decline's reason).
+enum class Decline : uint32_t {
+  kOpen = 1,     // the segments could not be opened or mapped (another host, user or namespace)
+  kCheck = 2,    // what it mapped is not what the offer announced (token, epoch, layout)
+  kRefused = 3,  // the subscriber takes no shared memory after all (reserved)
+};
+const char* decline_text(uint32_t reason);
 
 enum class Status : uint32_t {
   kNew = 1,      // a version follows: its schema (when schema_bytes > 0), then its data
   kNone = 2,     // nothing newer within wait_ms
   kClosed = 3,   // the publisher is closing
   kRefused = 4,  // the request was malformed (the publisher stops serving this subscriber)
+  kShm = 5,      // to a request with `shm`: map the slots in shared memory (§9.8), pull there
 };
 
 /// The publisher's answer to one request.
@@ -81,6 +98,13 @@ struct Offer {
   int64_t schema_bytes = 0;  // kNew: the metadata JSON's size; 0 when the request's schema is
                              // the version's (the subscriber reuses what it holds)
   uint64_t schema = 0;       // kNew: the hash of the version's metadata JSON
+  // kShm: where the segments are (the publisher's pid and descriptors), the subscriber's entry
+  // in the pins segment, and the token both segments start with.
+  uint32_t pid = 0;
+  uint32_t entry = 0;
+  uint32_t slots_fd = 0;
+  uint32_t pins_fd = 0;
+  std::array<uint8_t, 16> token{};
 };
 
 std::string encode(const Request& r);
@@ -118,5 +142,12 @@ const JsonScalar* transport_field(const core::ValidatedMetadata& m, std::string_
 
 /// 64-bit FNV-1a of a metadata JSON: the schema hash both sides compute.
 uint64_t schema_hash(std::string_view json);
+
+/// How a publisher serves a subscriber on its host (the options' `transport`): kAuto maps the
+/// slots in shared memory when the subscriber can, else the link; kShm insists (a subscriber
+/// raises when it cannot map them); kSocket never offers or asks for shared memory.
+enum class Transport { kAuto, kShm, kSocket };
+/// "auto", "shm" or "socket"; ValueError naming `call` otherwise.
+Transport transport_of(const char* call, const std::string& name);
 
 }  // namespace tensordict::wire::publication

@@ -31,8 +31,11 @@ class PublisherCore {
   /// One subscriber, as add() registers it.
   struct Subscription;
 
-  /// `max_slots` >= 1 (checked by the caller, whose argument it is).
-  explicit PublisherCore(int64_t max_slots);
+  /// `max_slots` >= 1 (checked by the caller, whose argument it is). With a `transport` other
+  /// than kSocket the slots live in shared memory (docs/wire-format.md §9.8) from the first
+  /// publish, and subscribers that ask for it (on this host) pull there; kShm raises here when
+  /// no segment can be made, kAuto then serves every subscriber over its link.
+  explicit PublisherCore(int64_t max_slots, Transport transport = Transport::kSocket);
   ~PublisherCore();
   PublisherCore(const PublisherCore&) = delete;
   PublisherCore& operator=(const PublisherCore&) = delete;
@@ -73,6 +76,7 @@ class PublisherCore {
 
  private:
   struct Slot;
+  struct Shm;
   // The receive of a subscriber's next request, posted while its last one is answered, so that
   // a refusal or a dead subscriber is seen meanwhile. `pending` is null once its message was
   // read or failed; otherwise serve() leaves it to the link (Link::keep) when it returns.
@@ -99,8 +103,24 @@ class PublisherCore {
   std::string pinning_locked() const;
   // Drops the oldest lost subscriptions out of serve() beyond kMaxLostKept, but `keep`.
   void prune_locked(const Subscription* keep);
+  // Shared memory (§9.8). Slot `i` holds `version` pinned by a subscriber that maps it.
+  bool shm_pinned_locked(int i, int64_t version) const;
+  // Clears the pins of subscribers whose process exited.
+  void reap_dead_locked();
+  // Makes slots in a new segment that fit `bytes` and `json` bytes (the old one, if any, is
+  // marked moved). False when shared memory cannot be had (kAuto): the slots stay in memory.
+  bool ensure_segment_locked(int64_t bytes, size_t json);
+  // The offer of shared memory to `s` (an entry assigned), or nothing when none is free.
+  std::optional<Offer> shm_offer_locked(Subscription& s, const Request& r);
+  void release_entry_locked(Subscription& s);
+  // Whether `s` maps the slots; why its process is gone, if it is (its pid from its entry).
+  bool mapped_entry(const Subscription& s) const;
+  std::optional<std::string> subscriber_exited(const Subscription& s);
+  void mark_locked(uint32_t flag);
 
   const uint64_t epoch_;
+  const Transport transport_;
+  std::unique_ptr<Shm> shm_;  // null: kSocket
   mutable std::mutex mutex_;
   mutable std::condition_variable changed_;  // a version published, a slot unpinned, a request
   std::vector<Slot> slots_;

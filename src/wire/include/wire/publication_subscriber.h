@@ -40,8 +40,11 @@ struct Leftover;
 class SubscriberCore {
  public:
   /// `link`: the publisher's messages. `who` names the pulls in errors ("Subscriber.pull (rank
-  /// 0)"); `max_total_bytes` bounds the storage an offer may announce.
-  SubscriberCore(std::shared_ptr<Link> link, std::string who, int64_t max_total_bytes);
+  /// 0)"); `max_total_bytes` bounds the storage an offer may announce. With a `transport` other
+  /// than kSocket, requests ask for shared memory (docs/wire-format.md §9.8), and pulls take
+  /// versions from the publisher's slots once it offers them and they map.
+  SubscriberCore(std::shared_ptr<Link> link, std::string who, int64_t max_total_bytes,
+                 Transport transport = Transport::kSocket);
   ~SubscriberCore();
   SubscriberCore(const SubscriberCore&) = delete;
   SubscriberCore& operator=(const SubscriberCore&) = delete;
@@ -57,6 +60,11 @@ class SubscriberCore {
   uint64_t epoch() const;
   /// Whether a pull found the publisher closed (NoPublisherError "closed").
   bool publisher_closed() const { return publisher_closed_; }
+  /// "shm", "socket", or "socket (shared memory refused: <why>)".
+  std::string transport() const { return transport_text_; }
+  /// Unpins the slot that the last zero-copy pull left its TensorDict viewing (its views may
+  /// then change). Nothing over the socket.
+  void release_pin();
 
   /// Makes the running pull, or the next one, return nothing within a slice of its waits, its
   /// TensorDict unchanged (an event loop's cancelled apull); interrupt(false) withdraws it.
@@ -68,15 +76,25 @@ class SubscriberCore {
   void adopt(std::shared_ptr<Leftover> leftover);
 
   struct Held;
+  /// A version to apply, wherever it lies: the link's stage or a slot in shared memory.
+  struct Version;
 
  private:
+  struct Mapped;
+  // What a pull over shared memory reads: a version newer than the one held (at least
+  // min_version), pinned, its schema read; nothing at the deadline or an interrupt, or when
+  // the publisher moved its slots (mapped_ is then null: the next request asks again).
+  std::optional<Version> shm_next(Clock::time_point deadline, const PullOptions& options);
+  // Maps what a kShm offer names; false with the reason in transport_text_ when it cannot.
+  bool attach(const Offer& offer);
+  void detach();
   void send_request(const PullOptions& options);
   // Runs the pull's messages until a version is in; false when the deadline passed first.
   bool advance(Clock::time_point deadline, const PullOptions& options);
   // The steps of advance(): the request taken (or NoPublisherError), the offer read and
   // checked (then the schema's and the data's receives posted), the version in.
   bool request_taken(Pull& o, Clock::time_point deadline, const PullOptions& options);
-  enum class OfferRead { kWaiting, kNone, kNew };
+  enum class OfferRead { kWaiting, kNone, kNew, kShm };
   OfferRead read_offer(Pull& o, Clock::time_point deadline);
   bool read_version(Pull& o, Clock::time_point deadline);
   // Waits in slices, each looking at the interrupt; false at the deadline or the interrupt.
@@ -86,9 +104,14 @@ class SubscriberCore {
   [[noreturn]] void end_pull(std::exception_ptr error);
   template <typename Apply>
   auto pull_with(const PullOptions& options, Apply&& apply)
-      -> std::optional<std::invoke_result_t<Apply&, Pull&>>;
+      -> std::optional<std::invoke_result_t<Apply&, const Version&>>;
 
   std::shared_ptr<Link> link_;
+  const Transport transport_;
+  std::string transport_text_ = "socket";
+  bool declined_ = false;  // shared memory was refused: the link serves
+  Decline declined_for_ = Decline::kOpen;
+  std::unique_ptr<Mapped> mapped_;  // the publisher's slots, while pulls take them there
   const std::string who_;
   const int64_t max_total_bytes_;
   std::unique_ptr<Held> held_;
