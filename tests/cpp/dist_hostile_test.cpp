@@ -23,7 +23,6 @@
 #include "wire/metadata_pickle.h"
 #include "wire/pickle.h"
 
-
 namespace tensordict::dist {
 namespace {
 
