@@ -71,7 +71,7 @@ def rank_main(rank: int, world: int, port: int, mib: int, versions: int) -> None
             assert got == v and bool((td["w0"] == v).all()), (got, v)
             held.append(time.time())
             dist.barrier()
-        out["held"] = held
+        out["held"], out["transport"] = held, sub.transport
         dist.barrier()
     print("RESULT " + json.dumps(out), flush=True)
     dist.destroy_process_group()
@@ -120,7 +120,8 @@ def main() -> None:
     if a.json:
         with open(a.json, "w") as f:
             json.dump({"subscribers": a.hosts - 1, "seconds": t, "p2p_seconds": floor,
-                       "ratio": t / floor, "tx_ratio": tx}, f)
+                       "ratio": t / floor, "tx_ratio": tx,
+                       "transports": [s["transport"] for s in subs]}, f)
 
 
 if __name__ == "__main__":

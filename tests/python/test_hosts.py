@@ -30,6 +30,8 @@ def test_publication_reaches_every_host_whole(tmp_path):
     # Paced: no faster than one send of the bytes; every byte left through the paced interface
     # (the star sends one copy per subscriber).
     assert r["ratio"] >= 0.9, r
+    # Hosts see none of each other's processes: no shared memory between them.
+    assert all(t.startswith("socket") for t in r["transports"]), r
     assert 0.95 * r["subscribers"] <= r["tx_ratio"] <= 1.2 * r["subscribers"], r
     listed = subprocess.run(["ip", "netns", "list"], capture_output=True, text=True).stdout
     assert "td-h" not in listed and "td-br" not in listed, listed
