@@ -220,6 +220,20 @@ GOALS = {"mlp_64MiB": ("ours / default <= 1.5", lambda o, d: f"{o / d:.2f}",
                             lambda o, d: d / o >= 5)}
 
 
+def memcpy_ms(nbytes: int, reps: int = 8) -> float:
+    """Median time of one copy of `nbytes` between two buffers already touched: the floor of a
+    publication that is never torn (it copies each version once; torchrl's default copies
+    nothing, its workers reading the trainer's own buffer as it changes)."""
+    src, dst = torch.ones(nbytes, dtype=torch.uint8), torch.zeros(nbytes, dtype=torch.uint8)
+    dst.copy_(src)
+    times = []
+    for _ in range(reps):
+        t = time.perf_counter()
+        dst.copy_(src)
+        times.append((time.perf_counter() - t) * 1e3)
+    return sorted(times)[len(times) // 2]
+
+
 def run(quick: bool) -> dict:
     """Every case on the peer stack, for benchmarks/run (bench.py): anything missing is
     reported, not raised. --quick: the 600-leaf policy, torchrl's default and ours, 2 updates."""
@@ -244,7 +258,9 @@ def run(quick: bool) -> dict:
             del os.environ["PYTHONPATH"]
         else:
             os.environ["PYTHONPATH"] = saved
-    return {"status": "ok", "quick": quick, "cases": results,
+    floor = {c["policy"]: memcpy_ms(c["bytes"]) for c in results
+             if c.get("scheme") == "default" and "bytes" in c}
+    return {"status": "ok", "quick": quick, "cases": results, "memcpy_ms": floor,
             "seconds": round(time.monotonic() - t0, 1)}
 
 
@@ -295,6 +311,8 @@ def section(result: dict) -> str:
         rows.append(f"| {name} | " + " | ".join(cell(x) for x in c) + f" | {ratio} |")
     goal_rows = ["| goal (issue 52) | measured | met |", "|---|--:|---|"]
     goal_rows += [f"| {g} | {v} | {'yes' if ok else '**no**'} |" for g, v, ok in goals(result)]
+    goal_rows += [f"| floor: one memcpy of {p}'s bytes, this run | {ms:.1f} ms |  |"
+                  for p, ms in result.get("memcpy_ms", {}).items()]
     reps = next((c["reps"] for c in cases if "reps" in c), 0)
     warmup = next((c["warmup"] for c in cases if "warmup" in c), 0)
     return (head + "`benchmarks/torchrl_collector_bench.py`: torchrl 0.14.1 (tensordict 0.14.3, "
@@ -328,6 +346,9 @@ def main() -> int:
                       args.deadline)
     for r in results:
         emit(r)
+    for r in results:
+        if r.get("scheme") == "default" and "bytes" in r:
+            emit({"policy": r["policy"], "scheme": "memcpy", "median_ms": memcpy_ms(r["bytes"])})
     return 0 if all(r.get("verified") for r in results) else 1
 
 
