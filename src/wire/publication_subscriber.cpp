@@ -546,12 +546,13 @@ SubscriberCore::OfferRead SubscriberCore::read_offer(Pull& o, Clock::time_point 
     case Status::kShm: {
       TD_CHECK_PEER(o.asked_shm, who_, ": the publisher on ", link_->peer(),
                     " offered shared memory to a request that did not ask for it");
-      pull_.reset();  // answered
+      const uint64_t seq = o.seq;  // `o` is the pull, ended here
+      pull_.reset();               // answered
       if (attach(offer)) return OfferRead::kShm;
       // Declined: the publisher serves the link from the next request on.
       declined_ = true;
       Request decline;
-      decline.seq = o.seq;
+      decline.seq = seq;
       decline.decline = static_cast<uint32_t>(declined_for_);
       link_->keep({link_->post_send(core::bytes_tensor(encode(decline)), Kind::kRequest)});
       TORCH_CHECK(transport_ != Transport::kShm, who_, ": transport=\"shm\", but ",
