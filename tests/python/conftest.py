@@ -2,6 +2,8 @@ import os
 import pathlib
 
 import pytest
+import torch
+import torch.distributed as dist
 
 ROOT = pathlib.Path(__file__).resolve().parents[2]
 BUILD_DIR = pathlib.Path(os.environ.get("TENSORDICT_BUILD_DIR", ROOT / "build"))
@@ -88,3 +90,17 @@ def describe(td):
         else:
             out.append((key, "td", list(value.batch_size), describe(value)))
     return out
+
+
+# A rank tells another that it is ready (a message on a tag of its own), for the tests whose
+# ranks run publication beside plain sends: test_publication.py, test_publication_shm.py,
+# test_timeouts.py.
+READY = 9000
+
+
+def ready(dst):
+    dist.send(torch.ones(1), dst=dst, tag=READY)
+
+
+def await_ready(src):
+    dist.recv(torch.zeros(1), src=src, tag=READY)

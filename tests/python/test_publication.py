@@ -13,17 +13,13 @@ import pytest
 import torch
 import torch.distributed as dist
 
+import conftest
 from tensordict_cpp.distributed import run
 
-READY = 9000
+READY = conftest.READY
 
 
-def ready(dst):
-    dist.send(torch.ones(1), dst=dst, tag=READY)
-
-
-def await_ready(src):
-    dist.recv(torch.zeros(1), src=src, tag=READY)
+ready, await_ready = conftest.ready, conftest.await_ready
 
 
 def weights(v):

@@ -151,15 +151,9 @@ def test_transport_arguments_are_checked():
         pub.close()
 
 
-READY = 9000
 
 
-def ready(dst):
-    dist.send(torch.ones(1), dst=dst, tag=READY)
-
-
-def await_ready(src):
-    dist.recv(torch.zeros(1), src=src, tag=READY)
+ready, await_ready = conftest.ready, conftest.await_ready
 
 
 def back_to_back(rank, world_size):

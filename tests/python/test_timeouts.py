@@ -9,10 +9,10 @@ import pytest
 import torch
 import torch.distributed as dist
 
+import conftest
 from tensordict_cpp.distributed import run
 
 REF, OURS = 0, 1  # rank 0 runs the reference tensordict, rank 1 ours
-READY = 9000
 
 
 def build(cls, fill):
@@ -26,12 +26,7 @@ def filled_with(td, fill):
     return all((leaf == fill).all() for leaf in td.values(include_nested=True, leaves_only=True))
 
 
-def ready(dst):
-    dist.send(torch.ones(1), dst=dst, tag=READY)
-
-
-def await_ready(src):
-    dist.recv(torch.zeros(1), src=src, tag=READY)
+ready, await_ready = conftest.ready, conftest.await_ready
 
 
 def receives_after_timeouts(rank, world_size):
