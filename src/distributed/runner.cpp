@@ -37,6 +37,8 @@ constexpr const char* kEnvWorldSize = "TENSORDICT_RUN_WORLD_SIZE";
 constexpr const char* kEnvDir = "TENSORDICT_RUN_DIR";
 constexpr const char* kEnvIndex = "TENSORDICT_RUN_INDEX";
 constexpr const char* kEnvParent = "TENSORDICT_RUN_PARENT";
+// How long the runner waits, after a rank failed, for the ranks that failure takes with it.
+constexpr std::chrono::milliseconds kFailureGrace{300};
 
 // Which run() call of this process we are in: a rank re-runs main() and must stop at the call
 // that started it.
@@ -170,33 +172,43 @@ void kill_and_reap(std::vector<Child>& children) {
   }
 }
 
-// Reaps what has exited; returns the failed child that failed first, if any.
-std::optional<size_t> reap(std::vector<Child>& children, std::vector<size_t>& exit_order,
-                           const std::string& dir) {
+// Reaps what has exited without waiting.
+void reap(std::vector<Child>& children, std::vector<size_t>& exit_order) {
   for (size_t i = 0; i < children.size(); ++i) {
     auto& c = children[i];
-    if (c.done) {
-      continue;
-    }
-    pid_t got = ::waitpid(c.pid, &c.status, WNOHANG);
-    if (got == c.pid) {
+    if (!c.done && ::waitpid(c.pid, &c.status, WNOHANG) == c.pid) {
       c.done = true;
       exit_order.push_back(i);
     }
   }
-  std::optional<size_t> first;
-  int64_t first_time = 0;
+}
+
+bool any_failed(const std::vector<Child>& children) {
+  return std::any_of(children.begin(), children.end(),
+                     [](const Child& c) { return c.done && c.status != 0; });
+}
+
+// The failed ranks, the likely cause first. A rank that died without a message of its own (a
+// signal, _Exit) comes first: its peers' errors ("connection closed by peer") are its
+// consequences, and they may be reaped before it when the machine is loaded. Then ranks by the
+// time they wrote their error.
+std::vector<size_t> failures_in_order(const std::vector<Child>& children,
+                                      const std::vector<size_t>& exit_order,
+                                      const std::string& dir) {
+  std::vector<std::pair<int64_t, size_t>> failed;
   for (size_t i : exit_order) {
-    if (children[i].status == 0) {
-      continue;
-    }
-    const int64_t when = read_error(dir, static_cast<int>(i)).first;
-    if (!first || when < first_time) {
-      first = i;
-      first_time = when;
+    if (children[i].status != 0) {
+      const int64_t when = read_error(dir, static_cast<int>(i)).first;
+      failed.emplace_back(when == std::numeric_limits<int64_t>::max() ? -1 : when, i);
     }
   }
-  return first;
+  std::stable_sort(failed.begin(), failed.end(),
+                   [](const auto& a, const auto& b) { return a.first < b.first; });
+  std::vector<size_t> ranks;
+  for (const auto& f : failed) {
+    ranks.push_back(f.second);
+  }
+  return ranks;
 }
 
 }  // namespace
@@ -312,13 +324,26 @@ void supervise(std::vector<Child>& children, const std::string& dir, const RunOp
   const auto start = std::chrono::steady_clock::now();
   std::vector<size_t> exit_order;
   while (true) {
-    if (auto failed = reap(children, exit_order, dir)) {
-      const Child& c = children[*failed];
-      const std::string message = read_error(dir, static_cast<int>(*failed)).second;
-      const std::string status = describe_status(c.status);
+    reap(children, exit_order);
+    if (any_failed(children)) {
+      // A short grace lets the ranks the failure took with it exit too, so the cause is known.
+      const auto grace_end = std::chrono::steady_clock::now() + kFailureGrace;
+      while (exit_order.size() < children.size() && std::chrono::steady_clock::now() < grace_end) {
+        std::this_thread::sleep_for(std::chrono::milliseconds(10));
+        reap(children, exit_order);
+      }
       kill_and_reap(children);
-      TORCH_CHECK(false, "dist::run: rank ", *failed, " failed (", status, ")",
-                  message.empty() ? std::string() : ": " + message);
+      const std::vector<size_t> failed = failures_in_order(children, exit_order, dir);
+      const size_t first = failed.front();
+      const std::string message = read_error(dir, static_cast<int>(first)).second;
+      std::string others;
+      for (size_t k = 1; k < failed.size(); ++k) {
+        others += c10::str(others.empty() ? "; then rank " : ", rank ", failed[k], " (",
+                           describe_status(children[failed[k]].status), ")");
+      }
+      TORCH_CHECK(false, "dist::run: rank ", first, " failed (",
+                  describe_status(children[first].status), ")",
+                  message.empty() ? std::string() : ": " + message, others);
     }
     if (exit_order.size() == children.size()) {
       kill_and_reap(children);  // closes the pidfds
