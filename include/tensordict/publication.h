@@ -52,6 +52,12 @@ struct SubscriberStats {
   /// How it is served: "shm" (it maps the slots), "socket", or "socket (shared memory refused:
   /// <why>)" when it asked for shared memory and could not have it.
   std::string transport = "socket";
+  /// A relayed version (route "chain"): the rank its pieces last came from at first (-1: the
+  /// publisher); unset when it was sent whole.
+  std::optional<int64_t> relayed_from{};
+  /// Set once a subscriber stopped taking pieces from this one and went to the publisher for
+  /// the rest: who, at which piece, and why. It is a leaf of every later route.
+  std::string routed_around{};
 };
 
 }  // namespace tensordict

@@ -43,6 +43,8 @@ py::dict stats_to_py(const SubscriberStats& s) {
   d["lost"] = s.lost;
   d["error"] = s.error.empty() ? py::none() : py::cast(s.error);
   d["transport"] = s.transport;
+  d["relayed_from"] = s.relayed_from ? py::cast(*s.relayed_from) : py::none();
+  d["routed_around"] = s.routed_around.empty() ? py::none() : py::cast(s.routed_around);
   return d;
 }
 
@@ -112,6 +114,7 @@ void subscriber_methods(py::class_<S>& cls) {
       .def("interrupt", &S::interrupt, py::arg("on") = true)
       .def("release", &S::release)
       .def_property_readonly("transport", &S::transport)
+      .def_property_readonly("routed_around", &S::routed_around)
       .def_property_readonly("version", &S::version)
       .def_property_readonly("epoch", &S::epoch)
       .def_property_readonly("publisher_closed", &S::publisher_closed);
@@ -123,18 +126,19 @@ void bind_publication(py::module_& m) {
 #ifdef TENSORDICT_WITH_DIST
   py::class_<dist::Publisher> publisher(m, "Publisher");
   publisher.def(py::init([](py::object group, int64_t max_slots, std::vector<int64_t> subscribers,
-                            int64_t channel, std::string transport) {
+                            int64_t channel, std::string transport, std::string route) {
                   dist::PublisherOptions o{.group = group_from_py(group),
                                            .max_slots = max_slots,
                                            .subscribers = std::move(subscribers),
                                            .channel = channel,
-                                           .transport = std::move(transport)};
+                                           .transport = std::move(transport),
+                                           .route = std::move(route)};
                   py::gil_scoped_release nogil;
                   return std::make_unique<dist::Publisher>(o);
                 }),
                 py::kw_only(), group_arg(), py::arg("max_slots") = 2,
                 py::arg("subscribers") = std::vector<int64_t>{}, py::arg("channel") = 0,
-                py::arg("transport") = "auto");
+                py::arg("transport") = "auto", py::arg("route") = "star");
   publisher_methods(publisher);
 
   py::class_<dist::Subscriber> subscriber(m, "Subscriber");

@@ -112,22 +112,30 @@ class Publisher:
             that cannot map it, are served over their socket); ``"shm"``: the same, but raise
             when no shared memory can be made; ``"socket"``: every subscriber over its socket.
             :meth:`stats` says which each got. Defaults to ``"auto"``.
+        route (str, optional): how a version reaches the subscribers that wait for it over
+            the group: ``"star"``, whole to each from here; ``"chain"``, once, in pieces that
+            each subscriber forwards to the next as they arrive, so this process sends about one
+            copy whatever their number (docs/publication.md, "Relays"). A relay that stalls,
+            crawls, dies or forges is left by the next one for this publisher, and is a leaf
+            of later routes (:meth:`stats`' ``routed_around``). Over a group only. Defaults to
+            ``"star"``.
     """
 
     def __init__(self, group: Any = None, *, server: Any = None, max_slots: int = 2,
                  subscribers: list[int] | None = None, channel: int = 0,
-                 transport: str = "auto") -> None:
+                 transport: str = "auto", route: str = "star") -> None:
         server, group = _pipe_end("Publisher", server, group, "TensorDictServer", "server")
         self._server = server
         if server is not None:
             _no_group_args("Publisher", "server", group=group is not None,
-                           subscribers=subscribers is not None, channel=channel != 0)
+                           subscribers=subscribers is not None, channel=channel != 0,
+                           route=route != "star")
             self._cpp = _C.PipePublisher(server._cpp, max_slots=max_slots, transport=transport)
             return
         pg = _collectives._group(group)
         ranks = [] if subscribers is None else [self._rank(pg, r) for r in subscribers]
         self._cpp = _C.Publisher(group=pg, max_slots=max_slots, subscribers=ranks,
-                                 channel=channel, transport=transport)
+                                 channel=channel, transport=transport, route=route)
 
     @staticmethod
     def _rank(pg: Any, rank: int) -> int:
@@ -171,7 +179,10 @@ class Publisher:
         acknowledgement, no extra message), ``pulls``, ``pinned`` (the version it is receiving
         now, or None), ``waiting`` (a pull of it waits for a version), ``lost``, ``error``, and
         ``transport``: ``"shm"`` (it maps the slots in shared memory), ``"socket"``, or
-        ``"socket (shared memory refused: <why>)"``."""
+        ``"socket (shared memory refused: <why>)"``; with ``route="chain"``, ``relayed_from``
+        (the rank the last relayed version's pieces came from, -1 for this publisher; None
+        when it was sent whole) and ``routed_around`` (None, or why a subscriber left this
+        one as its relay: it is a leaf of later routes)."""
         return self._cpp.stats()
 
     def wait_for_subscribers(self, timeout: Wait, *, count: int | None = None) -> None:
@@ -361,6 +372,13 @@ class Subscriber:
         """How this subscriber pulls: ``"shm"``, ``"socket"``, or ``"socket (shared memory
         refused: <why>)"``. ``"socket"`` until the first pull has asked."""
         return self._cpp.transport
+
+    @property
+    def routed_around(self) -> list[str]:
+        """The relays (a publisher's ``route="chain"``) this subscriber stopped taking a
+        version's pieces from, for the publisher, the newest last: who, at which piece, and
+        why. Empty over a pipe."""
+        return list(self._cpp.routed_around)
 
     def release(self) -> None:
         """Unpins the slot that the last ``zero_copy`` pull left the TensorDict viewing: the

@@ -32,6 +32,8 @@ const char* what_of(pub::Kind kind) {
     case pub::Kind::kSchema: return "schema";
     case pub::Kind::kData: return "data";
     case pub::Kind::kWatch: return "watch";
+    case pub::Kind::kRoute: return "route";
+    case pub::Kind::kPiece: return "piece";
   }
   return "message";
 }
@@ -56,15 +58,19 @@ pub::PendingPtr GroupLink::post_recv(const at::Tensor& buffer, pub::Kind kind) {
   auto p = std::make_shared<GroupPending>();
   p->kind = kind;
   const int tag = pub::tag_of(channel_, kind);
-  // A receive that an earlier publisher of this channel left posted gets the next request.
-  if (kind == pub::Kind::kRequest) {
+  // A receive that an earlier publisher of this channel left posted gets the next request; one
+  // an earlier relayed version left gets the next piece (a stale one, which the subscriber
+  // drops by its header).
+  if (kind == pub::Kind::kRequest || kind == pub::Kind::kPiece) {
     if (auto parked = LateMessages::get().take(key_, rank_, tag)) {
       p->message = std::move(parked);
       p->copy_to = buffer;
       return p;
     }
   }
-  if (kind == pub::Kind::kData) p->stamp.emplace(buffer);
+  if (kind == pub::Kind::kData || kind == pub::Kind::kRoute || kind == pub::Kind::kPiece) {
+    p->stamp.emplace(buffer);
+  }
   p->message = post(buffer, tag, /*is_recv=*/true);
   return p;
 }
@@ -96,7 +102,9 @@ bool GroupLink::wait(const pub::PendingPtr& pending, Clock::time_point deadline)
                 " longer than the ", p.message->buffer.nbytes(),
                 " bytes announced (it ran into the room kept after them)");
   if (p.copy_to.defined()) {
-    p.copy_to.copy_(p.message->buffer);
+    // Pieces of another route may differ in size: as much as both hold.
+    const int64_t n = std::min(p.copy_to.numel(), p.message->buffer.numel());
+    p.copy_to.narrow(0, 0, n).copy_(p.message->buffer.narrow(0, 0, n));
     p.copy_to = at::Tensor();
   }
   return true;

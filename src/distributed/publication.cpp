@@ -14,6 +14,7 @@
 #include "peer.h"
 #include "remote.h"
 #include "tensordict/distributed/process_group.h"
+#include "tensordict/errors.h"
 #include "wire/publication_publisher.h"
 #include "wire/publication_subscriber.h"
 
@@ -63,7 +64,8 @@ Publisher::Publisher(const PublisherOptions& options) : impl_(std::make_shared<I
                       r, " is listed twice");
   }
   d.core = std::make_shared<pub::PublisherCore>(options.max_slots,
-                                                pub::transport_of(kCall, options.transport));
+                                                pub::transport_of(kCall, options.transport),
+                                                pub::routing_of(kCall, options.route));
   for (const int64_t r : ranks) {
     SubscriberStats stats;
     stats.rank = r;
@@ -124,11 +126,20 @@ Subscriber::Subscriber(const SubscriberOptions& options) : impl_(std::make_uniqu
                     ": the publisher's rank is this process's own");
   check_channel(kCall, options.channel);
   d.channel = options.channel;
+  // Relayed pieces come from, and go to, other ranks of the group than the publisher and this one.
+  pub::RelayLinks relays = [group = d.peer.group, publisher = d.peer.rank,
+                            channel = d.channel](int64_t rank) -> std::shared_ptr<pub::Link> {
+    TD_CHECK_PEER(rank >= 0 && rank < group.size() && rank != group.rank() && rank != publisher,
+                  "Subscriber.pull (rank ", publisher, "): the route names rank ", rank,
+                  ", not another subscriber of the group (size ", group.size(), ", this rank ",
+                  group.rank(), ")");
+    return std::make_shared<detail::GroupLink>(group, static_cast<int>(rank), channel);
+  };
   d.core = std::make_unique<pub::SubscriberCore>(
       std::make_shared<detail::GroupLink>(d.peer.group, d.peer.rank, d.channel),
       c10::str("Subscriber.pull (rank ", d.peer.rank, ")"),
       detail::resolve_max_total_bytes(kCall, options.max_total_bytes),
-      pub::transport_of(kCall, options.transport));
+      pub::transport_of(kCall, options.transport), std::move(relays));
   // What a destroyed Subscriber of this channel left (a pull in flight, or its refusal), so
   // that the publisher's messages always find their receives.
   d.core->adopt(std::static_pointer_cast<pub::Leftover>(detail::LateMessages::get().take_kept(
@@ -155,6 +166,7 @@ int64_t Subscriber::version() const { return impl_->core->version(); }
 uint64_t Subscriber::epoch() const { return impl_->core->epoch(); }
 bool Subscriber::publisher_closed() const { return impl_->core->publisher_closed(); }
 std::string Subscriber::transport() const { return impl_->core->transport(); }
+std::vector<std::string> Subscriber::routed_around() const { return impl_->core->routed_around(); }
 void Subscriber::release() { impl_->core->release_pin(); }
 
 }  // namespace tensordict::dist

@@ -21,7 +21,9 @@ const char* what_of(pub::Kind kind) {
     case pub::Kind::kOffer: return "a publication offer";
     case pub::Kind::kSchema: return "a version's schema";
     case pub::Kind::kData: return "a version's data";
-    case pub::Kind::kWatch: break;  // a c10d group's only
+    case pub::Kind::kWatch:  // a c10d group's only
+    case pub::Kind::kRoute:  // relays: a c10d group's only
+    case pub::Kind::kPiece: break;
   }
   return "a publication message";
 }

@@ -134,6 +134,7 @@ int64_t Subscriber::version() const { return impl_->core->version(); }
 uint64_t Subscriber::epoch() const { return impl_->core->epoch(); }
 bool Subscriber::publisher_closed() const { return impl_->core->publisher_closed(); }
 std::string Subscriber::transport() const { return impl_->core->transport(); }
+std::vector<std::string> Subscriber::routed_around() const { return {}; }
 void Subscriber::release() { impl_->core->release_pin(); }
 const Pipe& Subscriber::pipe() const { return impl_->pipe; }
 

@@ -25,6 +25,13 @@ constexpr int64_t kMaxWaitMs = int64_t{1} << 40;
 // memory; a decline of shared memory is the word kDeclineWord.
 constexpr uint32_t kShmFlag = 0x100;
 constexpr uint32_t kDeclineWord = 0x200;
+// A request's word: the subscriber can relay (§9.9); a resume is the word kResumeWord.
+constexpr uint32_t kRelayFlag = 0x400;
+constexpr uint32_t kResumeWord = 0x800;
+constexpr std::array<char, 8> kRouteMagic = {'T', 'D', 'P', 'U', 'B', 'R', 'T', 'E'};
+constexpr std::array<char, 8> kPieceMagic = {'T', 'D', 'P', 'U', 'B', 'P', 'C', 'E'};
+constexpr int64_t kRouteHeadBytes = 80;
+constexpr uint32_t kRouteChecksums = 1;
 
 void put(std::string& out, uint64_t v) { core::append_le(out, v, 8); }
 
@@ -77,6 +84,16 @@ const char* refusal_text(Refusal r) {
   return "an unknown refusal";
 }
 
+const char* resume_text(uint32_t reason) {
+  switch (static_cast<Resume>(reason)) {
+    case Resume::kStalled: return "no piece came within the route's stall bound";
+    case Resume::kSlow: return "its pieces came at under a third of the rate the route announced";
+    case Resume::kLost: return "the connection to it broke";
+    case Resume::kForged: return "it sent a piece that is not the version's";
+  }
+  return "an unknown reason";
+}
+
 const char* decline_text(uint32_t reason) {
   switch (static_cast<Decline>(reason)) {
     case Decline::kOpen: return "the subscriber could not open or map the segments";
@@ -87,6 +104,16 @@ const char* decline_text(uint32_t reason) {
 }
 
 std::string encode(const Request& r) {
+  if (r.resume != 0) {
+    std::string out = head(kRequestMagic, kResumeWord);
+    put(out, r.seq);
+    put(out, r.epoch);
+    put(out, static_cast<uint64_t>(r.version));
+    put(out, static_cast<uint64_t>(r.piece));
+    put(out, r.resume);
+    put(out, static_cast<uint64_t>(r.around));
+    return out;
+  }
   if (r.decline != 0) {
     std::string out = head(kRequestMagic, kDeclineWord);
     put(out, r.seq);
@@ -95,7 +122,8 @@ std::string encode(const Request& r) {
     return out;
   }
   std::string out =
-      head(kRequestMagic, static_cast<uint32_t>(r.refusal) | (r.shm ? kShmFlag : uint32_t{0}));
+      head(kRequestMagic, static_cast<uint32_t>(r.refusal) | (r.shm ? kShmFlag : uint32_t{0}) |
+                              (r.relay ? kRelayFlag : uint32_t{0}));
   put(out, r.seq);
   put(out, r.epoch);
   put(out, static_cast<uint64_t>(r.version));
@@ -142,14 +170,32 @@ Request decode_request(const char* who, const uint8_t* p) {
     r.decline = static_cast<uint32_t>(reason);
     return r;
   }
-  const uint32_t refusal = word & ~kShmFlag;
+  if (word == kResumeWord) {
+    r.seq = core::get_le(p + 16);
+    r.epoch = core::get_le(p + 24);
+    r.version = field(p, 32);
+    r.piece = field(p, 40);
+    const uint64_t reason = core::get_le(p + 48);
+    r.around = field(p, 56);
+    TD_CHECK_PEER(reason >= 1 && reason <= static_cast<uint32_t>(Resume::kForged), who,
+                  ": the peer resumes for reason ", reason, " (1 to ",
+                  static_cast<uint32_t>(Resume::kForged), ")");
+    TD_CHECK_PEER(r.epoch != 0 && r.version >= 1 && r.piece >= 0 && r.around >= -1, who,
+                  ": the peer resumes version ", r.version, " of epoch ", r.epoch, " at piece ",
+                  r.piece, " from rank ", r.around,
+                  " (a version from 1 of a non-zero epoch, a piece from 0, a rank from -1)");
+    r.resume = static_cast<uint32_t>(reason);
+    return r;
+  }
+  const uint32_t refusal = word & ~(kShmFlag | kRelayFlag);
   TD_CHECK_PEER(refusal <= static_cast<uint32_t>(Refusal::kAnswer), who,
                 ": the peer's request has refusal ", refusal, " (0 to ",
                 static_cast<uint32_t>(Refusal::kAnswer), ")");
-  TD_CHECK_PEER(refusal == 0 || (word & kShmFlag) == 0, who,
-                ": the peer's refusal asks for shared memory (only a request may)");
+  TD_CHECK_PEER(refusal == 0 || (word & (kShmFlag | kRelayFlag)) == 0, who,
+                ": the peer's refusal asks for shared memory or relays (only a request may)");
   r.refusal = static_cast<Refusal>(refusal);
   r.shm = (word & kShmFlag) != 0;
+  r.relay = (word & kRelayFlag) != 0;
   r.seq = core::get_le(p + 16);
   r.epoch = core::get_le(p + 24);
   r.version = field(p, 32);
@@ -170,8 +216,8 @@ Offer decode_offer(const char* who, const uint8_t* p) {
   check_head(who, "offer", kOfferMagic, p);
   Offer o;
   const auto status = static_cast<uint32_t>(core::get_le(p + 12, 4));
-  TD_CHECK_PEER(status >= 1 && status <= 5, who, ": the publisher's offer has status ", status,
-                " (1 to 5)");
+  TD_CHECK_PEER(status >= 1 && status <= 6, who, ": the publisher's offer has status ", status,
+                " (1 to 6)");
   o.status = static_cast<Status>(status);
   o.seq = core::get_le(p + 16);
   o.epoch = core::get_le(p + 24);
@@ -221,12 +267,127 @@ void check_offer(const char* who, const Offer& o, const Held& held) {
   }
 }
 
+int64_t piece_count(int64_t data_bytes, int64_t piece_bytes) {
+  return std::max<int64_t>(1, (data_bytes + piece_bytes - 1) / piece_bytes);
+}
+
+int64_t max_route_bytes(int64_t data_bytes) {
+  return kRouteHeadBytes + 8 * static_cast<int64_t>(kMaxChildren) +
+         8 * piece_count(data_bytes, kMinPieceBytes);
+}
+
+std::string encode(const Route& r, int64_t data_bytes) {
+  std::string out = head(kRouteMagic, r.checksums.empty() ? 0 : kRouteChecksums);
+  put(out, r.seq);
+  put(out, r.epoch);
+  put(out, static_cast<uint64_t>(r.version));
+  put(out, static_cast<uint64_t>(r.piece_bytes));
+  put(out, static_cast<uint64_t>(r.first));
+  put(out, static_cast<uint64_t>(r.parent));
+  put(out, static_cast<uint64_t>(r.rate));
+  put(out, r.children.size());
+  for (const int64_t c : r.children) put(out, static_cast<uint64_t>(c));
+  for (const uint64_t c : r.checksums) put(out, c);
+  out.resize(static_cast<size_t>(max_route_bytes(data_bytes)), '\0');  // a fixed size (§9.9)
+  return out;
+}
+
+Route decode_route(const char* who, const uint8_t* p, const Offer& offer) {
+  const int64_t n = max_route_bytes(offer.data_bytes);
+  check_head(who, "route", kRouteMagic, p);
+  const auto word = static_cast<uint32_t>(core::get_le(p + 12, 4));
+  TD_CHECK_PEER((word & ~kRouteChecksums) == 0, who, ": the publisher's route has flags ", word,
+                " (0 or 1)");
+  Route r;
+  r.seq = core::get_le(p + 16);
+  r.epoch = core::get_le(p + 24);
+  r.version = field(p, 32);
+  r.piece_bytes = field(p, 40);
+  r.first = field(p, 48);
+  r.parent = field(p, 56);
+  r.rate = field(p, 64);
+  const uint64_t children = core::get_le(p + 72);
+  TD_CHECK_PEER(r.seq == offer.seq && r.epoch == offer.epoch && r.version == offer.version, who,
+                ": the route is for request ", r.seq, ", version ", r.version, " of epoch ",
+                r.epoch, "; the offer answered request ", offer.seq, " with version ",
+                offer.version, " of epoch ", offer.epoch);
+  TD_CHECK_PEER(r.piece_bytes >= kMinPieceBytes && r.piece_bytes <= kMaxPieceBytes, who,
+                ": the route's pieces are of ", r.piece_bytes, " bytes (", kMinPieceBytes, " to ",
+                kMaxPieceBytes, ")");
+  const int64_t pieces = piece_count(offer.data_bytes, r.piece_bytes);
+  TD_CHECK_PEER(
+      r.first >= 0 && r.first < pieces && r.parent >= -1 && r.rate >= 0 && children <= kMaxChildren,
+      who, ": the route starts at piece ", r.first, " of ", pieces, " from rank ", r.parent, " at ",
+      r.rate, " bytes/s to ", children, " children (at most ", kMaxChildren, ")");
+  const int64_t sums = (word & kRouteChecksums) ? pieces : 0;
+  const int64_t expected = kRouteHeadBytes + 8 * static_cast<int64_t>(children) + 8 * sums;
+  TD_CHECK_PEER(expected <= n, who, ": the route message's fields take ", expected,
+                " bytes, more than its ", n);
+  const uint8_t* q = p + kRouteHeadBytes;
+  for (uint64_t i = 0; i < children; ++i, q += 8) {
+    const auto c = static_cast<int64_t>(core::get_le(q));
+    TD_CHECK_PEER(c >= 0 && c != r.parent &&
+                      std::find(r.children.begin(), r.children.end(), c) == r.children.end(),
+                  who, ": the route names child rank ", c,
+                  " (ranks from 0, each once, not the parent)");
+    r.children.push_back(c);
+  }
+  for (int64_t i = 0; i < sums; ++i, q += 8) r.checksums.push_back(core::get_le(q));
+  return r;
+}
+
+void encode_piece_header(const PieceHeader& h, uint8_t* out) {
+  std::string s = head(kPieceMagic, 0);
+  put(s, h.epoch);
+  put(s, static_cast<uint64_t>(h.version));
+  put(s, static_cast<uint64_t>(h.index));
+  put(s, static_cast<uint64_t>(h.bytes));
+  std::memcpy(out, s.data(), static_cast<size_t>(kPieceHeaderBytes));
+}
+
+std::optional<PieceHeader> decode_piece_header(const uint8_t* p) {
+  if (std::memcmp(p, kPieceMagic.data(), kPieceMagic.size()) != 0 ||
+      core::get_le(p + 8, 4) != kProtocol || core::get_le(p + 12, 4) != 0) {
+    return std::nullopt;
+  }
+  return PieceHeader{core::get_le(p + 16), field(p, 24), field(p, 32), field(p, 40)};
+}
+
+uint64_t piece_checksum(const uint8_t* p, size_t n) {
+  constexpr uint64_t kMul = 0x9E3779B97F4A7C15ull;
+  uint64_t h[4] = {0x243F6A8885A308D3ull, 0x13198A2E03707344ull, 0xA4093822299F31D0ull,
+                   0x082EFA98EC4E6C89ull};
+  size_t i = 0;
+  for (; i + 32 <= n; i += 32) {
+    for (int lane = 0; lane < 4; ++lane) {
+      uint64_t w;
+      std::memcpy(&w, p + i + 8 * lane, 8);
+      h[lane] = (h[lane] ^ w) * kMul;
+      h[lane] ^= h[lane] >> 29;
+    }
+  }
+  uint64_t out = n;
+  for (; i < n; ++i) out = (out ^ p[i]) * kMul;
+  for (const uint64_t lane : h) {
+    out = (out ^ lane) * kMul;
+    out ^= out >> 31;
+  }
+  return out;
+}
+
 Transport transport_of(const char* call, const std::string& name) {
   if (name == "auto") return Transport::kAuto;
   if (name == "shm") return Transport::kShm;
   TORCH_CHECK_VALUE(name == "socket", call,
                     ": transport must be \"auto\", \"shm\" or \"socket\", got \"", name, "\"");
   return Transport::kSocket;
+}
+
+Routing routing_of(const char* call, const std::string& name) {
+  if (name == "chain") return Routing::kChain;
+  TORCH_CHECK_VALUE(name == "star", call, ": route must be \"star\" or \"chain\", got \"", name,
+                    "\"");
+  return Routing::kStar;
 }
 
 uint64_t schema_hash(std::string_view json) {

@@ -7,7 +7,9 @@
 #include <unistd.h>
 
 #include <algorithm>
+#include <cmath>
 #include <cstring>
+#include <map>
 #include <random>
 #include <utility>
 
@@ -32,6 +34,12 @@ constexpr auto kShmWatch = std::chrono::milliseconds(20);
 constexpr int64_t kBigVersion = int64_t{8} << 20;
 constexpr auto kMinTurn = std::chrono::milliseconds(5);
 constexpr auto kMaxTurn = std::chrono::milliseconds(100);
+// Relayed pieces (§9.9): a chain of n subscribers takes about (B/C + n - 1)(C/bw + a) for B
+// bytes in pieces of C at bw bytes/s, a the cost of one more message; the best C is
+// sqrt(B a bw / (n - 1)) (benchmarks/route_model.py), within [kMinPieceBytes, kMaxPieceBytes].
+// bw is the last relayed version's, measured on its first link; before one, kFirstRate.
+constexpr double kPieceCost = 50e-6;
+constexpr double kFirstRate = 1.25e9;
 
 using Leaves = std::vector<std::pair<std::vector<std::string>, at::Tensor>>;
 
@@ -109,8 +117,35 @@ struct PublisherCore::Shm {
   }
 };
 
+// The route of one version (§9.9): its subscribers' places, and the version framed in pieces
+// (each piece message as it travels: header, bytes, the last padded), which every relayed
+// answer and resume sends from, so that no slot stays pinned while pieces move.
+struct PublisherCore::Plan {
+  int64_t version = 0;
+  int64_t bytes = 0;
+  uint64_t schema = 0;
+  std::shared_ptr<const std::string> json;
+  int64_t piece_bytes = 0;
+  int64_t pieces = 0;
+  at::Tensor framed;
+  std::vector<uint64_t> checksums;
+  bool ready = false;  // framed
+  struct Place {
+    int64_t parent = -1;
+    std::vector<int64_t> children;
+  };
+  std::map<const Subscription*, Place> places;
+
+  int64_t message_bytes() const { return kPieceHeaderBytes + piece_bytes; }
+  at::Tensor piece(int64_t i) const {
+    return framed.narrow(0, i * message_bytes(), message_bytes());
+  }
+};
+
 struct PublisherCore::Subscription {
   SubscriberStats stats;
+  std::optional<Request> relay_request{};   // while it waits with a request that may be relayed
+  bool demoted = false;                     // routed around: a leaf of later routes
   int entry = -1;                           // in the pins segment, while it maps the slots
   bool asked = false;                       // a request arrived
   bool ready = false;                       // asked or lost: counted in ready_
@@ -119,8 +154,11 @@ struct PublisherCore::Subscription {
   std::optional<int64_t> version_before{};  // stats.version before `last` was counted
 };
 
-PublisherCore::PublisherCore(int64_t max_slots, Transport transport)
-    : epoch_(random_epoch()), transport_(transport), slots_(static_cast<size_t>(max_slots)) {
+PublisherCore::PublisherCore(int64_t max_slots, Transport transport, Routing routing)
+    : epoch_(random_epoch()),
+      transport_(transport),
+      routing_(routing),
+      slots_(static_cast<size_t>(max_slots)) {
   if (transport_ == Transport::kSocket) return;
   shm_ = std::make_unique<Shm>();
   TORCH_CHECK_VALUE(max_slots <= L::kMaxSlots, "Publisher: max_slots is ", max_slots,
@@ -336,13 +374,21 @@ void PublisherCore::lose(Subscription& s, const std::string& error) {
 PublisherCore::Sent PublisherCore::answer(Subscription& s, Link& link, const Offer& offer,
                                           const at::Tensor& schema, const at::Tensor& data,
                                           NextRequest& next) {
+  std::vector<std::pair<at::Tensor, Kind>> then;
+  if (offer.status == Status::kNew) {
+    if (offer.schema_bytes > 0) then.emplace_back(schema, Kind::kSchema);
+    then.emplace_back(data, Kind::kData);
+  }
+  return answer(s, link, offer, then, next);
+}
+
+PublisherCore::Sent PublisherCore::answer(Subscription& s, Link& link, const Offer& offer,
+                                          const std::vector<std::pair<at::Tensor, Kind>>& then,
+                                          NextRequest& next) {
   std::vector<PendingPtr> posted;
   try {
     posted.push_back(link.post_send(core::bytes_tensor(encode(offer)), Kind::kOffer));
-    if (offer.status == Status::kNew) {
-      if (offer.schema_bytes > 0) posted.push_back(link.post_send(schema, Kind::kSchema));
-      posted.push_back(link.post_send(data, Kind::kData));
-    }
+    for (const auto& [bytes, kind] : then) posted.push_back(link.post_send(bytes, kind));
     bool looked = !next.pending;  // at the subscriber's next message
     for (const auto& p : posted) {
       for (;;) {
@@ -435,6 +481,12 @@ void PublisherCore::serve_requests(Subscription& s, Link& link) {
         next.pending = link.post_recv(next.buffer, Kind::kRequest);
         continue;
       }
+      if (r.resume != 0) {
+        next.buffer = message_buffer();
+        next.pending = link.post_recv(next.buffer, Kind::kRequest);
+        if (answer_resume(s, link, r, next) != Next::kServe) break;
+        continue;
+      }
       if (r.refusal != Refusal::kNone) {
         // A refusal of the last answer once all of it was sent (a transport whose sends
         // complete before the peer takes them): the subscriber pulls no more, and a version it
@@ -478,6 +530,7 @@ PublisherCore::Next PublisherCore::answer_request(Subscription& s, Link& link, c
   s.asked = true;
   if (!std::exchange(s.ready, true)) ++ready_;
   s.stats.waiting = true;
+  if (r.relay && routing_ == Routing::kChain) s.relay_request = r;
   changed_.notify_all();  // wait_for_subscribers
   // A subscriber that can map shared memory is answered with it as soon as there is some.
   const auto shm_ready = [&] { return r.shm && shm_ && shm_->slots != nullptr; };
@@ -512,12 +565,14 @@ PublisherCore::Next PublisherCore::answer_request(Subscription& s, Link& link, c
     if (stop) {
       next.pending = nullptr;  // read, or failed
       s.stats.waiting = false;
+      s.relay_request.reset();
       lock.unlock();
       lose(s, *stop);
       return Next::kStop;
     }
   }
   s.stats.waiting = false;
+  s.relay_request.reset();
   if (closing_.load()) {
     offer.status = Status::kClosed;
     lock.unlock();
@@ -548,9 +603,15 @@ PublisherCore::Next PublisherCore::answer_request(Subscription& s, Link& link, c
     lock.unlock();
     return next_of(answer(s, link, offer, {}, {}, next));
   }
+  if (r.relay && routing_ == Routing::kChain) {
+    if (std::shared_ptr<Plan> plan = plan_locked(s, lock)) {
+      return answer_relayed(s, link, r, next, plan, lock);
+    }
+  }
   Slot& slot = slots_[newest_];
   ++slot.pins;
   s.stats.pinned = slot.version;
+  s.stats.relayed_from.reset();
   offer.status = Status::kNew;
   offer.version = slot.version;
   offer.data_bytes = slot.bytes;
@@ -597,6 +658,177 @@ PublisherCore::Next PublisherCore::answer_request(Subscription& s, Link& link, c
   }
   changed_.notify_all();
   return next_of(sent);
+}
+
+std::shared_ptr<PublisherCore::Plan> PublisherCore::plan_locked(
+    Subscription& s, std::unique_lock<std::mutex>& lock) {
+  Slot& slot = slots_[newest_];
+  std::shared_ptr<Plan> p = plan_;
+  if (!p || p->version != slot.version) {
+    // The first of the waiting subscribers to come makes the route: every one whose request this
+    // version answers; those routed around before are leaves.
+    std::vector<Subscription*> healthy, slow;
+    for (auto& t : subscriptions_) {
+      if (&t != &s) {
+        if (!t.relay_request || !t.serving || t.stats.lost || t.entry >= 0) continue;
+        const Request& q = *t.relay_request;
+        const bool newer = q.epoch != epoch_ || slot.version > q.version;
+        if (!newer || slot.version < q.min_version) continue;
+      }
+      (t.demoted ? slow : healthy).push_back(&t);
+    }
+    if (healthy.size() + slow.size() < 2) return nullptr;  // one alone: sent whole
+    if (healthy.empty()) {
+      healthy.push_back(slow.front());
+      slow.erase(slow.begin());
+    }
+    p = std::make_shared<Plan>();
+    p->version = slot.version;
+    p->bytes = slot.bytes;
+    p->schema = slot.schema;
+    p->json = slot.json;
+    for (size_t i = 0; i < healthy.size(); ++i) {
+      Plan::Place& place = p->places[healthy[i]];
+      place.parent = i == 0 ? -1 : healthy[i - 1]->stats.rank;
+      if (i + 1 < healthy.size()) place.children.push_back(healthy[i + 1]->stats.rank);
+    }
+    // The slow hang off the healthy from the chain's end backwards: they delay nobody.
+    for (size_t j = 0; j < slow.size(); ++j) {
+      Subscription* parent = healthy[healthy.size() - 1 - j % healthy.size()];
+      if (p->places[parent].children.size() >= kMaxChildren) continue;  // sent whole
+      p->places[parent].children.push_back(slow[j]->stats.rank);
+      p->places[slow[j]].parent = parent->stats.rank;
+    }
+    const double n = static_cast<double>(p->places.size());
+    const double rate = rate_ > 0 ? static_cast<double>(rate_) : kFirstRate;
+    const double best = std::sqrt(static_cast<double>(p->bytes) * kPieceCost * rate / (n - 1));
+    p->piece_bytes = std::clamp<int64_t>(static_cast<int64_t>(best) / 4096 * 4096, kMinPieceBytes,
+                                         kMaxPieceBytes);
+    p->pieces = piece_count(p->bytes, p->piece_bytes);
+    plan_ = p;
+    // Framed outside the lock, the slot pinned meanwhile.
+    ++slot.pins;
+    lock.unlock();
+    try {
+      p->framed = at::zeros({p->pieces * p->message_bytes()}, at::kByte);
+      uint8_t* out = p->framed.data_ptr<uint8_t>();
+      const uint8_t* in = slot.storage.data_ptr<uint8_t>();
+      p->checksums.resize(static_cast<size_t>(p->pieces));
+      for (int64_t i = 0; i < p->pieces; ++i) {
+        const int64_t n_i = std::min(p->piece_bytes, p->bytes - i * p->piece_bytes);
+        uint8_t* m = out + i * p->message_bytes();
+        encode_piece_header({epoch_, p->version, i, n_i}, m);
+        if (n_i > 0) std::memcpy(m + kPieceHeaderBytes, in + i * p->piece_bytes, n_i);
+        p->checksums[i] = piece_checksum(m + kPieceHeaderBytes, static_cast<size_t>(n_i));
+      }
+    } catch (...) {
+      lock.lock();
+      --slot.pins;
+      if (plan_ == p) plan_.reset();
+      p->places.clear();
+      p->ready = true;
+      changed_.notify_all();
+      throw;
+    }
+    lock.lock();
+    --slot.pins;
+    p->ready = true;
+    changed_.notify_all();
+  } else {
+    changed_.wait(lock, [&] { return p->ready; });
+  }
+  return p->places.count(&s) != 0 ? p : nullptr;
+}
+
+PublisherCore::Next PublisherCore::answer_relayed(Subscription& s, Link& link, const Request& r,
+                                                  NextRequest& next,
+                                                  const std::shared_ptr<Plan>& plan,
+                                                  std::unique_lock<std::mutex>& lock) {
+  const Plan::Place& place = plan->places.at(&s);
+  Offer offer;
+  offer.status = Status::kRelay;
+  offer.seq = r.seq;
+  offer.epoch = epoch_;
+  offer.version = plan->version;
+  offer.data_bytes = plan->bytes;
+  offer.schema = plan->schema;
+  const bool reuse = r.epoch == epoch_ && r.schema == plan->schema;
+  offer.schema_bytes = reuse ? 0 : static_cast<int64_t>(plan->json->size());
+  Route route;
+  route.seq = r.seq;
+  route.epoch = epoch_;
+  route.version = plan->version;
+  route.piece_bytes = plan->piece_bytes;
+  route.parent = place.parent;
+  route.rate = rate_;
+  route.children = place.children;
+  route.checksums = plan->checksums;
+  std::vector<std::pair<at::Tensor, Kind>> then;
+  if (!reuse) then.emplace_back(core::bytes_tensor(*plan->json), Kind::kSchema);
+  then.emplace_back(core::bytes_tensor(encode(route, plan->bytes)), Kind::kRoute);
+  if (place.parent < 0) {
+    for (int64_t i = 0; i < plan->pieces; ++i) then.emplace_back(plan->piece(i), Kind::kPiece);
+  }
+  s.stats.relayed_from = place.parent;
+  lock.unlock();
+  const auto start = Clock::now();
+  const Sent sent = answer(s, link, offer, then, next);
+  const auto took = std::chrono::duration<double>(Clock::now() - start).count();
+  lock.lock();
+  if (sent == Sent::kTaken) {
+    if (place.parent < 0 && took > 0 && plan->bytes >= kMinPieceBytes * 4) {
+      rate_ = static_cast<int64_t>(static_cast<double>(plan->bytes) / took);
+    }
+    s.version_before = s.stats.version;
+    s.stats.version = offer.version;
+    ++s.stats.pulls;
+    s.last = offer;
+  }
+  changed_.notify_all();
+  return next_of(sent);
+}
+
+PublisherCore::Next PublisherCore::answer_resume(Subscription& s, Link& link, const Request& r,
+                                                 NextRequest& next) {
+  std::unique_lock<std::mutex> lock(mutex_);
+  if (r.around >= 0) {
+    for (auto& t : subscriptions_) {
+      if (t.stats.rank != r.around) continue;
+      t.demoted = true;
+      t.stats.routed_around = c10::str(s.stats.peer, " left it at piece ", r.piece, " of version ",
+                                       r.version, ": ", resume_text(r.resume));
+    }
+  }
+  const std::shared_ptr<Plan> plan = plan_;
+  Offer offer;
+  offer.seq = r.seq;
+  offer.epoch = epoch_;
+  if (!plan || !plan->ready || r.epoch != epoch_ || r.version != plan->version ||
+      r.piece >= plan->pieces) {
+    // The version is no longer the one relayed: the subscriber asks for the newest.
+    offer.status = Status::kNone;
+    lock.unlock();
+    return next_of(answer(s, link, offer, {}, {}, next));
+  }
+  offer.status = Status::kRelay;
+  offer.version = plan->version;
+  offer.data_bytes = plan->bytes;
+  offer.schema = plan->schema;
+  Route route;
+  route.seq = r.seq;
+  route.epoch = epoch_;
+  route.version = plan->version;
+  route.piece_bytes = plan->piece_bytes;
+  route.first = r.piece;
+  route.rate = rate_;
+  const auto place = plan->places.find(&s);
+  if (place != plan->places.end()) route.children = place->second.children;
+  route.checksums = plan->checksums;
+  std::vector<std::pair<at::Tensor, Kind>> then;
+  then.emplace_back(core::bytes_tensor(encode(route, plan->bytes)), Kind::kRoute);
+  for (int64_t i = r.piece; i < plan->pieces; ++i) then.emplace_back(plan->piece(i), Kind::kPiece);
+  lock.unlock();
+  return next_of(answer(s, link, offer, then, next));
 }
 
 int64_t PublisherCore::version() const {

@@ -8,7 +8,9 @@
 
 #include <algorithm>
 #include <chrono>
+#include <cmath>
 #include <cstring>
+#include <deque>
 #include <utility>
 #include <variant>
 
@@ -32,6 +34,14 @@ constexpr auto kPollPatience = std::chrono::milliseconds(1000);
 // looks whether the publisher's process exited at most this often (also in polls).
 constexpr auto kShmSlice = std::chrono::milliseconds(50);
 constexpr auto kShmLook = std::chrono::milliseconds(20);
+// Relayed pieces (§9.9): receives posted ahead of the pieces; a parent that sends no piece in
+// max(kMinStall, kStallPieces piece times) stalls; one whose pieces come at under a third of the
+// route's rate, measured over at least kSlowPieces pieces, crawls; either is left for the
+// publisher.
+constexpr size_t kPiecesAhead = 8;
+constexpr auto kMinStall = std::chrono::milliseconds(200);
+constexpr int64_t kStallPieces = 4;
+constexpr int64_t kSlowPieces = 8;
 
 namespace L = shm_layout;
 
@@ -108,6 +118,62 @@ struct SubscriberCore::Held {
   std::shared_ptr<const core::ValidatedMetadata> metadata;
 };
 
+// A relayed version's pieces in flight (§9.9), once its route is read.
+struct RelayState {
+  Route route;
+  int64_t pieces = 0;
+  int64_t message_bytes = 0;     // every piece message: header, piece_bytes (the last one padded)
+  std::shared_ptr<Link> source;  // the parent's link, or the publisher's
+  int64_t next = 0;              // the piece due next from the source
+  struct Posted {
+    at::Tensor buffer;  // a piece message's bytes (with room)
+    PendingPtr pending;
+  };
+  std::deque<Posted> posted;  // receives on the source, in the order pieces arrive
+  struct Child {
+    int64_t rank = -1;
+    std::shared_ptr<Link> link;
+    bool alive = true;
+  };
+  std::vector<Child> children;
+  struct Sending {
+    at::Tensor buffer;
+    std::vector<std::pair<Link*, PendingPtr>> sends;
+  };
+  std::vector<Sending> sending;  // forwarded pieces, until every child took them
+  std::vector<at::Tensor> free;  // piece buffers to post again
+  Clock::time_point progress;    // the last piece from the source (or the start)
+  Clock::time_point first_at;    // the first piece from this source
+  int64_t from_source = 0;       // pieces from this source
+  // A resume in flight: its offer, then its route.
+  bool resuming = false;
+  uint64_t resume_seq = 0;
+  at::Tensor resume_offer, resume_route, resume_request;
+  PendingPtr resume_offer_received, resume_route_received, resume_sent;
+  bool resume_offered = false;
+
+  // What is posted on the publisher's link (the rest is left by leave()).
+  std::vector<PendingPtr> pending() const {
+    std::vector<PendingPtr> out;
+    for (const auto& p : {resume_offer_received, resume_route_received, resume_sent}) {
+      if (p) out.push_back(p);
+    }
+    return out;
+  }
+  // What is posted on other links, left to them (buffers alive until each completes): the
+  // source's receives, the children's sends.
+  void leave() {
+    std::vector<PendingPtr> receives;
+    for (const auto& p : posted) receives.push_back(p.pending);
+    if (!receives.empty()) source->keep(receives);
+    posted.clear();
+    for (const auto& s : sending) {
+      for (const auto& [link, pending] : s.sends) link->keep({pending});
+    }
+    sending.clear();
+  }
+};
+
 struct Pull {
   uint64_t seq = 0;
   bool asked_shm = false;  // the request asked for shared memory
@@ -121,6 +187,12 @@ struct Pull {
   at::Tensor schema, data;
   PendingPtr schema_received, data_received;
   bool schema_done = false, data_done = false;
+  // A relayed version (Status::kRelay): its route message, then its pieces.
+  bool relayed = false;
+  bool abandoned = false;  // the relayed version is gone from the publisher: ask again
+  at::Tensor route;
+  PendingPtr route_received;
+  std::unique_ptr<RelayState> relay;
   // What a refusal of the publisher's bytes read at this step would say (kNone: the publisher
   // refused this subscriber, and is told nothing back).
   Refusal step = Refusal::kOffer;
@@ -128,8 +200,12 @@ struct Pull {
   // Whatever of the pull is posted: kept (buffers alive) when it ends early.
   std::vector<PendingPtr> posted() const {
     std::vector<PendingPtr> out;
-    for (const auto& p : {request_sent, offer_received, schema_received, data_received}) {
+    for (const auto& p :
+         {request_sent, offer_received, schema_received, data_received, route_received}) {
       if (p) out.push_back(p);
+    }
+    if (relay) {
+      for (const auto& p : relay->pending()) out.push_back(p);
     }
     return out;
   }
@@ -180,9 +256,10 @@ struct Leftover {
 };
 
 SubscriberCore::SubscriberCore(std::shared_ptr<Link> link, std::string who, int64_t max_total_bytes,
-                               Transport transport)
+                               Transport transport, RelayLinks relay_links)
     : link_(std::move(link)),
       transport_(transport),
+      relay_links_(std::move(relay_links)),
       who_(std::move(who)),
       max_total_bytes_(max_total_bytes),
       held_(std::make_unique<Held>()) {}
@@ -410,6 +487,10 @@ bool SubscriberCore::wait(const PendingPtr& p, Clock::time_point deadline) {
 
 void SubscriberCore::end_pull(std::exception_ptr error) {
   const std::shared_ptr<Pull> o = std::move(pull_);
+  // A relayed version's receives on its parent and sends to its children stay on their links.
+  const auto leave_relay = [&] {
+    if (o && o->relay) o->relay->leave();
+  };
   try {
     std::rethrow_exception(error);
   } catch (const NoPublisherError&) {
@@ -420,6 +501,7 @@ void SubscriberCore::end_pull(std::exception_ptr error) {
     // side would post, so the link ends here. The publisher is told (it stops serving this
     // subscriber and frees the slot it pinned); what was posted stays posted, its buffers
     // kept, so that nothing the publisher sent lands in memory used for anything else.
+    leave_relay();
     if (ended_.empty()) {
       ended_ = c10::str(e.what_without_backtrace(),
                         ". This subscriber refused it and pulls no more from ", link_->peer());
@@ -443,10 +525,12 @@ void SubscriberCore::end_pull(std::exception_ptr error) {
     }
     TD_THROW(MalformedPeerDataError, ended_);
   } catch (const PeerClosedError& e) {
+    leave_relay();
     publisher_closed_ = true;
     TD_THROW(NoPublisherError, who_, ": the Publisher on ", link_->peer(), " closed (",
              e.what_without_backtrace(), ")");
   } catch (const PeerLostError& e) {
+    leave_relay();
     // What was posted stays posted, its buffers kept: a transport may not fail at once the
     // receive whose bytes it was reading when the connection went (Gloo's).
     if (o) link_->keep(o->posted());
@@ -481,6 +565,7 @@ void SubscriberCore::send_request(const PullOptions& options) {
   r.wait_ms = options.timeout ? options.timeout->count() : -1;
   r.schema = held_->schema;
   r.shm = transport_ != Transport::kSocket && !declined_ && !mapped_;
+  r.relay = static_cast<bool>(relay_links_);
   o->asked_shm = r.shm;
   o->wait_ms = r.wait_ms;
   // The offer's receive first: the publisher never waits on this subscriber to answer.
@@ -560,6 +645,11 @@ SubscriberCore::OfferRead SubscriberCore::read_offer(Pull& o, Clock::time_point 
       return OfferRead::kNone;
     }
     case Status::kNew: break;
+    case Status::kRelay:
+      TD_CHECK_PEER(relay_links_, who_, ": the publisher on ", link_->peer(),
+                    " relays a version to a request that did not offer to relay");
+      o.relayed = true;
+      break;
   }
   if (o.asked_shm) {
     // Asked for shared memory and sent the version instead: the publisher serves the link.
@@ -585,7 +675,12 @@ SubscriberCore::OfferRead SubscriberCore::read_offer(Pull& o, Clock::time_point 
   // The stage, unless a pull into a new TensorDict took it (or it is too small).
   if (!stage_.defined() || stage_.numel() < n) stage_ = recv_buffer(std::max<int64_t>(n, 1));
   o.data = stage_.narrow(0, 0, n);
-  o.data_received = link_->post_recv(o.data, Kind::kData);
+  if (o.relayed) {
+    o.route = recv_buffer(max_route_bytes(n));
+    o.route_received = link_->post_recv(o.route, Kind::kRoute);
+  } else {
+    o.data_received = link_->post_recv(o.data, Kind::kData);
+  }
   return OfferRead::kNew;
 }
 
@@ -607,6 +702,7 @@ bool SubscriberCore::read_version(Pull& o, Clock::time_point deadline) {
                ": the version's schema is refused: ", e.what_without_backtrace());
     }
   }
+  if (o.relayed) return read_route(o, deadline) && read_pieces(o, deadline);
   if (!o.data_done) {
     if (!wait(o.data_received, deadline)) return false;
     o.data_done = true;
@@ -615,6 +711,288 @@ bool SubscriberCore::read_version(Pull& o, Clock::time_point deadline) {
                   ": the version's data stopped short of the ", o.offer->data_bytes,
                   " bytes its offer announced");
   }
+  return true;
+}
+
+std::shared_ptr<Link> SubscriberCore::relay_link(int64_t rank) {
+  auto it = relays_.find(rank);
+  if (it == relays_.end()) it = relays_.emplace(rank, relay_links_(rank)).first;
+  return it->second;
+}
+
+bool SubscriberCore::read_route(Pull& o, Clock::time_point deadline) {
+  if (o.relay) return true;
+  if (!wait(o.route_received, deadline)) return false;
+  const Offer& offer = *o.offer;
+  o.step = Refusal::kOffer;
+  TD_CHECK_PEER(!link_->short_message(o.route_received), who_,
+                ": the publisher's route message stopped short of its ",
+                max_route_bytes(offer.data_bytes), " bytes");
+  o.route_received = nullptr;
+  Route route = decode_route(who_.c_str(), o.route.data_ptr<uint8_t>(), offer);
+  TD_CHECK_PEER(route.first == 0, who_, ": the publisher's route starts version ", offer.version,
+                " at piece ", route.first, " (a version's first route starts at 0)");
+  auto r = std::make_unique<RelayState>();
+  r->pieces = piece_count(offer.data_bytes, route.piece_bytes);
+  r->message_bytes = kPieceHeaderBytes + route.piece_bytes;
+  r->source = route.parent < 0 ? link_ : relay_link(route.parent);
+  for (const int64_t c : route.children) r->children.push_back({c, relay_link(c)});
+  r->route = std::move(route);
+  r->progress = Clock::now();
+  o.relay = std::move(r);
+  return true;
+}
+
+namespace {
+
+// Forwarded pieces every child has taken: their buffers are posted again. A child whose send
+// failed is forwarded nothing more (its own resume finds the publisher).
+void recycle(RelayState& r) {
+  for (auto it = r.sending.begin(); it != r.sending.end();) {
+    auto& sends = it->sends;
+    sends.erase(std::remove_if(sends.begin(), sends.end(),
+                               [&](const std::pair<Link*, PendingPtr>& s) {
+                                 try {
+                                   return s.first->wait(s.second, Clock::now());
+                                 } catch (const std::exception&) {
+                                   for (auto& c : r.children) {
+                                     if (c.link.get() == s.first) c.alive = false;
+                                   }
+                                   return true;
+                                 }
+                               }),
+                sends.end());
+    if (sends.empty()) {
+      r.free.push_back(it->buffer);
+      it = r.sending.erase(it);
+    } else {
+      ++it;
+    }
+  }
+}
+
+at::Tensor piece_buffer(RelayState& r) {
+  at::Tensor b;
+  if (r.free.empty()) {
+    // Every piece buffer fits the largest piece, with room: a receive kept posted on a link
+    // takes whatever that peer sends there next, of any route's piece size.
+    b = recv_buffer(kPieceHeaderBytes + kMaxPieceBytes);
+  } else {
+    b = std::move(r.free.back());
+    r.free.pop_back();
+  }
+  return b;
+}
+
+}  // namespace
+
+bool SubscriberCore::read_pieces(Pull& o, Clock::time_point deadline) {
+  RelayState& r = *o.relay;
+  const Offer& offer = *o.offer;
+  const int64_t piece = r.route.piece_bytes;
+  uint8_t* stage = static_cast<uint8_t*>(o.data.data_ptr());
+  for (;;) {
+    recycle(r);
+    if (r.resuming) {
+      if (!read_resume(o, deadline)) return false;
+      continue;
+    }
+    if (r.next >= r.pieces) {
+      r.leave();  // the sends still on their way to the children
+      o.data_done = true;
+      return true;
+    }
+    while (r.posted.size() < kPiecesAhead &&
+           r.next + static_cast<int64_t>(r.posted.size()) < r.pieces) {
+      const at::Tensor b = piece_buffer(r);
+      r.posted.push_back({b, r.source->post_recv(b.narrow(0, 0, r.message_bytes), Kind::kPiece)});
+    }
+    const bool from_parent = r.route.parent >= 0;
+    auto until = deadline;
+    Clock::duration bound{};
+    if (from_parent) {
+      const double piece_s = r.route.rate > 0 ? static_cast<double>(piece) / r.route.rate : 0.0;
+      bound = std::max<Clock::duration>(kMinStall,
+                                        std::chrono::duration_cast<Clock::duration>(
+                                            std::chrono::duration<double>(kStallPieces * piece_s)));
+      until = std::min(deadline, r.progress + bound);
+    }
+    const RelayState::Posted front = r.posted.front();
+    bool in = false;
+    try {
+      in = wait(front.pending, until);
+    } catch (const PeerLostError& e) {
+      if (!from_parent) throw;
+      resume(o, Resume::kLost, e.what_without_backtrace());
+      continue;
+    } catch (const MalformedPeerDataError& e) {
+      if (!from_parent) throw;
+      resume(o, Resume::kForged, e.what_without_backtrace());
+      continue;
+    }
+    if (!in) {
+      if (from_parent && !interrupted_.load() && Clock::now() >= r.progress + bound) {
+        resume(
+            o, Resume::kStalled,
+            c10::str("no piece in ",
+                     std::chrono::duration_cast<std::chrono::milliseconds>(bound).count(), " ms"));
+        continue;
+      }
+      return false;
+    }
+    r.posted.pop_front();
+    const uint8_t* m = front.buffer.data_ptr<uint8_t>();
+    const int64_t index = r.next;
+    const int64_t want = std::min(piece, offer.data_bytes - index * piece);
+    const std::optional<PieceHeader> h = decode_piece_header(m);
+    std::string bad;
+    if (r.source->short_message(front.pending)) {
+      bad = c10::str("a piece message shorter than the route's ", r.message_bytes, " bytes");
+    } else if (!h) {
+      bad = "a message that is not a piece (no piece magic)";
+    } else if (h->epoch == offer.epoch && h->version < offer.version) {
+      // A piece of an earlier version, left in a receive kept posted on this link: dropped.
+      r.free.push_back(front.buffer);
+      continue;
+    } else if (h->epoch != offer.epoch || h->version != offer.version || h->index != index ||
+               h->bytes != want) {
+      bad = c10::str("piece ", h->index, " of version ", h->version, " of epoch ", h->epoch, " (",
+                     h->bytes, " bytes) where piece ", index, " of version ", offer.version,
+                     " of epoch ", offer.epoch, " (", want, " bytes) was due");
+    } else if (!r.route.checksums.empty() &&
+               piece_checksum(m + kPieceHeaderBytes, static_cast<size_t>(want)) !=
+                   r.route.checksums[static_cast<size_t>(index)]) {
+      bad = c10::str("piece ", index, " of version ", offer.version,
+                     " whose bytes do not match the checksum the publisher sent");
+    }
+    if (!bad.empty()) {
+      if (from_parent) {
+        resume(o, Resume::kForged, bad);
+        continue;
+      }
+      o.step = Refusal::kData;
+      TD_THROW(MalformedPeerDataError, who_, ": the publisher on ", link_->peer(), " sent ", bad);
+    }
+    if (want > 0)
+      std::memcpy(stage + index * piece, m + kPieceHeaderBytes, static_cast<size_t>(want));
+    RelayState::Sending sending{front.buffer, {}};
+    for (auto& c : r.children) {
+      if (!c.alive) continue;
+      try {
+        sending.sends.emplace_back(
+            c.link.get(),
+            c.link->post_send(front.buffer.narrow(0, 0, r.message_bytes), Kind::kPiece));
+      } catch (const std::exception&) {
+        c.alive = false;
+      }
+    }
+    if (sending.sends.empty()) {
+      r.free.push_back(front.buffer);
+    } else {
+      r.sending.push_back(std::move(sending));
+    }
+    const auto now = Clock::now();
+    if (r.from_source++ == 0) r.first_at = now;
+    r.progress = now;
+    ++r.next;
+    if (from_parent && r.route.rate > 0 && r.from_source > kSlowPieces && r.next < r.pieces) {
+      const double secs = std::chrono::duration<double>(now - r.first_at).count();
+      const double rate = static_cast<double>((r.from_source - 1) * piece) / secs;
+      if (rate * 3 < static_cast<double>(r.route.rate)) {
+        resume(o, Resume::kSlow,
+               c10::str(std::llround(rate / 1e6), " MB/s over ", r.from_source,
+                        " pieces; the route announced ", r.route.rate / 1000000, " MB/s"));
+      }
+    }
+  }
+}
+
+void SubscriberCore::resume(Pull& o, Resume why, const std::string& detail) {
+  RelayState& r = *o.relay;
+  const Offer& offer = *o.offer;
+  std::vector<PendingPtr> receives;
+  for (const auto& p : r.posted) receives.push_back(p.pending);
+  if (!receives.empty()) r.source->keep(receives);  // what the parent may still send lands there
+  r.posted.clear();
+  routed_around_.push_back(c10::str("rank ", r.route.parent, " at piece ", r.next, " of ", r.pieces,
+                                    " of version ", offer.version, ": ",
+                                    resume_text(static_cast<uint32_t>(why)), " (", detail, ")"));
+  if (routed_around_.size() > 16) routed_around_.erase(routed_around_.begin());
+  Request q;
+  q.resume = static_cast<uint32_t>(why);
+  q.seq = ++seq_;
+  q.epoch = offer.epoch;
+  q.version = offer.version;
+  q.piece = r.next;
+  q.around = r.route.parent;
+  r.resume_seq = q.seq;
+  r.resume_offer = message_buffer();
+  r.resume_offer_received = link_->post_recv(r.resume_offer, Kind::kOffer);
+  r.resume_request = core::bytes_tensor(encode(q));
+  r.resume_sent = link_->post_send(r.resume_request, Kind::kRequest);
+  r.resuming = true;
+  r.resume_offered = false;
+}
+
+bool SubscriberCore::read_resume(Pull& o, Clock::time_point deadline) {
+  RelayState& r = *o.relay;
+  const Offer& offer = *o.offer;
+  if (!r.resume_offered) {
+    if (!wait(r.resume_offer_received, deadline)) return false;
+    const Offer a = decode_offer(who_.c_str(), r.resume_offer.data_ptr<uint8_t>());
+    r.resume_offer_received = nullptr;
+    r.resume_sent = nullptr;  // taken: the offer answers it
+    TD_CHECK_PEER(a.seq == r.resume_seq, who_, ": the publisher's offer answers request ", a.seq,
+                  ", not the resume ", r.resume_seq, " (a message out of order)");
+    switch (a.status) {
+      case Status::kClosed: TD_THROW(PeerClosedError, "it answered \"closed\" to a resume");
+      case Status::kNone:
+        // The version left the publisher's slots: the pull asks for the newest.
+        r.leave();
+        o.abandoned = true;
+        return false;
+      case Status::kRefused:
+        o.step = Refusal::kNone;
+        ended_ = c10::str(who_, ": the Publisher on ", link_->peer(),
+                          " refused this subscriber's resume as malformed and serves it no more");
+        TD_THROW(MalformedPeerDataError, ended_);
+      case Status::kRelay: break;
+      default:
+        TD_THROW(MalformedPeerDataError, who_, ": the publisher answered a resume with status ",
+                 static_cast<uint32_t>(a.status), " (\"relay\", \"none\" or \"closed\")");
+    }
+    TD_CHECK_PEER(a.epoch == offer.epoch && a.version == offer.version &&
+                      a.data_bytes == offer.data_bytes && a.schema == offer.schema &&
+                      a.schema_bytes == 0,
+                  who_, ": the publisher resumes version ", a.version, " of epoch ", a.epoch, " (",
+                  a.data_bytes, " bytes, a schema of ", a.schema_bytes,
+                  " bytes) where it relayed version ", offer.version, " of epoch ", offer.epoch,
+                  " (", offer.data_bytes, " bytes, the schema held)");
+    r.resume_offered = true;
+    r.resume_route = recv_buffer(max_route_bytes(offer.data_bytes));
+    r.resume_route_received = link_->post_recv(r.resume_route, Kind::kRoute);
+  }
+  if (!wait(r.resume_route_received, deadline)) return false;
+  TD_CHECK_PEER(!link_->short_message(r.resume_route_received), who_,
+                ": the publisher's route message stopped short of its ",
+                max_route_bytes(offer.data_bytes), " bytes");
+  r.resume_route_received = nullptr;
+  Offer answered = offer;
+  answered.seq = r.resume_seq;
+  const Route route = decode_route(who_.c_str(), r.resume_route.data_ptr<uint8_t>(), answered);
+  TD_CHECK_PEER(route.parent == -1 && route.first == r.next &&
+                    route.piece_bytes == r.route.piece_bytes &&
+                    route.checksums == r.route.checksums,
+                who_, ": the publisher resumes from rank ", route.parent, " at piece ", route.first,
+                " in pieces of ", route.piece_bytes, " bytes; this subscriber asked for piece ",
+                r.next, " from the publisher (-1) in pieces of ", r.route.piece_bytes,
+                " bytes, the checksums unchanged");
+  r.resuming = false;
+  r.route.parent = -1;
+  r.route.rate = route.rate;
+  r.source = link_;
+  r.progress = Clock::now();
+  r.from_source = 0;
   return true;
 }
 
@@ -629,7 +1007,12 @@ bool SubscriberCore::advance(Clock::time_point deadline, const PullOptions& opti
       case OfferRead::kNone:               // nothing newer within the request's wait: ask again
         if (Clock::now() >= deadline || interrupted_.load()) return false;
         continue;
-      case OfferRead::kNew: return read_version(o, deadline);
+      case OfferRead::kNew:
+        if (read_version(o, deadline)) return true;
+        if (!o.abandoned) return false;  // the deadline or an interrupt
+        pull_.reset();                   // a relayed version given up: ask again
+        if (Clock::now() >= deadline || interrupted_.load()) return false;
+        continue;
     }
   }
 }

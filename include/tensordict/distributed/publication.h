@@ -42,6 +42,11 @@ struct PublisherOptions {
   /// every subscriber that can, the others over the link), "shm" (the same, but raise when no
   /// shared memory can be made) or "socket" (every subscriber over the link).
   std::string transport = "auto";
+  /// How a version reaches the subscribers that wait for it over the group: "star" (whole, to
+  /// each, from here) or "chain" (once, in pieces, forwarded from subscriber to subscriber as
+  /// they arrive; docs/publication.md, "Relays"). Subscribers on shared memory read the slots
+  /// either way.
+  std::string route = "star";
 };
 
 /// Publishes versions of a TensorDict to subscribers on a c10d group (Gloo). Thread-safe.
@@ -139,6 +144,9 @@ class Subscriber {
   /// Whether a pull found the publisher closed (its NoPublisherError said "closed").
   bool publisher_closed() const;
   /// How this subscriber pulls: "shm", "socket", or "socket (shared memory refused: <why>)".
+  /// The relays this subscriber stopped taking a version's pieces from and left for the
+  /// publisher (route "chain"), the newest last, each in words: who, where, why.
+  std::vector<std::string> routed_around() const;
   std::string transport() const;
   /// Unpins the slot that the last zero-copy pull left the TensorDict viewing: the publisher
   /// may then rewrite it, so the views' contents may change. No effect over the socket.

@@ -118,6 +118,8 @@ class Subscriber {
   uint64_t epoch() const;
   bool publisher_closed() const;
   /// How this subscriber pulls: "shm", "socket", or "socket (shared memory refused: <why>)".
+  /// Always empty: relays run over a group only (dist::Subscriber's).
+  std::vector<std::string> routed_around() const;
   std::string transport() const;
   /// Unpins the slot that the last zero-copy pull left the TensorDict viewing: the publisher
   /// may then rewrite it, so the views' contents may change. No effect over the pipe.

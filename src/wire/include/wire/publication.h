@@ -11,8 +11,10 @@
 #include <array>
 #include <cstddef>
 #include <cstdint>
+#include <optional>
 #include <string>
 #include <string_view>
+#include <vector>
 
 #include "core/metadata.h"
 
@@ -27,7 +29,17 @@ inline constexpr size_t kMessageBytes = 64;
 /// connection is lost even while the message in progress would never be failed.
 inline constexpr int64_t kTagBase = 0x7E000000;
 inline constexpr int64_t kMaxChannel = 0xFFFF;
-enum class Kind : int64_t { kRequest = 0, kOffer = 1, kSchema = 2, kData = 3, kWatch = 4 };
+/// kRoute and kPiece carry relayed versions (§9.9): a kRelay offer's route from the publisher,
+/// and the pieces, from the publisher or from the subscriber the route names as the parent.
+enum class Kind : int64_t {
+  kRequest = 0,
+  kOffer = 1,
+  kSchema = 2,
+  kData = 3,
+  kWatch = 4,
+  kRoute = 5,
+  kPiece = 6,
+};
 int tag_of(int64_t channel, Kind kind);
 
 /// Receive buffers are posted with room after the bytes expected (a view of the first `n`
@@ -70,7 +82,26 @@ struct Request {
   /// could not map or check the segments), for the reason `decline` (Decline); it pulls over
   /// this link from its next request. The other fields are 0.
   uint32_t decline = 0;
+  /// A pull's request only: the subscriber can take a version in pieces from another
+  /// subscriber and forward them (§9.9); the publisher may answer Status::kRelay.
+  bool relay = false;
+  /// Not a request: during the relayed version `version` of `epoch` (the answer to a request
+  /// or a resume before it), the subscriber stopped taking pieces from rank `around` (-1: the
+  /// publisher), for `reason` (Resume); it asks the publisher for the pieces from `piece` on.
+  /// `seq` is new, as a request's; the other fields are 0.
+  uint32_t resume = 0;
+  int64_t piece = 0;
+  int64_t around = -1;
 };
+
+/// Why a subscriber stopped taking a relayed version from its parent (a resume's reason).
+enum class Resume : uint32_t {
+  kStalled = 1,  // no piece within the route's stall bound (a stopped or dead relay, a lost link)
+  kSlow = 2,     // pieces at under a third of the rate the route announced
+  kLost = 3,     // the connection to the parent broke
+  kForged = 4,   // a piece that is not the version's: another version's, or its checksum wrong
+};
+const char* resume_text(uint32_t reason);
 
 /// Why a subscriber declined shared memory (a decline's reason).
 enum class Decline : uint32_t {
@@ -86,6 +117,8 @@ enum class Status : uint32_t {
   kClosed = 3,   // the publisher is closing
   kRefused = 4,  // the request was malformed (the publisher stops serving this subscriber)
   kShm = 5,      // to a request with `shm`: map the slots in shared memory (§9.8), pull there
+  kRelay = 6,    // to a request with `relay`, or a resume: kNew, but the data comes in pieces
+                 // as the route message that follows the schema says (§9.9)
 };
 
 /// The publisher's answer to one request.
@@ -125,6 +158,52 @@ struct Held {
   int64_t max_data_bytes = 0;  // the subscriber's bound on a storage
 };
 
+/// The route of a relayed version (§9.9): where its pieces come from and go, sent by the
+/// publisher after a kRelay offer's schema, never by a relay.
+struct Route {
+  uint64_t seq = 0;  // the request's (or the resume's) that the offer answered
+  uint64_t epoch = 0;
+  int64_t version = 0;
+  int64_t piece_bytes = 0;        // every piece's but the last's
+  int64_t first = 0;              // the first piece the parent sends (a resume's piece; else 0)
+  int64_t parent = -1;            // the rank the pieces come from; -1: the publisher
+  int64_t rate = 0;               // the publisher's estimate of a link's bytes per second; 0: none
+  std::vector<int64_t> children;  // the ranks this subscriber forwards every piece to
+  std::vector<uint64_t> checksums;  // one per piece (piece_checksum), or none
+};
+
+inline constexpr int64_t kMinPieceBytes = int64_t{64} << 10;
+inline constexpr int64_t kMaxPieceBytes = int64_t{1} << 20;
+inline constexpr size_t kMaxChildren = 64;
+/// A piece message: this header, then its bytes.
+inline constexpr int64_t kPieceHeaderBytes = 48;
+
+/// The pieces of a storage of `data_bytes` in pieces of `piece_bytes` (at least 1).
+int64_t piece_count(int64_t data_bytes, int64_t piece_bytes);
+/// The size of every route message for a storage of `data_bytes`: the most its fields can
+/// take (kMaxChildren children, a checksum per kMinPieceBytes), zero-padded, so that the
+/// receiver posts exactly its size.
+int64_t max_route_bytes(int64_t data_bytes);
+std::string encode(const Route& r, int64_t data_bytes);
+/// A route message (max_route_bytes), validated against the offer it follows: its request, epoch,
+/// version, a piece size within bounds, a first piece within the storage, at most kMaxChildren
+/// distinct children, one checksum per piece or none. MalformedPeerDataError naming `who`.
+Route decode_route(const char* who, const uint8_t* p, const Offer& offer);
+
+/// A piece's header: the version it belongs to and where it lies.
+struct PieceHeader {
+  uint64_t epoch = 0;
+  int64_t version = 0;
+  int64_t index = 0;
+  int64_t bytes = 0;
+};
+void encode_piece_header(const PieceHeader& h, uint8_t* out);
+/// The header at `p`, or why it is not one (the magic, the protocol); its fields unchecked.
+std::optional<PieceHeader> decode_piece_header(const uint8_t* p);
+/// 64-bit hash of a piece's bytes (four lanes of multiply-xorshift; not cryptographic: it
+/// catches a relay's mistakes and stale bytes, and a forger who does not see the route).
+uint64_t piece_checksum(const uint8_t* p, size_t n);
+
 /// Checks that a kNew offer may follow what the subscriber holds: the request it answers, a
 /// version that goes forward within an epoch, sizes within the bounds, a schema reused only
 /// when it is the held one and of the held size. MalformedPeerDataError naming `who`.
@@ -149,5 +228,11 @@ uint64_t schema_hash(std::string_view json);
 enum class Transport { kAuto, kShm, kSocket };
 /// "auto", "shm" or "socket"; ValueError naming `call` otherwise.
 Transport transport_of(const char* call, const std::string& name);
+
+/// How a publisher routes a version to the subscribers that wait for it (the options' `route`):
+/// kStar sends it whole to each; kChain sends it once, in pieces, through them (§9.9).
+enum class Routing { kStar, kChain };
+/// "star" or "chain"; ValueError naming `call` otherwise.
+Routing routing_of(const char* call, const std::string& name);
 
 }  // namespace tensordict::wire::publication

@@ -35,7 +35,10 @@ class PublisherCore {
   /// than kSocket the slots live in shared memory (docs/wire-format.md §9.8) from the first
   /// publish, and subscribers that ask for it (on this host) pull there; kShm raises here when
   /// no segment can be made, kAuto then serves every subscriber over its link.
-  explicit PublisherCore(int64_t max_slots, Transport transport = Transport::kSocket);
+  /// With `routing` kChain, subscribers that offer to relay and wait for the same version get it
+  /// in pieces along a chain of them (§9.9): one copy leaves this process.
+  explicit PublisherCore(int64_t max_slots, Transport transport = Transport::kSocket,
+                         Routing routing = Routing::kStar);
   ~PublisherCore();
   PublisherCore(const PublisherCore&) = delete;
   PublisherCore& operator=(const PublisherCore&) = delete;
@@ -77,6 +80,7 @@ class PublisherCore {
  private:
   struct Slot;
   struct Shm;
+  struct Plan;
   // The receive of a subscriber's next request, posted while its last one is answered, so that
   // a refusal or a dead subscriber is seen meanwhile. `pending` is null once its message was
   // read or failed; otherwise serve() leaves it to the link (Link::keep) when it returns.
@@ -91,6 +95,9 @@ class PublisherCore {
   // while a send takes longer than a slice.
   Sent answer(Subscription& s, Link& link, const Offer& offer, const at::Tensor& schema,
               const at::Tensor& data, NextRequest& next);
+  // The same with the messages that follow the offer given.
+  Sent answer(Subscription& s, Link& link, const Offer& offer,
+              const std::vector<std::pair<at::Tensor, Kind>>& then, NextRequest& next);
   // serve()'s loop.
   void serve_requests(Subscription& s, Link& link);
   // What serve() does after answering a request: serve the next, stop (closing), or stop
@@ -100,6 +107,13 @@ class PublisherCore {
   // Waits until a version the request asks for is published (or its wait passes, or closing),
   // then answers it, pinning the slot it sends from until the subscriber has taken it.
   Next answer_request(Subscription& s, Link& link, const Request& r, NextRequest& next);
+  // Relays (§9.9): the route of the newest version for `s` (built by the first subscriber's
+  // thread to come, which frames the pieces), or null when `s` is not in it; the answer along
+  // it; the answer to a resume.
+  std::shared_ptr<Plan> plan_locked(Subscription& s, std::unique_lock<std::mutex>& lock);
+  Next answer_relayed(Subscription& s, Link& link, const Request& r, NextRequest& next,
+                      const std::shared_ptr<Plan>& plan, std::unique_lock<std::mutex>& lock);
+  Next answer_resume(Subscription& s, Link& link, const Request& r, NextRequest& next);
   std::string pinning_locked() const;
   // Drops the oldest lost subscriptions out of serve() beyond kMaxLostKept, but `keep`.
   void prune_locked(const Subscription* keep);
@@ -120,7 +134,10 @@ class PublisherCore {
 
   const uint64_t epoch_;
   const Transport transport_;
-  std::unique_ptr<Shm> shm_;  // null: kSocket
+  const Routing routing_;
+  std::shared_ptr<Plan> plan_;  // the route of the newest version relayed
+  int64_t rate_ = 0;            // bytes per second of the last relayed version's first link
+  std::unique_ptr<Shm> shm_;    // null: kSocket
   mutable std::mutex mutex_;
   mutable std::condition_variable changed_;  // a version published, a slot unpinned, a request
   std::vector<Slot> slots_;

@@ -8,6 +8,8 @@
 #include <atomic>
 #include <cstdint>
 #include <exception>
+#include <functional>
+#include <map>
 #include <memory>
 #include <optional>
 #include <string>
@@ -30,6 +32,10 @@ struct Pull;
 /// held, or the refusal that ended the link.
 struct Leftover;
 
+/// A link to another subscriber of the publication, by its rank (relayed pieces, §9.9);
+/// MalformedPeerDataError for a rank that cannot be one. Empty: this transport relays nothing.
+using RelayLinks = std::function<std::shared_ptr<Link>(int64_t rank)>;
+
 /// Not thread-safe, but for interrupt(): one thread pulls at a time.
 ///
 /// Every pull leaves by one rule (end_pull): a peer's bytes refused end the link (the
@@ -43,8 +49,11 @@ class SubscriberCore {
   /// 0)"); `max_total_bytes` bounds the storage an offer may announce. With a `transport` other
   /// than kSocket, requests ask for shared memory (docs/wire-format.md §9.8), and pulls take
   /// versions from the publisher's slots once it offers them and they map.
+  /// With `relay_links`, requests offer to relay (§9.9): a publisher whose route is a chain
+  /// may send a version in pieces through other subscribers, and this one forwards the pieces
+  /// its route names as they arrive.
   SubscriberCore(std::shared_ptr<Link> link, std::string who, int64_t max_total_bytes,
-                 Transport transport = Transport::kSocket);
+                 Transport transport = Transport::kSocket, RelayLinks relay_links = {});
   ~SubscriberCore();
   SubscriberCore(const SubscriberCore&) = delete;
   SubscriberCore& operator=(const SubscriberCore&) = delete;
@@ -62,6 +71,8 @@ class SubscriberCore {
   bool publisher_closed() const { return publisher_closed_; }
   /// "shm", "socket", or "socket (shared memory refused: <why>)".
   std::string transport() const { return transport_text_; }
+  /// The relays this subscriber stopped taking pieces from, the newest last, each in words.
+  const std::vector<std::string>& routed_around() const { return routed_around_; }
   /// Unpins the slot that the last zero-copy pull left its TensorDict viewing (its views may
   /// then change). Nothing over the socket.
   void release_pin();
@@ -97,6 +108,14 @@ class SubscriberCore {
   enum class OfferRead { kWaiting, kNone, kNew, kShm };
   OfferRead read_offer(Pull& o, Clock::time_point deadline);
   bool read_version(Pull& o, Clock::time_point deadline);
+  // A relayed version (§9.9): its route read, its pieces taken from the parent (or the
+  // publisher) and forwarded; a parent that stalls, crawls, breaks or forges is left for the
+  // publisher, from the piece reached (resume). False at the deadline or an interrupt.
+  bool read_route(Pull& o, Clock::time_point deadline);
+  bool read_pieces(Pull& o, Clock::time_point deadline);
+  void resume(Pull& o, Resume why, const std::string& detail);
+  bool read_resume(Pull& o, Clock::time_point deadline);
+  std::shared_ptr<Link> relay_link(int64_t rank);
   // Waits in slices, each looking at the interrupt; false at the deadline or the interrupt.
   bool wait(const PendingPtr& p, Clock::time_point deadline);
   // The one way out of a pull that failed with `error` (see the class comment): rethrows it,
@@ -108,6 +127,9 @@ class SubscriberCore {
 
   std::shared_ptr<Link> link_;
   const Transport transport_;
+  const RelayLinks relay_links_;
+  std::map<int64_t, std::shared_ptr<Link>> relays_;  // made once per rank: a link keeps a watch
+  std::vector<std::string> routed_around_;
   std::string transport_text_ = "socket";
   bool declined_ = false;  // shared memory was refused: the link serves
   Decline declined_for_ = Decline::kOpen;
