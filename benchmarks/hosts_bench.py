@@ -1,80 +1,175 @@
 """Publication across hosts made of network namespaces (scripts/hosts), paced like NICs.
 
 One publisher on host 0 and a subscriber on each other host, over the default Gloo group. For
-each version of a `--mib` MiB TensorDict (4 leaves) it reports when the last subscriber holds
-it, beside one paced point-to-point send of the same bytes measured in the same run (a
-`torch.distributed.send` from host 0 to host 1), and the bytes host 0's interface sent per byte
-of the version. The star (today's publication) sends every version once per subscriber.
+each route (`--route`: "star", whole to each subscriber from the publisher; "chain", relayed in
+pieces) and each version of a `--mib` MiB TensorDict (4 leaves) it reports when the last
+subscriber holds it, beside one paced point-to-point send of the same bytes measured in the same
+run (a `torch.distributed.send` from host 0 to host 1), and the bytes host 0's interface sent per
+byte of the version.
+
+`--fault` plays a failing relay in version `--fault-version` of the chain: the subscriber on
+host 1 (the chain's first relay) is SIGKILLed ("kill") or SIGSTOPped for 3 s ("stop") 40 % into
+the version, or its host's egress is paced to a quarter of the rate from that version on
+("slow"). The others' times in that version and the next are reported beside the healthy
+versions' median.
 
     python benchmarks/hosts_bench.py --hosts 5 --mib 64 --rate 400mbit --versions 3
+    python benchmarks/hosts_bench.py --hosts 5 --route chain --fault kill --versions 12
 
-Root only. It makes the hosts (scripts/hosts up) and removes them when it ends.
+Root only. It makes the hosts (scripts/hosts up) and removes them when it ends. The ranks meet
+through a TCPStore on host 0, not the group's collectives: a killed rank would end those.
 """
 from __future__ import annotations
 
 import argparse
 import json
 import os
+import signal
 import statistics
 import subprocess
 import sys
+import threading
 import time
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 HOSTS = os.path.join(ROOT, "scripts", "hosts")
+FAULTY = 1  # the rank a fault plays on: the chain's first relay
 
 
-def rank_main(rank: int, world: int, port: int, mib: int, versions: int) -> None:
+def rank_main(a: argparse.Namespace) -> None:
     import torch
     import torch.distributed as dist
 
     from tensordict_cpp import Publisher, Subscriber, TensorDict
 
-    dist.init_process_group("gloo", init_method=f"tcp://10.77.0.1:{port}", rank=rank,
+    rank, world = a._rank, a.hosts
+    dist.init_process_group("gloo", init_method=f"tcp://10.77.0.1:{a.port}", rank=rank,
                             world_size=world)
-    n = (mib << 20) // 4 // 4  # four float32 leaves
+    store = dist.TCPStore("10.77.0.1", a.port + 1, world, rank == 0, timeout=__import__(
+        "datetime").timedelta(seconds=600))
+
+    def live(route: str, v: int) -> int:
+        """How many ranks meet at version v of `route`: a killed rank is gone from then on."""
+        gone = route == "chain" and a.fault == "kill" and v >= a.fault_version
+        return world - (1 if gone else 0)
+
+    def meet(tag: str, count: int) -> None:
+        store.add(tag, 1)
+        while int(store.add(tag, 0)) < count:
+            time.sleep(0.001)
+
+    n = (a.mib << 20) // 4 // 4  # four float32 leaves
     td = TensorDict({f"w{i}": torch.zeros(n) for i in range(4)}, batch_size=[])
-    out = {"rank": rank}
+    out: dict = {"rank": rank}
     # The floor: one paced send of the same bytes, host 0 to host 1.
-    flat = torch.zeros((mib << 20) // 4)
+    flat = torch.zeros((a.mib << 20) // 4)
     dist.barrier()
     if rank == 0:
         t = time.time()
         dist.send(flat, 1)
         dist.recv(torch.zeros(1), 1)
         out["p2p_s"] = time.time() - t
+        store.set("p2p", str(out["p2p_s"]))
     elif rank == 1:
         dist.recv(flat, 0)
         dist.send(torch.zeros(1), 0)
     dist.barrier()
-    if rank == 0:
-        pub = Publisher(max_slots=2)
-        starts, tx = [], []
-        for v in range(1, versions + 1):
-            for leaf in td.values():
-                leaf.fill_(v)
-            before = int(open("/sys/class/net/eth0/statistics/tx_bytes").read())
-            dist.barrier()  # every subscriber pulling
-            starts.append(time.time())
-            pub.publish(td)
-            dist.barrier()  # every subscriber holds it
-            tx.append(int(open("/sys/class/net/eth0/statistics/tx_bytes").read()) - before)
-        out["starts"], out["tx"] = starts, tx
-        dist.barrier()
-        pub.close()
-    else:
-        sub = Subscriber(src=0)
-        held = []
-        for v in range(1, versions + 1):
-            dist.barrier()
-            got = sub.pull(td, timeout=300.0, min_version=v)
-            assert got == v and bool((td["w0"] == v).all()), (got, v)
-            held.append(time.time())
-            dist.barrier()
-        out["held"], out["transport"] = held, sub.transport
-        dist.barrier()
+    p2p = float(store.get("p2p"))
+
+    for channel, route in enumerate(a.route.split(",")):
+        faulty = route == "chain" and a.fault != "none"
+        if rank == 0:
+            pub = Publisher(max_slots=2, channel=channel, transport="socket", route=route)
+            starts, tx = [], []
+            for v in range(1, a.versions + 1):
+                for leaf in td.values():
+                    leaf.fill_(v)
+                if faulty and a.fault == "slow" and v == a.fault_version:
+                    subprocess.run([HOSTS, "rate", str(FAULTY), a.slow_rate], check=True)
+                before = int(open("/sys/class/net/eth0/statistics/tx_bytes").read())
+                meet(f"{route}-ready-{v}", live(route, v))
+                starts.append(time.time())
+                pub.publish(td)
+                meet(f"{route}-held-{v}", live(route, v))
+                tx.append(int(open("/sys/class/net/eth0/statistics/tx_bytes").read()) - before)
+            if faulty and a.fault == "slow":
+                subprocess.run([HOSTS, "rate", str(FAULTY), a.rate], check=True)
+            out[route] = {"starts": starts, "tx": tx, "stats": pub.stats()}
+            meet(f"{route}-end", live(route, a.versions))
+            pub.close()
+        else:
+            sub = Subscriber(src=0, channel=channel, transport="socket")
+            held = []
+            for v in range(1, a.versions + 1):
+                meet(f"{route}-ready-{v}", live(route, v))
+                if faulty and rank == FAULTY and v == a.fault_version:
+                    me, after = os.getpid(), 0.4 * p2p
+                    if a.fault == "kill":
+                        threading.Timer(after, os.kill, (me, signal.SIGKILL)).start()
+                    elif a.fault == "stop":
+                        subprocess.Popen(["sh", "-c", f"sleep {after}; kill -STOP {me}; "
+                                          f"sleep 3; kill -CONT {me}"])
+                got = sub.pull(td, timeout=300.0, min_version=v)
+                assert got is not None and got >= v and bool((td["w0"] == got).all()), (got, v)
+                held.append(time.time())
+                meet(f"{route}-held-{v}", live(route, v))
+            out[route] = {"held": held, "transport": sub.transport,
+                          "routed_around": sub.routed_around}
+            meet(f"{route}-end", live(route, a.versions))
     print("RESULT " + json.dumps(out), flush=True)
-    dist.destroy_process_group()
+    # Not destroy_process_group(): with a rank killed, Gloo's teardown may wait on it.
+    sys.stdout.flush()
+    os._exit(0)
+
+
+def summarize(a: argparse.Namespace, results: list[dict]) -> dict:
+    pub = next(r for r in results if r["rank"] == 0)
+    subs = [r for r in results if r["rank"] != 0]
+    floor = pub["p2p_s"]
+    version_bytes = a.mib << 20
+    report = {"subscribers": a.hosts - 1, "p2p_seconds": floor, "rate": a.rate, "mib": a.mib,
+              "routes": {}}
+    print(f"hosts_bench: {a.hosts - 1} subscribers on hosts paced to {a.rate}, {a.mib} MiB, "
+          f"{a.versions} versions; one paced send of the bytes: {floor:.2f} s")
+    for route in a.route.split(","):
+        starts, txs = pub[route]["starts"], pub[route]["tx"]
+        faulty = route == "chain" and a.fault != "none"
+        fv = a.fault_version - 1
+        times, others = [], []
+        for v in range(a.versions):
+            held = [s[route]["held"][v] for s in subs if v < len(s[route]["held"])]
+            times.append(max(held) - starts[v])
+            rest = [s[route]["held"][v] for s in subs
+                    if s["rank"] != FAULTY and v < len(s[route]["held"])]
+            others.append(max(rest) - starts[v])
+        healthy_versions = [v for v in range(1, a.versions) if not faulty or v < fv] or [0]
+        healthy = statistics.median(times[v] for v in healthy_versions)
+        tx = statistics.median(txs[v] / version_bytes for v in healthy_versions)
+        r = {"seconds": healthy, "ratio": healthy / floor, "tx_ratio": tx,
+             "times": times, "tx": [t / version_bytes for t in txs],
+             "transports": [s[route]["transport"] for s in subs if route in s],
+             "relayed_from": [st.get("relayed_from") for st in pub[route]["stats"]],
+             "routed_around": [st.get("routed_around") for st in pub[route]["stats"]],
+             "subscribers_routed_around": {s["rank"]: s[route]["routed_around"] for s in subs
+                                           if route in s and s[route]["routed_around"]}}
+        print(f"  {route}: every subscriber holds a version: median {healthy:.2f} s = "
+              f"{healthy / floor:.2f}x one paced send; the publisher's interface sent "
+              f"{tx:.2f}x the version's bytes")
+        if faulty:
+            r["fault"] = a.fault
+            r["fault_version_others"] = others[fv]
+            r["fault_ratio"] = others[fv] / healthy
+            after = others[fv + 1:] if a.fault != "kill" else times[fv + 1:]
+            if after:
+                r["next_ratio"] = after[0] / healthy
+                r["after_fault_versions"] = len(after)
+            print(f"  chain, relay on host {FAULTY} {a.fault} in version {a.fault_version}: the "
+                  f"others hold it after {others[fv]:.2f} s = {others[fv] / healthy:.2f}x the "
+                  f"healthy median; the next version {r.get('next_ratio', 0):.2f}x; "
+                  f"{len(after)} versions after it, all held")
+            print(f"    publisher's stats, routed_around: {r['routed_around']}")
+        report["routes"][route] = r
+    return report
 
 
 def main() -> None:
@@ -82,46 +177,53 @@ def main() -> None:
     ap.add_argument("--hosts", type=int, default=5)
     ap.add_argument("--mib", type=int, default=64)
     ap.add_argument("--rate", default="400mbit")
+    ap.add_argument("--slow-rate", default=None, help="a slow relay's rate (default: rate / 4)")
     ap.add_argument("--versions", type=int, default=3)
+    ap.add_argument("--route", default="star,chain", help="routes, comma-separated, in order")
+    ap.add_argument("--fault", choices=["none", "kill", "stop", "slow"], default="none")
+    ap.add_argument("--fault-version", type=int, default=3)
     ap.add_argument("--port", type=int, default=29731)
     ap.add_argument("--json", help="also write the figures to this file")
     ap.add_argument("--_rank", type=int, help=argparse.SUPPRESS)
     a = ap.parse_args()
+    if a.slow_rate is None:
+        value, unit = a.rate.rstrip("bitkmg"), a.rate[len(a.rate.rstrip("bitkmg")):]
+        a.slow_rate = f"{float(value) / 4:g}{unit}"
     if a._rank is not None:
-        rank_main(a._rank, a.hosts, a.port, a.mib, a.versions)
+        rank_main(a)
         return
+    if a.fault != "none" and (a.hosts < 4 or "chain" not in a.route.split(",")
+                              or a.fault_version >= a.versions):
+        raise SystemExit("hosts_bench: a fault needs the chain, 4 hosts or more, and a version "
+                         "after the fault's")
     subprocess.run([HOSTS, "up", str(a.hosts), a.rate], check=True)
     try:
-        procs = [subprocess.Popen([HOSTS, "exec", str(r), sys.executable, __file__,
-                                   "--_rank", str(r), "--hosts", str(a.hosts), "--mib", str(a.mib),
-                                   "--versions", str(a.versions), "--port", str(a.port)],
+        args = ["--hosts", str(a.hosts), "--mib", str(a.mib), "--rate", a.rate, "--versions",
+                str(a.versions), "--route", a.route, "--fault", a.fault, "--fault-version",
+                str(a.fault_version), "--port", str(a.port)]
+        procs = [subprocess.Popen([HOSTS, "exec", str(r), sys.executable, __file__, *args,
+                                   "--_rank", str(r), "--slow-rate", a.slow_rate],
                                   stdout=subprocess.PIPE, text=True)
                  for r in range(a.hosts)]
         results = []
-        for p in procs:
+        for r, p in enumerate(procs):
             stdout, _ = p.communicate(timeout=900)
-            if p.returncode != 0:
-                raise SystemExit(f"hosts_bench: a rank failed ({p.returncode})")
+            killed = a.fault == "kill" and r == FAULTY
+            if p.returncode != 0 and not killed:
+                raise SystemExit(f"hosts_bench: rank {r} failed ({p.returncode})")
             results += [json.loads(line[7:]) for line in stdout.splitlines()
                         if line.startswith("RESULT ")]
     finally:
         subprocess.run([HOSTS, "down"], check=False)
-    pub = next(r for r in results if r["rank"] == 0)
-    subs = [r for r in results if r["rank"] != 0]
-    times = [max(s["held"][v] for s in subs) - pub["starts"][v] for v in range(a.versions)]
-    version_bytes = a.mib << 20
-    t, floor = statistics.median(times), pub["p2p_s"]
-    tx = statistics.median(pub["tx"]) / version_bytes
-    print(f"hosts_bench: {a.hosts - 1} subscribers on hosts paced to {a.rate}, {a.mib} MiB, "
-          f"{a.versions} versions")
-    print(f"  every subscriber holds a version: median {t:.2f} s = {t / floor:.2f}x one paced "
-          f"send of the bytes ({floor:.2f} s)")
-    print(f"  the publisher's interface sent {tx:.2f}x the version's bytes")
+    if a.fault == "kill":
+        # The killed rank printed nothing: its times are those it reached.
+        results.append({"rank": FAULTY, **{route: {"held": [], "transport": "killed",
+                                                   "routed_around": []}
+                                           for route in a.route.split(",")}})
+    report = summarize(a, results)
     if a.json:
         with open(a.json, "w") as f:
-            json.dump({"subscribers": a.hosts - 1, "seconds": t, "p2p_seconds": floor,
-                       "ratio": t / floor, "tx_ratio": tx,
-                       "transports": [s["transport"] for s in subs]}, f)
+            json.dump(report, f)
 
 
 if __name__ == "__main__":

@@ -30,7 +30,7 @@ constexpr uint32_t kRelayFlag = 0x400;
 constexpr uint32_t kResumeWord = 0x800;
 constexpr std::array<char, 8> kRouteMagic = {'T', 'D', 'P', 'U', 'B', 'R', 'T', 'E'};
 constexpr std::array<char, 8> kPieceMagic = {'T', 'D', 'P', 'U', 'B', 'P', 'C', 'E'};
-constexpr int64_t kRouteHeadBytes = 80;
+constexpr int64_t kRouteHeadBytes = 88;
 constexpr uint32_t kRouteChecksums = 1;
 
 void put(std::string& out, uint64_t v) { core::append_le(out, v, 8); }
@@ -285,6 +285,7 @@ std::string encode(const Route& r, int64_t data_bytes) {
   put(out, static_cast<uint64_t>(r.first));
   put(out, static_cast<uint64_t>(r.parent));
   put(out, static_cast<uint64_t>(r.rate));
+  put(out, static_cast<uint64_t>(r.siblings));
   put(out, r.children.size());
   for (const int64_t c : r.children) put(out, static_cast<uint64_t>(c));
   for (const uint64_t c : r.checksums) put(out, c);
@@ -306,7 +307,8 @@ Route decode_route(const char* who, const uint8_t* p, const Offer& offer) {
   r.first = field(p, 48);
   r.parent = field(p, 56);
   r.rate = field(p, 64);
-  const uint64_t children = core::get_le(p + 72);
+  r.siblings = field(p, 72);
+  const uint64_t children = core::get_le(p + 80);
   TD_CHECK_PEER(r.seq == offer.seq && r.epoch == offer.epoch && r.version == offer.version, who,
                 ": the route is for request ", r.seq, ", version ", r.version, " of epoch ",
                 r.epoch, "; the offer answered request ", offer.seq, " with version ",
@@ -315,10 +317,12 @@ Route decode_route(const char* who, const uint8_t* p, const Offer& offer) {
                 ": the route's pieces are of ", r.piece_bytes, " bytes (", kMinPieceBytes, " to ",
                 kMaxPieceBytes, ")");
   const int64_t pieces = piece_count(offer.data_bytes, r.piece_bytes);
-  TD_CHECK_PEER(
-      r.first >= 0 && r.first < pieces && r.parent >= -1 && r.rate >= 0 && children <= kMaxChildren,
-      who, ": the route starts at piece ", r.first, " of ", pieces, " from rank ", r.parent, " at ",
-      r.rate, " bytes/s to ", children, " children (at most ", kMaxChildren, ")");
+  TD_CHECK_PEER(r.first >= 0 && r.first < pieces && r.parent >= -1 && r.rate >= 0 &&
+                    children <= kMaxChildren && r.siblings >= 1 &&
+                    r.siblings <= static_cast<int64_t>(kMaxChildren),
+                who, ": the route starts at piece ", r.first, " of ", pieces, " from rank ",
+                r.parent, " at ", r.rate, " bytes/s shared by ", r.siblings, ", to ", children,
+                " children (1 to ", kMaxChildren, " sharing, at most ", kMaxChildren, " children)");
   const int64_t sums = (word & kRouteChecksums) ? pieces : 0;
   const int64_t expected = kRouteHeadBytes + 8 * static_cast<int64_t>(children) + 8 * sums;
   TD_CHECK_PEER(expected <= n, who, ": the route message's fields take ", expected,
@@ -337,20 +341,23 @@ Route decode_route(const char* who, const uint8_t* p, const Offer& offer) {
 }
 
 void encode_piece_header(const PieceHeader& h, uint8_t* out) {
-  std::string s = head(kPieceMagic, 0);
+  std::string s = head(kPieceMagic, h.hold ? 1 : 0);
   put(s, h.epoch);
   put(s, static_cast<uint64_t>(h.version));
   put(s, static_cast<uint64_t>(h.index));
   put(s, static_cast<uint64_t>(h.bytes));
+  put(s, static_cast<uint64_t>(h.queued));
   std::memcpy(out, s.data(), static_cast<size_t>(kPieceHeaderBytes));
 }
 
 std::optional<PieceHeader> decode_piece_header(const uint8_t* p) {
+  const auto word = core::get_le(p + 12, 4);
   if (std::memcmp(p, kPieceMagic.data(), kPieceMagic.size()) != 0 ||
-      core::get_le(p + 8, 4) != kProtocol || core::get_le(p + 12, 4) != 0) {
+      core::get_le(p + 8, 4) != kProtocol || word > 1) {
     return std::nullopt;
   }
-  return PieceHeader{core::get_le(p + 16), field(p, 24), field(p, 32), field(p, 40)};
+  return PieceHeader{core::get_le(p + 16), field(p, 24), field(p, 32),
+                     field(p, 40),         field(p, 48), word == 1};
 }
 
 uint64_t piece_checksum(const uint8_t* p, size_t n) {

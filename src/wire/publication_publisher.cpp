@@ -11,6 +11,7 @@
 #include <cstring>
 #include <map>
 #include <random>
+#include <thread>
 #include <utility>
 
 #include "core/byte_tensor.h"
@@ -40,6 +41,9 @@ constexpr auto kMaxTurn = std::chrono::milliseconds(100);
 // bw is the last relayed version's, measured on its first link; before one, kFirstRate.
 constexpr double kPieceCost = 50e-6;
 constexpr double kFirstRate = 1.25e9;
+// An answer's messages in flight at once; a paused answer looks this often whether it may go on.
+constexpr size_t kSendsAhead = 16;
+constexpr auto kPausedLook = std::chrono::milliseconds(5);
 
 using Leaves = std::vector<std::pair<std::vector<std::string>, at::Tensor>>;
 
@@ -144,13 +148,14 @@ struct PublisherCore::Plan {
 
 struct PublisherCore::Subscription {
   SubscriberStats stats;
-  std::optional<Request> relay_request{};   // while it waits with a request that may be relayed
-  bool demoted = false;                     // routed around: a leaf of later routes
-  int entry = -1;                           // in the pins segment, while it maps the slots
-  bool asked = false;                       // a request arrived
-  bool ready = false;                       // asked or lost: counted in ready_
-  bool serving = false;                     // in serve(): kept in the list whatever happens
-  Offer last{};                             // the last answer sent whole
+  std::optional<Request> relay_request{};  // while it waits with a request that may be relayed
+  bool demoted = false;                    // routed around: a leaf of later routes
+  bool paused = false;   // routed around for slowness: its pieces wait for the one that left it
+  int entry = -1;        // in the pins segment, while it maps the slots
+  bool asked = false;    // a request arrived
+  bool ready = false;    // asked or lost: counted in ready_
+  bool serving = false;  // in serve(): kept in the list whatever happens
+  Offer last{};          // the last answer sent whole
   std::optional<int64_t> version_before{};  // stats.version before `last` was counted
 };
 
@@ -385,12 +390,32 @@ PublisherCore::Sent PublisherCore::answer(Subscription& s, Link& link, const Off
 PublisherCore::Sent PublisherCore::answer(Subscription& s, Link& link, const Offer& offer,
                                           const std::vector<std::pair<at::Tensor, Kind>>& then,
                                           NextRequest& next) {
-  std::vector<PendingPtr> posted;
+  // Sent kSendsAhead at a time, so that a relay routed around for its slowness can be paused
+  // while the subscriber that left it takes the publisher's pieces (§9.9).
+  std::vector<PendingPtr> posted;  // in flight, the oldest first
+  size_t sent = 0;                 // of `then`
+  const auto post_more = [&] {
+    while (sent < then.size() && posted.size() < kSendsAhead) {
+      {
+        std::lock_guard<std::mutex> lock(mutex_);
+        if (s.paused) return;
+      }
+      posted.push_back(link.post_send(then[sent].first, then[sent].second));
+      ++sent;
+    }
+  };
   try {
     posted.push_back(link.post_send(core::bytes_tensor(encode(offer)), Kind::kOffer));
-    for (const auto& [bytes, kind] : then) posted.push_back(link.post_send(bytes, kind));
+    post_more();
     bool looked = !next.pending;  // at the subscriber's next message
-    for (const auto& p : posted) {
+    while (!posted.empty() || sent < then.size()) {
+      if (posted.empty()) {  // paused
+        if (closing_.load()) return Sent::kClosing;
+        std::this_thread::sleep_for(kPausedLook);
+        post_more();
+        continue;
+      }
+      const PendingPtr p = posted.front();
       for (;;) {
         // Closing, a send already taken counts; one that is not stays posted, so that the
         // subscriber's connection is not harmed.
@@ -414,6 +439,8 @@ PublisherCore::Sent PublisherCore::answer(Subscription& s, Link& link, const Off
           return Sent::kLost;
         }
       }
+      posted.erase(posted.begin());
+      post_more();
     }
   } catch (const std::exception& e) {
     link.keep(posted);
@@ -692,10 +719,12 @@ std::shared_ptr<PublisherCore::Plan> PublisherCore::plan_locked(
       place.parent = i == 0 ? -1 : healthy[i - 1]->stats.rank;
       if (i + 1 < healthy.size()) place.children.push_back(healthy[i + 1]->stats.rank);
     }
-    // The slow hang off the healthy from the chain's end backwards: they delay nobody.
+    // The slow hang off the chain's end (then the one before it, beyond kMaxChildren): they
+    // delay nobody.
     for (size_t j = 0; j < slow.size(); ++j) {
-      Subscription* parent = healthy[healthy.size() - 1 - j % healthy.size()];
-      if (p->places[parent].children.size() >= kMaxChildren) continue;  // sent whole
+      const size_t from_end = j / kMaxChildren;
+      if (from_end >= healthy.size()) break;  // the rest are sent whole
+      Subscription* parent = healthy[healthy.size() - 1 - from_end];
       p->places[parent].children.push_back(slow[j]->stats.rank);
       p->places[slow[j]].parent = parent->stats.rank;
     }
@@ -762,6 +791,9 @@ PublisherCore::Next PublisherCore::answer_relayed(Subscription& s, Link& link, c
   route.parent = place.parent;
   route.rate = rate_;
   route.children = place.children;
+  for (const auto& [t, other] : plan->places) {
+    if (t->stats.rank == place.parent) route.siblings = static_cast<int64_t>(other.children.size());
+  }
   route.checksums = plan->checksums;
   std::vector<std::pair<at::Tensor, Kind>> then;
   if (!reuse) then.emplace_back(core::bytes_tensor(*plan->json), Kind::kSchema);
@@ -791,15 +823,30 @@ PublisherCore::Next PublisherCore::answer_relayed(Subscription& s, Link& link, c
 PublisherCore::Next PublisherCore::answer_resume(Subscription& s, Link& link, const Request& r,
                                                  NextRequest& next) {
   std::unique_lock<std::mutex> lock(mutex_);
+  const std::shared_ptr<Plan> plan = plan_;
+  Subscription* paused = nullptr;
   if (r.around >= 0) {
     for (auto& t : subscriptions_) {
       if (t.stats.rank != r.around) continue;
       t.demoted = true;
       t.stats.routed_around = c10::str(s.stats.peer, " left it at piece ", r.piece, " of version ",
                                        r.version, ": ", resume_text(r.resume));
+      // A slow first relay takes this publisher's pieces too: it waits while the one that left
+      // it is answered, so that the two do not share this publisher's link.
+      const auto place = plan ? plan->places.find(&t) : decltype(plan->places.end()){};
+      if (r.resume == static_cast<uint32_t>(Resume::kSlow) && plan && place != plan->places.end() &&
+          place->second.parent < 0 && !t.paused) {
+        t.paused = true;
+        paused = &t;
+      }
     }
   }
-  const std::shared_ptr<Plan> plan = plan_;
+  // Unpaused however the answer ends.
+  const auto unpause = [&] {
+    if (paused == nullptr) return;
+    std::lock_guard<std::mutex> relock(mutex_);
+    paused->paused = false;
+  };
   Offer offer;
   offer.seq = r.seq;
   offer.epoch = epoch_;
@@ -808,6 +855,7 @@ PublisherCore::Next PublisherCore::answer_resume(Subscription& s, Link& link, co
     // The version is no longer the one relayed: the subscriber asks for the newest.
     offer.status = Status::kNone;
     lock.unlock();
+    unpause();
     return next_of(answer(s, link, offer, {}, {}, next));
   }
   offer.status = Status::kRelay;
@@ -828,7 +876,9 @@ PublisherCore::Next PublisherCore::answer_resume(Subscription& s, Link& link, co
   then.emplace_back(core::bytes_tensor(encode(route, plan->bytes)), Kind::kRoute);
   for (int64_t i = r.piece; i < plan->pieces; ++i) then.emplace_back(plan->piece(i), Kind::kPiece);
   lock.unlock();
-  return next_of(answer(s, link, offer, then, next));
+  const Sent sent = answer(s, link, offer, then, next);
+  unpause();
+  return next_of(sent);
 }
 
 int64_t PublisherCore::version() const {

@@ -42,6 +42,10 @@ constexpr size_t kPiecesAhead = 8;
 constexpr auto kMinStall = std::chrono::milliseconds(200);
 constexpr int64_t kStallPieces = 4;
 constexpr int64_t kSlowPieces = 8;
+// A stalled parent's children hear a hold at once; the relay leaves the parent this much later,
+// so that its children, whose own bounds end a piece later, wait for it rather than leave it.
+constexpr auto kHoldGrace = std::chrono::milliseconds(50);
+constexpr int64_t kQueuedSlow = 4;
 
 namespace L = shm_layout;
 
@@ -139,12 +143,14 @@ struct RelayState {
   struct Sending {
     at::Tensor buffer;
     std::vector<std::pair<Link*, PendingPtr>> sends;
+    bool pooled = true;  // a piece buffer (a hold's is not)
   };
-  std::vector<Sending> sending;  // forwarded pieces, until every child took them
+  std::vector<Sending> sending;  // forwarded pieces and holds, until every child took them
   std::vector<at::Tensor> free;  // piece buffers to post again
   Clock::time_point progress;    // the last piece from the source (or the start)
-  Clock::time_point first_at;    // the first piece from this source
-  int64_t from_source = 0;       // pieces from this source
+  std::deque<Clock::time_point> arrivals;  // of the last pieces from this source
+  int64_t queued = 0;                      // what the source's last piece said it queued
+  bool stalled = false;                    // the source's bound passed: the children were held
   // A resume in flight: its offer, then its route.
   bool resuming = false;
   uint64_t resume_seq = 0;
@@ -763,7 +769,7 @@ void recycle(RelayState& r) {
                                }),
                 sends.end());
     if (sends.empty()) {
-      r.free.push_back(it->buffer);
+      if (it->pooled) r.free.push_back(it->buffer);
       it = r.sending.erase(it);
     } else {
       ++it;
@@ -784,6 +790,44 @@ at::Tensor piece_buffer(RelayState& r) {
   return b;
 }
 
+// The most pieces not yet taken by one child (its sends still in flight).
+int64_t queued_to_children(const RelayState& r) {
+  int64_t most = 0;
+  for (const auto& c : r.children) {
+    int64_t n = 0;
+    for (const auto& s : r.sending) {
+      for (const auto& [link, pending] : s.sends) n += link == c.link.get() ? 1 : 0;
+    }
+    most = std::max(most, n);
+  }
+  return most;
+}
+
+// Forwards `message` (a piece or a hold) to every live child.
+void forward(RelayState& r, const at::Tensor& message, bool pooled) {
+  RelayState::Sending sending{message, {}, pooled};
+  for (auto& c : r.children) {
+    if (!c.alive) continue;
+    try {
+      sending.sends.emplace_back(c.link.get(), c.link->post_send(message, Kind::kPiece));
+    } catch (const std::exception&) {
+      c.alive = false;
+    }
+  }
+  if (!sending.sends.empty()) {
+    r.sending.push_back(std::move(sending));
+  } else if (pooled) {
+    r.free.push_back(message);
+  }
+}
+
+// Tells the children to wait: this relay waits for the publisher's pieces (§9.9).
+void send_hold(RelayState& r, const Offer& offer) {
+  at::Tensor hold = at::empty({kPieceHeaderBytes}, at::kByte);
+  encode_piece_header({offer.epoch, offer.version, r.next, 0, 0, true}, hold.data_ptr<uint8_t>());
+  forward(r, hold, false);
+}
+
 }  // namespace
 
 bool SubscriberCore::read_pieces(Pull& o, Clock::time_point deadline) {
@@ -794,7 +838,11 @@ bool SubscriberCore::read_pieces(Pull& o, Clock::time_point deadline) {
   for (;;) {
     recycle(r);
     if (r.resuming) {
-      if (!read_resume(o, deadline)) return false;
+      // The children hear every half stall bound that this relay waits, not left.
+      const auto until = std::min(deadline, Clock::now() + kMinStall / 2);
+      if (read_resume(o, until)) continue;
+      if (o.abandoned || Clock::now() >= deadline || interrupted_.load()) return false;
+      send_hold(r, offer);
       continue;
     }
     if (r.next >= r.pieces) {
@@ -815,6 +863,7 @@ bool SubscriberCore::read_pieces(Pull& o, Clock::time_point deadline) {
       bound = std::max<Clock::duration>(kMinStall,
                                         std::chrono::duration_cast<Clock::duration>(
                                             std::chrono::duration<double>(kStallPieces * piece_s)));
+      if (r.stalled) bound += kHoldGrace;
       until = std::min(deadline, r.progress + bound);
     }
     const RelayState::Posted front = r.posted.front();
@@ -832,6 +881,11 @@ bool SubscriberCore::read_pieces(Pull& o, Clock::time_point deadline) {
     }
     if (!in) {
       if (from_parent && !interrupted_.load() && Clock::now() >= r.progress + bound) {
+        if (!r.stalled) {
+          r.stalled = true;  // the children wait with this relay; the parent has a grace
+          send_hold(r, offer);
+          continue;
+        }
         resume(
             o, Resume::kStalled,
             c10::str("no piece in ",
@@ -841,19 +895,29 @@ bool SubscriberCore::read_pieces(Pull& o, Clock::time_point deadline) {
       return false;
     }
     r.posted.pop_front();
-    const uint8_t* m = front.buffer.data_ptr<uint8_t>();
+    uint8_t* m = front.buffer.data_ptr<uint8_t>();
     const int64_t index = r.next;
     const int64_t want = std::min(piece, offer.data_bytes - index * piece);
     const std::optional<PieceHeader> h = decode_piece_header(m);
     std::string bad;
-    if (r.source->short_message(front.pending)) {
-      bad = c10::str("a piece message shorter than the route's ", r.message_bytes, " bytes");
-    } else if (!h) {
-      bad = "a message that is not a piece (no piece magic)";
-    } else if (h->epoch == offer.epoch && h->version < offer.version) {
+    if (h && h->epoch == offer.epoch && h->version < offer.version) {
       // A piece of an earlier version, left in a receive kept posted on this link: dropped.
       r.free.push_back(front.buffer);
       continue;
+    }
+    if (h && h->hold && h->epoch == offer.epoch && h->version == offer.version) {
+      // The parent waits for the publisher's pieces: so do this relay and its children.
+      r.free.push_back(front.buffer);
+      r.progress = Clock::now();
+      r.arrivals.clear();
+      r.stalled = false;
+      send_hold(r, offer);
+      continue;
+    }
+    if (r.source->short_message(front.pending)) {
+      bad = c10::str("a piece message shorter than the route's ", r.message_bytes, " bytes");
+    } else if (!h || h->hold) {
+      bad = "a message that is not a piece of this version";
     } else if (h->epoch != offer.epoch || h->version != offer.version || h->index != index ||
                h->bytes != want) {
       bad = c10::str("piece ", h->index, " of version ", h->version, " of epoch ", h->epoch, " (",
@@ -873,35 +937,34 @@ bool SubscriberCore::read_pieces(Pull& o, Clock::time_point deadline) {
       o.step = Refusal::kData;
       TD_THROW(MalformedPeerDataError, who_, ": the publisher on ", link_->peer(), " sent ", bad);
     }
-    if (want > 0)
+    if (want > 0) {
       std::memcpy(stage + index * piece, m + kPieceHeaderBytes, static_cast<size_t>(want));
-    RelayState::Sending sending{front.buffer, {}};
-    for (auto& c : r.children) {
-      if (!c.alive) continue;
-      try {
-        sending.sends.emplace_back(
-            c.link.get(),
-            c.link->post_send(front.buffer.narrow(0, 0, r.message_bytes), Kind::kPiece));
-      } catch (const std::exception&) {
-        c.alive = false;
-      }
     }
-    if (sending.sends.empty()) {
-      r.free.push_back(front.buffer);
-    } else {
-      r.sending.push_back(std::move(sending));
+    r.queued = h->queued;
+    // What this relay queues for its children travels with the piece (PieceHeader::queued).
+    if (!r.children.empty()) {
+      encode_piece_header({h->epoch, h->version, h->index, h->bytes, queued_to_children(r), false},
+                          m);
     }
+    forward(r, front.buffer.narrow(0, 0, r.message_bytes), true);
     const auto now = Clock::now();
-    if (r.from_source++ == 0) r.first_at = now;
     r.progress = now;
+    r.stalled = false;
     ++r.next;
-    if (from_parent && r.route.rate > 0 && r.from_source > kSlowPieces && r.next < r.pieces) {
-      const double secs = std::chrono::duration<double>(now - r.first_at).count();
-      const double rate = static_cast<double>((r.from_source - 1) * piece) / secs;
-      if (rate * 3 < static_cast<double>(r.route.rate)) {
+    r.arrivals.push_back(now);
+    if (r.arrivals.size() > static_cast<size_t>(kSlowPieces) + 1) r.arrivals.pop_front();
+    // A crawling parent: its pieces come slowly while it queues them (its own link is slow),
+    // not because its own parent is slow.
+    if (from_parent && r.route.rate > 0 && r.queued >= kQueuedSlow &&
+        r.arrivals.size() > static_cast<size_t>(kSlowPieces) && r.next < r.pieces) {
+      const double secs = std::chrono::duration<double>(now - r.arrivals.front()).count();
+      const double rate = static_cast<double>(kSlowPieces * piece) / secs;
+      // Its link shared by its children.
+      if (rate * 3 * static_cast<double>(r.route.siblings) < static_cast<double>(r.route.rate)) {
         resume(o, Resume::kSlow,
-               c10::str(std::llround(rate / 1e6), " MB/s over ", r.from_source,
-                        " pieces; the route announced ", r.route.rate / 1000000, " MB/s"));
+               c10::str(std::llround(rate / 1e6), " MB/s over ", kSlowPieces, " pieces, ", r.queued,
+                        " queued there; the route announced ", r.route.rate / 1000000,
+                        " MB/s shared by ", r.route.siblings));
       }
     }
   }
@@ -932,6 +995,8 @@ void SubscriberCore::resume(Pull& o, Resume why, const std::string& detail) {
   r.resume_sent = link_->post_send(r.resume_request, Kind::kRequest);
   r.resuming = true;
   r.resume_offered = false;
+  r.stalled = false;
+  send_hold(r, offer);
 }
 
 bool SubscriberCore::read_resume(Pull& o, Clock::time_point deadline) {
@@ -992,7 +1057,8 @@ bool SubscriberCore::read_resume(Pull& o, Clock::time_point deadline) {
   r.route.rate = route.rate;
   r.source = link_;
   r.progress = Clock::now();
-  r.from_source = 0;
+  r.arrivals.clear();
+  r.queued = 0;
   return true;
 }
 

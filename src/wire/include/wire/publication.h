@@ -164,11 +164,12 @@ struct Route {
   uint64_t seq = 0;  // the request's (or the resume's) that the offer answered
   uint64_t epoch = 0;
   int64_t version = 0;
-  int64_t piece_bytes = 0;        // every piece's but the last's
-  int64_t first = 0;              // the first piece the parent sends (a resume's piece; else 0)
-  int64_t parent = -1;            // the rank the pieces come from; -1: the publisher
-  int64_t rate = 0;               // the publisher's estimate of a link's bytes per second; 0: none
-  std::vector<int64_t> children;  // the ranks this subscriber forwards every piece to
+  int64_t piece_bytes = 0;  // every piece's but the last's
+  int64_t first = 0;        // the first piece the parent sends (a resume's piece; else 0)
+  int64_t parent = -1;      // the rank the pieces come from; -1: the publisher
+  int64_t rate = 0;         // the publisher's estimate of a link's bytes per second; 0: none
+  int64_t siblings = 1;     // the parent's children (this one among them): they share its link
+  std::vector<int64_t> children;    // the ranks this subscriber forwards every piece to
   std::vector<uint64_t> checksums;  // one per piece (piece_checksum), or none
 };
 
@@ -176,7 +177,7 @@ inline constexpr int64_t kMinPieceBytes = int64_t{64} << 10;
 inline constexpr int64_t kMaxPieceBytes = int64_t{1} << 20;
 inline constexpr size_t kMaxChildren = 64;
 /// A piece message: this header, then its bytes.
-inline constexpr int64_t kPieceHeaderBytes = 48;
+inline constexpr int64_t kPieceHeaderBytes = 56;
 
 /// The pieces of a storage of `data_bytes` in pieces of `piece_bytes` (at least 1).
 int64_t piece_count(int64_t data_bytes, int64_t piece_bytes);
@@ -190,12 +191,19 @@ std::string encode(const Route& r, int64_t data_bytes);
 /// distinct children, one checksum per piece or none. MalformedPeerDataError naming `who`.
 Route decode_route(const char* who, const uint8_t* p, const Offer& offer);
 
-/// A piece's header: the version it belongs to and where it lies.
+/// A piece's header: the version it belongs to and where it lies, and what the sender saw.
 struct PieceHeader {
   uint64_t epoch = 0;
   int64_t version = 0;
   int64_t index = 0;
   int64_t bytes = 0;
+  /// The sender's pieces not yet taken by the receivers it forwards to, when it sent this one:
+  /// a relay whose own link is slow queues them (its input outruns it); one that only waits
+  /// for its parent queues none. A receiver blames a slow parent only on this.
+  int64_t queued = 0;
+  /// Not a piece: the sender stopped taking pieces from its own parent and waits for the
+  /// publisher's (a resume); its receivers wait with it rather than leave it. No bytes follow.
+  bool hold = false;
 };
 void encode_piece_header(const PieceHeader& h, uint8_t* out);
 /// The header at `p`, or why it is not one (the magic, the protocol); its fields unchecked.
