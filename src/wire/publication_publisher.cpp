@@ -41,6 +41,8 @@ constexpr auto kMaxTurn = std::chrono::milliseconds(100);
 // bw is the last relayed version's, measured on its first link; before one, kFirstRate.
 constexpr double kPieceCost = 50e-6;
 constexpr double kFirstRate = 1.25e9;
+// How long a route waits for the subscribers that relayed before and have not asked yet.
+constexpr auto kGather = std::chrono::milliseconds(20);
 // An answer's messages in flight at once; a paused answer looks this often whether it may go on.
 constexpr size_t kSendsAhead = 16;
 constexpr auto kPausedLook = std::chrono::milliseconds(5);
@@ -150,6 +152,7 @@ struct PublisherCore::Subscription {
   SubscriberStats stats;
   std::optional<Request> relay_request{};  // while it waits with a request that may be relayed
   bool demoted = false;                    // routed around: a leaf of later routes
+  bool relays = false;                     // it asked to relay before
   bool paused = false;   // routed around for slowness: its pieces wait for the one that left it
   int entry = -1;        // in the pins segment, while it maps the slots
   bool asked = false;    // a request arrived
@@ -557,7 +560,10 @@ PublisherCore::Next PublisherCore::answer_request(Subscription& s, Link& link, c
   s.asked = true;
   if (!std::exchange(s.ready, true)) ++ready_;
   s.stats.waiting = true;
-  if (r.relay && routing_ == Routing::kChain) s.relay_request = r;
+  if (r.relay && routing_ == Routing::kChain) {
+    s.relay_request = r;
+    s.relays = true;
+  }
   changed_.notify_all();  // wait_for_subscribers
   // A subscriber that can map shared memory is answered with it as soon as there is some.
   const auto shm_ready = [&] { return r.shm && shm_ && shm_->slots != nullptr; };
@@ -691,81 +697,98 @@ std::shared_ptr<PublisherCore::Plan> PublisherCore::plan_locked(
     Subscription& s, std::unique_lock<std::mutex>& lock) {
   Slot& slot = slots_[newest_];
   std::shared_ptr<Plan> p = plan_;
-  if (!p || p->version != slot.version) {
-    // The first of the waiting subscribers to come makes the route: every one whose request this
-    // version answers; those routed around before are leaves.
-    std::vector<Subscription*> healthy, slow;
-    for (auto& t : subscriptions_) {
-      if (&t != &s) {
-        if (!t.relay_request || !t.serving || t.stats.lost || t.entry >= 0) continue;
-        const Request& q = *t.relay_request;
-        const bool newer = q.epoch != epoch_ || slot.version > q.version;
-        if (!newer || slot.version < q.min_version) continue;
-      }
-      (t.demoted ? slow : healthy).push_back(&t);
-    }
-    if (healthy.size() + slow.size() < 2) return nullptr;  // one alone: sent whole
-    if (healthy.empty()) {
-      healthy.push_back(slow.front());
-      slow.erase(slow.begin());
-    }
-    p = std::make_shared<Plan>();
-    p->version = slot.version;
-    p->bytes = slot.bytes;
-    p->schema = slot.schema;
-    p->json = slot.json;
-    for (size_t i = 0; i < healthy.size(); ++i) {
-      Plan::Place& place = p->places[healthy[i]];
-      place.parent = i == 0 ? -1 : healthy[i - 1]->stats.rank;
-      if (i + 1 < healthy.size()) place.children.push_back(healthy[i + 1]->stats.rank);
-    }
-    // The slow hang off the chain's end (then the one before it, beyond kMaxChildren): they
-    // delay nobody.
-    for (size_t j = 0; j < slow.size(); ++j) {
-      const size_t from_end = j / kMaxChildren;
-      if (from_end >= healthy.size()) break;  // the rest are sent whole
-      Subscription* parent = healthy[healthy.size() - 1 - from_end];
-      p->places[parent].children.push_back(slow[j]->stats.rank);
-      p->places[slow[j]].parent = parent->stats.rank;
-    }
-    const double n = static_cast<double>(p->places.size());
-    const double rate = rate_ > 0 ? static_cast<double>(rate_) : kFirstRate;
-    const double best = std::sqrt(static_cast<double>(p->bytes) * kPieceCost * rate / (n - 1));
-    p->piece_bytes = std::clamp<int64_t>(static_cast<int64_t>(best) / 4096 * 4096, kMinPieceBytes,
-                                         kMaxPieceBytes);
-    p->pieces = piece_count(p->bytes, p->piece_bytes);
-    plan_ = p;
-    // Framed outside the lock, the slot pinned meanwhile.
-    ++slot.pins;
-    lock.unlock();
-    try {
-      p->framed = at::zeros({p->pieces * p->message_bytes()}, at::kByte);
-      uint8_t* out = p->framed.data_ptr<uint8_t>();
-      const uint8_t* in = slot.storage.data_ptr<uint8_t>();
-      p->checksums.resize(static_cast<size_t>(p->pieces));
-      for (int64_t i = 0; i < p->pieces; ++i) {
-        const int64_t n_i = std::min(p->piece_bytes, p->bytes - i * p->piece_bytes);
-        uint8_t* m = out + i * p->message_bytes();
-        encode_piece_header({epoch_, p->version, i, n_i}, m);
-        if (n_i > 0) std::memcpy(m + kPieceHeaderBytes, in + i * p->piece_bytes, n_i);
-        p->checksums[i] = piece_checksum(m + kPieceHeaderBytes, static_cast<size_t>(n_i));
-      }
-    } catch (...) {
-      lock.lock();
-      --slot.pins;
-      if (plan_ == p) plan_.reset();
-      p->places.clear();
-      p->ready = true;
-      changed_.notify_all();
-      throw;
-    }
-    lock.lock();
+  if (p && p->version == slot.version) {
+    changed_.wait(lock, [&] { return p->ready; });
+    return p->places.count(&s) != 0 ? p : nullptr;
+  }
+  // The first of the waiting subscribers to come makes the route, the slot pinned meanwhile;
+  // the others wait for it.
+  p = std::make_shared<Plan>();
+  p->version = slot.version;
+  p->bytes = slot.bytes;
+  p->schema = slot.schema;
+  p->json = slot.json;
+  plan_ = p;
+  ++slot.pins;
+  const auto done = [&] {
     --slot.pins;
     p->ready = true;
     changed_.notify_all();
-  } else {
-    changed_.wait(lock, [&] { return p->ready; });
+  };
+  const auto waits = [&](const Subscription& t) {
+    if (&t == &s) return true;
+    if (!t.relay_request || !t.serving || t.stats.lost || t.entry >= 0) return false;
+    const Request& q = *t.relay_request;
+    const bool newer = q.epoch != epoch_ || p->version > q.version;
+    return newer && p->version >= q.min_version;
+  };
+  // Those that relayed before and still pull are given kGather to ask: one that asks a moment
+  // after the publish would otherwise be sent the version whole.
+  const auto gathered = [&] {
+    if (closing_.load()) return true;
+    for (const auto& t : subscriptions_) {
+      const bool expected =
+          t.relays && t.serving && !t.stats.lost && t.entry < 0 && t.stats.version.has_value();
+      if (expected && !waits(t)) return false;
+    }
+    return true;
+  };
+  changed_.wait_until(lock, Clock::now() + kGather, gathered);
+  // Every one whose request this version answers; those routed around before are leaves.
+  std::vector<Subscription*> healthy, slow;
+  for (auto& t : subscriptions_) {
+    if (waits(t)) (t.demoted ? slow : healthy).push_back(&t);
   }
+  if (healthy.size() + slow.size() < 2) {  // one alone: sent whole
+    done();
+    return nullptr;
+  }
+  if (healthy.empty()) {
+    healthy.push_back(slow.front());
+    slow.erase(slow.begin());
+  }
+  for (size_t i = 0; i < healthy.size(); ++i) {
+    Plan::Place& place = p->places[healthy[i]];
+    place.parent = i == 0 ? -1 : healthy[i - 1]->stats.rank;
+    if (i + 1 < healthy.size()) place.children.push_back(healthy[i + 1]->stats.rank);
+  }
+  // The slow hang off the chain's end (then the one before it, beyond kMaxChildren): they
+  // delay nobody.
+  for (size_t j = 0; j < slow.size(); ++j) {
+    const size_t from_end = j / kMaxChildren;
+    if (from_end >= healthy.size()) break;  // the rest are sent whole
+    Subscription* parent = healthy[healthy.size() - 1 - from_end];
+    p->places[parent].children.push_back(slow[j]->stats.rank);
+    p->places[slow[j]].parent = parent->stats.rank;
+  }
+  const double n = static_cast<double>(p->places.size());
+  const double rate = rate_ > 0 ? static_cast<double>(rate_) : kFirstRate;
+  const double best = std::sqrt(static_cast<double>(p->bytes) * kPieceCost * rate / (n - 1));
+  p->piece_bytes =
+      std::clamp<int64_t>(static_cast<int64_t>(best) / 4096 * 4096, kMinPieceBytes, kMaxPieceBytes);
+  p->pieces = piece_count(p->bytes, p->piece_bytes);
+  // Framed outside the lock: every piece message as it travels, and its checksum.
+  lock.unlock();
+  try {
+    p->framed = at::zeros({p->pieces * p->message_bytes()}, at::kByte);
+    uint8_t* out = p->framed.data_ptr<uint8_t>();
+    const uint8_t* in = slot.storage.data_ptr<uint8_t>();
+    p->checksums.resize(static_cast<size_t>(p->pieces));
+    for (int64_t i = 0; i < p->pieces; ++i) {
+      const int64_t n_i = std::min(p->piece_bytes, p->bytes - i * p->piece_bytes);
+      uint8_t* m = out + i * p->message_bytes();
+      encode_piece_header({epoch_, p->version, i, n_i}, m);
+      if (n_i > 0) std::memcpy(m + kPieceHeaderBytes, in + i * p->piece_bytes, n_i);
+      p->checksums[i] = piece_checksum(m + kPieceHeaderBytes, static_cast<size_t>(n_i));
+    }
+  } catch (...) {
+    lock.lock();
+    p->places.clear();
+    done();
+    throw;
+  }
+  lock.lock();
+  done();
   return p->places.count(&s) != 0 ? p : nullptr;
 }
 

@@ -266,6 +266,7 @@ SubscriberCore::SubscriberCore(std::shared_ptr<Link> link, std::string who, int6
     : link_(std::move(link)),
       transport_(transport),
       relay_links_(std::move(relay_links)),
+      stale_relay_(core::env("TENSORDICT_TEST_RELAY_STALE").has_value()),
       who_(std::move(who)),
       max_total_bytes_(max_total_bytes),
       held_(std::make_unique<Held>()) {}
@@ -937,7 +938,13 @@ bool SubscriberCore::read_pieces(Pull& o, Clock::time_point deadline) {
       o.step = Refusal::kData;
       TD_THROW(MalformedPeerDataError, who_, ": the publisher on ", link_->peer(), " sent ", bad);
     }
-    if (want > 0) {
+    if (stale_relay_ && want > 0) {
+      // A test hook: a relay that forwards what its stage held before (the previous version's
+      // bytes, when it held one of this size) as this version's piece.
+      std::vector<uint8_t> before(stage + index * piece, stage + index * piece + want);
+      std::memcpy(stage + index * piece, m + kPieceHeaderBytes, static_cast<size_t>(want));
+      std::memcpy(m + kPieceHeaderBytes, before.data(), before.size());
+    } else if (want > 0) {
       std::memcpy(stage + index * piece, m + kPieceHeaderBytes, static_cast<size_t>(want));
     }
     r.queued = h->queued;

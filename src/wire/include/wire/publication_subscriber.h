@@ -128,6 +128,9 @@ class SubscriberCore {
   std::shared_ptr<Link> link_;
   const Transport transport_;
   const RelayLinks relay_links_;
+  // A test hook (TENSORDICT_TEST_RELAY_STALE set): forwards the previous version's bytes as
+  // the current one's, which the children must catch.
+  const bool stale_relay_;
   std::map<int64_t, std::shared_ptr<Link>> relays_;  // made once per rank: a link keeps a watch
   std::vector<std::string> routed_around_;
   std::string transport_text_ = "socket";
