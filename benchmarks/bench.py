@@ -1052,6 +1052,10 @@ def main() -> int:
     import torchrl_collector_bench
     collectors = torchrl_collector_bench.run(args.quick)
     pipe_md += "\n\n" + torchrl_collector_bench.section(collectors)
+    print("benchmarks/run: across hosts ...", file=sys.stderr, flush=True)
+    import hosts_bench
+    hosts = hosts_bench.run(args.quick)
+    pipe_md += "\n\n" + hosts_bench.section(hosts)
     rows = merge(results)
     transfer, micro_md = transfer_table(rows), micro_table(micro, ref_micro)
     micro_md += (
@@ -1074,7 +1078,8 @@ def main() -> int:
         timeout_table(timeouts))
     targets = target_table(rows, micro, ref_micro)
     verified = (all(r["verified"] is not False for r in rows) and stack["verified"]
-                and all(c.get("verified") is not False for c in collectors.get("cases", [])))
+                and all(c.get("verified") is not False for c in collectors.get("cases", []))
+                and all("error" not in r for r in hosts.get("runs", [])))
     print(transfer)
     print()
     print(micro_md)
@@ -1090,7 +1095,7 @@ def main() -> int:
         pathlib.Path(args.json).write_text(json.dumps(
             {"cases": results, "rows": rows, "micro": micro, "reference_micro": ref_micro,
              "stack_receive": stack, "timeouts": timeouts, "publication": publication,
-             "torchrl_collectors": collectors,
+             "torchrl_collectors": collectors, "hosts": hosts,
              "verified": verified,
              "seconds": elapsed}, indent=1))
     if not args.no_write:

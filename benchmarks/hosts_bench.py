@@ -24,6 +24,7 @@ from __future__ import annotations
 import argparse
 import json
 import os
+import shutil
 import signal
 import statistics
 import subprocess
@@ -170,6 +171,68 @@ def summarize(a: argparse.Namespace, results: list[dict]) -> dict:
             print(f"    publisher's stats, routed_around: {r['routed_around']}")
         report["routes"][route] = r
     return report
+
+
+# What benchmarks/run measures (bench.py): the routes side by side, then the chain's faults.
+RUNS = [
+    ("N = 4", ["--hosts", "5", "--mib", "64", "--versions", "3", "--route", "star,chain"]),
+    ("N = 8", ["--hosts", "9", "--mib", "64", "--versions", "3", "--route", "star,chain"]),
+    ("relay killed", ["--hosts", "5", "--mib", "64", "--versions", "14", "--route", "chain",
+                      "--fault", "kill"]),
+    ("relay stopped 3 s", ["--hosts", "5", "--mib", "64", "--versions", "5", "--route", "chain",
+                           "--fault", "stop"]),
+    ("relay at a quarter rate", ["--hosts", "5", "--mib", "64", "--versions", "5", "--route",
+                                 "chain", "--fault", "slow"]),
+]
+QUICK = [("N = 3", ["--hosts", "4", "--mib", "4", "--rate", "200mbit", "--versions", "2",
+                    "--route", "star,chain"])]
+
+
+def run(quick: bool) -> dict:
+    """Every run of RUNS (QUICK), each hosts_bench.py in a process of its own."""
+    if os.geteuid() != 0 or shutil.which("ip") is None or shutil.which("tc") is None:
+        return {"status": "needs root and iproute2 (network namespaces)"}
+    import tempfile
+    out = {"status": "ok", "runs": []}
+    with tempfile.TemporaryDirectory() as tmp:
+        for name, args in QUICK if quick else RUNS:
+            path = os.path.join(tmp, "run.json")
+            done = subprocess.run([sys.executable, __file__, *args, "--json", path],
+                                  capture_output=True, text=True, timeout=1200)
+            if done.returncode != 0:
+                out["runs"].append({"name": name, "error": done.stdout[-500:] + done.stderr[-500:]})
+                continue
+            with open(path) as f:
+                out["runs"].append({"name": name, **json.load(f)})
+    return out
+
+
+def section(result: dict) -> str:
+    """The Markdown section "## Across hosts": the routes and the faults, beside their goals."""
+    head = "## Across hosts\n\n"
+    if result.get("status") != "ok":
+        return head + f"Not run: {result.get('status')}."
+    rows = ["| run | route | every subscriber holds a version | x one paced send | "
+            "publisher's interface sent | fault: the others in that version | the next |",
+            "|---|---|--:|--:|--:|--:|--:|"]
+    for run_ in result["runs"]:
+        if "error" in run_:
+            rows.append(f"| {run_['name']} | **failed** | {run_['error'][-200:]!r} | | | | |")
+            continue
+        for route, r in run_["routes"].items():
+            fault = (f"{r['fault_ratio']:.2f}x healthy" if "fault_ratio" in r else "")
+            after = (f"{r['next_ratio']:.2f}x" if "next_ratio" in r else "")
+            rows.append(f"| {run_['name']} ({run_['subscribers']} subscribers, {run_['mib']} MiB, "
+                        f"{run_['rate']}) | {route} | {r['seconds']:.2f} s | {r['ratio']:.2f} | "
+                        f"{r['tx_ratio']:.2f}x | {fault} | {after} |")
+    return (head + "`benchmarks/hosts_bench.py`: one publisher and a subscriber on each other "
+            "host, hosts made of network namespaces on a bridge (scripts/hosts), each host's "
+            "egress paced by tc; medians of the versions (the faults: the version the relay "
+            "failed in, and the next, beside the healthy median). One paced point-to-point "
+            "send of the same bytes is measured in each run. Goals: the chain within 1.3x one "
+            "send at N = 4 (1.4x at N = 8), the publisher's interface at most 1.1x the bytes; a "
+            "killed relay: the others within the healthy time + 1 s; a relay at a quarter of "
+            "the rate: 1.5x in that version, 1.1x the next.\n\n" + "\n".join(rows))
 
 
 def main() -> None:

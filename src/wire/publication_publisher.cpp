@@ -41,8 +41,10 @@ constexpr auto kMaxTurn = std::chrono::milliseconds(100);
 // bw is the last relayed version's, measured on its first link; before one, kFirstRate.
 constexpr double kPieceCost = 50e-6;
 constexpr double kFirstRate = 1.25e9;
-// How long a route waits for the subscribers that relayed before and have not asked yet.
-constexpr auto kGather = std::chrono::milliseconds(20);
+// How long a route waits for the subscribers that may relay and have not asked yet.
+constexpr auto kGather = std::chrono::milliseconds(50);
+// Smaller versions are not worth the wait: sent whole, they cost the publisher little.
+constexpr int64_t kGatherFrom = int64_t{1} << 20;
 // An answer's messages in flight at once; a paused answer looks this often whether it may go on.
 constexpr size_t kSendsAhead = 16;
 constexpr auto kPausedLook = std::chrono::milliseconds(5);
@@ -722,18 +724,17 @@ std::shared_ptr<PublisherCore::Plan> PublisherCore::plan_locked(
     const bool newer = q.epoch != epoch_ || p->version > q.version;
     return newer && p->version >= q.min_version;
   };
-  // Those that relayed before and still pull are given kGather to ask: one that asks a moment
-  // after the publish would otherwise be sent the version whole.
+  // Those that relayed before, or never asked, are given kGather to ask: one that asks a
+  // moment after the publish would otherwise be sent the version whole.
   const auto gathered = [&] {
     if (closing_.load()) return true;
     for (const auto& t : subscriptions_) {
-      const bool expected =
-          t.relays && t.serving && !t.stats.lost && t.entry < 0 && t.stats.version.has_value();
+      const bool expected = (t.relays || !t.asked) && t.serving && !t.stats.lost && t.entry < 0;
       if (expected && !waits(t)) return false;
     }
     return true;
   };
-  changed_.wait_until(lock, Clock::now() + kGather, gathered);
+  if (p->bytes >= kGatherFrom) changed_.wait_until(lock, Clock::now() + kGather, gathered);
   // Every one whose request this version answers; those routed around before are leaves.
   std::vector<Subscription*> healthy, slow;
   for (auto& t : subscriptions_) {
