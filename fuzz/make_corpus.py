@@ -212,6 +212,50 @@ def checked_seeds():
     yield "patched_hashes", bytes([2]) + message(0, 56, [a, c])[1:]
 
 
+def relay_seeds():
+    """Inputs of fuzz/relay.cpp (docs/wire-format.md §9.9): a control byte, then a route (after
+    the storage size, 4 bytes), a piece header, or a resume request."""
+    import struct
+
+    def route(data, piece, first=0, parent=-1, rate=0, siblings=1, children=(), sums=None,
+              seq=1, epoch=5, version=3):
+        pieces = max(1, -(-data // piece))
+        body = b"TDPUBRTE" + struct.pack("<II", 1, 1 if sums is not None else 0)
+        body += struct.pack("<QQqqqqqqQ", seq, epoch, version, piece, first, parent, rate,
+                            siblings, len(children))
+        body += b"".join(struct.pack("<q", c) for c in children)
+        if sums is not None:
+            body += b"".join(struct.pack("<Q", sums + i) for i in range(pieces))
+        return bytes([0]) + struct.pack("<I", data) + body
+
+    def piece(index, nbytes, hold=False, queued=0, epoch=5, version=3):
+        return bytes([1]) + b"TDPUBPCE" + struct.pack("<IIQqqqq", 1, 1 if hold else 0, epoch,
+                                                     version, index, nbytes, queued)
+
+    def resume(reason=1, piece=7, around=2, seq=9, epoch=5, version=3):
+        return bytes([2]) + b"TDPUBREQ" + struct.pack("<IIQQqqQq", 1, 0x800, seq, epoch,
+                                                     version, piece, reason, around)
+
+    yield "route-head", route(1 << 20, 256 << 10, children=[2])
+    yield "route-relay_checksums", route(3 << 20, 1 << 20, parent=1, rate=50_000_000,
+                                         siblings=2, children=[3, 4], sums=11)
+    yield "route-resume", route(1 << 20, 64 << 10, first=5, sums=1)
+    yield "route-small_piece", route(1 << 20, 4096)
+    yield "route-first_past_end", route(1 << 20, 1 << 20, first=1)
+    yield "route-child_is_parent", route(1 << 20, 1 << 20, parent=2, children=[2])
+    yield "route-too_many_children", route(1 << 20, 1 << 20, children=range(65))
+    yield "route-other_version", route(1 << 20, 1 << 20, version=4)
+    yield "route-empty_storage", route(0, 64 << 10, sums=0)
+    yield "piece-first", piece(0, 1 << 20)
+    yield "piece-hold", piece(4, 0, hold=True)
+    yield "piece-queued", piece(9, 4096, queued=12)
+    yield "piece-bad_word", piece(0, 1)[:13] + b"\x07" + piece(0, 1)[14:]
+    yield "resume-stalled", resume()
+    yield "resume-forged_from_publisher", resume(reason=4, around=-1)
+    yield "resume-bad_reason", resume(reason=9)
+    yield "resume-no_epoch", resume(epoch=0)
+
+
 def publication_seeds():
     """Inputs of fuzz/publication.cpp: a control byte, a 64-byte request or offer
     (docs/wire-format.md §9, our extension), then an offer's schema: the JSON of a reference
@@ -411,6 +455,11 @@ def main():
 
     for name, data in roundtrip_seeds():
         write("pipe_frames_roundtrip", name, data)
+
+    for name, data in relay_seeds():
+        write("relay", name, data)
+    write_dict("relay", [b"TDPUBRTE", b"TDPUBPCE", b"TDPUBREQ", b"\x00\x08\x00\x00",
+                         b"\x00\x00\x04\x00\x00\x00\x00\x00", b"\xff" * 8])
 
     loader_seeds()
 

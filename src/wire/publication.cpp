@@ -337,6 +337,8 @@ Route decode_route(const char* who, const uint8_t* p, const Offer& offer) {
     r.children.push_back(c);
   }
   for (int64_t i = 0; i < sums; ++i, q += 8) r.checksums.push_back(core::get_le(q));
+  TD_CHECK_PEER(std::all_of(q, p + n, [](uint8_t b) { return b == 0; }), who,
+                ": the route message's padding after its ", expected, " bytes is not zero");
   return r;
 }
 
