@@ -43,7 +43,11 @@ def rank_main(a: argparse.Namespace) -> None:
 
     from tensordict_cpp import Publisher, Subscriber, TensorDict
 
-    rank, world = a._rank, a.hosts
+    rank, world = a._rank, 1 + (a.hosts - 1) * a.per_host
+    # Subscribers go round the hosts (rank r on host 1 + (r - 1) % (hosts - 1)), so that a route
+    # in rank order would cross hosts at every hop; the first of each host counts what the
+    # host's interface received.
+    counts_rx = 0 < rank < a.hosts
     dist.init_process_group("gloo", init_method=f"tcp://10.77.0.1:{a.port}", rank=rank,
                             world_size=world)
     store = dist.TCPStore("10.77.0.1", a.port + 1, world, rank == 0, timeout=__import__(
@@ -89,6 +93,14 @@ def rank_main(a: argparse.Namespace) -> None:
                     subprocess.run([HOSTS, "rate", str(FAULTY), a.slow_rate], check=True)
                 before = int(open("/sys/class/net/eth0/statistics/tx_bytes").read())
                 meet(f"{route}-ready-{v}", live(route, v))
+                # Every live subscriber's pull waiting first (as a trainer's workers are): a
+                # request that comes after the publish is sent the version whole, which under
+                # load would measure the scheduler rather than the route.
+                until = time.time() + 5
+                while time.time() < until and not all(
+                        st["waiting"] or st["lost"] or st["routed_around"] and a.fault == "kill"
+                        for st in pub.stats()):
+                    time.sleep(0.001)
                 starts.append(time.time())
                 pub.publish(td)
                 meet(f"{route}-held-{v}", live(route, v))
@@ -100,8 +112,9 @@ def rank_main(a: argparse.Namespace) -> None:
             pub.close()
         else:
             sub = Subscriber(src=0, channel=channel, transport="socket")
-            held = []
+            held, rx = [], []
             for v in range(1, a.versions + 1):
+                before = int(open("/sys/class/net/eth0/statistics/rx_bytes").read())
                 meet(f"{route}-ready-{v}", live(route, v))
                 if faulty and rank == FAULTY and v == a.fault_version:
                     me, after = os.getpid(), 0.4 * p2p
@@ -114,8 +127,9 @@ def rank_main(a: argparse.Namespace) -> None:
                 assert got is not None and got >= v and bool((td["w0"] == got).all()), (got, v)
                 held.append(time.time())
                 meet(f"{route}-held-{v}", live(route, v))
+                rx.append(int(open("/sys/class/net/eth0/statistics/rx_bytes").read()) - before)
             out[route] = {"held": held, "transport": sub.transport,
-                          "routed_around": sub.routed_around}
+                          "routed_around": sub.routed_around, "rx": rx if counts_rx else None}
             meet(f"{route}-end", live(route, a.versions))
     print("RESULT " + json.dumps(out), flush=True)
     # Not destroy_process_group(): with a rank killed, Gloo's teardown may wait on it.
@@ -128,10 +142,10 @@ def summarize(a: argparse.Namespace, results: list[dict]) -> dict:
     subs = [r for r in results if r["rank"] != 0]
     floor = pub["p2p_s"]
     version_bytes = a.mib << 20
-    report = {"subscribers": a.hosts - 1, "p2p_seconds": floor, "rate": a.rate, "mib": a.mib,
-              "routes": {}}
-    print(f"hosts_bench: {a.hosts - 1} subscribers on hosts paced to {a.rate}, {a.mib} MiB, "
-          f"{a.versions} versions; one paced send of the bytes: {floor:.2f} s")
+    report = {"subscribers": len(subs), "per_host": a.per_host, "p2p_seconds": floor,
+              "rate": a.rate, "mib": a.mib, "routes": {}}
+    print(f"hosts_bench: {len(subs)} subscribers on {a.hosts - 1} hosts paced to {a.rate}, "
+          f"{a.mib} MiB, {a.versions} versions; one paced send of the bytes: {floor:.2f} s")
     for route in a.route.split(","):
         starts, txs = pub[route]["starts"], pub[route]["tx"]
         faulty = route == "chain" and a.fault != "none"
@@ -149,13 +163,18 @@ def summarize(a: argparse.Namespace, results: list[dict]) -> dict:
         r = {"seconds": healthy, "ratio": healthy / floor, "tx_ratio": tx,
              "times": times, "tx": [t / version_bytes for t in txs],
              "transports": [s[route]["transport"] for s in subs if route in s],
+             # The most a subscriber host's interface received, per byte of the version.
+             "rx_ratio": statistics.median(
+                 max(s[route]["rx"][v] for s in subs if s[route].get("rx")) / version_bytes
+                 for v in healthy_versions),
              "relayed_from": [st.get("relayed_from") for st in pub[route]["stats"]],
              "routed_around": [st.get("routed_around") for st in pub[route]["stats"]],
              "subscribers_routed_around": {s["rank"]: s[route]["routed_around"] for s in subs
                                            if route in s and s[route]["routed_around"]}}
         print(f"  {route}: every subscriber holds a version: median {healthy:.2f} s = "
               f"{healthy / floor:.2f}x one paced send; the publisher's interface sent "
-              f"{tx:.2f}x the version's bytes")
+              f"{tx:.2f}x the version's bytes, a subscriber host's received at most "
+              f"{r['rx_ratio']:.2f}x")
         if faulty:
             r["fault"] = a.fault
             r["fault_version_others"] = others[fv]
@@ -238,6 +257,8 @@ def section(result: dict) -> str:
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--hosts", type=int, default=5)
+    ap.add_argument("--per-host", type=int, default=1,
+                    help="subscribers on each host but the publisher's")
     ap.add_argument("--mib", type=int, default=64)
     ap.add_argument("--rate", default="400mbit")
     ap.add_argument("--slow-rate", default=None, help="a slow relay's rate (default: rate / 4)")
@@ -261,13 +282,16 @@ def main() -> None:
                          "after the fault's")
     subprocess.run([HOSTS, "up", str(a.hosts), a.rate], check=True)
     try:
-        args = ["--hosts", str(a.hosts), "--mib", str(a.mib), "--rate", a.rate, "--versions",
+        args = ["--hosts", str(a.hosts), "--per-host", str(a.per_host), "--mib", str(a.mib),
+                "--rate", a.rate, "--versions",
                 str(a.versions), "--route", a.route, "--fault", a.fault, "--fault-version",
                 str(a.fault_version), "--port", str(a.port)]
-        procs = [subprocess.Popen([HOSTS, "exec", str(r), sys.executable, __file__, *args,
-                                   "--_rank", str(r), "--slow-rate", a.slow_rate],
+        world = 1 + (a.hosts - 1) * a.per_host
+        host_of = [0] + [1 + (r - 1) % (a.hosts - 1) for r in range(1, world)]
+        procs = [subprocess.Popen([HOSTS, "exec", str(host_of[r]), sys.executable, __file__,
+                                   *args, "--_rank", str(r), "--slow-rate", a.slow_rate],
                                   stdout=subprocess.PIPE, text=True)
-                 for r in range(a.hosts)]
+                 for r in range(world)]
         results = []
         for r, p in enumerate(procs):
             stdout, _ = p.communicate(timeout=900)
@@ -281,7 +305,7 @@ def main() -> None:
     if a.fault == "kill":
         # The killed rank printed nothing: its times are those it reached.
         results.append({"rank": FAULTY, **{route: {"held": [], "transport": "killed",
-                                                   "routed_around": []}
+                                                   "routed_around": [], "rx": None}
                                            for route in a.route.split(",")}})
     report = summarize(a, results)
     if a.json:

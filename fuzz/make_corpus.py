@@ -254,6 +254,8 @@ def relay_seeds():
     yield "resume-forged_from_publisher", resume(reason=4, around=-1)
     yield "resume-bad_reason", resume(reason=9)
     yield "resume-no_epoch", resume(epoch=0)
+    yield "hello", bytes([2]) + b"TDPUBREQ" + struct.pack("<IIQ", 1, 0x1000, 0xABCDEF) + bytes(40)
+    yield "hello-host_zero", bytes([2]) + b"TDPUBREQ" + struct.pack("<IIQ", 1, 0x1000, 0) + bytes(40)
 
 
 def publication_seeds():

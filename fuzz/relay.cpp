@@ -1,11 +1,11 @@
 // Fuzz target: what a relayed version's receiver reads (src/wire/include/wire/publication.h,
 // docs/wire-format.md §9.9): the publisher's route message after a kRelay offer, a piece's
-// header, and a resume request, without Gloo.
+// header, and a resume or host request, without Gloo.
 //
 // Input: one control byte, then the message. Control bits 0-1: 0 a route (after an offer of
 // version 3 of epoch 5 answering request 1, of the storage size in the next 4 bytes, at most
 // 16 MiB; the rest zero-padded or cut to the route's fixed size), 1 a piece header (56 bytes),
-// 2 a request (64 bytes: a resume when its word says so).
+// 2 a request (64 bytes: a resume or a host message when its word says so).
 // Expected errors: c10::Error from the readers. Findings: crashes, sanitizer reports, a route
 // or a request that does not encode back to its bytes, a route whose fields break the bounds
 // it was checked against (pieces, children, checksums).

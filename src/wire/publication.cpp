@@ -28,6 +28,7 @@ constexpr uint32_t kDeclineWord = 0x200;
 // A request's word: the subscriber can relay (§9.9); a resume is the word kResumeWord.
 constexpr uint32_t kRelayFlag = 0x400;
 constexpr uint32_t kResumeWord = 0x800;
+constexpr uint32_t kHelloWord = 0x1000;  // a subscriber's host (Request::host)
 constexpr std::array<char, 8> kRouteMagic = {'T', 'D', 'P', 'U', 'B', 'R', 'T', 'E'};
 constexpr std::array<char, 8> kPieceMagic = {'T', 'D', 'P', 'U', 'B', 'P', 'C', 'E'};
 constexpr int64_t kRouteHeadBytes = 88;
@@ -104,6 +105,12 @@ const char* decline_text(uint32_t reason) {
 }
 
 std::string encode(const Request& r) {
+  if (r.host != 0) {
+    std::string out = head(kRequestMagic, kHelloWord);
+    put(out, r.host);
+    for (int i = 0; i < 5; ++i) put(out, 0);
+    return out;
+  }
   if (r.resume != 0) {
     std::string out = head(kRequestMagic, kResumeWord);
     put(out, r.seq);
@@ -168,6 +175,15 @@ Request decode_request(const char* who, const uint8_t* p) {
                     at + 7, " set (they are 0)");
     }
     r.decline = static_cast<uint32_t>(reason);
+    return r;
+  }
+  if (word == kHelloWord) {
+    r.host = core::get_le(p + 16);
+    TD_CHECK_PEER(r.host != 0, who, ": the peer names host 0 (never one)");
+    for (size_t at = 24; at < kMessageBytes; at += 8) {
+      TD_CHECK_PEER(core::get_le(p + at) == 0, who, ": the peer's host message has bytes ", at,
+                    " to ", at + 7, " set (they are 0)");
+    }
     return r;
   }
   if (word == kResumeWord) {

@@ -41,6 +41,7 @@ constexpr auto kMaxTurn = std::chrono::milliseconds(100);
 // bw is the last relayed version's, measured on its first link; before one, kFirstRate.
 constexpr double kPieceCost = 50e-6;
 constexpr double kFirstRate = 1.25e9;
+constexpr int64_t kRateFrom = int64_t{16} << 20;
 // How long a route waits for the subscribers that may relay and have not asked yet.
 constexpr auto kGather = std::chrono::milliseconds(50);
 // Smaller versions are not worth the wait: sent whole, they cost the publisher little.
@@ -155,6 +156,7 @@ struct PublisherCore::Subscription {
   std::optional<Request> relay_request{};  // while it waits with a request that may be relayed
   bool demoted = false;                    // routed around: a leaf of later routes
   bool relays = false;                     // it asked to relay before
+  uint64_t host = 0;                       // its network host (Request::host); 0: not said
   bool paused = false;   // routed around for slowness: its pieces wait for the one that left it
   int entry = -1;        // in the pins segment, while it maps the slots
   bool asked = false;    // a request arrived
@@ -513,6 +515,16 @@ void PublisherCore::serve_requests(Subscription& s, Link& link) {
         next.pending = link.post_recv(next.buffer, Kind::kRequest);
         continue;
       }
+      if (r.host != 0) {
+        // The subscriber's host, for routes (Request::host); nothing answers it.
+        {
+          std::lock_guard<std::mutex> lock(mutex_);
+          s.host = r.host;
+        }
+        next.buffer = message_buffer();
+        next.pending = link.post_recv(next.buffer, Kind::kRequest);
+        continue;
+      }
       if (r.resume != 0) {
         next.buffer = message_buffer();
         next.pending = link.post_recv(next.buffer, Kind::kRequest);
@@ -748,6 +760,22 @@ std::shared_ptr<PublisherCore::Plan> PublisherCore::plan_locked(
     healthy.push_back(slow.front());
     slow.erase(slow.begin());
   }
+  // The subscribers of one host one after another, hosts in the order their first subscriber
+  // came: a version then crosses each host's interface once (the hops within a host go
+  // through its loopback).
+  std::vector<uint64_t> hosts;
+  for (const Subscription* t : healthy) {
+    if (t->host != 0 && std::find(hosts.begin(), hosts.end(), t->host) == hosts.end()) {
+      hosts.push_back(t->host);
+    }
+  }
+  const auto host_order = [&](const Subscription* t) {
+    if (t->host == 0) return hosts.size();
+    return static_cast<size_t>(std::find(hosts.begin(), hosts.end(), t->host) - hosts.begin());
+  };
+  std::stable_sort(
+      healthy.begin(), healthy.end(),
+      [&](const Subscription* a, const Subscription* b) { return host_order(a) < host_order(b); });
   for (size_t i = 0; i < healthy.size(); ++i) {
     Plan::Place& place = p->places[healthy[i]];
     place.parent = i == 0 ? -1 : healthy[i - 1]->stats.rank;
@@ -832,7 +860,9 @@ PublisherCore::Next PublisherCore::answer_relayed(Subscription& s, Link& link, c
   const auto took = std::chrono::duration<double>(Clock::now() - start).count();
   lock.lock();
   if (sent == Sent::kTaken) {
-    if (place.parent < 0 && took > 0 && plan->bytes >= kMinPieceBytes * 4) {
+    // The first link's rate, from versions large enough that the socket's buffers and a
+    // paced link's burst do not make it.
+    if (place.parent < 0 && took > 0 && plan->bytes >= kRateFrom) {
       rate_ = static_cast<int64_t>(static_cast<double>(plan->bytes) / took);
     }
     s.version_before = s.stats.version;

@@ -573,6 +573,15 @@ void SubscriberCore::send_request(const PullOptions& options) {
   r.schema = held_->schema;
   r.shm = transport_ != Transport::kSocket && !declined_ && !mapped_;
   r.relay = static_cast<bool>(relay_links_);
+  if (r.relay && !said_host_) {
+    // Once, before the first request that offers to relay: this subscriber's host.
+    Request hello;
+    hello.host = shm::host_fingerprint();
+    if (hello.host != 0) {
+      link_->keep({link_->post_send(core::bytes_tensor(encode(hello)), Kind::kRequest)});
+    }
+    said_host_ = true;
+  }
   o->asked_shm = r.shm;
   o->wait_ms = r.wait_ms;
   // The offer's receive first: the publisher never waits on this subscriber to answer.
@@ -958,18 +967,26 @@ bool SubscriberCore::read_pieces(Pull& o, Clock::time_point deadline) {
     r.progress = now;
     r.stalled = false;
     ++r.next;
+    // The last pieces from the source, over at least kSlowPieces pieces and kMinStall: a
+    // shorter window sees a paced link's bursts and a loaded machine's pauses.
     r.arrivals.push_back(now);
-    if (r.arrivals.size() > static_cast<size_t>(kSlowPieces) + 1) r.arrivals.pop_front();
+    while (r.arrivals.size() > static_cast<size_t>(kSlowPieces) + 1 &&
+           now - r.arrivals[1] >= kMinStall) {
+      r.arrivals.pop_front();
+    }
     // A crawling parent: its pieces come slowly while it queues them (its own link is slow),
     // not because its own parent is slow.
-    if (from_parent && r.route.rate > 0 && r.queued >= kQueuedSlow &&
+    const auto window = now - r.arrivals.front();
+    if (from_parent && r.route.rate > 0 && r.queued >= kQueuedSlow && window >= kMinStall &&
         r.arrivals.size() > static_cast<size_t>(kSlowPieces) && r.next < r.pieces) {
-      const double secs = std::chrono::duration<double>(now - r.arrivals.front()).count();
-      const double rate = static_cast<double>(kSlowPieces * piece) / secs;
+      const double secs = std::chrono::duration<double>(window).count();
+      const auto over = static_cast<int64_t>(r.arrivals.size()) - 1;
+      const double rate = static_cast<double>(over * piece) / secs;
       // Its link shared by its children.
       if (rate * 3 * static_cast<double>(r.route.siblings) < static_cast<double>(r.route.rate)) {
         resume(o, Resume::kSlow,
-               c10::str(std::llround(rate / 1e6), " MB/s over ", kSlowPieces, " pieces, ", r.queued,
+               c10::str(std::llround(rate / 1e6), " MB/s over ", over, " pieces in ",
+                        std::llround(secs * 1000), " ms, ", r.queued,
                         " queued there; the route announced ", r.route.rate / 1000000,
                         " MB/s shared by ", r.route.siblings));
       }

@@ -55,3 +55,17 @@ def test_a_relay_killed_mid_version_costs_the_others_little(tmp_path):
     assert chain["after_fault_versions"] == 3, chain
     assert chain["fault_version_others"] <= chain["seconds"] + 1.0, chain
     assert chain["routed_around"][0] is not None and "left it" in chain["routed_around"][0], chain
+
+
+def test_a_version_crosses_each_hosts_interface_once(tmp_path):
+    # 2 hosts of 2 subscribers each, the subscribers' ranks going round the hosts: the route
+    # visits one host's subscribers one after another (the hop between them stays on the host).
+    r = run_bench(tmp_path, "--hosts", "3", "--per-host", "2", "--mib", "4", "--rate", "200mbit",
+                  "--versions", "3", "--route", "star,chain")
+    star, chain = r["routes"]["star"], r["routes"]["chain"]
+    assert 1.8 <= star["rx_ratio"] <= 2.4, star
+    assert chain["rx_ratio"] <= 1.3 and chain["tx_ratio"] <= 1.3, chain
+    # Ranks 1 and 3 share a host, as do 2 and 4: each of one host's pair relays to the other.
+    parent = dict(zip([1, 2, 3, 4], chain["relayed_from"]))
+    same = {1: 3, 3: 1, 2: 4, 4: 2}
+    assert sum(parent[x] == same[x] for x in parent) == 2, chain

@@ -62,6 +62,11 @@ void futex_wait(const std::atomic<uint32_t>* word, uint32_t expected,
 /// Wakes every process waiting on `word`.
 void futex_wake(const std::atomic<uint32_t>* word);
 
+/// This process's network host: a hash of the kernel's boot id and the network namespace's
+/// inode, the same for every process whose sockets reach each other through the loopback
+/// device; never 0 (0: unknown, when /proc cannot tell).
+uint64_t host_fingerprint();
+
 /// Another process, watched: a pidfd when the kernel has them (a pid reused by a new process is
 /// never mistaken for the old one), else kill(pid, 0). Thread-safe.
 class Process {

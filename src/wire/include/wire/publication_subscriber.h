@@ -133,6 +133,7 @@ class SubscriberCore {
   const bool stale_relay_;
   std::map<int64_t, std::shared_ptr<Link>> relays_;  // made once per rank: a link keeps a watch
   std::vector<std::string> routed_around_;
+  bool said_host_ = false;  // the host message went before the first relayable request
   std::string transport_text_ = "socket";
   bool declined_ = false;  // shared memory was refused: the link serves
   Decline declined_for_ = Decline::kOpen;
