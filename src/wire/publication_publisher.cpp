@@ -11,6 +11,7 @@
 #include <cstring>
 #include <map>
 #include <random>
+#include <set>
 #include <thread>
 #include <utility>
 
@@ -144,6 +145,7 @@ struct PublisherCore::Plan {
     std::vector<int64_t> children;
   };
   std::map<const Subscription*, Place> places;
+  std::set<const Subscription*> answered;  // members whose threads took their place
 
   int64_t message_bytes() const { return kPieceHeaderBytes + piece_bytes; }
   at::Tensor piece(int64_t i) const {
@@ -711,9 +713,12 @@ std::shared_ptr<PublisherCore::Plan> PublisherCore::plan_locked(
     Subscription& s, std::unique_lock<std::mutex>& lock) {
   Slot& slot = slots_[newest_];
   std::shared_ptr<Plan> p = plan_;
-  if (p && p->version == slot.version) {
+  if (p) {
     changed_.wait(lock, [&] { return p->ready; });
-    return p->places.count(&s) != 0 ? p : nullptr;
+    // A member answers by its route, even when a newer version came meanwhile: its children
+    // wait for its pieces.
+    if (p->places.count(&s) != 0 && p->answered.insert(&s).second) return p;
+    if (p->version == slot.version) return nullptr;  // not a member: sent whole
   }
   // The first of the waiting subscribers to come makes the route, the slot pinned meanwhile;
   // the others wait for it.
@@ -818,7 +823,9 @@ std::shared_ptr<PublisherCore::Plan> PublisherCore::plan_locked(
   }
   lock.lock();
   done();
-  return p->places.count(&s) != 0 ? p : nullptr;
+  if (p->places.count(&s) == 0) return nullptr;
+  p->answered.insert(&s);
+  return p;
 }
 
 PublisherCore::Next PublisherCore::answer_relayed(Subscription& s, Link& link, const Request& r,
