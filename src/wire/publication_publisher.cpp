@@ -148,6 +148,10 @@ struct PublisherCore::Plan {
   std::set<const Subscription*> answered;  // members whose threads took their place
 
   int64_t message_bytes() const { return kPieceHeaderBytes + piece_bytes; }
+  bool first_relay(const Subscription* t) const {
+    const auto it = places.find(t);
+    return it != places.end() && it->second.parent < 0;
+  }
   at::Tensor piece(int64_t i) const {
     return framed.narrow(0, i * message_bytes(), message_bytes());
   }
@@ -894,9 +898,8 @@ PublisherCore::Next PublisherCore::answer_resume(Subscription& s, Link& link, co
                                        r.version, ": ", resume_text(r.resume));
       // A slow first relay takes this publisher's pieces too: it waits while the one that left
       // it is answered, so that the two do not share this publisher's link.
-      const auto place = plan ? plan->places.find(&t) : decltype(plan->places.end()){};
-      if (r.resume == static_cast<uint32_t>(Resume::kSlow) && plan && place != plan->places.end() &&
-          place->second.parent < 0 && !t.paused) {
+      if (r.resume == static_cast<uint32_t>(Resume::kSlow) && plan && plan->first_relay(&t) &&
+          !t.paused) {
         t.paused = true;
         paused = &t;
       }
