@@ -68,9 +68,7 @@ pub::PendingPtr GroupLink::post_recv(const at::Tensor& buffer, pub::Kind kind) {
       return p;
     }
   }
-  if (kind == pub::Kind::kData || kind == pub::Kind::kRoute || kind == pub::Kind::kPiece) {
-    p->stamp.emplace(buffer);
-  }
+  if (kind == pub::Kind::kData || kind == pub::Kind::kRoute) p->stamp.emplace(buffer);
   p->message = post(buffer, tag, /*is_recv=*/true);
   return p;
 }

@@ -660,6 +660,15 @@ PublisherCore::Next PublisherCore::answer_request(Subscription& s, Link& link, c
     if (std::shared_ptr<Plan> plan = plan_locked(s, lock)) {
       return answer_relayed(s, link, r, next, plan, lock);
     }
+    // plan_locked may have waited: the newest slot may be being filled again (max_slots 1).
+    changed_.wait(lock,
+                  [&] { return closing_.load() || (newest_ >= 0 && !slots_[newest_].writing); });
+    if (closing_.load()) {
+      offer.status = Status::kClosed;
+      lock.unlock();
+      answer(s, link, offer, {}, {}, next);
+      return Next::kClose;
+    }
   }
   Slot& slot = slots_[newest_];
   ++slot.pins;
@@ -715,15 +724,18 @@ PublisherCore::Next PublisherCore::answer_request(Subscription& s, Link& link, c
 
 std::shared_ptr<PublisherCore::Plan> PublisherCore::plan_locked(
     Subscription& s, std::unique_lock<std::mutex>& lock) {
-  Slot& slot = slots_[newest_];
   std::shared_ptr<Plan> p = plan_;
   if (p) {
     changed_.wait(lock, [&] { return p->ready; });
     // A member answers by its route, even when a newer version came meanwhile: its children
     // wait for its pieces.
     if (p->places.count(&s) != 0 && p->answered.insert(&s).second) return p;
-    if (p->version == slot.version) return nullptr;  // not a member: sent whole
   }
+  // Looked at after the wait: a publish may have come meanwhile, and may be writing the slot
+  // (then the caller waits for it, as it does for any version).
+  if (newest_ < 0 || slots_[newest_].writing) return nullptr;
+  Slot& slot = slots_[newest_];
+  if (p && p->version == slot.version) return nullptr;  // not a member: sent whole
   // The first of the waiting subscribers to come makes the route, the slot pinned meanwhile;
   // the others wait for it.
   p = std::make_shared<Plan>();

@@ -151,6 +151,7 @@ struct RelayState {
   std::deque<Clock::time_point> arrivals;  // of the last pieces from this source
   int64_t queued = 0;                      // what the source's last piece said it queued
   bool stalled = false;                    // the source's bound passed: the children were held
+  std::string lost;                        // why the parent's link failed outside a wait
   // A resume in flight: its offer, then its route.
   bool resuming = false;
   uint64_t resume_seq = 0;
@@ -484,10 +485,14 @@ void SubscriberCore::adopt(std::shared_ptr<Leftover> leftover) {
 }
 
 bool SubscriberCore::wait(const PendingPtr& p, Clock::time_point deadline) {
+  return wait(*link_, p, deadline);
+}
+
+bool SubscriberCore::wait(Link& link, const PendingPtr& p, Clock::time_point deadline) {
   for (;;) {
     if (interrupted_.load()) return false;
     const auto end = std::min(deadline, Clock::now() + kSlice);
-    if (link_->wait(p, end)) return true;
+    if (link.wait(p, end)) return true;
     if (end >= deadline) return false;
   }
 }
@@ -573,8 +578,9 @@ void SubscriberCore::send_request(const PullOptions& options) {
   r.schema = held_->schema;
   r.shm = transport_ != Transport::kSocket && !declined_ && !mapped_;
   r.relay = static_cast<bool>(relay_links_);
-  if (r.relay && !said_host_) {
-    // Once, before the first request that offers to relay: this subscriber's host.
+  if (r.relay && relayed_ && !said_host_) {
+    // Once, before the first request after a relayed version (a publisher of ours that
+    // relays: another peer would take it for a request): this subscriber's host.
     Request hello;
     hello.host = shm::host_fingerprint();
     if (hello.host != 0) {
@@ -665,6 +671,7 @@ SubscriberCore::OfferRead SubscriberCore::read_offer(Pull& o, Clock::time_point 
       TD_CHECK_PEER(relay_links_, who_, ": the publisher on ", link_->peer(),
                     " relays a version to a request that did not offer to relay");
       o.relayed = true;
+      relayed_ = true;
       break;
   }
   if (o.asked_shm) {
@@ -749,10 +756,32 @@ bool SubscriberCore::read_route(Pull& o, Clock::time_point deadline) {
   TD_CHECK_PEER(route.first == 0, who_, ": the publisher's route starts version ", offer.version,
                 " at piece ", route.first, " (a version's first route starts at 0)");
   auto r = std::make_unique<RelayState>();
+  TD_CHECK_PEER(!route.checksums.empty(), who_,
+                ": the publisher's route carries no checksums (a relayed piece is checked by one)");
   r->pieces = piece_count(offer.data_bytes, route.piece_bytes);
   r->message_bytes = kPieceHeaderBytes + route.piece_bytes;
-  r->source = route.parent < 0 ? link_ : relay_link(route.parent);
-  for (const int64_t c : route.children) r->children.push_back({c, relay_link(c)});
+  r->source = link_;
+  if (route.parent >= 0) {
+    try {
+      r->source = relay_link(route.parent);
+    } catch (const MalformedPeerDataError&) {
+      throw;  // a rank that is no other subscriber: the route is refused
+    } catch (const std::exception& e) {
+      r->lost = e.what();  // the parent's connection is gone already: resumed at once
+    }
+  }
+  for (const int64_t c : route.children) {
+    RelayState::Child child{c, nullptr, false};
+    try {
+      child.link = relay_link(c);
+      child.alive = true;
+    } catch (const MalformedPeerDataError&) {
+      throw;
+    } catch (const std::exception&) {
+      // a child whose connection is gone: it resumes at the publisher by itself
+    }
+    r->children.push_back(std::move(child));
+  }
   r->route = std::move(route);
   r->progress = Clock::now();
   o.relay = std::move(r);
@@ -804,6 +833,7 @@ at::Tensor piece_buffer(RelayState& r) {
 int64_t queued_to_children(const RelayState& r) {
   int64_t most = 0;
   for (const auto& c : r.children) {
+    if (!c.link) continue;
     int64_t n = 0;
     for (const auto& s : r.sending) {
       for (const auto& [link, pending] : s.sends) n += link == c.link.get() ? 1 : 0;
@@ -817,7 +847,7 @@ int64_t queued_to_children(const RelayState& r) {
 void forward(RelayState& r, const at::Tensor& message, bool pooled) {
   RelayState::Sending sending{message, {}, pooled};
   for (auto& c : r.children) {
-    if (!c.alive) continue;
+    if (!c.alive || !c.link) continue;
     try {
       sending.sends.emplace_back(c.link.get(), c.link->post_send(message, Kind::kPiece));
     } catch (const std::exception&) {
@@ -860,12 +890,22 @@ bool SubscriberCore::read_pieces(Pull& o, Clock::time_point deadline) {
       o.data_done = true;
       return true;
     }
-    while (r.posted.size() < kPiecesAhead &&
-           r.next + static_cast<int64_t>(r.posted.size()) < r.pieces) {
-      const at::Tensor b = piece_buffer(r);
-      r.posted.push_back({b, r.source->post_recv(b.narrow(0, 0, r.message_bytes), Kind::kPiece)});
-    }
     const bool from_parent = r.route.parent >= 0;
+    // Receives of the largest piece: a receive left posted on a link (a relay left) takes a
+    // later route's piece whatever its size; a short piece is told by its header and checksum.
+    try {
+      if (!r.lost.empty()) TD_THROW(PeerLostError, r.lost);
+      while (r.posted.size() < kPiecesAhead &&
+             r.next + static_cast<int64_t>(r.posted.size()) < r.pieces) {
+        const at::Tensor b = piece_buffer(r);
+        r.posted.push_back({b, r.source->post_recv(b, Kind::kPiece)});
+      }
+    } catch (const std::exception& e) {
+      if (!from_parent) throw;
+      r.lost.clear();
+      resume(o, Resume::kLost, e.what());
+      continue;
+    }
     auto until = deadline;
     Clock::duration bound{};
     if (from_parent) {
@@ -879,7 +919,7 @@ bool SubscriberCore::read_pieces(Pull& o, Clock::time_point deadline) {
     const RelayState::Posted front = r.posted.front();
     bool in = false;
     try {
-      in = wait(front.pending, until);
+      in = wait(*r.source, front.pending, until);
     } catch (const PeerLostError& e) {
       if (!from_parent) throw;
       resume(o, Resume::kLost, e.what_without_backtrace());
@@ -924,9 +964,7 @@ bool SubscriberCore::read_pieces(Pull& o, Clock::time_point deadline) {
       send_hold(r, offer);
       continue;
     }
-    if (r.source->short_message(front.pending)) {
-      bad = c10::str("a piece message shorter than the route's ", r.message_bytes, " bytes");
-    } else if (!h || h->hold) {
+    if (!h || h->hold) {
       bad = "a message that is not a piece of this version";
     } else if (h->epoch != offer.epoch || h->version != offer.version || h->index != index ||
                h->bytes != want) {

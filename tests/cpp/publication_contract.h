@@ -23,15 +23,40 @@
 //   INSTANTIATE_PUBLICATION_CONTRACT(Mine, MyTransport);  // in namespace publication_contract
 //
 // (publication_contract_test.cpp: the loopback; publication_contract_gloo.cpp: a c10d group's
-// GroupLink, two Gloo backends in one process; publication_contract_pipe.cpp: a pipe's PipeLink,
+// GroupLink, four Gloo backends in one process; publication_contract_pipe.cpp: a pipe's PipeLink,
 // a server and a connected pipe in one process.)
+//
+// Relays (docs/wire-format.md §9.9, RelayContract): a publisher whose route is a chain and three
+// subscribers (ranks 1 to 3) that relay to each other: versions of 2 MiB taken whole and exact
+// by every subscriber through one chain (ThreeSubscribersTakeEachVersionWholeThroughAChain:
+// stats' relayed_from, -1 for one and another's rank for the others); the first relay's link
+// to its child stalled (a FaultyLink on that pair), the child holding, then resuming at the
+// publisher within the version, both ends naming the relay, which is a leaf of the next route
+// (AStalledRelayIsRoutedAroundWithinTheVersion); a piece forged on that link (Faults::tamper)
+// caught by its checksum, the child completing from the publisher and forwarding nothing
+// forged (AForgingRelayIsCaughtAndTheChildCompletesFromThePublisher). Only a transport whose
+// subscribers can reach each other joins them, with a Mesh: every endpoint's link to every
+// other (0 the publisher), as the transport's Publisher and Subscriber make theirs:
+//
+//   struct MyTransport {
+//     ...
+//     publication_contract::Mesh mesh(int n);  // link(i, j) for every ordered pair of n
+//   };
+//   INSTANTIATE_RELAY_CONTRACT(Mine, MyTransport);  // in namespace publication_contract
+//
+// The loopback (LoopbackPeerLink, a wire each way between two subscribers) and Gloo (a channel
+// among the four ranks) join; the pipe does not: a pipe joins one client to a server, its
+// subscribers have no link to each other (pipe::Subscriber relays nothing: its RelayLinks are
+// empty), so there is no mesh to make.
 
 #include <ATen/ATen.h>
 #include <c10/util/Exception.h>
 #include <gtest/gtest.h>
 
 #include <algorithm>
+#include <atomic>
 #include <chrono>
+#include <concepts>
 #include <condition_variable>
 #include <cstdio>
 #include <cstdlib>
@@ -1098,9 +1123,307 @@ REGISTER_TYPED_TEST_SUITE_P(
     APublisherThatClosesAnswersTheWaitingPulls,
     LargeVersionsGoToOneSubscriberAtATimeWithinTheirTurns);
 
+// ---- relays (docs/wire-format.md §9.9) ---------------------------------------------------------
+
+/// The links of one publication whose subscribers can reach each other: `n` endpoints, 0 the
+/// publisher, 1 to n - 1 its subscribers (each also its rank: SubscriberStats::rank and what a
+/// route names). link(i, j) is i's link to j, for every ordered pair i != j; the publisher
+/// serves subscriber r over link(0, r) and r pulls over link(r, 0); link(r, q) between two
+/// subscribers carries relayed pieces (Kind::kPiece) both ways. Called once per ordered pair.
+struct Mesh {
+  std::function<std::shared_ptr<pub::Link>(int from, int to)> link;
+  /// What the links need alive (the transport's objects).
+  std::shared_ptr<void> resources{};
+};
+
+/// A transport whose subscribers can reach each other: it makes a Mesh.
+template <typename T>
+concept HasMesh = requires(T t) {
+  { t.mesh(4) } -> std::same_as<Mesh>;
+};
+
+/// A version of 2 MiB, every element distinct within it and from every other version's: a piece
+/// of the wrong version, or at the wrong place, is never equal to the right one.
+inline TensorDict relayed(int64_t v) {
+  TensorDict inner({{"b", at::arange(int64_t{131072}, at::kInt) + static_cast<int>(v * 1000003)}},
+                   {});
+  return TensorDict({{"w", at::arange(int64_t{196608}, at::kDouble) + static_cast<double>(v) * 1e6},
+                     {"inner", inner}},
+                    {});
+}
+
+/// Whether every leaf of `expected` is in `td`, exactly (dtype, shape, bytes).
+inline bool same(const TensorDict& td, const TensorDict& expected) {
+  if (td.entries().size() != expected.entries().size()) return false;
+  for (const auto& [key, value] : expected.entries()) {
+    const auto* got = td.find(key);
+    if (got == nullptr || got->is_tensordict() != value.is_tensordict()) return false;
+    if (value.is_tensordict()) {
+      if (!same(got->tensordict(), value.tensordict())) return false;
+    } else if (got->tensor().scalar_type() != value.tensor().scalar_type() ||
+               !got->tensor().equal(value.tensor())) {
+      return false;
+    }
+  }
+  return true;
+}
+
+template <typename Transport>
+class RelayContract : public ::testing::Test {
+ protected:
+  static constexpr int kSubscribers = 3;
+  static constexpr int kEnds = kSubscribers + 1;
+
+  void SetUp() override {
+    mesh_ = transport_.mesh(kEnds);
+    for (int i = 0; i < kEnds; ++i) {
+      for (int j = i + 1; j < kEnds; ++j)
+        faults_[i][j] = faults_[j][i] = std::make_shared<Faults>();
+    }
+  }
+
+  /// The faults of the connection between endpoints `i` and `j` (both directions).
+  Faults& faults(int64_t i, int64_t j) { return *faults_[i][j]; }
+
+  /// i's link to j, made once, wrapped in the FaultyLink of their connection (the lower
+  /// endpoint its publisher's side).
+  std::shared_ptr<pub::Link> link(int i, int j) {
+    std::lock_guard<std::mutex> lock(links_mutex_);
+    auto& l = links_[i][j];
+    if (!l) {
+      l = std::make_shared<FaultyLink>(mesh_.link(i, j), faults_[i][j],
+                                       i < j ? Side::kPublisher : Side::kSubscriber);
+    }
+    return l;
+  }
+
+  /// A publisher whose route is a chain, serving every subscriber (rank r over link(0, r)), each
+  /// on a thread of its own; then the subscribers, each relaying over its links to the others.
+  void start() {
+    core_ = std::make_unique<PublisherCore>(2, pub::Transport::kSocket, pub::Routing::kChain);
+    for (int r = 1; r < kEnds; ++r) {
+      SubscriberStats stats;
+      stats.rank = r;
+      stats.peer = c10::str("subscriber ", r);
+      PublisherCore::Subscription& s = core_->add(std::move(stats));
+      threads_.emplace_back([core = core_.get(), &s, l = link(0, r)] { core->serve(s, *l); });
+    }
+    for (int r = 1; r < kEnds; ++r) {
+      pub::RelayLinks relays = [this, r](int64_t rank) -> std::shared_ptr<pub::Link> {
+        TD_CHECK_PEER(rank >= 1 && rank < kEnds && rank != r, "the route names rank ", rank,
+                      ", not another subscriber");
+        return link(r, static_cast<int>(rank));
+      };
+      subscribers_.push_back(std::make_unique<SubscriberCore>(
+          link(r, 0), c10::str("Subscriber.pull (", Transport::kName, ", rank ", r, ")"),
+          int64_t{1} << 30, pub::Transport::kSocket, std::move(relays)));
+    }
+  }
+
+  SubscriberCore& subscriber(int64_t rank) { return *subscribers_[static_cast<size_t>(rank - 1)]; }
+  PublisherCore& core() { return *core_; }
+
+  /// One version through the chain: every subscriber pulls on a thread of its own, the version
+  /// is published once every pull waits for it, and each pull must bring it whole within
+  /// `bound`. What each pull returned (ranks 1..), and how long the slowest took.
+  struct Round {
+    std::vector<std::optional<tensordict::Pulled>> pulled;
+    std::vector<Outcome> failed;
+    Clock::duration took{};
+  };
+  Round round(int64_t v, Clock::duration bound = 5s) {
+    Round out;
+    out.pulled.resize(kSubscribers);
+    out.failed.resize(kSubscribers);
+    std::vector<std::thread> pulls;
+    for (int i = 0; i < kSubscribers; ++i) {
+      pulls.emplace_back([&, i] {
+        out.failed[i] = outcome_of([&] {
+          out.pulled[i] = subscribers_[i]->pull(
+              {.timeout = std::chrono::duration_cast<std::chrono::milliseconds>(bound)});
+        });
+      });
+    }
+    const bool all_waiting = eventually([&] {
+      const auto stats = core_->stats();
+      return std::all_of(stats.begin(), stats.end(), [](const auto& s) { return s.waiting; });
+    });
+    const auto t0 = Clock::now();
+    if (all_waiting) core_->publish(relayed(v), std::nullopt, std::nullopt);
+    for (auto& t : pulls) t.join();
+    out.took = Clock::now() - t0;
+    EXPECT_TRUE(all_waiting) << "the pulls of version " << v << " did not all wait for it";
+    for (int i = 0; i < kSubscribers; ++i) {
+      EXPECT_TRUE(out.failed[i].kind.empty()) << "rank " << i + 1 << ": " << out.failed[i];
+      EXPECT_TRUE(out.pulled[i].has_value()) << "rank " << i + 1 << " got nothing of version " << v;
+      if (!out.pulled[i]) continue;
+      EXPECT_EQ(out.pulled[i]->version, v) << "rank " << i + 1;
+      EXPECT_TRUE(same(out.pulled[i]->td, relayed(v)))
+          << "rank " << i + 1 << ": version " << v << " is not whole and exact";
+    }
+    return out;
+  }
+
+  /// The chain of the last relayed version, from the publisher's stats: ranks from the head
+  /// (relayed_from -1) on, each the child of the one before; empty when they do not form one.
+  std::vector<int64_t> chain() const {
+    const auto stats = core_->stats();
+    std::vector<int64_t> order;
+    int64_t parent = -1;
+    for (size_t n = 0; n < stats.size(); ++n) {
+      auto next = std::find_if(stats.begin(), stats.end(),
+                               [&](const auto& s) { return s.relayed_from == parent; });
+      if (next == stats.end()) break;
+      order.push_back(next->rank);
+      parent = next->rank;
+    }
+    return order;
+  }
+
+  void TearDown() override {
+    if (core_) core_->close();
+    for (auto& t : threads_) t.join();
+    threads_.clear();
+    for (auto& s : subscribers_) {
+      if (auto left = s->release()) leftovers().push_back(std::move(left));
+    }
+    subscribers_.clear();
+    core_.reset();
+    for (auto& row : links_) {
+      for (auto& l : row) l.reset();
+    }
+    mesh_ = {};
+  }
+
+  Transport transport_;
+  Watchdog watchdog_{std::chrono::seconds(30)};
+
+ private:
+  Mesh mesh_;
+  std::shared_ptr<Faults> faults_[kEnds][kEnds];
+  std::mutex links_mutex_;
+  std::shared_ptr<pub::Link> links_[kEnds][kEnds];
+  std::unique_ptr<PublisherCore> core_;
+  std::vector<std::thread> threads_;
+  std::vector<std::unique_ptr<SubscriberCore>> subscribers_;
+};
+
+TYPED_TEST_SUITE_P(RelayContract);
+
+inline std::string joined(const std::vector<std::string>& lines) {
+  std::string out;
+  for (const auto& l : lines) out += (out.empty() ? "" : " | ") + l;
+  return out;
+}
+
+TYPED_TEST_P(RelayContract, ThreeSubscribersTakeEachVersionWholeThroughAChain) {
+  this->start();
+  for (int64_t v = 1; v <= 3; ++v) {
+    const auto r = this->round(v);
+    // One copy left the publisher: every subscriber's pieces came along one chain of them.
+    const auto order = this->chain();
+    EXPECT_EQ(order.size(), 3u) << "version " << v << ": the ranks' relayed_from form no chain";
+    for (const auto& s : this->core().stats()) {
+      EXPECT_EQ(s.version, v) << s.peer;
+      EXPECT_TRUE(s.routed_around.empty()) << s.peer << ": " << s.routed_around;
+    }
+    for (int64_t rank = 1; rank <= 3; ++rank) {
+      EXPECT_TRUE(this->subscriber(rank).routed_around().empty())
+          << "rank " << rank << ": " << joined(this->subscriber(rank).routed_around());
+    }
+    std::printf("[ relay    ] %s: version %lld through %zu ranks in %.1f ms\n", TypeParam::kName,
+                static_cast<long long>(v), order.size(), ms(r.took));
+  }
+}
+
+TYPED_TEST_P(RelayContract, AStalledRelayIsRoutedAroundWithinTheVersion) {
+  this->start();
+  this->round(1);
+  const auto order = this->chain();
+  ASSERT_EQ(order.size(), 3u);
+  const int64_t relay = order[0], child = order[1];
+  // The first relay's link to its child takes no piece any more: the child holds, then resumes
+  // at the publisher from the piece it reached, within the version.
+  this->faults(relay, child).stall(Kind::kPiece);
+  const auto r2 = this->round(2, 5s);
+  EXPECT_LT(r2.took, 3s) << "version 2 took " << ms(r2.took) << " ms around the stalled relay";
+  const auto& around = this->subscriber(child).routed_around();
+  ASSERT_EQ(around.size(), 1u) << joined(around);
+  EXPECT_NE(around[0].find(c10::str("rank ", relay, " ")), std::string::npos) << around[0];
+  EXPECT_NE(around[0].find("of version 2"), std::string::npos) << around[0];
+  const auto stats = this->core().stats();
+  EXPECT_FALSE(stats[relay - 1].routed_around.empty())
+      << "the publisher does not name rank " << relay;
+  EXPECT_NE(stats[relay - 1].routed_around.find(c10::str("subscriber ", child, " left it")),
+            std::string::npos)
+      << stats[relay - 1].routed_around;
+  for (const auto& s : stats) {
+    if (s.rank != relay) {
+      EXPECT_TRUE(s.routed_around.empty()) << s.peer << ": " << s.routed_around;
+    }
+  }
+  // Version 3 (the stall still on): the relay routed around is a leaf, nobody's parent.
+  const auto r3 = this->round(3);
+  for (const auto& s : this->core().stats()) {
+    EXPECT_NE(s.relayed_from, std::optional<int64_t>(relay))
+        << s.peer << " takes from rank " << relay;
+  }
+  EXPECT_EQ(this->subscriber(child).routed_around().size(), 1u)
+      << joined(this->subscriber(child).routed_around());
+  std::printf("[ relay    ] %s: version 2 around rank %lld in %.1f ms, version 3 in %.1f ms\n",
+              TypeParam::kName, static_cast<long long>(relay), ms(r2.took), ms(r3.took));
+}
+
+TYPED_TEST_P(RelayContract, AForgingRelayIsCaughtAndTheChildCompletesFromThePublisher) {
+  this->start();
+  this->round(1);
+  const auto order = this->chain();
+  ASSERT_EQ(order.size(), 3u);
+  const int64_t relay = order[0], child = order[1];
+  // Between the first relay and its child, the first piece of version 2 arrives with one byte
+  // changed: a relay that forwards what it did not get (or a link that breaks bytes).
+  std::atomic<int> forged{0};
+  this->faults(relay, child).tamper(Kind::kPiece, [&](at::Tensor& m) {
+    uint8_t* p = m.data_ptr<uint8_t>();
+    const bool piece = p[12] == 0 && p[13] == 0 && p[14] == 0 && p[15] == 0;  // not a hold
+    if (piece && publication_test::get_u64(p + 24) == 2 && forged.fetch_add(1) == 0) {
+      p[pub::kPieceHeaderBytes + 5] ^= 0x5A;
+    }
+  });
+  const auto r2 = this->round(2);
+  EXPECT_EQ(forged.load() > 0, true)
+      << "no piece of version 2 went from rank " << relay << " to rank " << child;
+  const auto& around = this->subscriber(child).routed_around();
+  ASSERT_EQ(around.size(), 1u) << joined(around);
+  EXPECT_NE(around[0].find(c10::str("rank ", relay, " ")), std::string::npos) << around[0];
+  EXPECT_NE(around[0].find("checksum"), std::string::npos) << around[0];
+  EXPECT_NE(this->core().stats()[relay - 1].routed_around.find(
+                c10::str("subscriber ", child,
+                         " left it at piece 0 of version 2: it sent a piece "
+                         "that is not the version's")),
+            std::string::npos)
+      << this->core().stats()[relay - 1].routed_around;
+  // The child forwarded only what it checked: its own child saw nothing forged.
+  EXPECT_TRUE(this->subscriber(order[2]).routed_around().empty())
+      << joined(this->subscriber(order[2]).routed_around());
+  this->faults(relay, child).tamper(Kind::kPiece, nullptr);
+  this->round(3);
+  std::printf("[ relay    ] %s: version 2 with a forged piece in %.1f ms\n", TypeParam::kName,
+              ms(r2.took));
+}
+
+REGISTER_TYPED_TEST_SUITE_P(RelayContract, ThreeSubscribersTakeEachVersionWholeThroughAChain,
+                            AStalledRelayIsRoutedAroundWithinTheVersion,
+                            AForgingRelayIsCaughtAndTheChildCompletesFromThePublisher);
+
 }  // namespace publication_contract
 
 /// Holds `Transport` to both contracts (in namespace publication_contract).
 #define INSTANTIATE_PUBLICATION_CONTRACT(Name, Transport)        \
   INSTANTIATE_TYPED_TEST_SUITE_P(Name, LinkContract, Transport); \
   INSTANTIATE_TYPED_TEST_SUITE_P(Name, PublicationContract, Transport)
+
+/// Holds `Transport`, which makes a Mesh, to the relay scenarios too.
+#define INSTANTIATE_RELAY_CONTRACT(Name, Transport)                                       \
+  static_assert(::publication_contract::HasMesh<Transport>, #Transport " makes no Mesh"); \
+  INSTANTIATE_TYPED_TEST_SUITE_P(Name, RelayContract, Transport)

@@ -1,7 +1,8 @@
 // Publication's contract (publication_contract.h) over a c10d group's GroupLink
 // (src/distributed/group_link.h): four ProcessGroupGloo backends in this process over one
 // HashStore (the publisher's rank 0 and three subscriber ranks), each built on a thread of its
-// own, each connection a channel of its own between rank 0 and one of the others.
+// own, each connection a channel of its own between rank 0 and one of the others; the relay
+// scenarios over a channel of their own between every two of the four.
 
 #include <torch/csrc/distributed/c10d/HashStore.hpp>
 
@@ -39,20 +40,31 @@ const std::array<tensordict::dist::Group, kRanks>& groups() {
   return *made;
 }
 
+std::atomic<int64_t> next_channel{1};
+
 struct GlooTransport {
   static constexpr const char* kName = "gloo";
   Connection connect() {
-    static std::atomic<int64_t> next_channel{1};
     const int64_t channel = next_channel++;
     const int rank = 1 + static_cast<int>(channel % (kRanks - 1));
     const auto& g = groups();
     return {std::make_shared<tensordict::dist::detail::GroupLink>(g[0], rank, channel),
             std::make_shared<tensordict::dist::detail::GroupLink>(g[rank], 0, channel)};
   }
+  /// The four ranks on a channel of their own, rank i's link to rank j on it: as
+  /// dist::Publisher and dist::Subscriber make theirs (src/distributed/publication.cpp).
+  Mesh mesh(int n) {
+    TORCH_CHECK(n <= kRanks, "a Gloo mesh of ", n, " ranks: the groups have ", kRanks);
+    const int64_t channel = next_channel++;
+    return {[channel](int from, int to) -> std::shared_ptr<pub::Link> {
+      return std::make_shared<tensordict::dist::detail::GroupLink>(groups()[from], to, channel);
+    }};
+  }
 };
 
 }  // namespace
 
 INSTANTIATE_PUBLICATION_CONTRACT(Gloo, GlooTransport);
+INSTANTIATE_RELAY_CONTRACT(Gloo, GlooTransport);
 
 }  // namespace publication_contract

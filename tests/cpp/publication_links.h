@@ -1,7 +1,8 @@
 #pragma once
 // Links for publication's contract (publication_contract.h): a loopback link, two ends in one
-// process with nothing in between, and a link that injects faults into any transport's link
-// (delay, stall, close, lose), which the contract wraps around every transport's ends.
+// process with nothing in between (and LoopbackPeerLink, one between two subscribers, which
+// relays use), and a link that injects faults into any transport's link (delay, stall, close,
+// lose, tamper), which the contract wraps around every transport's ends.
 
 #include <ATen/ATen.h>
 #include <c10/util/Exception.h>
@@ -10,10 +11,12 @@
 #include <chrono>
 #include <condition_variable>
 #include <deque>
+#include <functional>
 #include <map>
 #include <memory>
 #include <mutex>
 #include <set>
+#include <stdexcept>
 #include <string>
 #include <utility>
 #include <vector>
@@ -169,6 +172,43 @@ class LoopbackLink final : public pub::Link {
   std::vector<std::shared_ptr<LoopbackWire::Message>> held_;
 };
 
+/// One end of a link between two subscribers (relayed pieces, docs/wire-format.md §9.9), over
+/// two LoopbackWires, one a direction: what this end sends goes on `out`, what it receives
+/// comes from `in`, so that either end may be the parent of some version and the child of
+/// another without ever taking its own messages.
+class LoopbackPeerLink final : public pub::Link {
+ public:
+  LoopbackPeerLink(std::shared_ptr<LoopbackWire> out, std::shared_ptr<LoopbackWire> in,
+                   std::string peer)
+      : out_(std::move(out)), in_(std::move(in)), peer_(std::move(peer)) {}
+
+  pub::PendingPtr post_recv(const at::Tensor& buffer, Kind kind) override {
+    return in_->post(buffer, kind, /*recv=*/true);
+  }
+  pub::PendingPtr post_send(const at::Tensor& buffer, Kind kind) override {
+    return out_->post(buffer, kind, /*recv=*/false);
+  }
+  bool wait(const pub::PendingPtr& p, Clock::time_point deadline) override {
+    auto& m = static_cast<LoopbackWire::Message&>(*p);
+    return (m.recv ? in_ : out_)->wait(m, deadline);
+  }
+  bool short_message(const pub::PendingPtr& p) const override {
+    const auto& m = static_cast<const LoopbackWire::Message&>(*p);
+    return m.length < static_cast<size_t>(m.buffer.numel());
+  }
+  void keep(const std::vector<pub::PendingPtr>& posted) override {
+    for (const auto& p : posted)
+      held_.push_back(std::static_pointer_cast<LoopbackWire::Message>(p));
+  }
+  std::string peer() const override { return peer_; }
+  std::string no_publisher() const override { return c10::str(peer_, " is a subscriber"); }
+
+ private:
+  std::shared_ptr<LoopbackWire> out_, in_;
+  std::string peer_;
+  std::vector<std::shared_ptr<LoopbackWire::Message>> held_;  // alive as long as the link
+};
+
 // ---- faults -------------------------------------------------------------------------------------
 
 /// What a test injects into one connection; the FaultyLinks of both its ends obey it. Faults act
@@ -190,6 +230,12 @@ class Faults {
     stalled_.clear();
     delays_.clear();
     changed_.notify_all();
+  }
+  /// Each message of `kind` received over this connection (either end), once its wait saw it
+  /// in, is handed to `fn` first, which may rewrite its bytes: a peer that forges in flight.
+  void tamper(Kind kind, std::function<void(at::Tensor&)> fn) {
+    std::lock_guard<std::mutex> lock(mutex_);
+    tamper_[kind] = std::move(fn);
   }
   /// `side` closed its end cleanly: the other end's waits on a request or an offer raise
   /// PeerClosedError, its other waits PeerLostError.
@@ -226,6 +272,7 @@ class Faults {
   mutable std::mutex mutex_;
   mutable std::condition_variable changed_;
   std::map<Kind, Clock::duration> delays_;
+  std::map<Kind, std::function<void(at::Tensor&)>> tamper_;
   std::set<Kind> stalled_;
   bool closed_[2] = {false, false};
   bool lost_ = false;
@@ -233,7 +280,8 @@ class Faults {
   Clock::time_point offered_;  // the publisher's last offer
 };
 
-/// `inner`, the `side` end of a connection, obeying `faults`.
+/// `inner`, the `side` end of a connection, obeying `faults`. A message is waited on through
+/// the link that posted it (std::logic_error otherwise, naming both links).
 class FaultyLink final : public pub::Link {
  public:
   FaultyLink(std::shared_ptr<pub::Link> inner, std::shared_ptr<Faults> faults, Side side)
@@ -241,6 +289,7 @@ class FaultyLink final : public pub::Link {
 
   pub::PendingPtr post_recv(const at::Tensor& buffer, Kind kind) override {
     auto p = record(kind, true);
+    p->buffer = buffer;
     p->inner = inner_->post_recv(buffer, kind);
     return p;
   }
@@ -252,6 +301,13 @@ class FaultyLink final : public pub::Link {
 
   bool wait(const pub::PendingPtr& pending, Clock::time_point deadline) override {
     auto& p = static_cast<Pending&>(*pending);
+    if (p.owner != this) {
+      // A message is waited on through the link that posted it: another link's wait would
+      // apply its own connection's faults and watch its own peer, not the message's.
+      throw std::logic_error(c10::str("FaultyLink: a wait on the link to ", peer(),
+                                      " for a message posted on the link to ", p.owner->peer(),
+                                      " (", p.recv ? "receive" : "send", ")"));
+    }
     Faults& f = *faults_;
     {
       std::unique_lock<std::mutex> lock(f.mutex_);
@@ -268,6 +324,16 @@ class FaultyLink final : public pub::Link {
       }
     }
     if (!inner_->wait(p.inner, deadline)) return false;
+    if (p.recv && !p.tampered) {
+      std::function<void(at::Tensor&)> fn;
+      {
+        std::lock_guard<std::mutex> lock(f.mutex_);
+        const auto t = f.tamper_.find(p.kind);
+        if (t != f.tamper_.end()) fn = t->second;
+      }
+      p.tampered = true;
+      if (fn) fn(p.buffer);
+    }
     if (p.send_index >= 0) {
       std::lock_guard<std::mutex> lock(f.mutex_);
       auto& s = f.sends_[static_cast<size_t>(p.send_index)];
@@ -291,15 +357,19 @@ class FaultyLink final : public pub::Link {
   static constexpr auto kLook = std::chrono::milliseconds(5);
 
   struct Pending final : pub::Pending {
+    FaultyLink* owner = nullptr;  // the link that posted it
     pub::PendingPtr inner;
     Kind kind = Kind::kRequest;
     bool recv = false;
     Clock::time_point posted;
+    at::Tensor buffer;        // a receive's
+    bool tampered = false;    // a receive's bytes were handed to Faults::tamper's function
     int64_t send_index = -1;  // in Faults::sends_, for a publisher's data send
   };
 
   std::shared_ptr<Pending> record(Kind kind, bool recv) {
     auto p = std::make_shared<Pending>();
+    p->owner = this;
     p->kind = kind;
     p->recv = recv;
     p->posted = Clock::now();

@@ -92,8 +92,8 @@ struct Request {
   uint32_t resume = 0;
   int64_t piece = 0;
   int64_t around = -1;
-  /// Not a request: the subscriber's network host (shm::host_fingerprint), sent once before
-  /// its first request that offers to relay, and answered by nothing: a route visits the
+  /// Not a request: the subscriber's network host (shm::host_fingerprint), sent once, before
+  /// its first request after a relayed version, and answered by nothing: a route visits the
   /// subscribers of one host one after another, so each host's interface receives a version
   /// once. The other fields are 0.
   uint64_t host = 0;

@@ -117,7 +117,9 @@ class SubscriberCore {
   bool read_resume(Pull& o, Clock::time_point deadline);
   std::shared_ptr<Link> relay_link(int64_t rank);
   // Waits in slices, each looking at the interrupt; false at the deadline or the interrupt.
+  // `p` was posted on the publisher's link, or on `link` (a relay's).
   bool wait(const PendingPtr& p, Clock::time_point deadline);
+  bool wait(Link& link, const PendingPtr& p, Clock::time_point deadline);
   // The one way out of a pull that failed with `error` (see the class comment): rethrows it,
   // or the error it means.
   [[noreturn]] void end_pull(std::exception_ptr error);
@@ -133,7 +135,8 @@ class SubscriberCore {
   const bool stale_relay_;
   std::map<int64_t, std::shared_ptr<Link>> relays_;  // made once per rank: a link keeps a watch
   std::vector<std::string> routed_around_;
-  bool said_host_ = false;  // the host message went before the first relayable request
+  bool relayed_ = false;    // the publisher relayed a version here: it takes the host message
+  bool said_host_ = false;  // the host message went
   std::string transport_text_ = "socket";
   bool declined_ = false;  // shared memory was refused: the link serves
   Decline declined_for_ = Decline::kOpen;

@@ -1,0 +1,429 @@
+"""Relays (``Publisher(route="chain")``, docs/publication.md), on real processes over Gloo on
+127.0.0.1, every subscriber over its socket: a version travels once from the publisher and is
+forwarded subscriber to subscriber, each holding every version exactly, the publisher's stats
+naming a chain; a relay SIGKILLed while its pull waits costs the others that version and none
+after it; a relay that forwards stale pieces (the TENSORDICT_TEST_RELAY_STALE hook) is caught
+by checksum, its child completing from the publisher and the publisher naming it; thousands of
+versions published as fast as possible are never pulled torn or out of order; and the route's
+argument errors. Ranks sync through a TCPStore of their own, never a collective, so that a dead
+rank stops nobody."""
+
+import os
+import queue
+import re
+import signal
+import socket
+import threading
+import time
+import traceback
+from datetime import timedelta
+
+import pytest
+import torch
+import torch.distributed as dist
+
+import conftest
+
+watchdog = conftest.watchdog(120)
+
+
+# --- the ranks' harness -----------------------------------------------------------------------
+
+def free_port():
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+def _rank_main(rank, world, fn, ports, env, results):
+    os.environ["GLOO_SOCKET_IFNAME"] = "lo"  # Gloo otherwise binds to the hostname's address
+    os.environ.update(env)  # before tensordict_cpp is imported or any pull (test hooks)
+    torch.set_num_threads(1)
+    code = 0
+    try:
+        dist.init_process_group("gloo", init_method=f"tcp://127.0.0.1:{ports[0]}", rank=rank,
+                                world_size=world, timeout=timedelta(seconds=30))
+        store = dist.TCPStore("127.0.0.1", ports[1], world, rank == 0,
+                              timeout=timedelta(seconds=30), wait_for_workers=False)
+        results.put((rank, "ok", fn(rank, world, store)))
+    except BaseException:  # noqa: BLE001 - the parent reports the traceback
+        results.put((rank, "error", traceback.format_exc()))
+        code = 1
+    finally:
+        # No group teardown: after a lost peer torch's can abort a rank that has succeeded.
+        results.close()
+        results.join_thread()
+        os._exit(code)
+
+
+def spawn(fn, world, *, timeout, env=None, expect=None):
+    """Runs ``fn(rank, world, store)`` on ``world`` spawned ranks (a Gloo group on a free port,
+    and a TCPStore on another for the ranks to sync) and returns {rank: what fn returned}.
+    Fails with a rank's traceback as soon as one raises, or when ``timeout`` passes (the ranks
+    are killed either way). ``expect``: {rank: exit code} for a rank that dies on purpose."""
+    import torch.multiprocessing as mp
+
+    ctx = mp.get_context("spawn")
+    results = ctx.Queue()
+    ports = (free_port(), free_port())
+    procs = [ctx.Process(target=_rank_main,
+                         args=(r, world, fn, ports, (env or {}).get(r, {}), results))
+             for r in range(world)]
+    for p in procs:
+        p.start()
+    got, errors = {}, {}
+    deadline = time.monotonic() + timeout
+    try:
+        while any(p.is_alive() for p in procs) or not results.empty():
+            try:
+                rank, kind, value = results.get(timeout=0.05)
+                (got if kind == "ok" else errors)[rank] = value
+            except queue.Empty:
+                pass
+            if errors:  # the first error may be another's consequence: a second for the rest
+                deadline = min(deadline, time.monotonic() + 2.0)
+                if time.monotonic() >= deadline or len(got) + len(errors) == world:
+                    break
+                continue
+            # A rank gone without a word (a crash): fail now, not at a survivor's timeout.
+            dead = {r: p.exitcode for r, p in enumerate(procs)
+                    if not p.is_alive() and r not in got
+                    and p.exitcode != (expect or {}).get(r, 0)}
+            if dead and results.empty():
+                break
+            assert time.monotonic() < deadline, f"ranks still running after {timeout} s: {got}"
+    finally:
+        for p in procs:
+            if p.is_alive():
+                p.kill()
+            p.join()
+        while True:  # what came meanwhile
+            try:
+                rank, kind, value = results.get(timeout=0.2)
+                (got if kind == "ok" else errors)[rank] = value
+            except queue.Empty:
+                break
+    codes = {r: p.exitcode for r, p in enumerate(procs)}
+    assert not errors, "\n".join([f"exit codes {codes}"]
+                                  + [f"rank {r}:\n{tb}" for r, tb in sorted(errors.items())])
+    want = {r: (expect or {}).get(r, 0) for r in range(world)}
+    assert codes == want, (codes, got)
+    return got
+
+
+# --- helpers the ranks share ------------------------------------------------------------------
+
+def stats_of(pub):
+    return {s["rank"]: s for s in pub.stats()}
+
+
+def until(predicate, what, pub, seconds=20.0):
+    end = time.monotonic() + seconds
+    while not predicate():
+        assert time.monotonic() < end, f"timed out waiting for {what}: {pub.stats()}"
+        time.sleep(0.002)
+
+
+def await_waiting(pub, ranks, acked):
+    """Until each of ``ranks`` holds version ``acked`` and waits for the next: only requests
+    that reach the publisher before it makes a version's route are in that route."""
+    def ready():
+        s = stats_of(pub)
+        return all(s[r]["waiting"] and (s[r]["version"] or 0) >= acked for r in ranks)
+    until(ready, f"ranks {ranks} to wait with version {acked}", pub)
+
+
+def await_acked(pub, ranks, version):
+    until(lambda: all((stats_of(pub)[r]["version"] or 0) >= version for r in ranks),
+          f"ranks {ranks} to hold version {version}", pub)
+
+
+def leaves(stats, ranks, version):
+    """The ranks left as relays before ``version`` (their ``routed_around`` names an earlier
+    version): leaves of its route. Read from the words, since the publisher may hear that a
+    relay was left after the acknowledgement of that version."""
+    out = set()
+    for r in ranks:
+        why = stats[r]["routed_around"]
+        if why and int(re.search(r"of version (\d+)", why).group(1)) < version:
+            out.add(r)
+    return out
+
+
+def assert_route(stats, ranks, version, context=None):
+    """The ranks' ``relayed_from`` is a route from the publisher (-1) that reaches each of them,
+    with no leaf forwarding. With no leaf, it is one chain: one from the publisher, no relay
+    feeding two."""
+    every = {r: s["relayed_from"] for r, s in stats.items()}
+    parents = {r: every[r] for r in ranks}
+    left = leaves(stats, stats, version)
+    said = (parents, sorted(left), context)
+    assert all(p == -1 or (p in every and p not in left) for p in parents.values()), said
+    for r in ranks:  # up to the publisher, through no rank twice
+        path, at = [], r
+        while at != -1:
+            assert at in every and at not in path, said
+            path.append(at)
+            at = every[at]
+    if not left:
+        assert list(parents.values()).count(-1) == 1, said
+        assert len(set(parents.values())) == len(ranks), said
+
+
+def finish(store, rank, subscribers, pub=None, check=None):
+    """The end without a collective: each subscriber says it is done and stays (a relay may
+    still be forwarding) until the publisher, having checked its stats, has closed."""
+    if pub is None:
+        store.set(f"done{rank}", "1")
+        store.wait(["closed"], timedelta(seconds=30))
+        store.set(f"bye{rank}", "1")
+        return
+    store.wait([f"done{r}" for r in subscribers], timedelta(seconds=30))
+    out = check() if check else None
+    pub.close()
+    store.set("closed", "1")
+    store.wait([f"bye{r}" for r in subscribers], timedelta(seconds=30))
+    return out
+
+
+# --- 1. a chain of three ----------------------------------------------------------------------
+
+LEAVES, N = 4, (1 << 20) // 4  # 4 leaves of 1 MiB (float32)
+
+
+def leaf_values(tag, v, i, n=N):
+    return torch.arange(n, dtype=torch.float32) + tag * 100000 + v * 1000 + i
+
+
+def chain_of_three(rank, world, store):
+    from tensordict_cpp import Publisher, Subscriber, TensorDict
+    subs, versions = list(range(1, world)), 4
+    td = TensorDict({f"w{i}": torch.zeros(N) for i in range(LEAVES)}, batch_size=[])
+    if rank == 0:
+        pub = Publisher(max_slots=2, transport="socket", route="chain")
+        routes = []
+        for v in range(1, versions + 1):
+            for i, leaf in enumerate(td.values()):
+                leaf.copy_(leaf_values(0, v, i))
+            await_waiting(pub, subs, v - 1)
+            assert pub.publish(td) == v
+            await_acked(pub, subs, v)
+            s = stats_of(pub)
+            routes.append({r: (s[r]["relayed_from"], s[r]["routed_around"]) for r in subs})
+            # A chain; though this 2-core machine now and then makes a relay crawl, and the
+            # one it feeds leaves it: a leaf from then on.
+            assert_route(s, subs, v, routes)
+        return finish(store, rank, subs, pub, lambda: routes)
+    sub = Subscriber(src=0, transport="socket")
+    for v in range(1, versions + 1):
+        assert sub.pull(td, timeout=30, min_version=v) == v
+        for i, leaf in enumerate(td.values()):
+            assert torch.equal(leaf, leaf_values(0, v, i)), (rank, v, i)
+    finish(store, rank, subs)
+    return sub.routed_around
+
+
+def test_a_chain_of_three_holds_every_version_exactly():
+    got = spawn(chain_of_three, 4, timeout=60)
+    assert len(got[0]) == 4, got[0]  # each version's route was checked to be a chain
+
+
+# --- 2. a relay killed while its pull waits ---------------------------------------------------
+
+def relay_killed(rank, world, store):
+    from tensordict_cpp import Publisher, Subscriber, TensorDict
+    subs, alive, last = list(range(1, world)), list(range(2, world)), 11
+    td = TensorDict({f"w{i}": torch.zeros(N) for i in range(LEAVES)}, batch_size=[])
+    if rank == 0:
+        pub = Publisher(max_slots=2, transport="socket", route="chain")
+        # Rank 1's request is in before it dies: it would be in the next route.
+        await_waiting(pub, subs, 0)
+        store.set("seen", "1")
+        store.wait(["dying"], timedelta(seconds=20))
+        # At once, rank 1 is in the first route, dead: its child leaves it within the version.
+        # After 0.3 s the publisher has seen it lost, and it is in no route.
+        in_route = os.environ.get("RELAY_KILLED_IN_ROUTE") == "1"
+        if not in_route:
+            time.sleep(0.3)
+        routes = []
+        t0 = time.monotonic()
+        for v in range(1, last + 1):
+            for i, leaf in enumerate(td.values()):
+                leaf.copy_(leaf_values(0, v, i))
+            await_waiting(pub, alive, v - 1)
+            assert pub.publish(td) == v
+            await_acked(pub, alive, v)
+            s = stats_of(pub)
+            routes.append({r: (s[r]["relayed_from"], s[r]["routed_around"], s[r]["lost"])
+                           for r in subs})
+            # The survivors' route (rank 1 is in none once it is lost).
+            if not in_route:
+                assert_route(s, alive, v, routes)
+        took = time.monotonic() - t0
+
+        def check():
+            s = stats_of(pub)
+            # Rank 1 is named: lost, or left by its child, saying why.
+            assert s[1]["lost"] or s[1]["routed_around"], s[1]
+            assert s[1]["version"] is None, s[1]
+            return routes, took, s[1]
+        return finish(store, rank, alive, pub, check)
+    sub = Subscriber(src=0, transport="socket")
+    if rank == 1:
+        threading.Thread(target=sub.pull, args=(td,), kwargs={"timeout": 30}, daemon=True).start()
+        store.wait(["seen"], timedelta(seconds=20))
+        store.set("dying", "1")
+        os.kill(os.getpid(), signal.SIGKILL)
+    for v in range(1, last + 1):
+        assert sub.pull(td, timeout=30, min_version=v) == v
+        for i, leaf in enumerate(td.values()):
+            assert torch.equal(leaf, leaf_values(0, v, i)), (rank, v, i)
+    finish(store, rank, alive)
+    return sub.routed_around
+
+
+@pytest.mark.parametrize("in_route", [False, True], ids=["before_the_route", "in_the_route"])
+def test_a_relay_killed_while_its_pull_waits_costs_the_others_nothing(in_route):
+    got = spawn(relay_killed, 4, timeout=40, expect={1: -signal.SIGKILL},
+                env={0: {"RELAY_KILLED_IN_ROUTE": "1" if in_route else "0"}})
+    routes, took, rank1 = got[0]
+    assert len(routes) == 11 and took < 20, (took, routes)  # each route checked as it came
+
+
+# --- 3. a relay that forwards stale pieces ----------------------------------------------------
+
+def stale_relay(rank, world, store):
+    from tensordict_cpp import Publisher, Subscriber, TensorDict
+    subs, rounds, versions = list(range(1, world)), 3, 2
+    td = TensorDict({f"w{i}": torch.zeros(N) for i in range(LEAVES)}, batch_size=[])
+    seen = []
+    for k in range(rounds):
+        # A new Publisher on a channel of its own: a new route, where rank 1 is no leaf yet.
+        if rank == 0:
+            pub = Publisher(max_slots=2, transport="socket", route="chain", channel=k)
+            routes = []
+            for v in range(1, versions + 1):
+                for i, leaf in enumerate(td.values()):
+                    leaf.copy_(leaf_values(k + 1, v, i))
+                await_waiting(pub, subs, v - 1)
+                assert pub.publish(td) == v
+                await_acked(pub, subs, v)
+                s = stats_of(pub)
+                routes.append({r: (s[r]["relayed_from"], s[r]["routed_around"]) for r in subs})
+            s = stats_of(pub)
+            assert s[1]["routed_around"] is not None, routes
+            seen.append(routes)
+            store.wait([f"round{k}.{r}" for r in subs], timedelta(seconds=30))
+            pub.close()
+            store.set(f"closed{k}", "1")
+        else:
+            sub = Subscriber(src=0, transport="socket", channel=k)
+            for v in range(1, versions + 1):
+                assert sub.pull(td, timeout=30, min_version=v) == v
+                for i, leaf in enumerate(td.values()):
+                    assert torch.equal(leaf, leaf_values(k + 1, v, i)), (rank, k, v, i)
+            seen.append(sub.routed_around)
+            store.set(f"round{k}.{rank}", "1")
+            store.wait([f"closed{k}"], timedelta(seconds=30))
+    return seen
+
+
+def test_a_stale_relay_is_caught_by_checksum_and_named():
+    got = spawn(stale_relay, 4, timeout=60, env={1: {"TENSORDICT_TEST_RELAY_STALE": "1"}})
+    for k, routes in enumerate(got[0]):
+        first = routes[0]
+        # Version 1's route starts at rank 1; its child took the forged pieces from it.
+        assert first[1][0] == -1, (k, routes)
+        child = next(r for r, (parent, _) in first.items() if parent == 1)
+        left = got[child][k]
+        assert any(e.startswith("rank 1 ") and "checksum" in e for e in left), (k, child, left)
+        # The publisher names rank 1, left by that child, and makes it a leaf of version 2.
+        assert routes[-1][1][1].startswith(f"rank {child} left it"), (k, routes)
+        assert all(parent != 1 for parent, _ in routes[-1].values()), (k, routes)
+
+
+# --- 4. never torn ----------------------------------------------------------------------------
+
+# At least 2,000 versions, and on until every subscriber has pulled PULLS times (2,000 alone
+# take ~50 ms here: a handful of pulls), at most FAST_SECONDS.
+MIN_VERSIONS, PULLS, FAST_SECONDS, SMALL = 2000, 200, 25.0, (64 << 10) // 4
+
+
+def never_torn(rank, world, store):
+    from tensordict_cpp import Publisher, Subscriber, TensorDict
+    subs = list(range(1, world))
+    td = TensorDict({f"w{i}": torch.zeros(SMALL) for i in range(3)}, batch_size=[])
+    if rank == 0:
+        pub = Publisher(max_slots=2, transport="socket", route="chain")
+        await_waiting(pub, subs, 0)  # the first route has them all
+        relayed = checks = v = 0
+        end = time.monotonic() + FAST_SECONDS
+        while True:
+            v += 1
+            for leaf in td.values():
+                leaf.fill_(v)
+            assert pub.publish(td, timeout=20) == v
+            if v % 50 == 0:  # now and then: is a chain in use, have they pulled enough?
+                s = pub.stats()
+                checks += 1
+                relayed += any(x["relayed_from"] not in (None, -1) for x in s)
+                if (v >= MIN_VERSIONS and all(x["pulls"] >= PULLS + 10 for x in s)
+                        or time.monotonic() > end):
+                    break
+        store.set("last", str(v))
+        return finish(store, rank, subs, pub, lambda: (v, relayed, checks, pub.stats()))
+    sub = Subscriber(src=0, transport="socket")
+    pulled, last, final = [], 0, None
+    while final is None or last < final:
+        got = sub.pull(td, timeout=20)
+        assert got is not None and got > last, (rank, got, last)
+        # One whole version: every leaf holds its number, nothing of another.
+        held = [leaf.unique()[:8].tolist() for leaf in td.values()]
+        assert all(h == [float(got)] for h in held), (
+            f"rank {rank}: pull returned {got} but the leaves hold {held} (pulled before: "
+            f"{pulled[-3:]}, sub.version {sub.version}, left {sub.routed_around[-2:]})")
+        pulled.append(got)
+        last = got
+        if final is None and store.check(["last"]):
+            final = int(store.get("last"))
+    finish(store, rank, subs)
+    return pulled, sub.routed_around
+
+
+def test_versions_published_as_fast_as_possible_are_never_torn():
+    """At least 2,000 versions (3 leaves of 64 KiB, each filled with the version's number)
+    published back to back, until each of a chain of 3 subscribers pulling in loops has pulled
+    200 times (25 s at most): every pull is one whole version, the one it says, newer than the
+    one before."""
+    got = spawn(never_torn, 4, timeout=75)
+    versions, relayed, checks, stats = got[0]
+    pulls = {r: len(got[r][0]) for r in (1, 2, 3)}
+    said = (f"{versions} versions published, pulls per subscriber {pulls}, a relay in use at "
+            f"{relayed} of {checks} looks; left relays {[got[r][1] for r in (1, 2, 3)]}")
+    print(said)
+    assert versions >= MIN_VERSIONS, said
+    assert all(got[r][0][-1] == versions for r in (1, 2, 3)), said
+    assert min(pulls.values()) >= PULLS, said
+    assert relayed > 0, said
+
+
+# --- 5. argument errors -----------------------------------------------------------------------
+
+def bad_route(rank, world, store):
+    from tensordict_cpp import Publisher
+    if rank == 0:
+        with pytest.raises(ValueError, match=r"route.*star.*chain|route.*chain.*star"):
+            Publisher(route="ring", transport="socket")
+    store.set(f"checked{rank}", "1")
+    store.wait([f"checked{r}" for r in range(world)], timedelta(seconds=20))
+
+
+def test_an_unknown_route_and_a_route_over_a_server_are_refused():
+    spawn(bad_route, 2, timeout=30)
+    from tensordict_cpp import Publisher, TensorDictServer
+    with TensorDictServer(0, timeout=10.0) as server:
+        # A server's clients pull whole: no route to choose.
+        with pytest.raises(ValueError, match="route"):
+            Publisher(server=server, route="chain")
+        with pytest.raises(ValueError, match="route"):
+            Publisher(server, route="chain")
