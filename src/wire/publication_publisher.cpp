@@ -127,6 +127,21 @@ struct PublisherCore::Shm {
   }
 };
 
+struct PublisherCore::Subscription {
+  SubscriberStats stats;
+  std::optional<Request> relay_request{};  // while it waits with a request that may be relayed
+  bool demoted = false;                    // routed around: a leaf of later routes
+  bool relays = false;                     // it asked to relay before
+  uint64_t host = 0;                       // its network host (Request::host); 0: not said
+  bool paused = false;   // routed around for slowness: its pieces wait for the one that left it
+  int entry = -1;        // in the pins segment, while it maps the slots
+  bool asked = false;    // a request arrived
+  bool ready = false;    // asked or lost: counted in ready_
+  bool serving = false;  // in serve(): kept in the list whatever happens
+  Offer last{};          // the last answer sent whole
+  std::optional<int64_t> version_before{};  // stats.version before `last` was counted
+};
+
 // The route of one version (§9.9): its subscribers' places, and the version framed in pieces
 // (each piece message as it travels: header, bytes, the last padded), which every relayed
 // answer and resume sends from, so that no slot stays pinned while pieces move.
@@ -152,24 +167,42 @@ struct PublisherCore::Plan {
     const auto it = places.find(t);
     return it != places.end() && it->second.parent < 0;
   }
+  // The offer (status relay) of this version answering request `seq`.
+  Offer offer(uint64_t seq, uint64_t epoch) const {
+    Offer o;
+    o.status = Status::kRelay;
+    o.seq = seq;
+    o.epoch = epoch;
+    o.version = version;
+    o.data_bytes = bytes;
+    o.schema = schema;
+    return o;
+  }
+  // The route for `t`: its place's (its parent, its parent's children sharing that link), or,
+  // for a resume, from this publisher at piece `first`; its children either way.
+  Route route(const Subscription* t, uint64_t seq, uint64_t epoch, int64_t rate, bool resume,
+              int64_t first) const {
+    Route r;
+    r.seq = seq;
+    r.epoch = epoch;
+    r.version = version;
+    r.piece_bytes = piece_bytes;
+    r.first = first;
+    r.rate = rate;
+    r.checksums = checksums;
+    const auto it = places.find(t);
+    if (it == places.end()) return r;
+    r.children = it->second.children;
+    if (resume) return r;
+    r.parent = it->second.parent;
+    for (const auto& [other, place] : places) {
+      if (other->stats.rank == r.parent) r.siblings = static_cast<int64_t>(place.children.size());
+    }
+    return r;
+  }
   at::Tensor piece(int64_t i) const {
     return framed.narrow(0, i * message_bytes(), message_bytes());
   }
-};
-
-struct PublisherCore::Subscription {
-  SubscriberStats stats;
-  std::optional<Request> relay_request{};  // while it waits with a request that may be relayed
-  bool demoted = false;                    // routed around: a leaf of later routes
-  bool relays = false;                     // it asked to relay before
-  uint64_t host = 0;                       // its network host (Request::host); 0: not said
-  bool paused = false;   // routed around for slowness: its pieces wait for the one that left it
-  int entry = -1;        // in the pins segment, while it maps the slots
-  bool asked = false;    // a request arrived
-  bool ready = false;    // asked or lost: counted in ready_
-  bool serving = false;  // in serve(): kept in the list whatever happens
-  Offer last{};          // the last answer sent whole
-  std::optional<int64_t> version_before{};  // stats.version before `last` was counted
 };
 
 PublisherCore::PublisherCore(int64_t max_slots, Transport transport, Routing routing)
@@ -849,27 +882,10 @@ PublisherCore::Next PublisherCore::answer_relayed(Subscription& s, Link& link, c
                                                   const std::shared_ptr<Plan>& plan,
                                                   std::unique_lock<std::mutex>& lock) {
   const Plan::Place& place = plan->places.at(&s);
-  Offer offer;
-  offer.status = Status::kRelay;
-  offer.seq = r.seq;
-  offer.epoch = epoch_;
-  offer.version = plan->version;
-  offer.data_bytes = plan->bytes;
-  offer.schema = plan->schema;
+  Offer offer = plan->offer(r.seq, epoch_);
   const bool reuse = r.epoch == epoch_ && r.schema == plan->schema;
   offer.schema_bytes = reuse ? 0 : static_cast<int64_t>(plan->json->size());
-  Route route;
-  route.seq = r.seq;
-  route.epoch = epoch_;
-  route.version = plan->version;
-  route.piece_bytes = plan->piece_bytes;
-  route.parent = place.parent;
-  route.rate = rate_;
-  route.children = place.children;
-  for (const auto& [t, other] : plan->places) {
-    if (t->stats.rank == place.parent) route.siblings = static_cast<int64_t>(other.children.size());
-  }
-  route.checksums = plan->checksums;
+  const Route route = plan->route(&s, r.seq, epoch_, rate_, false, 0);
   std::vector<std::pair<at::Tensor, Kind>> then;
   if (!reuse) then.emplace_back(core::bytes_tensor(*plan->json), Kind::kSchema);
   then.emplace_back(core::bytes_tensor(encode(route, plan->bytes)), Kind::kRoute);
@@ -934,20 +950,8 @@ PublisherCore::Next PublisherCore::answer_resume(Subscription& s, Link& link, co
     unpause();
     return next_of(answer(s, link, offer, {}, {}, next));
   }
-  offer.status = Status::kRelay;
-  offer.version = plan->version;
-  offer.data_bytes = plan->bytes;
-  offer.schema = plan->schema;
-  Route route;
-  route.seq = r.seq;
-  route.epoch = epoch_;
-  route.version = plan->version;
-  route.piece_bytes = plan->piece_bytes;
-  route.first = r.piece;
-  route.rate = rate_;
-  const auto place = plan->places.find(&s);
-  if (place != plan->places.end()) route.children = place->second.children;
-  route.checksums = plan->checksums;
+  offer = plan->offer(r.seq, epoch_);
+  const Route route = plan->route(&s, r.seq, epoch_, rate_, true, r.piece);
   std::vector<std::pair<at::Tensor, Kind>> then;
   then.emplace_back(core::bytes_tensor(encode(route, plan->bytes)), Kind::kRoute);
   for (int64_t i = r.piece; i < plan->pieces; ++i) then.emplace_back(plan->piece(i), Kind::kPiece);
