@@ -745,12 +745,7 @@ PublisherCore::Next PublisherCore::answer_request(Subscription& s, Link& link, c
   }
   --slot.pins;
   s.stats.pinned.reset();
-  if (taken) {
-    s.version_before = s.stats.version;
-    s.stats.version = offer.version;
-    ++s.stats.pulls;
-    s.last = offer;
-  }
+  if (taken) count_taken_locked(s, offer);
   changed_.notify_all();
   return next_of(sent);
 }
@@ -904,13 +899,17 @@ PublisherCore::Next PublisherCore::answer_relayed(Subscription& s, Link& link, c
     if (place.parent < 0 && took > 0 && plan->bytes >= kRateFrom) {
       rate_ = static_cast<int64_t>(static_cast<double>(plan->bytes) / took);
     }
-    s.version_before = s.stats.version;
-    s.stats.version = offer.version;
-    ++s.stats.pulls;
-    s.last = offer;
+    count_taken_locked(s, offer);
   }
   changed_.notify_all();
   return next_of(sent);
+}
+
+void PublisherCore::count_taken_locked(Subscription& s, const Offer& offer) {
+  s.version_before = s.stats.version;
+  s.stats.version = offer.version;
+  ++s.stats.pulls;
+  s.last = offer;
 }
 
 PublisherCore::Next PublisherCore::answer_resume(Subscription& s, Link& link, const Request& r,

@@ -114,6 +114,8 @@ class PublisherCore {
   Next answer_relayed(Subscription& s, Link& link, const Request& r, NextRequest& next,
                       const std::shared_ptr<Plan>& plan, std::unique_lock<std::mutex>& lock);
   Next answer_resume(Subscription& s, Link& link, const Request& r, NextRequest& next);
+  // `s` took the version `offer` announced: its stats count it (its acknowledgement).
+  void count_taken_locked(Subscription& s, const Offer& offer);
   std::string pinning_locked() const;
   // Drops the oldest lost subscriptions out of serve() beyond kMaxLostKept, but `keep`.
   void prune_locked(const Subscription* keep);
