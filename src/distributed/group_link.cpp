@@ -100,9 +100,7 @@ bool GroupLink::wait(const pub::PendingPtr& pending, Clock::time_point deadline)
                 " longer than the ", p.message->buffer.nbytes(),
                 " bytes announced (it ran into the room kept after them)");
   if (p.copy_to.defined()) {
-    // Pieces of another route may differ in size: as much as both hold.
-    const int64_t n = std::min(p.copy_to.numel(), p.message->buffer.numel());
-    p.copy_to.narrow(0, 0, n).copy_(p.message->buffer.narrow(0, 0, n));
+    p.copy_to.copy_(p.message->buffer);
     p.copy_to = at::Tensor();
   }
   return true;

@@ -659,12 +659,13 @@ PublisherCore::Next PublisherCore::answer_request(Subscription& s, Link& link, c
   }
   s.stats.waiting = false;
   s.relay_request.reset();
-  if (closing_.load()) {
+  const auto answer_closed = [&] {
     offer.status = Status::kClosed;
     lock.unlock();
     answer(s, link, offer, {}, {}, next);
     return Next::kClose;
-  }
+  };
+  if (closing_.load()) return answer_closed();
   if (shm_ready()) {
     if (std::optional<Offer> o = shm_offer_locked(s, r)) {
       s.last = *o;
@@ -696,12 +697,7 @@ PublisherCore::Next PublisherCore::answer_request(Subscription& s, Link& link, c
     // plan_locked may have waited: the newest slot may be being filled again (max_slots 1).
     changed_.wait(lock,
                   [&] { return closing_.load() || (newest_ >= 0 && !slots_[newest_].writing); });
-    if (closing_.load()) {
-      offer.status = Status::kClosed;
-      lock.unlock();
-      answer(s, link, offer, {}, {}, next);
-      return Next::kClose;
-    }
+    if (closing_.load()) return answer_closed();
   }
   Slot& slot = slots_[newest_];
   ++slot.pins;
@@ -848,7 +844,7 @@ std::shared_ptr<PublisherCore::Plan> PublisherCore::plan_locked(
   // Framed outside the lock: every piece message as it travels, and its checksum.
   lock.unlock();
   try {
-    p->framed = at::zeros({p->pieces * p->message_bytes()}, at::kByte);
+    p->framed = at::empty({p->pieces * p->message_bytes()}, at::kByte);
     uint8_t* out = p->framed.data_ptr<uint8_t>();
     const uint8_t* in = slot.storage.data_ptr<uint8_t>();
     p->checksums.resize(static_cast<size_t>(p->pieces));
@@ -857,6 +853,7 @@ std::shared_ptr<PublisherCore::Plan> PublisherCore::plan_locked(
       uint8_t* m = out + i * p->message_bytes();
       encode_piece_header({epoch_, p->version, i, n_i}, m);
       if (n_i > 0) std::memcpy(m + kPieceHeaderBytes, in + i * p->piece_bytes, n_i);
+      std::memset(m + kPieceHeaderBytes + n_i, 0, p->piece_bytes - n_i);  // the last's padding
       p->checksums[i] = piece_checksum(m + kPieceHeaderBytes, static_cast<size_t>(n_i));
     }
   } catch (...) {

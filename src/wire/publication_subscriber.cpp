@@ -167,13 +167,17 @@ struct RelayState {
     }
     return out;
   }
-  // What is posted on other links, left to them (buffers alive until each completes): the
-  // source's receives, the children's sends.
-  void leave() {
+  // The receives posted on the source, left to its link (buffers alive until each completes):
+  // what the parent may still send lands there.
+  void leave_source() {
     std::vector<PendingPtr> receives;
     for (const auto& p : posted) receives.push_back(p.pending);
     if (!receives.empty()) source->keep(receives);
     posted.clear();
+  }
+  // What is posted on other links, left to them: the source's receives, the children's sends.
+  void leave() {
+    leave_source();
     for (const auto& s : sending) {
       for (const auto& [link, pending] : s.sends) link->keep({pending});
     }
@@ -820,7 +824,8 @@ at::Tensor piece_buffer(RelayState& r) {
   at::Tensor b;
   if (r.free.empty()) {
     // Every piece buffer fits the largest piece, with room: a receive kept posted on a link
-    // takes whatever that peer sends there next, of any route's piece size.
+    // takes whatever that peer sends there next, of any route's piece size, and the receive
+    // that takes it over (GroupLink) is of the same size.
     b = recv_buffer(kPieceHeaderBytes + kMaxPieceBytes);
   } else {
     b = std::move(r.free.back());
@@ -971,9 +976,8 @@ bool SubscriberCore::read_pieces(Pull& o, Clock::time_point deadline) {
       bad = c10::str("piece ", h->index, " of version ", h->version, " of epoch ", h->epoch, " (",
                      h->bytes, " bytes) where piece ", index, " of version ", offer.version,
                      " of epoch ", offer.epoch, " (", want, " bytes) was due");
-    } else if (!r.route.checksums.empty() &&
-               piece_checksum(m + kPieceHeaderBytes, static_cast<size_t>(want)) !=
-                   r.route.checksums[static_cast<size_t>(index)]) {
+    } else if (piece_checksum(m + kPieceHeaderBytes, static_cast<size_t>(want)) !=
+               r.route.checksums[static_cast<size_t>(index)]) {
       bad = c10::str("piece ", index, " of version ", offer.version,
                      " whose bytes do not match the checksum the publisher sent");
     }
@@ -1035,10 +1039,7 @@ bool SubscriberCore::read_pieces(Pull& o, Clock::time_point deadline) {
 void SubscriberCore::resume(Pull& o, Resume why, const std::string& detail) {
   RelayState& r = *o.relay;
   const Offer& offer = *o.offer;
-  std::vector<PendingPtr> receives;
-  for (const auto& p : r.posted) receives.push_back(p.pending);
-  if (!receives.empty()) r.source->keep(receives);  // what the parent may still send lands there
-  r.posted.clear();
+  r.leave_source();
   routed_around_.push_back(c10::str("rank ", r.route.parent, " at piece ", r.next, " of ", r.pieces,
                                     " of version ", offer.version, ": ",
                                     resume_text(static_cast<uint32_t>(why)), " (", detail, ")"));

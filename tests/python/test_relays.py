@@ -138,6 +138,17 @@ def await_acked(pub, ranks, version):
           f"ranks {ranks} to hold version {version}", pub)
 
 
+def publish_version(pub, td, tag, version, ranks):
+    """Publishes version ``version`` of round ``tag`` (leaf_values) once every one of ``ranks``
+    waits for it, and returns the publisher's stats once they all hold it."""
+    for i, leaf in enumerate(td.values()):
+        leaf.copy_(leaf_values(tag, version, i))
+    await_waiting(pub, ranks, version - 1)
+    assert pub.publish(td) == version
+    await_acked(pub, ranks, version)
+    return stats_of(pub)
+
+
 def leaves(stats, ranks, version):
     """The ranks left as relays before ``version`` (their ``routed_around`` names an earlier
     version): leaves of its route. Read from the words, since the publisher may hear that a
@@ -203,12 +214,7 @@ def chain_of_three(rank, world, store):
         pub = Publisher(max_slots=2, transport="socket", route="chain")
         routes = []
         for v in range(1, versions + 1):
-            for i, leaf in enumerate(td.values()):
-                leaf.copy_(leaf_values(0, v, i))
-            await_waiting(pub, subs, v - 1)
-            assert pub.publish(td) == v
-            await_acked(pub, subs, v)
-            s = stats_of(pub)
+            s = publish_version(pub, td, 0, v, subs)
             routes.append({r: (s[r]["relayed_from"], s[r]["routed_around"]) for r in subs})
             # A chain; though this 2-core machine now and then makes a relay crawl, and the
             # one it feeds leaves it: a leaf from then on.
@@ -248,12 +254,7 @@ def relay_killed(rank, world, store):
         routes = []
         t0 = time.monotonic()
         for v in range(1, last + 1):
-            for i, leaf in enumerate(td.values()):
-                leaf.copy_(leaf_values(0, v, i))
-            await_waiting(pub, alive, v - 1)
-            assert pub.publish(td) == v
-            await_acked(pub, alive, v)
-            s = stats_of(pub)
+            s = publish_version(pub, td, 0, v, alive)
             routes.append({r: (s[r]["relayed_from"], s[r]["routed_around"], s[r]["lost"])
                            for r in subs})
             # The survivors' route (rank 1 is in none once it is lost).
@@ -303,12 +304,7 @@ def stale_relay(rank, world, store):
             pub = Publisher(max_slots=2, transport="socket", route="chain", channel=k)
             routes = []
             for v in range(1, versions + 1):
-                for i, leaf in enumerate(td.values()):
-                    leaf.copy_(leaf_values(k + 1, v, i))
-                await_waiting(pub, subs, v - 1)
-                assert pub.publish(td) == v
-                await_acked(pub, subs, v)
-                s = stats_of(pub)
+                s = publish_version(pub, td, k + 1, v, subs)
                 routes.append({r: (s[r]["relayed_from"], s[r]["routed_around"]) for r in subs})
             s = stats_of(pub)
             assert s[1]["routed_around"] is not None, routes
