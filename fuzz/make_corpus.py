@@ -217,12 +217,17 @@ def relay_seeds():
     the storage size, 4 bytes), a piece header, or a resume request."""
     import struct
 
+    def place(pid=4242, slots_fd=7, pins_fd=8, token=b"0123456789abcdef", epoch=5):
+        return struct.pack("<QQ", pid | pins_fd << 32, slots_fd) + token + struct.pack("<Q", epoch)
+
     def route(data, piece, first=0, parent=-1, rate=0, siblings=1, children=(), sums=None,
-              seq=1, epoch=5, version=3):
+              seq=1, epoch=5, version=3, source=False, slots=None):
         pieces = max(1, -(-data // piece))
-        body = b"TDPUBRTE" + struct.pack("<II", 1, 1 if sums is not None else 0)
+        flags = (1 if sums is not None else 0) | (2 if source else 0) | (4 if slots else 0)
+        body = b"TDPUBRTE" + struct.pack("<II", 1, flags)
         body += struct.pack("<QQqqqqqqQ", seq, epoch, version, piece, first, parent, rate,
                             siblings, len(children))
+        body += slots if slots else bytes(40)
         body += b"".join(struct.pack("<q", c) for c in children)
         if sums is not None:
             body += b"".join(struct.pack("<Q", sums + i) for i in range(pieces))
@@ -246,6 +251,11 @@ def relay_seeds():
     yield "route-too_many_children", route(1 << 20, 1 << 20, children=range(65))
     yield "route-other_version", route(1 << 20, 1 << 20, version=4)
     yield "route-empty_storage", route(0, 64 << 10, sums=0)
+    yield "route-host_source", route(1 << 20, 256 << 10, children=[2], sums=3, source=True)
+    yield "route-host_parent", route(1 << 20, 256 << 10, parent=1, sums=3, slots=place())
+    yield "route-host_parent_other_epoch", route(1 << 20, 256 << 10, parent=1, sums=3,
+                                                 slots=place(epoch=6))
+    yield "route-host_parent_publisher", route(1 << 20, 256 << 10, sums=3, slots=place())
     yield "piece-first", piece(0, 1 << 20)
     yield "piece-hold", piece(4, 0, hold=True)
     yield "piece-queued", piece(9, 4096, queued=12)
@@ -256,6 +266,9 @@ def relay_seeds():
     yield "resume-no_epoch", resume(epoch=0)
     yield "hello", bytes([2]) + b"TDPUBREQ" + struct.pack("<IIQ", 1, 0x1000, 0xABCDEF) + bytes(40)
     yield "hello-host_zero", bytes([2]) + b"TDPUBREQ" + struct.pack("<IIQ", 1, 0x1000, 0) + bytes(40)
+    yield "hello-slots", bytes([2]) + b"TDPUBREQ" + struct.pack("<IIQ", 1, 0x1000, 0xABCDEF) + place()
+    yield "hello-slots_pid_zero", (bytes([2]) + b"TDPUBREQ" + struct.pack("<IIQ", 1, 0x1000, 0xABC)
+                                   + place(pid=0))
 
 
 def publication_seeds():

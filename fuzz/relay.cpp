@@ -8,7 +8,7 @@
 // 2 a request (64 bytes: a resume or a host message when its word says so).
 // Expected errors: c10::Error from the readers. Findings: crashes, sanitizer reports, a route
 // or a request that does not encode back to its bytes, a route whose fields break the bounds
-// it was checked against (pieces, children, checksums).
+// it was checked against (pieces, children, checksums, the slots of a parent of its epoch).
 
 #include <algorithm>
 #include <cstddef>
@@ -48,7 +48,8 @@ extern "C" int LLVMFuzzerTestOneInput(const uint8_t* data, size_t size) {
       const int64_t pieces = pub::piece_count(offer.data_bytes, r.piece_bytes);
       if (r.piece_bytes < pub::kMinPieceBytes || r.piece_bytes > pub::kMaxPieceBytes ||
           r.first < 0 || r.first >= pieces || r.children.size() > pub::kMaxChildren ||
-          (!r.checksums.empty() && static_cast<int64_t>(r.checksums.size()) != pieces)) {
+          (!r.checksums.empty() && static_cast<int64_t>(r.checksums.size()) != pieces) ||
+          (r.host_parent.pid != 0 && (r.parent < 0 || r.host_parent.epoch != offer.epoch))) {
         fuzz::fail("a route out of its bounds passed");
       }
       return 0;

@@ -31,8 +31,8 @@ constexpr uint32_t kResumeWord = 0x800;
 constexpr uint32_t kHelloWord = 0x1000;  // a subscriber's host (Request::host)
 constexpr std::array<char, 8> kRouteMagic = {'T', 'D', 'P', 'U', 'B', 'R', 'T', 'E'};
 constexpr std::array<char, 8> kPieceMagic = {'T', 'D', 'P', 'U', 'B', 'P', 'C', 'E'};
-constexpr int64_t kRouteHeadBytes = 88;
-constexpr uint32_t kRouteChecksums = 1;
+constexpr int64_t kRouteHeadBytes = 128;  // the fields, then a SlotsPlace (zero when none)
+constexpr uint32_t kRouteChecksums = 1, kRouteHostSource = 2, kRouteHostParent = 4;
 
 void put(std::string& out, uint64_t v) { core::append_le(out, v, 8); }
 
@@ -55,6 +55,33 @@ void check_head(const char* who, const char* what, const std::array<char, 8>& ma
 }
 
 int64_t field(const uint8_t* p, size_t at) { return static_cast<int64_t>(core::get_le(p + at, 8)); }
+
+// A SlotsPlace in 40 bytes: pid and pins descriptor, slots descriptor, token, epoch.
+void put_place(std::string& out, const SlotsPlace& s) {
+  put(out, uint64_t{s.pid} | uint64_t{s.pins_fd} << 32);
+  put(out, s.slots_fd);
+  put(out, core::get_le(s.token.data()));
+  put(out, core::get_le(s.token.data() + 8));
+  put(out, s.epoch);
+}
+
+SlotsPlace get_place(const char* who, const char* what, const uint8_t* p) {
+  SlotsPlace s;
+  const uint64_t where = core::get_le(p);
+  const uint64_t slots_fd = core::get_le(p + 8);
+  s.pid = static_cast<uint32_t>(where);
+  s.pins_fd = static_cast<uint32_t>(where >> 32);
+  s.slots_fd = static_cast<uint32_t>(slots_fd);
+  std::memcpy(s.token.data(), p + 16, s.token.size());
+  s.epoch = core::get_le(p + 32);
+  TD_CHECK_PEER(s.epoch != 0 && s.pid > 0 && s.pid <= (1u << 22) &&
+                    slots_fd <= static_cast<uint64_t>(INT32_MAX) &&
+                    s.pins_fd <= static_cast<uint32_t>(INT32_MAX),
+                who, ": ", what, " names slots of epoch ", s.epoch, " in pid ", s.pid,
+                ", descriptors ", slots_fd, " and ", s.pins_fd,
+                " (a non-zero epoch, a pid up to 2^22, descriptors up to 2^31 - 1)");
+  return s;
+}
 
 }  // namespace
 
@@ -108,7 +135,11 @@ std::string encode(const Request& r) {
   if (r.host != 0) {
     std::string out = head(kRequestMagic, kHelloWord);
     put(out, r.host);
-    for (int i = 0; i < 5; ++i) put(out, 0);
+    if (r.host_slots.pid != 0) {
+      put_place(out, r.host_slots);
+    } else {
+      for (int i = 0; i < 5; ++i) put(out, 0);
+    }
     return out;
   }
   if (r.resume != 0) {
@@ -180,10 +211,8 @@ Request decode_request(const char* who, const uint8_t* p) {
   if (word == kHelloWord) {
     r.host = core::get_le(p + 16);
     TD_CHECK_PEER(r.host != 0, who, ": the peer names host 0 (never one)");
-    for (size_t at = 24; at < kMessageBytes; at += 8) {
-      TD_CHECK_PEER(core::get_le(p + at) == 0, who, ": the peer's host message has bytes ", at,
-                    " to ", at + 7, " set (they are 0)");
-    }
+    const bool none = std::all_of(p + 24, p + kMessageBytes, [](uint8_t b) { return b == 0; });
+    if (!none) r.host_slots = get_place(who, "the peer's host message", p + 24);
     return r;
   }
   if (word == kResumeWord) {
@@ -293,7 +322,9 @@ int64_t max_route_bytes(int64_t data_bytes) {
 }
 
 std::string encode(const Route& r, int64_t data_bytes) {
-  std::string out = head(kRouteMagic, r.checksums.empty() ? 0 : kRouteChecksums);
+  std::string out = head(kRouteMagic, (r.checksums.empty() ? 0 : kRouteChecksums) |
+                                          (r.host_source ? kRouteHostSource : 0) |
+                                          (r.host_parent.pid != 0 ? kRouteHostParent : 0));
   put(out, r.seq);
   put(out, r.epoch);
   put(out, static_cast<uint64_t>(r.version));
@@ -303,6 +334,11 @@ std::string encode(const Route& r, int64_t data_bytes) {
   put(out, static_cast<uint64_t>(r.rate));
   put(out, static_cast<uint64_t>(r.siblings));
   put(out, r.children.size());
+  if (r.host_parent.pid != 0) {
+    put_place(out, r.host_parent);
+  } else {
+    out.resize(static_cast<size_t>(kRouteHeadBytes), '\0');
+  }
   for (const int64_t c : r.children) put(out, static_cast<uint64_t>(c));
   for (const uint64_t c : r.checksums) put(out, c);
   out.resize(static_cast<size_t>(max_route_bytes(data_bytes)), '\0');  // a fixed size (§9.9)
@@ -313,8 +349,8 @@ Route decode_route(const char* who, const uint8_t* p, const Offer& offer) {
   const int64_t n = max_route_bytes(offer.data_bytes);
   check_head(who, "route", kRouteMagic, p);
   const auto word = static_cast<uint32_t>(core::get_le(p + 12, 4));
-  TD_CHECK_PEER((word & ~kRouteChecksums) == 0, who, ": the publisher's route has flags ", word,
-                " (0 or 1)");
+  TD_CHECK_PEER((word & ~(kRouteChecksums | kRouteHostSource | kRouteHostParent)) == 0, who,
+                ": the publisher's route has flags ", word, " (0 to 7)");
   Route r;
   r.seq = core::get_le(p + 16);
   r.epoch = core::get_le(p + 24);
@@ -325,6 +361,18 @@ Route decode_route(const char* who, const uint8_t* p, const Offer& offer) {
   r.rate = field(p, 64);
   r.siblings = field(p, 72);
   const uint64_t children = core::get_le(p + 80);
+  r.host_source = (word & kRouteHostSource) != 0;
+  if (word & kRouteHostParent) {
+    r.host_parent = get_place(who, "the publisher's route", p + 88);
+    TD_CHECK_PEER(r.parent >= 0 && r.host_parent.epoch == offer.epoch, who,
+                  ": the route reads version ", offer.version, " from the slots of rank ", r.parent,
+                  " of epoch ", r.host_parent.epoch, " (a subscriber's, of the offer's epoch ",
+                  offer.epoch, ")");
+  } else {
+    TD_CHECK_PEER(std::all_of(p + 88, p + kRouteHeadBytes, [](uint8_t b) { return b == 0; }), who,
+                  ": the route names no slots to read, but its bytes 88 to ", kRouteHeadBytes - 1,
+                  " are not zero");
+  }
   TD_CHECK_PEER(r.seq == offer.seq && r.epoch == offer.epoch && r.version == offer.version, who,
                 ": the route is for request ", r.seq, ", version ", r.version, " of epoch ",
                 r.epoch, "; the offer answered request ", offer.seq, " with version ",

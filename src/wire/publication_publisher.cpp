@@ -133,6 +133,7 @@ struct PublisherCore::Subscription {
   bool demoted = false;                    // routed around: a leaf of later routes
   bool relays = false;                     // it asked to relay before
   uint64_t host = 0;                       // its network host (Request::host); 0: not said
+  SlotsPlace slots{};    // its slots for its host's subscribers (Request::host_slots), if any
   bool paused = false;   // routed around for slowness: its pieces wait for the one that left it
   int entry = -1;        // in the pins segment, while it maps the slots
   bool asked = false;    // a request arrived
@@ -158,6 +159,8 @@ struct PublisherCore::Plan {
   struct Place {
     int64_t parent = -1;
     std::vector<int64_t> children;
+    bool host_source = false;  // writes the version into its slots for its host
+    SlotsPlace host_parent{};  // reads it from the parent's slots (pid 0: pieces)
   };
   std::map<const Subscription*, Place> places;
   std::set<const Subscription*> answered;  // members whose threads took their place
@@ -193,10 +196,15 @@ struct PublisherCore::Plan {
     const auto it = places.find(t);
     if (it == places.end()) return r;
     r.children = it->second.children;
+    r.host_source = it->second.host_source;
     if (resume) return r;
     r.parent = it->second.parent;
+    r.host_parent = it->second.host_parent;
     for (const auto& [other, place] : places) {
-      if (other->stats.rank == r.parent) r.siblings = static_cast<int64_t>(place.children.size());
+      if (other->stats.rank == r.parent) {
+        // A reader of the parent's slots is none of its children.
+        r.siblings = std::max<int64_t>(1, static_cast<int64_t>(place.children.size()));
+      }
     }
     return r;
   }
@@ -215,13 +223,8 @@ PublisherCore::PublisherCore(int64_t max_slots, Transport transport, Routing rou
   TORCH_CHECK_VALUE(max_slots <= L::kMaxSlots, "Publisher: max_slots is ", max_slots,
                     "; shared memory takes at most ", L::kMaxSlots);
   try {
-    shm_->pins = shm::Segment::create("tensordict-pub-pins", L::pins_bytes());
     shm_->token = shm::random_token();
-    uint8_t* q = shm_->pins->data();
-    std::memcpy(q, L::kPinsMagic.data(), 8);
-    L::word<uint32_t>(q, 8).store(L::kLayout);
-    L::word<uint32_t>(q, 12).store(L::kEntries);
-    std::memcpy(q + L::kTokenAt, shm_->token.data(), 16);
+    shm_->pins = L::create_pins("tensordict-pub-pins", shm_->token);
   } catch (const std::exception& e) {
     TORCH_CHECK(transport_ != Transport::kShm,
                 "Publisher: transport=\"shm\", but no shared memory can be made: ", e.what());
@@ -320,7 +323,8 @@ bool PublisherCore::ensure_segment_locked(int64_t bytes, size_t json) {
   const size_t total = L::slot_at(count, json_cap, data_cap, count);
   std::shared_ptr<shm::Segment> segment;
   try {
-    segment = shm::Segment::create("tensordict-pub-slots", total);
+    segment =
+        L::create_slots("tensordict-pub-slots", count, json_cap, data_cap, shm_->token, epoch_);
   } catch (const std::exception& e) {
     TORCH_CHECK(transport_ != Transport::kShm, "publish: transport=\"shm\", but no ", total,
                 " bytes of shared memory can be had: ", e.what());
@@ -338,15 +342,6 @@ bool PublisherCore::ensure_segment_locked(int64_t bytes, size_t json) {
     return false;
   }
   uint8_t* h = segment->data();
-  std::memcpy(h, L::kSlotsMagic.data(), 8);
-  L::word<uint32_t>(h, 8).store(L::kLayout);
-  L::word<uint32_t>(h, 12).store(count);
-  std::memcpy(h + L::kTokenAt, shm_->token.data(), 16);
-  L::word<uint64_t>(h, L::kEpochAt).store(epoch_);
-  L::word<uint64_t>(h, L::kJsonCapAt).store(json_cap);
-  L::word<uint64_t>(h, L::kDataCapAt).store(data_cap);
-  L::word<uint64_t>(h, L::kBytesAt).store(total);
-  L::word<uint32_t>(h, L::kPidAt).store(static_cast<uint32_t>(::getpid()));
   // The old segment's subscribers map the new one (§9.8 "moved"); what they view of the old
   // stays theirs, never rewritten.
   mark_locked(L::kMoved);
@@ -559,6 +554,7 @@ void PublisherCore::serve_requests(Subscription& s, Link& link) {
         {
           std::lock_guard<std::mutex> lock(mutex_);
           s.host = r.host;
+          s.slots = r.host_slots;
         }
         next.buffer = message_buffer();
         next.pending = link.post_recv(next.buffer, Kind::kRequest);
@@ -821,21 +817,62 @@ std::shared_ptr<PublisherCore::Plan> PublisherCore::plan_locked(
   std::stable_sort(
       healthy.begin(), healthy.end(),
       [&](const Subscription* a, const Subscription* b) { return host_order(a) < host_order(b); });
-  for (size_t i = 0; i < healthy.size(); ++i) {
-    Plan::Place& place = p->places[healthy[i]];
-    place.parent = i == 0 ? -1 : healthy[i - 1]->stats.rank;
-    if (i + 1 < healthy.size()) place.children.push_back(healthy[i + 1]->stats.rank);
+  // A host's first subscriber writes the version into its slots for the others of its host
+  // (those routed around before too), who read it there once its slots are known (one that
+  // keeps them goes first); until then they follow it on the chain, through the host's
+  // loopback, and the slow hang off the chain's end.
+  const auto keeps = [&](const Subscription* t) { return t->slots.epoch == epoch_; };
+  std::vector<Subscription*> chain;
+  std::map<uint64_t, Subscription*> first_of;  // each known host's first on the chain
+  const auto read_slots = [&](Subscription* t, Subscription* first) {
+    Plan::Place& place = p->places[t];
+    place.parent = first->stats.rank;
+    place.host_parent = first->slots;
+  };
+  for (size_t i = 0; i < healthy.size();) {
+    size_t end = i + 1;
+    while (end < healthy.size() && healthy[i]->host != 0 && healthy[end]->host == healthy[i]->host)
+      ++end;
+    std::stable_partition(healthy.begin() + static_cast<std::ptrdiff_t>(i),
+                          healthy.begin() + static_cast<std::ptrdiff_t>(end), keeps);
+    Subscription* first = healthy[i];
+    chain.push_back(first);
+    if (first->host != 0) first_of[first->host] = first;
+    if (end - i > 1) p->places[first].host_source = true;
+    for (size_t k = i + 1; k < end; ++k) {
+      if (keeps(first)) {
+        read_slots(healthy[k], first);
+      } else {
+        chain.push_back(healthy[k]);
+      }
+    }
+    i = end;
   }
-  // The slow hang off the chain's end (then the one before it, beyond kMaxChildren): they
-  // delay nobody.
-  for (size_t j = 0; j < slow.size(); ++j) {
-    const size_t from_end = j / kMaxChildren;
-    if (from_end >= healthy.size()) break;  // the rest are sent whole
-    Subscription* parent = healthy[healthy.size() - 1 - from_end];
-    p->places[parent].children.push_back(slow[j]->stats.rank);
-    p->places[slow[j]].parent = parent->stats.rank;
+  for (size_t i = 0; i < chain.size(); ++i) {
+    Plan::Place& place = p->places[chain[i]];
+    place.parent = i == 0 ? -1 : chain[i - 1]->stats.rank;
+    if (i + 1 < chain.size()) place.children.push_back(chain[i + 1]->stats.rank);
   }
-  const double n = static_cast<double>(p->places.size());
+  // The slow read their host's first's slots, or hang off the chain's end (then the one
+  // before it, beyond kMaxChildren): they delay nobody.
+  size_t hung = 0;
+  for (Subscription* t : slow) {
+    const auto it = first_of.find(t->host);
+    if (t->host != 0 && it != first_of.end()) {
+      p->places[it->second].host_source = true;
+      if (keeps(it->second)) {
+        read_slots(t, it->second);
+        continue;
+      }
+    }
+    const size_t from_end = hung++ / kMaxChildren;
+    if (from_end >= chain.size()) continue;  // sent whole
+    Subscription* parent = chain[chain.size() - 1 - from_end];
+    p->places[parent].children.push_back(t->stats.rank);
+    p->places[t].parent = parent->stats.rank;
+  }
+  // The chain's length sizes the pieces (its readers of slots take none).
+  const double n = static_cast<double>(std::max<size_t>(chain.size() + hung, 2));
   const double rate = rate_ > 0 ? static_cast<double>(rate_) : kFirstRate;
   const double best = std::sqrt(static_cast<double>(p->bytes) * kPieceCost * rate / (n - 1));
   p->piece_bytes =

@@ -122,13 +122,80 @@ struct SubscriberCore::Held {
   std::shared_ptr<const core::ValidatedMetadata> metadata;
 };
 
+// The slots of a relay on this host, mapped (§9.9): read-only, but for the entry this subscriber
+// claimed in its pins segment (its pid word, from 0), cleared when it is unmapped.
+struct HostReader {
+  SlotsPlace place;
+  std::shared_ptr<shm::Segment> slots, pins;
+  L::Checked layout;
+  uint8_t* entry = nullptr;
+  std::unique_ptr<shm::Process> relay;
+  uint64_t progress = 0;       // the relay's count, last seen
+  Clock::time_point looked{};  // when its process was last looked at
+
+  void unpin() const {
+    if (entry != nullptr) L::word<uint64_t>(entry, L::kReadingAt).store(0);
+  }
+  ~HostReader() {
+    if (entry == nullptr) return;
+    L::word<uint64_t>(entry, L::kReadingAt).store(0);
+    L::word<uint64_t>(entry, L::kHeldAt).store(0);
+    L::word<uint32_t>(entry, L::kEntryPidAt).store(0);
+  }
+  const uint8_t* record(uint32_t i) const {
+    return slots->data() + L::kSlotTable + L::kSlotRecord * i;
+  }
+  const uint8_t* data(uint32_t i) const {
+    return slots->data() + L::slot_at(layout.slots, layout.json_cap, layout.data_cap, i) +
+           layout.json_cap;
+  }
+};
+
+// Maps the slots at `place`, checked as a publisher's are (§9.8), and claims an entry; null
+// with the reason in `why` when it cannot.
+std::shared_ptr<HostReader> open_host(const SlotsPlace& place, std::string* why) {
+  if (core::env("TENSORDICT_TEST_SHM_UNMAPPABLE")) {
+    *why = "TENSORDICT_TEST_SHM_UNMAPPABLE is set (a test hook)";
+    return nullptr;
+  }
+  auto h = std::make_shared<HostReader>();
+  h->place = place;
+  const auto pid = static_cast<pid_t>(place.pid);
+  h->relay = std::make_unique<shm::Process>(pid);  // first: a pid reused maps nothing of it
+  h->slots = shm::Segment::open(pid, static_cast<int>(place.slots_fd), false, why);
+  if (h->slots) h->pins = shm::Segment::open(pid, static_cast<int>(place.pins_fd), true, why);
+  if (!h->slots || !h->pins) return nullptr;
+  h->layout = L::check_segments(*h->slots, *h->pins, place.token, place.epoch, 0);
+  if (h->layout.why.empty() && h->layout.pid != place.pid) {
+    h->layout.why = "the segment names another pid";
+  }
+  if (!h->layout.why.empty()) {
+    *why = h->layout.why;
+    return nullptr;
+  }
+  for (uint32_t e = 0; e < L::kEntries; ++e) {
+    uint8_t* q = h->pins->data() + L::kEntryTable + L::kEntryRecord * e;
+    uint32_t free = 0;
+    if (L::word<uint32_t>(q, L::kEntryPidAt)
+            .compare_exchange_strong(free, static_cast<uint32_t>(::getpid()))) {
+      h->entry = q;
+      return h;
+    }
+  }
+  *why = "no entry of its pins segment is free";
+  return nullptr;
+}
+
 // A relayed version's pieces in flight (§9.9), once its route is read.
 struct RelayState {
   Route route;
   int64_t pieces = 0;
   int64_t message_bytes = 0;     // every piece message: header, piece_bytes (the last one padded)
   std::shared_ptr<Link> source;  // the parent's link, or the publisher's
-  int64_t next = 0;              // the piece due next from the source
+  std::shared_ptr<HostReader> host;  // the parent's slots, when it is on this host
+  RelaySlots* slots = nullptr;       // this subscriber's, when it writes the version there
+  int host_slot = -1;                // the parent's slot pinned (read as its pieces come)
+  int64_t next = 0;                  // the piece due next from the source
   struct Posted {
     at::Tensor buffer;  // a piece message's bytes (with room)
     PendingPtr pending;
@@ -152,6 +219,7 @@ struct RelayState {
   int64_t queued = 0;                      // what the source's last piece said it queued
   bool stalled = false;                    // the source's bound passed: the children were held
   std::string lost;                        // why the parent's link failed outside a wait
+  std::string unmapped;                    // why the parent's slots could not be mapped
   // A resume in flight: its offer, then its route.
   bool resuming = false;
   uint64_t resume_seq = 0;
@@ -271,7 +339,10 @@ SubscriberCore::SubscriberCore(std::shared_ptr<Link> link, std::string who, int6
     : link_(std::move(link)),
       transport_(transport),
       relay_links_(std::move(relay_links)),
-      stale_relay_(core::env("TENSORDICT_TEST_RELAY_STALE").has_value()),
+      stale_relay_(!core::env("TENSORDICT_TEST_RELAY_STALE")             ? Stale::kNone
+                   : core::env("TENSORDICT_TEST_RELAY_STALE") == "slots" ? Stale::kSlots
+                                                                         : Stale::kPieces),
+      test_host_(core::env("TENSORDICT_TEST_HOST")),
       who_(std::move(who)),
       max_total_bytes_(max_total_bytes),
       held_(std::make_unique<Held>()) {}
@@ -582,13 +653,16 @@ void SubscriberCore::send_request(const PullOptions& options) {
   r.schema = held_->schema;
   r.shm = transport_ != Transport::kSocket && !declined_ && !mapped_;
   r.relay = static_cast<bool>(relay_links_);
-  if (r.relay && relayed_ && !said_host_) {
-    // Once, before the first request after a relayed version (a publisher of ours that
-    // relays: another peer would take it for a request): this subscriber's host.
+  if (r.relay && relayed_) {
+    // Before the first request after a relayed version (a publisher of ours that relays:
+    // another peer would take it for a request), and again when its slots for its host are
+    // new: this subscriber's host, and where those slots are.
     Request hello;
-    hello.host = shm::host_fingerprint();
-    if (hello.host != 0) {
+    hello.host = test_host_ ? schema_hash(*test_host_) | 1 : shm::host_fingerprint();
+    if (relay_slots_) hello.host_slots = relay_slots_->place();
+    if (hello.host != 0 && (!said_host_ || hello.host_slots != said_slots_)) {
       link_->keep({link_->post_send(core::bytes_tensor(encode(hello)), Kind::kRequest)});
+      said_slots_ = hello.host_slots;
     }
     said_host_ = true;
   }
@@ -765,7 +839,7 @@ bool SubscriberCore::read_route(Pull& o, Clock::time_point deadline) {
   r->pieces = piece_count(offer.data_bytes, route.piece_bytes);
   r->message_bytes = kPieceHeaderBytes + route.piece_bytes;
   r->source = link_;
-  if (route.parent >= 0) {
+  if (route.parent >= 0 && route.host_parent.pid == 0) {
     try {
       r->source = relay_link(route.parent);
     } catch (const MalformedPeerDataError&) {
@@ -785,6 +859,26 @@ bool SubscriberCore::read_route(Pull& o, Clock::time_point deadline) {
       // a child whose connection is gone: it resumes at the publisher by itself
     }
     r->children.push_back(std::move(child));
+  }
+  if (route.host_source) {
+    try {
+      if (!relay_slots_ || relay_slots_->epoch() != offer.epoch) {
+        relay_slots_ = std::make_unique<RelaySlots>(offer.epoch);
+      }
+      // Pieces that come while no slot is free go nowhere: the readers leave for the publisher.
+      relay_slots_->begin(offer.version, offer.schema, offer.data_bytes, route.piece_bytes);
+      r->slots = relay_slots_.get();
+    } catch (const std::exception&) {
+      relay_slots_.reset();  // no shared memory: its host's subscribers stay on the chain
+    }
+  }
+  if (route.host_parent.pid != 0) {
+    std::string why;
+    if (!host_reader_ || host_reader_->place != route.host_parent) {
+      host_reader_ = open_host(route.host_parent, &why);
+    }
+    r->host = host_reader_;
+    if (!r->host) r->unmapped = c10::str("could not map its slots: ", why);
   }
   r->route = std::move(route);
   r->progress = Clock::now();
@@ -868,6 +962,7 @@ void forward(RelayState& r, const at::Tensor& message, bool pooled) {
 
 // Tells the children to wait: this relay waits for the publisher's pieces (§9.9).
 void send_hold(RelayState& r, const Offer& offer) {
+  if (r.slots) r.slots->progress();  // its host's readers wait with it too
   at::Tensor hold = at::empty({kPieceHeaderBytes}, at::kByte);
   encode_piece_header({offer.epoch, offer.version, r.next, 0, 0, true}, hold.data_ptr<uint8_t>());
   forward(r, hold, false);
@@ -892,8 +987,19 @@ bool SubscriberCore::read_pieces(Pull& o, Clock::time_point deadline) {
     }
     if (r.next >= r.pieces) {
       r.leave();  // the sends still on their way to the children
+      if (r.slots) r.slots->finish();
       o.data_done = true;
       return true;
+    }
+    if (!r.unmapped.empty()) {
+      // Not the relay's fault: it is not left as one that failed.
+      const std::string why = std::exchange(r.unmapped, std::string());
+      resume(o, Resume::kLost, why, false);
+      continue;
+    }
+    if (r.host) {
+      if (!read_host(o, deadline)) return false;
+      continue;
     }
     const bool from_parent = r.route.parent >= 0;
     // Receives of the largest piece: a receive left posted on a link (a relay left) takes a
@@ -989,14 +1095,20 @@ bool SubscriberCore::read_pieces(Pull& o, Clock::time_point deadline) {
       o.step = Refusal::kData;
       TD_THROW(MalformedPeerDataError, who_, ": the publisher on ", link_->peer(), " sent ", bad);
     }
-    if (stale_relay_ && want > 0) {
+    if (stale_relay_ != Stale::kNone && want > 0) {
       // A test hook: a relay that forwards what its stage held before (the previous version's
-      // bytes, when it held one of this size) as this version's piece.
+      // bytes, when it held one of this size) as this version's piece, or writes it into its
+      // slots (kSlots: only there).
       std::vector<uint8_t> before(stage + index * piece, stage + index * piece + want);
       std::memcpy(stage + index * piece, m + kPieceHeaderBytes, static_cast<size_t>(want));
-      std::memcpy(m + kPieceHeaderBytes, before.data(), before.size());
-    } else if (want > 0) {
-      std::memcpy(stage + index * piece, m + kPieceHeaderBytes, static_cast<size_t>(want));
+      if (stale_relay_ == Stale::kPieces) {
+        std::memcpy(m + kPieceHeaderBytes, before.data(), before.size());
+      }
+      if (r.slots) r.slots->piece(index, before.data(), want);
+    } else {
+      if (want > 0)
+        std::memcpy(stage + index * piece, m + kPieceHeaderBytes, static_cast<size_t>(want));
+      if (r.slots) r.slots->piece(index, m + kPieceHeaderBytes, want);
     }
     r.queued = h->queued;
     // What this relay queues for its children travels with the piece (PieceHeader::queued).
@@ -1036,21 +1148,130 @@ bool SubscriberCore::read_pieces(Pull& o, Clock::time_point deadline) {
   }
 }
 
-void SubscriberCore::resume(Pull& o, Resume why, const std::string& detail) {
+bool SubscriberCore::read_host(Pull& o, Clock::time_point deadline) {
+  RelayState& r = *o.relay;
+  const Offer& offer = *o.offer;
+  HostReader& h = *r.host;
+  const uint8_t* head = h.slots->data();
+  const auto& changes = L::word<uint32_t>(head, L::kChangesAt);
+  const int64_t piece = r.route.piece_bytes;
+  const auto version = static_cast<uint64_t>(offer.version);
+  const double piece_s = r.route.rate > 0 ? static_cast<double>(piece) / r.route.rate : 0.0;
+  // The pieces' stall bound, and the grace a relay's children give a hold: the relay itself
+  // leaves a stalled parent within its bound, holding them meanwhile.
+  const Clock::duration bound =
+      std::max<Clock::duration>(kMinStall,
+                                std::chrono::duration_cast<Clock::duration>(
+                                    std::chrono::duration<double>(kStallPieces * piece_s))) +
+      kHoldGrace;
+  auto& reading = L::word<uint64_t>(h.entry, L::kReadingAt);
+  auto* stage = static_cast<uint8_t*>(o.data.data_ptr());
+  for (;;) {
+    if (interrupted_.load()) return false;
+    const uint32_t seen = changes.load();
+    if (L::word<uint32_t>(head, L::kFlagsAt).load() & (L::kClosed | L::kMoved)) {
+      // Its Subscriber went, or its slots grew: the next route names the new ones.
+      resume(o, Resume::kLost, "its slots were closed or moved", false);
+      return true;
+    }
+    const auto now = Clock::now();
+    const uint64_t progress = L::word<uint64_t>(head, L::kProgressAt).load();
+    if (progress != h.progress) {
+      h.progress = progress;
+      r.progress = now;
+    }
+    // The version's slot, written or being filled: pinned, then its state looked at again
+    // (§9.8); the relay never starts another version there while it is pinned.
+    for (uint32_t i = 0; i < h.layout.slots && r.host_slot < 0; ++i) {
+      const auto& state = L::word<uint64_t>(h.record(i), L::kStateAt);
+      const auto holds = [&] {
+        const uint64_t st = state.load();
+        return st == version || st == (L::kFilling | version);
+      };
+      if (!holds()) continue;
+      reading.store(L::pin_of(i, offer.version));
+      if (!holds()) {
+        reading.store(0);
+        continue;
+      }
+      const uint64_t bytes = L::word<uint64_t>(h.record(i), L::kSlotBytesAt).load();
+      if (bytes != static_cast<uint64_t>(offer.data_bytes) || bytes > h.layout.data_cap) {
+        resume(o, Resume::kForged,
+               c10::str("its slot holds ", bytes, " bytes of version ", offer.version, ", not ",
+                        offer.data_bytes));
+        return true;
+      }
+      r.host_slot = static_cast<int>(i);
+    }
+    if (r.host_slot >= 0) {
+      const auto slot = static_cast<uint32_t>(r.host_slot);
+      const bool whole = L::word<uint64_t>(h.record(slot), L::kStateAt).load() == version;
+      const int64_t filled =
+          whole ? r.pieces
+                : std::min<int64_t>(
+                      r.pieces,
+                      static_cast<int64_t>(L::word<uint64_t>(h.record(slot), L::kFilledAt).load()));
+      // Each piece copied into this subscriber's buffer, then checked there: what it keeps is
+      // what it checked.
+      for (; r.next < filled; ++r.next) {
+        const int64_t n = std::min(piece, offer.data_bytes - r.next * piece);
+        uint8_t* to = stage + r.next * piece;
+        std::memcpy(to, h.data(slot) + r.next * piece, static_cast<size_t>(n));
+        if (piece_checksum(to, static_cast<size_t>(n)) !=
+            r.route.checksums[static_cast<size_t>(r.next)]) {
+          resume(o, Resume::kForged,
+                 c10::str("piece ", r.next, " of version ", offer.version,
+                          " in its slots does not match the checksum the publisher sent"));
+          return true;
+        }
+        r.progress = Clock::now();
+      }
+      if (r.next >= r.pieces) {
+        h.unpin();
+        r.host_slot = -1;
+        return true;
+      }
+    }
+    if (now - h.looked >= kShmLook) {
+      h.looked = now;
+      if (!h.relay->alive()) {
+        resume(o, Resume::kLost, c10::str("its process (pid ", h.relay->pid(), ") exited"));
+        return true;
+      }
+    }
+    if (now >= r.progress + bound) {
+      resume(o, Resume::kStalled,
+             c10::str("no progress in ",
+                      std::chrono::duration_cast<std::chrono::milliseconds>(bound).count(), " ms"));
+      return true;
+    }
+    if (now >= deadline) return false;
+    const auto until = std::min({deadline, r.progress + bound, now + kShmLook});
+    shm::futex_wait(&changes, seen,
+                    std::chrono::duration_cast<std::chrono::microseconds>(until - now));
+  }
+}
+
+void SubscriberCore::resume(Pull& o, Resume why, const std::string& detail, bool blame) {
   RelayState& r = *o.relay;
   const Offer& offer = *o.offer;
   r.leave_source();
-  routed_around_.push_back(c10::str("rank ", r.route.parent, " at piece ", r.next, " of ", r.pieces,
-                                    " of version ", offer.version, ": ",
-                                    resume_text(static_cast<uint32_t>(why)), " (", detail, ")"));
-  if (routed_around_.size() > 16) routed_around_.erase(routed_around_.begin());
+  if (r.host) r.host->unpin();
+  r.host.reset();
+  r.host_slot = -1;
+  if (blame) {
+    routed_around_.push_back(c10::str("rank ", r.route.parent, " at piece ", r.next, " of ",
+                                      r.pieces, " of version ", offer.version, ": ",
+                                      resume_text(static_cast<uint32_t>(why)), " (", detail, ")"));
+    if (routed_around_.size() > 16) routed_around_.erase(routed_around_.begin());
+  }
   Request q;
   q.resume = static_cast<uint32_t>(why);
   q.seq = ++seq_;
   q.epoch = offer.epoch;
   q.version = offer.version;
   q.piece = r.next;
-  q.around = r.route.parent;
+  q.around = blame ? r.route.parent : -1;
   r.resume_seq = q.seq;
   r.resume_offer = message_buffer();
   r.resume_offer_received = link_->post_recv(r.resume_offer, Kind::kOffer);

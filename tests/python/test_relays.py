@@ -1,7 +1,9 @@
 """Relays (``Publisher(route="chain")``, docs/publication.md), on real processes over Gloo on
-127.0.0.1, every subscriber over its socket: a version travels once from the publisher and is
+127.0.0.1, every subscriber over its socket, each playing a host of its own (the
+TENSORDICT_TEST_HOST hook) but where said: a version travels once from the publisher and is
 forwarded subscriber to subscriber, each holding every version exactly, the publisher's stats
-naming a chain; a relay SIGKILLed while its pull waits costs the others that version and none
+naming a chain; subscribers of one host read the version from the first one's slots, and one
+that writes stale bytes there is caught by checksum; a relay SIGKILLed while its pull waits costs the others that version and none
 after it; a relay that forwards stale pieces (the TENSORDICT_TEST_RELAY_STALE hook) is caught
 by checksum, its child completing from the publisher and the publisher naming it; thousands of
 versions published as fast as possible are never pulled torn or out of order; and the route's
@@ -109,6 +111,14 @@ def spawn(fn, world, *, timeout, env=None, expect=None):
     want = {r: (expect or {}).get(r, 0) for r in range(world)}
     assert codes == want, (codes, got)
     return got
+
+
+def apart(world, extra=None):
+    """Each subscriber on a host of its own (the TENSORDICT_TEST_HOST hook), with ``extra``
+    {rank: env} besides: otherwise processes of one machine are subscribers of one host, and
+    the others read the first one's slots."""
+    return {r: {"TENSORDICT_TEST_HOST": f"host{r}", **(extra or {}).get(r, {})}
+            for r in range(1, world)} | {0: (extra or {}).get(0, {})}
 
 
 # --- helpers the ranks share ------------------------------------------------------------------
@@ -230,7 +240,7 @@ def chain_of_three(rank, world, store):
 
 
 def test_a_chain_of_three_holds_every_version_exactly():
-    got = spawn(chain_of_three, 4, timeout=60)
+    got = spawn(chain_of_three, 4, timeout=60, env=apart(4))
     assert len(got[0]) == 4, got[0]  # each version's route was checked to be a chain
 
 
@@ -286,7 +296,7 @@ def relay_killed(rank, world, store):
 @pytest.mark.parametrize("in_route", [False, True], ids=["before_the_route", "in_the_route"])
 def test_a_relay_killed_while_its_pull_waits_costs_the_others_nothing(in_route):
     got = spawn(relay_killed, 4, timeout=40, expect={1: -signal.SIGKILL},
-                env={0: {"RELAY_KILLED_IN_ROUTE": "1" if in_route else "0"}})
+                env=apart(4, {0: {"RELAY_KILLED_IN_ROUTE": "1" if in_route else "0"}}))
     routes, took, rank1 = got[0]
     assert len(routes) == 11 and took < 20, (took, routes)  # each route checked as it came
 
@@ -325,7 +335,8 @@ def stale_relay(rank, world, store):
 
 
 def test_a_stale_relay_is_caught_by_checksum_and_named():
-    got = spawn(stale_relay, 4, timeout=60, env={1: {"TENSORDICT_TEST_RELAY_STALE": "1"}})
+    got = spawn(stale_relay, 4, timeout=60,
+                env=apart(4, {1: {"TENSORDICT_TEST_RELAY_STALE": "1"}}))
     for k, routes in enumerate(got[0]):
         first = routes[0]
         # Version 1's route starts at rank 1; its child took the forged pieces from it.
@@ -386,12 +397,13 @@ def never_torn(rank, world, store):
     return pulled, sub.routed_around
 
 
-def test_versions_published_as_fast_as_possible_are_never_torn():
+@pytest.mark.parametrize("hosts", ["apart", "one"])
+def test_versions_published_as_fast_as_possible_are_never_torn(hosts):
     """At least 2,000 versions (3 leaves of 64 KiB, each filled with the version's number)
     published back to back, until each of a chain of 3 subscribers pulling in loops has pulled
     200 times (25 s at most): every pull is one whole version, the one it says, newer than the
-    one before."""
-    got = spawn(never_torn, 4, timeout=75)
+    one before. On hosts apart, through a chain; on one host, through the first one's slots."""
+    got = spawn(never_torn, 4, timeout=75, env=apart(4) if hosts == "apart" else None)
     versions, relayed, checks, stats = got[0]
     pulls = {r: len(got[r][0]) for r in (1, 2, 3)}
     said = (f"{versions} versions published, pulls per subscriber {pulls}, a relay in use at "
@@ -403,7 +415,58 @@ def test_versions_published_as_fast_as_possible_are_never_torn():
     assert relayed > 0, said
 
 
-# --- 5. argument errors -----------------------------------------------------------------------
+# --- 5. one host: the first subscriber's slots ---------------------------------------------
+
+def one_host(rank, world, store):
+    from tensordict_cpp import Publisher, Subscriber, TensorDict
+    subs, versions = list(range(1, world)), 5
+    td = TensorDict({f"w{i}": torch.zeros(N) for i in range(LEAVES)}, batch_size=[])
+    if rank == 0:
+        pub = Publisher(max_slots=2, transport="socket", route="chain")
+        routes = []
+        for v in range(1, versions + 1):
+            s = publish_version(pub, td, 0, v, subs)
+            routes.append({r: (s[r]["relayed_from"], s[r]["routed_around"]) for r in subs})
+        return finish(store, rank, subs, pub, lambda: routes)
+    sub = Subscriber(src=0, transport="socket")
+    for v in range(1, versions + 1):
+        assert sub.pull(td, timeout=30, min_version=v) == v
+        for i, leaf in enumerate(td.values()):
+            assert torch.equal(leaf, leaf_values(0, v, i)), (rank, v, i)
+    finish(store, rank, subs)
+    return sub.routed_around
+
+
+def test_subscribers_of_one_host_read_the_first_ones_slots():
+    # Version 1 is a chain (the hosts are not known yet); from version 2 the first of the host
+    # writes its versions into its slots, which the others read once the publisher knows where
+    # they are (version 3 on): one copy crosses the host's socket.
+    got = spawn(one_host, 4, timeout=60)
+    routes = got[0]
+    for v, route in enumerate(routes[2:], start=3):
+        parents = [parent for parent, _ in route.values()]
+        first = next(r for r, (parent, _) in route.items() if parent == -1)
+        assert parents.count(-1) == 1 and parents.count(first) == 2, (v, routes)
+    assert all(not got[r] for r in (1, 2, 3)), got  # nobody was routed around
+
+
+def test_stale_bytes_in_a_hosts_slots_are_caught_by_checksum():
+    # Every subscriber writes the bytes of the version before into its slots (the hook): from
+    # version 3, the readers of the first one's slots catch them, leave it for the publisher and
+    # still hold every version exactly; the first is named.
+    got = spawn(one_host, 4, timeout=60,
+                env={r: {"TENSORDICT_TEST_RELAY_STALE": "slots"} for r in (1, 2, 3)})
+    routes = got[0]
+    first = next(r for r, (parent, _) in routes[2].items() if parent == -1)
+    readers = [r for r in (1, 2, 3) if r != first]
+    for r in readers:
+        said = [e for e in got[r] if "of version 3" in e]
+        assert said and said[0].startswith(f"rank {first} ") and "checksum" in said[0], got[r]
+    around = routes[-1][first][1]
+    assert around is not None and "left it at piece 0 of version 3" in around, routes
+
+
+# --- 6. argument errors -----------------------------------------------------------------------
 
 def bad_route(rank, world, store):
     from tensordict_cpp import Publisher

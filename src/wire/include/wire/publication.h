@@ -62,6 +62,18 @@ enum class Refusal : uint32_t {
 /// The refusal in words, for the publisher's stats().
 const char* refusal_text(Refusal r);
 
+/// Where a process's slots in shared memory are (§9.8): its pid, the descriptors of its slots
+/// and pins segments, the token both start with, and the epoch of the versions they hold. A
+/// relay's slots for the subscribers of its host travel this way (§9.9). pid 0: none.
+struct SlotsPlace {
+  uint32_t pid = 0;
+  uint32_t slots_fd = 0;
+  uint32_t pins_fd = 0;
+  std::array<uint8_t, 16> token{};
+  uint64_t epoch = 0;
+  bool operator==(const SlotsPlace&) const = default;
+};
+
 /// What a subscriber asks for: the newest version newer than the one it holds (and at least
 /// min_version), waiting up to wait_ms for one (-1: for ever; 0: answer at once).
 struct Request {
@@ -95,8 +107,10 @@ struct Request {
   /// Not a request: the subscriber's network host (shm::host_fingerprint), sent once, before
   /// its first request after a relayed version, and answered by nothing: a route visits the
   /// subscribers of one host one after another, so each host's interface receives a version
-  /// once. The other fields are 0.
+  /// once. The other fields are 0, but `host_slots`: the slots this subscriber keeps for the
+  /// others of its host (§9.9), once a route asked it to (pid 0: none yet).
   uint64_t host = 0;
+  SlotsPlace host_slots{};
 };
 
 /// Why a subscriber stopped taking a relayed version from its parent (a resume's reason).
@@ -176,6 +190,12 @@ struct Route {
   int64_t siblings = 1;     // the parent's children (this one among them): they share its link
   std::vector<int64_t> children;    // the ranks this subscriber forwards every piece to
   std::vector<uint64_t> checksums;  // one per piece (piece_checksum), or none
+  /// The subscriber writes the version, once whole, into slots of its own in shared memory,
+  /// for the subscribers of its host (it then says where they are in its host message).
+  bool host_source = false;
+  /// The parent is on this subscriber's host: the version is read from its slots, there
+  /// (pid 0: the parent sends pieces).
+  SlotsPlace host_parent{};
 };
 
 inline constexpr int64_t kMinPieceBytes = int64_t{64} << 10;

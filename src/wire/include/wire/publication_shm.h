@@ -12,10 +12,14 @@
 #include <cstdint>
 #include <memory>
 #include <string>
+#include <vector>
+
+#include "wire/publication.h"
 
 namespace tensordict::shm {
 class Segment;
-}
+class Process;
+}  // namespace tensordict::shm
 
 namespace tensordict::wire::publication::shm_layout {
 
@@ -37,8 +41,15 @@ inline constexpr uint32_t kClosed = 1, kMoved = 2;       // the header's flags
 inline constexpr size_t kTokenAt = 16, kEpochAt = 32, kJsonCapAt = 40, kDataCapAt = 48,
                         kBytesAt = 56, kPidAt = 64, kChangesAt = 128, kFlagsAt = 132,
                         kNewestAt = 136;
+// A relay's slots only (§9.9): the pieces and holds it took so far, which its host's
+// subscribers watch for progress while it receives a version.
+inline constexpr size_t kProgressAt = 144;
 // Offsets in a slot record.
 inline constexpr size_t kStateAt = 0, kSlotBytesAt = 8, kSchemaAt = 16, kJsonBytesAt = 24;
+// A relay's slots only (§9.9): a slot's state while its version's pieces arrive (readers may
+// pin it and read the pieces written so far), and how many are written.
+inline constexpr uint64_t kFilling = uint64_t{1} << 62;
+inline constexpr size_t kFilledAt = 32;
 // Offsets in an entry record.
 inline constexpr size_t kEntryPidAt = 0, kReadingAt = 8, kHeldAt = 16, kEntryVersionAt = 24,
                         kPullsAt = 32, kWaitingAt = 40;
@@ -78,4 +89,62 @@ struct Checked {
 Checked check_segments(const shm::Segment& slots, const shm::Segment& pins,
                        const std::array<uint8_t, 16>& token, uint64_t epoch, uint32_t entry);
 
+/// A new slots segment, its header written (magic, layout, `count` slots of `json_cap` and
+/// `data_cap` bytes, the token, the epoch, this process's pid), and a new pins segment. Throw
+/// std::system_error when the kernel refuses.
+std::shared_ptr<shm::Segment> create_slots(const char* name, uint32_t count, uint64_t json_cap,
+                                           uint64_t data_cap, const std::array<uint8_t, 16>& token,
+                                           uint64_t epoch);
+std::shared_ptr<shm::Segment> create_pins(const char* name, const std::array<uint8_t, 16>& token);
+
 }  // namespace tensordict::wire::publication::shm_layout
+
+namespace tensordict::wire::publication {
+
+/// A relay's slots for the other subscribers of its host (docs/publication.md, "Across hosts:
+/// relays"; §9.9): the first subscriber of a host that a route reaches writes each piece of a
+/// version into them as it takes it, and the others of its host read the pieces there, as they
+/// come, instead of over the network. The layout is the publisher's (§9.8), with kProgressAt,
+/// kFilling and kFilledAt; the readers claim an entry in the pins segment themselves (its pid
+/// word, from 0), as no link to them carries an offer. Not thread-safe (the subscriber's
+/// pulling thread).
+class RelaySlots {
+ public:
+  /// Throws std::system_error when no shared memory can be had.
+  explicit RelaySlots(uint64_t epoch);
+  ~RelaySlots();  // marked closed: the readers go to the publisher
+  RelaySlots(const RelaySlots&) = delete;
+  RelaySlots& operator=(const RelaySlots&) = delete;
+
+  uint64_t epoch() const { return epoch_; }
+  /// Where the slots are; pid 0 before the first write.
+  SlotsPlace place() const;
+  /// One more piece or hold taken: the readers' sign of progress.
+  void progress();
+  /// Starts `version` (`bytes` whose schema hash is `schema`, in pieces of `piece_bytes`) in a
+  /// slot nobody pins, a larger segment first when it does not fit (the old one marked moved).
+  /// False when every slot stays pinned for a second (its readers then leave for the
+  /// publisher) or no larger segment can be had: the pieces then go nowhere.
+  bool begin(int64_t version, uint64_t schema, int64_t bytes, int64_t piece_bytes);
+  /// Piece `index` (the next one: they come in order), `n` bytes at `data`.
+  void piece(int64_t index, const uint8_t* data, int64_t n);
+  /// Every piece written: the version is the newest.
+  void finish();
+
+ private:
+  bool pinned(uint32_t slot, int64_t version) const;
+  void reap();  // clears the entries of readers whose process exited
+  void wake() const;
+
+  static constexpr uint32_t kCount = 3;  // a reader pins one while it copies
+  const uint64_t epoch_;
+  const std::array<uint8_t, 16> token_;
+  std::shared_ptr<shm::Segment> pins_, slots_;
+  uint64_t data_cap_ = 0;
+  std::vector<int64_t> versions_ = std::vector<int64_t>(kCount, 0);
+  uint32_t newest_ = kCount;   // none
+  uint32_t filling_ = kCount;  // the slot begin() started; kCount: none
+  int64_t piece_bytes_ = 0;
+};
+
+}  // namespace tensordict::wire::publication

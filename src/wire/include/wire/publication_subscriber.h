@@ -27,6 +27,10 @@ namespace tensordict::wire::publication {
 /// One pull's messages, from its request on: the only state of a pull in flight.
 struct Pull;
 
+/// The slots of a relay on this subscriber's host, mapped (§9.9).
+struct HostReader;
+class RelaySlots;
+
 /// What a subscriber leaves on its link for the next one there (c10d: the next Subscriber of
 /// the same group, rank and channel in this process): the pull it left in flight with what it
 /// held, or the refusal that ended the link.
@@ -113,7 +117,13 @@ class SubscriberCore {
   // publisher, from the piece reached (resume). False at the deadline or an interrupt.
   bool read_route(Pull& o, Clock::time_point deadline);
   bool read_pieces(Pull& o, Clock::time_point deadline);
-  void resume(Pull& o, Resume why, const std::string& detail);
+  // A relayed version from the slots of its parent on this host: waits while the parent makes
+  // progress, copies and checks it (or leaves it for the publisher: resume). False at the
+  // deadline or an interrupt.
+  bool read_host(Pull& o, Clock::time_point deadline);
+  // Asks the publisher for the pieces from the one reached; `blame`: the parent failed (it is
+  // routed around), not this subscriber's own means.
+  void resume(Pull& o, Resume why, const std::string& detail, bool blame = true);
   bool read_resume(Pull& o, Clock::time_point deadline);
   std::shared_ptr<Link> relay_link(int64_t rank);
   // Waits in slices, each looking at the interrupt; false at the deadline or the interrupt.
@@ -131,12 +141,20 @@ class SubscriberCore {
   const Transport transport_;
   const RelayLinks relay_links_;
   // A test hook (TENSORDICT_TEST_RELAY_STALE set): forwards the previous version's bytes as
-  // the current one's, which the children must catch.
-  const bool stale_relay_;
+  // the current one's, which the children (and the readers of its slots) must catch; "slots":
+  // only into its slots.
+  enum class Stale { kNone, kPieces, kSlots };
+  const Stale stale_relay_;
+  // A test hook (TENSORDICT_TEST_HOST=<name>): the host this subscriber says it is on, so that
+  // processes of one machine play subscribers of different hosts.
+  const std::optional<std::string> test_host_;
   std::map<int64_t, std::shared_ptr<Link>> relays_;  // made once per rank: a link keeps a watch
   std::vector<std::string> routed_around_;
-  bool relayed_ = false;    // the publisher relayed a version here: it takes the host message
-  bool said_host_ = false;  // the host message went
+  bool relayed_ = false;     // the publisher relayed a version here: it takes the host message
+  bool said_host_ = false;   // the host message went
+  SlotsPlace said_slots_{};  // with these slots
+  std::unique_ptr<RelaySlots> relay_slots_;  // kept for its host, once a route asked
+  std::shared_ptr<HostReader> host_reader_;  // the last relay's slots read on this host
   std::string transport_text_ = "socket";
   bool declined_ = false;  // shared memory was refused: the link serves
   Decline declined_for_ = Decline::kOpen;
