@@ -53,7 +53,8 @@ struct SubscriberStats {
   /// <why>)" when it asked for shared memory and could not have it.
   std::string transport = "socket";
   /// A relayed version (route "chain"): the rank its pieces last came from at first (-1: the
-  /// publisher); unset when it was sent whole.
+  /// publisher), or whose shared memory it read them from (a subscriber of its host); unset
+  /// when it was sent whole.
   std::optional<int64_t> relayed_from{};
   /// Set once a subscriber stopped taking pieces from this one and went to the publisher for
   /// the rest: who, at which piece, and why. It is a leaf of every later route.

@@ -115,7 +115,8 @@ class Publisher:
         route (str, optional): how a version reaches the subscribers that wait for it over
             the group: ``"star"``, whole to each from here; ``"chain"``, once, in pieces that
             each subscriber forwards to the next as they arrive, so this process sends about one
-            copy whatever their number (docs/publication.md, "Relays"). A relay that stalls,
+            copy whatever their number, and the others of a host read them from its first
+            subscriber's shared memory (docs/publication.md, "Relays"). A relay that stalls,
             crawls, dies or forges is left by the next one for this publisher, and is a leaf
             of later routes (:meth:`stats`' ``routed_around``). Over a group only. Defaults to
             ``"star"``.

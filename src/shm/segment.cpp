@@ -28,7 +28,7 @@ std::string errno_text(int e) { return std::strerror(e); }
 
 }  // namespace
 
-std::shared_ptr<Segment> Segment::create(const std::string& name, size_t bytes) {
+std::shared_ptr<Segment> Segment::create(const std::string& name, size_t bytes, bool populate) {
   const int fd = static_cast<int>(::syscall(SYS_memfd_create, name.c_str(), MFD_CLOEXEC));
   if (fd < 0) throw_errno("memfd_create");
   // Only this user may open it through /proc (the kernel already asks for ptrace read access).
@@ -40,7 +40,8 @@ std::shared_ptr<Segment> Segment::create(const std::string& name, size_t bytes) 
   }
   // Populated now: faulting in fresh pages one at a time costs more than copying into them,
   // and a segment's pages are all written soon (each slot by a publish).
-  void* p = ::mmap(nullptr, bytes, PROT_READ | PROT_WRITE, MAP_SHARED | MAP_POPULATE, fd, 0);
+  void* p = ::mmap(nullptr, bytes, PROT_READ | PROT_WRITE,
+                   MAP_SHARED | (populate ? MAP_POPULATE : 0), fd, 0);
   if (p == MAP_FAILED) {
     const int e = errno;
     ::close(fd);
@@ -50,7 +51,8 @@ std::shared_ptr<Segment> Segment::create(const std::string& name, size_t bytes) 
   return std::shared_ptr<Segment>(new Segment(static_cast<uint8_t*>(p), bytes, fd));
 }
 
-std::shared_ptr<Segment> Segment::open(pid_t pid, int fd, bool writable, std::string* why) {
+std::shared_ptr<Segment> Segment::open(pid_t pid, int fd, bool writable, std::string* why,
+                                       bool populate) {
   const std::string path = "/proc/" + std::to_string(pid) + "/fd/" + std::to_string(fd);
   // What the descriptor is, before opening it: opening a device or a pipe of another process
   // could block or act on it.
@@ -77,9 +79,8 @@ std::shared_ptr<Segment> Segment::open(pid_t pid, int fd, bool writable, std::st
     return nullptr;
   }
   const auto bytes = static_cast<size_t>(st.st_size);
-  void* p =
-      ::mmap(nullptr, bytes, writable ? PROT_READ | PROT_WRITE : PROT_READ,
-             MAP_SHARED | MAP_POPULATE, own, 0);  // the page tables made now: pulls fault nothing
+  void* p = ::mmap(nullptr, bytes, writable ? PROT_READ | PROT_WRITE : PROT_READ,
+                   MAP_SHARED | (populate ? MAP_POPULATE : 0), own, 0);  // pulls then fault nothing
   const int e = errno;
   ::close(own);  // the mapping keeps the memory
   if (p == MAP_FAILED) {

@@ -797,9 +797,12 @@ std::shared_ptr<PublisherCore::Plan> PublisherCore::plan_locked(
     done();
     return nullptr;
   }
-  if (healthy.empty()) {
-    healthy.push_back(slow.front());
-    slow.erase(slow.begin());
+  if (slow.size() > healthy.size()) {
+    // Most were routed around: the fault was the machine's or the links', not theirs (a
+    // loaded host, a burst); they are tried as relays again rather than all hung off one.
+    for (Subscription* t : slow) t->demoted = false;
+    healthy.insert(healthy.end(), slow.begin(), slow.end());
+    slow.clear();
   }
   // The subscribers of one host one after another, hosts in the order their first subscriber
   // came: a version then crosses each host's interface once (the hops within a host go

@@ -55,9 +55,9 @@ Checked check_segments(const shm::Segment& slots, const shm::Segment& pins,
 
 std::shared_ptr<shm::Segment> create_slots(const char* name, uint32_t count, uint64_t json_cap,
                                            uint64_t data_cap, const std::array<uint8_t, 16>& token,
-                                           uint64_t epoch) {
+                                           uint64_t epoch, bool populate) {
   const size_t total = slot_at(count, json_cap, data_cap, count);
-  std::shared_ptr<shm::Segment> segment = shm::Segment::create(name, total);
+  std::shared_ptr<shm::Segment> segment = shm::Segment::create(name, total, populate);
   uint8_t* h = segment->data();
   std::memcpy(h, kSlotsMagic.data(), 8);
   word<uint32_t>(h, 8).store(kLayout);
@@ -147,7 +147,10 @@ bool RelaySlots::begin(int64_t version, uint64_t schema, int64_t bytes, int64_t 
     const uint64_t cap = (need + L::kPage - 1) / L::kPage * L::kPage;
     std::shared_ptr<shm::Segment> grown;
     try {
-      grown = L::create_slots("tensordict-relay-slots", kCount, L::kPage, cap, token_, epoch_);
+      // Not populated: made as the route starts, its pages are faulted in as the pieces come
+      // (populating three versions' worth at once held the relay, and its host, for 100s of ms).
+      grown =
+          L::create_slots("tensordict-relay-slots", kCount, L::kPage, cap, token_, epoch_, false);
     } catch (const std::exception&) {
       return false;
     }

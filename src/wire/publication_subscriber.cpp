@@ -162,7 +162,7 @@ std::shared_ptr<HostReader> open_host(const SlotsPlace& place, std::string* why)
   h->place = place;
   const auto pid = static_cast<pid_t>(place.pid);
   h->relay = std::make_unique<shm::Process>(pid);  // first: a pid reused maps nothing of it
-  h->slots = shm::Segment::open(pid, static_cast<int>(place.slots_fd), false, why);
+  h->slots = shm::Segment::open(pid, static_cast<int>(place.slots_fd), false, why, false);
   if (h->slots) h->pins = shm::Segment::open(pid, static_cast<int>(place.pins_fd), true, why);
   if (!h->slots || !h->pins) return nullptr;
   h->layout = L::check_segments(*h->slots, *h->pins, place.token, place.epoch, 0);
@@ -173,13 +173,22 @@ std::shared_ptr<HostReader> open_host(const SlotsPlace& place, std::string* why)
     *why = h->layout.why;
     return nullptr;
   }
-  for (uint32_t e = 0; e < L::kEntries; ++e) {
-    uint8_t* q = h->pins->data() + L::kEntryTable + L::kEntryRecord * e;
-    uint32_t free = 0;
-    if (L::word<uint32_t>(q, L::kEntryPidAt)
-            .compare_exchange_strong(free, static_cast<uint32_t>(::getpid()))) {
-      h->entry = q;
-      return h;
+  // A free entry, else one whose reader's process exited (its pins cleared once it is ours).
+  const auto mine = static_cast<uint32_t>(::getpid());
+  for (const bool take_dead : {false, true}) {
+    for (uint32_t e = 0; e < L::kEntries; ++e) {
+      uint8_t* q = h->pins->data() + L::kEntryTable + L::kEntryRecord * e;
+      auto& pid_word = L::word<uint32_t>(q, L::kEntryPidAt);
+      uint32_t holder = pid_word.load();
+      if (holder != 0 && (!take_dead || shm::Process(static_cast<pid_t>(holder)).alive())) {
+        continue;
+      }
+      if (pid_word.compare_exchange_strong(holder, mine)) {
+        L::word<uint64_t>(q, L::kReadingAt).store(0);
+        L::word<uint64_t>(q, L::kHeldAt).store(0);
+        h->entry = q;
+        return h;
+      }
     }
   }
   *why = "no entry of its pins segment is free";

@@ -3,12 +3,14 @@
 A publisher (rank 0, route="chain", transport="socket") and 3 subscribers over Gloo on
 127.0.0.1. For each version the publisher waits until every subscriber's pull waits (so that
 the version is relayed: the first subscriber takes it from the publisher, the others from the
-one before), then publishes a TensorDict of 3 leaves whose every element holds the version
+one before with `--hosts apart`, each subscriber playing a host of its own, or from the first
+one's shared memory with `--hosts one`, the default), then publishes a TensorDict of 3 leaves whose every element holds the version
 number plus the leaf's index; each subscriber checks every pull: every element of every leaf
 holds what its version says, and the versions only increase. It prints the pulls checked, the
 torn ones (0 unless a check failed: then it exits 1), and the publisher's stats.
 
     .venv/bin/python tests/soak/relay_torn.py --pulls 100000
+    .venv/bin/python tests/soak/relay_torn.py --pulls 100000 --hosts apart
 
 Not in the suite (minutes); tests/python/test_relays.py runs a short one.
 """
@@ -28,7 +30,9 @@ import torch.multiprocessing as mp
 SUBSCRIBERS = 3
 
 
-def rank_main(rank: int, port: int, versions: int, numel: int) -> None:
+def rank_main(rank: int, port: int, versions: int, numel: int, apart: bool) -> None:
+    if apart and rank != 0:
+        os.environ["TENSORDICT_TEST_HOST"] = f"host{rank}"  # a test hook: hosts of their own
     from tensordict_cpp import Publisher, Subscriber, TensorDict
 
     world = SUBSCRIBERS + 1
@@ -73,13 +77,16 @@ def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--pulls", type=int, default=100_000, help="pulls in all (subscribers')")
     ap.add_argument("--kib", type=int, default=64, help="each leaf's KiB")
+    ap.add_argument("--hosts", choices=["one", "apart"], default="one",
+                    help="the subscribers on one host (its first's slots) or each on its own")
     a = ap.parse_args()
     with socket.socket() as s:
         s.bind(("127.0.0.1", 0))
         port = s.getsockname()[1]
     versions = -(-a.pulls // SUBSCRIBERS)
     start = time.time()
-    mp.spawn(rank_main, args=(port, versions, a.kib * 256), nprocs=SUBSCRIBERS + 1)
+    mp.spawn(rank_main, args=(port, versions, a.kib * 256, a.hosts == "apart"),
+             nprocs=SUBSCRIBERS + 1)
     print(f"relay_torn: {versions} versions to {SUBSCRIBERS} subscribers in "
           f"{time.time() - start:.0f} s; every pull checked (a torn or stale one fails the run)")
 

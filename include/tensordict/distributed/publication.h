@@ -44,8 +44,8 @@ struct PublisherOptions {
   std::string transport = "auto";
   /// How a version reaches the subscribers that wait for it over the group: "star" (whole, to
   /// each, from here) or "chain" (once, in pieces, forwarded from subscriber to subscriber as
-  /// they arrive; docs/publication.md, "Relays"). Subscribers on shared memory read the slots
-  /// either way.
+  /// they arrive; the others of a host read them from its first subscriber's shared memory:
+  /// docs/publication.md, "Relays"). Subscribers on shared memory read the slots either way.
   std::string route = "star";
 };
 

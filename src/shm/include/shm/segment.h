@@ -30,13 +30,16 @@ namespace tensordict::shm {
 class Segment {
  public:
   /// A new segment of `bytes` (> 0), zeroed. `name` shows in /proc/<pid>/fd ("memfd:<name>").
+  /// `populate`: its pages made at once (MAP_POPULATE), else as they are first touched.
   /// Throws std::system_error when the kernel refuses (no memfd_create, no memory).
-  static std::shared_ptr<Segment> create(const std::string& name, size_t bytes);
+  static std::shared_ptr<Segment> create(const std::string& name, size_t bytes,
+                                         bool populate = true);
   /// Maps the segment that process `pid` holds as descriptor `fd`: only a memfd (its link in
   /// /proc says so before it is opened, so nothing else of that process is ever opened),
   /// whatever size it has. Null when it cannot, with the reason in `why` ("could not open
   /// /proc/12/fd/5: Permission denied").
-  static std::shared_ptr<Segment> open(pid_t pid, int fd, bool writable, std::string* why);
+  static std::shared_ptr<Segment> open(pid_t pid, int fd, bool writable, std::string* why,
+                                       bool populate = true);
 
   ~Segment();
   Segment(const Segment&) = delete;

@@ -90,11 +90,12 @@ Checked check_segments(const shm::Segment& slots, const shm::Segment& pins,
                        const std::array<uint8_t, 16>& token, uint64_t epoch, uint32_t entry);
 
 /// A new slots segment, its header written (magic, layout, `count` slots of `json_cap` and
-/// `data_cap` bytes, the token, the epoch, this process's pid), and a new pins segment. Throw
-/// std::system_error when the kernel refuses.
+/// `data_cap` bytes, the token, the epoch, this process's pid; `populate` as
+/// shm::Segment::create's), and a new pins segment. Throw std::system_error when the kernel
+/// refuses.
 std::shared_ptr<shm::Segment> create_slots(const char* name, uint32_t count, uint64_t json_cap,
                                            uint64_t data_cap, const std::array<uint8_t, 16>& token,
-                                           uint64_t epoch);
+                                           uint64_t epoch, bool populate = true);
 std::shared_ptr<shm::Segment> create_pins(const char* name, const std::array<uint8_t, 16>& token);
 
 }  // namespace tensordict::wire::publication::shm_layout
