@@ -216,20 +216,16 @@ def leaf_values(tag, v, i, n=N):
     return torch.arange(n, dtype=torch.float32) + tag * 100000 + v * 1000 + i
 
 
-def chain_of_three(rank, world, store):
+def relay_rounds(rank, world, store):
+    """Five versions, each published once every subscriber waits for it; each subscriber checks
+    every version it pulls. Rank 0 returns the publisher's stats after each version."""
     from tensordict_cpp import Publisher, Subscriber, TensorDict
-    subs, versions = list(range(1, world)), 4
+    subs, versions = list(range(1, world)), 5
     td = TensorDict({f"w{i}": torch.zeros(N) for i in range(LEAVES)}, batch_size=[])
     if rank == 0:
         pub = Publisher(max_slots=2, transport="socket", route="chain")
-        routes = []
-        for v in range(1, versions + 1):
-            s = publish_version(pub, td, 0, v, subs)
-            routes.append({r: (s[r]["relayed_from"], s[r]["routed_around"]) for r in subs})
-            # A chain; though this 2-core machine now and then makes a relay crawl, and the
-            # one it feeds leaves it: a leaf from then on.
-            assert_route(s, subs, v, routes)
-        return finish(store, rank, subs, pub, lambda: routes)
+        rounds = [publish_version(pub, td, 0, v, subs) for v in range(1, versions + 1)]
+        return finish(store, rank, subs, pub, lambda: rounds)
     sub = Subscriber(src=0, transport="socket")
     for v in range(1, versions + 1):
         assert sub.pull(td, timeout=30, min_version=v) == v
@@ -239,9 +235,17 @@ def chain_of_three(rank, world, store):
     return sub.routed_around
 
 
+def routes_of(rounds):
+    return [{r: (s["relayed_from"], s["routed_around"]) for r, s in stats.items()}
+            for stats in rounds]
+
+
 def test_a_chain_of_three_holds_every_version_exactly():
-    got = spawn(chain_of_three, 4, timeout=60, env=apart(4))
-    assert len(got[0]) == 4, got[0]  # each version's route was checked to be a chain
+    got = spawn(relay_rounds, 4, timeout=60, env=apart(4))
+    for v, stats in enumerate(got[0], start=1):
+        # A chain; though this 2-core machine now and then makes a relay crawl, and the one it
+        # feeds leaves it: a leaf from then on.
+        assert_route(stats, [1, 2, 3], v, routes_of(got[0]))
 
 
 # --- 2. a relay killed while its pull waits ---------------------------------------------------
@@ -417,32 +421,12 @@ def test_versions_published_as_fast_as_possible_are_never_torn(hosts):
 
 # --- 5. one host: the first subscriber's slots ---------------------------------------------
 
-def one_host(rank, world, store):
-    from tensordict_cpp import Publisher, Subscriber, TensorDict
-    subs, versions = list(range(1, world)), 5
-    td = TensorDict({f"w{i}": torch.zeros(N) for i in range(LEAVES)}, batch_size=[])
-    if rank == 0:
-        pub = Publisher(max_slots=2, transport="socket", route="chain")
-        routes = []
-        for v in range(1, versions + 1):
-            s = publish_version(pub, td, 0, v, subs)
-            routes.append({r: (s[r]["relayed_from"], s[r]["routed_around"]) for r in subs})
-        return finish(store, rank, subs, pub, lambda: routes)
-    sub = Subscriber(src=0, transport="socket")
-    for v in range(1, versions + 1):
-        assert sub.pull(td, timeout=30, min_version=v) == v
-        for i, leaf in enumerate(td.values()):
-            assert torch.equal(leaf, leaf_values(0, v, i)), (rank, v, i)
-    finish(store, rank, subs)
-    return sub.routed_around
-
-
 def test_subscribers_of_one_host_read_the_first_ones_slots():
     # Version 1 is a chain (the hosts are not known yet); from version 2 the first of the host
     # writes its versions into its slots, which the others read once the publisher knows where
     # they are (version 3 on): one copy crosses the host's socket.
-    got = spawn(one_host, 4, timeout=60)
-    routes = got[0]
+    got = spawn(relay_rounds, 4, timeout=60)
+    routes = routes_of(got[0])
     for v, route in enumerate(routes[2:], start=3):
         parents = [parent for parent, _ in route.values()]
         first = next(r for r, (parent, _) in route.items() if parent == -1)
@@ -454,9 +438,9 @@ def test_stale_bytes_in_a_hosts_slots_are_caught_by_checksum():
     # Every subscriber writes the bytes of the version before into its slots (the hook): from
     # version 3, the readers of the first one's slots catch them, leave it for the publisher and
     # still hold every version exactly; the first is named.
-    got = spawn(one_host, 4, timeout=60,
+    got = spawn(relay_rounds, 4, timeout=60,
                 env={r: {"TENSORDICT_TEST_RELAY_STALE": "slots"} for r in (1, 2, 3)})
-    routes = got[0]
+    routes = routes_of(got[0])
     first = next(r for r, (parent, _) in routes[2].items() if parent == -1)
     readers = [r for r in (1, 2, 3) if r != first]
     for r in readers:
