@@ -969,6 +969,16 @@ void forward(RelayState& r, const at::Tensor& message, bool pooled) {
   }
 }
 
+// A parent that sends no piece in this long stalls: max(kMinStall, kStallPieces piece times).
+Clock::duration stall_bound(const Route& route) {
+  const double piece_s =
+      route.rate > 0 ? static_cast<double>(route.piece_bytes) / static_cast<double>(route.rate)
+                     : 0.0;
+  return std::max<Clock::duration>(kMinStall,
+                                   std::chrono::duration_cast<Clock::duration>(
+                                       std::chrono::duration<double>(kStallPieces * piece_s)));
+}
+
 // Tells the children to wait: this relay waits for the publisher's pieces (§9.9).
 void send_hold(RelayState& r, const Offer& offer) {
   if (r.slots) r.slots->progress();  // its host's readers wait with it too
@@ -1029,11 +1039,7 @@ bool SubscriberCore::read_pieces(Pull& o, Clock::time_point deadline) {
     auto until = deadline;
     Clock::duration bound{};
     if (from_parent) {
-      const double piece_s = r.route.rate > 0 ? static_cast<double>(piece) / r.route.rate : 0.0;
-      bound = std::max<Clock::duration>(kMinStall,
-                                        std::chrono::duration_cast<Clock::duration>(
-                                            std::chrono::duration<double>(kStallPieces * piece_s)));
-      if (r.stalled) bound += kHoldGrace;
+      bound = stall_bound(r.route) + (r.stalled ? kHoldGrace : Clock::duration{});
       until = std::min(deadline, r.progress + bound);
     }
     const RelayState::Posted front = r.posted.front();
@@ -1165,14 +1171,9 @@ bool SubscriberCore::read_host(Pull& o, Clock::time_point deadline) {
   const auto& changes = L::word<uint32_t>(head, L::kChangesAt);
   const int64_t piece = r.route.piece_bytes;
   const auto version = static_cast<uint64_t>(offer.version);
-  const double piece_s = r.route.rate > 0 ? static_cast<double>(piece) / r.route.rate : 0.0;
-  // The pieces' stall bound, and the grace a relay's children give a hold: the relay itself
-  // leaves a stalled parent within its bound, holding them meanwhile.
-  const Clock::duration bound =
-      std::max<Clock::duration>(kMinStall,
-                                std::chrono::duration_cast<Clock::duration>(
-                                    std::chrono::duration<double>(kStallPieces * piece_s))) +
-      kHoldGrace;
+  // With the grace a relay's children give a hold: the relay itself leaves a stalled parent
+  // within the bound, holding them meanwhile (its progress word moves then).
+  const Clock::duration bound = stall_bound(r.route) + kHoldGrace;
   auto& reading = L::word<uint64_t>(h.entry, L::kReadingAt);
   auto* stage = static_cast<uint8_t*>(o.data.data_ptr());
   for (;;) {
