@@ -67,28 +67,32 @@ def perftest(test: str, nbytes: int, iters: int, env: dict) -> float:
     the overall bandwidth."""
     exe = libucx_dir() / "bin" / "ucx_perftest"
     env = {**env, "LD_LIBRARY_PATH": str(libucx_dir() / "lib"), "UCX_MM_ERROR_HANDLING": "y"}
-    port = free_port()
-    server = subprocess.Popen([str(exe), "-p", str(port), "-e"], env=env,
-                              stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
-    try:
-        for _ in range(50):  # the server binds after starting UCX
-            time.sleep(0.1)
-            out = subprocess.run([str(exe), "127.0.0.1", "-p", str(port), "-e", "-t", test, "-s",
-                                  str(nbytes), "-n", str(iters)], env=env, capture_output=True,
-                                 text=True, timeout=300)
-            if "Final:" in out.stdout:
-                break
-        final = [line for line in out.stdout.splitlines() if line.startswith("Final:")]
-        if not final:
-            raise RuntimeError(f"ucx_perftest {test} failed: {out.stdout[-500:]}{out.stderr[-500:]}")
-        cols = final[-1].split()
-        # Final: iterations, latency 50%ile, average, overall, bandwidth average, overall, ...
-        if test == "tag_lat":
-            return 2 * float(cols[2])
-        return nbytes / (float(cols[6]) * 1024 * 1024) * 1e6  # MB/s is MiB/s in perftest
-    finally:
-        server.kill()
-        server.wait()
+    final: list[str] = []
+    for _ in range(3):  # a server that died before it listened (now and then): a new one
+        port = free_port()
+        server = subprocess.Popen([str(exe), "-p", str(port), "-e"], env=env,
+                                  stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+        try:
+            for _ in range(50):  # the server binds after starting UCX
+                time.sleep(0.1)
+                out = subprocess.run([str(exe), "127.0.0.1", "-p", str(port), "-e", "-t", test,
+                                      "-s", str(nbytes), "-n", str(iters)], env=env,
+                                     capture_output=True, text=True, timeout=300)
+                final = [line for line in out.stdout.splitlines() if line.startswith("Final:")]
+                if final or server.poll() is not None:
+                    break
+        finally:
+            server.kill()
+            server.wait()
+        if final:
+            break
+    if not final:
+        raise RuntimeError(f"ucx_perftest {test} failed: {out.stdout[-500:]}{out.stderr[-500:]}")
+    cols = final[-1].split()
+    # Final: iterations, latency 50%ile, average, overall, bandwidth average, overall, ...
+    if test == "tag_lat":
+        return 2 * float(cols[2])
+    return nbytes / (float(cols[6]) * 1024 * 1024) * 1e6  # MB/s is MiB/s in perftest
 
 
 # ---- ours ---------------------------------------------------------------------------------------
