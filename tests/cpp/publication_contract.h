@@ -1331,7 +1331,9 @@ TYPED_TEST_P(RelayContract, ThreeSubscribersTakeEachVersionWholeThroughAChain) {
     } else {
       ASSERT_FALSE(order.empty()) << "version " << v << ": no subscriber takes it first";
       for (const auto& s : this->core().stats()) {
-        if (s.rank != order[0]) EXPECT_EQ(s.relayed_from, order[0]) << s.peer;
+        if (s.rank != order[0]) {
+          EXPECT_EQ(s.relayed_from, order[0]) << s.peer;
+        }
       }
     }
     for (const auto& s : this->core().stats()) {
