@@ -118,8 +118,8 @@ struct PublisherCore::Shm {
       std::vector<std::unique_ptr<shm::Process>>(L::kEntries);
 
   uint8_t* header() const { return slots->data(); }
-  uint8_t* record(int i) const { return header() + L::kSlotTable + L::kSlotRecord * i; }
-  uint8_t* entry(int e) const { return pins->data() + L::kEntryTable + L::kEntryRecord * e; }
+  uint8_t* record(int i) const { return header() + L::record_at(static_cast<uint32_t>(i)); }
+  uint8_t* entry(int e) const { return pins->data() + L::entry_at(static_cast<uint32_t>(e)); }
   std::atomic<uint64_t>& state(int i) const { return L::word<uint64_t>(record(i), L::kStateAt); }
   void wake() const {
     L::word<uint32_t>(header(), L::kChangesAt).fetch_add(1);
@@ -240,11 +240,7 @@ bool PublisherCore::shm_pinned_locked(int i, int64_t version) const {
   const uint64_t pin = L::pin_of(static_cast<uint32_t>(i), version);
   for (uint32_t e = 0; e < L::kEntries; ++e) {
     if (!shm_->used[e]) continue;
-    const uint8_t* q = shm_->entry(static_cast<int>(e));
-    if (L::word<uint64_t>(q, L::kReadingAt).load() == pin ||
-        L::word<uint64_t>(q, L::kHeldAt).load() == pin) {
-      return true;
-    }
+    if (L::pins(shm_->entry(static_cast<int>(e)), pin)) return true;
   }
   return false;
 }

@@ -108,6 +108,9 @@ void RelaySlots::progress() {
   if (slots_) L::word<uint64_t>(slots_->data(), L::kProgressAt).fetch_add(1);
 }
 
+uint8_t* RelaySlots::record(uint32_t i) const { return slots_->data() + L::record_at(i); }
+uint8_t* RelaySlots::entry(uint32_t e) const { return pins_->data() + L::entry_at(e); }
+
 void RelaySlots::wake() const {
   auto& changes = L::word<uint32_t>(slots_->data(), L::kChangesAt);
   changes.fetch_add(1);
@@ -118,19 +121,15 @@ bool RelaySlots::pinned(uint32_t slot, int64_t version) const {
   if (version <= 0) return false;
   const uint64_t pin = L::pin_of(slot, version);
   for (uint32_t e = 0; e < L::kEntries; ++e) {
-    const uint8_t* q = pins_->data() + L::kEntryTable + L::kEntryRecord * e;
-    if (L::word<uint32_t>(q, L::kEntryPidAt).load() == 0) continue;
-    if (L::word<uint64_t>(q, L::kReadingAt).load() == pin ||
-        L::word<uint64_t>(q, L::kHeldAt).load() == pin) {
-      return true;
-    }
+    const uint8_t* q = entry(e);
+    if (L::word<uint32_t>(q, L::kEntryPidAt).load() != 0 && L::pins(q, pin)) return true;
   }
   return false;
 }
 
 void RelaySlots::reap() {
   for (uint32_t e = 0; e < L::kEntries; ++e) {
-    uint8_t* q = pins_->data() + L::kEntryTable + L::kEntryRecord * e;
+    uint8_t* q = entry(e);
     auto& pid = L::word<uint32_t>(q, L::kEntryPidAt);
     uint32_t p = pid.load();
     if (p == 0 || shm::Process(static_cast<pid_t>(p)).alive()) continue;
@@ -163,24 +162,23 @@ bool RelaySlots::begin(int64_t version, uint64_t schema, int64_t bytes, int64_t 
     std::fill(versions_.begin(), versions_.end(), 0);
     newest_ = kCount;
   }
-  uint8_t* h = slots_->data();
   // Dekker with the readers (§9.8): the slot marked being written, then the pins looked at.
   const auto deadline = std::chrono::steady_clock::now() + std::chrono::seconds(1);
   for (;;) {
     for (uint32_t k = 1; k <= kCount; ++k) {
       const uint32_t i = (newest_ + k) % kCount;  // the oldest first, the newest never
       if (i == newest_) continue;
-      uint8_t* record = h + L::kSlotTable + L::kSlotRecord * i;
-      auto& state = L::word<uint64_t>(record, L::kStateAt);
+      uint8_t* r = record(i);
+      auto& state = L::word<uint64_t>(r, L::kStateAt);
       const uint64_t before = state.exchange(L::kWriting);
       if (pinned(i, versions_[i])) {
         state.store(before);  // its readers go on
         continue;
       }
-      L::word<uint64_t>(record, L::kSlotBytesAt).store(static_cast<uint64_t>(bytes));
-      L::word<uint64_t>(record, L::kSchemaAt).store(schema);
-      L::word<uint64_t>(record, L::kJsonBytesAt).store(0);  // readers hold the schema
-      L::word<uint64_t>(record, L::kFilledAt).store(0);
+      L::word<uint64_t>(r, L::kSlotBytesAt).store(static_cast<uint64_t>(bytes));
+      L::word<uint64_t>(r, L::kSchemaAt).store(schema);
+      L::word<uint64_t>(r, L::kJsonBytesAt).store(0);  // readers hold the schema
+      L::word<uint64_t>(r, L::kFilledAt).store(0);
       versions_[i] = version;
       state.store(L::kFilling | static_cast<uint64_t>(version));
       filling_ = i;
@@ -196,24 +194,20 @@ bool RelaySlots::begin(int64_t version, uint64_t schema, int64_t bytes, int64_t 
 
 void RelaySlots::piece(int64_t index, const uint8_t* data, int64_t n) {
   if (filling_ == kCount) return;
-  uint8_t* h = slots_->data();
-  uint8_t* to = h + L::slot_at(kCount, L::kPage, data_cap_, filling_) + L::kPage;
+  uint8_t* to = slots_->data() + L::slot_at(kCount, L::kPage, data_cap_, filling_) + L::kPage;
   if (n > 0) std::memcpy(to + index * piece_bytes_, data, static_cast<size_t>(n));
-  uint8_t* record = h + L::kSlotTable + L::kSlotRecord * filling_;
-  L::word<uint64_t>(record, L::kFilledAt).store(static_cast<uint64_t>(index + 1));
+  L::word<uint64_t>(record(filling_), L::kFilledAt).store(static_cast<uint64_t>(index + 1));
   progress();
   wake();
 }
 
 void RelaySlots::finish() {
   if (filling_ == kCount) return;
-  uint8_t* h = slots_->data();
   const int64_t version = versions_[filling_];
-  L::word<uint64_t>(h + L::kSlotTable + L::kSlotRecord * filling_, L::kStateAt)
-      .store(static_cast<uint64_t>(version));
+  L::word<uint64_t>(record(filling_), L::kStateAt).store(static_cast<uint64_t>(version));
   newest_ = filling_;
   filling_ = kCount;
-  L::word<uint64_t>(h, L::kNewestAt).store(L::pin_of(newest_, version));
+  L::word<uint64_t>(slots_->data(), L::kNewestAt).store(L::pin_of(newest_, version));
   wake();
 }
 

@@ -142,9 +142,7 @@ struct HostReader {
     L::word<uint64_t>(entry, L::kHeldAt).store(0);
     L::word<uint32_t>(entry, L::kEntryPidAt).store(0);
   }
-  const uint8_t* record(uint32_t i) const {
-    return slots->data() + L::kSlotTable + L::kSlotRecord * i;
-  }
+  const uint8_t* record(uint32_t i) const { return slots->data() + L::record_at(i); }
   const uint8_t* data(uint32_t i) const {
     return slots->data() + L::slot_at(layout.slots, layout.json_cap, layout.data_cap, i) +
            layout.json_cap;
@@ -177,7 +175,7 @@ std::shared_ptr<HostReader> open_host(const SlotsPlace& place, std::string* why)
   const auto mine = static_cast<uint32_t>(::getpid());
   for (const bool take_dead : {false, true}) {
     for (uint32_t e = 0; e < L::kEntries; ++e) {
-      uint8_t* q = h->pins->data() + L::kEntryTable + L::kEntryRecord * e;
+      uint8_t* q = h->pins->data() + L::entry_at(e);
       auto& pid_word = L::word<uint32_t>(q, L::kEntryPidAt);
       uint32_t holder = pid_word.load();
       if (holder != 0 && (!take_dead || shm::Process(static_cast<pid_t>(holder)).alive())) {
@@ -328,7 +326,7 @@ struct SubscriberCore::Mapped {
   uint64_t pulls = 0;
 
   const uint8_t* header() const { return slots->data(); }
-  const uint8_t* record(uint32_t i) const { return header() + L::kSlotTable + L::kSlotRecord * i; }
+  const uint8_t* record(uint32_t i) const { return header() + L::record_at(i); }
   std::atomic<uint64_t>& reading() const { return L::word<uint64_t>(entry, L::kReadingAt); }
   std::atomic<uint64_t>& held() const { return L::word<uint64_t>(entry, L::kHeldAt); }
   bool within(const void* p) const {
@@ -348,9 +346,10 @@ SubscriberCore::SubscriberCore(std::shared_ptr<Link> link, std::string who, int6
     : link_(std::move(link)),
       transport_(transport),
       relay_links_(std::move(relay_links)),
-      stale_relay_(!core::env("TENSORDICT_TEST_RELAY_STALE")             ? Stale::kNone
-                   : core::env("TENSORDICT_TEST_RELAY_STALE") == "slots" ? Stale::kSlots
-                                                                         : Stale::kPieces),
+      stale_relay_([] {
+        const std::optional<std::string> hook = core::env("TENSORDICT_TEST_RELAY_STALE");
+        return !hook ? Stale::kNone : *hook == "slots" ? Stale::kSlots : Stale::kPieces;
+      }()),
       test_host_(core::env("TENSORDICT_TEST_HOST")),
       who_(std::move(who)),
       max_total_bytes_(max_total_bytes),
@@ -400,7 +399,7 @@ bool SubscriberCore::attach(const Offer& offer) {
     return refuse("the segment names another publisher's pid", Decline::kCheck);
   }
   m->epoch = offer.epoch;
-  m->entry = m->pins->data() + L::kEntryTable + L::kEntryRecord * offer.entry;
+  m->entry = m->pins->data() + L::entry_at(offer.entry);
   L::word<uint32_t>(m->entry, L::kEntryPidAt).store(static_cast<uint32_t>(::getpid()));
   const uint32_t n = m->layout.slots;
   const std::shared_ptr<shm::Segment> keep = m->slots;
@@ -662,18 +661,20 @@ void SubscriberCore::send_request(const PullOptions& options) {
   r.schema = held_->schema;
   r.shm = transport_ != Transport::kSocket && !declined_ && !mapped_;
   r.relay = static_cast<bool>(relay_links_);
-  if (r.relay && relayed_) {
+  const SlotsPlace slots = relay_slots_ ? relay_slots_->place() : SlotsPlace{};
+  if (r.relay && relayed_ && (!said_host_ || slots != said_slots_)) {
     // Before the first request after a relayed version (a publisher of ours that relays:
     // another peer would take it for a request), and again when its slots for its host are
-    // new: this subscriber's host, and where those slots are.
+    // new: this subscriber's host, and where those slots are. Not at every pull: the host is
+    // read from /proc.
     Request hello;
     hello.host = test_host_ ? schema_hash(*test_host_) | 1 : shm::host_fingerprint();
-    if (relay_slots_) hello.host_slots = relay_slots_->place();
-    if (hello.host != 0 && (!said_host_ || hello.host_slots != said_slots_)) {
+    hello.host_slots = slots;
+    if (hello.host != 0) {
       link_->keep({link_->post_send(core::bytes_tensor(encode(hello)), Kind::kRequest)});
-      said_slots_ = hello.host_slots;
     }
     said_host_ = true;
+    said_slots_ = slots;
   }
   o->asked_shm = r.shm;
   o->wait_ms = r.wait_ms;

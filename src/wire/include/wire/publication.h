@@ -104,8 +104,8 @@ struct Request {
   uint32_t resume = 0;
   int64_t piece = 0;
   int64_t around = -1;
-  /// Not a request: the subscriber's network host (shm::host_fingerprint), sent once, before
-  /// its first request after a relayed version, and answered by nothing: a route visits the
+  /// Not a request: the subscriber's network host (shm::host_fingerprint), sent before its
+  /// first request after a relayed version, and answered by nothing: a route visits the
   /// subscribers of one host one after another, so each host's interface receives a version
   /// once. The other fields are 0, but `host_slots`: the slots this subscriber keeps for the
   /// others of its host (§9.9), once a route asked it to (pid 0: none yet).
@@ -190,8 +190,8 @@ struct Route {
   int64_t siblings = 1;     // the parent's children (this one among them): they share its link
   std::vector<int64_t> children;    // the ranks this subscriber forwards every piece to
   std::vector<uint64_t> checksums;  // one per piece (piece_checksum), or none
-  /// The subscriber writes the version, once whole, into slots of its own in shared memory,
-  /// for the subscribers of its host (it then says where they are in its host message).
+  /// The subscriber writes each piece it takes into slots of its own in shared memory, for the
+  /// subscribers of its host (it then says where they are in its host message).
   bool host_source = false;
   /// The parent is on this subscriber's host: the version is read from its slots, there
   /// (pid 0: the parent sends pieces).

@@ -68,14 +68,23 @@ const std::atomic<T>& word(const uint8_t* base, size_t at) {
   return *reinterpret_cast<const std::atomic<T>*>(base + at);
 }
 
+/// Where slot `i`'s record is in the slots segment, and entry `e` in the pins segment.
+inline size_t record_at(uint32_t i) { return kSlotTable + kSlotRecord * i; }
+inline size_t entry_at(uint32_t e) { return kEntryTable + kEntryRecord * e; }
+/// Whether the entry at `entry` pins `pin` (pin_of), reading it or holding it.
+inline bool pins(const uint8_t* entry, uint64_t pin) {
+  return word<uint64_t>(entry, kReadingAt).load() == pin ||
+         word<uint64_t>(entry, kHeldAt).load() == pin;
+}
+
 /// Where slot `i` starts (its JSON; the data follows json_cap bytes later).
 inline size_t header_bytes(uint32_t slots) {
-  return (kSlotTable + kSlotRecord * slots + kPage - 1) / kPage * kPage;
+  return (record_at(slots) + kPage - 1) / kPage * kPage;
 }
 inline size_t slot_at(uint32_t slots, uint64_t json_cap, uint64_t data_cap, uint32_t i) {
   return header_bytes(slots) + i * (json_cap + data_cap);
 }
-inline size_t pins_bytes() { return kEntryTable + kEntryRecord * kEntries; }
+inline size_t pins_bytes() { return entry_at(kEntries); }
 
 /// What a subscriber read from a slots segment and a pins segment it mapped, checked: the
 /// magics, the layout, the token and epoch of the offer, the slot count and capacities within
@@ -136,6 +145,8 @@ class RelaySlots {
   bool pinned(uint32_t slot, int64_t version) const;
   void reap();  // clears the entries of readers whose process exited
   void wake() const;
+  uint8_t* record(uint32_t i) const;
+  uint8_t* entry(uint32_t e) const;
 
   static constexpr uint32_t kCount = 3;  // a reader pins one while it copies
   const uint64_t epoch_;
