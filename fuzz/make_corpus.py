@@ -246,6 +246,8 @@ def relay_seeds():
                                          siblings=2, children=[3, 4], sums=11)
     yield "route-resume", route(1 << 20, 64 << 10, first=5, sums=1)
     yield "route-small_piece", route(1 << 20, 4096)
+    yield "route-largest_piece", route(40 << 20, 16 << 20, sums=2)
+    yield "route-piece_over_the_largest", route(40 << 20, 17 << 20, sums=2)
     yield "route-first_past_end", route(1 << 20, 1 << 20, first=1)
     yield "route-child_is_parent", route(1 << 20, 1 << 20, parent=2, children=[2])
     yield "route-too_many_children", route(1 << 20, 1 << 20, children=range(65))

@@ -215,7 +215,7 @@ struct RelayState {
   };
   std::vector<Child> children;
   struct Sending {
-    at::Tensor buffer;
+    at::Tensor buffer;  // whole (the message sent is its start)
     std::vector<std::pair<Link*, PendingPtr>> sends;
     bool pooled = true;  // a piece buffer (a hold's is not)
   };
@@ -892,6 +892,8 @@ bool SubscriberCore::read_route(Pull& o, Clock::time_point deadline) {
   }
   r->route = std::move(route);
   r->progress = Clock::now();
+  r->free = std::move(piece_pool_);
+  piece_pool_.clear();
   o.relay = std::move(r);
   return true;
 }
@@ -952,9 +954,11 @@ int64_t queued_to_children(const RelayState& r) {
   return most;
 }
 
-// Forwards `message` (a piece or a hold) to every live child.
-void forward(RelayState& r, const at::Tensor& message, bool pooled) {
-  RelayState::Sending sending{message, {}, pooled};
+// Forwards the first `bytes` of `buffer` (a piece or a hold) to every live child. A piece
+// buffer goes back to the pool whole: a later route's pieces may be larger.
+void forward(RelayState& r, const at::Tensor& buffer, int64_t bytes, bool pooled) {
+  const at::Tensor message = buffer.narrow(0, 0, bytes);
+  RelayState::Sending sending{buffer, {}, pooled};
   for (auto& c : r.children) {
     if (!c.alive || !c.link) continue;
     try {
@@ -966,7 +970,7 @@ void forward(RelayState& r, const at::Tensor& message, bool pooled) {
   if (!sending.sends.empty()) {
     r.sending.push_back(std::move(sending));
   } else if (pooled) {
-    r.free.push_back(message);
+    r.free.push_back(buffer);
   }
 }
 
@@ -985,7 +989,7 @@ void send_hold(RelayState& r, const Offer& offer) {
   if (r.slots) r.slots->progress();  // its host's readers wait with it too
   at::Tensor hold = at::empty({kPieceHeaderBytes}, at::kByte);
   encode_piece_header({offer.epoch, offer.version, r.next, 0, 0, true}, hold.data_ptr<uint8_t>());
-  forward(r, hold, false);
+  forward(r, hold, kPieceHeaderBytes, false);
 }
 
 }  // namespace
@@ -1007,6 +1011,8 @@ bool SubscriberCore::read_pieces(Pull& o, Clock::time_point deadline) {
     }
     if (r.next >= r.pieces) {
       r.leave();  // the sends still on their way to the children
+      if (r.free.size() > kPiecesAhead) r.free.resize(kPiecesAhead);
+      piece_pool_ = std::move(r.free);
       if (r.slots) r.slots->finish();
       o.data_done = true;
       return true;
@@ -1132,7 +1138,7 @@ bool SubscriberCore::read_pieces(Pull& o, Clock::time_point deadline) {
       encode_piece_header({h->epoch, h->version, h->index, h->bytes, queued_to_children(r), false},
                           m);
     }
-    forward(r, front.buffer.narrow(0, 0, r.message_bytes), true);
+    forward(r, front.buffer, r.message_bytes, true);
     const auto now = Clock::now();
     r.progress = now;
     r.stalled = false;

@@ -6,8 +6,8 @@ naming a chain; subscribers of one host read the version from the first one's sl
 that writes stale bytes there is caught by checksum; a relay SIGKILLed while its pull waits costs the others that version and none
 after it; a relay that forwards stale pieces (the TENSORDICT_TEST_RELAY_STALE hook) is caught
 by checksum, its child completing from the publisher and the publisher naming it; thousands of
-versions published as fast as possible are never pulled torn or out of order; and the route's
-argument errors. Ranks sync through a TCPStore of their own, never a collective, so that a dead
+versions published as fast as possible are never pulled torn or out of order; a version of
+48 MiB travels in pieces of more than 1 MiB; and the route's argument errors. Ranks sync through a TCPStore of their own, never a collective, so that a dead
 rank stops nobody."""
 
 import os
@@ -450,7 +450,63 @@ def test_stale_bytes_in_a_hosts_slots_are_caught_by_checksum():
     assert around is not None and "left it at piece 0 of version 3" in around, routes
 
 
-# --- 6. argument errors -----------------------------------------------------------------------
+# --- 6. large versions: pieces of several MiB --------------------------------------------------
+
+BIG = (24 << 20) // 4  # 2 leaves of 24 MiB (float32)
+PIECE_SEND = re.compile(r"c10d send to rank \d+, tag \d+: (\d+) bytes")
+
+
+def big_rounds(rank, world, store):
+    """Three versions of 48 MiB through a chain of two; the publisher records the size of every
+    message it sends (its debug log), the subscribers check every version."""
+    import logging
+    from tensordict_cpp import Publisher, Subscriber, TensorDict, set_log_level
+    subs = list(range(1, world))
+    td = TensorDict({f"w{i}": torch.zeros(BIG) for i in range(2)}, batch_size=[])
+    if rank == 0:
+        sizes = []
+
+        class Sizes(logging.Handler):
+            def emit(self, record):
+                m = PIECE_SEND.search(record.getMessage())
+                if m:
+                    sizes.append(int(m.group(1)))
+
+        logging.getLogger("tensordict_cpp").addHandler(Sizes())
+        pub = Publisher(max_slots=2, transport="socket", route="chain")
+        for v in range(1, 4):
+            for i, leaf in enumerate(td.values()):
+                leaf.copy_(leaf_values(1, v, i, BIG))
+            await_waiting(pub, subs, v - 1)
+            set_log_level("debug")
+            assert pub.publish(td) == v
+            await_acked(pub, subs, v)
+            set_log_level("off")
+        return finish(store, rank, subs, pub, lambda: (sizes, stats_of(pub)))
+    sub = Subscriber(src=0, transport="socket")
+    for v in range(1, 4):
+        assert sub.pull(td, timeout=30, min_version=v) == v
+        for i, leaf in enumerate(td.values()):
+            assert torch.equal(leaf, leaf_values(1, v, i, BIG)), (rank, v, i)
+    finish(store, rank, subs)
+
+
+def test_a_large_version_travels_in_pieces_of_several_mib():
+    got = spawn(big_rounds, 3, timeout=90, env=apart(3))
+    sizes, stats = got[0]
+    # The publisher sent pieces (56-byte header + C bytes), each over 1 MiB, within 16 MiB: a
+    # piece size the route sized for 48 MiB through two on a loopback (docs/publication.md);
+    # never the whole version, which a star would send.
+    pieces = [n for n in sizes if n > (1 << 20) + 56]
+    assert pieces and max(pieces) <= (16 << 20) + 56, sizes
+    assert max(sizes) < 48 << 20, sizes
+    parents = {r: s["relayed_from"] for r, s in stats.items()}
+    first = next(r for r, parent in parents.items() if parent == -1)
+    assert parents == {first: -1, 3 - first: first}, stats  # a chain: 0 -> first -> other
+    print(f"piece messages: {len(pieces)}, {sorted(set(pieces))} bytes")
+
+
+# --- 7. argument errors -----------------------------------------------------------------------
 
 def bad_route(rank, world, store):
     from tensordict_cpp import Publisher

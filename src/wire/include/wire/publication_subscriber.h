@@ -155,6 +155,9 @@ class SubscriberCore {
   SlotsPlace said_slots_{};  // with these slots
   std::unique_ptr<RelaySlots> relay_slots_;  // kept for its host, once a route asked
   std::shared_ptr<HostReader> host_reader_;  // the last relay's slots read on this host
+  // Piece buffers of the last relayed pull, kept for the next (at most kPiecesAhead): each is
+  // the largest piece's size, paged in only as far as pieces were written into it.
+  std::vector<at::Tensor> piece_pool_;
   std::string transport_text_ = "socket";
   bool declined_ = false;  // shared memory was refused: the link serves
   Decline declined_for_ = Decline::kOpen;
