@@ -59,6 +59,13 @@ checks them for small N)
        T = (2B/C + K)(C/bw + alpha),  C* = sqrt(2 * B * alpha * bw / K).
    The egress term is 2B/bw: a tree is at least 2x one send however small alpha is.
 
+2b. Chain of hosts (the route that ships): N subscribers on hosts of h (--per-host, 8), a
+   chain of the hosts' first subscribers; the others of a host copy each piece out of their
+   first's shared memory as it is written, at mem_bw (--mem-gbps, 10 GB/s), so that the last
+   of them holds the version one piece copy after its host's first:
+       T = (P + ceil(N/h) - 1) * t + C/mem_bw.
+   The chain's form over ceil(N/h) members; the simulator checks that form as the chain's.
+
 4. Double binary tree (NCCL's, ncclGetBtree/ncclGetDtree): two binary trees over the N
    subscribers; tree 2 is tree 1 mirrored (rank r -> N-1-r) for even N, shifted by one for odd
    N, so that (for even N) every node is interior in at most one tree. Half of the pieces (the
@@ -80,7 +87,7 @@ model above, to check the closed forms for small N; for large N (64, 256, 1000) 
 the closed forms (with the exact S_max of the actual trees).
 
 Piece sizes: each pipelined route's C is searched over a geometric grid (8 points per octave)
-from 64 KiB to 64 MiB. The table reports the best C in [64 KiB, 1 MiB] (what the
+from 64 KiB to 64 MiB. The table reports the best C in [64 KiB, 16 MiB] (what the
 implementation allows) and the unclamped best.
 
 alpha: --alpha-us, or --measure-alpha: two processes on 127.0.0.1 over torch.distributed Gloo
@@ -104,12 +111,18 @@ import time
 KIB = 1 << 10
 MIB = 1 << 20
 GIB = 1 << 30
-CLAMP = (64 * KIB, 1 * MIB)
+# kMinPieceBytes, kMaxPieceBytes (src/wire/include/wire/publication.h)
+CLAMP = (64 * KIB, 16 * MIB)
 GRID_RANGE = (64 * KIB, 64 * MIB)
 GOAL = 1.25
-ROUTES = ("star", "chain", "tree", "dbt")
-ROUTE_NAMES = {"star": "star", "chain": "chain", "tree": "binary tree",
-               "dbt": "double binary tree"}
+ROUTES = ("star", "chain", "hosts", "tree", "dbt")
+ROUTE_NAMES = {"star": "star", "chain": "chain", "hosts": "chain of hosts",
+               "tree": "binary tree", "dbt": "double binary tree"}
+# The route that ships, with N subscribers on hosts of PER_HOST: a chain of the hosts' first
+# subscribers, the others of a host copying each piece from its first's shared memory at
+# MEM_BW as it is written (--per-host, --mem-gbps).
+PER_HOST = 8
+MEM_BW = 10e9
 
 
 # ---------------------------------------------------------------------------------------------
@@ -226,6 +239,11 @@ def closed_form(route: str, n: int, b: float, bw: float, alpha: float, c: float)
     t = c / bw + alpha
     if route == "chain":
         return (p + n - 1) * t
+    if route == "hosts":
+        # The last host's first holds the last piece as the chain's last member; its readers
+        # copy that piece a moment later.
+        hosts = math.ceil(n / PER_HOST)
+        return (p + hosts - 1) * t + (c / MEM_BW if n > hosts else 0.0)
     s = structure(n)
     if route == "tree":
         return (2 * (p - 1) + s["tree_smax"]) * t
@@ -265,8 +283,9 @@ def analytic_piece(route: str, n: int, b: float, bw: float, alpha: float) -> flo
     if route == "star" or alpha <= 0:
         return None
     s = structure(n)
-    if route == "chain":
-        return math.sqrt(b * alpha * bw / (n - 1)) if n > 1 else None
+    if route in ("chain", "hosts"):
+        m = n if route == "chain" else math.ceil(n / PER_HOST)
+        return math.sqrt(b * alpha * bw / (m - 1)) if m > 1 else None
     if route == "tree":
         k = s["tree_smax"] - 2
         return math.sqrt(2 * b * alpha * bw / k) if k > 0 else None
@@ -501,6 +520,8 @@ def check(ns: list[int], b: int, bw: float, alpha: float) -> list[dict]:
     out = []
     for n in ns:
         for route in ROUTES:
+            if route == "hosts":  # the chain's, over fewer members (checked as "chain")
+                continue
             c, _ = best_piece(route, n, b, bw, alpha, *CLAMP)
             if route != "star":
                 c = 1 << round(math.log2(c))
@@ -516,6 +537,7 @@ def check(ns: list[int], b: int, bw: float, alpha: float) -> list[dict]:
 
 
 def main() -> None:
+    global PER_HOST, MEM_BW
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--bytes", type=int, default=GIB, help="B, bytes of a version (1 GiB)")
     ap.add_argument("--gbps", type=float, default=12.5,
@@ -528,9 +550,14 @@ def main() -> None:
     ap.add_argument("--n", type=int, nargs="+", default=[64, 256, 1000], help="subscribers")
     ap.add_argument("--check-n", type=int, nargs="*", default=[4, 8, 16],
                     help="N at which the simulator checks the closed forms ([] to skip)")
+    ap.add_argument("--per-host", type=int, default=PER_HOST,
+                    help="subscribers a host, for the chain of hosts (8)")
+    ap.add_argument("--mem-gbps", type=float, default=MEM_BW / 1e9,
+                    help="a host's readers' copy out of shared memory, GB/s (10)")
     ap.add_argument("--json", nargs="?", const="-", default=None,
                     help="print JSON (or write it to the file given)")
     a = ap.parse_args()
+    PER_HOST, MEM_BW = a.per_host, a.mem_gbps * 1e9
 
     b, bw = a.bytes, a.gbps * 1e9
     measured = None
@@ -554,7 +581,8 @@ def main() -> None:
             json.dump(result, f, indent=1)
 
     print(f"route_model: B = {fmt_bytes(b)}, bw = {a.gbps:g} GB/s per direction, "
-          f"alpha = {a.alpha_us:.1f} us per message")
+          f"alpha = {a.alpha_us:.1f} us per message; the chain of hosts: {PER_HOST} "
+          f"subscribers a host, copies from shared memory at {a.mem_gbps:g} GB/s")
     if measured:
         m = measured
         print(f"  measured over Gloo on 127.0.0.1 ({m['seconds']:.0f} s): half a 64-byte round "
@@ -586,7 +614,8 @@ def main() -> None:
         ok = [ROUTE_NAMES[r["route"]] for r in rows if r["n"] == n and r["meets"]]
         oku = [ROUTE_NAMES[r["route"]] for r in rows if r["n"] == n and r["meets_unclamped"]]
         s = structure(n)
-        print(f"  N={n}: meets {GOAL}x with pieces <= 1 MiB: {', '.join(ok) or 'none'}; "
+        print(f"  N={n}: meets {GOAL}x with pieces <= {fmt_bytes(CLAMP[1])}: "
+              f"{', '.join(ok) or 'none'}; "
               f"unclamped: {', '.join(oku) or 'none'}  (heap depth {s['tree_depth']}, "
               f"S_max {s['tree_smax']}; double tree depth {s.get('dbt_depth')}, "
               f"K {s.get('dbt_k')}, nodes interior in both {s.get('dbt_shared_interior')})")

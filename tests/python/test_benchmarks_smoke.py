@@ -59,3 +59,32 @@ def test_quick_run_reports_every_arm_and_verifies(tmp_path):
         assert all(c.get("verified") for c in collectors["cases"]), collectors["cases"]
     # --no-write leaves the published report alone.
     assert "wrote docs/benchmarks.md" not in proc.stdout
+
+
+def route_model(*args):
+    proc = subprocess.run(
+        [str(ROOT / ".venv" / "bin" / "python"), str(ROOT / "benchmarks" / "route_model.py"),
+         "--alpha-us", "30", "--json", "-", *args],
+        capture_output=True, text=True, timeout=120)
+    assert proc.returncode == 0, proc.stdout + proc.stderr
+    return json.loads(proc.stdout)
+
+
+def test_route_model_closed_forms_match_its_simulator_and_hosts_shorten_the_chain():
+    result = route_model("--n", "64", "--check-n", "4", "8")
+    # The discrete-event simulator reproduces every closed form at small N.
+    assert len(result["checks"]) == 8
+    for c in result["checks"]:
+        assert abs(c["rel_err"]) < 1e-9, c
+    rows = {r["route"]: r for r in result["rows"]}
+    assert rows["star"]["ratio"] == 64
+    # Pieces within the implementation's bounds; 8 subscribers a host make the chain 8 long.
+    lo, hi = result["clamp"]
+    for r in rows.values():
+        if r["route"] != "star":
+            assert lo <= r["piece"] <= hi, r
+    assert rows["hosts"]["ratio"] < rows["chain"]["ratio"]
+    # One subscriber a host is the plain chain.
+    one_a_host = route_model("--n", "64", "--check-n", "--per-host", "1")["rows"]
+    alone = {r["route"]: r for r in one_a_host}
+    assert alone["hosts"]["ms"] == alone["chain"]["ms"]
