@@ -100,7 +100,15 @@ bool GroupLink::wait(const pub::PendingPtr& pending, Clock::time_point deadline)
                 " longer than the ", p.message->buffer.nbytes(),
                 " bytes announced (it ran into the room kept after them)");
   if (p.copy_to.defined()) {
-    p.copy_to.copy_(p.message->buffer);
+    // A piece's bytes only (its header says how many; the buffer has room for the largest).
+    int64_t n = p.message->buffer.numel();
+    if (p.kind == pub::Kind::kPiece && n >= pub::kPieceHeaderBytes) {
+      const auto h = pub::decode_piece_header(p.message->buffer.data_ptr<uint8_t>());
+      if (h && h->bytes >= 0 && h->bytes <= n - pub::kPieceHeaderBytes) {
+        n = pub::kPieceHeaderBytes + h->bytes;
+      }
+    }
+    p.copy_to.narrow(0, 0, n).copy_(p.message->buffer.narrow(0, 0, n));
     p.copy_to = at::Tensor();
   }
   return true;
