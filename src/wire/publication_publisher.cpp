@@ -950,7 +950,9 @@ PublisherCore::Next PublisherCore::answer_resume(Subscription& s, Link& link, co
   std::unique_lock<std::mutex> lock(mutex_);
   const std::shared_ptr<Plan> plan = plan_;
   Subscription* paused = nullptr;
-  if (r.around >= 0) {
+  // Only the parent its route gave it: a resume that names another rank (a hostile or a
+  // confused subscriber) routes nobody around.
+  if (r.around >= 0 && s.stats.relayed_from == std::optional<int64_t>(r.around)) {
     for (auto& t : subscriptions_) {
       if (t.stats.rank != r.around) continue;
       t.demoted = true;

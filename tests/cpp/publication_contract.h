@@ -35,7 +35,9 @@
 // publisher within the version, both ends naming the relay, which is a leaf of the next route
 // (AStalledRelayIsRoutedAroundWithinTheVersion); a piece forged on that link (Faults::tamper)
 // caught by its checksum, the child completing from the publisher and forwarding nothing
-// forged (AForgingRelayIsCaughtAndTheChildCompletesFromThePublisher). Only a transport whose
+// forged (AForgingRelayIsCaughtAndTheChildCompletesFromThePublisher); that child's resume
+// rewritten in flight to name another rank than its parent, which blames nobody
+// (AResumeThatNamesAnotherRankThanItsParentBlamesNobody). Only a transport whose
 // subscribers can reach each other joins them, with a Mesh: every endpoint's link to every
 // other (0 the publisher), as the transport's Publisher and Subscriber make theirs:
 //
@@ -1425,9 +1427,43 @@ TYPED_TEST_P(RelayContract, AForgingRelayIsCaughtAndTheChildCompletesFromThePubl
               ms(r2.took));
 }
 
+TYPED_TEST_P(RelayContract, AResumeThatNamesAnotherRankThanItsParentBlamesNobody) {
+  this->start();
+  this->round(1);
+  const auto order = this->chain();
+  ASSERT_EQ(order.size(), 3u);
+  const int64_t relay = order[0], child = order[1], last = order[2];
+  // The child resumes around its stalled parent, but its resume, rewritten on the way, names
+  // the chain's last rank (what a hostile subscriber would say): the publisher answers it and
+  // blames nobody on its word.
+  this->faults(relay, child).stall(Kind::kPiece);
+  std::atomic<int> rewritten{0};
+  this->faults(0, child).tamper(Kind::kRequest, [&](at::Tensor& m) {
+    uint8_t* p = m.data_ptr<uint8_t>();
+    const bool resume = p[12] == 0 && p[13] == 0x08 && p[14] == 0 && p[15] == 0;  // 0x800
+    if (resume) {
+      publication_test::put_u64(p + 56, static_cast<uint64_t>(last));
+      rewritten.fetch_add(1);
+    }
+  });
+  const auto r2 = this->round(2, 5s);
+  EXPECT_GT(rewritten.load(), 0) << "rank " << child << " sent no resume";
+  for (const auto& s : this->core().stats()) {
+    EXPECT_TRUE(s.routed_around.empty()) << s.peer << ": " << s.routed_around;
+  }
+  this->faults(relay, child).release();
+  this->faults(0, child).tamper(Kind::kRequest, nullptr);
+  const auto r3 = this->round(3);
+  std::printf(
+      "[ relay    ] %s: version 2 with a resume naming rank %lld in %.1f ms, version 3 "
+      "in %.1f ms\n",
+      TypeParam::kName, static_cast<long long>(last), ms(r2.took), ms(r3.took));
+}
+
 REGISTER_TYPED_TEST_SUITE_P(RelayContract, ThreeSubscribersTakeEachVersionWholeThroughAChain,
                             AStalledRelayIsRoutedAroundWithinTheVersion,
-                            AForgingRelayIsCaughtAndTheChildCompletesFromThePublisher);
+                            AForgingRelayIsCaughtAndTheChildCompletesFromThePublisher,
+                            AResumeThatNamesAnotherRankThanItsParentBlamesNobody);
 
 }  // namespace publication_contract
 
