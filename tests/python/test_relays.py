@@ -7,8 +7,8 @@ that writes stale bytes there is caught by checksum; a relay SIGKILLed while its
 after it; a relay that forwards stale pieces (the TENSORDICT_TEST_RELAY_STALE hook) is caught
 by checksum, its child completing from the publisher and the publisher naming it; thousands of
 versions published as fast as possible are never pulled torn or out of order; a version of
-48 MiB travels in pieces of more than 1 MiB; and the route's argument errors. Ranks sync through a TCPStore of their own, never a collective, so that a dead
-rank stops nobody."""
+48 MiB travels in pieces of more than 1 MiB; and the route's argument errors. Ranks sync
+through a TCPStore of their own, never a collective, so that a dead rank stops nobody."""
 
 import os
 import queue
