@@ -89,9 +89,19 @@ int tag_of(int64_t channel, Kind kind) {
   return static_cast<int>(kTagBase + 8 * channel + static_cast<int64_t>(kind));
 }
 
-at::Tensor recv_buffer(int64_t n) {
-  const int64_t room = std::clamp<int64_t>(n, int64_t{64} << 10, int64_t{1} << 20);
-  return core::fresh_bytes(n + room).narrow(0, 0, n);
+namespace {
+
+int64_t room_for(int64_t n) { return std::clamp<int64_t>(n, int64_t{64} << 10, int64_t{1} << 20); }
+
+}  // namespace
+
+at::Tensor recv_buffer(int64_t n) { return core::fresh_bytes(n + room_for(n)).narrow(0, 0, n); }
+
+at::Tensor piece_recv_buffer() {
+  // Small pages: pieces fill only the start of each buffer, and a huge page is zeroed (and
+  // compacted for, under memory pressure) 2 MiB at a time on the relay's receive path.
+  constexpr int64_t n = kPieceHeaderBytes + kMaxPieceBytes;
+  return at::empty({n + room_for(n)}, at::kByte).narrow(0, 0, n);
 }
 
 at::Tensor message_buffer() {

@@ -932,7 +932,7 @@ at::Tensor piece_buffer(RelayState& r) {
     // Every piece buffer fits the largest piece, with room: a receive kept posted on a link
     // takes whatever that peer sends there next, of any route's piece size, and the receive
     // that takes it over (GroupLink) is of the same size.
-    b = recv_buffer(kPieceHeaderBytes + kMaxPieceBytes);
+    b = piece_recv_buffer();
   } else {
     b = std::move(r.free.back());
     r.free.pop_back();

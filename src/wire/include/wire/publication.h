@@ -46,6 +46,8 @@ int tag_of(int64_t channel, Kind kind);
 /// bytes of a larger allocation), so that a link whose transport aborts on a longer message
 /// (Gloo) can take it and name it instead: 64 KiB to 1 MiB of room, as long as `n`.
 at::Tensor recv_buffer(int64_t n);
+/// A piece receive's buffer (recv_buffer's of the largest piece message, in small pages).
+at::Tensor piece_recv_buffer();
 /// The 64 bytes of a request or an offer, zeroed (a shorter message leaves zeros, which the
 /// decoders refuse), with room.
 at::Tensor message_buffer();
