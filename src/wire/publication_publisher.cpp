@@ -683,9 +683,12 @@ PublisherCore::Next PublisherCore::answer_request(Subscription& s, Link& link, c
     return next_of(answer(s, link, offer, {}, {}, next));
   }
   if (r.relay && routing_ == Routing::kChain) {
-    if (std::shared_ptr<Plan> plan = plan_locked(s, lock)) {
-      return answer_relayed(s, link, r, next, plan, lock);
-    }
+    // Waiting again while the route is made: a builder that gathers (the lock let go) counts
+    // this subscriber in, though its thread woke to the publish first.
+    s.relay_request = r;
+    std::shared_ptr<Plan> plan = plan_locked(s, lock);
+    s.relay_request.reset();
+    if (plan) return answer_relayed(s, link, r, next, plan, lock);
     // plan_locked may have waited: the newest slot may be being filled again (max_slots 1).
     changed_.wait(lock,
                   [&] { return closing_.load() || (newest_ >= 0 && !slots_[newest_].writing); });
@@ -751,7 +754,21 @@ std::shared_ptr<PublisherCore::Plan> PublisherCore::plan_locked(
   // (then the caller waits for it, as it does for any version).
   if (newest_ < 0 || slots_[newest_].writing) return nullptr;
   Slot& slot = slots_[newest_];
-  if (p && p->version == slot.version) return nullptr;  // not a member: sent whole
+  if (p && p->version == slot.version) {
+    // Not a member (its request came after the route was made): it reads the version from its
+    // host's first's slots, where that one writes it for the others of its host; else whole.
+    for (const auto& [t, place] : p->places) {
+      if (t != &s && s.host != 0 && t->host == s.host && place.host_source &&
+          t->slots.epoch == epoch_ && place.host_parent.pid == 0) {
+        Plan::Place& mine = p->places[&s];
+        mine.parent = t->stats.rank;
+        mine.host_parent = t->slots;
+        p->answered.insert(&s);
+        return p;
+      }
+    }
+    return nullptr;
+  }
   // The first of the waiting subscribers to come makes the route, the slot pinned meanwhile;
   // the others wait for it.
   p = std::make_shared<Plan>();

@@ -2,10 +2,11 @@
 127.0.0.1, every subscriber over its socket, each playing a host of its own (the
 TENSORDICT_TEST_HOST hook) but where said: a version travels once from the publisher and is
 forwarded subscriber to subscriber, each holding every version exactly, the publisher's stats
-naming a chain; subscribers of one host read the version from the first one's slots, and one
-that writes stale bytes there is caught by checksum; a relay SIGKILLed while its pull waits costs the others that version and none
-after it; a relay that forwards stale pieces (the TENSORDICT_TEST_RELAY_STALE hook) is caught
-by checksum, its child completing from the publisher and the publisher naming it; thousands of
+naming a chain; subscribers of one host read the version from the first one's slots (one that
+asks after the route was made too), and one that writes stale bytes there is caught by
+checksum; a relay SIGKILLed while its pull waits costs the others that version and none after
+it; a relay that forwards stale pieces (the TENSORDICT_TEST_RELAY_STALE hook) is caught by
+checksum, its child completing from the publisher and the publisher naming it; thousands of
 versions published as fast as possible are never pulled torn or out of order; a version of
 48 MiB travels in pieces of more than 1 MiB; and the route's argument errors. Ranks sync
 through a TCPStore of their own, never a collective, so that a dead rank stops nobody."""
@@ -448,6 +449,45 @@ def test_stale_bytes_in_a_hosts_slots_are_caught_by_checksum():
         assert said and said[0].startswith(f"rank {first} ") and "checksum" in said[0], got[r]
     around = routes[-1][first][1]
     assert around is not None and "left it at piece 0 of version 3" in around, routes
+
+
+def late_reader(rank, world, store):
+    """Versions 1-3 to three subscribers of one host; version 4 published while one of the
+    first's readers does not wait, which asks only once the others hold it."""
+    from tensordict_cpp import Publisher, Subscriber, TensorDict
+    subs = list(range(1, world))
+    td = TensorDict({f"w{i}": torch.zeros(N) for i in range(LEAVES)}, batch_size=[])
+    if rank == 0:
+        pub = Publisher(max_slots=2, transport="socket", route="chain")
+        for v in (1, 2, 3):
+            stats = publish_version(pub, td, 0, v, subs)
+        first = next(r for r in subs if stats[r]["relayed_from"] == -1)
+        late = next(r for r in subs if r != first)
+        store.set("late", str(late))
+        on_time = [r for r in subs if r != late]
+        stats = publish_version(pub, td, 0, 4, on_time)
+        store.set("published", "1")
+        await_acked(pub, subs, 4)
+        return finish(store, rank, subs, pub, lambda: (first, late, stats, stats_of(pub)))
+    sub = Subscriber(src=0, transport="socket")
+    for v in (1, 2, 3, 4):
+        if v == 4 and int(store.get("late")) == rank:
+            store.wait(["published"], timedelta(seconds=30))
+        assert sub.pull(td, timeout=30, min_version=v) == v
+        for i, leaf in enumerate(td.values()):
+            assert torch.equal(leaf, leaf_values(0, v, i)), (rank, v, i)
+    finish(store, rank, subs)
+    return sub.routed_around
+
+
+def test_a_subscriber_that_asks_after_the_route_was_made_reads_its_hosts_slots():
+    got = spawn(late_reader, 4, timeout=60)
+    first, late, before, after = got[0]
+    # Version 4's route was made without it (the others held the version before it asked);
+    # it read the version from its host's first's slots, not sent whole by the publisher.
+    assert before[late]["relayed_from"] != -1 and before[late]["version"] == 3, before
+    assert after[late]["version"] == 4 and after[late]["relayed_from"] == first, after
+    assert all(not got[r] for r in (1, 2, 3)), got  # nobody was routed around
 
 
 # --- 6. large versions: pieces of several MiB --------------------------------------------------
