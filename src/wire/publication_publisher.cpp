@@ -757,9 +757,11 @@ std::shared_ptr<PublisherCore::Plan> PublisherCore::plan_locked(
   if (p && p->version == slot.version) {
     // Not a member (its request came after the route was made): it reads the version from its
     // host's first's slots, where that one writes it for the others of its host; else whole.
+    // A member asking again (its pull of it ended early) is sent it whole.
+    if (p->places.count(&s) != 0 || s.host == 0) return nullptr;
     for (const auto& [t, place] : p->places) {
-      if (t != &s && s.host != 0 && t->host == s.host && place.host_source &&
-          t->slots.epoch == epoch_ && place.host_parent.pid == 0) {
+      if (t->host == s.host && place.host_source && t->slots.epoch == epoch_ &&
+          place.host_parent.pid == 0) {
         Plan::Place& mine = p->places[&s];
         mine.parent = t->stats.rank;
         mine.host_parent = t->slots;
