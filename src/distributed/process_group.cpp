@@ -14,6 +14,7 @@
 
 #include "core/env.h"
 #include "gloo.h"
+#include "gloo_errors.h"
 #include "tensordict/log.h"
 #include "tensordict/transfer_stats.h"
 
@@ -75,18 +76,30 @@ void count(const char* what, bool sent, int64_t bytes, int peer = -1, int tag = 
 
 }  // namespace
 
+// Gloo's posting of a send or receive raises at once, untyped, when the pair already failed
+// (the peer died before this message was posted): a PeerLostError then, as the waits raise.
 WorkPtr Group::send(std::vector<at::Tensor>& tensors, int dst, int tag) const {
   check_group_member(*this, "send");
   count("send", true, nbytes(tensors), dst, tag);
-  return process_group_ ? process_group_->send(tensors, dst, tag)
-                        : backend_->send(tensors, dst, tag);
+  try {
+    return process_group_ ? process_group_->send(tensors, dst, tag)
+                          : backend_->send(tensors, dst, tag);
+  } catch (const std::exception& e) {
+    detail::rethrow_lost(
+        e, c10::str("lost the connection to rank ", dst, " while posting a send on tag ", tag));
+  }
 }
 
 WorkPtr Group::recv(std::vector<at::Tensor>& tensors, int src, int tag) const {
   check_group_member(*this, "recv");
   count("recv", false, nbytes(tensors), src, tag);
-  return process_group_ ? process_group_->recv(tensors, src, tag)
-                        : backend_->recv(tensors, src, tag);
+  try {
+    return process_group_ ? process_group_->recv(tensors, src, tag)
+                          : backend_->recv(tensors, src, tag);
+  } catch (const std::exception& e) {
+    detail::rethrow_lost(
+        e, c10::str("lost the connection to rank ", src, " while posting a receive on tag ", tag));
+  }
 }
 
 WorkPtr Group::broadcast(std::vector<at::Tensor>& tensors, int root) const {

@@ -156,7 +156,8 @@ WorkPtr Waiter::recv(const Peer& peer, at::Tensor& buffer, int tag,
   if (posted.nbytes() > buffer.nbytes()) {
     beyond.emplace(wire::stamp_beyond(posted, static_cast<int64_t>(buffer.nbytes())));
   }
-  WorkPtr work = post(peer, posted, tag, /*is_recv=*/true);
+  std::vector<at::Tensor> one{posted};
+  WorkPtr work = peer.group.recv(one, peer.rank, tag);
   if (!parks() && beyond) {
     // Not kept for a later call: checked when waited.
     auto m = std::make_shared<PostedMessage>();
@@ -185,19 +186,10 @@ WorkPtr Waiter::recv_into(const Peer& peer, const at::Tensor& dest, int tag) con
 }
 
 WorkPtr Waiter::send(const Peer& peer, const at::Tensor& tensor, int tag) const {
-  WorkPtr work = post(peer, tensor, tag, /*is_recv=*/false);
+  std::vector<at::Tensor> one{tensor};
+  WorkPtr work = peer.group.send(one, peer.rank, tag);
   track(peer, work, tensor, tag, /*is_recv=*/false);
   return work;
-}
-
-WorkPtr Waiter::post(const Peer& peer, const at::Tensor& tensor, int tag, bool is_recv) const {
-  std::vector<at::Tensor> one{tensor};
-  try {
-    return is_recv ? peer.group.recv(one, peer.rank, tag) : peer.group.send(one, peer.rank, tag);
-  } catch (const std::exception& e) {
-    rethrow_lost(e, c10::str(call_, ": lost the connection to ", peer_, " while posting a ",
-                             is_recv ? "receive" : "send", " on tag ", tag));
-  }
 }
 
 at::Tensor Waiter::stage(const at::Tensor& dest) const {

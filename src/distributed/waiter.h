@@ -113,9 +113,6 @@ class Waiter {
   MessagePtr track(const Peer& peer, WorkPtr& work, const at::Tensor& buffer, int tag,
                    bool is_recv) const;
   void park() const;
-  /// Posts one message through Gloo, whose posting raises at once, untyped, when the pair
-  /// already failed (the peer died before this message was posted): a PeerLostError then.
-  WorkPtr post(const Peer& peer, const at::Tensor& tensor, int tag, bool is_recv) const;
 
   const char* call_;
   std::optional<std::chrono::milliseconds> timeout_;
