@@ -1,7 +1,8 @@
 // Single-process micro-benchmarks (Google Benchmark) of the work around a transfer: tag
 // generation, key sorting, consolidate (against memcpy of the same bytes), metadata encode and
-// parse, and the restricted pickle reader. benchmarks/run runs this and prints its table next
-// to the reference tensordict's times for the same work.
+// parse, the restricted pickle reader, and a relay's work on each piece (checksum, copy).
+// benchmarks/run runs this and prints its table next to the reference tensordict's times for the
+// same work.
 //
 // Consolidate cases, all nested 3 deep (a{i}/b{j}/c{k}/x): 1 x 100 MB, 16 x 8 MB, 1000 x 64 B.
 // Its baselines: "MemcpyFresh" allocates the destination each time (as consolidate must) and
@@ -19,6 +20,7 @@
 #include "tensordict/tensor_dict.h"
 #include "wire/metadata_pickle.h"
 #include "wire/pickle.h"
+#include "wire/publication.h"
 #ifdef TENSORDICT_BENCH_DIST
 #include "tensordict/distributed/tags.h"
 #endif
@@ -190,6 +192,49 @@ void cases(benchmark::internal::Benchmark* b, bool threads) {
 BENCHMARK(BM_Consolidate)->Apply([](auto* b) { cases(b, true); });
 BENCHMARK(BM_MemcpyFresh)->Apply([](auto* b) { cases(b, false); });
 BENCHMARK(BM_MemcpyWarm)->Apply([](auto* b) { cases(b, false); });
+
+// ---- a relay's work on each piece (docs/wire-format.md §9.9) --------------------------------
+// A relay checks each piece against the publisher's checksum and copies it into its stage: at
+// under a link's rate (12.5 GB/s for the route model, benchmarks/route_model.py) a relay, not
+// the link, would set the pace. Baseline: memcpy of the same piece. Pieces of 1 MiB, warm.
+constexpr int64_t kPiece = 1 << 20;
+
+std::vector<uint8_t> piece_bytes() {
+  std::vector<uint8_t> v(kPiece);
+  for (size_t i = 0; i < v.size(); ++i) v[i] = static_cast<uint8_t>(i * 31 + 7);
+  return v;
+}
+
+void BM_PieceMemcpy(benchmark::State& state) {
+  const auto from = piece_bytes();
+  std::vector<uint8_t> to(kPiece);
+  for (auto _ : state) {
+    std::memcpy(to.data(), from.data(), kPiece);
+    benchmark::ClobberMemory();
+  }
+  set_bytes(state, kPiece);
+}
+
+void BM_PieceChecksum(benchmark::State& state) {
+  const auto from = piece_bytes();
+  for (auto _ : state) benchmark::DoNotOptimize(publication::piece_checksum(from.data(), kPiece));
+  set_bytes(state, kPiece);
+}
+
+// What a relay does: one pass that copies and checks.
+void BM_PieceCopyChecksum(benchmark::State& state) {
+  const auto from = piece_bytes();
+  std::vector<uint8_t> to(kPiece);
+  for (auto _ : state) {
+    benchmark::DoNotOptimize(publication::copy_piece_checksum(to.data(), from.data(), kPiece));
+    benchmark::ClobberMemory();
+  }
+  set_bytes(state, kPiece);
+}
+
+BENCHMARK(BM_PieceMemcpy)->Unit(benchmark::kMicrosecond);
+BENCHMARK(BM_PieceChecksum)->Unit(benchmark::kMicrosecond);
+BENCHMARK(BM_PieceCopyChecksum)->Unit(benchmark::kMicrosecond);
 
 // ---- metadata of 1000 leaves: JSON encode / parse, pickle read ------------------------------
 const Metadata& small_metadata() {

@@ -1104,8 +1104,17 @@ bool SubscriberCore::read_pieces(Pull& o, Clock::time_point deadline) {
       bad = c10::str("piece ", h->index, " of version ", h->version, " of epoch ", h->epoch, " (",
                      h->bytes, " bytes) where piece ", index, " of version ", offer.version,
                      " of epoch ", offer.epoch, " (", want, " bytes) was due");
-    } else if (piece_checksum(m + kPieceHeaderBytes, static_cast<size_t>(want)) !=
-               r.route.checksums[static_cast<size_t>(index)]) {
+    }
+    uint8_t* const to = stage + index * piece;
+    // A test hook: a relay that forwards what its stage held before (the previous version's
+    // bytes, when it held one of this size) as this version's piece, or writes it into its slots
+    // (kSlots: only there).
+    std::vector<uint8_t> before;
+    if (bad.empty() && stale_relay_ != Stale::kNone) before.assign(to, to + want);
+    // Checked as it is copied into the stage (one pass, from this relay's own receive buffer);
+    // a forged piece's bytes there are overwritten by the resume's.
+    if (bad.empty() && copy_piece_checksum(to, m + kPieceHeaderBytes, static_cast<size_t>(want)) !=
+                           r.route.checksums[static_cast<size_t>(index)]) {
       bad = c10::str("piece ", index, " of version ", offer.version,
                      " whose bytes do not match the checksum the publisher sent");
     }
@@ -1117,21 +1126,13 @@ bool SubscriberCore::read_pieces(Pull& o, Clock::time_point deadline) {
       o.step = Refusal::kData;
       TD_THROW(MalformedPeerDataError, who_, ": the publisher on ", link_->peer(), " sent ", bad);
     }
+    const uint8_t* kept = m + kPieceHeaderBytes;
     if (stale_relay_ != Stale::kNone && want > 0) {
-      // A test hook: a relay that forwards what its stage held before (the previous version's
-      // bytes, when it held one of this size) as this version's piece, or writes it into its
-      // slots (kSlots: only there).
-      std::vector<uint8_t> before(stage + index * piece, stage + index * piece + want);
-      std::memcpy(stage + index * piece, m + kPieceHeaderBytes, static_cast<size_t>(want));
-      if (stale_relay_ == Stale::kPieces) {
+      if (stale_relay_ == Stale::kPieces)
         std::memcpy(m + kPieceHeaderBytes, before.data(), before.size());
-      }
-      if (r.slots) r.slots->piece(index, before.data(), want);
-    } else {
-      if (want > 0)
-        std::memcpy(stage + index * piece, m + kPieceHeaderBytes, static_cast<size_t>(want));
-      if (r.slots) r.slots->piece(index, m + kPieceHeaderBytes, want);
+      kept = before.data();
     }
+    if (r.slots) r.slots->piece(index, kept, want);
     r.queued = h->queued;
     // What this relay queues for its children travels with the piece (PieceHeader::queued).
     if (!r.children.empty()) {

@@ -241,6 +241,9 @@ std::optional<PieceHeader> decode_piece_header(const uint8_t* p);
 /// 64-bit hash of a piece's bytes (four lanes of multiply-xorshift; not cryptographic: it
 /// catches a relay's mistakes and stale bytes, and a forger who does not see the route).
 uint64_t piece_checksum(const uint8_t* p, size_t n);
+/// Copies n bytes from `from` to `to` (not overlapping) and returns their piece_checksum, in one
+/// pass: a relay reads each piece once (from its own receive buffer, which nobody else writes).
+uint64_t copy_piece_checksum(uint8_t* to, const uint8_t* from, size_t n);
 
 /// Checks that a kNew offer may follow what the subscriber holds: the request it answers, a
 /// version that goes forward within an epoch, sizes within the bounds, a schema reused only
