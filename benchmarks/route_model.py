@@ -92,8 +92,10 @@ implementation allows) and the unclamped best.
 
 alpha: --alpha-us, or --measure-alpha: two processes on 127.0.0.1 over torch.distributed Gloo
 measure (a) half the median round trip of a 64-byte message, and (b) the extra time to send
-64 MiB as 128 pieces of 512 KiB rather than as one message, per piece. The model uses (b):
-that is what pipelining pays per piece.
+64 MiB as 128 pieces of 512 KiB rather than as one message, per piece, each piece one blocking
+send: what a sender that waits for each piece pays. Our engine keeps pieces posted and pays
+less: benchmarks/piece_cost.py measures what one piece costs it (55 us on this 2-core machine,
+the figure docs/publication.md's table uses, with --alpha-us).
 """
 from __future__ import annotations
 

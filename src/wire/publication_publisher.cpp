@@ -8,6 +8,7 @@
 
 #include <algorithm>
 #include <cmath>
+#include <cstdlib>
 #include <cstring>
 #include <map>
 #include <random>
@@ -17,6 +18,7 @@
 
 #include "core/byte_tensor.h"
 #include "core/bytes.h"
+#include "core/env.h"
 #include "shm/segment.h"
 #include "tensordict/errors.h"
 #include "tensordict/leaf.h"
@@ -892,7 +894,12 @@ std::shared_ptr<PublisherCore::Plan> PublisherCore::plan_locked(
   // The chain's length sizes the pieces (its readers of slots take none).
   const double n = static_cast<double>(std::max<size_t>(chain.size() + hung, 2));
   const double rate = rate_ > 0 ? static_cast<double>(rate_) : kFirstRate;
-  const double best = std::sqrt(static_cast<double>(p->bytes) * kPieceCost * rate / (n - 1));
+  double best = std::sqrt(static_cast<double>(p->bytes) * kPieceCost * rate / (n - 1));
+  // A test hook: pieces of this many bytes (within the bounds), for benchmarks/piece_cost.py,
+  // which measures what a piece costs by sending the same version in pieces of two sizes.
+  if (const auto forced = core::env("TENSORDICT_TEST_PIECE_BYTES")) {
+    best = std::strtod(forced->c_str(), nullptr);
+  }
   p->piece_bytes =
       std::clamp<int64_t>(static_cast<int64_t>(best) / 4096 * 4096, kMinPieceBytes, kMaxPieceBytes);
   p->pieces = piece_count(p->bytes, p->piece_bytes);

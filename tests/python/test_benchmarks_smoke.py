@@ -88,3 +88,16 @@ def test_route_model_closed_forms_match_its_simulator_and_hosts_shorten_the_chai
     one_a_host = route_model("--n", "64", "--check-n", "--per-host", "1")["rows"]
     alone = {r["route"]: r for r in one_a_host}
     assert alone["hosts"]["ms"] == alone["chain"]["ms"]
+
+
+def test_piece_cost_relays_through_a_chain_of_two_and_reports_a_cost_per_piece(tmp_path):
+    out = tmp_path / "cost.json"
+    proc = subprocess.run(
+        [str(ROOT / ".venv" / "bin" / "python"), str(ROOT / "benchmarks" / "piece_cost.py"),
+         "--mib", "8", "--rounds", "3", "--warmup", "1", "--no-raw", "--json", str(out)],
+        capture_output=True, text=True, timeout=240)
+    assert proc.returncode == 0, proc.stdout + proc.stderr
+    e = json.loads(out.read_text())["engine"]
+    # Relayed: one subscriber took the pieces from the publisher (-1), the other from it.
+    assert e["relayed_from"][0] == -1 and e["relayed_from"][1] >= 1, e
+    assert all(t > 0 for t in e["median_ms"].values()) and "engine, one piece:" in proc.stdout
