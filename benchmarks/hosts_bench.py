@@ -16,6 +16,10 @@ versions' median.
     python benchmarks/hosts_bench.py --hosts 5 --mib 64 --rate 400mbit --versions 3
     python benchmarks/hosts_bench.py --hosts 5 --route chain --fault kill --versions 12
 
+`--lang cpp` runs every rank as benchmarks/hosts_rank.cpp (build/hosts_rank, or
+$TENSORDICT_BUILD_DIR/hosts_rank): the same steps through the C++ API, for the same figures
+measured from C++.
+
 Root only. It makes the hosts (scripts/hosts up) and removes them when it ends. The ranks meet
 through a TCPStore on host 0, not the group's collectives: a killed rank would end those.
 """
@@ -142,10 +146,10 @@ def summarize(a: argparse.Namespace, results: list[dict]) -> dict:
     subs = [r for r in results if r["rank"] != 0]
     floor = pub["p2p_s"]
     version_bytes = a.mib << 20
-    report = {"subscribers": len(subs), "per_host": a.per_host, "p2p_seconds": floor,
-              "rate": a.rate, "mib": a.mib, "routes": {}}
-    print(f"hosts_bench: {len(subs)} subscribers on {a.hosts - 1} hosts paced to {a.rate}, "
-          f"{a.mib} MiB, {a.versions} versions; one paced send of the bytes: {floor:.2f} s")
+    report = {"lang": a.lang, "subscribers": len(subs), "per_host": a.per_host,
+              "p2p_seconds": floor, "rate": a.rate, "mib": a.mib, "routes": {}}
+    print(f"hosts_bench ({a.lang}): {len(subs)} subscribers on {a.hosts - 1} hosts paced to "
+          f"{a.rate}, {a.mib} MiB, {a.versions} versions; one paced send of the bytes: {floor:.2f} s")
     for route in a.route.split(","):
         starts, txs = pub[route]["starts"], pub[route]["tx"]
         faulty = route == "chain" and a.fault != "none"
@@ -196,6 +200,9 @@ def summarize(a: argparse.Namespace, results: list[dict]) -> dict:
 RUNS = [
     ("N = 4", ["--hosts", "5", "--mib", "64", "--versions", "3", "--route", "star,chain"]),
     ("N = 8", ["--hosts", "9", "--mib", "64", "--versions", "3", "--route", "star,chain"]),
+    # The same as N = 4, every rank in C++ (benchmarks/hosts_rank.cpp).
+    ("N = 4, C++", ["--hosts", "5", "--mib", "64", "--versions", "3", "--route", "star,chain",
+                    "--lang", "cpp"]),
     ("relay killed", ["--hosts", "5", "--mib", "64", "--versions", "14", "--route", "chain",
                       "--fault", "kill"]),
     ("relay stopped 3 s", ["--hosts", "5", "--mib", "64", "--versions", "5", "--route", "chain",
@@ -273,6 +280,8 @@ def main() -> None:
     ap.add_argument("--fault-version", type=int, default=3)
     ap.add_argument("--port", type=int, default=29731)
     ap.add_argument("--json", help="also write the figures to this file")
+    ap.add_argument("--lang", choices=["python", "cpp"], default="python",
+                    help="the ranks' language: this file's rank_main, or build/hosts_rank")
     ap.add_argument("--_rank", type=int, help=argparse.SUPPRESS)
     a = ap.parse_args()
     if a.slow_rate is None:
@@ -293,8 +302,13 @@ def main() -> None:
                 str(a.fault_version), "--port", str(a.port)]
         world = 1 + (a.hosts - 1) * a.per_host
         host_of = [0] + [1 + (r - 1) % (a.hosts - 1) for r in range(1, world)]
-        procs = [subprocess.Popen([HOSTS, "exec", str(host_of[r]), sys.executable, __file__,
-                                   *args, "--_rank", str(r), "--slow-rate", a.slow_rate],
+        if a.lang == "cpp":
+            build = os.environ.get("TENSORDICT_BUILD_DIR", os.path.join(ROOT, "build"))
+            rank_cmd = [os.path.join(build, "hosts_rank"), *args, "--hosts-script", HOSTS]
+        else:
+            rank_cmd = [sys.executable, __file__, *args]
+        procs = [subprocess.Popen([HOSTS, "exec", str(host_of[r]), *rank_cmd, "--_rank", str(r),
+                                   "--slow-rate", a.slow_rate],
                                   stdout=subprocess.PIPE, text=True)
                  for r in range(world)]
         results = []

@@ -9,6 +9,7 @@ import subprocess
 import sys
 
 import pytest
+from conftest import built
 
 ROOT = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 
@@ -42,6 +43,19 @@ def test_publication_reaches_every_host_whole_by_star_and_by_chain(tmp_path):
     assert chain["ratio"] >= 0.9 and chain["tx_ratio"] <= 1.3, chain
     assert chain["seconds"] < star["seconds"], r
     # The last version's route: one subscriber from the publisher, each other from another.
+    assert sorted(chain["relayed_from"]) == [-1, 1, 2], chain
+
+
+def test_the_cpp_api_relays_across_hosts_as_python_does(tmp_path):
+    # The same run with every rank a C++ program (benchmarks/hosts_rank.cpp, through
+    # tensordict/distributed/publication.h), which checks each pulled version's values too.
+    built("hosts_rank")
+    r = run_bench(tmp_path, "--hosts", "4", "--mib", "4", "--rate", "200mbit", "--versions", "3",
+                  "--route", "star,chain", "--lang", "cpp")
+    assert r["lang"] == "cpp", r
+    star, chain = r["routes"]["star"], r["routes"]["chain"]
+    assert 2.7 <= star["tx_ratio"] <= 3.6 and chain["tx_ratio"] <= 1.3, r
+    assert chain["ratio"] >= 0.9 and chain["seconds"] < star["seconds"], r
     assert sorted(chain["relayed_from"]) == [-1, 1, 2], chain
 
 
