@@ -13,10 +13,11 @@ chain's fill, (n - 1) C/bw) differ, so
 
 is what one piece costs in the engine's pipeline (the publisher keeps 16 pieces posted, a relay
 8 receives; each piece checked and copied once): the model's per-message cost. bw is taken
-from the large pieces' time, T(c_large) / (P + n - 1) per piece. The medians of `--rounds` rounds, and the spread of alpha over
-rounds. The same run also measures, over raw Gloo on the same machine, the cost of a piece sent
-one blocking send at a time (route_model.py's --measure-alpha, the model's cost until now): a
-per-piece cost that only a sender that waits for each piece pays.
+from the large pieces' time, T(c_large) / (P + n - 1) per piece. It prints the medians of
+`--rounds` rounds and the spread of alpha over them. The same run also measures, over raw Gloo
+on the same machine, the cost of a piece sent one blocking send at a time (route_model.py's
+--measure-alpha, the model's cost until now): a cost that only a sender that waits for each
+piece pays.
 
     python benchmarks/piece_cost.py --mib 64 --pieces 65536 1048576 --rounds 15
 
