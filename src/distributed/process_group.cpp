@@ -74,32 +74,36 @@ void count(const char* what, bool sent, int64_t bytes, int peer = -1, int tag = 
   log(LogLevel::kDebug, c10::str(line, ": ", bytes, " bytes"));
 }
 
-}  // namespace
-
 // Gloo's posting of a send or receive raises at once, untyped, when the pair already failed
 // (the peer died before this message was posted): a PeerLostError then, as the waits raise.
+template <typename Post>
+WorkPtr posted(const char* what, int peer, int tag, Post&& post) {
+  try {
+    return post();
+  } catch (const std::exception& e) {
+    detail::rethrow_lost(e, c10::str("lost the connection to rank ", peer, " while posting a ",
+                                     what, " on tag ", tag));
+  }
+}
+
+}  // namespace
+
 WorkPtr Group::send(std::vector<at::Tensor>& tensors, int dst, int tag) const {
   check_group_member(*this, "send");
   count("send", true, nbytes(tensors), dst, tag);
-  try {
+  return posted("send", dst, tag, [&] {
     return process_group_ ? process_group_->send(tensors, dst, tag)
                           : backend_->send(tensors, dst, tag);
-  } catch (const std::exception& e) {
-    detail::rethrow_lost(
-        e, c10::str("lost the connection to rank ", dst, " while posting a send on tag ", tag));
-  }
+  });
 }
 
 WorkPtr Group::recv(std::vector<at::Tensor>& tensors, int src, int tag) const {
   check_group_member(*this, "recv");
   count("recv", false, nbytes(tensors), src, tag);
-  try {
+  return posted("receive", src, tag, [&] {
     return process_group_ ? process_group_->recv(tensors, src, tag)
                           : backend_->recv(tensors, src, tag);
-  } catch (const std::exception& e) {
-    detail::rethrow_lost(
-        e, c10::str("lost the connection to rank ", src, " while posting a receive on tag ", tag));
-  }
+  });
 }
 
 WorkPtr Group::broadcast(std::vector<at::Tensor>& tensors, int root) const {
