@@ -52,10 +52,13 @@ struct SubscriberStats {
   /// How it is served: "shm" (it maps the slots), "socket", or "socket (shared memory refused:
   /// <why>)" when it asked for shared memory and could not have it.
   std::string transport = "socket";
-  /// A relayed version (route "chain"): the rank its pieces last came from at first (-1: the
-  /// publisher), or whose shared memory it read them from (a subscriber of its host); unset
+  /// A relayed version (route "chain" or "tree"): the rank its pieces last came from at first (-1:
+  /// the publisher), or whose shared memory it read them from (a subscriber of its host); unset
   /// when it was sent whole.
   std::optional<int64_t> relayed_from{};
+  /// Route "tree": the same for the second half of its pieces (the second tree); unset with
+  /// one lane.
+  std::optional<int64_t> relayed_second{};
   /// Set once a subscriber stopped taking pieces from this one and went to the publisher for
   /// the rest: who, at which piece, and why. It is a leaf of every later route.
   std::string routed_around{};

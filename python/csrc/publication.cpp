@@ -44,6 +44,7 @@ py::dict stats_to_py(const SubscriberStats& s) {
   d["error"] = s.error.empty() ? py::none() : py::cast(s.error);
   d["transport"] = s.transport;
   d["relayed_from"] = s.relayed_from ? py::cast(*s.relayed_from) : py::none();
+  d["relayed_second"] = s.relayed_second ? py::cast(*s.relayed_second) : py::none();
   d["routed_around"] = s.routed_around.empty() ? py::none() : py::cast(s.routed_around);
   return d;
 }

@@ -116,10 +116,12 @@ class Publisher:
             the group: ``"star"``, whole to each from here; ``"chain"``, once, in pieces that
             each subscriber forwards to the next as they arrive, so this process sends about one
             copy whatever their number, and the others of a host read them from its first
-            subscriber's shared memory (docs/publication.md, "Relays"). A relay that stalls,
-            crawls, dies or forges is left by the next one for this publisher, and is a leaf
-            of later routes (:meth:`stats`' ``routed_around``). Over a group only. Defaults to
-            ``"star"``.
+            subscriber's shared memory (docs/publication.md, "Relays"); ``"tree"``, the
+            same, but half of the pieces go down each of two binary trees in which each
+            subscriber forwards in one at most (a double binary tree: for many hosts, where a
+            chain's length costs more than a tree's depth). A relay that stalls, crawls, dies
+            or forges is left by the next one for this publisher, and is a leaf of later routes
+            (:meth:`stats`' ``routed_around``). Over a group only. Defaults to ``"star"``.
     """
 
     def __init__(self, group: Any = None, *, server: Any = None, max_slots: int = 2,
@@ -180,10 +182,11 @@ class Publisher:
         acknowledgement, no extra message), ``pulls``, ``pinned`` (the version it is receiving
         now, or None), ``waiting`` (a pull of it waits for a version), ``lost``, ``error``, and
         ``transport``: ``"shm"`` (it maps the slots in shared memory), ``"socket"``, or
-        ``"socket (shared memory refused: <why>)"``; with ``route="chain"``, ``relayed_from``
-        (the rank the last relayed version's pieces came from, -1 for this publisher; None
-        when it was sent whole) and ``routed_around`` (None, or why a subscriber left this
-        one as its relay: it is a leaf of later routes)."""
+        ``"socket (shared memory refused: <why>)"``; with ``route="chain"`` or ``"tree"``,
+        ``relayed_from`` (the rank the last relayed version's pieces came from, -1 for this
+        publisher; None when it was sent whole), ``relayed_second`` (``"tree"``: the same for
+        the second half of its pieces; else None) and ``routed_around`` (None, or why a
+        subscriber left this one as its relay: it is a leaf of later routes)."""
         return self._cpp.stats()
 
     def wait_for_subscribers(self, timeout: Wait, *, count: int | None = None) -> None:

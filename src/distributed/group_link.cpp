@@ -5,6 +5,7 @@
 #include <algorithm>
 #include <limits>
 #include <memory>
+#include <mutex>
 #include <optional>
 #include <utility>
 
@@ -33,7 +34,8 @@ const char* what_of(pub::Kind kind) {
     case pub::Kind::kData: return "data";
     case pub::Kind::kWatch: return "watch";
     case pub::Kind::kRoute: return "route";
-    case pub::Kind::kPiece: return "piece";
+    case pub::Kind::kPiece:
+    case pub::Kind::kPiece2: return "piece";
   }
   return "message";
 }
@@ -61,7 +63,7 @@ pub::PendingPtr GroupLink::post_recv(const at::Tensor& buffer, pub::Kind kind) {
   // A receive that an earlier publisher of this channel left posted gets the next request; one
   // an earlier relayed version left gets the next piece (a stale one, which the subscriber
   // drops by its header).
-  if (kind == pub::Kind::kRequest || kind == pub::Kind::kPiece) {
+  if (kind == pub::Kind::kRequest || kind == pub::Kind::kPiece || kind == pub::Kind::kPiece2) {
     if (auto parked = LateMessages::get().take(key_, rank_, tag)) {
       p->message = std::move(parked);
       p->copy_to = buffer;
@@ -93,7 +95,7 @@ bool GroupLink::wait(const pub::PendingPtr& pending, Clock::time_point deadline)
       rethrow_lost(e, c10::str("the connection to ", peer()));
     }
     // Once a slice of waiting (a poll's waits of nothing cost no look).
-    if (Clock::now() - looked_ >= kWatchSlice) look_at_watch();
+    look_at_watch();
     if (end >= deadline) return false;
   }
   TD_CHECK_PEER(!p.message->long_message(), peer(), " sent a publication ", what_of(p.kind),
@@ -102,7 +104,8 @@ bool GroupLink::wait(const pub::PendingPtr& pending, Clock::time_point deadline)
   if (p.copy_to.defined()) {
     // A piece's bytes only (its header says how many; the buffer has room for the largest).
     int64_t n = p.message->buffer.numel();
-    if (p.kind == pub::Kind::kPiece && n >= pub::kPieceHeaderBytes) {
+    if ((p.kind == pub::Kind::kPiece || p.kind == pub::Kind::kPiece2) &&
+        n >= pub::kPieceHeaderBytes) {
       const auto h = pub::decode_piece_header(p.message->buffer.data_ptr<uint8_t>());
       if (h && h->bytes >= 0 && h->bytes <= n - pub::kPieceHeaderBytes) {
         n = pub::kPieceHeaderBytes + h->bytes;
@@ -148,6 +151,8 @@ MessagePtr GroupLink::post(const at::Tensor& buffer, int tag, bool is_recv) {
 }
 
 void GroupLink::look_at_watch() {
+  std::lock_guard<std::mutex> lock(watch_mutex_);
+  if (Clock::now() - looked_ < kWatchSlice) return;
   looked_ = Clock::now();
   if (watch_->done) return;
   bool came = false;

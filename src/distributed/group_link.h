@@ -5,6 +5,7 @@
 // it to the contract every transport's link keeps. Private to the c10d layer.
 
 #include <cstdint>
+#include <mutex>
 #include <string>
 #include <vector>
 
@@ -41,8 +42,8 @@ class GroupLink final : public wire::publication::Link {
 
  private:
   MessagePtr post(const at::Tensor& buffer, int tag, bool is_recv);
-  // PeerLostError when Gloo failed the watch (the connection is lost); a message on it is a
-  // peer that breaks the protocol.
+  // At most once a kWatchSlice: PeerLostError when Gloo failed the watch (the connection is
+  // lost); a message on it is a peer that breaks the protocol.
   void look_at_watch();
 
   Group group_;
@@ -50,6 +51,7 @@ class GroupLink final : public wire::publication::Link {
   int rank_;
   int64_t channel_;
   MessagePtr watch_;
+  std::mutex watch_mutex_;  // a relay's two lanes wait on one link from two threads
   Clock::time_point looked_ = Clock::now();
 };
 

@@ -23,7 +23,8 @@ const char* what_of(pub::Kind kind) {
     case pub::Kind::kData: return "a version's data";
     case pub::Kind::kWatch:  // a c10d group's only
     case pub::Kind::kRoute:  // relays: a c10d group's only
-    case pub::Kind::kPiece: break;
+    case pub::Kind::kPiece:
+    case pub::Kind::kPiece2: break;
   }
   return "a publication message";
 }

@@ -31,7 +31,8 @@ constexpr uint32_t kResumeWord = 0x800;
 constexpr uint32_t kHelloWord = 0x1000;  // a subscriber's host (Request::host)
 constexpr std::array<char, 8> kRouteMagic = {'T', 'D', 'P', 'U', 'B', 'R', 'T', 'E'};
 constexpr std::array<char, 8> kPieceMagic = {'T', 'D', 'P', 'U', 'B', 'P', 'C', 'E'};
-constexpr int64_t kRouteHeadBytes = 128;  // the fields, then a SlotsPlace (zero when none)
+// The fields, a SlotsPlace (zero when none), then the second lane's (zero when none).
+constexpr int64_t kRouteHeadBytes = 160;
 constexpr uint32_t kRouteChecksums = 1, kRouteHostSource = 2, kRouteHostParent = 4;
 
 void put(std::string& out, uint64_t v) { core::append_le(out, v, 8); }
@@ -344,12 +345,17 @@ std::string encode(const Route& r, int64_t data_bytes) {
   put(out, static_cast<uint64_t>(r.rate));
   put(out, static_cast<uint64_t>(r.siblings));
   put(out, r.children.size());
-  if (r.host_parent.pid != 0) {
-    put_place(out, r.host_parent);
-  } else {
-    out.resize(static_cast<size_t>(kRouteHeadBytes), '\0');
+  if (r.host_parent.pid != 0) put_place(out, r.host_parent);
+  out.resize(128, '\0');
+  if (r.split > 0) {
+    put(out, static_cast<uint64_t>(r.split));
+    put(out, static_cast<uint64_t>(r.second.parent));
+    put(out, static_cast<uint64_t>(r.second.siblings));
+    put(out, r.second.children.size());
   }
+  out.resize(static_cast<size_t>(kRouteHeadBytes), '\0');
   for (const int64_t c : r.children) put(out, static_cast<uint64_t>(c));
+  for (const int64_t c : r.second.children) put(out, static_cast<uint64_t>(c));
   for (const uint64_t c : r.checksums) put(out, c);
   out.resize(static_cast<size_t>(max_route_bytes(data_bytes)), '\0');  // a fixed size (§9.9)
   return out;
@@ -379,9 +385,8 @@ Route decode_route(const char* who, const uint8_t* p, const Offer& offer) {
                   " of epoch ", r.host_parent.epoch, " (a subscriber's, of the offer's epoch ",
                   offer.epoch, ")");
   } else {
-    TD_CHECK_PEER(std::all_of(p + 88, p + kRouteHeadBytes, [](uint8_t b) { return b == 0; }), who,
-                  ": the route names no slots to read, but its bytes 88 to ", kRouteHeadBytes - 1,
-                  " are not zero");
+    TD_CHECK_PEER(std::all_of(p + 88, p + 128, [](uint8_t b) { return b == 0; }), who,
+                  ": the route names no slots to read, but its bytes 88 to 127 are not zero");
   }
   TD_CHECK_PEER(r.seq == offer.seq && r.epoch == offer.epoch && r.version == offer.version, who,
                 ": the route is for request ", r.seq, ", version ", r.version, " of epoch ",
@@ -397,19 +402,40 @@ Route decode_route(const char* who, const uint8_t* p, const Offer& offer) {
                 who, ": the route starts at piece ", r.first, " of ", pieces, " from rank ",
                 r.parent, " at ", r.rate, " bytes/s shared by ", r.siblings, ", to ", children,
                 " children (1 to ", kMaxChildren, " sharing, at most ", kMaxChildren, " children)");
+  r.split = field(p, 128);
+  uint64_t second = 0;  // the second lane's children
+  if (r.split != 0) {
+    r.second.parent = field(p, 136);
+    r.second.siblings = field(p, 144);
+    second = core::get_le(p + 152);
+    TD_CHECK_PEER(
+        r.split > 0 && r.split < pieces && r.second.parent >= -1 && r.second.siblings >= 1 &&
+            r.second.siblings <= static_cast<int64_t>(kMaxChildren) &&
+            second <= kMaxChildren - children,
+        who, ": the route's second lane starts at piece ", r.split, " of ", pieces, " from rank ",
+        r.second.parent, " shared by ", r.second.siblings, ", to ", second,
+        " children (a piece after the first; at most ", kMaxChildren, " children in both lanes)");
+  } else {
+    TD_CHECK_PEER(std::all_of(p + 128, p + kRouteHeadBytes, [](uint8_t b) { return b == 0; }), who,
+                  ": the route has one lane, but its bytes 128 to ", kRouteHeadBytes - 1,
+                  " are not zero");
+  }
   const int64_t sums = (word & kRouteChecksums) ? pieces : 0;
-  const int64_t expected = kRouteHeadBytes + 8 * static_cast<int64_t>(children) + 8 * sums;
+  const int64_t expected = kRouteHeadBytes + 8 * static_cast<int64_t>(children + second) + 8 * sums;
   TD_CHECK_PEER(expected <= n, who, ": the route message's fields take ", expected,
                 " bytes, more than its ", n);
   const uint8_t* q = p + kRouteHeadBytes;
-  for (uint64_t i = 0; i < children; ++i, q += 8) {
-    const auto c = static_cast<int64_t>(core::get_le(q));
-    TD_CHECK_PEER(c >= 0 && c != r.parent &&
-                      std::find(r.children.begin(), r.children.end(), c) == r.children.end(),
-                  who, ": the route names child rank ", c,
-                  " (ranks from 0, each once, not the parent)");
-    r.children.push_back(c);
-  }
+  const auto read_children = [&](uint64_t count, int64_t parent, std::vector<int64_t>& out) {
+    for (uint64_t i = 0; i < count; ++i, q += 8) {
+      const auto c = static_cast<int64_t>(core::get_le(q));
+      TD_CHECK_PEER(c >= 0 && c != parent && std::find(out.begin(), out.end(), c) == out.end(), who,
+                    ": the route names child rank ", c,
+                    " (ranks from 0, each once in a lane, not the lane's parent)");
+      out.push_back(c);
+    }
+  };
+  read_children(children, r.parent, r.children);
+  read_children(second, r.second.parent, r.second.children);
   for (int64_t i = 0; i < sums; ++i, q += 8) r.checksums.push_back(core::get_le(q));
   TD_CHECK_PEER(std::all_of(q, p + n, [](uint8_t b) { return b == 0; }), who,
                 ": the route message's padding after its ", expected, " bytes is not zero");
@@ -490,8 +516,9 @@ Transport transport_of(const char* call, const std::string& name) {
 
 Routing routing_of(const char* call, const std::string& name) {
   if (name == "chain") return Routing::kChain;
-  TORCH_CHECK_VALUE(name == "star", call, ": route must be \"star\" or \"chain\", got \"", name,
-                    "\"");
+  if (name == "tree") return Routing::kTree;
+  TORCH_CHECK_VALUE(name == "star", call, ": route must be \"star\", \"chain\" or \"tree\", got \"",
+                    name, "\"");
   return Routing::kStar;
 }
 

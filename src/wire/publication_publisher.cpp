@@ -41,6 +41,7 @@ constexpr auto kMaxTurn = std::chrono::milliseconds(100);
 // Relayed pieces (§9.9): a chain of n subscribers takes about (B/C + n - 1)(C/bw + a) for B
 // bytes in pieces of C at bw bytes/s, a the cost of one more message; the best C is
 // sqrt(B a bw / (n - 1)) (benchmarks/route_model.py), within [kMinPieceBytes, kMaxPieceBytes].
+// Two trees take about (B/C + K)(C/bw + a), K twice a tree's depth: C = sqrt(B a bw / K).
 // bw is the last relayed version's, measured on its first link; before one, kFirstRate.
 constexpr double kPieceCost = 50e-6;
 constexpr double kFirstRate = 1.25e9;
@@ -54,6 +55,25 @@ constexpr size_t kSendsAhead = 16;
 constexpr auto kPausedLook = std::chrono::milliseconds(5);
 
 using Leaves = std::vector<std::pair<std::vector<std::string>, at::Tensor>>;
+
+// The parent of position i (1 to n) in a binary tree over 1..n laid out in order, its root the
+// largest power of two within n: the odd positions are its leaves, about half; 0 for the root.
+// A place beyond n is passed through to its own parent.
+int64_t tree_parent(int64_t i, int64_t n) {
+  int64_t root = 1;
+  while (root * 2 <= n) root *= 2;
+  if (i == root) return 0;
+  for (int64_t b = i & -i;; b *= 2) {
+    const int64_t p = (i & (2 * b)) != 0 ? i - b : i + b;
+    if (p <= n) return p;
+    i = p;
+  }
+}
+
+// The second tree's position of the member at position i of the first (1 to n): the first's
+// leaves (odd) are the second's inner positions (even), so that every member forwards in one
+// tree at most (n odd: the last is a leaf of both).
+int64_t second_position(int64_t i, int64_t n) { return n % 2 == 0 ? n + 1 - i : i % n + 1; }
 
 uint64_t random_epoch() {
   std::random_device device;
@@ -158,9 +178,11 @@ struct PublisherCore::Plan {
   at::Tensor framed;
   std::vector<uint64_t> checksums;
   bool ready = false;  // framed
+  int64_t split = 0;   // the second lane's first piece (route "tree"); 0: one lane
   struct Place {
     int64_t parent = -1;
     std::vector<int64_t> children;
+    Route::Lane second;        // in the second lane (split > 0)
     bool host_source = false;  // writes the version into its slots for its host
     SlotsPlace host_parent{};  // reads it from the parent's slots (pid 0: pieces)
   };
@@ -170,8 +192,12 @@ struct PublisherCore::Plan {
   int64_t message_bytes() const { return kPieceHeaderBytes + piece_bytes; }
   bool first_relay(const Subscription* t) const {
     const auto it = places.find(t);
-    return it != places.end() && it->second.parent < 0;
+    return it != places.end() &&
+           (it->second.parent < 0 || (split > 0 && it->second.second.parent < 0));
   }
+  // The lane of piece `i`: 0, or 1 from the split on.
+  int lane_of(int64_t i) const { return split > 0 && i >= split ? 1 : 0; }
+  int64_t lane_end(int lane) const { return lane == 0 && split > 0 ? split : pieces; }
   // The offer (status relay) of this version answering request `seq`.
   Offer offer(uint64_t seq, uint64_t epoch) const {
     Offer o;
@@ -195,23 +221,49 @@ struct PublisherCore::Plan {
     r.first = first;
     r.rate = rate;
     r.checksums = checksums;
+    r.split = split;
     const auto it = places.find(t);
     if (it == places.end()) return r;
-    r.children = it->second.children;
     r.host_source = it->second.host_source;
-    if (resume) return r;
+    if (resume) return r;  // its lane from here; the subscriber keeps its children
+    r.children = it->second.children;
     r.parent = it->second.parent;
     r.host_parent = it->second.host_parent;
-    for (const auto& [other, place] : places) {
-      if (other->stats.rank == r.parent) {
-        // A reader of the parent's slots is none of its children.
-        r.siblings = std::max<int64_t>(1, static_cast<int64_t>(place.children.size()));
+    if (split > 0) r.second = it->second.second;
+    if (r.host_parent.pid != 0) r.second.parent = r.parent;  // both lanes from its slots
+    // The children sharing the parent's link in each lane: the publisher's, its lanes' roots.
+    const auto sharing = [&](int64_t parent, int lane) {
+      int64_t n = 0;
+      for (const auto& [other, place] : places) {
+        if (parent < 0) {
+          n += (lane == 0 ? place.parent : place.second.parent) < 0 && place.host_parent.pid == 0
+                   ? 1
+                   : 0;
+        } else if (other->stats.rank == parent) {
+          // A reader of the parent's slots is none of its children.
+          n = static_cast<int64_t>(lane == 0 ? place.children.size()
+                                             : place.second.children.size());
+        }
       }
+      return std::max<int64_t>(1, n);
+    };
+    if (r.host_parent.pid == 0) {
+      r.siblings = split > 0 || r.parent >= 0 ? sharing(r.parent, 0) : 1;
+      if (split > 0) r.second.siblings = sharing(r.second.parent, 1);
+    } else if (r.parent >= 0) {
+      r.siblings = sharing(r.parent, 0);
     }
     return r;
   }
   at::Tensor piece(int64_t i) const {
     return framed.narrow(0, i * message_bytes(), message_bytes());
+  }
+  // Pieces [from, lane's end) of the lane of `from`, each as it travels on that lane's tag.
+  void pieces_of(int64_t from, std::vector<std::pair<at::Tensor, Kind>>& out) const {
+    const int lane = lane_of(from);
+    for (int64_t i = from; i < lane_end(lane); ++i) {
+      out.emplace_back(piece(i), lane == 0 ? Kind::kPiece : Kind::kPiece2);
+    }
   }
 };
 
@@ -607,7 +659,7 @@ PublisherCore::Next PublisherCore::answer_request(Subscription& s, Link& link, c
   s.asked = true;
   if (!std::exchange(s.ready, true)) ++ready_;
   s.stats.waiting = true;
-  if (r.relay && routing_ == Routing::kChain) {
+  if (r.relay && routing_ != Routing::kStar) {
     s.relay_request = r;
     s.relays = true;
   }
@@ -684,7 +736,7 @@ PublisherCore::Next PublisherCore::answer_request(Subscription& s, Link& link, c
     lock.unlock();
     return next_of(answer(s, link, offer, {}, {}, next));
   }
-  if (r.relay && routing_ == Routing::kChain) {
+  if (r.relay && routing_ != Routing::kStar) {
     // Waiting again while the route is made: a builder that gathers (the lock let go) counts
     // this subscriber in, though its thread woke to the publish first.
     s.relay_request = r;
@@ -700,6 +752,7 @@ PublisherCore::Next PublisherCore::answer_request(Subscription& s, Link& link, c
   ++slot.pins;
   s.stats.pinned = slot.version;
   s.stats.relayed_from.reset();
+  s.stats.relayed_second.reset();
   offer.status = Status::kNew;
   offer.version = slot.version;
   offer.data_bytes = slot.bytes;
@@ -868,14 +921,9 @@ std::shared_ptr<PublisherCore::Plan> PublisherCore::plan_locked(
     }
     i = end;
   }
-  for (size_t i = 0; i < chain.size(); ++i) {
-    Plan::Place& place = p->places[chain[i]];
-    place.parent = i == 0 ? -1 : chain[i - 1]->stats.rank;
-    if (i + 1 < chain.size()) place.children.push_back(chain[i + 1]->stats.rank);
-  }
-  // The slow read their host's first's slots, or hang off the chain's end (then the one
-  // before it, beyond kMaxChildren): they delay nobody.
-  size_t hung = 0;
+  // The slow read their host's first's slots, or are leaves of the route (below): they delay
+  // nobody.
+  std::vector<Subscription*> hanging;
   for (Subscription* t : slow) {
     const auto it = first_of.find(t->host);
     if (t->host != 0 && it != first_of.end()) {
@@ -885,16 +933,14 @@ std::shared_ptr<PublisherCore::Plan> PublisherCore::plan_locked(
         continue;
       }
     }
-    const size_t from_end = hung++ / kMaxChildren;
-    if (from_end >= chain.size()) continue;  // sent whole
-    Subscription* parent = chain[chain.size() - 1 - from_end];
-    p->places[parent].children.push_back(t->stats.rank);
-    p->places[t].parent = parent->stats.rank;
+    hanging.push_back(t);
   }
-  // The chain's length sizes the pieces (its readers of slots take none).
-  const double n = static_cast<double>(std::max<size_t>(chain.size() + hung, 2));
+  // The route's length sizes the pieces (its readers of slots take none).
+  const double n = static_cast<double>(std::max<size_t>(chain.size() + hanging.size(), 2));
+  const bool trees = routing_ == Routing::kTree && chain.size() >= 2;
+  const double hops = trees ? 2 * std::ceil(std::log2(n + 1)) : n - 1;
   const double rate = rate_ > 0 ? static_cast<double>(rate_) : kFirstRate;
-  double best = std::sqrt(static_cast<double>(p->bytes) * kPieceCost * rate / (n - 1));
+  double best = std::sqrt(static_cast<double>(p->bytes) * kPieceCost * rate / hops);
   // A test hook: pieces of this many bytes (within the bounds), for benchmarks/piece_cost.py,
   // which measures what a piece costs by sending the same version in pieces of two sizes.
   if (const auto forced = core::env("TENSORDICT_TEST_PIECE_BYTES")) {
@@ -903,6 +949,54 @@ std::shared_ptr<PublisherCore::Plan> PublisherCore::plan_locked(
   p->piece_bytes =
       std::clamp<int64_t>(static_cast<int64_t>(best) / 4096 * 4096, kMinPieceBytes, kMaxPieceBytes);
   p->pieces = piece_count(p->bytes, p->piece_bytes);
+  const auto adopt = [&](Subscription* parent, Subscription* child, int lane) {
+    Plan::Place& up = p->places[parent];
+    Plan::Place& place = p->places[child];
+    (lane == 0 ? up.children : up.second.children).push_back(child->stats.rank);
+    (lane == 0 ? place.parent : place.second.parent) = parent->stats.rank;
+  };
+  if (trees && p->pieces >= 2) {
+    // Two binary trees over the members, each carrying half of the pieces, in which every
+    // member forwards in one at most: each sends about one copy, and the last holds the version
+    // about 2 log2(n) piece times after the first (NCCL's double binary tree).
+    p->split = (p->pieces + 1) / 2;
+    const auto m = static_cast<int64_t>(chain.size());
+    std::vector<Subscription*> at_second(static_cast<size_t>(m) + 1);
+    for (int64_t k = 0; k < m; ++k) at_second[second_position(k + 1, m)] = chain[k];
+    std::vector<Subscription*> leaves[2];
+    for (int64_t k = 0; k < m; ++k) {
+      Subscription* t = chain[k];
+      p->places[t];  // a place even as both roots' child
+      if (const int64_t up = tree_parent(k + 1, m); up != 0) adopt(chain[up - 1], t, 0);
+      if (const int64_t up = tree_parent(second_position(k + 1, m), m); up != 0) {
+        adopt(at_second[up], t, 1);
+      }
+      if ((k + 1) % 2 == 1) leaves[0].push_back(t);
+      if (second_position(k + 1, m) % 2 == 1) leaves[1].push_back(t);
+    }
+    // The slow hang off leaves of both trees, in turn.
+    for (size_t h = 0; h < hanging.size(); ++h) {
+      Subscription* up[2] = {leaves[0][h % leaves[0].size()], leaves[1][h % leaves[1].size()]};
+      const auto room = [&](Subscription* t) {
+        const Plan::Place& q = p->places[t];
+        return q.children.size() + q.second.children.size() < kMaxChildren;
+      };
+      if (!room(up[0]) || !room(up[1])) continue;  // sent whole
+      adopt(up[0], hanging[h], 0);
+      adopt(up[1], hanging[h], 1);
+    }
+  } else {
+    for (size_t i = 0; i < chain.size(); ++i) {
+      p->places[chain[i]];
+      if (i > 0) adopt(chain[i - 1], chain[i], 0);
+    }
+    // The slow hang off the chain's end (then the one before it, beyond kMaxChildren).
+    for (size_t h = 0; h < hanging.size(); ++h) {
+      const size_t from_end = h / kMaxChildren;
+      if (from_end >= chain.size()) continue;  // sent whole
+      adopt(chain[chain.size() - 1 - from_end], hanging[h], 0);
+    }
+  }
   // Framed outside the lock: every piece message as it travels, and its checksum.
   lock.unlock();
   try {
@@ -943,10 +1037,16 @@ PublisherCore::Next PublisherCore::answer_relayed(Subscription& s, Link& link, c
   std::vector<std::pair<at::Tensor, Kind>> then;
   if (!reuse) then.emplace_back(core::bytes_tensor(*plan->json), Kind::kSchema);
   then.emplace_back(core::bytes_tensor(encode(route, plan->bytes)), Kind::kRoute);
-  if (place.parent < 0) {
-    for (int64_t i = 0; i < plan->pieces; ++i) then.emplace_back(plan->piece(i), Kind::kPiece);
+  // The roots of the route's lanes take their lane's pieces from here.
+  const bool root = place.parent < 0 && place.host_parent.pid == 0;
+  if (root) plan->pieces_of(0, then);
+  if (plan->split > 0 && place.host_parent.pid == 0 && place.second.parent < 0) {
+    plan->pieces_of(plan->split, then);
   }
   s.stats.relayed_from = place.parent;
+  s.stats.relayed_second = plan->split > 0 && place.host_parent.pid == 0
+                               ? std::optional(place.second.parent)
+                               : std::nullopt;
   lock.unlock();
   const auto start = Clock::now();
   const Sent sent = answer(s, link, offer, then, next);
@@ -955,7 +1055,8 @@ PublisherCore::Next PublisherCore::answer_relayed(Subscription& s, Link& link, c
   if (sent == Sent::kTaken) {
     // The first link's rate, from versions large enough that the socket's buffers and a
     // paced link's burst do not make it.
-    if (place.parent < 0 && took > 0 && plan->bytes >= kRateFrom) {
+    // (Two lanes' roots take half each at once, on the one link.)
+    if (plan->first_relay(&s) && took > 0 && plan->bytes >= kRateFrom) {
       rate_ = static_cast<int64_t>(static_cast<double>(plan->bytes) / took);
     }
     count_taken_locked(s, offer);
@@ -978,7 +1079,14 @@ PublisherCore::Next PublisherCore::answer_resume(Subscription& s, Link& link, co
   Subscription* paused = nullptr;
   // Only the parent its route gave it: a resume that names another rank (a hostile or a
   // confused subscriber) routes nobody around.
-  if (r.around >= 0 && s.stats.relayed_from == std::optional<int64_t>(r.around)) {
+  // (In the lane of its piece; the version relayed since: its first lane's.)
+  std::optional<int64_t> parent = s.stats.relayed_from;
+  if (plan && plan->version == r.version && r.piece >= 0 && r.piece < plan->pieces &&
+      plan->places.count(&s) != 0) {
+    const Plan::Place& mine = plan->places.at(&s);
+    parent = plan->lane_of(r.piece) == 0 ? mine.parent : mine.second.parent;
+  }
+  if (r.around >= 0 && parent == std::optional<int64_t>(r.around)) {
     for (auto& t : subscriptions_) {
       if (t.stats.rank != r.around) continue;
       t.demoted = true;
@@ -1014,7 +1122,7 @@ PublisherCore::Next PublisherCore::answer_resume(Subscription& s, Link& link, co
   const Route route = plan->route(&s, r.seq, epoch_, rate_, true, r.piece);
   std::vector<std::pair<at::Tensor, Kind>> then;
   then.emplace_back(core::bytes_tensor(encode(route, plan->bytes)), Kind::kRoute);
-  for (int64_t i = r.piece; i < plan->pieces; ++i) then.emplace_back(plan->piece(i), Kind::kPiece);
+  plan->pieces_of(r.piece, then);
   lock.unlock();
   const Sent sent = answer(s, link, offer, then, next);
   unpause();

@@ -139,7 +139,8 @@ void RelaySlots::reap() {
   }
 }
 
-bool RelaySlots::begin(int64_t version, uint64_t schema, int64_t bytes, int64_t piece_bytes) {
+bool RelaySlots::begin(int64_t version, uint64_t schema, int64_t bytes, int64_t piece_bytes,
+                       int64_t split) {
   filling_ = kCount;
   const auto need = static_cast<uint64_t>(std::max<int64_t>(bytes, 1));
   if (!slots_ || need > data_cap_) {
@@ -179,10 +180,12 @@ bool RelaySlots::begin(int64_t version, uint64_t schema, int64_t bytes, int64_t 
       L::word<uint64_t>(r, L::kSchemaAt).store(schema);
       L::word<uint64_t>(r, L::kJsonBytesAt).store(0);  // readers hold the schema
       L::word<uint64_t>(r, L::kFilledAt).store(0);
+      L::word<uint64_t>(r, L::kFilled2At).store(0);
       versions_[i] = version;
       state.store(L::kFilling | static_cast<uint64_t>(version));
       filling_ = i;
       piece_bytes_ = piece_bytes;
+      split_ = split;
       wake();
       return true;
     }
@@ -196,7 +199,8 @@ void RelaySlots::piece(int64_t index, const uint8_t* data, int64_t n) {
   if (filling_ == kCount) return;
   uint8_t* to = slots_->data() + L::slot_at(kCount, L::kPage, data_cap_, filling_) + L::kPage;
   if (n > 0) std::memcpy(to + index * piece_bytes_, data, static_cast<size_t>(n));
-  L::word<uint64_t>(record(filling_), L::kFilledAt).store(static_cast<uint64_t>(index + 1));
+  const size_t filled = split_ > 0 && index >= split_ ? L::kFilled2At : L::kFilledAt;
+  L::word<uint64_t>(record(filling_), filled).store(static_cast<uint64_t>(index + 1));
   progress();
   wake();
 }

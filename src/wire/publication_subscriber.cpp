@@ -11,6 +11,8 @@
 #include <cmath>
 #include <cstring>
 #include <deque>
+#include <mutex>
+#include <thread>
 #include <utility>
 #include <variant>
 
@@ -46,6 +48,8 @@ constexpr int64_t kSlowPieces = 8;
 // so that its children, whose own bounds end a piece later, wait for it rather than leave it.
 constexpr auto kHoldGrace = std::chrono::milliseconds(50);
 constexpr int64_t kQueuedSlow = 4;
+// A lane whose resume waits for the publisher's answer to the other lane looks this often.
+constexpr auto kPausedLook = std::chrono::milliseconds(5);
 
 namespace L = shm_layout;
 
@@ -193,16 +197,18 @@ std::shared_ptr<HostReader> open_host(const SlotsPlace& place, std::string* why)
   return nullptr;
 }
 
-// A relayed version's pieces in flight (§9.9), once its route is read.
-struct RelayState {
-  Route route;
-  int64_t pieces = 0;
-  int64_t message_bytes = 0;     // every piece message: header, piece_bytes (the last one padded)
+// One lane of a relayed version (§9.9): its pieces [next, end) from one parent (or the
+// publisher), each forwarded to the lane's children. A route "tree" has two lanes, each taken
+// by a thread of its own while a pull runs (so that both trees' pieces flow at once); every
+// other route one.
+struct Lane {
+  int index = 0;
+  Kind kind = Kind::kPiece;
+  int64_t end = 0;               // after the lane's last piece
+  int64_t parent = -1;           // the rank its pieces come from; -1: the publisher
+  int64_t siblings = 1;          // the parent's children in this lane, sharing its link
   std::shared_ptr<Link> source;  // the parent's link, or the publisher's
-  std::shared_ptr<HostReader> host;  // the parent's slots, when it is on this host
-  RelaySlots* slots = nullptr;       // this subscriber's, when it writes the version there
-  int host_slot = -1;                // the parent's slot pinned (read as its pieces come)
-  int64_t next = 0;                  // the piece due next from the source
+  int64_t next = 0;              // the piece due next from the source
   struct Posted {
     at::Tensor buffer;  // a piece message's bytes (with room)
     PendingPtr pending;
@@ -226,7 +232,12 @@ struct RelayState {
   int64_t queued = 0;                      // what the source's last piece said it queued
   bool stalled = false;                    // the source's bound passed: the children were held
   std::string lost;                        // why the parent's link failed outside a wait
-  std::string unmapped;                    // why the parent's slots could not be mapped
+  // A resume waiting for the other lane's answer to end (the publisher answers one at a time).
+  struct Wanted {
+    Resume why;
+    int64_t around;  // the parent left, or -1 (not its fault)
+  };
+  std::optional<Wanted> wanted;
   // A resume in flight: its offer, then its route.
   bool resuming = false;
   uint64_t resume_seq = 0;
@@ -234,6 +245,7 @@ struct RelayState {
   PendingPtr resume_offer_received, resume_route_received, resume_sent;
   bool resume_offered = false;
 
+  bool done() const { return next >= end; }
   // What is posted on the publisher's link (the rest is left by leave()).
   std::vector<PendingPtr> pending() const {
     std::vector<PendingPtr> out;
@@ -257,6 +269,37 @@ struct RelayState {
       for (const auto& [link, pending] : s.sends) link->keep({pending});
     }
     sending.clear();
+  }
+};
+
+// A relayed version's pieces in flight (§9.9), once its route is read.
+struct RelayState {
+  Route route;
+  int64_t pieces = 0;
+  int64_t message_bytes = 0;  // every piece message: header, piece_bytes (the last one padded)
+  std::shared_ptr<HostReader> host;  // the parent's slots, when it is on this host
+  RelaySlots* slots = nullptr;       // this subscriber's, when it writes the version there
+  int host_slot = -1;                // the parent's slot pinned (read as its pieces come)
+  Clock::time_point host_progress;   // the parent's last progress seen in its slots
+  std::string unmapped;              // why the parent's slots could not be mapped
+  std::vector<std::unique_ptr<Lane>> lanes;
+  // Between the lanes' threads: the subscriber's seq and routed_around, the pull's step, a
+  // resume's messages on the publisher's link, and which lane the publisher answers now (-1:
+  // none; its serving thread answers one request at a time: a lane's resume waits for it).
+  std::mutex mutex;
+  int answering = -1;
+  std::atomic<bool> stop{false};       // a lane failed: the other ends its turn
+  std::atomic<bool> abandoned{false};  // the version left the publisher: ask again
+
+  std::vector<PendingPtr> pending() const {
+    std::vector<PendingPtr> out;
+    for (const auto& l : lanes) {
+      for (const auto& p : l->pending()) out.push_back(p);
+    }
+    return out;
+  }
+  void leave() {
+    for (const auto& l : lanes) l->leave();
   }
 };
 
@@ -846,29 +889,53 @@ bool SubscriberCore::read_route(Pull& o, Clock::time_point deadline) {
   auto r = std::make_unique<RelayState>();
   TD_CHECK_PEER(!route.checksums.empty(), who_,
                 ": the publisher's route carries no checksums (a relayed piece is checked by one)");
+  TD_CHECK_PEER(route.split == 0 || route.host_parent.pid != 0 ||
+                    (route.parent != route.second.parent || route.parent >= 0),
+                who_, ": the publisher's route sends both lanes from itself");
   r->pieces = piece_count(offer.data_bytes, route.piece_bytes);
   r->message_bytes = kPieceHeaderBytes + route.piece_bytes;
-  r->source = link_;
-  if (route.parent >= 0 && route.host_parent.pid == 0) {
-    try {
-      r->source = relay_link(route.parent);
-    } catch (const MalformedPeerDataError&) {
-      throw;  // a rank that is no other subscriber: the route is refused
-    } catch (const std::exception& e) {
-      r->lost = e.what();  // the parent's connection is gone already: resumed at once
+  const auto add_lane = [&](int64_t first, int64_t end, int64_t parent, int64_t siblings,
+                            const std::vector<int64_t>& children) {
+    auto l = std::make_unique<Lane>();
+    l->index = static_cast<int>(r->lanes.size());
+    l->kind = l->index == 0 ? Kind::kPiece : Kind::kPiece2;
+    l->next = first;
+    l->end = end;
+    l->parent = parent;
+    l->siblings = siblings;
+    l->source = link_;
+    if (parent >= 0 && route.host_parent.pid == 0) {
+      try {
+        l->source = relay_link(parent);
+      } catch (const MalformedPeerDataError&) {
+        throw;  // a rank that is no other subscriber: the route is refused
+      } catch (const std::exception& e) {
+        l->lost = e.what();  // the parent's connection is gone already: resumed at once
+      }
     }
-  }
-  for (const int64_t c : route.children) {
-    RelayState::Child child{c, nullptr, false};
-    try {
-      child.link = relay_link(c);
-      child.alive = true;
-    } catch (const MalformedPeerDataError&) {
-      throw;
-    } catch (const std::exception&) {
-      // a child whose connection is gone: it resumes at the publisher by itself
+    for (const int64_t c : children) {
+      Lane::Child child{c, nullptr, false};
+      try {
+        child.link = relay_link(c);
+        child.alive = true;
+      } catch (const MalformedPeerDataError&) {
+        throw;
+      } catch (const std::exception&) {
+        // a child whose connection is gone: it resumes at the publisher by itself
+      }
+      l->children.push_back(std::move(child));
     }
-    r->children.push_back(std::move(child));
+    // The publisher's serving thread sends a lane from itself until every piece is taken.
+    if (parent < 0) r->answering = l->index;
+    l->progress = Clock::now();
+    r->lanes.push_back(std::move(l));
+  };
+  if (route.split > 0) {
+    add_lane(0, route.split, route.parent, route.siblings, route.children);
+    add_lane(route.split, r->pieces, route.second.parent, route.second.siblings,
+             route.second.children);
+  } else {
+    add_lane(0, r->pieces, route.parent, route.siblings, route.children);
   }
   if (route.host_source) {
     try {
@@ -876,7 +943,8 @@ bool SubscriberCore::read_route(Pull& o, Clock::time_point deadline) {
         relay_slots_ = std::make_unique<RelaySlots>(offer.epoch);
       }
       // Pieces that come while no slot is free go nowhere: the readers leave for the publisher.
-      relay_slots_->begin(offer.version, offer.schema, offer.data_bytes, route.piece_bytes);
+      relay_slots_->begin(offer.version, offer.schema, offer.data_bytes, route.piece_bytes,
+                          route.split);
       r->slots = relay_slots_.get();
     } catch (const std::exception&) {
       relay_slots_.reset();  // no shared memory: its host's subscribers stay on the chain
@@ -891,8 +959,8 @@ bool SubscriberCore::read_route(Pull& o, Clock::time_point deadline) {
     if (!r->host) r->unmapped = c10::str("could not map its slots: ", why);
   }
   r->route = std::move(route);
-  r->progress = Clock::now();
-  r->free = std::move(piece_pool_);
+  r->host_progress = Clock::now();
+  r->lanes[0]->free = std::move(piece_pool_);
   piece_pool_.clear();
   o.relay = std::move(r);
   return true;
@@ -902,15 +970,15 @@ namespace {
 
 // Forwarded pieces every child has taken: their buffers are posted again. A child whose send
 // failed is forwarded nothing more (its own resume finds the publisher).
-void recycle(RelayState& r) {
-  for (auto it = r.sending.begin(); it != r.sending.end();) {
+void recycle(Lane& l) {
+  for (auto it = l.sending.begin(); it != l.sending.end();) {
     auto& sends = it->sends;
     sends.erase(std::remove_if(sends.begin(), sends.end(),
                                [&](const std::pair<Link*, PendingPtr>& s) {
                                  try {
                                    return s.first->wait(s.second, Clock::now());
                                  } catch (const std::exception&) {
-                                   for (auto& c : r.children) {
+                                   for (auto& c : l.children) {
                                      if (c.link.get() == s.first) c.alive = false;
                                    }
                                    return true;
@@ -918,35 +986,35 @@ void recycle(RelayState& r) {
                                }),
                 sends.end());
     if (sends.empty()) {
-      if (it->pooled) r.free.push_back(it->buffer);
-      it = r.sending.erase(it);
+      if (it->pooled) l.free.push_back(it->buffer);
+      it = l.sending.erase(it);
     } else {
       ++it;
     }
   }
 }
 
-at::Tensor piece_buffer(RelayState& r) {
+at::Tensor piece_buffer(Lane& l) {
   at::Tensor b;
-  if (r.free.empty()) {
+  if (l.free.empty()) {
     // Every piece buffer fits the largest piece, with room: a receive kept posted on a link
     // takes whatever that peer sends there next, of any route's piece size, and the receive
     // that takes it over (GroupLink) is of the same size.
     b = piece_recv_buffer();
   } else {
-    b = std::move(r.free.back());
-    r.free.pop_back();
+    b = std::move(l.free.back());
+    l.free.pop_back();
   }
   return b;
 }
 
 // The most pieces not yet taken by one child (its sends still in flight).
-int64_t queued_to_children(const RelayState& r) {
+int64_t queued_to_children(const Lane& l) {
   int64_t most = 0;
-  for (const auto& c : r.children) {
+  for (const auto& c : l.children) {
     if (!c.link) continue;
     int64_t n = 0;
-    for (const auto& s : r.sending) {
+    for (const auto& s : l.sending) {
       for (const auto& [link, pending] : s.sends) n += link == c.link.get() ? 1 : 0;
     }
     most = std::max(most, n);
@@ -956,21 +1024,21 @@ int64_t queued_to_children(const RelayState& r) {
 
 // Forwards the first `bytes` of `buffer` (a piece or a hold) to every live child. A piece
 // buffer goes back to the pool whole: a later route's pieces may be larger.
-void forward(RelayState& r, const at::Tensor& buffer, int64_t bytes, bool pooled) {
+void forward(Lane& l, const at::Tensor& buffer, int64_t bytes, bool pooled) {
   const at::Tensor message = buffer.narrow(0, 0, bytes);
-  RelayState::Sending sending{buffer, {}, pooled};
-  for (auto& c : r.children) {
+  Lane::Sending sending{buffer, {}, pooled};
+  for (auto& c : l.children) {
     if (!c.alive || !c.link) continue;
     try {
-      sending.sends.emplace_back(c.link.get(), c.link->post_send(message, Kind::kPiece));
+      sending.sends.emplace_back(c.link.get(), c.link->post_send(message, l.kind));
     } catch (const std::exception&) {
       c.alive = false;
     }
   }
   if (!sending.sends.empty()) {
-    r.sending.push_back(std::move(sending));
+    l.sending.push_back(std::move(sending));
   } else if (pooled) {
-    r.free.push_back(buffer);
+    l.free.push_back(buffer);
   }
 }
 
@@ -984,117 +1052,184 @@ Clock::duration stall_bound(const Route& route) {
                                        std::chrono::duration<double>(kStallPieces * piece_s)));
 }
 
-// Tells the children to wait: this relay waits for the publisher's pieces (§9.9).
-void send_hold(RelayState& r, const Offer& offer) {
-  if (r.slots) r.slots->progress();  // its host's readers wait with it too
+// Tells the lane's children to wait: this relay waits for the publisher's pieces (§9.9).
+void send_hold(Lane& l, RelaySlots* slots, const Offer& offer) {
+  if (slots) slots->progress();  // its host's readers wait with it too
   at::Tensor hold = at::empty({kPieceHeaderBytes}, at::kByte);
-  encode_piece_header({offer.epoch, offer.version, r.next, 0, 0, true}, hold.data_ptr<uint8_t>());
-  forward(r, hold, kPieceHeaderBytes, false);
+  encode_piece_header({offer.epoch, offer.version, l.next, 0, 0, true}, hold.data_ptr<uint8_t>());
+  forward(l, hold, kPieceHeaderBytes, false);
 }
 
 }  // namespace
 
 bool SubscriberCore::read_pieces(Pull& o, Clock::time_point deadline) {
   RelayState& r = *o.relay;
+  if (!r.unmapped.empty()) {
+    // Not the relay's fault: it is not left as one that failed.
+    const std::string why = std::exchange(r.unmapped, std::string());
+    for (auto& l : r.lanes) {
+      if (!l->done()) resume(o, *l, Resume::kLost, why, false);
+    }
+  }
+  if (r.host && !read_host(o, deadline)) return false;
+  std::vector<Lane*> due;
+  for (auto& l : r.lanes) {
+    if (!l->done()) due.push_back(l.get());
+  }
+  // Each lane's pieces as they come: a lane of its own on a thread of its own while both run.
+  std::exception_ptr failed;
+  bool in = true;
+  const auto run = [&](Lane& l) {
+    try {
+      return read_lane(o, l, deadline);
+    } catch (...) {
+      r.stop = true;  // the other lane ends its turn too
+      std::lock_guard<std::mutex> lock(r.mutex);
+      if (!failed) failed = std::current_exception();
+      return false;
+    }
+  };
+  if (due.size() == 2) {
+    bool second = false;
+    std::thread t([&] { second = run(*due[1]); });
+    in = run(*due[0]);
+    t.join();
+    in = in && second;
+  } else if (due.size() == 1) {
+    in = run(*due[0]);
+  }
+  r.stop = false;
+  if (failed) std::rethrow_exception(failed);
+  if (r.abandoned.load()) {
+    r.leave();
+    o.abandoned = true;
+    return false;
+  }
+  if (!in) return false;
+  for (auto& l : r.lanes) {
+    for (auto& b : l->free) {
+      if (piece_pool_.size() < kPiecesAhead) piece_pool_.push_back(std::move(b));
+    }
+    l->free.clear();
+  }
+  if (r.slots) r.slots->finish();
+  o.data_done = true;
+  return true;
+}
+
+bool SubscriberCore::wait_lane(RelayState& r, Link& link, const PendingPtr& p,
+                               Clock::time_point deadline) {
+  for (;;) {
+    if (r.stop.load() || r.abandoned.load()) return false;
+    const auto end = std::min(deadline, Clock::now() + kSlice);
+    if (wait(link, p, end)) return true;
+    if (end >= deadline || interrupted_.load()) return false;
+  }
+}
+
+bool SubscriberCore::read_lane(Pull& o, Lane& l, Clock::time_point deadline) {
+  RelayState& r = *o.relay;
   const Offer& offer = *o.offer;
   const int64_t piece = r.route.piece_bytes;
   uint8_t* stage = static_cast<uint8_t*>(o.data.data_ptr());
   for (;;) {
-    recycle(r);
-    if (r.resuming) {
+    recycle(l);
+    if (r.stop.load() || r.abandoned.load()) return false;
+    if (l.wanted) {
+      // The publisher still answers the other lane: this one waits, holding its children.
+      const auto until = std::min(deadline, Clock::now() + kMinStall / 2);
+      std::this_thread::sleep_until(std::min(until, Clock::now() + kPausedLook));
+      if (r.abandoned.load() || r.stop.load() || interrupted_.load()) return false;
+      if (Clock::now() >= deadline) return false;
+      ask(o, l);
+      continue;
+    }
+    if (l.resuming) {
       // The children hear every half stall bound that this relay waits, not left.
       const auto until = std::min(deadline, Clock::now() + kMinStall / 2);
-      if (read_resume(o, until)) continue;
-      if (o.abandoned || Clock::now() >= deadline || interrupted_.load()) return false;
-      send_hold(r, offer);
+      if (read_resume(o, l, until)) continue;
+      if (r.abandoned.load() || r.stop.load() || Clock::now() >= deadline || interrupted_.load())
+        return false;
+      send_hold(l, r.slots, offer);
       continue;
     }
-    if (r.next >= r.pieces) {
-      r.leave();  // the sends still on their way to the children
-      if (r.free.size() > kPiecesAhead) r.free.resize(kPiecesAhead);
-      piece_pool_ = std::move(r.free);
-      if (r.slots) r.slots->finish();
-      o.data_done = true;
+    if (l.done()) {
+      {
+        std::lock_guard<std::mutex> lock(r.mutex);
+        if (r.answering == l.index) r.answering = -1;  // every piece of its answer taken
+      }
+      l.leave();  // the sends still on their way to the children
       return true;
     }
-    if (!r.unmapped.empty()) {
-      // Not the relay's fault: it is not left as one that failed.
-      const std::string why = std::exchange(r.unmapped, std::string());
-      resume(o, Resume::kLost, why, false);
-      continue;
-    }
-    if (r.host) {
-      if (!read_host(o, deadline)) return false;
-      continue;
-    }
-    const bool from_parent = r.route.parent >= 0;
+    const bool from_parent = l.parent >= 0;
     // Receives of the largest piece: a receive left posted on a link (a relay left) takes a
     // later route's piece whatever its size; a short piece is told by its header and checksum.
     try {
-      if (!r.lost.empty()) TD_THROW(PeerLostError, r.lost);
-      while (r.posted.size() < kPiecesAhead &&
-             r.next + static_cast<int64_t>(r.posted.size()) < r.pieces) {
-        const at::Tensor b = piece_buffer(r);
-        r.posted.push_back({b, r.source->post_recv(b, Kind::kPiece)});
+      if (!l.lost.empty()) TD_THROW(PeerLostError, l.lost);
+      while (l.posted.size() < kPiecesAhead &&
+             l.next + static_cast<int64_t>(l.posted.size()) < l.end) {
+        const at::Tensor b = piece_buffer(l);
+        l.posted.push_back({b, l.source->post_recv(b, l.kind)});
       }
     } catch (const std::exception& e) {
       if (!from_parent) throw;
-      r.lost.clear();
-      resume(o, Resume::kLost, e.what());
+      l.lost.clear();
+      resume(o, l, Resume::kLost, e.what());
       continue;
     }
     auto until = deadline;
     Clock::duration bound{};
     if (from_parent) {
-      bound = stall_bound(r.route) + (r.stalled ? kHoldGrace : Clock::duration{});
-      until = std::min(deadline, r.progress + bound);
+      bound = stall_bound(r.route) + (l.stalled ? kHoldGrace : Clock::duration{});
+      until = std::min(deadline, l.progress + bound);
     }
-    const RelayState::Posted front = r.posted.front();
+    const Lane::Posted front = l.posted.front();
     bool in = false;
     try {
-      in = wait(*r.source, front.pending, until);
+      in = wait_lane(r, *l.source, front.pending, until);
     } catch (const PeerLostError& e) {
       if (!from_parent) throw;
-      resume(o, Resume::kLost, e.what_without_backtrace());
+      resume(o, l, Resume::kLost, e.what_without_backtrace());
       continue;
     } catch (const MalformedPeerDataError& e) {
       if (!from_parent) throw;
-      resume(o, Resume::kForged, e.what_without_backtrace());
+      resume(o, l, Resume::kForged, e.what_without_backtrace());
       continue;
     }
     if (!in) {
-      if (from_parent && !interrupted_.load() && Clock::now() >= r.progress + bound) {
-        if (!r.stalled) {
-          r.stalled = true;  // the children wait with this relay; the parent has a grace
-          send_hold(r, offer);
+      if (from_parent && !interrupted_.load() && !r.stop.load() &&
+          Clock::now() >= l.progress + bound) {
+        if (!l.stalled) {
+          l.stalled = true;  // the children wait with this relay; the parent has a grace
+          send_hold(l, r.slots, offer);
           continue;
         }
         resume(
-            o, Resume::kStalled,
+            o, l, Resume::kStalled,
             c10::str("no piece in ",
                      std::chrono::duration_cast<std::chrono::milliseconds>(bound).count(), " ms"));
         continue;
       }
       return false;
     }
-    r.posted.pop_front();
+    l.posted.pop_front();
     uint8_t* m = front.buffer.data_ptr<uint8_t>();
-    const int64_t index = r.next;
+    const int64_t index = l.next;
     const int64_t want = std::min(piece, offer.data_bytes - index * piece);
     const std::optional<PieceHeader> h = decode_piece_header(m);
     std::string bad;
     if (h && h->epoch == offer.epoch && h->version < offer.version) {
       // A piece of an earlier version, left in a receive kept posted on this link: dropped.
-      r.free.push_back(front.buffer);
+      l.free.push_back(front.buffer);
       continue;
     }
     if (h && h->hold && h->epoch == offer.epoch && h->version == offer.version) {
       // The parent waits for the publisher's pieces: so do this relay and its children.
-      r.free.push_back(front.buffer);
-      r.progress = Clock::now();
-      r.arrivals.clear();
-      r.stalled = false;
-      send_hold(r, offer);
+      l.free.push_back(front.buffer);
+      l.progress = Clock::now();
+      l.arrivals.clear();
+      l.stalled = false;
+      send_hold(l, r.slots, offer);
       continue;
     }
     if (!h || h->hold) {
@@ -1120,10 +1255,13 @@ bool SubscriberCore::read_pieces(Pull& o, Clock::time_point deadline) {
     }
     if (!bad.empty()) {
       if (from_parent) {
-        resume(o, Resume::kForged, bad);
+        resume(o, l, Resume::kForged, bad);
         continue;
       }
-      o.step = Refusal::kData;
+      {
+        std::lock_guard<std::mutex> lock(r.mutex);
+        o.step = Refusal::kData;
+      }
       TD_THROW(MalformedPeerDataError, who_, ": the publisher on ", link_->peer(), " sent ", bad);
     }
     const uint8_t* kept = m + kPieceHeaderBytes;
@@ -1133,39 +1271,39 @@ bool SubscriberCore::read_pieces(Pull& o, Clock::time_point deadline) {
       kept = before.data();
     }
     if (r.slots) r.slots->piece(index, kept, want);
-    r.queued = h->queued;
+    l.queued = h->queued;
     // What this relay queues for its children travels with the piece (PieceHeader::queued).
-    if (!r.children.empty()) {
-      encode_piece_header({h->epoch, h->version, h->index, h->bytes, queued_to_children(r), false},
+    if (!l.children.empty()) {
+      encode_piece_header({h->epoch, h->version, h->index, h->bytes, queued_to_children(l), false},
                           m);
     }
-    forward(r, front.buffer, r.message_bytes, true);
+    forward(l, front.buffer, r.message_bytes, true);
     const auto now = Clock::now();
-    r.progress = now;
-    r.stalled = false;
-    ++r.next;
+    l.progress = now;
+    l.stalled = false;
+    ++l.next;
     // The last pieces from the source, over at least kSlowPieces pieces and kMinStall: a
     // shorter window sees a paced link's bursts and a loaded machine's pauses.
-    r.arrivals.push_back(now);
-    while (r.arrivals.size() > static_cast<size_t>(kSlowPieces) + 1 &&
-           now - r.arrivals[1] >= kMinStall) {
-      r.arrivals.pop_front();
+    l.arrivals.push_back(now);
+    while (l.arrivals.size() > static_cast<size_t>(kSlowPieces) + 1 &&
+           now - l.arrivals[1] >= kMinStall) {
+      l.arrivals.pop_front();
     }
     // A crawling parent: its pieces come slowly while it queues them (its own link is slow),
     // not because its own parent is slow.
-    const auto window = now - r.arrivals.front();
-    if (from_parent && r.route.rate > 0 && r.queued >= kQueuedSlow && window >= kMinStall &&
-        r.arrivals.size() > static_cast<size_t>(kSlowPieces) && r.next < r.pieces) {
+    const auto window = now - l.arrivals.front();
+    if (from_parent && r.route.rate > 0 && l.queued >= kQueuedSlow && window >= kMinStall &&
+        l.arrivals.size() > static_cast<size_t>(kSlowPieces) && !l.done()) {
       const double secs = std::chrono::duration<double>(window).count();
-      const auto over = static_cast<int64_t>(r.arrivals.size()) - 1;
+      const auto over = static_cast<int64_t>(l.arrivals.size()) - 1;
       const double rate = static_cast<double>(over * piece) / secs;
       // Its link shared by its children.
-      if (rate * 3 * static_cast<double>(r.route.siblings) < static_cast<double>(r.route.rate)) {
-        resume(o, Resume::kSlow,
+      if (rate * 3 * static_cast<double>(l.siblings) < static_cast<double>(r.route.rate)) {
+        resume(o, l, Resume::kSlow,
                c10::str(std::llround(rate / 1e6), " MB/s over ", over, " pieces in ",
-                        std::llround(secs * 1000), " ms, ", r.queued,
+                        std::llround(secs * 1000), " ms, ", l.queued,
                         " queued there; the route announced ", r.route.rate / 1000000,
-                        " MB/s shared by ", r.route.siblings));
+                        " MB/s shared by ", l.siblings));
       }
     }
   }
@@ -1184,19 +1322,28 @@ bool SubscriberCore::read_host(Pull& o, Clock::time_point deadline) {
   const Clock::duration bound = stall_bound(r.route) + kHoldGrace;
   auto& reading = L::word<uint64_t>(h.entry, L::kReadingAt);
   auto* stage = static_cast<uint8_t*>(o.data.data_ptr());
+  // Leaves the relay: each lane not in yet resumes at the publisher from the piece it reached.
+  const auto leave = [&](Resume why, const std::string& detail, bool blame) {
+    h.unpin();
+    r.host.reset();
+    r.host_slot = -1;
+    for (auto& l : r.lanes) {
+      if (!l->done()) resume(o, *l, why, detail, blame);
+    }
+    return true;
+  };
   for (;;) {
     if (interrupted_.load()) return false;
     const uint32_t seen = changes.load();
     if (L::word<uint32_t>(head, L::kFlagsAt).load() & (L::kClosed | L::kMoved)) {
       // Its Subscriber went, or its slots grew: the next route names the new ones.
-      resume(o, Resume::kLost, "its slots were closed or moved", false);
-      return true;
+      return leave(Resume::kLost, "its slots were closed or moved", false);
     }
     const auto now = Clock::now();
     const uint64_t progress = L::word<uint64_t>(head, L::kProgressAt).load();
     if (progress != h.progress) {
       h.progress = progress;
-      r.progress = now;
+      r.host_progress = now;
     }
     // The version's slot, written or being filled: pinned, then its state looked at again
     // (§9.8); the relay never starts another version there while it is pinned.
@@ -1214,37 +1361,41 @@ bool SubscriberCore::read_host(Pull& o, Clock::time_point deadline) {
       }
       const uint64_t bytes = L::word<uint64_t>(h.record(i), L::kSlotBytesAt).load();
       if (bytes != static_cast<uint64_t>(offer.data_bytes) || bytes > h.layout.data_cap) {
-        resume(o, Resume::kForged,
-               c10::str("its slot holds ", bytes, " bytes of version ", offer.version, ", not ",
-                        offer.data_bytes));
-        return true;
+        return leave(Resume::kForged,
+                     c10::str("its slot holds ", bytes, " bytes of version ", offer.version,
+                              ", not ", offer.data_bytes),
+                     true);
       }
       r.host_slot = static_cast<int>(i);
     }
     if (r.host_slot >= 0) {
       const auto slot = static_cast<uint32_t>(r.host_slot);
       const bool whole = L::word<uint64_t>(h.record(slot), L::kStateAt).load() == version;
-      const int64_t filled =
-          whole ? r.pieces
-                : std::min<int64_t>(
-                      r.pieces,
-                      static_cast<int64_t>(L::word<uint64_t>(h.record(slot), L::kFilledAt).load()));
-      // Each piece copied into this subscriber's buffer, then checked there: what it keeps is
-      // what it checked.
-      for (; r.next < filled; ++r.next) {
-        const int64_t n = std::min(piece, offer.data_bytes - r.next * piece);
-        uint8_t* to = stage + r.next * piece;
-        std::memcpy(to, h.data(slot) + r.next * piece, static_cast<size_t>(n));
-        if (piece_checksum(to, static_cast<size_t>(n)) !=
-            r.route.checksums[static_cast<size_t>(r.next)]) {
-          resume(o, Resume::kForged,
-                 c10::str("piece ", r.next, " of version ", offer.version,
-                          " in its slots does not match the checksum the publisher sent"));
-          return true;
+      bool all = true;
+      for (auto& l : r.lanes) {
+        const size_t at = l->index == 0 ? L::kFilledAt : L::kFilled2At;
+        const int64_t filled =
+            whole ? l->end
+                  : std::min<int64_t>(
+                        l->end, static_cast<int64_t>(L::word<uint64_t>(h.record(slot), at).load()));
+        // Each piece copied into this subscriber's buffer, then checked there: what it keeps is
+        // what it checked.
+        for (; l->next < filled; ++l->next) {
+          const int64_t n = std::min(piece, offer.data_bytes - l->next * piece);
+          uint8_t* to = stage + l->next * piece;
+          std::memcpy(to, h.data(slot) + l->next * piece, static_cast<size_t>(n));
+          if (piece_checksum(to, static_cast<size_t>(n)) !=
+              r.route.checksums[static_cast<size_t>(l->next)]) {
+            return leave(Resume::kForged,
+                         c10::str("piece ", l->next, " of version ", offer.version,
+                                  " in its slots does not match the checksum the publisher sent"),
+                         true);
+          }
+          r.host_progress = Clock::now();
         }
-        r.progress = Clock::now();
+        all = all && l->done();
       }
-      if (r.next >= r.pieces) {
+      if (all) {
         h.unpin();
         r.host_slot = -1;
         return true;
@@ -1253,76 +1404,90 @@ bool SubscriberCore::read_host(Pull& o, Clock::time_point deadline) {
     if (now - h.looked >= kShmLook) {
       h.looked = now;
       if (!h.relay->alive()) {
-        resume(o, Resume::kLost, c10::str("its process (pid ", h.relay->pid(), ") exited"));
-        return true;
+        return leave(Resume::kLost, c10::str("its process (pid ", h.relay->pid(), ") exited"),
+                     true);
       }
     }
-    if (now >= r.progress + bound) {
-      resume(o, Resume::kStalled,
-             c10::str("no progress in ",
-                      std::chrono::duration_cast<std::chrono::milliseconds>(bound).count(), " ms"));
-      return true;
+    if (now >= r.host_progress + bound) {
+      return leave(
+          Resume::kStalled,
+          c10::str("no progress in ",
+                   std::chrono::duration_cast<std::chrono::milliseconds>(bound).count(), " ms"),
+          true);
     }
     if (now >= deadline) return false;
-    const auto until = std::min({deadline, r.progress + bound, now + kShmLook});
+    const auto until = std::min({deadline, r.host_progress + bound, now + kShmLook});
     shm::futex_wait(&changes, seen,
                     std::chrono::duration_cast<std::chrono::microseconds>(until - now));
   }
 }
 
-void SubscriberCore::resume(Pull& o, Resume why, const std::string& detail, bool blame) {
+void SubscriberCore::resume(Pull& o, Lane& l, Resume why, const std::string& detail, bool blame) {
   RelayState& r = *o.relay;
   const Offer& offer = *o.offer;
-  r.leave_source();
-  if (r.host) r.host->unpin();
-  r.host.reset();
-  r.host_slot = -1;
+  l.leave_source();
+  l.stalled = false;
   if (blame) {
-    routed_around_.push_back(c10::str("rank ", r.route.parent, " at piece ", r.next, " of ",
-                                      r.pieces, " of version ", offer.version, ": ",
+    std::lock_guard<std::mutex> lock(r.mutex);
+    routed_around_.push_back(c10::str("rank ", l.parent, " at piece ", l.next, " of ", r.pieces,
+                                      " of version ", offer.version, ": ",
                                       resume_text(static_cast<uint32_t>(why)), " (", detail, ")"));
     if (routed_around_.size() > 16) routed_around_.erase(routed_around_.begin());
   }
-  Request q;
-  q.resume = static_cast<uint32_t>(why);
-  q.seq = ++seq_;
-  q.epoch = offer.epoch;
-  q.version = offer.version;
-  q.piece = r.next;
-  q.around = blame ? r.route.parent : -1;
-  r.resume_seq = q.seq;
-  r.resume_offer = message_buffer();
-  r.resume_offer_received = link_->post_recv(r.resume_offer, Kind::kOffer);
-  r.resume_request = core::bytes_tensor(encode(q));
-  r.resume_sent = link_->post_send(r.resume_request, Kind::kRequest);
-  r.resuming = true;
-  r.resume_offered = false;
-  r.stalled = false;
-  send_hold(r, offer);
+  l.wanted = Lane::Wanted{why, blame ? l.parent : -1};
+  ask(o, l);
 }
 
-bool SubscriberCore::read_resume(Pull& o, Clock::time_point deadline) {
+void SubscriberCore::ask(Pull& o, Lane& l) {
   RelayState& r = *o.relay;
   const Offer& offer = *o.offer;
-  if (!r.resume_offered) {
-    if (!wait(r.resume_offer_received, deadline)) return false;
-    const Offer a = decode_offer(who_.c_str(), r.resume_offer.data_ptr<uint8_t>());
-    r.resume_offer_received = nullptr;
-    r.resume_sent = nullptr;  // taken: the offer answers it
-    TD_CHECK_PEER(a.seq == r.resume_seq, who_, ": the publisher's offer answers request ", a.seq,
-                  ", not the resume ", r.resume_seq, " (a message out of order)");
+  std::unique_lock<std::mutex> lock(r.mutex);
+  // The publisher answers the other lane: this one asks once that answer is taken.
+  if (r.answering < 0 || r.answering == l.index) {
+    r.answering = l.index;
+    Request q;
+    q.resume = static_cast<uint32_t>(l.wanted->why);
+    q.seq = ++seq_;
+    q.epoch = offer.epoch;
+    q.version = offer.version;
+    q.piece = l.next;
+    q.around = l.wanted->around;
+    l.resume_seq = q.seq;
+    l.resume_offer = message_buffer();
+    l.resume_offer_received = link_->post_recv(l.resume_offer, Kind::kOffer);
+    l.resume_request = core::bytes_tensor(encode(q));
+    l.resume_sent = link_->post_send(l.resume_request, Kind::kRequest);
+    l.wanted.reset();
+    l.resuming = true;
+    l.resume_offered = false;
+  }
+  lock.unlock();
+  send_hold(l, r.slots, offer);
+}
+
+bool SubscriberCore::read_resume(Pull& o, Lane& l, Clock::time_point deadline) {
+  RelayState& r = *o.relay;
+  const Offer& offer = *o.offer;
+  if (!l.resume_offered) {
+    if (!wait_lane(r, *link_, l.resume_offer_received, deadline)) return false;
+    const Offer a = decode_offer(who_.c_str(), l.resume_offer.data_ptr<uint8_t>());
+    l.resume_offer_received = nullptr;
+    l.resume_sent = nullptr;  // taken: the offer answers it
+    TD_CHECK_PEER(a.seq == l.resume_seq, who_, ": the publisher's offer answers request ", a.seq,
+                  ", not the resume ", l.resume_seq, " (a message out of order)");
     switch (a.status) {
       case Status::kClosed: TD_THROW(PeerClosedError, "it answered \"closed\" to a resume");
       case Status::kNone:
         // The version left the publisher's slots: the pull asks for the newest.
-        r.leave();
-        o.abandoned = true;
+        r.abandoned = true;
         return false;
-      case Status::kRefused:
+      case Status::kRefused: {
+        std::lock_guard<std::mutex> lock(r.mutex);
         o.step = Refusal::kNone;
         ended_ = c10::str(who_, ": the Publisher on ", link_->peer(),
                           " refused this subscriber's resume as malformed and serves it no more");
         TD_THROW(MalformedPeerDataError, ended_);
+      }
       case Status::kRelay: break;
       default:
         TD_THROW(MalformedPeerDataError, who_, ": the publisher answered a resume with status ",
@@ -1335,32 +1500,32 @@ bool SubscriberCore::read_resume(Pull& o, Clock::time_point deadline) {
                   a.data_bytes, " bytes, a schema of ", a.schema_bytes,
                   " bytes) where it relayed version ", offer.version, " of epoch ", offer.epoch,
                   " (", offer.data_bytes, " bytes, the schema held)");
-    r.resume_offered = true;
-    r.resume_route = recv_buffer(max_route_bytes(offer.data_bytes));
-    r.resume_route_received = link_->post_recv(r.resume_route, Kind::kRoute);
+    l.resume_offered = true;
+    l.resume_route = recv_buffer(max_route_bytes(offer.data_bytes));
+    l.resume_route_received = link_->post_recv(l.resume_route, Kind::kRoute);
   }
-  if (!wait(r.resume_route_received, deadline)) return false;
-  TD_CHECK_PEER(!link_->short_message(r.resume_route_received), who_,
+  if (!wait_lane(r, *link_, l.resume_route_received, deadline)) return false;
+  TD_CHECK_PEER(!link_->short_message(l.resume_route_received), who_,
                 ": the publisher's route message stopped short of its ",
                 max_route_bytes(offer.data_bytes), " bytes");
-  r.resume_route_received = nullptr;
+  l.resume_route_received = nullptr;
   Offer answered = offer;
-  answered.seq = r.resume_seq;
-  const Route route = decode_route(who_.c_str(), r.resume_route.data_ptr<uint8_t>(), answered);
-  TD_CHECK_PEER(route.parent == -1 && route.first == r.next &&
-                    route.piece_bytes == r.route.piece_bytes &&
-                    route.checksums == r.route.checksums,
-                who_, ": the publisher resumes from rank ", route.parent, " at piece ", route.first,
-                " in pieces of ", route.piece_bytes, " bytes; this subscriber asked for piece ",
-                r.next, " from the publisher (-1) in pieces of ", r.route.piece_bytes,
-                " bytes, the checksums unchanged");
-  r.resuming = false;
-  r.route.parent = -1;
+  answered.seq = l.resume_seq;
+  const Route route = decode_route(who_.c_str(), l.resume_route.data_ptr<uint8_t>(), answered);
+  TD_CHECK_PEER(
+      route.parent == -1 && route.first == l.next && route.split == r.route.split &&
+          route.piece_bytes == r.route.piece_bytes && route.checksums == r.route.checksums,
+      who_, ": the publisher resumes from rank ", route.parent, " at piece ", route.first,
+      " in pieces of ", route.piece_bytes, " (lanes split at ", route.split,
+      "); this subscriber asked for piece ", l.next, " from the publisher (-1) in pieces of ",
+      r.route.piece_bytes, " (split at ", r.route.split, "), the checksums unchanged");
+  l.resuming = false;
+  l.parent = -1;
   r.route.rate = route.rate;
-  r.source = link_;
-  r.progress = Clock::now();
-  r.arrivals.clear();
-  r.queued = 0;
+  l.source = link_;
+  l.progress = Clock::now();
+  l.arrivals.clear();
+  l.queued = 0;
   return true;
 }
 

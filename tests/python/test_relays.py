@@ -124,6 +124,12 @@ def apart(world, extra=None):
 
 # --- helpers the ranks share ------------------------------------------------------------------
 
+def route():
+    """The publishers' route: "chain", or what TEST_ROUTE says (tests/python/test_trees.py runs
+    these ranks with "tree")."""
+    return os.environ.get("TEST_ROUTE", "chain")
+
+
 def stats_of(pub):
     return {s["rank"]: s for s in pub.stats()}
 
@@ -187,7 +193,15 @@ def assert_route(stats, ranks, version, context=None):
             assert at in every and at not in path, said
             path.append(at)
             at = every[at]
-    if not left:
+    tree = any(s["relayed_second"] is not None for s in stats.values())
+    if not left and tree:  # two binary trees: one root each, at most 2 children
+        seconds = {r: stats[r]["relayed_second"] for r in ranks}
+        for lane in (parents, seconds):
+            assert list(lane.values()).count(-1) == 1, (said, seconds)
+            assert all(list(lane.values()).count(p) <= 2 for p in ranks), (said, seconds)
+        inner = [{p for p in lane.values() if p != -1} for lane in (parents, seconds)]
+        assert not inner[0] & inner[1], (said, seconds)  # each forwards in one tree at most
+    elif not left:
         assert list(parents.values()).count(-1) == 1, said
         assert len(set(parents.values())) == len(ranks), said
 
@@ -224,7 +238,7 @@ def relay_rounds(rank, world, store):
     subs, versions = list(range(1, world)), 5
     td = TensorDict({f"w{i}": torch.zeros(N) for i in range(LEAVES)}, batch_size=[])
     if rank == 0:
-        pub = Publisher(max_slots=2, transport="socket", route="chain")
+        pub = Publisher(max_slots=2, transport="socket", route=route())
         rounds = [publish_version(pub, td, 0, v, subs) for v in range(1, versions + 1)]
         return finish(store, rank, subs, pub, lambda: rounds)
     sub = Subscriber(src=0, transport="socket")
@@ -256,7 +270,7 @@ def relay_killed(rank, world, store):
     subs, alive, last = list(range(1, world)), list(range(2, world)), 11
     td = TensorDict({f"w{i}": torch.zeros(N) for i in range(LEAVES)}, batch_size=[])
     if rank == 0:
-        pub = Publisher(max_slots=2, transport="socket", route="chain")
+        pub = Publisher(max_slots=2, transport="socket", route=route())
         # Rank 1's request is in before it dies: it would be in the next route.
         await_waiting(pub, subs, 0)
         store.set("seen", "1")
@@ -316,7 +330,7 @@ def stale_relay(rank, world, store):
     for k in range(rounds):
         # A new Publisher on a channel of its own: a new route, where rank 1 is no leaf yet.
         if rank == 0:
-            pub = Publisher(max_slots=2, transport="socket", route="chain", channel=k)
+            pub = Publisher(max_slots=2, transport="socket", route=route(), channel=k)
             routes = []
             for v in range(1, versions + 1):
                 s = publish_version(pub, td, k + 1, v, subs)
@@ -366,7 +380,7 @@ def never_torn(rank, world, store):
     subs = list(range(1, world))
     td = TensorDict({f"w{i}": torch.zeros(SMALL) for i in range(3)}, batch_size=[])
     if rank == 0:
-        pub = Publisher(max_slots=2, transport="socket", route="chain")
+        pub = Publisher(max_slots=2, transport="socket", route=route())
         await_waiting(pub, subs, 0)  # the first route has them all
         relayed = checks = v = 0
         end = time.monotonic() + FAST_SECONDS
@@ -458,7 +472,7 @@ def late_reader(rank, world, store):
     subs = list(range(1, world))
     td = TensorDict({f"w{i}": torch.zeros(N) for i in range(LEAVES)}, batch_size=[])
     if rank == 0:
-        pub = Publisher(max_slots=2, transport="socket", route="chain")
+        pub = Publisher(max_slots=2, transport="socket", route=route())
         for v in (1, 2, 3):
             stats = publish_version(pub, td, 0, v, subs)
         first = next(r for r in subs if stats[r]["relayed_from"] == -1)
@@ -513,7 +527,7 @@ def big_rounds(rank, world, store):
                     sizes.append(int(m.group(1)))
 
         logging.getLogger("tensordict_cpp").addHandler(Sizes())
-        pub = Publisher(max_slots=2, transport="socket", route="chain")
+        pub = Publisher(max_slots=2, transport="socket", route=route())
         for v in range(1, 4):
             for i, leaf in enumerate(td.values()):
                 leaf.copy_(leaf_values(1, v, i, BIG))

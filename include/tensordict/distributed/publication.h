@@ -43,9 +43,10 @@ struct PublisherOptions {
   /// shared memory can be made) or "socket" (every subscriber over the link).
   std::string transport = "auto";
   /// How a version reaches the subscribers that wait for it over the group: "star" (whole, to
-  /// each, from here) or "chain" (once, in pieces, forwarded from subscriber to subscriber as
+  /// each, from here), "chain" (once, in pieces, forwarded from subscriber to subscriber as
   /// they arrive; the others of a host read them from its first subscriber's shared memory:
-  /// docs/publication.md, "Relays"). Subscribers on shared memory read the slots either way.
+  /// docs/publication.md, "Relays") or "tree" (the same, half of the pieces down each of two
+  /// binary trees: many hosts). Subscribers on shared memory read the slots either way.
   std::string route = "star";
 };
 

@@ -30,7 +30,9 @@ inline constexpr size_t kMessageBytes = 64;
 inline constexpr int64_t kTagBase = 0x7E000000;
 inline constexpr int64_t kMaxChannel = 0xFFFF;
 /// kRoute and kPiece carry relayed versions (§9.9): a kRelay offer's route from the publisher,
-/// and the pieces, from the publisher or from the subscriber the route names as the parent.
+/// and the pieces, from the publisher or from the subscriber the route names as the parent;
+/// kPiece2 the pieces of a route's second lane (Route::split), on a tag of their own so that
+/// the two lanes' pieces between two ranks never meet.
 enum class Kind : int64_t {
   kRequest = 0,
   kOffer = 1,
@@ -39,6 +41,7 @@ enum class Kind : int64_t {
   kWatch = 4,
   kRoute = 5,
   kPiece = 6,
+  kPiece2 = 7,
 };
 int tag_of(int64_t channel, Kind kind);
 
@@ -198,6 +201,18 @@ struct Route {
   /// The parent is on this subscriber's host: the version is read from its slots, there
   /// (pid 0: the parent sends pieces).
   SlotsPlace host_parent{};
+  /// Two lanes (a publisher's route "tree"): pieces [0, split) come and go along the first
+  /// tree (first, parent, siblings, children above), on kPiece; pieces [split, P) along the
+  /// second (`second`), on kPiece2. 0: one lane, every piece on kPiece. A resume's route
+  /// describes the lane of its first piece in the fields above.
+  int64_t split = 0;
+  struct Lane {
+    int64_t parent = -1;
+    int64_t siblings = 1;
+    std::vector<int64_t> children;
+    bool operator==(const Lane&) const = default;
+  };
+  Lane second;
 };
 
 inline constexpr int64_t kMinPieceBytes = int64_t{64} << 10;
@@ -212,13 +227,14 @@ inline constexpr int64_t kPieceHeaderBytes = 56;
 /// The pieces of a storage of `data_bytes` in pieces of `piece_bytes` (at least 1).
 int64_t piece_count(int64_t data_bytes, int64_t piece_bytes);
 /// The size of every route message for a storage of `data_bytes`: the most its fields can
-/// take (kMaxChildren children, a checksum per kMinPieceBytes), zero-padded, so that the
-/// receiver posts exactly its size.
+/// take (kMaxChildren children in both lanes together, a checksum per kMinPieceBytes),
+/// zero-padded, so that the receiver posts exactly its size.
 int64_t max_route_bytes(int64_t data_bytes);
 std::string encode(const Route& r, int64_t data_bytes);
 /// A route message (max_route_bytes), validated against the offer it follows: its request, epoch,
-/// version, a piece size within bounds, a first piece within the storage, at most kMaxChildren
-/// distinct children, one checksum per piece or none. MalformedPeerDataError naming `who`.
+/// version, a piece size within bounds, a first piece within the storage, a split within it,
+/// at most kMaxChildren children in all (distinct in each lane, none its lane's parent), one
+/// checksum per piece or none. MalformedPeerDataError naming `who`.
 Route decode_route(const char* who, const uint8_t* p, const Offer& offer);
 
 /// A piece's header: the version it belongs to and where it lies, and what the sender saw.
@@ -271,9 +287,11 @@ enum class Transport { kAuto, kShm, kSocket };
 Transport transport_of(const char* call, const std::string& name);
 
 /// How a publisher routes a version to the subscribers that wait for it (the options' `route`):
-/// kStar sends it whole to each; kChain sends it once, in pieces, through them (§9.9).
-enum class Routing { kStar, kChain };
-/// "star" or "chain"; ValueError naming `call` otherwise.
+/// kStar sends it whole to each; kChain sends it once, in pieces, through them (§9.9); kTree
+/// too, half of the pieces along each of two binary trees in which every subscriber but a few
+/// forwards in one only (a double binary tree: many hosts).
+enum class Routing { kStar, kChain, kTree };
+/// "star", "chain" or "tree"; ValueError naming `call` otherwise.
 Routing routing_of(const char* call, const std::string& name);
 
 }  // namespace tensordict::wire::publication

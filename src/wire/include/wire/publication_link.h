@@ -28,7 +28,8 @@ using PendingPtr = std::shared_ptr<Pending>;
 
 /// One publisher and one subscriber's messages. Messages of one Kind arrive in the order they
 /// were sent; a message posted stays posted, its buffer kept, until it completes, however many
-/// waits give up on it. Called by one thread at a time.
+/// waits give up on it. Called by one thread at a time; a c10d group's link (relays are a
+/// group's only) also by a relay's two lanes' threads at once, each on messages of its own.
 class Link {
  public:
   virtual ~Link() = default;

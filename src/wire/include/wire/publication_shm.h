@@ -50,6 +50,9 @@ inline constexpr size_t kStateAt = 0, kSlotBytesAt = 8, kSchemaAt = 16, kJsonByt
 // pin it and read the pieces written so far), and how many are written.
 inline constexpr uint64_t kFilling = uint64_t{1} << 62;
 inline constexpr size_t kFilledAt = 32;
+// A version in two lanes (Route::split): the second lane's pieces written so far, as the last
+// one's index + 1 (0: none yet); kFilledAt counts the first lane's.
+inline constexpr size_t kFilled2At = 40;
 // Offsets in an entry record.
 inline constexpr size_t kEntryPidAt = 0, kReadingAt = 8, kHeldAt = 16, kEntryVersionAt = 24,
                         kPullsAt = 32, kWaitingAt = 40;
@@ -115,9 +118,10 @@ namespace tensordict::wire::publication {
 /// relays"; §9.9): the first subscriber of a host that a route reaches writes each piece of a
 /// version into them as it takes it, and the others of its host read the pieces there, as they
 /// come, instead of over the network. The layout is the publisher's (§9.8), with kProgressAt,
-/// kFilling and kFilledAt; the readers claim an entry in the pins segment themselves (its pid
-/// word, from 0), as no link to them carries an offer. Not thread-safe (the subscriber's
-/// pulling thread).
+/// kFilling, kFilledAt and kFilled2At; the readers claim an entry in the pins segment
+/// themselves (its pid word, from 0), as no link to them carries an offer. Called by the
+/// subscriber's pulling thread, but for piece() of a version in two lanes: each lane's thread
+/// writes its own pieces and its own filled word.
 class RelaySlots {
  public:
   /// Throws std::system_error when no shared memory can be had.
@@ -135,8 +139,10 @@ class RelaySlots {
   /// slot nobody pins, a larger segment first when it does not fit (the old one marked moved).
   /// False when every slot stays pinned for a second (its readers then leave for the
   /// publisher) or no larger segment can be had: the pieces then go nowhere.
-  bool begin(int64_t version, uint64_t schema, int64_t bytes, int64_t piece_bytes);
-  /// Piece `index` (the next one: they come in order), `n` bytes at `data`.
+  /// `split`: the first piece of the second lane (0: one lane).
+  bool begin(int64_t version, uint64_t schema, int64_t bytes, int64_t piece_bytes,
+             int64_t split = 0);
+  /// Piece `index` (its lane's next one: a lane's pieces come in order), `n` bytes at `data`.
   void piece(int64_t index, const uint8_t* data, int64_t n);
   /// Every piece written: the version is the newest.
   void finish();
@@ -157,6 +163,7 @@ class RelaySlots {
   uint32_t newest_ = kCount;   // none
   uint32_t filling_ = kCount;  // the slot begin() started; kCount: none
   int64_t piece_bytes_ = 0;
+  int64_t split_ = 0;
 };
 
 }  // namespace tensordict::wire::publication

@@ -26,6 +26,8 @@ namespace tensordict::wire::publication {
 
 /// One pull's messages, from its request on: the only state of a pull in flight.
 struct Pull;
+struct Lane;
+struct RelayState;
 
 /// The slots of a relay on this subscriber's host, mapped (§9.9).
 struct HostReader;
@@ -113,18 +115,24 @@ class SubscriberCore {
   OfferRead read_offer(Pull& o, Clock::time_point deadline);
   bool read_version(Pull& o, Clock::time_point deadline);
   // A relayed version (§9.9): its route read, its pieces taken from the parent (or the
-  // publisher) and forwarded; a parent that stalls, crawls, breaks or forges is left for the
-  // publisher, from the piece reached (resume). False at the deadline or an interrupt.
+  // publisher) and forwarded, lane by lane (two lanes at once on two threads); a parent that
+  // stalls, crawls, breaks or forges is left for the publisher, from the piece reached
+  // (resume). False at the deadline or an interrupt.
   bool read_route(Pull& o, Clock::time_point deadline);
   bool read_pieces(Pull& o, Clock::time_point deadline);
+  bool read_lane(Pull& o, Lane& l, Clock::time_point deadline);
   // A relayed version from the slots of its parent on this host: waits while the parent makes
   // progress, copies and checks it (or leaves it for the publisher: resume). False at the
   // deadline or an interrupt.
   bool read_host(Pull& o, Clock::time_point deadline);
-  // Asks the publisher for the pieces from the one reached; `blame`: the parent failed (it is
-  // routed around), not this subscriber's own means.
-  void resume(Pull& o, Resume why, const std::string& detail, bool blame = true);
-  bool read_resume(Pull& o, Clock::time_point deadline);
+  // Leaves the lane's parent for the publisher, from the piece reached; `blame`: the parent
+  // failed (it is routed around), not this subscriber's own means. ask() sends the resume once
+  // the publisher answers no other lane of the version.
+  void resume(Pull& o, Lane& l, Resume why, const std::string& detail, bool blame = true);
+  void ask(Pull& o, Lane& l);
+  bool read_resume(Pull& o, Lane& l, Clock::time_point deadline);
+  // wait(), also ending when the other lane failed or the version was abandoned.
+  bool wait_lane(RelayState& r, Link& link, const PendingPtr& p, Clock::time_point deadline);
   std::shared_ptr<Link> relay_link(int64_t rank);
   // Waits in slices, each looking at the interrupt; false at the deadline or the interrupt.
   // `p` was posted on the publisher's link, or on `link` (a relay's).
