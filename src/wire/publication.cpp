@@ -126,7 +126,9 @@ const char* refusal_text(Refusal r) {
 const char* resume_text(uint32_t reason) {
   switch (static_cast<Resume>(reason)) {
     case Resume::kStalled: return "no piece came within the route's stall bound";
-    case Resume::kSlow: return "its pieces came at under a third of the rate the route announced";
+    case Resume::kSlow:
+      return "its pieces came at under a third of its share of the route's rate (a lane of two: "
+             "under 0.6 of the other lane's) while it queued them";
     case Resume::kLost: return "the connection to it broke";
     case Resume::kForged: return "it sent a piece that is not the version's";
   }

@@ -896,6 +896,8 @@ std::shared_ptr<PublisherCore::Plan> PublisherCore::plan_locked(
   // loopback, and the slow hang off the chain's end.
   const auto keeps = [&](const Subscription* t) { return t->slots.epoch == epoch_; };
   std::vector<Subscription*> chain;
+  std::vector<Subscription*> firsts;  // of each host (each subscriber of no known host)
+  std::vector<std::pair<Subscription*, Subscription*>> follow;  // on the chain after its first
   std::map<uint64_t, Subscription*> first_of;  // each known host's first on the chain
   const auto read_slots = [&](Subscription* t, Subscription* first) {
     Plan::Place& place = p->places[t];
@@ -910,6 +912,7 @@ std::shared_ptr<PublisherCore::Plan> PublisherCore::plan_locked(
                           healthy.begin() + static_cast<std::ptrdiff_t>(end), keeps);
     Subscription* first = healthy[i];
     chain.push_back(first);
+    firsts.push_back(first);
     if (first->host != 0) first_of[first->host] = first;
     if (end - i > 1) p->places[first].host_source = true;
     for (size_t k = i + 1; k < end; ++k) {
@@ -917,6 +920,7 @@ std::shared_ptr<PublisherCore::Plan> PublisherCore::plan_locked(
         read_slots(healthy[k], first);
       } else {
         chain.push_back(healthy[k]);
+        follow.emplace_back(healthy[k], first);
       }
     }
     i = end;
@@ -937,8 +941,10 @@ std::shared_ptr<PublisherCore::Plan> PublisherCore::plan_locked(
   }
   // The route's length sizes the pieces (its readers of slots take none).
   const double n = static_cast<double>(std::max<size_t>(chain.size() + hanging.size(), 2));
-  const bool trees = routing_ == Routing::kTree && chain.size() >= 2;
-  const double hops = trees ? 2 * std::ceil(std::log2(n + 1)) : n - 1;
+  const bool trees = routing_ == Routing::kTree && firsts.size() >= 2;
+  const double hops =
+      trees ? 2 * std::ceil(std::log2(static_cast<double>(firsts.size() + hanging.size()) + 1))
+            : n - 1;
   const double rate = rate_ > 0 ? static_cast<double>(rate_) : kFirstRate;
   double best = std::sqrt(static_cast<double>(p->bytes) * kPieceCost * rate / hops);
   // A test hook: pieces of this many bytes (within the bounds), for benchmarks/piece_cost.py,
@@ -956,34 +962,44 @@ std::shared_ptr<PublisherCore::Plan> PublisherCore::plan_locked(
     (lane == 0 ? place.parent : place.second.parent) = parent->stats.rank;
   };
   if (trees && p->pieces >= 2) {
-    // Two binary trees over the members, each carrying half of the pieces, in which every
-    // member forwards in one at most: each sends about one copy, and the last holds the version
-    // about 2 log2(n) piece times after the first (NCCL's double binary tree).
+    // Two binary trees over the hosts' firsts, each carrying half of the pieces, in which every
+    // one forwards in one at most: each sends about one copy, and the last holds the version
+    // about 2 log2(n) piece times after the first (NCCL's double binary tree). The others of a
+    // host, until its first's slots are known, take both halves from it through its loopback.
     p->split = (p->pieces + 1) / 2;
-    const auto m = static_cast<int64_t>(chain.size());
+    const auto m = static_cast<int64_t>(firsts.size());
     std::vector<Subscription*> at_second(static_cast<size_t>(m) + 1);
-    for (int64_t k = 0; k < m; ++k) at_second[second_position(k + 1, m)] = chain[k];
-    std::vector<Subscription*> leaves[2];
+    for (int64_t k = 0; k < m; ++k) at_second[second_position(k + 1, m)] = firsts[k];
     for (int64_t k = 0; k < m; ++k) {
-      Subscription* t = chain[k];
+      Subscription* t = firsts[k];
       p->places[t];  // a place even as both roots' child
-      if (const int64_t up = tree_parent(k + 1, m); up != 0) adopt(chain[up - 1], t, 0);
+      if (const int64_t up = tree_parent(k + 1, m); up != 0) adopt(firsts[up - 1], t, 0);
       if (const int64_t up = tree_parent(second_position(k + 1, m), m); up != 0) {
         adopt(at_second[up], t, 1);
       }
-      if ((k + 1) % 2 == 1) leaves[0].push_back(t);
-      if (second_position(k + 1, m) % 2 == 1) leaves[1].push_back(t);
     }
-    // The slow hang off leaves of both trees, in turn.
-    for (size_t h = 0; h < hanging.size(); ++h) {
-      Subscription* up[2] = {leaves[0][h % leaves[0].size()], leaves[1][h % leaves[1].size()]};
-      const auto room = [&](Subscription* t) {
-        const Plan::Place& q = p->places[t];
-        return q.children.size() + q.second.children.size() < kMaxChildren;
-      };
-      if (!room(up[0]) || !room(up[1])) continue;  // sent whole
-      adopt(up[0], hanging[h], 0);
-      adopt(up[1], hanging[h], 1);
+    // The slow are leaves of both trees, each lane's under the member that sends least (a
+    // member forwarding in the other tree would share its link with them).
+    const auto sends = [&](Subscription* t) {
+      const Plan::Place& q = p->places[t];
+      return q.children.size() + q.second.children.size();
+    };
+    std::map<Subscription*, Subscription*> last;  // of each first's followers: one after another
+    for (const auto& [t, first] : follow) {
+      Subscription*& up = last.emplace(first, first).first->second;
+      adopt(up, t, 0);
+      adopt(up, t, 1);
+      up = t;
+    }
+    const auto least = [&] {
+      return *std::min_element(firsts.begin(), firsts.end(), [&](Subscription* a, Subscription* b) {
+        return sends(a) < sends(b);
+      });
+    };
+    for (Subscription* t : hanging) {
+      if (sends(least()) + 2 > kMaxChildren) continue;  // sent whole
+      adopt(least(), t, 0);
+      adopt(least(), t, 1);
     }
   } else {
     for (size_t i = 0; i < chain.size(); ++i) {

@@ -7,6 +7,7 @@
 #include <unistd.h>
 
 #include <algorithm>
+#include <array>
 #include <chrono>
 #include <cmath>
 #include <cstring>
@@ -38,8 +39,8 @@ constexpr auto kShmSlice = std::chrono::milliseconds(50);
 constexpr auto kShmLook = std::chrono::milliseconds(20);
 // Relayed pieces (§9.9): receives posted ahead of the pieces; a parent that sends no piece in
 // max(kMinStall, kStallPieces piece times) stalls; one whose pieces come at under a third of the
-// route's rate, measured over at least kSlowPieces pieces, crawls; either is left for the
-// publisher.
+// route's rate (a lane of two: under kSlowerLane of the other lane's), measured over at least
+// kSlowPieces pieces, crawls; either is left for the publisher.
 constexpr size_t kPiecesAhead = 8;
 constexpr auto kMinStall = std::chrono::milliseconds(200);
 constexpr int64_t kStallPieces = 4;
@@ -48,6 +49,11 @@ constexpr int64_t kSlowPieces = 8;
 // so that its children, whose own bounds end a piece later, wait for it rather than leave it.
 constexpr auto kHoldGrace = std::chrono::milliseconds(50);
 constexpr int64_t kQueuedSlow = 4;
+// A wait that ends this much after its deadline says this process did not run meanwhile (a
+// SIGSTOP, a starved machine): the stall clock starts again rather than blame the parent.
+constexpr auto kOverslept = std::chrono::milliseconds(100);
+// A lane of two is slow at under this share of the other lane's rate (both take half a link).
+constexpr double kSlowerLane = 0.6;
 // A lane whose resume waits for the publisher's answer to the other lane looks this often.
 constexpr auto kPausedLook = std::chrono::milliseconds(5);
 
@@ -204,9 +210,11 @@ std::shared_ptr<HostReader> open_host(const SlotsPlace& place, std::string* why)
 struct Lane {
   int index = 0;
   Kind kind = Kind::kPiece;
-  int64_t end = 0;               // after the lane's last piece
-  int64_t parent = -1;           // the rank its pieces come from; -1: the publisher
-  int64_t siblings = 1;          // the parent's children in this lane, sharing its link
+  int64_t end = 0;      // after the lane's last piece
+  int64_t parent = -1;  // the rank its pieces come from; -1: the publisher
+  // The parts the parent's link is shared in: its children; a lane of two takes half a link
+  // anyway (the publisher's is shared by the two roots, every other one's by its lane's two).
+  int64_t siblings = 1;
   std::shared_ptr<Link> source;  // the parent's link, or the publisher's
   int64_t next = 0;              // the piece due next from the source
   struct Posted {
@@ -228,10 +236,12 @@ struct Lane {
   std::vector<Sending> sending;  // forwarded pieces and holds, until every child took them
   std::vector<at::Tensor> free;  // piece buffers to post again
   Clock::time_point progress;    // the last piece from the source (or the start)
-  std::deque<Clock::time_point> arrivals;  // of the last pieces from this source
-  int64_t queued = 0;                      // what the source's last piece said it queued
-  bool stalled = false;                    // the source's bound passed: the children were held
-  std::string lost;                        // why the parent's link failed outside a wait
+  // The last pieces from this source: when each came, and what the parent said it queued.
+  std::deque<std::pair<Clock::time_point, int64_t>> arrivals;
+  int64_t queued = 0;      // what the source's last piece said it queued
+  bool stalled = false;    // the source's bound passed: the children were held
+  Clock::time_point held;  // the last hold sent to the children
+  std::string lost;        // why the parent's link failed outside a wait
   // A resume waiting for the other lane's answer to end (the publisher answers one at a time).
   struct Wanted {
     Resume why;
@@ -288,8 +298,9 @@ struct RelayState {
   // none; its serving thread answers one request at a time: a lane's resume waits for it).
   std::mutex mutex;
   int answering = -1;
-  std::atomic<bool> stop{false};       // a lane failed: the other ends its turn
-  std::atomic<bool> abandoned{false};  // the version left the publisher: ask again
+  std::atomic<bool> stop{false};               // a lane failed: the other ends its turn
+  std::array<std::atomic<double>, 2> rates{};  // each lane's pieces lately, in bytes/s (0: none)
+  std::atomic<bool> abandoned{false};          // the version left the publisher: ask again
 
   std::vector<PendingPtr> pending() const {
     std::vector<PendingPtr> out;
@@ -902,7 +913,7 @@ bool SubscriberCore::read_route(Pull& o, Clock::time_point deadline) {
     l->next = first;
     l->end = end;
     l->parent = parent;
-    l->siblings = siblings;
+    l->siblings = route.split > 0 ? std::max<int64_t>(siblings, 2) : siblings;
     l->source = link_;
     if (parent >= 0 && route.host_parent.pid == 0) {
       try {
@@ -1054,6 +1065,7 @@ Clock::duration stall_bound(const Route& route) {
 
 // Tells the lane's children to wait: this relay waits for the publisher's pieces (§9.9).
 void send_hold(Lane& l, RelaySlots* slots, const Offer& offer) {
+  l.held = Clock::now();
   if (slots) slots->progress();  // its host's readers wait with it too
   at::Tensor hold = at::empty({kPieceHeaderBytes}, at::kByte);
   encode_piece_header({offer.epoch, offer.version, l.next, 0, 0, true}, hold.data_ptr<uint8_t>());
@@ -1141,7 +1153,7 @@ bool SubscriberCore::read_lane(Pull& o, Lane& l, Clock::time_point deadline) {
       std::this_thread::sleep_until(std::min(until, Clock::now() + kPausedLook));
       if (r.abandoned.load() || r.stop.load() || interrupted_.load()) return false;
       if (Clock::now() >= deadline) return false;
-      ask(o, l);
+      if (!ask(o, l) && Clock::now() >= l.held + kMinStall / 2) send_hold(l, r.slots, offer);
       continue;
     }
     if (l.resuming) {
@@ -1197,8 +1209,13 @@ bool SubscriberCore::read_lane(Pull& o, Lane& l, Clock::time_point deadline) {
       continue;
     }
     if (!in) {
-      if (from_parent && !interrupted_.load() && !r.stop.load() &&
-          Clock::now() >= l.progress + bound) {
+      const auto now = Clock::now();
+      if (from_parent && !interrupted_.load() && !r.stop.load() && now < deadline &&
+          now > until + kOverslept) {
+        l.progress = now;  // this process did not run (stopped, starved): not the parent's pause
+        continue;
+      }
+      if (from_parent && !interrupted_.load() && !r.stop.load() && now >= l.progress + bound) {
         if (!l.stalled) {
           l.stalled = true;  // the children wait with this relay; the parent has a grace
           send_hold(l, r.slots, offer);
@@ -1282,29 +1299,44 @@ bool SubscriberCore::read_lane(Pull& o, Lane& l, Clock::time_point deadline) {
     l.progress = now;
     l.stalled = false;
     ++l.next;
-    // The last pieces from the source, over at least kSlowPieces pieces and kMinStall: a
-    // shorter window sees a paced link's bursts and a loaded machine's pauses.
-    l.arrivals.push_back(now);
+    // The last pieces from the source, over at least kSlowPieces pieces and kMinStall (a lane
+    // of two: twice that, as its rate is judged against the other lane's, whose own pauses
+    // count too): a shorter window sees a paced link's bursts and a loaded machine's pauses.
+    const auto span = r.lanes.size() == 2 ? 2 * kMinStall : kMinStall;
+    l.arrivals.emplace_back(now, l.queued);
     while (l.arrivals.size() > static_cast<size_t>(kSlowPieces) + 1 &&
-           now - l.arrivals[1] >= kMinStall) {
+           now - l.arrivals[1].first >= span) {
       l.arrivals.pop_front();
     }
     // A crawling parent: its pieces come slowly while it queues them (its own link is slow),
     // not because its own parent is slow.
-    const auto window = now - l.arrivals.front();
-    if (from_parent && r.route.rate > 0 && l.queued >= kQueuedSlow && window >= kMinStall &&
-        l.arrivals.size() > static_cast<size_t>(kSlowPieces) && !l.done()) {
-      const double secs = std::chrono::duration<double>(window).count();
-      const auto over = static_cast<int64_t>(l.arrivals.size()) - 1;
-      const double rate = static_cast<double>(over * piece) / secs;
-      // Its link shared by its children.
-      if (rate * 3 * static_cast<double>(l.siblings) < static_cast<double>(r.route.rate)) {
-        resume(o, l, Resume::kSlow,
-               c10::str(std::llround(rate / 1e6), " MB/s over ", over, " pieces in ",
-                        std::llround(secs * 1000), " ms, ", l.queued,
-                        " queued there; the route announced ", r.route.rate / 1000000,
-                        " MB/s shared by ", l.siblings));
-      }
+    const auto window = now - l.arrivals.front().first;
+    if (window < span || l.arrivals.size() <= static_cast<size_t>(kSlowPieces)) continue;
+    const double secs = std::chrono::duration<double>(window).count();
+    const auto over = static_cast<int64_t>(l.arrivals.size()) - 1;
+    const double rate = static_cast<double>(over * piece) / secs;
+    r.rates[l.index] = rate;
+    if (!from_parent || r.route.rate <= 0 || l.queued < kQueuedSlow || l.done()) continue;
+    // Against its link's share (shared by its children); a lane of two against the other
+    // lane's pieces, which come from the same publisher at about the same share and through as
+    // many relays, and only while the parent's queue grows, by a quarter of what it handed on
+    // or more: then its own link holds them back, not its input (the publisher's two lanes'
+    // flows share its link unevenly at times, which a relay passes on without queueing).
+    const double other = r.lanes.size() == 2 ? r.rates[1 - l.index].load() : 0.0;
+    const auto grew = static_cast<double>(l.queued - l.arrivals.front().second);
+    const bool slow =
+        other > 0 ? rate < kSlowerLane * other && grew >= kQueuedSlow &&
+                        grew * 4 >= static_cast<double>(over)
+                  : rate * 3 * static_cast<double>(l.siblings) < static_cast<double>(r.route.rate);
+    if (slow) {
+      resume(o, l, Resume::kSlow,
+             c10::str(std::llround(rate / 1e6), " MB/s over ", over, " pieces in ",
+                      std::llround(secs * 1000), " ms, ", l.queued, " queued there (",
+                      l.arrivals.front().second, " before); ",
+                      other > 0 ? c10::str("the other lane's came at ", std::llround(other / 1e6),
+                                           " MB/s")
+                                : c10::str("the route announced ", r.route.rate / 1000000,
+                                           " MB/s shared by ", l.siblings)));
     }
   }
 }
@@ -1332,6 +1364,7 @@ bool SubscriberCore::read_host(Pull& o, Clock::time_point deadline) {
     }
     return true;
   };
+  auto last = Clock::now();
   for (;;) {
     if (interrupted_.load()) return false;
     const uint32_t seen = changes.load();
@@ -1340,6 +1373,9 @@ bool SubscriberCore::read_host(Pull& o, Clock::time_point deadline) {
       return leave(Resume::kLost, "its slots were closed or moved", false);
     }
     const auto now = Clock::now();
+    // This process did not run (stopped, starved): its own pause is not the relay's.
+    if (now - last > kShmLook + kOverslept) r.host_progress = now;
+    last = now;
     const uint64_t progress = L::word<uint64_t>(head, L::kProgressAt).load();
     if (progress != h.progress) {
       h.progress = progress;
@@ -1436,12 +1472,13 @@ void SubscriberCore::resume(Pull& o, Lane& l, Resume why, const std::string& det
   }
   l.wanted = Lane::Wanted{why, blame ? l.parent : -1};
   ask(o, l);
+  send_hold(l, r.slots, offer);
 }
 
-void SubscriberCore::ask(Pull& o, Lane& l) {
+bool SubscriberCore::ask(Pull& o, Lane& l) {
   RelayState& r = *o.relay;
   const Offer& offer = *o.offer;
-  std::unique_lock<std::mutex> lock(r.mutex);
+  std::lock_guard<std::mutex> lock(r.mutex);
   // The publisher answers the other lane: this one asks once that answer is taken.
   if (r.answering < 0 || r.answering == l.index) {
     r.answering = l.index;
@@ -1460,9 +1497,9 @@ void SubscriberCore::ask(Pull& o, Lane& l) {
     l.wanted.reset();
     l.resuming = true;
     l.resume_offered = false;
+    return true;
   }
-  lock.unlock();
-  send_hold(l, r.slots, offer);
+  return false;
 }
 
 bool SubscriberCore::read_resume(Pull& o, Lane& l, Clock::time_point deadline) {

@@ -121,9 +121,9 @@ struct Request {
 /// Why a subscriber stopped taking a relayed version from its parent (a resume's reason).
 enum class Resume : uint32_t {
   kStalled = 1,  // no piece within the route's stall bound (a stopped or dead relay, a lost link)
-  kSlow = 2,     // pieces at under a third of the rate the route announced
-  kLost = 3,     // the connection to the parent broke
-  kForged = 4,   // a piece that is not the version's: another version's, or its checksum wrong
+  kSlow = 2,    // pieces at under a third of its share of the route's rate (or of the other lane's)
+  kLost = 3,    // the connection to the parent broke
+  kForged = 4,  // a piece that is not the version's: another version's, or its checksum wrong
 };
 const char* resume_text(uint32_t reason);
 

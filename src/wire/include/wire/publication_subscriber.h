@@ -126,10 +126,10 @@ class SubscriberCore {
   // deadline or an interrupt.
   bool read_host(Pull& o, Clock::time_point deadline);
   // Leaves the lane's parent for the publisher, from the piece reached; `blame`: the parent
-  // failed (it is routed around), not this subscriber's own means. ask() sends the resume once
-  // the publisher answers no other lane of the version.
+  // failed (it is routed around), not this subscriber's own means. ask() sends the resume, and
+  // says so, once the publisher answers no other lane of the version.
   void resume(Pull& o, Lane& l, Resume why, const std::string& detail, bool blame = true);
-  void ask(Pull& o, Lane& l);
+  bool ask(Pull& o, Lane& l);
   bool read_resume(Pull& o, Lane& l, Clock::time_point deadline);
   // wait(), also ending when the other lane failed or the version was abandoned.
   bool wait_lane(RelayState& r, Link& link, const PendingPtr& p, Clock::time_point deadline);
