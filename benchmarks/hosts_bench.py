@@ -2,13 +2,13 @@
 
 One publisher on host 0 and a subscriber on each other host, over the default Gloo group. For
 each route (`--route`: "star", whole to each subscriber from the publisher; "chain", relayed in
-pieces) and each version of a `--mib` MiB TensorDict (4 leaves) it reports when the last
+pieces; "tree", relayed in pieces along two trees) and each version of a `--mib` MiB TensorDict (4 leaves) it reports when the last
 subscriber holds it, beside one paced point-to-point send of the same bytes measured in the same
 run (a `torch.distributed.send` from host 0 to host 1), and the bytes host 0's interface sent per
 byte of the version.
 
-`--fault` plays a failing relay in version `--fault-version` of the chain: the subscriber on
-host 1 (the chain's first relay) is SIGKILLed ("kill") or SIGSTOPped for 3 s ("stop") 40 % into
+`--fault` plays a failing relay in version `--fault-version` of the relayed routes: the
+subscriber on host 1 (the chain's first relay; with N even, the second tree's root) is SIGKILLed ("kill") or SIGSTOPped for 3 s ("stop") 40 % into
 the version, or its host's egress is paced to a quarter of the rate from that version on
 ("slow"). The others' times in that version and the next are reported beside the healthy
 versions' median.
@@ -59,7 +59,7 @@ def rank_main(a: argparse.Namespace) -> None:
 
     def live(route: str, v: int) -> int:
         """How many ranks meet at version v of `route`: a killed rank is gone from then on."""
-        gone = route == "chain" and a.fault == "kill" and v >= a.fault_version
+        gone = route != "star" and a.fault == "kill" and v >= a.fault_version
         return world - (1 if gone else 0)
 
     def meet(tag: str, count: int) -> None:
@@ -86,7 +86,7 @@ def rank_main(a: argparse.Namespace) -> None:
     p2p = float(store.get("p2p"))
 
     for channel, route in enumerate(a.route.split(",")):
-        faulty = route == "chain" and a.fault != "none"
+        faulty = route != "star" and a.fault != "none"
         if rank == 0:
             pub = Publisher(max_slots=2, channel=channel, transport="socket", route=route)
             starts, tx = [], []
@@ -152,7 +152,7 @@ def summarize(a: argparse.Namespace, results: list[dict]) -> dict:
           f"{a.rate}, {a.mib} MiB, {a.versions} versions; one paced send of the bytes: {floor:.2f} s")
     for route in a.route.split(","):
         starts, txs = pub[route]["starts"], pub[route]["tx"]
-        faulty = route == "chain" and a.fault != "none"
+        faulty = route != "star" and a.fault != "none"
         fv = a.fault_version - 1
         times, others = [], []
         for v in range(a.versions):
@@ -187,7 +187,7 @@ def summarize(a: argparse.Namespace, results: list[dict]) -> dict:
             if after:
                 r["next_ratio"] = after[0] / healthy
                 r["after_fault_versions"] = len(after)
-            print(f"  chain, relay on host {FAULTY} {a.fault} in version {a.fault_version}: the "
+            print(f"  {route}, relay on host {FAULTY} {a.fault} in version {a.fault_version}: the "
                   f"others hold it after {others[fv]:.2f} s = {others[fv] / healthy:.2f}x the "
                   f"healthy median; the next version {r.get('next_ratio', 0):.2f}x; "
                   f"{len(after)} versions after it, all held")
@@ -196,25 +196,32 @@ def summarize(a: argparse.Namespace, results: list[dict]) -> dict:
     return report
 
 
-# What benchmarks/run measures (bench.py): the routes side by side, then the chain's faults.
+# What benchmarks/run measures (bench.py): the routes side by side, then the relays' faults.
 RUNS = [
-    ("N = 4", ["--hosts", "5", "--mib", "64", "--versions", "3", "--route", "star,chain"]),
-    ("N = 8", ["--hosts", "9", "--mib", "64", "--versions", "3", "--route", "star,chain"]),
+    ("N = 4", ["--hosts", "5", "--mib", "64", "--versions", "3", "--route", "star,chain,tree"]),
+    ("N = 8", ["--hosts", "9", "--mib", "64", "--versions", "3", "--route", "star,chain,tree"]),
     # The same as N = 4, every rank in C++ (benchmarks/hosts_rank.cpp).
-    ("N = 4, C++", ["--hosts", "5", "--mib", "64", "--versions", "3", "--route", "star,chain",
-                    "--lang", "cpp"]),
+    ("N = 4, C++", ["--hosts", "5", "--mib", "64", "--versions", "3", "--route",
+                    "star,chain,tree", "--lang", "cpp"]),
     ("relay killed", ["--hosts", "5", "--mib", "64", "--versions", "14", "--route", "chain",
                       "--fault", "kill"]),
     ("relay stopped 3 s", ["--hosts", "5", "--mib", "64", "--versions", "5", "--route", "chain",
                            "--fault", "stop"]),
     ("relay at a quarter rate", ["--hosts", "5", "--mib", "64", "--versions", "5", "--route",
                                  "chain", "--fault", "slow"]),
+    # Two trees: host 1's subscriber is the second tree's root (N even: each forwards in one).
+    ("tree: relay killed", ["--hosts", "5", "--mib", "64", "--versions", "8", "--route", "tree",
+                            "--fault", "kill"]),
+    ("tree: relay stopped 3 s", ["--hosts", "5", "--mib", "64", "--versions", "5", "--route",
+                                 "tree", "--fault", "stop"]),
+    ("tree: relay at a quarter rate", ["--hosts", "5", "--mib", "64", "--versions", "5",
+                                       "--route", "tree", "--fault", "slow"]),
     # A host's other subscribers read its first's slots from version 3 on.
     ("2 subscribers a host", ["--hosts", "5", "--per-host", "2", "--mib", "64", "--versions", "5",
-                              "--route", "star,chain"]),
+                              "--route", "star,chain,tree"]),
 ]
 QUICK = [("N = 3", ["--hosts", "4", "--mib", "4", "--rate", "200mbit", "--versions", "2",
-                    "--route", "star,chain"])]
+                    "--route", "star,chain,tree"])]
 
 
 def run(quick: bool) -> dict:
@@ -259,7 +266,7 @@ def section(result: dict) -> str:
             "host, hosts made of network namespaces on a bridge (scripts/hosts), each host's "
             "egress paced by tc; medians of the versions (the faults: the version the relay "
             "failed in, and the next, beside the healthy median). One paced point-to-point "
-            "send of the same bytes is measured in each run. Goals: the chain within 1.3x one "
+            "send of the same bytes is measured in each run. Goals: relays (chain, tree) within 1.3x one "
             "send at N = 4 (1.4x at N = 8), the publisher's interface at most 1.1x the bytes, each "
             "host's about 1x; a "
             "killed relay: the others within the healthy time + 1 s; a relay at a quarter of "
@@ -290,10 +297,10 @@ def main() -> None:
     if a._rank is not None:
         rank_main(a)
         return
-    if a.fault != "none" and (a.hosts < 4 or "chain" not in a.route.split(",")
+    if a.fault != "none" and (a.hosts < 4 or a.route.split(",") == ["star"]
                               or a.fault_version >= a.versions):
-        raise SystemExit("hosts_bench: a fault needs the chain, 4 hosts or more, and a version "
-                         "after the fault's")
+        raise SystemExit("hosts_bench: a fault needs relays (\"chain\" or \"tree\"), 4 hosts or "
+                         "more, and a version after the fault's")
     subprocess.run([HOSTS, "up", str(a.hosts), a.rate], check=True)
     try:
         args = ["--hosts", str(a.hosts), "--per-host", str(a.per_host), "--mib", str(a.mib),

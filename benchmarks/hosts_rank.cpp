@@ -87,7 +87,7 @@ int main(int argc, char** argv) {
   so.timeout = 600s;
   c10d::TCPStore store("10.77.0.1", so);
   const auto live = [&](const std::string& route, int v) {
-    return world - (route == "chain" && fault == "kill" && v >= fault_version ? 1 : 0);
+    return world - (route != "star" && fault == "kill" && v >= fault_version ? 1 : 0);
   };
   const auto meet = [&](const std::string& tag, int count) {
     store.add(tag, 1);
@@ -121,7 +121,7 @@ int main(int argc, char** argv) {
   const auto routes = split(a["--route"]);
   for (size_t channel = 0; channel < routes.size(); ++channel) {
     const std::string& route = routes[channel];
-    const bool faulty = route == "chain" && fault != "none";
+    const bool faulty = route != "star" && fault != "none";
     if (rank == 0) {
       dist::Publisher pub({.max_slots = 2,
                            .channel = static_cast<int64_t>(channel),

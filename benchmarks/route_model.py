@@ -59,17 +59,20 @@ checks them for small N)
        T = (2B/C + K)(C/bw + alpha),  C* = sqrt(2 * B * alpha * bw / K).
    The egress term is 2B/bw: a tree is at least 2x one send however small alpha is.
 
-2b. Chain of hosts (the route that ships): N subscribers on hosts of h (--per-host, 8), a
+2b. Chain of hosts (route "chain"): N subscribers on hosts of h (--per-host, 8), a
    chain of the hosts' first subscribers; the others of a host copy each piece out of their
    first's shared memory as it is written, at mem_bw (--mem-gbps, 10 GB/s), so that the last
    of them holds the version one piece copy after its host's first:
        T = (P + ceil(N/h) - 1) * t + C/mem_bw.
    The chain's form over ceil(N/h) members; the simulator checks that form as the chain's.
 
-4. Double binary tree (NCCL's, ncclGetBtree/ncclGetDtree): two binary trees over the N
-   subscribers; tree 2 is tree 1 mirrored (rank r -> N-1-r) for even N, shifted by one for odd
-   N, so that (for even N) every node is interior in at most one tree. Half of the pieces (the
-   even ones) go down tree 1, the other half down tree 2. The publisher is outside both trees:
+4. Double binary tree (NCCL's idea, laid out as route "tree" builds it: `tree_parent` and
+   `second_position` in src/wire/publication_publisher.cpp, mirrored here): two binary trees
+   over the N subscribers, the first laid out in order (its leaves the odd positions), the
+   second the first mirrored (position i -> N+1-i) for even N, shifted by one for odd N, so
+   that every node is interior in at most one tree. Half of the pieces go down tree 1, the
+   other half down tree 2 (here the even and the odd ones; route "tree" sends the first and
+   the second half, each a lane of its own, at once: the same bytes at the same times). The publisher is outside both trees:
    it sends the pieces in order, piece i to the root of tree (i mod 2), so its egress carries
    B, and each tree's root receives at interval 2t (tree 1 at offset 1t, tree 2 at 2t). A node
    is interior in one tree only and has at most 2 children there, so it is never backlogged
@@ -79,8 +82,12 @@ checks them for small N)
    about (B/C + 2*depth) * (C/bw + alpha). With K = max(1 + S1_max, 2 + S2_max) - 2:
        T = (B/C + K)(C/bw + alpha),  C* = sqrt(B * alpha * bw / K).
    This is the chain's form with N - 1 replaced by about 2*log2(N). The closed form assumes
-   unlimited ingress and disjoint interior sets (even N); the simulator shows what ingress
-   limited to bw, and odd N, cost.
+   unlimited ingress and disjoint interior sets; the simulator shows what ingress limited to
+   bw costs.
+
+4b. Two trees of hosts (route "tree"): the double binary tree over the ceil(N/h) hosts' first
+   subscribers, the others of a host copying from their first's shared memory as in 2b:
+       T = T_dbt(ceil(N/h)) + C/mem_bw.
 
 Each route is also run in a discrete-event simulator (below, `simulate`), with the machine
 model above, to check the closed forms for small N; for large N (64, 256, 1000) the table uses
@@ -117,12 +124,13 @@ GIB = 1 << 30
 CLAMP = (64 * KIB, 16 * MIB)
 GRID_RANGE = (64 * KIB, 64 * MIB)
 GOAL = 1.25
-ROUTES = ("star", "chain", "hosts", "tree", "dbt")
+ROUTES = ("star", "chain", "hosts", "tree", "dbt", "dbt_hosts")
 ROUTE_NAMES = {"star": "star", "chain": "chain", "hosts": "chain of hosts",
-               "tree": "binary tree", "dbt": "double binary tree"}
-# The route that ships, with N subscribers on hosts of PER_HOST: a chain of the hosts' first
-# subscribers, the others of a host copying each piece from its first's shared memory at
-# MEM_BW as it is written (--per-host, --mem-gbps).
+               "tree": "binary tree", "dbt": "double binary tree",
+               "dbt_hosts": "two trees of hosts"}
+# The routes that ship, with N subscribers on hosts of PER_HOST: a chain ("chain") or two trees
+# ("tree") of the hosts' first subscribers, the others of a host copying each piece from its
+# first's shared memory at MEM_BW as it is written (--per-host, --mem-gbps).
 PER_HOST = 8
 MEM_BW = 10e9
 
@@ -139,42 +147,44 @@ def heap_tree(n: int) -> dict[int, list[int]]:
     return ch
 
 
-def nccl_btree_parents(n: int) -> list[int]:
-    """Parent of each rank 0..n-1 in NCCL's binary tree (ncclGetBtree); rank 0 is the root."""
-    parent = [-1] * n
-    for r in range(1, n):
-        bit = r & -r
-        up = (r ^ bit) | (bit << 1)
-        if up >= n:
-            up = r ^ bit
-        parent[r] = up
-    return parent
+def tree_parent(i: int, n: int) -> int:
+    """The parent of position i (1 to n) in the publisher's first tree (tree_parent in
+    src/wire/publication_publisher.cpp): laid out in order, its root the largest power of two
+    within n, the odd positions its leaves; 0 for the root."""
+    root = 1 << (n.bit_length() - 1)
+    if i == root:
+        return 0
+    b = i & -i
+    while True:
+        p = i - b if i & (2 * b) else i + b
+        if p <= n:
+            return p
+        i, b = p, 2 * b
 
 
-def nccl_dtree(n: int) -> tuple[dict[int, list[int]], dict[int, list[int]], int, int]:
-    """NCCL's two trees over ranks 0..n-1, as trees over subscribers 1..n (rank r = node r+1).
+def second_position(i: int, n: int) -> int:
+    """Position i's in the second tree (second_position there): mirrored for even n, shifted
+    by one for odd n, so that the first tree's leaves are the second's inner positions."""
+    return n + 1 - i if n % 2 == 0 else i % n + 1
+
+
+def dtree(n: int) -> tuple[dict[int, list[int]], dict[int, list[int]], int, int]:
+    """The two trees route "tree" builds over subscribers 1..n (in the order they joined).
 
     Returns (children1, children2, root1, root2)."""
-    p1 = nccl_btree_parents(n)
-    if n % 2 == 1:
-        f = lambda x: (x + 1) % n  # shift
-    else:
-        f = lambda x: n - 1 - x  # mirror
-    p2 = [-1] * n
-    for r in range(n):
-        if p1[r] >= 0:
-            p2[f(r)] = f(p1[r])
+    at_second = {second_position(v, n): v for v in range(1, n + 1)}
+    p1 = {v: tree_parent(v, n) for v in range(1, n + 1)}
+    p2 = {v: at_second.get(tree_parent(second_position(v, n), n), 0) for v in range(1, n + 1)}
     trees = []
     for parents in (p1, p2):
-        ch: dict[int, list[int]] = {r + 1: [] for r in range(n)}
+        ch: dict[int, list[int]] = {v: [] for v in range(1, n + 1)}
         root = None
-        for r in sorted(range(n), key=lambda r: r):  # children in rank order
-            if parents[r] < 0:
-                root = r + 1
+        for v in range(1, n + 1):
+            if parents[v] == 0:
+                root = v
             else:
-                ch[parents[r] + 1].append(r + 1)
+                ch[parents[v]].append(v)
         for v in ch:
-            ch[v].sort()
             assert len(ch[v]) <= 2, (n, v, ch[v])
         trees.append((ch, root))
     (c1, r1), (c2, r2) = trees
@@ -217,7 +227,7 @@ def structure(n: int) -> dict:
         h = heap_tree(n)
         s = {"tree_smax": rank_sum_max(h, 0), "tree_depth": depth(h, 0)}
         if n >= 2:
-            c1, c2, r1, r2 = nccl_dtree(n)
+            c1, c2, r1, r2 = dtree(n)
             s["dbt_k"] = max(1 + rank_sum_max(c1, r1), 2 + rank_sum_max(c2, r2)) - 2
             s["dbt_depth"] = 1 + max(depth(c1, r1), depth(c2, r2))  # publisher -> roots: 1
             i1 = {v for v in c1 if c1[v]}
@@ -241,11 +251,14 @@ def closed_form(route: str, n: int, b: float, bw: float, alpha: float, c: float)
     t = c / bw + alpha
     if route == "chain":
         return (p + n - 1) * t
-    if route == "hosts":
-        # The last host's first holds the last piece as the chain's last member; its readers
+    if route in ("hosts", "dbt_hosts"):
+        # The last host's first holds the last piece as the route's last member; its readers
         # copy that piece a moment later.
         hosts = math.ceil(n / PER_HOST)
-        return (p + hosts - 1) * t + (c / MEM_BW if n > hosts else 0.0)
+        copy = c / MEM_BW if n > hosts else 0.0
+        if route == "hosts":
+            return (p + hosts - 1) * t + copy
+        return closed_form("dbt", hosts, b, bw, alpha, c) + copy
     s = structure(n)
     if route == "tree":
         return (2 * (p - 1) + s["tree_smax"]) * t
@@ -288,6 +301,8 @@ def analytic_piece(route: str, n: int, b: float, bw: float, alpha: float) -> flo
     if route in ("chain", "hosts"):
         m = n if route == "chain" else math.ceil(n / PER_HOST)
         return math.sqrt(b * alpha * bw / (m - 1)) if m > 1 else None
+    if route == "dbt_hosts":
+        return analytic_piece("dbt", math.ceil(n / PER_HOST), b, bw, alpha)
     if route == "tree":
         k = s["tree_smax"] - 2
         return math.sqrt(2 * b * alpha * bw / k) if k > 0 else None
@@ -330,7 +345,7 @@ def route_plan(route: str, n: int, pieces: int) -> tuple[dict[int, list[tuple[in
             plan[v] = [(p, c) for p in range(pieces) for c in ch[v]]
         return plan, pieces
     if route == "dbt":
-        c1, c2, r1, r2 = nccl_dtree(n)
+        c1, c2, r1, r2 = dtree(n)
         plan[0] = [(p, r1 if p % 2 == 0 else r2) for p in range(pieces)]
         for v in range(1, n + 1):
             plan[v] = ([(p, c) for p in range(0, pieces, 2) for c in c1[v]]
@@ -522,7 +537,7 @@ def check(ns: list[int], b: int, bw: float, alpha: float) -> list[dict]:
     out = []
     for n in ns:
         for route in ROUTES:
-            if route == "hosts":  # the chain's, over fewer members (checked as "chain")
+            if route in ("hosts", "dbt_hosts"):  # over fewer members: checked as "chain", "dbt"
                 continue
             c, _ = best_piece(route, n, b, bw, alpha, *CLAMP)
             if route != "star":

@@ -84,10 +84,12 @@ def test_route_model_closed_forms_match_its_simulator_and_hosts_shorten_the_chai
         if r["route"] != "star":
             assert lo <= r["piece"] <= hi, r
     assert rows["hosts"]["ratio"] < rows["chain"]["ratio"]
-    # One subscriber a host is the plain chain.
+    assert rows["dbt_hosts"]["ratio"] < rows["dbt"]["ratio"] < rows["chain"]["ratio"]
+    # One subscriber a host is the plain chain, and the plain double binary tree.
     one_a_host = route_model("--n", "64", "--check-n", "--per-host", "1")["rows"]
     alone = {r["route"]: r for r in one_a_host}
     assert alone["hosts"]["ms"] == alone["chain"]["ms"]
+    assert alone["dbt_hosts"]["ms"] == alone["dbt"]["ms"]
 
 
 def test_piece_cost_relays_through_a_chain_of_two_and_reports_a_cost_per_piece(tmp_path):

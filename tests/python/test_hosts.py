@@ -51,12 +51,15 @@ def test_the_cpp_api_relays_across_hosts_as_python_does(tmp_path):
     # tensordict/distributed/publication.h), which checks each pulled version's values too.
     built("hosts_rank")
     r = run_bench(tmp_path, "--hosts", "4", "--mib", "4", "--rate", "200mbit", "--versions", "3",
-                  "--route", "star,chain", "--lang", "cpp")
+                  "--route", "star,chain,tree", "--lang", "cpp")
     assert r["lang"] == "cpp", r
-    star, chain = r["routes"]["star"], r["routes"]["chain"]
+    star, chain, tree = (r["routes"][k] for k in ("star", "chain", "tree"))
     assert 2.7 <= star["tx_ratio"] <= 3.6 and chain["tx_ratio"] <= 1.3, r
     assert chain["ratio"] >= 0.9 and chain["seconds"] < star["seconds"], r
     assert sorted(chain["relayed_from"]) == [-1, 1, 2], chain
+    # Two trees over three: the publisher sends each its root's half, one copy in all.
+    assert tree["tx_ratio"] <= 1.3 and tree["seconds"] < star["seconds"], tree
+    assert sorted(tree["relayed_from"]).count(-1) == 1, tree
 
 
 def test_a_relay_killed_mid_version_costs_the_others_little(tmp_path):
@@ -93,3 +96,21 @@ def test_a_version_crosses_each_hosts_interface_once(tmp_path):
     readers = {x for x in parent if parent[x] == same[x]}
     assert len(readers) == 2, chain
     assert all(parent[x] not in readers for x in parent), chain
+
+
+def test_two_trees_of_hosts_lose_a_relay_and_keep_each_hosts_copy_once(tmp_path):
+    # 3 hosts of 2 subscribers, route "tree": from version 3 the two trees join the hosts'
+    # first subscribers and each host's other reads both halves from its first's slots. Rank 1
+    # (host 1's first, forwarding in one tree) is SIGKILLed 40 % into version 4 of 6.
+    r = run_bench(tmp_path, "--hosts", "4", "--per-host", "2", "--mib", "4", "--rate", "200mbit",
+                  "--versions", "6", "--route", "tree", "--fault", "kill", "--fault-version", "4")
+    tree = r["routes"]["tree"]
+    # Before the kill each host's interface received a version about once, the publisher's
+    # sent about one copy; after it, the others held that version within a second of the
+    # healthy time, and the two after it (hosts_bench's ranks check every version's values).
+    assert tree["rx_ratio"] <= 1.3 and tree["tx_ratio"] <= 1.3, tree
+    assert tree["after_fault_versions"] == 2, tree
+    assert tree["fault_version_others"] <= tree["seconds"] + 1.0, tree
+    # The reader of rank 1's slots saw its process exit and took both halves from the publisher.
+    left = tree["subscribers_routed_around"].get("4", [])
+    assert any(e.startswith("rank 1 ") and "exited" in e for e in left), tree
