@@ -190,9 +190,10 @@ struct PublisherCore::Plan {
   std::set<const Subscription*> answered;  // members whose threads took their place
 
   int64_t message_bytes() const { return kPieceHeaderBytes + piece_bytes; }
+  // A root of the route's lanes (a reader of slots is none, whatever its lanes' fields).
   bool first_relay(const Subscription* t) const {
     const auto it = places.find(t);
-    return it != places.end() &&
+    return it != places.end() && it->second.host_parent.pid == 0 &&
            (it->second.parent < 0 || (split > 0 && it->second.second.parent < 0));
   }
   // The lane of piece `i`: 0, or 1 from the split on.
@@ -480,7 +481,7 @@ PublisherCore::Sent PublisherCore::answer(Subscription& s, Link& link, const Off
 
 PublisherCore::Sent PublisherCore::answer(Subscription& s, Link& link, const Offer& offer,
                                           const std::vector<std::pair<at::Tensor, Kind>>& then,
-                                          NextRequest& next) {
+                                          NextRequest& next, bool pausable) {
   // Sent kSendsAhead at a time, so that a relay routed around for its slowness can be paused
   // while the subscriber that left it takes the publisher's pieces (§9.9).
   std::vector<PendingPtr> posted;  // in flight, the oldest first
@@ -489,7 +490,7 @@ PublisherCore::Sent PublisherCore::answer(Subscription& s, Link& link, const Off
     while (sent < then.size() && posted.size() < kSendsAhead) {
       {
         std::lock_guard<std::mutex> lock(mutex_);
-        if (s.paused) return;
+        if (pausable && s.paused) return;
       }
       posted.push_back(link.post_send(then[sent].first, then[sent].second));
       ++sent;
@@ -1065,7 +1066,7 @@ PublisherCore::Next PublisherCore::answer_relayed(Subscription& s, Link& link, c
                                : std::nullopt;
   lock.unlock();
   const auto start = Clock::now();
-  const Sent sent = answer(s, link, offer, then, next);
+  const Sent sent = answer(s, link, offer, then, next, /*pausable=*/true);
   const auto took = std::chrono::duration<double>(Clock::now() - start).count();
   lock.lock();
   if (sent == Sent::kTaken) {

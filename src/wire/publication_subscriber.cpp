@@ -980,22 +980,27 @@ bool SubscriberCore::read_route(Pull& o, Clock::time_point deadline) {
 namespace {
 
 // Forwarded pieces every child has taken: their buffers are posted again. A child whose send
-// failed is forwarded nothing more (its own resume finds the publisher).
+// failed is forwarded nothing more (its own resume finds the publisher). A link takes its sends
+// in the order they were posted: once one is not taken, the later ones on that link are not
+// looked at (a look at a Gloo send that is not taken costs an abort of its wait).
 void recycle(Lane& l) {
+  std::vector<Link*> behind;  // links whose oldest send in flight is not taken yet
+  const auto taken = [&](const std::pair<Link*, PendingPtr>& s) {
+    if (std::find(behind.begin(), behind.end(), s.first) != behind.end()) return false;
+    try {
+      if (s.first->wait(s.second, Clock::now())) return true;
+      behind.push_back(s.first);
+      return false;
+    } catch (const std::exception&) {
+      for (auto& c : l.children) {
+        if (c.link.get() == s.first) c.alive = false;
+      }
+      return true;
+    }
+  };
   for (auto it = l.sending.begin(); it != l.sending.end();) {
     auto& sends = it->sends;
-    sends.erase(std::remove_if(sends.begin(), sends.end(),
-                               [&](const std::pair<Link*, PendingPtr>& s) {
-                                 try {
-                                   return s.first->wait(s.second, Clock::now());
-                                 } catch (const std::exception&) {
-                                   for (auto& c : l.children) {
-                                     if (c.link.get() == s.first) c.alive = false;
-                                   }
-                                   return true;
-                                 }
-                               }),
-                sends.end());
+    sends.erase(std::remove_if(sends.begin(), sends.end(), taken), sends.end());
     if (sends.empty()) {
       if (it->pooled) l.free.push_back(it->buffer);
       it = l.sending.erase(it);

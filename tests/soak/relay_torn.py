@@ -1,6 +1,7 @@
 """Soak: pulls through relays are never torn.
 
-A publisher (rank 0, route="chain", transport="socket") and 3 subscribers over Gloo on
+A publisher (rank 0, route="chain" or `--route tree`, transport="socket") and 3 subscribers
+over Gloo on
 127.0.0.1. For each version the publisher waits until every subscriber's pull waits (so that
 the version is relayed: the first subscriber takes it from the publisher, the others from the
 one before with `--hosts apart`, each subscriber playing a host of its own, or from the first
@@ -11,6 +12,7 @@ torn ones (0 unless a check failed: then it exits 1), and the publisher's stats.
 
     .venv/bin/python tests/soak/relay_torn.py --pulls 100000
     .venv/bin/python tests/soak/relay_torn.py --pulls 100000 --hosts apart
+    .venv/bin/python tests/soak/relay_torn.py --pulls 100000 --hosts apart --route tree
 
 Not in the suite (minutes); tests/python/test_relays.py runs a short one.
 """
@@ -30,7 +32,7 @@ import torch.multiprocessing as mp
 SUBSCRIBERS = 3
 
 
-def rank_main(rank: int, port: int, versions: int, numel: int, apart: bool) -> None:
+def rank_main(rank: int, port: int, versions: int, numel: int, apart: bool, route: str) -> None:
     if apart and rank != 0:
         os.environ["TENSORDICT_TEST_HOST"] = f"host{rank}"  # a test hook: hosts of their own
     from tensordict_cpp import Publisher, Subscriber, TensorDict
@@ -40,7 +42,7 @@ def rank_main(rank: int, port: int, versions: int, numel: int, apart: bool) -> N
                             world_size=world)
     td = TensorDict({f"l{i}": torch.zeros(numel) for i in range(3)}, batch_size=[])
     if rank == 0:
-        pub = Publisher(max_slots=2, transport="socket", route="chain")
+        pub = Publisher(max_slots=2, transport="socket", route=route)
         for v in range(1, versions + 1):
             # Every subscriber took the last version and waits for this one.
             while not all(s["waiting"] and (s["version"] or 0) == v - 1 for s in pub.stats()):
@@ -51,7 +53,8 @@ def rank_main(rank: int, port: int, versions: int, numel: int, apart: bool) -> N
         dist.barrier()
         stats = pub.stats()
         print("STATS " + json.dumps([{k: s[k] for k in ("rank", "version", "pulls",
-                                                          "relayed_from", "routed_around")}
+                                                          "relayed_from", "relayed_second",
+                                                          "routed_around")}
                                      for s in stats]), flush=True)
         pub.close()
     else:
@@ -79,13 +82,14 @@ def main() -> None:
     ap.add_argument("--kib", type=int, default=64, help="each leaf's KiB")
     ap.add_argument("--hosts", choices=["one", "apart"], default="one",
                     help="the subscribers on one host (its first's slots) or each on its own")
+    ap.add_argument("--route", choices=["chain", "tree"], default="chain")
     a = ap.parse_args()
     with socket.socket() as s:
         s.bind(("127.0.0.1", 0))
         port = s.getsockname()[1]
     versions = -(-a.pulls // SUBSCRIBERS)
     start = time.time()
-    mp.spawn(rank_main, args=(port, versions, a.kib * 256, a.hosts == "apart"),
+    mp.spawn(rank_main, args=(port, versions, a.kib * 256, a.hosts == "apart", a.route),
              nprocs=SUBSCRIBERS + 1)
     print(f"relay_torn: {versions} versions to {SUBSCRIBERS} subscribers in "
           f"{time.time() - start:.0f} s; every pull checked (a torn or stale one fails the run)")

@@ -95,9 +95,12 @@ class PublisherCore {
   // while a send takes longer than a slice.
   Sent answer(Subscription& s, Link& link, const Offer& offer, const at::Tensor& schema,
               const at::Tensor& data, NextRequest& next);
-  // The same with the messages that follow the offer given.
+  // The same with the messages that follow the offer given; `pausable`: a relayed version's
+  // first answer, whose pieces wait while `s` is paused (a resume's never do: a root of one
+  // tree may resume its other lane while paused, and the one that paused it may wait for it).
   Sent answer(Subscription& s, Link& link, const Offer& offer,
-              const std::vector<std::pair<at::Tensor, Kind>>& then, NextRequest& next);
+              const std::vector<std::pair<at::Tensor, Kind>>& then, NextRequest& next,
+              bool pausable = false);
   // serve()'s loop.
   void serve_requests(Subscription& s, Link& link);
   // What serve() does after answering a request: serve the next, stop (closing), or stop
