@@ -231,7 +231,6 @@ struct PublisherCore::Plan {
     r.parent = it->second.parent;
     r.host_parent = it->second.host_parent;
     if (split > 0) r.second = it->second.second;
-    if (r.host_parent.pid != 0) r.second.parent = r.parent;  // both lanes from its slots
     // The children sharing the parent's link in each lane: the publisher's, its lanes' roots.
     const auto sharing = [&](int64_t parent, int lane) {
       int64_t n = 0;
@@ -819,7 +818,7 @@ std::shared_ptr<PublisherCore::Plan> PublisherCore::plan_locked(
       if (t->host == s.host && place.host_source && t->slots.epoch == epoch_ &&
           place.host_parent.pid == 0) {
         Plan::Place& mine = p->places[&s];
-        mine.parent = t->stats.rank;
+        mine.parent = mine.second.parent = t->stats.rank;  // both lanes from its slots
         mine.host_parent = t->slots;
         p->answered.insert(&s);
         return p;
@@ -902,7 +901,7 @@ std::shared_ptr<PublisherCore::Plan> PublisherCore::plan_locked(
   std::map<uint64_t, Subscription*> first_of;  // each known host's first on the chain
   const auto read_slots = [&](Subscription* t, Subscription* first) {
     Plan::Place& place = p->places[t];
-    place.parent = first->stats.rank;
+    place.parent = place.second.parent = first->stats.rank;  // both lanes from its slots
     place.host_parent = first->slots;
   };
   for (size_t i = 0; i < healthy.size();) {
@@ -979,12 +978,6 @@ std::shared_ptr<PublisherCore::Plan> PublisherCore::plan_locked(
         adopt(at_second[up], t, 1);
       }
     }
-    // The slow are leaves of both trees, each lane's under the member that sends least (a
-    // member forwarding in the other tree would share its link with them).
-    const auto sends = [&](Subscription* t) {
-      const Plan::Place& q = p->places[t];
-      return q.children.size() + q.second.children.size();
-    };
     std::map<Subscription*, Subscription*> last;  // of each first's followers: one after another
     for (const auto& [t, first] : follow) {
       Subscription*& up = last.emplace(first, first).first->second;
@@ -992,6 +985,12 @@ std::shared_ptr<PublisherCore::Plan> PublisherCore::plan_locked(
       adopt(up, t, 1);
       up = t;
     }
+    // The slow are leaves of both trees, each lane's under the member that sends least (one
+    // forwarding in a tree already would share its link with them).
+    const auto sends = [&](Subscription* t) {
+      const Plan::Place& q = p->places[t];
+      return q.children.size() + q.second.children.size();
+    };
     const auto least = [&] {
       return *std::min_element(firsts.begin(), firsts.end(), [&](Subscription* a, Subscription* b) {
         return sends(a) < sends(b);
@@ -1071,8 +1070,7 @@ PublisherCore::Next PublisherCore::answer_relayed(Subscription& s, Link& link, c
   lock.lock();
   if (sent == Sent::kTaken) {
     // The first link's rate, from versions large enough that the socket's buffers and a
-    // paced link's burst do not make it.
-    // (Two lanes' roots take half each at once, on the one link.)
+    // paced link's burst do not make it (two lanes' roots take half each, at once, over it).
     if (plan->first_relay(&s) && took > 0 && plan->bytes >= kRateFrom) {
       rate_ = static_cast<int64_t>(static_cast<double>(plan->bytes) / took);
     }
