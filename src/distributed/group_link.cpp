@@ -63,7 +63,7 @@ pub::PendingPtr GroupLink::post_recv(const at::Tensor& buffer, pub::Kind kind) {
   // A receive that an earlier publisher of this channel left posted gets the next request; one
   // an earlier relayed version left gets the next piece (a stale one, which the subscriber
   // drops by its header).
-  if (kind == pub::Kind::kRequest || kind == pub::Kind::kPiece || kind == pub::Kind::kPiece2) {
+  if (kind == pub::Kind::kRequest || pub::is_piece(kind)) {
     if (auto parked = LateMessages::get().take(key_, rank_, tag)) {
       p->message = std::move(parked);
       p->copy_to = buffer;
@@ -104,8 +104,7 @@ bool GroupLink::wait(const pub::PendingPtr& pending, Clock::time_point deadline)
   if (p.copy_to.defined()) {
     // A piece's bytes only (its header says how many; the buffer has room for the largest).
     int64_t n = p.message->buffer.numel();
-    if ((p.kind == pub::Kind::kPiece || p.kind == pub::Kind::kPiece2) &&
-        n >= pub::kPieceHeaderBytes) {
+    if (pub::is_piece(p.kind) && n >= pub::kPieceHeaderBytes) {
       const auto h = pub::decode_piece_header(p.message->buffer.data_ptr<uint8_t>());
       if (h && h->bytes >= 0 && h->bytes <= n - pub::kPieceHeaderBytes) {
         n = pub::kPieceHeaderBytes + h->bytes;

@@ -31,8 +31,9 @@ constexpr uint32_t kResumeWord = 0x800;
 constexpr uint32_t kHelloWord = 0x1000;  // a subscriber's host (Request::host)
 constexpr std::array<char, 8> kRouteMagic = {'T', 'D', 'P', 'U', 'B', 'R', 'T', 'E'};
 constexpr std::array<char, 8> kPieceMagic = {'T', 'D', 'P', 'U', 'B', 'P', 'C', 'E'};
-// The fields, a SlotsPlace (zero when none), then the second lane's (zero when none).
-constexpr int64_t kRouteHeadBytes = 160;
+// The fields, a SlotsPlace at 88 (zero when none), the second lane's at kRouteLaneAt (zero
+// when none), then the children.
+constexpr int64_t kRouteLaneAt = 128, kRouteHeadBytes = 160;
 constexpr uint32_t kRouteChecksums = 1, kRouteHostSource = 2, kRouteHostParent = 4;
 
 void put(std::string& out, uint64_t v) { core::append_le(out, v, 8); }
@@ -348,7 +349,7 @@ std::string encode(const Route& r, int64_t data_bytes) {
   put(out, static_cast<uint64_t>(r.siblings));
   put(out, r.children.size());
   if (r.host_parent.pid != 0) put_place(out, r.host_parent);
-  out.resize(128, '\0');
+  out.resize(static_cast<size_t>(kRouteLaneAt), '\0');
   if (r.split > 0) {
     put(out, static_cast<uint64_t>(r.split));
     put(out, static_cast<uint64_t>(r.second.parent));
@@ -387,8 +388,9 @@ Route decode_route(const char* who, const uint8_t* p, const Offer& offer) {
                   " of epoch ", r.host_parent.epoch, " (a subscriber's, of the offer's epoch ",
                   offer.epoch, ")");
   } else {
-    TD_CHECK_PEER(std::all_of(p + 88, p + 128, [](uint8_t b) { return b == 0; }), who,
-                  ": the route names no slots to read, but its bytes 88 to 127 are not zero");
+    TD_CHECK_PEER(std::all_of(p + 88, p + kRouteLaneAt, [](uint8_t b) { return b == 0; }), who,
+                  ": the route names no slots to read, but its bytes 88 to ", kRouteLaneAt - 1,
+                  " are not zero");
   }
   TD_CHECK_PEER(r.seq == offer.seq && r.epoch == offer.epoch && r.version == offer.version, who,
                 ": the route is for request ", r.seq, ", version ", r.version, " of epoch ",
@@ -404,12 +406,12 @@ Route decode_route(const char* who, const uint8_t* p, const Offer& offer) {
                 who, ": the route starts at piece ", r.first, " of ", pieces, " from rank ",
                 r.parent, " at ", r.rate, " bytes/s shared by ", r.siblings, ", to ", children,
                 " children (1 to ", kMaxChildren, " sharing, at most ", kMaxChildren, " children)");
-  r.split = field(p, 128);
+  r.split = field(p, kRouteLaneAt);
   uint64_t second = 0;  // the second lane's children
   if (r.split != 0) {
-    r.second.parent = field(p, 136);
-    r.second.siblings = field(p, 144);
-    second = core::get_le(p + 152);
+    r.second.parent = field(p, kRouteLaneAt + 8);
+    r.second.siblings = field(p, kRouteLaneAt + 16);
+    second = core::get_le(p + kRouteLaneAt + 24);
     TD_CHECK_PEER(
         r.split > 0 && r.split < pieces && r.second.parent >= -1 && r.second.siblings >= 1 &&
             r.second.siblings <= static_cast<int64_t>(kMaxChildren) &&
@@ -418,9 +420,10 @@ Route decode_route(const char* who, const uint8_t* p, const Offer& offer) {
         r.second.parent, " shared by ", r.second.siblings, ", to ", second,
         " children (a piece after the first; at most ", kMaxChildren, " children in both lanes)");
   } else {
-    TD_CHECK_PEER(std::all_of(p + 128, p + kRouteHeadBytes, [](uint8_t b) { return b == 0; }), who,
-                  ": the route has one lane, but its bytes 128 to ", kRouteHeadBytes - 1,
-                  " are not zero");
+    TD_CHECK_PEER(
+        std::all_of(p + kRouteLaneAt, p + kRouteHeadBytes, [](uint8_t b) { return b == 0; }), who,
+        ": the route has one lane, but its bytes ", kRouteLaneAt, " to ", kRouteHeadBytes - 1,
+        " are not zero");
   }
   const int64_t sums = (word & kRouteChecksums) ? pieces : 0;
   const int64_t expected = kRouteHeadBytes + 8 * static_cast<int64_t>(children + second) + 8 * sums;

@@ -236,9 +236,7 @@ struct PublisherCore::Plan {
       int64_t n = 0;
       for (const auto& [other, place] : places) {
         if (parent < 0) {
-          n += (lane == 0 ? place.parent : place.second.parent) < 0 && place.host_parent.pid == 0
-                   ? 1
-                   : 0;
+          n += (lane == 0 ? place.parent : place.second.parent) < 0 && place.host_parent.pid == 0;
         } else if (other->stats.rank == parent) {
           // A reader of the parent's slots is none of its children.
           n = static_cast<int64_t>(lane == 0 ? place.children.size()
@@ -247,12 +245,8 @@ struct PublisherCore::Plan {
       }
       return std::max<int64_t>(1, n);
     };
-    if (r.host_parent.pid == 0) {
-      r.siblings = split > 0 || r.parent >= 0 ? sharing(r.parent, 0) : 1;
-      if (split > 0) r.second.siblings = sharing(r.second.parent, 1);
-    } else if (r.parent >= 0) {
-      r.siblings = sharing(r.parent, 0);
-    }
+    r.siblings = sharing(r.parent, 0);
+    if (split > 0 && r.host_parent.pid == 0) r.second.siblings = sharing(r.second.parent, 1);
     return r;
   }
   at::Tensor piece(int64_t i) const {
@@ -262,7 +256,7 @@ struct PublisherCore::Plan {
   void pieces_of(int64_t from, std::vector<std::pair<at::Tensor, Kind>>& out) const {
     const int lane = lane_of(from);
     for (int64_t i = from; i < lane_end(lane); ++i) {
-      out.emplace_back(piece(i), lane == 0 ? Kind::kPiece : Kind::kPiece2);
+      out.emplace_back(piece(i), piece_kind(lane));
     }
   }
 };

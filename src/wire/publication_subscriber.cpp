@@ -208,8 +208,7 @@ std::shared_ptr<HostReader> open_host(const SlotsPlace& place, std::string* why)
 // by a thread of its own while a pull runs (so that both trees' pieces flow at once); every
 // other route one.
 struct Lane {
-  int index = 0;
-  Kind kind = Kind::kPiece;
+  int index = 0;        // its pieces travel as piece_kind(index)
   int64_t end = 0;      // after the lane's last piece
   int64_t parent = -1;  // the rank its pieces come from; -1: the publisher
   // The parts the parent's link is shared in: its children; a lane of two takes half a link
@@ -900,8 +899,8 @@ bool SubscriberCore::read_route(Pull& o, Clock::time_point deadline) {
   auto r = std::make_unique<RelayState>();
   TD_CHECK_PEER(!route.checksums.empty(), who_,
                 ": the publisher's route carries no checksums (a relayed piece is checked by one)");
-  TD_CHECK_PEER(route.split == 0 || route.host_parent.pid != 0 ||
-                    (route.parent != route.second.parent || route.parent >= 0),
+  TD_CHECK_PEER(route.split == 0 || route.host_parent.pid != 0 || route.parent >= 0 ||
+                    route.second.parent >= 0,
                 who_, ": the publisher's route sends both lanes from itself");
   r->pieces = piece_count(offer.data_bytes, route.piece_bytes);
   r->message_bytes = kPieceHeaderBytes + route.piece_bytes;
@@ -909,7 +908,6 @@ bool SubscriberCore::read_route(Pull& o, Clock::time_point deadline) {
                             const std::vector<int64_t>& children) {
     auto l = std::make_unique<Lane>();
     l->index = static_cast<int>(r->lanes.size());
-    l->kind = l->index == 0 ? Kind::kPiece : Kind::kPiece2;
     l->next = first;
     l->end = end;
     l->parent = parent;
@@ -1046,7 +1044,7 @@ void forward(Lane& l, const at::Tensor& buffer, int64_t bytes, bool pooled) {
   for (auto& c : l.children) {
     if (!c.alive || !c.link) continue;
     try {
-      sending.sends.emplace_back(c.link.get(), c.link->post_send(message, l.kind));
+      sending.sends.emplace_back(c.link.get(), c.link->post_send(message, piece_kind(l.index)));
     } catch (const std::exception&) {
       c.alive = false;
     }
@@ -1154,8 +1152,7 @@ bool SubscriberCore::read_lane(Pull& o, Lane& l, Clock::time_point deadline) {
     if (r.stop.load() || r.abandoned.load()) return false;
     if (l.wanted) {
       // The publisher still answers the other lane: this one waits, holding its children.
-      const auto until = std::min(deadline, Clock::now() + kMinStall / 2);
-      std::this_thread::sleep_until(std::min(until, Clock::now() + kPausedLook));
+      std::this_thread::sleep_until(std::min(deadline, Clock::now() + kPausedLook));
       if (r.abandoned.load() || r.stop.load() || interrupted_.load()) return false;
       if (Clock::now() >= deadline) return false;
       if (!ask(o, l) && Clock::now() >= l.held + kMinStall / 2) send_hold(l, r.slots, offer);
@@ -1186,7 +1183,7 @@ bool SubscriberCore::read_lane(Pull& o, Lane& l, Clock::time_point deadline) {
       while (l.posted.size() < kPiecesAhead &&
              l.next + static_cast<int64_t>(l.posted.size()) < l.end) {
         const at::Tensor b = piece_buffer(l);
-        l.posted.push_back({b, l.source->post_recv(b, l.kind)});
+        l.posted.push_back({b, l.source->post_recv(b, piece_kind(l.index))});
       }
     } catch (const std::exception& e) {
       if (!from_parent) throw;

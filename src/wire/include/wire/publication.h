@@ -44,6 +44,10 @@ enum class Kind : int64_t {
   kPiece2 = 7,
 };
 int tag_of(int64_t channel, Kind kind);
+/// The kind of a route's lane's pieces: kPiece for the first (or only) lane, kPiece2 for the
+/// second.
+inline Kind piece_kind(int lane) { return lane == 0 ? Kind::kPiece : Kind::kPiece2; }
+inline bool is_piece(Kind kind) { return kind == Kind::kPiece || kind == Kind::kPiece2; }
 
 /// Receive buffers are posted with room after the bytes expected (a view of the first `n`
 /// bytes of a larger allocation), so that a link whose transport aborts on a longer message
