@@ -384,19 +384,20 @@ def never_torn(rank, world, store):
         await_waiting(pub, subs, 0)  # the first route has them all
         relayed = checks = v = 0
         end = time.monotonic() + FAST_SECONDS
-        while True:
+        stop = False
+        while not stop:
             v += 1
-            for leaf in td.values():
-                leaf.fill_(v)
-            assert pub.publish(td, timeout=20) == v
             if v % 50 == 0:  # now and then: is a chain in use, have they pulled enough?
                 s = pub.stats()
                 checks += 1
                 relayed += any(x["relayed_from"] not in (None, -1) for x in s)
-                if (v >= MIN_VERSIONS and all(x["pulls"] >= PULLS + 10 for x in s)
-                        or time.monotonic() > end):
-                    break
-        store.set("last", str(v))
+                stop = (v >= MIN_VERSIONS and all(x["pulls"] >= PULLS + 10 for x in s)
+                        or time.monotonic() > end)
+            if stop:  # said before it is published: a subscriber that pulls it knows it is last
+                store.set("last", str(v))
+            for leaf in td.values():
+                leaf.fill_(v)
+            assert pub.publish(td, timeout=20) == v
         return finish(store, rank, subs, pub, lambda: (v, relayed, checks, pub.stats()))
     sub = Subscriber(src=0, transport="socket")
     pulled, last, final = [], 0, None
