@@ -266,10 +266,10 @@ def section(result: dict) -> str:
             "host, hosts made of network namespaces on a bridge (scripts/hosts), each host's "
             "egress paced by tc; medians of the versions (the faults: the version the relay "
             "failed in, and the next, beside the healthy median). One paced point-to-point "
-            "send of the same bytes is measured in each run. Goals: relays (chain, tree) within 1.3x one "
-            "send at N = 4 (1.4x at N = 8), the publisher's interface at most 1.1x the bytes, each "
-            "host's about 1x; a "
-            "killed relay: the others within the healthy time + 1 s; a relay at a quarter of "
+            "send of the same bytes is measured in each run. Goals: relays (chain, tree) within "
+            "1.3x one send at N = 4 (1.4x at N = 8), the publisher's interface at most 1.1x the "
+            "bytes, each host's about 1x; a killed relay: the others within the healthy time + "
+            "1 s; a relay at a quarter of "
             "the rate: 1.5x in that version, 1.1x the next.\n\n" + "\n".join(rows))
 
 
